@@ -1,0 +1,65 @@
+# pagesift — every command a developer or CI needs. Only python3 and make are assumed;
+# the virtualenv and the buf CLI are built from the project's own files.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+PROTOS  := $(wildcard proto/pagesift/v1/*.proto)
+GEN_DIR := shared/pagesift/v1
+BUF     := .tools/node_modules/.bin/buf
+CODE    := shared primary standby tests bench
+
+.PHONY: run test bench proto check-proto lint typecheck buf-lint pytest clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+$(BUF):
+	mkdir -p .tools && cd .tools && npm install --silent --no-audit --no-fund @bufbuild/buf@1.61.0 >/dev/null
+
+## make run: a local primary + standby pair under ./data, a demo site, and the commands to try.
+run: $(BIN)/.installed
+	$(BIN)/python -m pagesift.shared.demo --data ./data
+
+## make proto: regenerate the gRPC/protobuf code (and its type stubs) from proto/.
+proto: $(BIN)/.installed
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$(GEN_DIR) --grpc_python_out=$(GEN_DIR) \
+	  --mypy_out=$(GEN_DIR) --mypy_grpc_out=$(GEN_DIR) --plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy \
+	  --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc $(PROTOS)
+	@# protoc writes into GEN_DIR/pagesift/v1 because of the proto package path; flatten it.
+	cp -r $(GEN_DIR)/pagesift/v1/. $(GEN_DIR)/ && rm -rf $(GEN_DIR)/pagesift
+
+## check-proto: fail when the committed generated code is stale.
+check-proto: $(BIN)/.installed
+	@tmp=$$(mktemp -d) && mkdir -p $$tmp/gen && \
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$$tmp/gen --grpc_python_out=$$tmp/gen \
+	  --mypy_out=$$tmp/gen --mypy_grpc_out=$$tmp/gen --plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy \
+	  --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc $(PROTOS) && \
+	for f in $$tmp/gen/pagesift/v1/*; do \
+	  cmp -s $$f $(GEN_DIR)/$$(basename $$f) || { echo "stale generated code: $$(basename $$f); run 'make proto'"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "generated code is fresh"
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check $(CODE)
+	$(BIN)/ruff format --check $(CODE)
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy shared/pagesift primary/pagesift standby/pagesift tests bench
+
+buf-lint: $(BUF)
+	cd proto && ../$(BUF) lint
+
+pytest: $(BIN)/.installed
+	$(BIN)/pytest -q -p no:cacheprovider
+
+## make test: lint, types, protos, then the whole test suite.
+test: check-proto lint typecheck buf-lint pytest
+
+## make bench: crawl throughput vs Scrapy, replication figures (see BENCHMARKS.md).
+bench: $(BIN)/.installed
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache data

@@ -1,0 +1,80 @@
+"""The Engine: everything the job runtime needs from the web, behind one interface.
+
+The job code (``jobs``, ``crawl``) never touches HTTP: it asks an ``Engine`` for a
+page, a site's sitemap URLs, and nothing else. ``HttpEngine`` (module ``fetch``)
+is the real one; any other engine obeys the same contract:
+
+- ``scrape(url, options)`` returns a ``Page`` (the document plus the absolute,
+  normalized links found on it) or raises ``PageError`` with one of the codes in
+  ``ErrorCode``. Robots.txt, per-host politeness (concurrency and delay, shared by
+  every job) and the address guard are the engine's business, applied inside
+  ``scrape``: a caller that awaits ``scrape`` has already waited its turn.
+- ``sitemap_urls(url)`` returns the page URLs the site's sitemap(s) list, or an
+  empty list; it never raises for a missing or broken sitemap.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pagesift.v1 import jobs_pb2
+
+
+class ErrorCode(enum.StrEnum):
+    """Why a page failed; stored with the page error and shown by GetJobErrors."""
+
+    ROBOTS_DISALLOWED = "robots_disallowed"
+    HTTP_STATUS = "http_status"
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too_large"
+    UNSUPPORTED_CONTENT = "unsupported_content"
+    CONNECT = "connect"
+    DNS = "dns"
+    REDIRECT_LOOP = "redirect_loop"
+    BLOCKED_ADDRESS = "blocked_address"
+    INVALID_URL = "invalid_url"
+
+
+class PageError(Exception):
+    """A page that could not be scraped, with a code a client can act on."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """Per-request knobs a job passes down to the engine.
+
+    ``delay`` is the job's minimum seconds between two requests to one host
+    (robots.txt Crawl-delay raises it); ``respect_robots`` is on unless an
+    operator turned it off for the whole server.
+    """
+
+    delay: float = 0.0
+    respect_robots: bool = True
+
+
+@dataclass
+class Page:
+    """A scraped page: its document (formats as requested) and its outgoing links."""
+
+    document: jobs_pb2.Document
+    links: list[str] = field(default_factory=list)
+
+
+class Engine(Protocol):
+    async def scrape(
+        self,
+        url: str,
+        options: jobs_pb2.ScrapeOptions,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> Page: ...
+
+    async def sitemap_urls(self, url: str) -> list[str]: ...
+
+    async def close(self) -> None: ...

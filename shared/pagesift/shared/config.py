@@ -1,0 +1,66 @@
+"""Server configuration: one dataclass built from CLI flags and an optional TOML file.
+
+Flags win over the file; the file wins over the defaults here. Every limit a
+request can hit is named here so that error messages can quote it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ServerConfig:
+    role: str = "primary"  # primary | standby
+    listen: str = "127.0.0.1:50051"
+    data: Path = Path("./data")
+    primary: str = ""  # the primary's address (standby only)
+    allow_private_networks: bool = False
+    # jobs
+    job_ttl_seconds: float = 24 * 3600.0
+    max_batch_urls: int = 10_000
+    max_crawl_limit: int = 100_000
+    default_crawl_limit: int = 10_000
+    default_concurrency: int = 8
+    max_concurrency: int = 64
+    default_page_size: int = 100
+    max_page_size: int = 1_000
+    max_url_length: int = 8_192
+    max_regexes: int = 64
+    # engine
+    user_agent: str = "pagesift/0.1 (+https://example.invalid/pagesift)"
+    per_host_concurrency: int = 8
+    per_host_delay: float = 0.0
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_redirects: int = 10
+    respect_robots: bool = True
+    # store
+    fsync: bool = False
+    # replication
+    replication_mode: str = "async"  # async | sync
+    sync_timeout: float = 2.0
+    backlog_bytes: int = 256 * 1024 * 1024
+    auto_promote_after: float = 0.0
+    # logging
+    log_format: str = "text"  # text | json
+
+    @classmethod
+    def load(cls, file: Path | None, overrides: dict[str, Any]) -> ServerConfig:
+        """Defaults, then the TOML file's ``[server]`` table, then non-None overrides."""
+        values: dict[str, Any] = {}
+        if file is not None:
+            with file.open("rb") as fh:
+                values.update(tomllib.load(fh).get("server", {}))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+        cfg = cls(**values)
+        cfg.data = Path(cfg.data)
+        return cfg

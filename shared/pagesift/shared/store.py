@@ -1,0 +1,421 @@
+"""The store: RocksDB (rocksdict) with KV, sequenced lists and sets, and ONE write path.
+
+Every durable change in pagesift goes through ``Store.write``: a *write group*
+collects its changes in memory (reads inside the group see its own writes), then
+commits them atomically as one RocksDB ``WriteBatch`` and hands back the list of
+``Op`` messages that describe it, in write order. Replication ships exactly those
+ops; ``WriteGroup.apply_op`` on another store reproduces the group. No other code
+writes RocksDB (the write section is a lock, and observers such as the replication
+log stage their own node-local keys into the same batch, so "committed" and
+"logged" are one atomic fact).
+
+Key layout (one byte of tag, then the name; names never contain NUL):
+
+    k{key}                      -> value                  KV
+    m{list}                     -> u64 head, u64 next      list bounds (big-endian)
+    l{list}\\0{seq:u64be}         -> item                  list item, seq = push order
+    s{set}\\0{member}             -> b""                   set member
+    c{set}                      -> u64 count               set size
+    _{name}                     -> bytes                   node-local: never replicated or digested
+
+Why every op is idempotent (so a replay once, twice, or after a partial replay
+ends in the same store):
+
+- ``ListPush(list, seq, item)`` is skipped when ``seq < next``: the item is there.
+- ``ListPopFront(list, seq)`` is skipped when ``seq < head``: already popped.
+- ``ListClear(list, upto)`` removes items below ``upto`` and raises head/next to it;
+  it carries ``upto`` instead of "everything" so a replayed clear can never delete
+  an item pushed after it (the seed's plain clear could).
+- KV puts/deletes and set inserts/removes/clears are assignments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from pagesift.v1 import store_pb2
+
+Op = store_pb2.Op
+T = TypeVar("T")
+
+_U64 = struct.Struct(">Q")
+_BOUNDS = struct.Struct(">QQ")
+LOCAL = b"_"
+
+
+def _kv(key: str) -> bytes:
+    return b"k" + key.encode()
+
+
+def _meta(name: str) -> bytes:
+    return b"m" + name.encode()
+
+
+def _item_prefix(name: str) -> bytes:
+    return b"l" + name.encode() + b"\x00"
+
+
+def _item(name: str, seq: int) -> bytes:
+    return _item_prefix(name) + _U64.pack(seq)
+
+
+def _member_prefix(name: str) -> bytes:
+    return b"s" + name.encode() + b"\x00"
+
+
+def _count(name: str) -> bytes:
+    return b"c" + name.encode()
+
+
+def _check_name(name: str) -> str:
+    if "\x00" in name:
+        raise ValueError(f"store names cannot contain NUL: {name!r}")
+    return name
+
+
+def local_key(name: str) -> bytes:
+    """A node-local key (applied offset, epoch, backlog): written only with a group."""
+    return LOCAL + name.encode()
+
+
+class Observer(Protocol):
+    """Sees every non-empty group inside the write section (the replication log)."""
+
+    def stage(self, group: WriteGroup) -> None:
+        """Called before the commit; may add node-local keys to the same batch."""
+
+    def committed(self, group: WriteGroup) -> None:
+        """Called after the batch is durable, still inside the write section."""
+
+
+class WriteGroup:
+    """One atomic set of changes. Build it only through ``Store.write``."""
+
+    def __init__(self, db: Rdict) -> None:
+        self._db = db
+        self._pending: dict[bytes, bytes | None] = {}
+        self._ranges: list[tuple[bytes, bytes]] = []
+        self.ops: list[store_pb2.Op] = []
+        self.info: dict[str, object] = {}  # observers' notes about this group (e.g. its offset)
+
+    # raw access -------------------------------------------------------------
+    def _get(self, key: bytes) -> bytes | None:
+        if key in self._pending:
+            return self._pending[key]
+        for lo, hi in self._ranges:
+            if lo <= key < hi:
+                return None
+        value: bytes | None = self._db.get(key)
+        return value
+
+    def _delete_range(self, lo: bytes, hi: bytes) -> None:
+        self._ranges.append((lo, hi))
+        for key in [k for k in self._pending if lo <= k < hi]:
+            del self._pending[key]
+
+    def _bounds(self, name: str) -> tuple[int, int]:
+        raw = self._get(_meta(name))
+        if raw is None:
+            return 0, 0
+        head, nxt = _BOUNDS.unpack(raw)
+        return head, nxt
+
+    def _set_bounds(self, name: str, head: int, nxt: int) -> None:
+        self._pending[_meta(name)] = _BOUNDS.pack(head, nxt)
+
+    def _set_count(self, name: str, delta: int) -> None:
+        raw = self._get(_count(name))
+        n = (_U64.unpack(raw)[0] if raw else 0) + delta
+        self._pending[_count(name)] = _U64.pack(n) if n > 0 else None
+
+    def put_local(self, key: bytes, value: bytes | None) -> None:
+        """Stage a node-local key (must start with ``LOCAL``); never replicated."""
+        if not key.startswith(LOCAL):
+            raise ValueError("local keys start with '_'")
+        self._pending[key] = value
+
+    def get_local(self, key: bytes) -> bytes | None:
+        return self._get(key)
+
+    # KV ---------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        return self._get(_kv(key))
+
+    def put(self, key: str, value: bytes) -> None:
+        self._pending[_kv(key)] = value
+        self.ops.append(Op(kv_put=store_pb2.KvPut(key=key, value=value)))
+
+    def delete(self, key: str) -> None:
+        self._pending[_kv(key)] = None
+        self.ops.append(Op(kv_delete=store_pb2.KvDelete(key=key)))
+
+    # lists ------------------------------------------------------------------
+    def push(self, name: str, item: bytes) -> int:
+        """Append ``item``; returns its sequence number."""
+        head, seq = self._bounds(_check_name(name))
+        self._pending[_item(name, seq)] = item
+        self._set_bounds(name, head, seq + 1)
+        self.ops.append(Op(list_push=store_pb2.ListPush(list=name, seq=seq, item=item)))
+        return seq
+
+    def pop_front(self, name: str) -> tuple[int, bytes] | None:
+        head, nxt = self._bounds(name)
+        if head >= nxt:
+            return None
+        item = self._get(_item(name, head)) or b""
+        self._pending[_item(name, head)] = None
+        self._set_bounds(name, head + 1, nxt)
+        self.ops.append(Op(list_pop_front=store_pb2.ListPopFront(list=name, seq=head)))
+        return head, item
+
+    def clear_list(self, name: str) -> None:
+        _, nxt = self._bounds(name)
+        self._clear_list_upto(name, nxt)
+        self.ops.append(Op(list_clear=store_pb2.ListClear(list=name, upto=nxt)))
+
+    def _clear_list_upto(self, name: str, upto: int) -> None:
+        head, nxt = self._bounds(name)
+        self._delete_range(_item(name, 0), _item(name, upto))
+        new_head, new_next = max(head, upto), max(nxt, upto)
+        if new_head == new_next == 0:
+            return
+        self._set_bounds(name, new_head, new_next)
+
+    # sets -------------------------------------------------------------------
+    def insert(self, name: str, member: bytes) -> bool:
+        """Add ``member``; returns False (and records nothing) when it was there."""
+        key = _member_prefix(_check_name(name)) + member
+        if self._get(key) is not None:
+            return False
+        self._pending[key] = b""
+        self._set_count(name, 1)
+        self.ops.append(Op(set_insert=store_pb2.SetInsert(set=name, member=member)))
+        return True
+
+    def contains(self, name: str, member: bytes) -> bool:
+        return self._get(_member_prefix(name) + member) is not None
+
+    def remove(self, name: str, member: bytes) -> bool:
+        key = _member_prefix(name) + member
+        if self._get(key) is None:
+            return False
+        self._pending[key] = None
+        self._set_count(name, -1)
+        self.ops.append(Op(set_remove=store_pb2.SetRemove(set=name, member=member)))
+        return True
+
+    def clear_set(self, name: str) -> None:
+        self._clear_set(name)
+        self.ops.append(Op(set_clear=store_pb2.SetClear(set=name)))
+
+    def _clear_set(self, name: str) -> None:
+        prefix = _member_prefix(name)
+        self._delete_range(prefix, prefix[:-1] + b"\x01")
+        self._pending[_count(name)] = None
+
+    # replication --------------------------------------------------------------
+    def apply_op(self, op: store_pb2.Op) -> None:
+        """Apply one replicated op idempotently, recording it like a local write."""
+        kind = op.WhichOneof("op")
+        if kind == "kv_put":
+            self.put(op.kv_put.key, op.kv_put.value)
+        elif kind == "kv_delete":
+            self.delete(op.kv_delete.key)
+        elif kind == "list_push":
+            p = op.list_push
+            head, nxt = self._bounds(p.list)
+            if p.seq < nxt:
+                return
+            self._pending[_item(p.list, p.seq)] = p.item
+            self._set_bounds(p.list, head, p.seq + 1)
+            self.ops.append(op)
+        elif kind == "list_pop_front":
+            q = op.list_pop_front
+            head, nxt = self._bounds(q.list)
+            if q.seq < head:
+                return
+            self._pending[_item(q.list, q.seq)] = None
+            self._set_bounds(q.list, q.seq + 1, max(nxt, q.seq + 1))
+            self.ops.append(op)
+        elif kind == "list_clear":
+            self._clear_list_upto(op.list_clear.list, op.list_clear.upto)
+            self.ops.append(op)
+        elif kind == "set_insert":
+            self.insert(op.set_insert.set, op.set_insert.member)
+        elif kind == "set_remove":
+            self.remove(op.set_remove.set, op.set_remove.member)
+        elif kind == "set_clear":
+            self.clear_set(op.set_clear.set)
+        else:
+            raise ValueError(f"unknown store op {kind!r}")
+
+    def _batch(self) -> WriteBatch:
+        batch = WriteBatch(raw_mode=True)
+        for lo, hi in self._ranges:
+            batch.delete_range(lo, hi)
+        for key, value in self._pending.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        return batch
+
+
+class Store:
+    """An open RocksDB directory. Reads are lock-free; writes go through ``write``."""
+
+    def __init__(self, path: Path | str, *, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self._db = Rdict(str(self.path), opts)
+        self._wopts = WriteOptions()
+        self._wopts.sync = fsync
+        self._lock = threading.RLock()
+        self._observers: list[Observer] = []
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def add_observer(self, observer: Observer) -> None:
+        self._observers.append(observer)
+
+    def remove_observer(self, observer: Observer) -> None:
+        self._observers.remove(observer)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The write section; hold it to read a cut consistent with the log."""
+        return self._lock
+
+    # the one write path ---------------------------------------------------------
+    def write(self, fn: Callable[[WriteGroup], T]) -> tuple[T, list[store_pb2.Op]]:
+        """Run ``fn`` on a fresh group and commit it atomically.
+
+        Returns ``fn``'s result and the group's ops in write order. If ``fn`` raises,
+        nothing is written. A group without ops and without local keys writes nothing.
+        """
+        with self._lock:
+            group = WriteGroup(self._db)
+            result = fn(group)
+            self._commit(group)
+            return result, group.ops
+
+    def apply(
+        self, ops: Sequence[store_pb2.Op], local: dict[bytes, bytes | None] | None = None
+    ) -> WriteGroup:
+        """Apply replicated ops (and node-local keys) as one group; idempotent."""
+
+        def run(group: WriteGroup) -> WriteGroup:
+            for op in ops:
+                group.apply_op(op)
+            for key, value in (local or {}).items():
+                group.put_local(key, value)
+            return group
+
+        group, _ = self.write(run)
+        return group
+
+    def _commit(self, group: WriteGroup) -> None:
+        if not group.ops and not group._pending and not group._ranges:
+            return
+        if group.ops:
+            for obs in self._observers:
+                obs.stage(group)
+        self._db.write(group._batch(), self._wopts)
+        if group.ops:
+            for obs in self._observers:
+                obs.committed(group)
+
+    # reads ----------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        value: bytes | None = self._db.get(_kv(key))
+        return value
+
+    def get_local(self, key: bytes) -> bytes | None:
+        value: bytes | None = self._db.get(key)
+        return value
+
+    def _scan(self, lo: bytes, hi: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self._db.iter()
+        it.seek(lo)
+        while it.valid():
+            key: bytes = it.key()
+            if key >= hi:
+                return
+            yield key, it.value()
+            it.next()
+
+    def keys(self, prefix: str) -> list[str]:
+        """KV keys starting with ``prefix``, in byte order."""
+        lo = _kv(prefix)
+        return [k[1:].decode() for k, _ in self._scan(lo, lo + b"\xff")]
+
+    def list_bounds(self, name: str) -> tuple[int, int]:
+        raw: bytes | None = self._db.get(_meta(name))
+        if raw is None:
+            return 0, 0
+        head, nxt = _BOUNDS.unpack(raw)
+        return head, nxt
+
+    def list_len(self, name: str) -> int:
+        head, nxt = self.list_bounds(name)
+        return nxt - head
+
+    def list_range(self, name: str, start: int = 0, count: int | None = None) -> list[bytes]:
+        """Items with sequence numbers from ``start`` on, at most ``count`` of them."""
+        return [item for _, item in self.list_items(name, start, count)]
+
+    def list_items(
+        self, name: str, start: int = 0, count: int | None = None
+    ) -> list[tuple[int, bytes]]:
+        out: list[tuple[int, bytes]] = []
+        if count is not None and count <= 0:
+            return out
+        prefix = _item_prefix(name)
+        for key, value in self._scan(prefix + _U64.pack(start), prefix[:-1] + b"\x01"):
+            out.append((_U64.unpack(key[len(prefix) :])[0], value))
+            if count is not None and len(out) >= count:
+                break
+        return out
+
+    def set_contains(self, name: str, member: bytes) -> bool:
+        return self._db.get(_member_prefix(name) + member) is not None
+
+    def set_len(self, name: str) -> int:
+        raw: bytes | None = self._db.get(_count(name))
+        return _U64.unpack(raw)[0] if raw else 0
+
+    def set_members(self, name: str) -> list[bytes]:
+        prefix = _member_prefix(name)
+        return [k[len(prefix) :] for k, _ in self._scan(prefix, prefix[:-1] + b"\x01")]
+
+    # whole-store views (resync, verify) ------------------------------------------
+    def replicated_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every replicated key/value pair in byte order (node-local keys skipped)."""
+        it = self._db.iter()
+        it.seek_to_first()
+        while it.valid():
+            key: bytes = it.key()
+            if not key.startswith(LOCAL):
+                yield key, it.value()
+            it.next()
+
+    def digest(self) -> str:
+        """SHA-256 over every replicated key and value: equal digests, equal stores."""
+        h = hashlib.sha256()
+        for key, value in self.replicated_items():
+            h.update(_U64.pack(len(key)))
+            h.update(key)
+            h.update(_U64.pack(len(value)))
+            h.update(value)
+        return h.hexdigest()
