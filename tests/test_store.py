@@ -84,6 +84,7 @@ ACTIONS = st.one_of(
     st.tuples(st.just("push"), LISTS, VALUES),
     st.tuples(st.just("pop"), LISTS),
     st.tuples(st.just("clear_list"), LISTS),
+    st.tuples(st.just("drop_list"), LISTS),
     st.tuples(st.just("insert"), SETS, VALUES),
     st.tuples(st.just("remove"), SETS, VALUES),
     st.tuples(st.just("clear_set"), SETS),
@@ -103,6 +104,8 @@ def run_action(g: WriteGroup, action: tuple[object, ...]) -> None:
         g.pop_front(str(args[0]))
     elif name == "clear_list":
         g.clear_list(str(args[0]))
+    elif name == "drop_list":
+        g.clear_list(str(args[0]), drop=True)
     elif name == "insert":
         g.insert(str(args[0]), bytes(args[1]))  # type: ignore[call-overload]
     elif name == "remove":

@@ -165,6 +165,10 @@ class WriteGroup:
         self.ops.append(Op(list_push=store_pb2.ListPush(list=name, seq=seq, item=item)))
         return seq
 
+    def list_len(self, name: str) -> int:
+        head, nxt = self._bounds(name)
+        return nxt - head
+
     def pop_front(self, name: str) -> tuple[int, bytes] | None:
         head, nxt = self._bounds(name)
         if head >= nxt:
@@ -175,18 +179,20 @@ class WriteGroup:
         self.ops.append(Op(list_pop_front=store_pb2.ListPopFront(list=name, seq=head)))
         return head, item
 
-    def clear_list(self, name: str) -> None:
+    def clear_list(self, name: str, *, drop: bool = False) -> None:
+        """Remove every item; sequence numbers keep rising unless ``drop`` deletes the list."""
         _, nxt = self._bounds(name)
-        self._clear_list_upto(name, nxt)
-        self.ops.append(Op(list_clear=store_pb2.ListClear(list=name, upto=nxt)))
+        self._clear_list_upto(name, nxt, drop)
+        self.ops.append(Op(list_clear=store_pb2.ListClear(list=name, upto=nxt, drop=drop)))
 
-    def _clear_list_upto(self, name: str, upto: int) -> None:
+    def _clear_list_upto(self, name: str, upto: int, drop: bool) -> None:
         head, nxt = self._bounds(name)
         self._delete_range(_item(name, 0), _item(name, upto))
         new_head, new_next = max(head, upto), max(nxt, upto)
-        if new_head == new_next == 0:
-            return
-        self._set_bounds(name, new_head, new_next)
+        if drop:
+            self._pending[_meta(name)] = None
+        elif new_head or new_next:
+            self._set_bounds(name, new_head, new_next)
 
     # sets -------------------------------------------------------------------
     def insert(self, name: str, member: bytes) -> bool:
@@ -245,7 +251,8 @@ class WriteGroup:
             self._set_bounds(q.list, q.seq + 1, max(nxt, q.seq + 1))
             self.ops.append(op)
         elif kind == "list_clear":
-            self._clear_list_upto(op.list_clear.list, op.list_clear.upto)
+            c = op.list_clear
+            self._clear_list_upto(c.list, c.upto, c.drop)
             self.ops.append(op)
         elif kind == "set_insert":
             self.insert(op.set_insert.set, op.set_insert.member)

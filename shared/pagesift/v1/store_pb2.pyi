@@ -171,23 +171,28 @@ Global___ListPopFront: _TypeAlias = ListPopFront  # noqa: Y015
 
 @_typing.final
 class ListClear(_message.Message):
-    """ListClear removes every item with a sequence number below upto."""
+    """ListClear removes every item with a sequence number below upto. With drop,
+    the list's bounds go too (the list is deleted, as when its job expires).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     LIST_FIELD_NUMBER: _builtins.int
     UPTO_FIELD_NUMBER: _builtins.int
+    DROP_FIELD_NUMBER: _builtins.int
     list: _builtins.str
     upto: _builtins.int
+    drop: _builtins.bool
     def __init__(
         self,
         *,
         list: _builtins.str = ...,
         upto: _builtins.int = ...,
+        drop: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["list", b"list", "upto", b"upto"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drop", b"drop", "list", b"list", "upto", b"upto"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
