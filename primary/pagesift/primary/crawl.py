@@ -1,0 +1,70 @@
+"""Crawl scope: which discovered links a crawl admits to its frontier.
+
+Pure functions over a ``StartCrawlRequest``: same site (or subdomains, or
+anywhere), include/exclude regexes over the path and query, depth. The frontier
+itself lives in the store (``job/{id}/frontier`` + ``job/{id}/seen``, see
+``pagesift.shared.jobrecords``); admitting a link is one ``seen`` insert and one
+frontier push in the same write group as the page that found it, so a crash can
+neither lose a discovered link nor queue it twice.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from pagesift.shared import urls
+from pagesift.v1 import jobs_pb2
+
+
+def encode_entry(depth: int, url: str) -> bytes:
+    return f"{depth} {url}".encode()
+
+
+def decode_entry(raw: bytes) -> tuple[int, str]:
+    depth, url = raw.decode().split(" ", 1)
+    return int(depth), url
+
+
+@dataclass
+class Scope:
+    root: str
+    limit: int
+    max_depth: int  # 0 = unlimited
+    include: list[re.Pattern[str]]
+    exclude: list[re.Pattern[str]]
+    allow_subdomains: bool
+    allow_external: bool
+    ignore_query: bool
+
+    @classmethod
+    def of(cls, req: jobs_pb2.StartCrawlRequest, limit: int) -> Scope:
+        return cls(
+            root=urls.normalize(req.url, ignore_query=req.ignore_query_parameters),
+            limit=limit,
+            max_depth=req.max_depth,
+            include=urls.compile_patterns(list(req.include_paths)),
+            exclude=urls.compile_patterns(list(req.exclude_paths)),
+            allow_subdomains=req.allow_subdomains,
+            allow_external=req.allow_external_links,
+            ignore_query=req.ignore_query_parameters,
+        )
+
+    def key(self, url: str) -> str:
+        """The crawl's identity for a URL (normalized, query dropped if asked)."""
+        return urls.normalize(url, ignore_query=self.ignore_query)
+
+    def admits(self, url: str, depth: int) -> bool:
+        """Whether a link found at ``depth - 1`` may be queued at ``depth``."""
+        if self.max_depth and depth > self.max_depth:
+            return False
+        if not self.allow_external and not urls.same_site(
+            url, self.root, allow_subdomains=self.allow_subdomains
+        ):
+            return False
+        parts = urlsplit(url)
+        target = parts.path + ("?" + parts.query if parts.query else "")
+        if self.include and not any(p.search(target) for p in self.include):
+            return False
+        return not any(p.search(target) for p in self.exclude)

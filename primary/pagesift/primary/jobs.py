@@ -1,0 +1,418 @@
+"""The job runtime on the primary: register, run, cancel, finish, expire, resume.
+
+Every durable change is one ``Store.write`` group (see ``pagesift.shared.store``)
+over the layout of ``pagesift.shared.jobrecords``:
+
+- register: meta + request + ``jobs`` set + idempotency key, one group. The same
+  key from the same owner returns the first job's id and writes nothing.
+- a page: document pushed to ``pages`` + done mark + (crawl) every newly admitted
+  link pushed to ``frontier`` with its ``seen`` mark, ONE group. A crash before
+  the commit loses only the fetch in flight (it is redone on resume); a crash after
+  it loses nothing. No page can be recorded twice: the group re-checks ``done``.
+- a page error: error pushed to ``errors`` + done mark, one group.
+- finish / cancel: meta rewritten with state, times and note.
+- expiry: every key of the job deleted in one group (lists dropped, sets cleared).
+
+Resume after a restart: jobs still ``scraping`` restart from their done set
+(batch: indices not done; crawl: frontier entries not done, in enqueue order). The
+frontier is read from the store in chunks, so memory stays flat however large
+the crawl grows.
+
+Sync replication: with a ``Visibility`` the page is written, then the worker
+waits for the standby to apply it before the page counts as visible (GetJob and
+WatchJob cap what they return at ``visible(job_id)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+from pagesift.primary.crawl import Scope, decode_entry, encode_entry
+from pagesift.primary.engine import Engine, FetchPolicy, Page, PageError
+from pagesift.shared import jobrecords as jr
+from pagesift.shared.config import ServerConfig
+from pagesift.shared.store import Store, WriteGroup
+from pagesift.v1 import jobs_pb2
+
+log = logging.getLogger("pagesift.jobs")
+
+WaitReplicated = Callable[[int], Awaitable[bool]]
+
+
+@dataclass
+class Registered:
+    id: str
+    created: bool  # False when an idempotency key matched an existing job
+
+
+class Jobs:
+    def __init__(
+        self,
+        store: Store,
+        engine: Engine,
+        config: ServerConfig,
+        *,
+        wait_replicated: WaitReplicated | None = None,
+        on_visible: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.config = config
+        self._wait_replicated = wait_replicated
+        self._on_visible = on_visible
+        self._visible: dict[str, int] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # life cycle ---------------------------------------------------------------
+    async def start(self) -> None:
+        """Resume every job that was running, and start the expiry sweeper."""
+        self.sweep()
+        for job_id in jr.all_job_ids(self.store):
+            meta = jr.load_meta(self.store, job_id)
+            if meta is not None and not meta.terminal:
+                log.info("resuming job %s (%s)", job_id, meta.kind)
+                self._spawn(meta)
+        self._sweeper = asyncio.create_task(self._sweep_loop())
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = list(self._tasks.values())
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    def visible(self, job_id: str) -> int | None:
+        """How many of the job's pages clients may see (None: all that are stored)."""
+        if self._wait_replicated is None:
+            return None
+        return self._visible.get(job_id, 0)
+
+    async def scrape(self, url: str, options: jobs_pb2.ScrapeOptions) -> jobs_pb2.Document:
+        """One page, synchronously (the Scrape call); raises ``PageError``."""
+        page = await self.engine.scrape(url, options)
+        return page.document
+
+    # registration ---------------------------------------------------------------
+    def register(
+        self,
+        kind: str,
+        owner: str,
+        request: bytes,
+        idempotency_key: str,
+        *,
+        total: int = 0,
+        limit: int = 0,
+    ) -> Registered:
+        now = jr.now_ms()
+        meta = jr.JobMeta(
+            id=str(uuid.uuid4()),
+            kind=kind,
+            state="scraping",
+            owner=owner,
+            created_ms=now,
+            expires_ms=now + int(self.config.job_ttl_seconds * 1000),
+            total=total,
+            limit=limit,
+            idempotency_key=idempotency_key,
+        )
+
+        def group(g: WriteGroup) -> Registered:
+            if idempotency_key:
+                existing = g.get(jr.idem_key(owner, idempotency_key))
+                if existing is not None:
+                    return Registered(existing.decode(), created=False)
+                g.put(jr.idem_key(owner, idempotency_key), meta.id.encode())
+            g.put(jr.meta_key(meta.id), meta.encode())
+            g.put(jr.part(meta.id, "request"), request)
+            g.insert(jr.JOBS_SET, meta.id.encode())
+            return Registered(meta.id, created=True)
+
+        reg, _ = self.store.write(group)
+        if reg.created:
+            if self._wait_replicated is not None:
+                self._visible[meta.id] = 0
+            log.info("job %s started (%s, owner %s)", meta.id, kind, owner)
+            self._spawn(meta)
+        return reg
+
+    def cancel(self, job_id: str) -> jr.JobMeta | None:
+        meta = jr.load_meta(self.store, job_id)
+        if meta is None:
+            return None
+        if not meta.terminal:
+            meta = self._finish(job_id, "cancelled", "cancelled by the caller")
+            task = self._tasks.pop(job_id, None)
+            if task is not None:
+                task.cancel()
+        return meta
+
+    # expiry -----------------------------------------------------------------------
+    def sweep(self) -> int:
+        """Delete every finished job whose TTL has passed; returns how many."""
+        now = jr.now_ms()
+        removed = 0
+        for job_id in jr.all_job_ids(self.store):
+            meta = jr.load_meta(self.store, job_id)
+            if meta is None or (meta.terminal and meta.expires_ms <= now):
+                self.store.write(lambda g, m=meta, i=job_id: _delete_job(g, i, m))
+                self._visible.pop(job_id, None)
+                removed += 1
+        if removed:
+            log.info("expired %d job(s)", removed)
+        return removed
+
+    async def _sweep_loop(self) -> None:
+        interval = max(0.2, min(60.0, self.config.job_ttl_seconds / 4))
+        while not self._closing:
+            await asyncio.sleep(interval)
+            self.sweep()
+
+    # running ------------------------------------------------------------------------
+    def _spawn(self, meta: jr.JobMeta) -> None:
+        raw = self.store.get(jr.part(meta.id, "request")) or b""
+        if meta.kind == "batch":
+            coro = self._run_batch(meta, jobs_pb2.StartBatchScrapeRequest.FromString(raw))
+        else:
+            coro = self._run_crawl(meta, jobs_pb2.StartCrawlRequest.FromString(raw))
+        task = asyncio.create_task(self._guard(meta.id, coro))
+        self._tasks[meta.id] = task
+
+    async def _guard(self, job_id: str, coro: Awaitable[None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug must not leave a job "scraping" forever
+            log.exception("job %s failed", job_id)
+            self._finish(job_id, "failed", f"internal error: {e}")
+        finally:
+            self._tasks.pop(job_id, None)
+
+    def _concurrency(self, asked: int) -> int:
+        n = asked or self.config.default_concurrency
+        return max(1, min(n, self.config.max_concurrency))
+
+    async def _run_batch(self, meta: jr.JobMeta, req: jobs_pb2.StartBatchScrapeRequest) -> None:
+        done = jr.part(meta.id, "done")
+        pending: Iterator[tuple[int, str]] = (
+            (i, url)
+            for i, url in enumerate(req.urls)
+            if not self.store.set_contains(done, str(i).encode())
+        )
+
+        async def worker() -> None:
+            for i, url in pending:
+                mark = str(i).encode()
+                try:
+                    page = await self.engine.scrape(url, req.options)
+                except PageError as e:
+                    self._record_error(meta.id, mark, url, e)
+                    continue
+                await self._record_page(meta.id, mark, page, [])
+
+        await asyncio.gather(*(worker() for _ in range(self._concurrency(req.max_concurrency))))
+        self._finish(meta.id, "completed", "")
+
+    async def _run_crawl(self, meta: jr.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
+        scope = Scope.of(req, meta.limit)
+        if self.store.get(jr.part(meta.id, "seeded")) is None:
+            await self._seed(meta.id, req, scope)
+        policy = FetchPolicy(delay=req.delay)
+        follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
+        frontier = _Frontier(self.store, meta.id)
+
+        async def worker() -> None:
+            async for depth, url in frontier.entries():
+                try:
+                    page = await self.engine.scrape(url, req.options, policy)
+                except PageError as e:
+                    self._record_error(meta.id, url.encode(), url, e)
+                    continue
+                links = page.links if follow else []
+                admitted = [
+                    (depth + 1, key)
+                    for key in dict.fromkeys(scope.key(link) for link in links)
+                    if scope.admits(key, depth + 1)
+                ]
+                await self._record_page(meta.id, url.encode(), page, admitted)
+
+        await asyncio.gather(*(worker() for _ in range(self._concurrency(req.max_concurrency))))
+        pages = self.store.list_len(jr.part(meta.id, "pages"))
+        if pages == 0:
+            errors, _ = jr.read_errors(self.store, meta.id)
+            why = f"{errors[0].code}: {errors[0].message}" if errors else "nothing to crawl"
+            self._finish(meta.id, "failed", f"the crawl found no page ({why})")
+        else:
+            self._finish(meta.id, "completed", "")
+
+    async def _seed(self, job_id: str, req: jobs_pb2.StartCrawlRequest, scope: Scope) -> None:
+        """Queue the start URL and the sitemap's URLs, once (``seeded`` marks it)."""
+        entries: list[tuple[int, str]] = []
+        if req.sitemap != jobs_pb2.SITEMAP_MODE_SKIP:
+            found = await self.engine.sitemap_urls(scope.root)
+            entries = [(1, scope.key(u)) for u in found]
+            entries = [(d, u) for d, u in entries if scope.admits(u, d)]
+        if req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY or not entries:
+            entries.insert(0, (0, scope.root))
+
+        def group(g: WriteGroup) -> None:
+            _admit(g, job_id, entries, scope.limit)
+            g.put(jr.part(job_id, "seeded"), b"1")
+
+        self.store.write(group)
+
+    # recording ------------------------------------------------------------------------
+    async def _record_page(
+        self, job_id: str, mark: bytes, page: Page, admitted: list[tuple[int, str]]
+    ) -> None:
+        limit = 0
+        if admitted:
+            meta = jr.load_meta(self.store, job_id)
+            limit = meta.limit if meta else 0
+        doc = page.document.SerializeToString()
+
+        def group(g: WriteGroup) -> tuple[int | None, WriteGroup]:
+            done = jr.part(job_id, "done")
+            if g.contains(done, mark) or g.get(jr.meta_key(job_id)) is None:
+                return None, g  # recorded already, or the job is gone
+            seq = g.push(jr.part(job_id, "pages"), doc)
+            g.insert(done, mark)
+            if admitted:
+                _admit(g, job_id, admitted, limit)
+            return seq, g
+
+        (seq, written), _ = self.store.write(group)
+        if seq is None or self._wait_replicated is None:
+            return
+        offset = written.info.get("offset")  # set by the replication log while committing
+        if isinstance(offset, int):
+            await self._wait_replicated(offset)
+        self._visible[job_id] = max(self._visible.get(job_id, 0), seq + 1)
+        if self._on_visible is not None:
+            self._on_visible(job_id)
+
+    def _record_error(self, job_id: str, mark: bytes, url: str, err: PageError) -> None:
+        item = jobs_pb2.PageError(
+            url=url, code=str(err.code), message=err.message, time=jr.timestamp(jr.now_ms())
+        ).SerializeToString()
+
+        def group(g: WriteGroup) -> None:
+            done = jr.part(job_id, "done")
+            if g.contains(done, mark) or g.get(jr.meta_key(job_id)) is None:
+                return
+            g.push(jr.part(job_id, "errors"), item)
+            g.insert(done, mark)
+
+        self.store.write(group)
+
+    def _finish(self, job_id: str, state: str, note: str) -> jr.JobMeta | None:
+        def group(g: WriteGroup) -> jr.JobMeta | None:
+            raw = g.get(jr.meta_key(job_id))
+            if raw is None:
+                return None
+            meta = jr.JobMeta.decode(raw)
+            if meta.terminal:
+                return meta
+            now = jr.now_ms()
+            meta.state, meta.note, meta.finished_ms = state, note, now
+            meta.expires_ms = now + int(self.config.job_ttl_seconds * 1000)
+            g.put(jr.meta_key(job_id), meta.encode())
+            if note and state != "cancelled":
+                g.push(
+                    jr.part(job_id, "notes"),
+                    jobs_pb2.PageError(
+                        code=state, message=note, time=jr.timestamp(now)
+                    ).SerializeToString(),
+                )
+            return meta
+
+        meta, _ = self.store.write(group)
+        if meta is not None:
+            log.info("job %s %s%s", job_id, meta.state, f": {note}" if note else "")
+        return meta
+
+
+def _admit(g: WriteGroup, job_id: str, entries: list[tuple[int, str]], limit: int) -> None:
+    """Queue entries not seen before while the frontier is below the crawl limit."""
+    frontier, seen = jr.part(job_id, "frontier"), jr.part(job_id, "seen")
+    size = g.list_len(frontier)
+    for depth, url in entries:
+        if limit and size >= limit:
+            return
+        if g.insert(seen, url.encode()):
+            g.push(frontier, encode_entry(depth, url))
+            size += 1
+
+
+def _delete_job(g: WriteGroup, job_id: str, meta: jr.JobMeta | None) -> None:
+    for what in jr.LISTS:
+        g.clear_list(jr.part(job_id, what), drop=True)
+    for what in jr.SETS:
+        g.clear_set(jr.part(job_id, what))
+    for what in jr.SIDE_KVS:
+        g.delete(jr.part(job_id, what))
+    if meta is not None and meta.idempotency_key:
+        g.delete(jr.idem_key(meta.owner, meta.idempotency_key))
+    g.delete(jr.meta_key(job_id))
+    g.remove(jr.JOBS_SET, job_id.encode())
+
+
+class _Frontier:
+    """Hands crawl workers the frontier entries not done yet, in enqueue order.
+
+    Entries are read from the store in chunks from a cursor; workers that find
+    nothing wait for a page in flight to finish (it may admit new links), and all
+    stop when nothing is queued and nothing is in flight.
+    """
+
+    CHUNK = 256
+
+    def __init__(self, store: Store, job_id: str) -> None:
+        self.store = store
+        self.list = jr.part(job_id, "frontier")
+        self.done = jr.part(job_id, "done")
+        self.cursor = 0
+        self.buffer: deque[tuple[int, str]] = deque()
+        self.in_flight = 0
+        self.changed = asyncio.Event()
+
+    def _next(self) -> tuple[int, str] | None:
+        while True:
+            while self.buffer:
+                depth, url = self.buffer.popleft()
+                if not self.store.set_contains(self.done, url.encode()):
+                    return depth, url
+            items = self.store.list_items(self.list, self.cursor, self.CHUNK)
+            if not items:
+                return None
+            self.cursor = items[-1][0] + 1
+            self.buffer.extend(decode_entry(raw) for _, raw in items)
+
+    async def entries(self) -> AsyncIterator[tuple[int, str]]:
+        while True:
+            entry = self._next()
+            if entry is None:
+                if self.in_flight == 0:
+                    self.changed.set()  # wake the others so they stop too
+                    return
+                self.changed.clear()
+                await self.changed.wait()
+                continue
+            self.in_flight += 1
+            try:
+                yield entry
+            finally:
+                self.in_flight -= 1
+                self.changed.set()

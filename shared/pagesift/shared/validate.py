@@ -1,0 +1,138 @@
+"""Request validation: every bad field becomes INVALID_ARGUMENT naming the field.
+
+Validation runs before anything is written, so a rejected request leaves nothing
+half-created in the store. The checks that need the network (the address guard
+resolves host names) are async; the rest are pure.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from pagesift.shared import urls
+from pagesift.shared.config import ServerConfig
+from pagesift.v1 import jobs_pb2
+
+
+class InvalidArgument(ValueError):
+    """A request field that cannot be accepted; ``str()`` names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def job_id(value: str, field: str = "id") -> str:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(field, f"{value[:64]!r} is not a job id") from None
+    return value
+
+
+async def _guard(url: str, field: str, config: ServerConfig) -> None:
+    if config.allow_private_networks:
+        return
+    reason = await urls.blocked_reason(url)
+    if reason is not None:
+        raise InvalidArgument(field, f"{url[:200]} is refused: {reason}")
+
+
+async def url(value: str, field: str, config: ServerConfig) -> str:
+    problem = urls.validate(value, config.max_url_length)
+    if problem is not None:
+        raise InvalidArgument(field, problem)
+    await _guard(value, field, config)
+    return value
+
+
+def options(opts: jobs_pb2.ScrapeOptions, field: str = "options") -> None:
+    for i, f in enumerate(opts.formats):
+        if f not in jobs_pb2.Format.values() or f == jobs_pb2.FORMAT_UNSPECIFIED:
+            raise InvalidArgument(f"{field}.formats[{i}]", f"unknown format {f}")
+
+
+def concurrency(value: int, config: ServerConfig) -> None:
+    if value < 0 or value > config.max_concurrency:
+        raise InvalidArgument(
+            "max_concurrency", f"{value} is outside 0..{config.max_concurrency} (0 = default)"
+        )
+
+
+@dataclass
+class BatchPlan:
+    urls: list[str]
+    invalid: list[str]
+
+
+async def batch(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> BatchPlan:
+    if not req.urls:
+        raise InvalidArgument("urls", "must list at least one URL")
+    if len(req.urls) > config.max_batch_urls:
+        raise InvalidArgument(
+            "urls", f"{len(req.urls)} URLs exceed the cap of {config.max_batch_urls}"
+        )
+    options(req.options)
+    concurrency(req.max_concurrency, config)
+    bad: list[int] = []
+    problems: dict[int, str] = {}
+    checked_hosts: dict[str, str | None] = {}
+    for i, u in enumerate(req.urls):
+        problem = urls.validate(u, config.max_url_length)
+        if problem is None and not config.allow_private_networks:
+            origin = urlsplit(u).netloc.lower()
+            if origin not in checked_hosts:
+                checked_hosts[origin] = await urls.blocked_reason(u)
+            reason = checked_hosts[origin]
+            problem = f"refused: {reason}" if reason else None
+        if problem is not None:
+            bad.append(i)
+            problems[i] = problem
+    if bad and not req.ignore_invalid_urls:
+        shown = "; ".join(f"urls[{i}]: {problems[i]}" for i in bad[:10])
+        more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+        raise InvalidArgument(
+            "urls", f"invalid URLs at indices {bad[:50]}{more}: {shown}"
+        )
+    keep = [u for i, u in enumerate(req.urls) if i not in problems]
+    if not keep:
+        raise InvalidArgument("urls", "no valid URL left after skipping the invalid ones")
+    return BatchPlan(urls=keep, invalid=[req.urls[i] for i in bad])
+
+
+async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> int:
+    """Validates a crawl request; returns the effective page limit."""
+    await url(req.url, "url", config)
+    if req.limit < 0 or req.limit > config.max_crawl_limit:
+        raise InvalidArgument(
+            "limit", f"{req.limit} is outside 0..{config.max_crawl_limit} (0 = default)"
+        )
+    if req.max_depth < 0 or req.max_depth > 10_000:
+        raise InvalidArgument("max_depth", f"{req.max_depth} is outside 0..10000 (0 = unlimited)")
+    for field in ("include_paths", "exclude_paths"):
+        patterns = list(getattr(req, field))
+        if len(patterns) > config.max_regexes:
+            raise InvalidArgument(field, f"more than {config.max_regexes} patterns")
+        for i, p in enumerate(patterns):
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise InvalidArgument(f"{field}[{i}]", f"invalid regex {p!r}: {e}") from None
+    if req.sitemap not in jobs_pb2.SitemapMode.values():
+        raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")
+    concurrency(req.max_concurrency, config)
+    if not 0 <= req.delay <= 60:
+        raise InvalidArgument("delay", f"{req.delay} is outside 0..60 seconds")
+    options(req.options)
+    return req.limit or config.default_crawl_limit
+
+
+def page(skip: int, limit: int, config: ServerConfig) -> int:
+    if skip < 0:
+        raise InvalidArgument("skip", f"{skip} is negative")
+    if limit < 0 or limit > config.max_page_size:
+        raise InvalidArgument("limit", f"{limit} is outside 0..{config.max_page_size}")
+    return limit or config.default_page_size
