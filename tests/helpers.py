@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
 from pagesift.primary import server
 from pagesift.shared.config import ServerConfig
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
@@ -41,7 +40,7 @@ def free_port() -> int:
 class RunningNode:
     address: str
     channel: grpc.aio.Channel
-    stub: jobs_pb2_grpc.JobServiceStub
+    stub: jobs_pb2_grpc.JobServiceAsyncStub
     config: ServerConfig
     node: server.Node
 
@@ -73,13 +72,13 @@ async def in_process_node(data: Path, **overrides: Any) -> AsyncIterator[Running
         stub = jobs_pb2_grpc.JobServiceStub(channel)
         yield RunningNode(config.listen, channel, stub, config, node)
     finally:
-        await channel.close()
+        await channel.close(None)
         stop.set()
         await asyncio.wait_for(task, 15)
 
 
 async def wait_terminal(
-    stub: jobs_pb2_grpc.JobServiceStub, job_id: str, timeout: float = 60.0
+    stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str, timeout: float = 60.0
 ) -> jobs_pb2.GetJobResponse:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -91,7 +90,7 @@ async def wait_terminal(
 
 
 async def all_documents(
-    stub: jobs_pb2_grpc.JobServiceStub, job_id: str
+    stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str
 ) -> list[jobs_pb2.Document]:
     docs: list[jobs_pb2.Document] = []
     skip = 0

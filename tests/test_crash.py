@@ -17,9 +17,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+
 from tests.helpers import all_documents, free_port, start_server_process, wait_ready, wait_terminal
 
 CONCURRENCY = 8
@@ -71,7 +71,7 @@ class Server:
                 self.proc.wait(5)
 
 
-async def completed(stub: jobs_pb2_grpc.JobServiceStub, job_id: str) -> int:
+async def completed(stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str) -> int:
     resp = await stub.GetJob(jobs_pb2.GetJobRequest(id=job_id, limit=1))
     return resp.completed + resp.failed
 
@@ -87,7 +87,8 @@ async def kill_when(server: Server, job_id: str, at: int, timeout: float = 30.0)
 
 
 async def run_with_kills(
-    tmp_path: Path, start: jobs_pb2.StartCrawlRequest | jobs_pb2.StartBatchScrapeRequest,
+    tmp_path: Path,
+    start: jobs_pb2.StartCrawlRequest | jobs_pb2.StartBatchScrapeRequest,
     kill_points: list[int],
 ) -> list[jobs_pb2.Document]:
     server = Server(tmp_path)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
 from pagesift.v1 import jobs_pb2
+
 from tests.helpers import all_documents, in_process_node, wait_terminal
 
 PAGES = 240
@@ -28,7 +28,10 @@ async def site() -> AsyncIterator[tuple[Site, str]]:
 
 def crawl_request(root: str, **kw: object) -> jobs_pb2.StartCrawlRequest:
     req = jobs_pb2.StartCrawlRequest(
-        url=root, exclude_paths=[CALENDAR_EXCLUDE], max_concurrency=16, **kw  # type: ignore[arg-type]
+        url=root,
+        exclude_paths=[CALENDAR_EXCLUDE],
+        max_concurrency=16,
+        **kw,  # type: ignore[arg-type]
     )
     return req
 
@@ -98,7 +101,7 @@ async def test_a_batch_scrape_returns_each_url_and_reports_failures(
         docs = await all_documents(node.stub, started.id)
         assert sorted(normalize_url(d.url) for d in docs) == good
         errs = await node.stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=started.id))
-        assert sorted((e.code for e in errs.errors)) == ["http_status", "unsupported_content"]
+        assert sorted(e.code for e in errs.errors) == ["http_status", "unsupported_content"]
 
 
 async def test_paging_walks_every_document_and_next_skip_is_absent_at_the_end(
@@ -194,6 +197,10 @@ async def test_an_expired_job_is_gone_with_every_one_of_its_keys(
             await node.stub.GetJob(jobs_pb2.GetJobRequest(id=started.id))
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
         # the sweeper deletes, not just hides: no replicated key is left at all
+        for _ in range(100):
+            if not list(node.node.store().replicated_items()):
+                break
+            await asyncio.sleep(0.05)
         assert list(node.node.store().replicated_items()) == []
 
 

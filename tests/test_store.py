@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pagesift.shared.store import Store, WriteGroup, local_key
 from pagesift.v1 import store_pb2
 
@@ -127,11 +126,14 @@ def test_replaying_groups_once_twice_or_after_a_partial_replay_rebuilds_the_sour
         src = Store(Path(tmp) / "src")
         logged: list[list[store_pb2.Op]] = []
         for actions in groups:
-            _, ops = src.write(lambda g, actions=actions: [run_action(g, a) for a in actions])
+
+            def group(g: WriteGroup, actions: list[tuple[object, ...]] = actions) -> None:
+                for a in actions:
+                    run_action(g, a)
+
+            _, ops = src.write(group)
             # ops travel as bytes: round-trip them like the log does
-            logged.append(
-                [store_pb2.Op.FromString(op.SerializeToString()) for op in ops]
-            )
+            logged.append([store_pb2.Op.FromString(op.SerializeToString()) for op in ops])
         expected = contents(src)
         plans = {
             "once": logged,

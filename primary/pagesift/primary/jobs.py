@@ -32,6 +32,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from pagesift.primary.crawl import Scope, decode_entry, encode_entry
 from pagesift.primary.engine import Engine, FetchPolicy, Page, PageError
@@ -166,7 +167,7 @@ class Jobs:
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
             if meta is None or (meta.terminal and meta.expires_ms <= now):
-                self.store.write(lambda g, m=meta, i=job_id: _delete_job(g, i, m))
+                self.store.write(partial(_delete_job, job_id=job_id, meta=meta))
                 self._visible.pop(job_id, None)
                 removed += 1
         if removed:

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.jobs import Jobs
 from pagesift.shared.config import ServerConfig
@@ -106,7 +106,7 @@ async def run(
         ]
     )
     jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(node), server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     services = (
         jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
@@ -121,9 +121,7 @@ async def run(
         await node.become_primary()
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set(
-        "pagesift.v1.JobService", health_pb2.HealthCheckResponse.SERVING
-    )
+    await health_servicer.set("pagesift.v1.JobService", health_pb2.HealthCheckResponse.SERVING)
     log.info("pagesift %s serving on %s (data %s)", config.role, config.listen, config.data)
     if started is not None:
         started.set_result(node)

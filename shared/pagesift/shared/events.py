@@ -65,8 +65,8 @@ class JobEvents:
             if kind is None:
                 continue
             msg = getattr(op, kind)
-            name = getattr(msg, "key", None) or getattr(msg, "list", None) or getattr(msg, "set", "")
-            job = job_of(name)
+            name = getattr(msg, "key", "") or getattr(msg, "list", "") or getattr(msg, "set", "")
+            job = job_of(str(name))
             if job is not None:
                 touched.add(job)
         for job in touched:

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from pagesift.shared.store import Store
 from pagesift.v1 import jobs_pb2
 
@@ -118,10 +117,7 @@ def progress(store: Store, meta: JobMeta, visible: int | None = None) -> Progres
     if visible is not None:
         completed = min(completed, visible)
     failed = store.list_len(part(meta.id, "errors"))
-    if meta.kind == "crawl":
-        total = store.list_len(part(meta.id, "frontier"))
-    else:
-        total = meta.total
+    total = store.list_len(part(meta.id, "frontier")) if meta.kind == "crawl" else meta.total
     return Progress(total=total, completed=completed, failed=failed)
 
 
@@ -130,9 +126,10 @@ def read_documents(
 ) -> list[jobs_pb2.Document]:
     if visible is not None:
         limit = max(0, min(limit, visible - skip))
-    return [jobs_pb2.Document.FromString(raw) for raw in store.list_range(
-        part(job_id, "pages"), skip, limit
-    )]
+    return [
+        jobs_pb2.Document.FromString(raw)
+        for raw in store.list_range(part(job_id, "pages"), skip, limit)
+    ]
 
 
 def read_errors(store: Store, job_id: str) -> tuple[list[jobs_pb2.PageError], list[str]]:

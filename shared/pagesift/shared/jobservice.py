@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import grpc
-
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import validate
 from pagesift.shared.config import ServerConfig
@@ -222,12 +221,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.GetJobRequest,
         context: grpc.aio.ServicerContext[object, object],
     ) -> jobs_pb2.GetJobResponse:
-        meta = await self._meta(request.id, context)
         try:
             limit = validate.page(request.skip, request.limit, self.node.config)
         except validate.InvalidArgument as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise AssertionError("unreachable") from None
+        meta = await self._meta(request.id, context)
         store = self.node.store()
         visible = self._visible(meta.id)
         p = jr.progress(store, meta, visible)

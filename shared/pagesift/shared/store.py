@@ -38,9 +38,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
-
 from pagesift.v1 import store_pb2
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 Op = store_pb2.Op
 T = TypeVar("T")

@@ -94,9 +94,7 @@ async def batch(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> 
     if bad and not req.ignore_invalid_urls:
         shown = "; ".join(f"urls[{i}]: {problems[i]}" for i in bad[:10])
         more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
-        raise InvalidArgument(
-            "urls", f"invalid URLs at indices {bad[:50]}{more}: {shown}"
-        )
+        raise InvalidArgument("urls", f"invalid URLs at indices {bad[:50]}{more}: {shown}")
     keep = [u for i, u in enumerate(req.urls) if i not in problems]
     if not keep:
         raise InvalidArgument("urls", "no valid URL left after skipping the invalid ones")
