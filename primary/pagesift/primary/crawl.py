@@ -10,9 +10,7 @@ neither lose a discovered link nor queue it twice.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from pagesift.shared import urls
 from pagesift.v1 import jobs_pb2
@@ -32,8 +30,7 @@ class Scope:
     root: str
     limit: int
     max_depth: int  # 0 = unlimited
-    include: list[re.Pattern[str]]
-    exclude: list[re.Pattern[str]]
+    paths: urls.PathFilter
     allow_subdomains: bool
     allow_external: bool
     ignore_query: bool
@@ -44,8 +41,7 @@ class Scope:
             root=urls.normalize(req.url, ignore_query=req.ignore_query_parameters),
             limit=limit,
             max_depth=req.max_depth,
-            include=urls.compile_patterns(list(req.include_paths)),
-            exclude=urls.compile_patterns(list(req.exclude_paths)),
+            paths=urls.PathFilter(req.include_paths, req.exclude_paths),
             allow_subdomains=req.allow_subdomains,
             allow_external=req.allow_external_links,
             ignore_query=req.ignore_query_parameters,
@@ -63,8 +59,4 @@ class Scope:
             url, self.root, allow_subdomains=self.allow_subdomains
         ):
             return False
-        parts = urlsplit(url)
-        target = parts.path + ("?" + parts.query if parts.query else "")
-        if self.include and not any(p.search(target) for p in self.include):
-            return False
-        return not any(p.search(target) for p in self.exclude)
+        return self.paths.allows(url)

@@ -7,7 +7,6 @@ resolves host names) are async; the rest are pure.
 
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -116,9 +115,9 @@ async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> int:
             raise InvalidArgument(field, f"more than {config.max_regexes} patterns")
         for i, p in enumerate(patterns):
             try:
-                re.compile(p)
-            except re.error as e:
-                raise InvalidArgument(f"{field}[{i}]", f"invalid regex {p!r}: {e}") from None
+                urls.compile_patterns([p])
+            except ValueError as e:
+                raise InvalidArgument(f"{field}[{i}]", str(e)) from None
     if req.sitemap not in jobs_pb2.SitemapMode.values():
         raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")
     concurrency(req.max_concurrency, config)
