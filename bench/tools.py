@@ -1,0 +1,124 @@
+"""Install-if-missing for the tools the benchmarks need, saying what it does on stdout.
+
+- Debian packages (``nginx``, ``python-django-doc``): checked with ``dpkg-query``;
+  missing ones are installed with ``apt-get update`` then ``apt-get install`` (root only).
+- Scrapy (pinned in ``SCRAPY_VERSION``) lives in its own virtualenv, ``bench/.venv-scrapy``,
+  so the project's ``.venv`` never sees it; ``py-spy`` (for ``--profile``) goes there too.
+  The venv gets a ``.gitignore`` of ``*`` so git, ruff and friends skip it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.common import BENCH_DIR, run_checked, say
+
+SCRAPY_VERSION = "2.19.0"  # what `pip install scrapy` gave on 2026-11-29; bump deliberately
+PY_SPY_VERSION = "0.4.3"
+SCRAPY_VENV = BENCH_DIR / ".venv-scrapy"
+DJANGO_DOC_PACKAGE = "python-django-doc"
+APT_TIMEOUT = 900.0
+PIP_TIMEOUT = 900.0
+
+
+def _dpkg_installed(package: str) -> bool:
+    res = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}", package],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return res.returncode == 0 and "install ok installed" in res.stdout
+
+
+def ensure_apt(packages: Sequence[str]) -> None:
+    """Install the missing ones among ``packages`` with apt-get (after ``apt-get update``)."""
+    missing = [p for p in packages if not _dpkg_installed(p)]
+    for p in packages:
+        if p not in missing:
+            say(f"apt package {p}: installed")
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise RuntimeError(
+            f"missing Debian packages {missing}; run: sudo apt-get install -y {' '.join(missing)}"
+        )
+    say(f"apt packages missing: {' '.join(missing)}; installing with apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run_checked(["apt-get", "update", "-q"], timeout=APT_TIMEOUT, env=env)
+    run_checked(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        timeout=APT_TIMEOUT,
+        env=env,
+    )
+    still = [p for p in missing if not _dpkg_installed(p)]
+    if still:
+        raise RuntimeError(f"apt-get did not install {still}")
+
+
+def django_docs_root() -> Path:
+    """The HTML root of python-django-doc, found from ``dpkg -L`` (not guessed)."""
+    listing = run_checked(["dpkg", "-L", DJANGO_DOC_PACKAGE], timeout=60).splitlines()
+    roots = sorted(
+        (Path(line).parent for line in listing if line.endswith("/index.html")),
+        key=lambda p: len(p.parts),
+    )
+    for root in roots:
+        if (root / "index.html").is_file():
+            say(f"django docs HTML root: {root}")
+            return root
+    raise RuntimeError(f"no index.html in `dpkg -L {DJANGO_DOC_PACKAGE}`")
+
+
+def _venv_python() -> Path:
+    return SCRAPY_VENV / "bin" / "python"
+
+
+def _pip_version(python: Path, dist: str) -> str | None:
+    res = subprocess.run(
+        [str(python), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def ensure_scrapy_venv(with_py_spy: bool = False) -> Path:
+    """``bench/.venv-scrapy`` with Scrapy (and optionally py-spy) pinned; returns its python."""
+    python = _venv_python()
+    if not python.exists():
+        base = Path(os.path.realpath(sys.executable))
+        say(f"creating {SCRAPY_VENV.relative_to(BENCH_DIR.parent)} with {base}")
+        run_checked([str(base), "-m", "venv", str(SCRAPY_VENV)], timeout=300)
+    # Keep git (and ruff, which honours .gitignore) out of the venv, as Python 3.13+ venvs do.
+    gitignore = SCRAPY_VENV / ".gitignore"
+    if not gitignore.exists():
+        gitignore.write_text("# created by bench.tools\n*\n")
+    wanted = {"scrapy": SCRAPY_VERSION}
+    if with_py_spy:
+        wanted["py-spy"] = PY_SPY_VERSION
+    todo = []
+    for dist, version in wanted.items():
+        have = _pip_version(python, dist)
+        if have == version:
+            say(f"{dist}=={version}: installed in {SCRAPY_VENV.name}")
+        else:
+            todo.append(f"{dist}=={version}")
+    if todo:
+        say(f"installing {' '.join(todo)} into {SCRAPY_VENV.name}")
+        run_checked(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *todo],
+            timeout=PIP_TIMEOUT,
+        )
+    return python
+
+
+def py_spy_path() -> Path:
+    return SCRAPY_VENV / "bin" / "py-spy"
