@@ -72,7 +72,7 @@ class Engine(Protocol):
         self,
         url: str,
         options: jobs_pb2.ScrapeOptions,
-        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+        policy: FetchPolicy = FetchPolicy(),
     ) -> Page: ...
 
     async def sitemap_urls(self, url: str) -> list[str]: ...

@@ -1,0 +1,253 @@
+"""HTML -> Document fields: metadata, outgoing links, cleaned HTML and markdown.
+
+Owns the one HTML parse per page. The guarantees:
+
+- The page is parsed exactly once (selectolax ``LexborHTMLParser``); every field is
+  read from that one tree, and the work for a format is done only when the format
+  is asked for (no formats = markdown only).
+- ``links`` is always filled (the crawler needs it whatever the formats): every
+  ``<a href>``/``<area href>`` resolved against the page URL and ``<base href>``,
+  http(s) only, normalized with ``urls.normalize``, deduplicated, in document order.
+  Links are read before any cleaning, so navigation links are kept even with
+  ``only_main_content``.
+- Cleaned HTML drops script/style/noscript/template/iframe/svg (and, with
+  ``only_main_content``, nav/header/footer/aside/[role=navigation], keeping the page's
+  ``<main>``, else its only ``<article>``, else ``<body>``); markdown is rendered
+  from exactly that cleaned HTML, with links made absolute.
+
+Nothing here does I/O; ``extract`` is safe to run in a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urljoin, urlsplit
+
+import html_to_markdown
+from pagesift.shared import urls
+from pagesift.v1 import jobs_pb2
+from selectolax.lexbor import LexborHTMLParser, LexborNode
+
+__all__ = ["Extracted", "Wanted", "apply", "extract", "fill_document", "to_markdown", "wanted"]
+
+_ALWAYS_DROP = ["script", "style", "noscript", "template", "iframe", "svg"]
+_MAIN_DROP = ["nav", "header", "footer", "aside"]
+_SKIP_PREFIXES = ("#", "javascript:", "mailto:", "tel:", "data:")
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """Which document formats to produce."""
+
+    markdown: bool = True
+    html: bool = False
+    raw_html: bool = False
+    links: bool = False
+
+
+_WANTED_CACHE: dict[tuple[int, ...], Wanted] = {}
+
+
+def wanted(options: jobs_pb2.ScrapeOptions) -> Wanted:
+    """The formats ``options`` asks for (an empty list means markdown only)."""
+    key = tuple(options.formats)
+    got = _WANTED_CACHE.get(key)
+    if got is None:
+        fmts = set(key)
+        got = Wanted(
+            markdown=not fmts or jobs_pb2.FORMAT_MARKDOWN in fmts,
+            html=jobs_pb2.FORMAT_HTML in fmts,
+            raw_html=jobs_pb2.FORMAT_RAW_HTML in fmts,
+            links=jobs_pb2.FORMAT_LINKS in fmts,
+        )
+        if len(_WANTED_CACHE) < 256:
+            _WANTED_CACHE[key] = got
+    return got
+
+
+@dataclass(slots=True)
+class Extracted:
+    """What one parse of a page yields ("" for what was not asked for).
+
+    ``cleaned`` is the cleaned HTML (filled when markdown or html is wanted) and
+    ``base_url`` the URL relative links resolve against (``<base href>`` applied);
+    together they let a caller render the markdown elsewhere (``render_markdown=False``).
+    """
+
+    title: str = ""
+    description: str = ""
+    language: str = ""
+    links: list[str] = field(default_factory=list)
+    markdown: str = ""
+    html: str = ""
+    cleaned: str = ""
+    base_url: str = ""
+
+
+def _head_meta(tree: LexborHTMLParser) -> tuple[str, str, str]:
+    """(title, description, base href) from the head; og: values as fallbacks."""
+    title = ""
+    node = tree.css_first("title")
+    if node is not None:
+        title = node.text(strip=True)
+    description = og_description = og_title = ""
+    for meta in tree.css("meta[content]"):
+        attrs = meta.attributes
+        name = (attrs.get("name") or attrs.get("property") or "").lower()
+        if name == "description" and not description:
+            description = (attrs.get("content") or "").strip()
+        elif name == "og:description" and not og_description:
+            og_description = (attrs.get("content") or "").strip()
+        elif name == "og:title" and not og_title:
+            og_title = (attrs.get("content") or "").strip()
+    base = ""
+    base_node = tree.css_first("base[href]")
+    if base_node is not None:
+        base = (base_node.attributes.get("href") or "").strip()
+    return title or og_title, description or og_description, base
+
+
+# absolute URL -> page key ("" when unusable). The pages of one site repeat most of their
+# links (navigation, footer), so this saves most normalize calls. Bounded: cleared when full.
+_NORMALIZED: dict[str, str] = {}
+_NORMALIZED_MAX = 100_000
+
+
+def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
+    """Absolute, normalized, unique http(s) links in document order."""
+    parts = urlsplit(base_url)
+    origin = f"{parts.scheme}://{parts.netloc}"
+    base_dir = origin + (parts.path[: parts.path.rfind("/") + 1] or "/")
+    seen_raw: set[str] = set()
+    seen: set[str] = set()
+    out: list[str] = []
+    for node in tree.css("a[href], area[href]"):
+        href = node.attrs.get("href")
+        if not href or href in seen_raw:
+            continue
+        seen_raw.add(href)
+        href = href.strip()
+        if not href or href.startswith(_SKIP_PREFIXES):
+            continue
+        if href.startswith(("http://", "https://")):
+            absolute = href
+        elif href[0] == "/" and not href.startswith("//"):
+            absolute = origin + href  # path-absolute: dot segments go in normalize
+        elif href[0] not in "/?" and ":" not in href.partition("/")[0]:
+            absolute = base_dir + href  # path-relative (RFC 3986 5.2.3 merge)
+        else:
+            absolute = urljoin(base_url, href)
+            if not absolute.startswith(("http://", "https://")):
+                continue
+        key = _NORMALIZED.get(absolute)
+        if key is None:
+            try:
+                key = urls.normalize(absolute)
+            except ValueError:
+                key = ""
+            if len(_NORMALIZED) >= _NORMALIZED_MAX:
+                _NORMALIZED.clear()
+            _NORMALIZED[absolute] = key
+        if key and key not in seen:
+            seen.add(key)
+            out.append(key)
+    return out
+
+
+def _content_root(tree: LexborHTMLParser, only_main: bool) -> LexborNode | None:
+    if only_main:
+        main = tree.css_first("main")
+        if main is not None:
+            return main
+        articles = tree.css("article")
+        if len(articles) == 1:
+            return articles[0]
+    return tree.body or tree.root
+
+
+def _clean(root: LexborNode, only_main: bool) -> str:
+    root.strip_tags(_ALWAYS_DROP, recursive=True)
+    if only_main:
+        root.strip_tags(_MAIN_DROP, recursive=True)
+        for node in root.css('[role="navigation"]'):
+            node.decompose()
+    return root.html or ""
+
+
+# Our cleaning is the only cleaning: html_to_markdown's own preprocessing (which drops
+# nav/header/forms even without only_main_content) is off, and so is its front matter.
+_NO_PREPROCESSING = html_to_markdown.PreprocessingOptions(enabled=False)
+
+
+def to_markdown(html: str, base_url: str) -> str:
+    """Markdown of an HTML fragment, links resolved against ``base_url``."""
+    options = html_to_markdown.ConversionOptions(
+        extract_metadata=False, preprocessing=_NO_PREPROCESSING, base_url=base_url
+    )
+    return html_to_markdown.convert(html, options).content or ""
+
+
+def extract(
+    html: str,
+    base_url: str,
+    *,
+    want: Wanted = Wanted(),  # frozen, shared safely
+    only_main_content: bool = False,
+    render_markdown: bool = True,
+) -> Extracted:
+    """Parse ``html`` once and produce what ``want`` asks for (links always).
+
+    ``base_url`` is the URL the page was fetched from after redirects; a
+    ``<base href>`` in the page overrides it. With ``render_markdown=False`` the
+    markdown is left to the caller (``to_markdown(out.cleaned, out.base_url)``), e.g.
+    to run that GIL-free step in a worker thread.
+    """
+    tree = LexborHTMLParser(html)
+    title, description, base_href = _head_meta(tree)
+    if base_href:
+        joined = urljoin(base_url, base_href)
+        if joined.startswith(("http://", "https://")):
+            base_url = joined
+    language = ""
+    if tree.root is not None:
+        language = (tree.root.attrs.get("lang") or "").strip()
+    out = Extracted(
+        title=title,
+        description=description,
+        language=language,
+        links=_links(tree, base_url),
+        base_url=base_url,
+    )
+    if want.markdown or want.html:
+        root = _content_root(tree, only_main_content)
+        out.cleaned = _clean(root, only_main_content) if root is not None else ""
+        if want.html:
+            out.html = out.cleaned
+        if want.markdown and render_markdown and out.cleaned:
+            out.markdown = to_markdown(out.cleaned, base_url)
+    return out
+
+
+def apply(doc: jobs_pb2.Document, got: Extracted, want: Wanted, raw_html: str) -> None:
+    """Copy an extraction into ``doc``: metadata always, formats as ``want`` says."""
+    doc.title = got.title
+    doc.description = got.description
+    doc.language = got.language
+    if want.markdown:
+        doc.markdown = got.markdown
+    if want.html:
+        doc.html = got.html
+    if want.raw_html:
+        doc.raw_html = raw_html
+    if want.links:
+        doc.links.extend(got.links)
+
+
+def fill_document(
+    doc: jobs_pb2.Document, html: str, base_url: str, options: jobs_pb2.ScrapeOptions
+) -> list[str]:
+    """Extract ``html`` into ``doc`` as ``options`` asks (all inline); return the page's links."""
+    want = wanted(options)
+    got = extract(html, base_url, want=want, only_main_content=options.only_main_content)
+    apply(doc, got, want, html)
+    return got.links

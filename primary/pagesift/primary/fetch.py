@@ -1,0 +1,600 @@
+"""HttpEngine: the real ``Engine`` -- HTTP fetching with robots, politeness and the guard.
+
+Owns the server's one aiohttp session and everything between a URL and a ``Page``.
+The guarantees (see ``engine.py`` for the contract):
+
+- every hop of a request (the first and each redirect) passes, in order: the address
+  guard (literal IPs here; host names in the resolver, at connect time, so a redirect
+  or a DNS answer pointing at loopback/private space is refused), robots.txt (when
+  both the server and the job respect it), and the per-host politeness slot (shared
+  by all jobs); redirects are followed by hand, at most ``max_redirects`` hops, and a
+  revisited URL or one hop too many is ``REDIRECT_LOOP``;
+- no body is read past ``max_body_bytes`` (declared or streamed, after decompression),
+  and no body is read at all for error statuses or unsupported content types;
+- every failure is a ``PageError`` with one ``ErrorCode``; nothing else escapes
+  ``scrape`` (but ``CancelledError``), and ``sitemap_urls`` never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import html
+import os
+import re
+import socket
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+from pagesift.primary import extract
+from pagesift.primary.engine import ErrorCode, FetchPolicy, Page, PageError
+from pagesift.primary.politeness import HostSlots, effective_delay
+from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache
+from pagesift.shared import urls
+from pagesift.shared.config import ServerConfig
+from pagesift.v1 import jobs_pb2
+
+__all__ = ["BlockedAddressError", "GuardedResolver", "HttpEngine"]
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+_TEXT_TYPES = frozenset(
+    {
+        "application/json",
+        "application/xml",
+        "application/javascript",
+        "application/ecmascript",
+        "application/x-javascript",
+        "application/rss+xml",
+        "application/atom+xml",
+        "application/x-ndjson",
+        "application/yaml",
+        "application/x-yaml",
+        "application/toml",
+        "application/csv",
+    }
+)
+_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+_META_CHARSET = re.compile(rb"""<meta[^>]{0,200}?charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
+# WHATWG: these labels mean windows-1252 in HTML.
+_CHARSET_ALIASES = {
+    "iso-8859-1": "cp1252",
+    "iso8859-1": "cp1252",
+    "latin1": "cp1252",
+    "latin-1": "cp1252",
+    "us-ascii": "cp1252",
+    "ascii": "cp1252",
+    "windows-1252": "cp1252",
+}
+
+# Markdown rendering (html_to_markdown, Rust, releases the GIL) runs in a worker pool of
+# cpu_count threads for cleaned HTML at least this long; shorter ones render inline
+# (a thread hop costs ~50 us, a 8 KB page renders in ~0.2 ms).
+_OFFLOAD_MIN_CHARS = 8192
+
+SITEMAP_MAX_URLS = 50_000
+SITEMAP_MAX_DEPTH = 3
+SITEMAP_MAX_FILES = 1_000
+SITEMAP_MAX_BYTES = 50 * 1024 * 1024  # the sitemaps.org limit, uncompressed
+ROBOTS_MAX_REDIRECTS = 5  # RFC 9309 2.3.1.2
+
+
+class BlockedAddressError(OSError):
+    """A host name resolved to an address the guard refuses."""
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolver wrapper: refuses a host when ANY of its addresses is blocked."""
+
+    def __init__(self, inner: AbstractResolver) -> None:
+        self._inner = inner
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        name = host.rstrip(".").lower()
+        if name == "localhost" or name.endswith(".localhost"):
+            raise BlockedAddressError(f"{host} is a loopback name")
+        results = await self._inner.resolve(host, port, family)
+        for result in results:
+            kind = urls.block_class(result["host"])
+            if kind is not None:
+                raise BlockedAddressError(f"{host} resolves to {result['host']}, a {kind} address")
+        return results
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+@dataclass(slots=True)
+class _Response:
+    url: str  # the final URL, after redirects
+    status: int
+    content_type: str  # the header as sent ("" when absent)
+    mimetype: str
+    charset: str | None
+    kind: str  # what the accept callback said ("html", "text", "any", ...)
+    body: bytes
+
+
+# Called on the final (non-redirect) response before its body is read; raises PageError
+# to refuse it, else returns a kind that is passed back in _Response.kind.
+_Accept = Callable[[aiohttp.ClientResponse], str]
+
+
+def _accept_any(resp: aiohttp.ClientResponse) -> str:
+    return "any"
+
+
+class HttpEngine:
+    """The Engine over HTTP(S). Construct with the server config; call ``close()`` at exit."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self._session: aiohttp.ClientSession | None = None
+        self._markdown_pool: ThreadPoolExecutor | None = None
+        self._slots = HostSlots(config.per_host_concurrency, config.per_host_delay)
+        self._robots = RobotsCache(self._fetch_robots, config.user_agent)
+        self._timeout = aiohttp.ClientTimeout(
+            total=config.connect_timeout + 4 * config.read_timeout,
+            sock_connect=config.connect_timeout,
+            sock_read=config.read_timeout,
+        )
+
+    # --- Engine ----------------------------------------------------------------------------
+
+    async def scrape(
+        self,
+        url: str,
+        options: jobs_pb2.ScrapeOptions,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> Page:
+        problem = urls.validate(url, self.config.max_url_length)
+        if problem is not None:
+            raise PageError(ErrorCode.INVALID_URL, problem)
+        allow_non_html = options.allow_non_html
+
+        def accept(resp: aiohttp.ClientResponse) -> str:
+            if resp.status >= 400:
+                raise PageError(
+                    ErrorCode.HTTP_STATUS, f"HTTP {resp.status} {resp.reason or ''}".rstrip()
+                )
+            if "Content-Type" not in resp.headers:
+                return "sniff"
+            mimetype = resp.content_type
+            if mimetype in _HTML_TYPES:
+                return "html"
+            if _is_text(mimetype):
+                if allow_non_html:
+                    return "text"
+                raise PageError(
+                    ErrorCode.UNSUPPORTED_CONTENT,
+                    f"content type {mimetype} is not HTML (allow_non_html keeps it)",
+                )
+            raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"content type {mimetype} is binary")
+
+        resp = await self._fetch(
+            url,
+            accept=accept,
+            robots=self.config.respect_robots and policy.respect_robots,
+            job_delay=policy.delay,
+            max_redirects=self.config.max_redirects,
+            max_bytes=self.config.max_body_bytes,
+        )
+        kind = resp.kind
+        if kind == "sniff":
+            kind = _sniff(resp.body, allow_non_html)
+        doc = jobs_pb2.Document(
+            url=url,
+            final_url=resp.url,
+            status_code=resp.status,
+            content_type=resp.content_type or resp.mimetype,
+        )
+        doc.fetched_at.FromNanoseconds(time.time_ns())
+        text = _decode(resp.body, resp.charset, html=kind == "html")
+        if kind == "html":
+            try:
+                links = await self._extract(doc, text, resp.url, options)
+            except Exception as exc:  # the parsers are lenient; keep the contract anyway
+                raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"cannot extract: {exc}") from exc
+            return Page(document=doc, links=links)
+        want = extract.wanted(options)
+        if want.markdown:
+            doc.markdown = text
+        if want.raw_html:
+            doc.raw_html = text
+        return Page(document=doc, links=[])
+
+    async def _extract(
+        self, doc: jobs_pb2.Document, text: str, base_url: str, options: jobs_pb2.ScrapeOptions
+    ) -> list[str]:
+        """Parse, links and cleaning inline (they hold the GIL); the markdown rendering,
+        which releases the GIL, in the engine's small pool when the page is not tiny."""
+        want = extract.wanted(options)
+        got = extract.extract(
+            text,
+            base_url,
+            want=want,
+            only_main_content=options.only_main_content,
+            render_markdown=False,
+        )
+        if want.markdown and got.cleaned:
+            if len(got.cleaned) < _OFFLOAD_MIN_CHARS:
+                got.markdown = extract.to_markdown(got.cleaned, got.base_url)
+            else:
+                got.markdown = await asyncio.get_running_loop().run_in_executor(
+                    self._pool(), extract.to_markdown, got.cleaned, got.base_url
+                )
+        extract.apply(doc, got, want, text)
+        return got.links
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._markdown_pool is None:
+            self._markdown_pool = ThreadPoolExecutor(
+                max_workers=os.cpu_count() or 2, thread_name_prefix="pagesift-markdown"
+            )
+        return self._markdown_pool
+
+    async def sitemap_urls(self, url: str) -> list[str]:
+        """Page URLs from the origin's sitemaps (robots.txt Sitemap: lines, else
+        /sitemap.xml): indexes followed to depth 3, gzip accepted, at most 50,000
+        normalized unique URLs. Never raises (a broken sitemap yields what was read)."""
+        found: dict[str, None] = {}
+        try:
+            parts = urlsplit(url)
+            origin = f"{parts.scheme}://{parts.netloc}"
+            try:
+                roots = list((await self._robots.rules(origin + "/")).sitemaps)
+            except Exception:
+                roots = []
+            if not roots:
+                roots = [origin + "/sitemap.xml"]
+            await self._walk_sitemaps(roots, found)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            pass
+        return list(found)[:SITEMAP_MAX_URLS]
+
+    async def close(self) -> None:
+        await self._robots.close()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+        if self._markdown_pool is not None:
+            pool, self._markdown_pool = self._markdown_pool, None
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- HTTP ------------------------------------------------------------------------------
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            resolver: AbstractResolver = DefaultResolver()
+            if not self.config.allow_private_networks:
+                resolver = GuardedResolver(resolver)
+            connector = aiohttp.TCPConnector(
+                limit=256,
+                limit_per_host=self.config.per_host_concurrency,
+                ttl_dns_cache=300,
+                resolver=resolver,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                headers={
+                    "User-Agent": self.config.user_agent,
+                    "Accept": _ACCEPT,
+                    "Accept-Encoding": "gzip, deflate, br",
+                },
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=True,
+                trust_env=False,
+                max_line_size=16384,  # real sites send long status lines and cookies
+                max_field_size=32768,
+            )
+        return self._session
+
+    async def _fetch(
+        self,
+        url: str,
+        *,
+        accept: _Accept,
+        robots: bool,
+        job_delay: float | None,
+        max_redirects: int,
+        max_bytes: int,
+        truncate: bool = False,
+    ) -> _Response:
+        """GET ``url`` following redirects by hand; every hop guarded, robots-checked
+        (when ``robots``) and run in the host's politeness slot (unless ``job_delay``
+        is None). Returns the final response with its body; raises PageError."""
+        session = self._session_now()
+        guard = not self.config.allow_private_networks
+        current = url.split("#", 1)[0]
+        seen = {current}
+        hops = 0
+        while True:
+            host = urls.host_of(current)
+            if guard and (host[:1].isdigit() or ":" in host):
+                kind = urls.block_class(host) if _is_ip(host) else None
+                if kind is not None:
+                    raise PageError(ErrorCode.BLOCKED_ADDRESS, f"{host} is a {kind} address")
+            crawl_delay: float | None = None
+            if robots:
+                rules = await self._robots.rules(current)
+                if not rules.allowed(current):
+                    if isinstance(rules.error, PageError):
+                        raise PageError(
+                            rules.error.code, f"{rules.error.message} (fetching robots.txt)"
+                        )
+                    raise PageError(ErrorCode.ROBOTS_DISALLOWED, f"robots.txt disallows {current}")
+                crawl_delay = rules.crawl_delay
+            location: str | None = None
+            try:
+                if job_delay is None:
+                    resp = await self._get(session, current, accept, max_bytes, truncate)
+                else:
+                    delay = effective_delay(self.config.per_host_delay, job_delay, crawl_delay)
+                    async with self._slots.slot(host, delay):
+                        resp = await self._get(session, current, accept, max_bytes, truncate)
+            except _Redirect as redirect:
+                location = redirect.location
+            else:
+                return resp
+            nxt = urljoin(current, location).split("#", 1)[0]
+            if not nxt.startswith(("http://", "https://")):
+                raise PageError(ErrorCode.INVALID_URL, f"redirect to a non-http URL: {nxt}")
+            hops += 1
+            if nxt in seen:
+                raise PageError(ErrorCode.REDIRECT_LOOP, f"redirect loop: {current} -> {nxt}")
+            if hops > max_redirects:
+                raise PageError(ErrorCode.REDIRECT_LOOP, f"more than {max_redirects} redirects")
+            seen.add(nxt)
+            current = nxt
+
+    async def _get(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        accept: _Accept,
+        max_bytes: int,
+        truncate: bool,
+    ) -> _Response:
+        """One hop. Raises _Redirect for a redirect, PageError for any failure."""
+        try:
+            async with session.get(url, allow_redirects=False) as resp:
+                status = resp.status
+                if status in _REDIRECTS:
+                    location = resp.headers.get("Location")
+                    if location:
+                        await _drain(resp)
+                        raise _Redirect(location)
+                kind = accept(resp)
+                length = resp.content_length
+                if length is not None and length > max_bytes and not truncate:
+                    raise PageError(
+                        ErrorCode.TOO_LARGE,
+                        f"Content-Length {length} is over the {max_bytes}-byte limit",
+                    )
+                body = await _read_capped(resp, max_bytes, truncate)
+                return _Response(
+                    url=url,
+                    status=status,
+                    content_type=resp.headers.get("Content-Type", ""),
+                    mimetype=resp.content_type,
+                    charset=resp.charset,
+                    kind=kind,
+                    body=body,
+                )
+        except (PageError, _Redirect):
+            raise
+        except Exception as exc:
+            raise _page_error(exc, self.config) from exc
+
+    async def _fetch_robots(self, robots_url: str) -> tuple[int, bytes]:
+        try:
+            resp = await self._fetch(
+                robots_url,
+                accept=_accept_any,
+                robots=False,
+                job_delay=None,
+                max_redirects=ROBOTS_MAX_REDIRECTS,
+                max_bytes=MAX_ROBOTS_BYTES,
+                truncate=True,
+            )
+        except PageError as exc:
+            if exc.code in (ErrorCode.REDIRECT_LOOP, ErrorCode.INVALID_URL):
+                return 404, b""  # RFC 9309: too many redirects = unavailable
+            raise
+        return resp.status, resp.body
+
+    # --- sitemaps --------------------------------------------------------------------------
+
+    async def _walk_sitemaps(self, roots: list[str], found: dict[str, None]) -> None:
+        queue: deque[tuple[str, int]] = deque((u, 0) for u in roots)
+        fetched: set[str] = set()
+        while queue and len(found) < SITEMAP_MAX_URLS and len(fetched) < SITEMAP_MAX_FILES:
+            sitemap_url, depth = queue.popleft()
+            if sitemap_url in fetched or not sitemap_url.startswith(("http://", "https://")):
+                continue
+            fetched.add(sitemap_url)
+            try:
+                resp = await self._fetch(
+                    sitemap_url,
+                    accept=_accept_any,
+                    robots=False,
+                    job_delay=0.0,
+                    max_redirects=self.config.max_redirects,
+                    max_bytes=SITEMAP_MAX_BYTES,
+                    truncate=True,
+                )
+            except PageError:
+                continue
+            if resp.status >= 400:
+                continue
+            is_index, locs = _parse_sitemap(_gunzip(resp.body, SITEMAP_MAX_BYTES))
+            if is_index:
+                if depth < SITEMAP_MAX_DEPTH:
+                    queue.extend((urljoin(resp.url, loc), depth + 1) for loc in locs)
+                continue
+            for loc in locs:
+                absolute = urljoin(resp.url, loc)
+                if not absolute.startswith(("http://", "https://")):
+                    continue
+                try:
+                    found[urls.normalize(absolute)] = None
+                except ValueError:
+                    continue
+                if len(found) >= SITEMAP_MAX_URLS:
+                    return
+
+
+class _Redirect(Exception):  # control flow inside _fetch, never escapes
+    def __init__(self, location: str) -> None:
+        super().__init__(location)
+        self.location = location
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+    except OSError:
+        return False
+    return True
+
+
+def _is_text(mimetype: str) -> bool:
+    return (
+        mimetype.startswith("text/")
+        or mimetype in _TEXT_TYPES
+        or mimetype.endswith(("+json", "+xml"))
+    )
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read a small body so the connection goes back to the pool (else it is closed)."""
+    length = resp.content_length
+    if length is not None and length <= 65536:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            await resp.read()
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, truncate: bool) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    content = resp.content
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > max_bytes:
+            if truncate:
+                chunks.append(chunk[: max_bytes - (size - len(chunk))])
+                break
+            raise PageError(
+                ErrorCode.TOO_LARGE, f"body is over the {max_bytes}-byte limit (still streaming)"
+            )
+        chunks.append(chunk)
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+def _page_error(exc: BaseException, config: ServerConfig) -> PageError:
+    """The PageError for an aiohttp/OS failure of one hop."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        if isinstance(exc.os_error, BlockedAddressError):
+            return PageError(ErrorCode.BLOCKED_ADDRESS, str(exc.os_error))
+        reason = exc.os_error.strerror or str(exc.os_error)
+        return PageError(ErrorCode.DNS, f"cannot resolve {exc.host}: {reason}")
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return PageError(ErrorCode.TIMEOUT, f"connect timed out after {config.connect_timeout}s")
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        return PageError(ErrorCode.TIMEOUT, f"no data for {config.read_timeout}s")
+    if isinstance(exc, TimeoutError):
+        return PageError(ErrorCode.TIMEOUT, "response took too long")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        where = f"{exc.host}:{exc.port}"
+        return PageError(ErrorCode.CONNECT, f"cannot connect to {where}: {exc.strerror}")
+    if isinstance(exc, aiohttp.InvalidURL | ValueError | UnicodeError):
+        return PageError(ErrorCode.INVALID_URL, f"invalid URL: {exc}")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return PageError(ErrorCode.CONNECT, f"broken response body: {exc}")
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return PageError(ErrorCode.CONNECT, f"bad HTTP response: {exc.message}")
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return PageError(ErrorCode.CONNECT, f"{type(exc).__name__}: {exc}")
+    return PageError(ErrorCode.CONNECT, f"unexpected {type(exc).__name__}: {exc}")
+
+
+def _sniff(body: bytes, allow_non_html: bool) -> str:
+    """Kind of a body served without Content-Type: html, text, or PageError."""
+    head = body[:1024].lstrip().lower()
+    if head.startswith((b"<!doctype html", b"<html")) or b"<html" in head or b"<body" in head:
+        return "html"
+    if b"\x00" in head:
+        raise PageError(ErrorCode.UNSUPPORTED_CONTENT, "no content type and a binary body")
+    if allow_non_html:
+        return "text"
+    raise PageError(ErrorCode.UNSUPPORTED_CONTENT, "no content type and not HTML")
+
+
+def _decode(body: bytes, charset: str | None, *, html: bool) -> str:
+    """Body -> text: BOM, else header charset, else <meta charset>, else UTF-8."""
+    if body[:3] == b"\xef\xbb\xbf":
+        return body[3:].decode("utf-8", errors="replace")
+    if body[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return body.decode("utf-16", errors="replace")
+    if charset is None and html:
+        m = _META_CHARSET.search(body, 0, 2048)
+        if m is not None:
+            charset = m.group(1).decode("ascii", errors="replace")
+    if charset is None:
+        return body.decode("utf-8", errors="replace")
+    charset = charset.strip().lower()
+    charset = _CHARSET_ALIASES.get(charset, charset)
+    try:
+        return body.decode(charset, errors="replace")
+    except LookupError:
+        return body.decode("utf-8", errors="replace")
+
+
+def _gunzip(body: bytes, cap: int) -> bytes:
+    """Decompress a gzipped body (capped at ``cap`` bytes); other bodies unchanged."""
+    if body[:2] != b"\x1f\x8b":
+        return body
+    try:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        return d.decompress(body, cap)
+    except (zlib.error, gzip.BadGzipFile):
+        return b""
+
+
+_SITEMAP_INDEX = re.compile(rb"<(?:\w+:)?sitemapindex[\s>]", re.I)
+_LOC = re.compile(rb"<loc>\s*(?:<!\[CDATA\[)?\s*(.*?)\s*(?:\]\]>)?\s*</loc>", re.S | re.I)
+
+
+def _parse_sitemap(body: bytes) -> tuple[bool, list[str]]:
+    """(is an index, the <loc> values) of a sitemap; a text sitemap is one URL a line."""
+    start = body[:2048].lstrip()
+    if not start.startswith(b"<"):
+        lines = (line.strip() for line in body.decode("utf-8", errors="replace").splitlines())
+        return False, [line for line in lines if line.startswith(("http://", "https://"))]
+    is_index = _SITEMAP_INDEX.search(body, 0, 65536) is not None
+    locs = [
+        html.unescape(m.group(1).decode("utf-8", errors="replace")) for m in _LOC.finditer(body)
+    ]
+    return is_index, [loc for loc in locs if loc]

@@ -1,0 +1,174 @@
+"""Per-host request slots, shared by every job of the server.
+
+Owns the politeness state of each host. The guarantees, per host name:
+
+- at most ``concurrency`` requests are inside ``slot(host, delay)`` at once; waiters
+  are served first come, first served;
+- two consecutive request starts are at least ``max(min_delay, delay)`` seconds
+  apart, where ``delay`` is the later request's (the caller computes it with
+  ``effective_delay``: the job's delay, the server's, robots Crawl-delay capped at
+  ``MAX_CRAWL_DELAY``);
+- a host's state is dropped as soon as it has no user and its delay window has
+  passed, so idle hosts cost no memory;
+- cancellation at any point (waiting for a permit, waiting for the start time, inside
+  the block) releases what was taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from types import TracebackType
+
+__all__ = ["MAX_CRAWL_DELAY", "HostSlots", "effective_delay"]
+
+MAX_CRAWL_DELAY = 60.0
+
+
+def effective_delay(server_delay: float, job_delay: float, crawl_delay: float | None) -> float:
+    """Seconds between two request starts to one host: the largest of the three,
+    with robots.txt's Crawl-delay capped at ``MAX_CRAWL_DELAY``."""
+    delay = server_delay if server_delay > job_delay else job_delay
+    if crawl_delay is not None and crawl_delay > delay:
+        delay = min(crawl_delay, MAX_CRAWL_DELAY)
+    return max(delay, 0.0)
+
+
+class _Host:
+    __slots__ = ("active", "drop_handle", "hold_until", "last_start", "users", "waiters")
+
+    def __init__(self) -> None:
+        self.active = 0  # permits held
+        self.users = 0  # callers inside slot() (waiting or holding)
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.last_start = float("-inf")
+        self.hold_until = float("-inf")  # the state must live until then (delay window)
+        self.drop_handle: asyncio.TimerHandle | None = None
+
+
+class HostSlots:
+    """Per-host concurrency and spacing (see module docstring)."""
+
+    def __init__(self, concurrency: int, min_delay: float = 0.0) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.concurrency = concurrency
+        self.min_delay = max(min_delay, 0.0)
+        self._hosts: dict[str, _Host] = {}
+
+    def __len__(self) -> int:
+        """Hosts with live state (busy, or inside their delay window)."""
+        return len(self._hosts)
+
+    def slot(self, host: str, delay: float = 0.0) -> _Slot:
+        """``async with slots.slot(host, delay):`` -- one request to ``host``."""
+        return _Slot(self, host, delay)
+
+    # --- internals -----------------------------------------------------------------------
+
+    async def _enter(self, host: str, delay: float) -> _Host:
+        st = self._hosts.get(host)
+        if st is None:
+            st = self._hosts[host] = _Host()
+        elif st.drop_handle is not None:
+            st.drop_handle.cancel()
+            st.drop_handle = None
+        st.users += 1
+        try:
+            await self._acquire(st)
+        except BaseException:
+            self._leave(host, st)
+            raise
+        try:
+            await self._wait_turn(st, max(delay, self.min_delay))
+        except BaseException:
+            self._release(st)
+            self._leave(host, st)
+            raise
+        return st
+
+    def _exit(self, host: str, st: _Host) -> None:
+        self._release(st)
+        self._leave(host, st)
+
+    async def _acquire(self, st: _Host) -> None:
+        if st.active < self.concurrency and not st.waiters:
+            st.active += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        st.waiters.append(fut)
+        try:
+            await fut  # the releaser hands its permit over (active unchanged)
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self._release(st)  # got the permit but will not use it: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    st.waiters.remove(fut)
+            raise
+
+    async def _wait_turn(self, st: _Host, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        start = st.last_start + delay
+        if start < now:
+            start = now
+        previous = st.last_start
+        st.last_start = start
+        if start + delay > st.hold_until:
+            st.hold_until = start + delay
+        if start > now:
+            try:
+                await asyncio.sleep(start - now)
+            except BaseException:
+                if st.last_start == start:
+                    st.last_start = previous  # give the unused turn back
+                raise
+
+    def _release(self, st: _Host) -> None:
+        while st.waiters:
+            fut = st.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        st.active -= 1
+
+    def _leave(self, host: str, st: _Host) -> None:
+        st.users -= 1
+        if st.users:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= st.hold_until:
+            if self._hosts.get(host) is st:
+                del self._hosts[host]
+        else:
+            st.drop_handle = loop.call_at(st.hold_until, self._drop_if_idle, host, st)
+
+    def _drop_if_idle(self, host: str, st: _Host) -> None:
+        st.drop_handle = None
+        if st.users == 0 and self._hosts.get(host) is st:
+            del self._hosts[host]
+
+
+class _Slot:
+    __slots__ = ("_delay", "_host", "_slots", "_state")
+
+    def __init__(self, slots: HostSlots, host: str, delay: float) -> None:
+        self._slots = slots
+        self._host = host
+        self._delay = delay
+        self._state: _Host | None = None
+
+    async def __aenter__(self) -> None:
+        self._state = await self._slots._enter(self._host, self._delay)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._state is not None:
+            self._slots._exit(self._host, self._state)
+            self._state = None
