@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pagesift.primary import extract
+from pagesift.shared import urls
 from pagesift.v1 import jobs_pb2
 
 PAGE = """<!doctype html>
@@ -53,14 +54,15 @@ def test_og_description_is_the_fallback_description() -> None:
     assert extract.extract(page, BASE).description == "From OG"
 
 
-def test_links_are_absolute_normalized_unique_http_only_in_document_order() -> None:
+def test_links_are_absolute_http_only_one_per_page_key_in_document_order() -> None:
     got = extract.extract(PAGE, BASE)
+    # the written form is kept (no redirect to fetch /docs/); /docs/index.html is the same key
     assert got.links == [
         "https://site.example/",
-        "https://site.example/docs",
+        "https://site.example/docs/",
         "https://site.example/menu",
         "https://site.example/section/guide.html",
-        "https://other.example/y?q=1",
+        "https://Other.example:443/x/../y?q=1",
         "https://site.example/related",
         "https://site.example/contact",
     ]
@@ -76,7 +78,8 @@ def test_base_href_changes_how_relative_links_resolve() -> None:
 
 def test_a_relative_base_href_is_resolved_against_the_page_url() -> None:
     page = '<head><base href="/other/"></head><a href="x">x</a><a href="../up">u</a>'
-    assert extract.extract(page, BASE).links == [
+    links = extract.extract(page, BASE).links
+    assert [urls.normalize(u) for u in links] == [
         "https://site.example/other/x",
         "https://site.example/up",
     ]

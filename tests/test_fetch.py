@@ -23,6 +23,7 @@ from aiohttp.test_utils import TestServer
 from pagesift.primary.engine import Engine, ErrorCode, FetchPolicy, PageError
 from pagesift.primary.fetch import BlockedAddressError, GuardedResolver, HttpEngine
 from pagesift.primary.politeness import HostSlots, effective_delay
+from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
 from pagesift.v1 import jobs_pb2
 
@@ -238,7 +239,11 @@ async def test_a_page_becomes_a_document_with_absolute_links(
     assert doc.title == "Hello" and doc.description == "A page" and doc.language == "en"
     assert "# Hello page" in doc.markdown
     assert not doc.html and not doc.raw_html and not doc.links
-    assert page.links == [site.url("/a"), site.url("/b"), "https://elsewhere.example/x"]
+    assert [urls.normalize(u) for u in page.links] == [
+        site.url("/a"),
+        site.url("/b"),
+        "https://elsewhere.example/x",
+    ]
     assert abs(doc.fetched_at.ToSeconds() - time.time()) < 5
 
 

@@ -2,7 +2,7 @@
 
 Pure functions over a ``StartCrawlRequest``: same site (or subdomains, or
 anywhere), include/exclude regexes over the path and query, depth. The frontier
-itself lives in the store (``job/{id}/frontier`` + ``job/{id}/seen``, see
+itself lives in the store (``job/{id}/frontier`` of ``Entry`` + ``job/{id}/seen`` of keys, see
 ``pagesift.shared.jobrecords``); admitting a link is one ``seen`` insert and one
 frontier push in the same write group as the page that found it, so a crash can
 neither lose a discovered link nor queue it twice.
@@ -16,13 +16,27 @@ from pagesift.shared import urls
 from pagesift.v1 import jobs_pb2
 
 
-def encode_entry(depth: int, url: str) -> bytes:
-    return f"{depth} {url}".encode()
+@dataclass(frozen=True)
+class Entry:
+    """A frontier entry: link depth, page key (dedup, done marks) and the URL to fetch.
 
+    The URL keeps the form the linking page wrote (``/docs/``), so fetching it costs
+    no redirect, while the key (``/docs``) makes every variant one page.
+    """
 
-def decode_entry(raw: bytes) -> tuple[int, str]:
-    depth, url = raw.decode().split(" ", 1)
-    return int(depth), url
+    depth: int
+    key: str
+    url: str
+
+    def encode(self) -> bytes:
+        if self.url == self.key:
+            return f"{self.depth} {self.key}".encode()
+        return f"{self.depth} {self.key} {self.url}".encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Entry:
+        depth, key, *url = raw.decode().split(" ", 2)
+        return cls(int(depth), key, url[0] if url else key)
 
 
 @dataclass

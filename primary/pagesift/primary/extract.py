@@ -7,7 +7,7 @@ Owns the one HTML parse per page. The guarantees:
   is asked for (no formats = markdown only).
 - ``links`` is always filled (the crawler needs it whatever the formats): every
   ``<a href>``/``<area href>`` resolved against the page URL and ``<base href>``,
-  http(s) only, normalized with ``urls.normalize``, deduplicated, in document order.
+  http(s) only, fragments dropped, one per ``urls.normalize`` key, in document order.
   Links are read before any cleaning, so navigation links are kept even with
   ``only_main_content``.
 - Cleaned HTML drops script/style/noscript/template/iframe/svg (and, with
@@ -107,14 +107,12 @@ def _head_meta(tree: LexborHTMLParser) -> tuple[str, str, str]:
     return title or og_title, description or og_description, base
 
 
-# absolute URL -> page key ("" when unusable). The pages of one site repeat most of their
-# links (navigation, footer), so this saves most normalize calls. Bounded: cleared when full.
-_NORMALIZED: dict[str, str] = {}
-_NORMALIZED_MAX = 100_000
-
-
 def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
-    """Absolute, normalized, unique http(s) links in document order."""
+    """Absolute http(s) links without fragments, one per page key, in document order.
+
+    Links keep the form the page wrote (``/docs/`` stays ``/docs/``), so fetching
+    one costs no redirect; callers key them with ``urls.normalize`` (cached).
+    """
     parts = urlsplit(base_url)
     origin = f"{parts.scheme}://{parts.netloc}"
     base_dir = origin + (parts.path[: parts.path.rfind("/") + 1] or "/")
@@ -139,18 +137,13 @@ def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
             absolute = urljoin(base_url, href)
             if not absolute.startswith(("http://", "https://")):
                 continue
-        key = _NORMALIZED.get(absolute)
-        if key is None:
-            try:
-                key = urls.normalize(absolute)
-            except ValueError:
-                key = ""
-            if len(_NORMALIZED) >= _NORMALIZED_MAX:
-                _NORMALIZED.clear()
-            _NORMALIZED[absolute] = key
-        if key and key not in seen:
+        try:
+            key = urls.normalize(absolute)
+        except ValueError:
+            continue
+        if key not in seen:
             seen.add(key)
-            out.append(key)
+            out.append(absolute.partition("#")[0])
     return out
 
 

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
-from pagesift.primary.crawl import Scope, decode_entry, encode_entry
+from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page, PageError
 from pagesift.shared import jobrecords as jr
 from pagesift.shared.config import ServerConfig
@@ -235,19 +235,21 @@ class Jobs:
         frontier = _Frontier(self.store, meta.id)
 
         async def worker() -> None:
-            async for depth, url in frontier.entries():
+            async for entry in frontier.entries():
+                mark = entry.key.encode()
                 try:
-                    page = await self.engine.scrape(url, req.options, policy)
+                    page = await self.engine.scrape(entry.url, req.options, policy)
                 except PageError as e:
-                    self._record_error(meta.id, url.encode(), url, e)
+                    self._record_error(meta.id, mark, entry.url, e)
                     continue
-                links = page.links if follow else []
+                depth = entry.depth + 1
+                found = {scope.key(link): link for link in (page.links if follow else [])}
                 admitted = [
-                    (depth + 1, key)
-                    for key in dict.fromkeys(scope.key(link) for link in links)
-                    if scope.admits(key, depth + 1)
+                    Entry(depth, key, link)
+                    for key, link in found.items()
+                    if scope.admits(key, depth)
                 ]
-                await self._record_page(meta.id, url.encode(), page, admitted)
+                await self._record_page(meta.id, mark, page, admitted)
 
         await asyncio.gather(*(worker() for _ in range(self._concurrency(req.max_concurrency))))
         pages = self.store.list_len(jr.part(meta.id, "pages"))
@@ -260,13 +262,13 @@ class Jobs:
 
     async def _seed(self, job_id: str, req: jobs_pb2.StartCrawlRequest, scope: Scope) -> None:
         """Queue the start URL and the sitemap's URLs, once (``seeded`` marks it)."""
-        entries: list[tuple[int, str]] = []
+        entries: list[Entry] = []
         if req.sitemap != jobs_pb2.SITEMAP_MODE_SKIP:
             found = await self.engine.sitemap_urls(scope.root)
-            entries = [(1, scope.key(u)) for u in found]
-            entries = [(d, u) for d, u in entries if scope.admits(u, d)]
+            entries = [Entry(1, scope.key(u), u) for u in found]
+            entries = [e for e in entries if scope.admits(e.key, e.depth)]
         if req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY or not entries:
-            entries.insert(0, (0, scope.root))
+            entries.insert(0, Entry(0, scope.root, req.url.partition("#")[0]))
 
         def group(g: WriteGroup) -> None:
             _admit(g, job_id, entries, scope.limit)
@@ -276,7 +278,7 @@ class Jobs:
 
     # recording ------------------------------------------------------------------------
     async def _record_page(
-        self, job_id: str, mark: bytes, page: Page, admitted: list[tuple[int, str]]
+        self, job_id: str, mark: bytes, page: Page, admitted: list[Entry]
     ) -> None:
         limit = 0
         if admitted:
@@ -345,15 +347,15 @@ class Jobs:
         return meta
 
 
-def _admit(g: WriteGroup, job_id: str, entries: list[tuple[int, str]], limit: int) -> None:
-    """Queue entries not seen before while the frontier is below the crawl limit."""
+def _admit(g: WriteGroup, job_id: str, entries: list[Entry], limit: int) -> None:
+    """Queue entries whose key was never seen while the frontier is below the crawl limit."""
     frontier, seen = jr.part(job_id, "frontier"), jr.part(job_id, "seen")
     size = g.list_len(frontier)
-    for depth, url in entries:
+    for entry in entries:
         if limit and size >= limit:
             return
-        if g.insert(seen, url.encode()):
-            g.push(frontier, encode_entry(depth, url))
+        if g.insert(seen, entry.key.encode()):
+            g.push(frontier, entry.encode())
             size += 1
 
 
@@ -385,23 +387,23 @@ class _Frontier:
         self.list = jr.part(job_id, "frontier")
         self.done = jr.part(job_id, "done")
         self.cursor = 0
-        self.buffer: deque[tuple[int, str]] = deque()
+        self.buffer: deque[Entry] = deque()
         self.in_flight = 0
         self.changed = asyncio.Event()
 
-    def _next(self) -> tuple[int, str] | None:
+    def _next(self) -> Entry | None:
         while True:
             while self.buffer:
-                depth, url = self.buffer.popleft()
-                if not self.store.set_contains(self.done, url.encode()):
-                    return depth, url
+                entry = self.buffer.popleft()
+                if not self.store.set_contains(self.done, entry.key.encode()):
+                    return entry
             items = self.store.list_items(self.list, self.cursor, self.CHUNK)
             if not items:
                 return None
             self.cursor = items[-1][0] + 1
-            self.buffer.extend(decode_entry(raw) for _, raw in items)
+            self.buffer.extend(Entry.decode(raw) for _, raw in items)
 
-    async def entries(self) -> AsyncIterator[tuple[int, str]]:
+    async def entries(self) -> AsyncIterator[Entry]:
         while True:
             entry = self._next()
             if entry is None:

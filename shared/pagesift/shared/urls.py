@@ -23,6 +23,7 @@ host name. The guarantees:
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import re
 import socket
@@ -170,8 +171,14 @@ def normalize(url: str, *, ignore_query: bool = False) -> str:
     """The page key of ``url`` (see the module docstring for the canonical form).
 
     Raises ``ValueError`` for a URL ``urlsplit`` cannot take (e.g. a bad port);
-    run ``validate`` first on untrusted input.
+    run ``validate`` first on untrusted input. Cached: the pages of one site
+    repeat most of their links (navigation, footer), so most calls are a lookup.
     """
+    return _normalize_cached(url, ignore_query)
+
+
+@functools.lru_cache(maxsize=131_072)
+def _normalize_cached(url: str, ignore_query: bool) -> str:
     url = url.strip()
     fast = _normalize_fast(url, ignore_query)
     if fast is not None:
