@@ -17,9 +17,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-
 from tests.helpers import all_documents, free_port, start_server_process, wait_ready, wait_terminal
 
 CONCURRENCY = 8
@@ -81,7 +81,7 @@ async def kill_when(server: Server, job_id: str, at: int, timeout: float = 30.0)
     deadline = time.monotonic() + timeout
     async with grpc.aio.insecure_channel(server.address) as ch:
         stub = jobs_pb2_grpc.JobServiceStub(ch)
-        while time.monotonic() < deadline and await completed(stub, job_id) < at:
+        while time.monotonic() < deadline and await completed(stub, job_id) < at:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
     server.kill()
 

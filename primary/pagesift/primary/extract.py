@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
 import html_to_markdown
+from selectolax.lexbor import LexborHTMLParser, LexborNode
+
 from pagesift.shared import urls
 from pagesift.v1 import jobs_pb2
-from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 __all__ = ["Extracted", "Wanted", "apply", "extract", "fill_document", "to_markdown", "wanted"]
 
@@ -71,7 +72,7 @@ class Extracted:
 
     ``cleaned`` is the cleaned HTML (filled when markdown or html is wanted) and
     ``base_url`` the URL relative links resolve against (``<base href>`` applied);
-    together they let a caller render the markdown elsewhere (``render_markdown=False``).
+    ``extract_compact`` drops ``cleaned`` when only markdown was asked for.
     """
 
     title: str = ""
@@ -186,14 +187,11 @@ def extract(
     *,
     want: Wanted = Wanted(),  # frozen, shared safely
     only_main_content: bool = False,
-    render_markdown: bool = True,
 ) -> Extracted:
     """Parse ``html`` once and produce what ``want`` asks for (links always).
 
     ``base_url`` is the URL the page was fetched from after redirects; a
-    ``<base href>`` in the page overrides it. With ``render_markdown=False`` the
-    markdown is left to the caller (``to_markdown(out.cleaned, out.base_url)``), e.g.
-    to run that GIL-free step in a worker thread.
+    ``<base href>`` in the page overrides it.
     """
     tree = LexborHTMLParser(html)
     title, description, base_href = _head_meta(tree)
@@ -216,8 +214,17 @@ def extract(
         out.cleaned = _clean(root, only_main_content) if root is not None else ""
         if want.html:
             out.html = out.cleaned
-        if want.markdown and render_markdown and out.cleaned:
+        if want.markdown and out.cleaned:
             out.markdown = to_markdown(out.cleaned, base_url)
+    return out
+
+
+def extract_compact(html: str, base_url: str, want: Wanted, only_main_content: bool) -> Extracted:
+    """``extract`` for a worker process: drops the cleaned HTML unless it was asked for,
+    so only what the document needs travels back."""
+    out = extract(html, base_url, want=want, only_main_content=only_main_content)
+    if not want.html:
+        out.cleaned = ""
     return out
 
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import gzip
 import html
+import multiprocessing
 import os
 import re
 import socket
@@ -28,13 +29,15 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
+
 from pagesift.primary import extract
 from pagesift.primary.engine import ErrorCode, FetchPolicy, Page, PageError
 from pagesift.primary.politeness import HostSlots, effective_delay
@@ -79,6 +82,8 @@ _CHARSET_ALIASES = {
 # Markdown rendering (html_to_markdown, Rust, releases the GIL) runs in a worker pool of
 # cpu_count threads for cleaned HTML at least this long; shorter ones render inline
 # (a thread hop costs ~50 us, a 8 KB page renders in ~0.2 ms).
+# Pages at least this long are extracted in the worker processes; smaller ones inline,
+# where the round trip would cost more than the work.
 _OFFLOAD_MIN_CHARS = 8192
 
 SITEMAP_MAX_URLS = 50_000
@@ -141,7 +146,7 @@ class HttpEngine:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
-        self._markdown_pool: ThreadPoolExecutor | None = None
+        self._extract_pool: ProcessPoolExecutor | None = None
         self._slots = HostSlots(config.per_host_concurrency, config.per_host_delay)
         self._robots = RobotsCache(self._fetch_robots, config.user_agent)
         self._timeout = aiohttp.ClientTimeout(
@@ -217,32 +222,41 @@ class HttpEngine:
     async def _extract(
         self, doc: jobs_pb2.Document, text: str, base_url: str, options: jobs_pb2.ScrapeOptions
     ) -> list[str]:
-        """Parse, links and cleaning inline (they hold the GIL); the markdown rendering,
-        which releases the GIL, in the engine's small pool when the page is not tiny."""
+        """Extract the page: inline when small, else in a worker process.
+
+        Parsing, cleaning and link extraction hold the GIL and Markdown conversion
+        holds it partly, so threads cannot use the second core; processes can (the
+        event loop keeps networking and store writes). A worker that dies is
+        replaced and the page extracted inline, so a crash there costs no page.
+        """
         want = extract.wanted(options)
-        got = extract.extract(
-            text,
-            base_url,
-            want=want,
-            only_main_content=options.only_main_content,
-            render_markdown=False,
-        )
-        if want.markdown and got.cleaned:
-            if len(got.cleaned) < _OFFLOAD_MIN_CHARS:
-                got.markdown = extract.to_markdown(got.cleaned, got.base_url)
-            else:
-                got.markdown = await asyncio.get_running_loop().run_in_executor(
-                    self._pool(), extract.to_markdown, got.cleaned, got.base_url
+        only_main = options.only_main_content
+        pool = self._pool() if len(text) >= _OFFLOAD_MIN_CHARS else None
+        if pool is None:
+            got = extract.extract(text, base_url, want=want, only_main_content=only_main)
+        else:
+            try:
+                got = await asyncio.get_running_loop().run_in_executor(
+                    pool, extract.extract_compact, text, base_url, want, only_main
                 )
+            except BrokenProcessPool:
+                self._extract_pool = None
+                got = extract.extract(text, base_url, want=want, only_main_content=only_main)
         extract.apply(doc, got, want, text)
         return got.links
 
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._markdown_pool is None:
-            self._markdown_pool = ThreadPoolExecutor(
-                max_workers=os.cpu_count() or 2, thread_name_prefix="pagesift-markdown"
+    def _pool(self) -> ProcessPoolExecutor | None:
+        workers = self.config.extract_processes
+        if workers < 0:
+            workers = os.cpu_count() or 1
+        if workers == 0:
+            return None
+        if self._extract_pool is None:
+            # forkserver: workers never fork from this process's gRPC/asyncio threads
+            self._extract_pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("forkserver")
             )
-        return self._markdown_pool
+        return self._extract_pool
 
     async def sitemap_urls(self, url: str) -> list[str]:
         """Page URLs from the origin's sitemaps (robots.txt Sitemap: lines, else
@@ -270,8 +284,8 @@ class HttpEngine:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-        if self._markdown_pool is not None:
-            pool, self._markdown_pool = self._markdown_pool, None
+        if self._extract_pool is not None:
+            pool, self._extract_pool = self._extract_pool, None
             pool.shutdown(wait=False, cancel_futures=True)
 
     # --- HTTP ------------------------------------------------------------------------------

@@ -39,12 +39,13 @@ class ServerConfig:
     max_body_bytes: int = 10 * 1024 * 1024
     max_redirects: int = 10
     respect_robots: bool = True
+    extract_processes: int = -1  # HTML extraction workers: -1 = one per CPU, 0 = inline
     # store
     fsync: bool = False
     # replication
     replication_mode: str = "async"  # async | sync
     sync_timeout: float = 2.0
-    backlog_bytes: int = 256 * 1024 * 1024
+    backlog_bytes: int = 512 * 1024 * 1024  # >= 60 s at peak crawl write rate (see BENCHMARKS.md)
     auto_promote_after: float = 0.0
     # logging
     log_format: str = "text"  # text | json

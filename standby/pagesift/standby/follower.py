@@ -1,0 +1,385 @@
+"""The standby's client loop: follow the primary's log into the local store.
+
+Integration (for the server's ``Node``)
+---------------------------------------
+Start-up, both roles::
+
+    slot = replog.open_slot(cfg.data, fsync=cfg.fsync, backlog_bytes=cfg.backlog_bytes)
+    # slot.store / slot.log are the CURRENT store and its log: read them at use,
+    # never cache them (a standby's full resync replaces both; the old store is
+    # closed). slot.add_listener(fn) tells you about a switch.
+    repl = ReplicationServicer(slot, node_id=..., mode=cfg.replication_mode,
+                               sync_timeout=cfg.sync_timeout, on_fenced=node.on_fenced)
+    replication_pb2_grpc.add_ReplicationServiceServicer_to_server(repl, server)
+
+Primary::
+
+    slot.log.open_for_writes()          # BEFORE the job runtime writes; raises
+                                        # replog.Fenced if a higher epoch deposed us
+    # the job runtime writes with `result, offset = slot.log.write(fn)` (the
+    # group's offset, read under the write lock) and, before showing a page,
+    # `await repl.wait_replicated(offset)` (True: acked; False: async/degraded).
+    # Any write on a node that is not a writable primary raises replog.NotWritable
+    # and commits nothing; on_fenced(epoch) is the Node's cue to stop its runtime.
+
+Standby::
+
+    follower = Follower(slot, cfg.primary, node_id=...)
+    follower.start()                    # a task; follower.status() for lag/offsets
+    promoter = Promoter(slot, stop_follower=follower.stop, on_promoted=node.start_jobs)
+
+Both::
+
+    admin = AdminServicer(slot, node_id=..., replication=repl,
+                          follower=lambda: follower_or_None, promoter=promoter_or_None)
+    replication_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+
+Shutdown: ``await follower.stop()`` then ``slot.close()``. An old primary restarted
+as a standby of the new one simply runs a ``Follower``: it says hello with its own
+history; the new primary answers continue (offset within the shared history) or
+full (its unreplicated writes are discarded and counted in the log).
+
+What it owns
+------------
+``Follower`` keeps one ``ReplicationService.Stream`` open to the primary:
+
+1. **Hello** with (node id, history id, applied offset, epoch) from the local log.
+2. **Decision.** A primary of a lower epoch than ours is stale (it lost a promotion)
+   and is never followed. ``continue``: we adopt the primary's history id and epoch
+   (durably) and wait for entries from applied + 1. ``full``: see 3.
+3. **Full resync.** Snapshot chunks are applied into a FRESH store in a new
+   directory beside the current one (through ``Store.apply``, the one write path);
+   the last chunk's group also writes that store's tail offset, history and epoch.
+   Only then the slot switches to it (``StoreSlot.install``, on the event loop: WAL
+   synced, CURRENT replaced atomically, old store closed, then deleted). A standby
+   killed mid-snapshot restarts on its OLD store, which names its old offset: it
+   never believes it is in sync, it just asks again. Reads keep being served from
+   the old store meanwhile.
+4. **Entries.** Each batch is validated (``replproto.check_batch``) and applied by
+   ``Log.append_replicated``: the ops, the entries (logged with the primary's
+   offsets and epochs, so a promoted standby can serve ``continue``) and the new
+   applied offset in ONE WriteBatch. Exactly once: an offset at or below the applied
+   one is skipped; a crash between batches loses nothing that was acked.
+5. **Acks** after every applied batch and every heartbeat (the primary's sync mode
+   waits for them); **heartbeats** give the primary's offset and clock for lag.
+6. **Reconnect** with bounded exponential backoff (jittered), from the applied
+   offset, whenever the stream ends, errs or stays silent past ``idle_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from pagesift.shared import replproto
+from pagesift.shared.replog import Log, StoreSlot
+from pagesift.shared.store import Store
+from pagesift.v1 import replication_pb2 as pb
+from pagesift.v1 import replication_pb2_grpc, store_pb2
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+StreamCall = grpc.aio.StreamStreamCall[pb.StreamRequest, pb.StreamResponse]
+
+# One entry (a page group) or one snapshot row can exceed gRPC's 4 MB default
+# receive limit; a message we could never receive would loop the session forever.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    """Run blocking store work in a thread; if we are cancelled meanwhile, still wait
+    for the thread to finish before re-raising, so nobody closes or discards a store
+    a thread is writing (and a promotion never overlaps an apply)."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
+
+
+@dataclass(frozen=True)
+class FollowerStatus:
+    """What Role reports on a standby."""
+
+    connected: bool
+    target: str
+    applied_offset: int
+    primary_offset: int
+    lag_offsets: int
+    lag_seconds: float
+    clock_skew_seconds: float  # primary clock minus ours, from the last heartbeat
+    full_resyncs: int
+    continues: int
+    discarded: int
+    last_error: str
+
+
+class Follower:
+    """Follows the primary at ``target`` into ``slot`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        slot: StoreSlot,
+        target: str,
+        *,
+        node_id: str,
+        idle_timeout: float = 5.0,
+        backoff_base: float = 0.1,
+        backoff_cap: float = 5.0,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._slot = slot
+        self.target = target
+        self.node_id = node_id
+        self.idle_timeout = idle_timeout
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._rng = rng
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._connected = False
+        self._primary_offset = 0
+        self._caught_up_at = time.monotonic()
+        self._clock_skew = 0.0
+        self.full_resyncs = 0
+        self.continues = 0
+        self.discarded = 0
+        self.sessions = 0
+        self.last_error = ""
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> asyncio.Task[None]:
+        if self._stopping:
+            raise RuntimeError("the follower is stopping")
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=f"follower->{self.target}")
+        return self._task
+
+    async def stop(self) -> None:
+        """Stop following; returns when no apply is in flight any more."""
+        task, self._task = self._task, None
+        self._stopping = True
+        if task is not None:
+            # Re-cancel until done: library code (grpc's call teardown, a timeout
+            # firing at the same moment) may absorb a single cancellation.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.5)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
+        self._stopping = False
+        self._connected = False
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # --- status --------------------------------------------------------------------------
+    @property
+    def applied_offset(self) -> int:
+        return self._slot.log.last_offset
+
+    def status(self) -> FollowerStatus:
+        applied = self.applied_offset
+        lag = max(0, self._primary_offset - applied)
+        return FollowerStatus(
+            connected=self._connected,
+            target=self.target,
+            applied_offset=applied,
+            primary_offset=self._primary_offset,
+            lag_offsets=lag,
+            lag_seconds=time.monotonic() - self._caught_up_at if lag else 0.0,
+            clock_skew_seconds=self._clock_skew,
+            full_resyncs=self.full_resyncs,
+            continues=self.continues,
+            discarded=self.discarded,
+            last_error=self.last_error,
+        )
+
+    def _note_primary(self, offset: int) -> None:
+        self._primary_offset = max(self._primary_offset, offset)
+        if self.applied_offset >= self._primary_offset:
+            self._caught_up_at = time.monotonic()
+
+    # --- the loop ------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Follow until cancelled; every failure leads to a bounded backoff."""
+        attempt = 0
+        while not self._stopping:
+            synced = False
+            try:
+                synced = await self._session()
+                self.last_error = "stream ended"
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                self.last_error = f"{exc.code().name}: {exc.details()}"
+                logger.warning("replication stream to %s: %s", self.target, self.last_error)
+            except replproto.StalePrimary as exc:
+                self.last_error = f"stale primary: {exc}"
+                logger.error("not following %s: %s", self.target, exc)
+            except Exception as exc:  # protocol errors, timeouts, disk errors: retry
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                logger.warning("replication from %s failed: %s", self.target, self.last_error)
+            finally:
+                self._connected = False
+            if self._stopping:
+                return
+            if synced:
+                attempt = 0  # a session that got going resets the backoff
+            delay = replproto.backoff_delay(
+                attempt, base=self.backoff_base, cap=self.backoff_cap, jitter=self._rng()
+            )
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def _read(self, call: StreamCall) -> pb.StreamResponse | None:
+        async with asyncio.timeout(self.idle_timeout):
+            msg = await call.read()
+        # Anything but a response is grpc.aio.EOF: the primary closed the stream.
+        return msg if isinstance(msg, pb.StreamResponse) else None
+
+    async def _session(self) -> bool:
+        """One stream; returns whether it got past the decision."""
+        async with grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS) as channel:
+            stub = replication_pb2_grpc.ReplicationServiceStub(channel)
+            # No request iterator: we write hello and acks on the call ourselves.
+            call: StreamCall = stub.Stream()  # type: ignore[call-arg]
+            self.sessions += 1
+            log = self._slot.log
+            if log.writable:
+                raise RuntimeError("a writable primary does not follow anyone")
+            h = log.hello(self.node_id)
+            await call.write(
+                pb.StreamRequest(
+                    hello=pb.Hello(
+                        node_id=h.node_id,
+                        history_id=h.history_id,
+                        applied_offset=h.applied_offset,
+                        epoch=h.epoch,
+                    )
+                )
+            )
+            msg = await self._read(call)
+            if msg is None:
+                return False
+            if msg.WhichOneof("msg") != "decision":
+                raise replproto.ProtocolError("the primary's first message must be a decision")
+            d = msg.decision
+            # Never follow a primary of a lower epoch: it lost a promotion.
+            replproto.check_primary_epoch(log.epoch, d.epoch)
+            if d.kind == pb.SYNC_KIND_FULL:
+                logger.info(
+                    "full resync from %s at offset %d: %s", self.target, d.snapshot_offset, d.reason
+                )
+                if d.discarded:
+                    self.discarded += d.discarded
+                    logger.warning(
+                        "discarding %d local writes that never replicated (offsets past the "
+                        "new primary's switch offset)",
+                        d.discarded,
+                    )
+                await self._full_resync(call, d)
+            elif d.kind == pb.SYNC_KIND_CONTINUE:
+                if d.from_offset != log.last_offset + 1:
+                    raise replproto.ProtocolError(
+                        f"continue from {d.from_offset}, but we applied {log.last_offset}"
+                    )
+                log.adopt(d.history_id, d.epoch)
+                self.continues += 1
+                logger.info("continuing from %s at offset %d", self.target, d.from_offset)
+            else:
+                raise replproto.ProtocolError(f"unknown sync kind {d.kind}")
+            self._connected = True
+            await self._ack(call)
+            await self._follow(call, d.epoch)
+            return True
+
+    async def _full_resync(self, call: StreamCall, d: pb.SyncDecision) -> None:
+        store = self._slot.fresh_store()
+        try:
+            while True:
+                msg = await self._read(call)
+                if msg is None:
+                    raise replproto.ProtocolError("stream ended inside the snapshot")
+                if msg.WhichOneof("msg") != "snapshot_chunk":
+                    raise replproto.ProtocolError("expected a snapshot chunk")
+                chunk = msg.snapshot_chunk
+                # The last chunk's group also writes the fresh store's identity: until
+                # it commits, that store claims no history and no offset.
+                local = (
+                    Log.snapshot_locals(
+                        offset=d.snapshot_offset,
+                        tail_epoch=d.snapshot_entry_epoch,
+                        history_id=d.history_id,
+                        epoch=d.epoch,
+                    )
+                    if chunk.last
+                    else None
+                )
+                ops = list(chunk.ops)
+                await _in_thread(functools.partial(_apply, store, ops, local))
+                if chunk.last:
+                    break
+        except BaseException:
+            self._slot.discard(store)
+            raise
+        # Complete: switch (WAL sync, CURRENT rename, old store closed and deleted).
+        # On the event loop thread, so nobody on it sees the switch half made.
+        old_path = self._slot.store.path
+        try:
+            self._slot.install(store, delete_old=False)
+        except BaseException:
+            if self._slot.store is not store:
+                self._slot.discard(store)
+            raise
+        self.full_resyncs += 1
+        await asyncio.to_thread(shutil.rmtree, old_path, True)
+        self._note_primary(d.snapshot_offset)
+
+    async def _follow(self, call: StreamCall, primary_epoch: int) -> None:
+        while True:
+            msg = await self._read(call)
+            if msg is None:
+                return
+            kind = msg.WhichOneof("msg")
+            if kind == "entries":
+                entries = list(msg.entries.entries)
+                if not entries:
+                    continue
+                log = self._slot.log
+                await _in_thread(
+                    functools.partial(log.append_replicated, entries, primary_epoch=primary_epoch)
+                )
+                self._note_primary(entries[-1].offset)
+                await self._ack(call)
+            elif kind == "heartbeat":
+                hb = msg.heartbeat
+                if hb.epoch != primary_epoch:
+                    raise replproto.ProtocolError(f"heartbeat epoch {hb.epoch} != {primary_epoch}")
+                self._clock_skew = hb.primary_time_ms / 1000.0 - time.time()
+                self._note_primary(hb.primary_offset)
+                await self._ack(call)
+            else:
+                raise replproto.ProtocolError(f"unexpected {kind} after the decision")
+
+    async def _ack(self, call: StreamCall) -> None:
+        await call.write(pb.StreamRequest(ack=pb.Ack(applied_offset=self.applied_offset)))
+
+
+def _apply(store: Store, ops: list[store_pb2.Op], local: dict[bytes, bytes | None] | None) -> None:
+    store.apply(ops, local=local)

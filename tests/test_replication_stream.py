@@ -1,0 +1,440 @@
+"""Replication over real grpc.aio servers on 127.0.0.1, in process, Store only.
+
+Each node is a slot (store + log) with a gRPC server carrying both servicers, as the
+real server will; a standby also runs a Follower. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pagesift.primary.replication import ReplicationServicer
+from pagesift.shared.replog import Log, NotWritable, StoreSlot, open_slot
+from pagesift.shared.store import WriteGroup
+from pagesift.standby.admin import AdminServicer, verify_digests
+from pagesift.standby.follower import Follower
+from pagesift.standby.promotion import Promoter
+from pagesift.v1 import replication_pb2 as pb
+from pagesift.v1 import replication_pb2_grpc
+
+
+@dataclass
+class Node:
+    name: str
+    path: Path
+    slot: StoreSlot
+    repl: ReplicationServicer
+    server: grpc.aio.Server | None = None
+    port: int = 0
+    follower: Follower | None = None
+    promoter: Promoter | None = None
+    promoted: int = 0
+    fenced: list[int] = field(default_factory=list)
+    channel: grpc.aio.Channel | None = None
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Log:
+        return self.slot.log
+
+    def admin(self) -> replication_pb2_grpc.AdminServiceAsyncStub:
+        if self.channel is None:
+            self.channel = grpc.aio.insecure_channel(self.addr)
+        return replication_pb2_grpc.AdminServiceStub(self.channel)  # type: ignore[return-value]
+
+    async def serve(self) -> None:
+        server = grpc.aio.server()
+        replication_pb2_grpc.add_ReplicationServiceServicer_to_server(self.repl, server)
+        admin = AdminServicer(
+            self.slot,
+            node_id=self.name,
+            replication=self.repl,
+            follower=lambda: self.follower,
+            promoter=self.promoter,
+        )
+        replication_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+        self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        assert self.port
+        await server.start()
+        self.server = server
+
+    async def halt(self) -> None:
+        """Stop serving (the process 'dies' for its peers); the store stays open."""
+        if self.server is not None:
+            await self.server.stop(grace=None)
+            self.server = None
+
+    def follow(self, target: Node) -> Follower:
+        self.follower = Follower(
+            self.slot,
+            target.addr,
+            node_id=self.name,
+            idle_timeout=1.0,
+            backoff_base=0.02,
+            backoff_cap=0.2,
+        )
+        self.follower.start()
+        return self.follower
+
+    async def close(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+        if self.channel is not None:
+            await self.channel.close(grace=None)
+        await self.halt()
+        self.slot.close()
+
+    def write(self, key: str, value: bytes = b"v") -> int:
+        _, offset = self.log.write(lambda g: g.put(key, value))
+        return offset
+
+
+async def start_node(
+    path: Path,
+    name: str,
+    *,
+    primary: bool,
+    backlog_bytes: int = 1 << 20,
+    mode: str = "async",
+    sync_timeout: float = 2.0,
+    chunk_bytes: int = 1 << 20,
+) -> Node:
+    slot = open_slot(path, backlog_bytes=backlog_bytes)
+
+    async def on_fenced(epoch: int) -> None:
+        node.fenced.append(epoch)
+
+    async def on_promoted() -> None:
+        node.promoted += 1
+
+    async def stop_follower() -> None:
+        if node.follower is not None:
+            await node.follower.stop()
+
+    repl = ReplicationServicer(
+        slot,
+        node_id=name,
+        mode=mode,
+        sync_timeout=sync_timeout,
+        chunk_bytes=chunk_bytes,
+        heartbeat_interval=0.05,
+        on_fenced=on_fenced,
+    )
+    node = Node(name, path, slot, repl)
+    node.promoter = Promoter(slot, stop_follower=stop_follower, on_promoted=on_promoted)
+    if primary:
+        slot.log.open_for_writes()
+    await node.serve()
+    return node
+
+
+@pytest.fixture
+async def nodes(tmp_path: Path) -> AsyncIterator[list[Node]]:
+    made: list[Node] = []
+    yield made
+    for node in made:
+        await node.close()
+
+
+async def until(pred: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def caught_up(standby: Node, primary: Node) -> None:
+    await until(
+        lambda: standby.log.last_offset == primary.log.last_offset,
+        f"{standby.name} to reach {primary.log.last_offset}",
+    )
+
+
+async def pair(
+    tmp_path: Path,
+    nodes: list[Node],
+    *,
+    backlog_bytes: int = 1 << 20,
+    mode: str = "async",
+    sync_timeout: float = 2.0,
+    chunk_bytes: int = 1 << 20,
+) -> tuple[Node, Node]:
+    a = await start_node(
+        tmp_path / "a",
+        "a",
+        primary=True,
+        backlog_bytes=backlog_bytes,
+        mode=mode,
+        sync_timeout=sync_timeout,
+        chunk_bytes=chunk_bytes,
+    )
+    b = await start_node(tmp_path / "b", "b", primary=False)
+    nodes += [a, b]
+    return a, b
+
+
+# --- tests ------------------------------------------------------------------------------
+
+
+async def test_a_standby_catches_up_and_digests_match(tmp_path: Path, nodes: list[Node]) -> None:
+    a, b = await pair(tmp_path, nodes)
+    for i in range(50):
+
+        def job(g: WriteGroup, i: int = i) -> None:
+            g.put(f"job/{i}", b"meta")
+            g.push(f"job/{i}/pages", b"p")
+
+        a.log.write(job)
+    follower = b.follow(a)
+    await caught_up(b, a)
+    for i in range(50, 80):
+        a.write(f"job/{i}")
+    await caught_up(b, a)
+    assert b.slot.store.digest() == a.slot.store.digest()
+    assert (follower.full_resyncs, follower.continues) == (1, 0)
+    assert (b.log.history_id, b.log.epoch) == (a.log.history_id, a.log.epoch)
+    # the standby logged the entries it applied at the primary's offsets
+    assert [e.offset for e in b.log.read(b.log.first_offset)][-1] == a.log.last_offset
+
+    await until(lambda: a.repl.acked_offset == a.log.last_offset, "the standby's ack")
+    role_b = await b.admin().Role(pb.RoleRequest())
+    assert role_b.role == pb.NODE_ROLE_STANDBY and role_b.connected
+    assert role_b.applied_offset == role_b.primary_offset == a.log.last_offset
+    assert role_b.lag_offsets == 0 and role_b.peer == a.addr
+    role_a = await a.admin().Role(pb.RoleRequest())
+    assert role_a.role == pb.NODE_ROLE_PRIMARY and role_a.peer == "b" and role_a.connected
+    result = await verify_digests(a.admin(), b.admin(), per_call_seconds=2)
+    assert result.equal and result.offset == a.log.last_offset
+
+
+async def test_a_cut_stream_reconnects_and_continues_from_its_offset(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes)
+    for i in range(20):
+        a.write(f"k{i}")
+    follower = b.follow(a)
+    await caught_up(b, a)
+    await a.halt()  # the stream is cut; writes go on meanwhile
+    for i in range(20, 40):
+        a.write(f"k{i}")
+    await asyncio.sleep(0.1)
+    assert follower.status().connected is False
+    await a.serve()  # same port
+    await caught_up(b, a)
+    assert (follower.full_resyncs, follower.continues) == (1, 1)
+    assert b.slot.store.digest() == a.slot.store.digest()
+
+
+async def test_backlog_overflow_forces_a_full_resync_while_writes_continue(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes, backlog_bytes=8_000, chunk_bytes=2_000)
+    for i in range(100):
+        a.write(f"k{i}", b"x" * 50)
+    follower = b.follow(a)
+    await caught_up(b, a)
+    await follower.stop()
+    for i in range(100, 400):  # far more than the backlog holds
+        a.write(f"k{i}", b"y" * 50)
+    assert a.log.first_offset > b.log.last_offset + 1
+    old_store = b.slot.store
+
+    stop = asyncio.Event()
+
+    async def writer() -> int:
+        n = 0
+        while not stop.is_set() and n < 2_000:
+            a.write(f"w{n % 50}", str(n).encode())
+            n += 1
+            await asyncio.sleep(0.002)
+        return n
+
+    task = asyncio.create_task(writer())
+    b.follow(a)
+    assert b.follower is not None
+    await until(lambda: b.follower is not None and b.follower.full_resyncs == 1, "a full resync")
+    assert b.slot.store is not old_store  # switched to the freshly built store
+    # the digests agree at one offset even while writes continue
+    result = await verify_digests(a.admin(), b.admin(), per_call_seconds=2)
+    assert result.equal
+    stop.set()
+    assert await task > 0
+    await caught_up(b, a)
+    assert b.slot.store.digest() == a.slot.store.digest()
+    assert (tmp_path / "b" / "CURRENT").read_text().strip() == b.slot.store.path.name
+
+
+async def test_sync_mode_waits_for_the_ack_and_degrades_to_async_on_timeout(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes, mode="sync", sync_timeout=0.3)
+    b.follow(a)
+    await caught_up(b, a)
+    offset = a.write("page/1")
+    assert await a.repl.wait_replicated(offset) is True
+    assert b.log.last_offset >= offset  # visible only once the standby applied it
+
+    assert b.follower is not None
+    await b.follower.stop()
+    offset = a.write("page/2")
+    t0 = time.monotonic()
+    assert await a.repl.wait_replicated(offset) is False
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    assert a.repl.sync_degraded and a.repl.sync_degraded_total == 1
+    # degraded: no further stall, no second count
+    offset = a.write("page/3")
+    t0 = time.monotonic()
+    assert await a.repl.wait_replicated(offset) is False
+    assert time.monotonic() - t0 < 0.1 and a.repl.sync_degraded_total == 1
+
+    b.follow(a)
+    await until(lambda: not a.repl.sync_degraded, "sync mode to be restored")
+    offset = a.write("page/4")
+    assert await a.repl.wait_replicated(offset) is True
+
+
+async def test_promotion_bumps_the_epoch_durably_before_writes(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes)
+    for i in range(10):
+        a.write(f"k{i}")
+    b.follow(a)
+    await caught_up(b, a)
+    old_history = a.log.history_id
+    with pytest.raises(NotWritable):
+        b.write("nope")
+
+    resp = await b.admin().Promote(pb.PromoteRequest())
+    assert (resp.epoch, resp.switch_offset, resp.already_primary) == (2, 10, False)
+    assert resp.history_id != old_history and b.promoted == 1
+    assert b.follower is not None and not b.follower.running
+    assert b.write("after") == 11
+    assert b.log.read(11)[0].epoch == 2
+    again = await b.admin().Promote(pb.PromoteRequest())
+    assert again.already_primary and again.epoch == 2 and b.promoted == 1
+
+    await b.close()  # restart: the promotion survived
+    nodes.remove(b)
+    b2 = await start_node(tmp_path / "b", "b2", primary=False)
+    nodes.append(b2)
+    log = b2.log
+    assert (log.epoch, log.history_id) == (2, resp.history_id)
+    assert (log.prev_history_id, log.switch_offset, log.persisted_role) == (
+        old_history,
+        10,
+        "primary",
+    )
+    assert log.last_offset == 11
+
+
+async def test_the_old_primary_rejoins_the_promoted_standby_with_continue(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes)
+    for i in range(30):
+        a.write(f"k{i}")
+    b.follow(a)
+    await caught_up(b, a)
+    await a.close()  # the primary dies
+    nodes.remove(a)
+    assert b.promoter is not None
+    await b.promoter.promote()
+    for i in range(15):
+        b.write(f"new{i}")
+
+    a2 = await start_node(tmp_path / "a", "a", primary=False)  # restarted as a standby
+    nodes.append(a2)
+    follower = a2.follow(b)
+    await caught_up(a2, b)
+    assert (follower.continues, follower.full_resyncs, follower.discarded) == (1, 0, 0)
+    assert (a2.log.epoch, a2.log.history_id) == (2, b.log.history_id)
+    assert a2.slot.store.digest() == b.slot.store.digest()
+
+
+async def test_an_old_primary_with_unreplicated_writes_is_fenced_then_resyncs(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes)
+    for i in range(20):
+        a.write(f"k{i}")
+    b.follow(a)
+    await caught_up(b, a)
+    assert b.follower is not None
+    await b.follower.stop()  # partition: a keeps writing, nothing reaches b
+    for i in range(5):
+        a.write(f"lost{i}")
+    assert b.promoter is not None
+    await b.promoter.promote()
+    b.write("b-only")
+
+    # a meets a peer of the higher epoch: it fences itself and refuses the stream
+    async with grpc.aio.insecure_channel(a.addr) as ch:
+        call = replication_pb2_grpc.ReplicationServiceStub(ch).Stream()  # type: ignore[call-arg]
+        hello = pb.Hello(node_id="b", history_id=b.log.history_id, applied_offset=21, epoch=2)
+        await call.write(pb.StreamRequest(hello=hello))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert a.fenced == [2] and a.log.role == "fenced"
+    with pytest.raises(NotWritable):
+        a.write("after-fence")
+
+    await a.close()  # restarted: still fenced, so it can only rejoin as a standby
+    nodes.remove(a)
+    a2 = await start_node(tmp_path / "a", "a", primary=False)
+    nodes.append(a2)
+    assert a2.log.role == "fenced"
+    follower = a2.follow(b)
+    await caught_up(a2, b)
+    assert (follower.full_resyncs, follower.discarded) == (1, 5)
+    assert a2.slot.store.get("lost0") is None and a2.slot.store.get("b-only") == b"v"
+    assert a2.slot.store.digest() == b.slot.store.digest()
+    assert a2.log.role == "standby" and a2.log.epoch == 2
+
+
+async def test_a_standby_stopped_mid_snapshot_keeps_its_old_store(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes, chunk_bytes=512)
+
+    def big(g: WriteGroup) -> None:
+        for i in range(4_000):
+            g.put(f"k{i:05}", b"z" * 200)
+
+    a.log.write(big)
+    follower = b.follow(a)
+    data = tmp_path / "b"
+    await until(lambda: any(p.name.startswith("store-") for p in data.iterdir()), "a resync dir")
+    await follower.stop()
+    assert follower.full_resyncs == 0
+    assert (data / "CURRENT").read_text().strip() == "db" and b.slot.store.path.name == "db"
+    assert (b.log.last_offset, b.log.history_id) == (0, "")  # never believes it is in sync
+    assert not any(p.name.startswith("store-") for p in data.iterdir())
+    b.follow(a)
+    await caught_up(b, a)
+    assert b.slot.store.digest() == a.slot.store.digest()
+
+
+async def test_an_entry_above_grpcs_default_message_limit_still_replicates(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes)
+    a.write("big-before", b"b" * (5 << 20))  # travels in the snapshot
+    b.follow(a)
+    await caught_up(b, a)
+    a.write("big-after", b"a" * (5 << 20))  # travels as an entry
+    await caught_up(b, a)
+    assert b.slot.store.digest() == a.slot.store.digest()
