@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
 from pagesift.primary import server
 from pagesift.shared.config import ServerConfig
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc

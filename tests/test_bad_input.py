@@ -7,8 +7,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from pagesift.v1 import jobs_pb2
 
+from pagesift.v1 import jobs_pb2
 from tests.helpers import RunningNode, in_process_node
 
 OK = "http://127.0.0.1:9/"

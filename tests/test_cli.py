@@ -22,6 +22,7 @@ import grpc
 import grpc.aio
 import pytest
 from google.protobuf import timestamp_pb2
+
 from pagesift.shared import cli
 from pagesift.shared.cli import JobProgress, amain, build_parser, main
 from pagesift.shared.client import (

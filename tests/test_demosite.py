@@ -21,6 +21,7 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 import protego
 import pytest
+
 from pagesift.shared.demosite import (
     BIG_PATH,
     CALENDAR_ENTRY,

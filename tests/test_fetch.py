@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
+
 from pagesift.primary.engine import Engine, ErrorCode, FetchPolicy, PageError
 from pagesift.primary.fetch import BlockedAddressError, GuardedResolver, HttpEngine
 from pagesift.primary.politeness import HostSlots, effective_delay

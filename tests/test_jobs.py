@@ -8,9 +8,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
 from pagesift.v1 import jobs_pb2
-
 from tests.helpers import all_documents, in_process_node, wait_terminal
 
 PAGES = 240

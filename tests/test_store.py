@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pagesift.shared.store import Store, WriteGroup, local_key
 from pagesift.v1 import store_pb2
 

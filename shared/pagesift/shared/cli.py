@@ -35,9 +35,6 @@ from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
-from pagesift.shared.client import DEFAULT_ADDRESS, ClientError, JobClient, parse_addresses
-from pagesift.shared.config import ServerConfig
-from pagesift.v1 import jobs_pb2
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -47,6 +44,10 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+from pagesift.shared.client import DEFAULT_ADDRESS, ClientError, JobClient, parse_addresses
+from pagesift.shared.config import ServerConfig
+from pagesift.v1 import jobs_pb2
 
 __all__ = [
     "EXIT_ERROR",

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 import grpc.aio
+
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
 if TYPE_CHECKING:

@@ -86,6 +86,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
 from pagesift.shared import urls
 
 __all__ = [

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
 from pagesift.shared.store import Store
 from pagesift.v1 import jobs_pb2
 

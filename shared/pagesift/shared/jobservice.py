@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import grpc
+
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import validate
 from pagesift.shared.config import ServerConfig

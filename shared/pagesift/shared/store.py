@@ -38,8 +38,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from pagesift.v1 import store_pb2
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from pagesift.v1 import store_pb2
 
 Op = store_pb2.Op
 T = TypeVar("T")
