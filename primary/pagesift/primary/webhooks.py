@@ -1,0 +1,552 @@
+"""Signed, durable webhooks: a per-job outbox in the store, and its in-order delivery.
+
+Storage layout (every key carries the job id, so job expiry removes them with the job)
+--------------------------------------------------------------------------------------
+
+    KV   job/{id}/webhook       the job's webhook, JSON: {"url", "events": [...], "account"}
+                                (the signing secret is NOT stored: ``account`` names it,
+                                and the accounts file on each node holds it)
+    list job/{id}/outbox        one item per event, JSON {"event", "data", "created_at"};
+                                the item's list sequence number is the event's ``seq``
+    KV   job/{id}/webhook_ack   the delivery cursor, decimal text: every event with a
+                                smaller seq was acknowledged (2xx) or given up (job note)
+
+The guarantees, and why they hold
+---------------------------------
+- **An event exists iff its change was committed.** ``enqueue`` is called by the job
+  runtime INSIDE the write group of the change it reports (a page, a page error, a
+  state change), so the event and the change are one atomic ``WriteBatch``.
+- **In order, one in flight per job.** One task per job walks the outbox from the
+  cursor; it POSTs event ``seq`` and only after a 2xx (or giving up) moves to ``seq+1``.
+- **An acknowledged event is never sent again.** After a 2xx the cursor is written
+  (``store.write``) before the next event is read, and that write replicates like any
+  other; a restart or a promoted standby resumes from the cursor (``resume``).
+- **None is lost.** The cursor only passes an event after a 2xx, or after
+  ``max_attempts`` failures, and then a job note (``code = "webhook_undeliverable"``,
+  naming the seq) is written IN THE SAME GROUP as the cursor move, so every event is
+  either acknowledged or visible in GetJobErrors. A reason that holds for every event
+  of the job (the address guard refuses the URL, the account has no secret) gives up
+  all the events pending at that moment with ONE note naming the seq range.
+- At-least-once at the edge: an event POSTed but not yet acknowledged when the process
+  stops (or before the cursor write reached the standby, on failover) is sent again.
+  Receivers deduplicate on ``pagesift-delivery: {job}:{seq}``.
+- **The address guard** applies: unless ``allow_private_networks``, a URL whose host
+  is (or resolves to) a loopback, private, link-local or metadata address is refused
+  (checked before each event, and again at connect time by the default session's
+  resolver, so DNS rebinding cannot slip past); redirects are not followed.
+
+The request
+-----------
+``POST url`` with body ``{"id": job, "seq": n, "event": e, "data": {...},
+"created_at": RFC 3339}`` and headers ``content-type: application/json``,
+``pagesift-event``, ``pagesift-delivery: {job}:{seq}``, ``pagesift-timestamp: <unix s>``,
+``pagesift-signature: v1=<hex HMAC-SHA256(secret, f"{timestamp}.{body}")>``. Receivers
+check it with ``verify_signature`` (or its ten lines, in any language).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+import aiohttp
+from aiohttp.resolver import DefaultResolver
+
+from pagesift.primary.fetch import BlockedAddressError, GuardedResolver
+from pagesift.shared import jobrecords as jr
+from pagesift.shared import urls
+from pagesift.shared.metrics import Metrics
+from pagesift.shared.store import Store, WriteGroup
+from pagesift.v1 import jobs_pb2
+
+__all__ = [
+    "EVENTS",
+    "NOTE_CODE",
+    "Deliverer",
+    "WebhookConfig",
+    "check_url",
+    "configure",
+    "default_session_factory",
+    "delete_keys",
+    "enqueue",
+    "parse_events",
+    "pending",
+    "queue_depth",
+    "sign",
+    "verify_signature",
+]
+
+log = logging.getLogger("pagesift.webhooks")
+
+EVENTS = ("started", "page", "page_failed", "completed", "failed", "cancelled")
+NOTE_CODE = "webhook_undeliverable"
+USER_AGENT = "pagesift-webhooks/0.1"
+
+
+class Reader(Protocol):
+    def get(self, key: str) -> bytes | None: ...
+
+
+def config_key(job_id: str) -> str:
+    return jr.part(job_id, "webhook")
+
+
+def outbox_key(job_id: str) -> str:
+    return jr.part(job_id, "outbox")
+
+
+def ack_key(job_id: str) -> str:
+    return jr.part(job_id, "webhook_ack")
+
+
+# configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    url: str
+    events: tuple[str, ...]
+    account: str
+
+    def encode(self) -> bytes:
+        doc = {"url": self.url, "events": list(self.events), "account": self.account}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> WebhookConfig:
+        doc = json.loads(raw)
+        return cls(str(doc["url"]), tuple(doc["events"]), str(doc["account"]))
+
+
+def parse_events(events: Sequence[str], field: str = "webhook.events") -> tuple[str, ...]:
+    """The wanted events in canonical order; none listed means all. ``ValueError``
+    names the field index of an unknown event."""
+    if not events:
+        return EVENTS
+    for i, event in enumerate(events):
+        if event not in EVENTS:
+            raise ValueError(f"{field}[{i}]: unknown event {event!r} (one of {', '.join(EVENTS)})")
+    wanted = set(events)
+    return tuple(e for e in EVENTS if e in wanted)
+
+
+async def check_url(
+    url: str, *, allow_private_networks: bool, max_length: int = 8192
+) -> str | None:
+    """Why ``url`` cannot be a webhook target (for INVALID_ARGUMENT at job start), or None."""
+    problem = urls.validate(url, max_length)
+    if problem is not None:
+        return problem
+    if not allow_private_networks:
+        return await urls.blocked_reason(url)
+    return None
+
+
+def configure(g: WriteGroup, job_id: str, url: str, events: Sequence[str], account: str) -> None:
+    """Give the job a webhook; call it in the registration group, BEFORE ``enqueue``
+    of the ``started`` event (a group reads its own writes)."""
+    cfg = WebhookConfig(url, parse_events(events), account)
+    g.put(config_key(job_id), cfg.encode())
+
+
+def load_config(reader: Reader, job_id: str) -> WebhookConfig | None:
+    raw = reader.get(config_key(job_id))
+    return WebhookConfig.decode(raw) if raw is not None else None
+
+
+def rfc3339_ms(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def enqueue(
+    g: WriteGroup, job_id: str, event: str, data: dict[str, object], *, now: float | None = None
+) -> int | None:
+    """Append ``event`` to the job's outbox inside ``g`` (the group of the change it
+    reports). Nothing happens when the job has no webhook or does not want the event.
+    Returns the event's seq, or None. Never raises for odd data (``str`` fallback)."""
+    if event not in EVENTS:
+        raise ValueError(f"unknown webhook event {event!r}")
+    raw = g.get(config_key(job_id))
+    if raw is None:
+        return None
+    if event not in WebhookConfig.decode(raw).events:
+        return None
+    item = {
+        "event": event,
+        "data": data,
+        "created_at": rfc3339_ms(time.time() if now is None else now),
+    }
+    return g.push(outbox_key(job_id), json.dumps(item, separators=(",", ":"), default=str).encode())
+
+
+def read_ack(reader: Reader, job_id: str) -> int:
+    raw = reader.get(ack_key(job_id))
+    return int(raw) if raw else 0
+
+
+def pending(store: Store, job_id: str) -> int:
+    """Events of the job not yet acknowledged or given up."""
+    _, nxt = store.list_bounds(outbox_key(job_id))
+    return max(0, nxt - read_ack(store, job_id))
+
+
+def queue_depth(store: Store) -> int:
+    """Undelivered events over every job (the ``pagesift_webhook_queue_depth`` gauge)."""
+    return sum(
+        pending(store, job_id)
+        for job_id in jr.all_job_ids(store)
+        if store.get(config_key(job_id)) is not None
+    )
+
+
+def delete_keys(g: WriteGroup, job_id: str) -> None:
+    """Every webhook key of the job (for job expiry, in the expiry group)."""
+    g.clear_list(outbox_key(job_id), drop=True)
+    g.delete(config_key(job_id))
+    g.delete(ack_key(job_id))
+
+
+# signing ------------------------------------------------------------------------------------
+
+
+def build_body(job_id: str, seq: int, item: bytes) -> bytes:
+    doc = json.loads(item)
+    body = {
+        "id": job_id,
+        "seq": seq,
+        "event": doc["event"],
+        "data": doc["data"],
+        "created_at": doc["created_at"],
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def sign(secret: str, timestamp: int | str, body: bytes) -> str:
+    """The ``pagesift-signature`` header value: ``v1=<hex HMAC-SHA256>``."""
+    message = str(timestamp).encode() + b"." + body
+    return "v1=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def verify_signature(
+    secret: str,
+    timestamp: int | str,
+    body: bytes,
+    header: str,
+    tolerance_s: float = 300,
+    now: float | None = None,
+) -> bool:
+    """For receivers: True when ``header`` (``pagesift-signature``) signs ``body`` at
+    ``timestamp`` (``pagesift-timestamp``) with ``secret``, and the timestamp is within
+    ``tolerance_s`` of ``now`` (rejects replays of old deliveries). Pass the RAW body
+    bytes as received. Several ``v1=`` values (comma separated) are accepted, so a
+    secret can be rotated."""
+    text = str(timestamp).strip()
+    if not text.isdigit():
+        return False
+    now = time.time() if now is None else now
+    if abs(now - int(text)) > tolerance_s:
+        return False
+    want = sign(secret, text, body)
+    ok = False
+    for part in header.replace(" ", ",").split(","):
+        if part.startswith("v1="):
+            ok = hmac.compare_digest(part.encode(), want.encode()) or ok
+    return ok
+
+
+# delivery -----------------------------------------------------------------------------------
+
+SessionFactory = Callable[[], aiohttp.ClientSession]
+
+
+def default_session_factory(
+    *, allow_private_networks: bool, user_agent: str = USER_AGENT
+) -> SessionFactory:
+    """aiohttp sessions whose resolver refuses blocked addresses (unless allowed)."""
+
+    def make() -> aiohttp.ClientSession:
+        resolver = (
+            DefaultResolver() if allow_private_networks else GuardedResolver(DefaultResolver())
+        )
+        connector = aiohttp.TCPConnector(resolver=resolver, limit=64)
+        return aiohttp.ClientSession(
+            connector=connector, headers={"user-agent": user_agent}, trust_env=False
+        )
+
+    return make
+
+
+class _GiveUp(Exception):
+    def __init__(self, reason: str, *, every_pending: bool = False) -> None:
+        super().__init__(reason)
+        self.every_pending = every_pending
+
+
+class Deliverer:
+    """Delivers every job's outbox, in order, one event in flight per job.
+
+    ``store_getter`` is called at each use (a standby's resync may replace the store).
+    ``secret_for(account)`` returns the account's webhook secret (None: deliveries of
+    that account become job notes). ``session_factory`` makes the aiohttp session
+    (None: ``default_session_factory``). Run it on the primary only: ``start`` resumes
+    every job with undelivered events; call ``wake(job_id)`` after a commit that
+    enqueued events; ``close`` stops at once (an unacknowledged event in flight is
+    sent again by the next Deliverer).
+    """
+
+    def __init__(
+        self,
+        store_getter: Callable[[], Store],
+        session_factory: SessionFactory | None,
+        *,
+        secret_for: Callable[[str], str | None],
+        allow_private_networks: bool,
+        max_attempts: int = 8,
+        base_delay: float = 0.5,
+        max_delay: float = 30.0,
+        timeout: float = 10.0,
+        max_in_flight: int = 32,
+        poll_interval: float = 10.0,
+        metrics: Metrics | None = None,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self._store_getter = store_getter
+        self._session_factory = session_factory or default_session_factory(
+            allow_private_networks=allow_private_networks
+        )
+        self._secret_for = secret_for
+        self.allow_private_networks = allow_private_networks
+        self.max_attempts = max_attempts
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.timeout = timeout
+        self.poll_interval = poll_interval
+        self._metrics = metrics
+        self._rng = rng
+        self._sem = asyncio.Semaphore(max_in_flight)
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._dirty: set[str] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._closed = False
+
+    # life cycle ---------------------------------------------------------------------------
+    async def start(self) -> int:
+        """Open the session and resume every job with undelivered events; returns how many."""
+        if self._closed:
+            raise RuntimeError("a closed Deliverer cannot start again; make a new one")
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        if self._session is None:
+            self._session = self._session_factory()
+        n = self.resume()
+        if self.poll_interval > 0 and self._poller is None:
+            self._poller = asyncio.create_task(self._poll(), name="webhooks-poll")
+        return n
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._tasks.values())
+        if self._poller is not None:
+            tasks.append(self._poller)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def resume(self) -> int:
+        """Wake every job whose cursor is behind its outbox; returns how many."""
+        store = self._store_getter()
+        n = 0
+        for job_id in jr.all_job_ids(store):
+            if store.get(config_key(job_id)) is not None and pending(store, job_id) > 0:
+                self.wake(job_id)
+                n += 1
+        return n
+
+    def wake(self, job_id: str) -> None:
+        """Deliver the job's new events (safe to call from any thread, any number of times)."""
+        if self._closed or self._loop is None:
+            return
+        if threading.get_ident() != self._loop_thread:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self.wake, job_id)
+            return
+        self._dirty.add(job_id)
+        if job_id not in self._tasks:
+            self._tasks[job_id] = asyncio.create_task(self._run(job_id), name=f"webhook-{job_id}")
+
+    @property
+    def delivering(self) -> int:
+        """Jobs with a delivery task right now."""
+        return len(self._tasks)
+
+    async def _poll(self) -> None:
+        """A safety net: a job woken by nobody is still delivered within ``poll_interval``."""
+        while not self._closed:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                self.resume()
+            except Exception:
+                log.exception("webhooks: resume scan failed")
+
+    # one job ---------------------------------------------------------------------------------
+    async def _run(self, job_id: str) -> None:
+        try:
+            while not self._closed:
+                self._dirty.discard(job_id)
+                await self._drain(job_id)
+                if job_id not in self._dirty:
+                    return  # no await between this check and leaving: no wake-up is lost
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("webhooks: delivery for job %s stopped", job_id)
+        finally:
+            if self._tasks.get(job_id) is asyncio.current_task():
+                del self._tasks[job_id]
+
+    async def _drain(self, job_id: str) -> None:
+        while not self._closed:
+            store = self._store_getter()
+            cfg = load_config(store, job_id)
+            if cfg is None:
+                return  # expired, or no webhook
+            ack = read_ack(store, job_id)
+            items = store.list_items(outbox_key(job_id), ack, 1)
+            if not items:
+                return
+            seq, item = items[0]
+            await self._deliver(job_id, cfg, seq, item)
+
+    async def _deliver(self, job_id: str, cfg: WebhookConfig, seq: int, item: bytes) -> None:
+        event = str(json.loads(item)["event"])
+        host = urls.host_of(cfg.url) or cfg.url
+        try:
+            if not self.allow_private_networks:
+                reason = await urls.blocked_reason(cfg.url)
+                if reason is not None:
+                    self._count("blocked")
+                    raise _GiveUp(f"refused by the address guard: {reason}", every_pending=True)
+            secret = self._secret_for(cfg.account)
+            if not secret:
+                raise _GiveUp(f"account {cfg.account!r} has no webhook_secret", every_pending=True)
+            body = build_body(job_id, seq, item)
+            last = ""
+            for attempt in range(1, self.max_attempts + 1):
+                async with self._sem:
+                    ok, last = await self._post(cfg.url, job_id, seq, event, body, secret)
+                if ok:
+                    self._count("ok")
+                    self._advance(job_id, seq, None)
+                    return
+                if last.startswith("blocked:"):
+                    self._count("blocked")
+                    raise _GiveUp(
+                        f"refused by the address guard: {last[8:].strip()}", every_pending=True
+                    )
+                self._count("error")
+                log.info(
+                    "webhook %s:%d to %s: attempt %d/%d failed: %s",
+                    job_id, seq, host, attempt, self.max_attempts, last,
+                )  # fmt: skip
+                if attempt < self.max_attempts:
+                    await asyncio.sleep(self._backoff(attempt))
+            raise _GiveUp(f"no 2xx after {self.max_attempts} attempt(s); last: {last}")
+        except _GiveUp as why:
+            # a reason that holds for every event of the job (the URL is refused, there is
+            # no secret) gives up every pending event with ONE note, not one note each
+            last_seq = seq
+            if why.every_pending:
+                last_seq = max(seq, self._store_getter().list_bounds(outbox_key(job_id))[1] - 1)
+            what = (
+                f"webhook event {seq} ({event})"
+                if last_seq == seq
+                else f"webhook events {seq}-{last_seq} (from {event})"
+            )
+            message = f"{what} to {host} not delivered: {why}"
+            log.warning("job %s: %s", job_id, message)
+            self._count("undeliverable", last_seq - seq + 1)
+            self._advance(job_id, last_seq, message)
+
+    def _backoff(self, attempt: int) -> float:
+        delay = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+        return float(delay * (0.5 + 0.5 * self._rng()))  # "equal jitter"
+
+    async def _post(
+        self, url: str, job_id: str, seq: int, event: str, body: bytes, secret: str
+    ) -> tuple[bool, str]:
+        session = self._session
+        if session is None:
+            raise RuntimeError("Deliverer.start() was not awaited")
+        timestamp = str(int(time.time()))
+        headers = {
+            "content-type": "application/json",
+            "pagesift-event": event,
+            "pagesift-delivery": f"{job_id}:{seq}",
+            "pagesift-timestamp": timestamp,
+            "pagesift-signature": sign(secret, timestamp, body),
+        }
+        try:
+            async with session.post(
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+            ) as resp:
+                if 200 <= resp.status < 300:
+                    return True, ""
+                return False, f"HTTP {resp.status}"
+        except aiohttp.ClientConnectorError as e:
+            if isinstance(e.os_error, BlockedAddressError):
+                return False, f"blocked: {e.os_error}"
+            return False, f"connect: {e.os_error or e}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            return False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+    def _advance(self, job_id: str, seq: int, note: str | None) -> None:
+        """Move the cursor past ``seq`` (with the job note when given up), one group.
+        Written only while the job and its webhook exist (an expired job stays gone),
+        and never backwards."""
+        now = jr.now_ms()
+
+        def group(g: WriteGroup) -> None:
+            if g.get(config_key(job_id)) is None or g.get(jr.meta_key(job_id)) is None:
+                return  # the job expired meanwhile: write nothing, leave no stray key
+            if read_ack(g, job_id) > seq:
+                return
+            g.put(ack_key(job_id), str(seq + 1).encode())
+            if note is not None:
+                g.push(
+                    jr.part(job_id, "notes"),
+                    jobs_pb2.PageError(
+                        url="", code=NOTE_CODE, message=note, time=jr.timestamp(now)
+                    ).SerializeToString(),
+                )
+
+        self._store_getter().write(group)
+
+    def _count(self, result: str, n: int = 1) -> None:
+        if self._metrics is not None:
+            self._metrics.webhook_deliveries.labels(result).inc(n)

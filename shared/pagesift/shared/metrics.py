@@ -1,0 +1,424 @@
+"""Prometheus metrics: one registry per node, a gRPC interceptor, and the /metrics endpoint.
+
+What it owns
+------------
+``Metrics`` owns a private ``prometheus_client.CollectorRegistry`` (never the global
+one, so tests and in-process pairs can create several) holding every pagesift
+series. It stores nothing durable: counters start at zero with the process, and the
+gauges that describe durable state (jobs by kind and state, the webhook queue, the
+replication position) are computed AT SCRAPE TIME from callbacks the server sets
+(``jobs_store``, ``webhook_queue_depth``, ``replication``), so they can never drift
+from the store or the replication log.
+
+Series (all prefixed ``pagesift_``):
+
+==========================================  =========  ===================================
+name                                        type       labels / meaning
+==========================================  =========  ===================================
+pagesift_jobs                               gauge      kind, state (read from the store)
+pagesift_pages_total                        counter    kind: pages recorded
+pagesift_page_errors_total                  counter    code: page errors recorded
+pagesift_fetch_seconds                      histogram  one HTTP fetch (all hops)
+pagesift_fetched_bytes_total                counter    body bytes fetched
+pagesift_robots_blocked_total               counter    URLs refused by robots.txt
+pagesift_limit_rejections_total             counter    limit: RESOURCE_EXHAUSTED by limit
+pagesift_webhook_deliveries_total           counter    result: ok | error | blocked (attempts),
+                                                       undeliverable (events given up)
+pagesift_webhook_queue_depth                gauge      events enqueued, not yet acknowledged
+pagesift_replication_role                   gauge      role: 1 for this node's role, else 0
+pagesift_replication_epoch                  gauge
+pagesift_replication_applied_offset         gauge      last offset in this node's log
+pagesift_replication_primary_offset         gauge      the primary's last offset (as known)
+pagesift_replication_acked_offset           gauge      primary: best standby ack
+pagesift_replication_lag_seconds            gauge
+pagesift_replication_connected              gauge      1 when a peer is connected
+pagesift_replication_backlog_bytes          gauge
+pagesift_replication_full_resyncs_total     counter
+pagesift_replication_sync_degraded_total    counter
+pagesift_grpc_requests_total                counter    method, code: finished RPCs
+==========================================  =========  ===================================
+
+Guarantees
+----------
+- ``MetricsInterceptor`` counts every RPC exactly once, when it finishes, with its
+  final status code: OK, the code given to ``context.abort`` / ``context.set_code``,
+  CANCELLED when the call is cancelled, UNKNOWN for an escaping exception, and
+  UNIMPLEMENTED (method label ``unknown``, so label cardinality stays bounded) for a
+  method no service has. It works for unary and streaming handlers alike.
+- A failing scrape-time callback never breaks a scrape: its series are left out and
+  ``pagesift_scrape_errors_total{source}`` is incremented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pagesift.shared import jobrecords as jr
+from pagesift.shared.store import Store
+
+if TYPE_CHECKING:  # grpc-stubs makes these generic; at run time they are plain classes
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    Handler = grpc.RpcMethodHandler
+    ServerInterceptor = grpc.aio.ServerInterceptor
+
+__all__ = [
+    "FETCH_BUCKETS",
+    "Metrics",
+    "MetricsInterceptor",
+    "ReplicationFigures",
+    "bound_port",
+    "start_http",
+]
+
+log = logging.getLogger("pagesift.metrics")
+
+FETCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+KINDS = ("batch", "crawl")
+STATES = ("scraping", "completed", "failed", "cancelled")
+ROLES = ("primary", "standby", "fenced")
+
+
+@dataclass(frozen=True)
+class ReplicationFigures:
+    """What the replication series show, read at scrape time (see ``Metrics.replication``).
+
+    Fill it from the replication log (role, epoch, last offset, backlog bytes) and from
+    ``ReplicationServicer.status()`` (primary) or ``Follower.status()`` (standby).
+    """
+
+    role: str  # primary | standby | fenced
+    epoch: int
+    applied_offset: int
+    primary_offset: int
+    acked_offset: int
+    lag_seconds: float
+    connected: bool
+    backlog_bytes: int
+    full_resyncs: int
+    sync_degraded: int
+
+
+class Metrics:
+    """Every pagesift series, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.pages = Counter("pagesift_pages", "Pages recorded, by job kind.", ["kind"], registry=r)
+        self.page_errors = Counter(
+            "pagesift_page_errors", "Page errors recorded, by error code.", ["code"], registry=r
+        )
+        self.fetch_seconds = Histogram(
+            "pagesift_fetch_seconds",
+            "Time to fetch one page (every redirect hop included).",
+            buckets=FETCH_BUCKETS,
+            registry=r,
+        )
+        self.fetched_bytes = Counter(
+            "pagesift_fetched_bytes", "Response body bytes fetched.", registry=r
+        )
+        self.robots_blocked = Counter(
+            "pagesift_robots_blocked",
+            "URLs not fetched because robots.txt disallows them.",
+            registry=r,
+        )
+        self.limit_rejections = Counter(
+            "pagesift_limit_rejections",
+            "Requests refused or jobs stopped by an account limit, by limit.",
+            ["limit"],
+            registry=r,
+        )
+        self.webhook_deliveries = Counter(
+            "pagesift_webhook_deliveries",
+            "Webhook delivery attempts by result (ok: 2xx, error: failed attempt, blocked: "
+            "refused by the address guard) and events given up (undeliverable: job note).",
+            ["result"],
+            registry=r,
+        )
+        self.grpc_requests = Counter(
+            "pagesift_grpc_requests",
+            "Finished gRPC requests by method and status code.",
+            ["method", "code"],
+            registry=r,
+        )
+        self.scrape_errors: dict[str, int] = {}  # source -> failures (reported by _ScrapeTime)
+        # scrape-time sources, set by the server (None: the series are left out)
+        self.jobs_store: Callable[[], Store | None] | None = None
+        self.webhook_queue_depth: Callable[[], int] | None = None
+        self.replication: Callable[[], ReplicationFigures | None] | None = None
+        r.register(_ScrapeTime(self))
+
+    # recording helpers -------------------------------------------------------------------
+    def page_recorded(self, kind: str) -> None:
+        self.pages.labels(kind).inc()
+
+    def page_failed(self, code: str) -> None:
+        self.page_errors.labels(code).inc()
+        if code == "robots_disallowed":
+            self.robots_blocked.inc()
+
+    def fetched(self, seconds: float, nbytes: int) -> None:
+        self.fetch_seconds.observe(seconds)
+        if nbytes > 0:
+            self.fetched_bytes.inc(nbytes)
+
+    def limit_hit(self, limit_name: str) -> None:
+        self.limit_rejections.labels(limit_name).inc()
+
+    def interceptor(self) -> MetricsInterceptor:
+        return MetricsInterceptor(self)
+
+    def exposition(self) -> bytes:
+        """The text exposition format of every series (what /metrics serves)."""
+        return generate_latest(self.registry)
+
+
+class _ScrapeTime(Collector):
+    """The series computed from the node's state when Prometheus scrapes."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        for source, fn in (
+            ("jobs", self._jobs),
+            ("webhooks", self._webhooks),
+            ("replication", self._replication),
+        ):
+            try:
+                families = list(fn())
+            except Exception as e:
+                log.warning("metrics: the %s source failed: %r", source, e)
+                errors = self._m.scrape_errors
+                errors[source] = errors.get(source, 0) + 1
+                continue
+            yield from families
+        failed = CounterMetricFamily(
+            "pagesift_scrape_errors",
+            "Scrape-time sources that failed (their series were left out of that scrape).",
+            labels=["source"],
+        )
+        for source, n in sorted(self._m.scrape_errors.items()):
+            failed.add_metric([source], n)
+        yield failed
+
+    def _jobs(self) -> Iterable[Metric]:
+        getter = self._m.jobs_store
+        store = getter() if getter is not None else None
+        if store is None:
+            return
+        counts = {(k, s): 0 for k in KINDS for s in STATES}
+        for job_id in jr.all_job_ids(store):
+            meta = jr.load_meta(store, job_id)
+            if meta is not None:
+                counts[(meta.kind, meta.state)] = counts.get((meta.kind, meta.state), 0) + 1
+        fam = GaugeMetricFamily(
+            "pagesift_jobs", "Stored jobs by kind and state.", labels=["kind", "state"]
+        )
+        for (kind, state), n in sorted(counts.items()):
+            fam.add_metric([kind, state], n)
+        yield fam
+
+    def _webhooks(self) -> Iterable[Metric]:
+        fn = self._m.webhook_queue_depth
+        if fn is None:
+            return
+        yield GaugeMetricFamily(
+            "pagesift_webhook_queue_depth",
+            "Webhook events enqueued and not yet acknowledged (or given up), all jobs.",
+            value=fn(),
+        )
+
+    def _replication(self) -> Iterable[Metric]:
+        fn = self._m.replication
+        f = fn() if fn is not None else None
+        if f is None:
+            return
+        role = GaugeMetricFamily(
+            "pagesift_replication_role", "1 for this node's current role.", labels=["role"]
+        )
+        for name in sorted({*ROLES, f.role}):
+            role.add_metric([name], 1.0 if name == f.role else 0.0)
+        yield role
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"pagesift_replication_{name}", doc, value=value)
+
+        yield gauge("epoch", "The replication epoch this node is in.", f.epoch)
+        yield gauge("applied_offset", "Last log offset applied on this node.", f.applied_offset)
+        yield gauge(
+            "primary_offset", "The primary's last log offset, as known here.", f.primary_offset
+        )
+        yield gauge(
+            "acked_offset", "Highest offset a standby acknowledged (primary).", f.acked_offset
+        )
+        yield gauge(
+            "lag_seconds", "How long the follower has been behind the primary.", f.lag_seconds
+        )
+        yield gauge(
+            "connected", "1 when the replication stream is up.", 1.0 if f.connected else 0.0
+        )
+        yield gauge(
+            "backlog_bytes", "Bytes of log entries kept for reconnecting standbys.", f.backlog_bytes
+        )
+        yield CounterMetricFamily(
+            "pagesift_replication_full_resyncs",
+            "Full resyncs (snapshot transfers).",
+            value=f.full_resyncs,
+        )
+        yield CounterMetricFamily(
+            "pagesift_replication_sync_degraded",
+            "Times sync replication degraded to async.",
+            value=f.sync_degraded,
+        )
+
+
+# gRPC ------------------------------------------------------------------------------------
+
+Behavior = Callable[..., Any]
+
+
+def _code_name(code: object) -> str:
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    return "OK" if code is None else "UNKNOWN"
+
+
+class MetricsInterceptor(ServerInterceptor):
+    """Counts ``pagesift_grpc_requests_total{method,code}`` for every finished RPC.
+
+    grpc.aio gives an interceptor the handler, not the outcome, so the handler's
+    behavior is wrapped: after it returns, ``context.code()`` is None (OK) or what
+    ``set_code`` set; ``context.abort`` raises ``grpc.aio.AbortError`` after setting
+    the code, so ``context.code()`` is read then too; any other exception reaches
+    the client as UNKNOWN, and cancellation as CANCELLED. Streaming responses wrap the
+    async generator and count when it ends.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def _count(self, method: str, code: str) -> None:
+        self._m.grpc_requests.labels(method, code).inc()
+
+    def _outcome(self, context: Any, exc: BaseException | None) -> str:
+        if exc is None or isinstance(exc, grpc.aio.AbortError):
+            return _code_name(context.code())
+        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+            return "CANCELLED"
+        return "UNKNOWN"
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            self._count("unknown", "UNIMPLEMENTED")
+            return handler
+        method = handler_call_details.method.lstrip("/")
+        return _rewrap(handler, lambda behavior: self._wrap(method, behavior))
+
+    def _wrap(self, method: str, behavior: Behavior) -> Behavior:
+        if inspect.isasyncgenfunction(behavior):
+
+            async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                exc: BaseException | None = None
+                try:
+                    async for item in behavior(request, context):
+                        yield item
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    self._count(method, self._outcome(context, exc))
+
+            return stream
+
+        async def unary(request: Any, context: Any) -> Any:
+            exc: BaseException | None = None
+            try:
+                result = behavior(request, context)
+                if inspect.isawaitable(result):
+                    result = await result
+                return result
+            except BaseException as e:
+                exc = e
+                raise
+            finally:
+                self._count(method, self._outcome(context, exc))
+
+        return unary
+
+
+def _rewrap(handler: Handler, wrap: Callable[[Behavior], Behavior]) -> Handler:
+    """The same kind of handler with its behavior replaced by ``wrap(behavior)``."""
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary), des, ser)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream), des, ser)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary), des, ser)
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream), des, ser)
+    return handler
+
+
+# HTTP ------------------------------------------------------------------------------------
+
+
+async def start_http(metrics: Metrics, host: str, port: int) -> web.AppRunner:
+    """Serve ``GET /metrics`` on ``host:port`` (port 0: any free port, see ``bound_port``).
+
+    The exposition is rendered in a worker thread (the jobs gauge reads the store),
+    so a large store never stalls the event loop. Stop it with ``await runner.cleanup()``.
+    """
+
+    async def handle_metrics(request: web.Request) -> web.Response:
+        body = await asyncio.to_thread(metrics.exposition)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_root(request: web.Request) -> web.Response:
+        return web.Response(text="pagesift metrics: see /metrics\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/", handle_root)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port ``start_http`` actually listens on."""
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    raise RuntimeError("the metrics endpoint is not listening")

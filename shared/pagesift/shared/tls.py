@@ -1,0 +1,197 @@
+"""Transport security: TLS/mTLS credentials, the replication token, and a metadata guard.
+
+What it owns
+------------
+- ``server_credentials`` / ``channel_credentials``: gRPC credentials from PEM files.
+  The public port uses server TLS (``--tls-cert``/``--tls-key``). Given a client CA,
+  ``server_credentials`` REQUIRES and verifies a client certificate (mTLS): gRPC
+  Python has no "verify if offered" mode, so mTLS applies to a whole port; that is
+  why the replication stream gets its own port when mTLS is used.
+- ``token_ok``: the shared-token alternative for the replication stream (metadata
+  ``pagesift-replication-token: TOKEN``), compared in constant time.
+- ``MetadataGuard``: a grpc.aio server interceptor that refuses calls to given
+  method prefixes (e.g. ``/pagesift.v1.AdminService/``) unless a predicate on the
+  call's metadata holds (the admin key, the replication token). The refusal has the
+  same shape (unary/streaming) as the guarded method, so clients see a clean status.
+
+Guarantees
+----------
+- PEM files are read once at start-up; a missing or unreadable file is a
+  ``TlsConfigError`` naming the flag's file, never a silently insecure port.
+- ``token_ok`` compares SHA-256 digests with ``hmac.compare_digest`` (no early exit
+  on a prefix, no length leak), and is always False for an empty configured token.
+- A guarded method's own handler never runs for a refused call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+if TYPE_CHECKING:  # grpc-stubs makes these generic; at run time they are plain classes
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    Handler = grpc.RpcMethodHandler
+    ServerInterceptor = grpc.aio.ServerInterceptor
+
+__all__ = [
+    "TOKEN_HEADER",
+    "GuardRule",
+    "MetadataGuard",
+    "TlsConfigError",
+    "channel_credentials",
+    "peer_common_name",
+    "read_pem",
+    "server_credentials",
+    "token_metadata",
+    "token_ok",
+]
+
+TOKEN_HEADER = "pagesift-replication-token"
+
+Metadata = Sequence[tuple[str, str | bytes]] | None
+
+
+class TlsConfigError(ValueError):
+    """A certificate, key or CA file is missing, unreadable or not PEM."""
+
+
+def read_pem(path: Path | str, what: str) -> bytes:
+    """The bytes of a PEM file; ``TlsConfigError`` naming ``what`` when it is unusable."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise TlsConfigError(f"{what} {path}: cannot read: {e.strerror or e}") from e
+    if b"-----BEGIN " not in data:
+        raise TlsConfigError(f"{what} {path}: not a PEM file")
+    return data
+
+
+def server_credentials(
+    cert_file: Path | str, key_file: Path | str, client_ca_file: Path | str | None = None
+) -> grpc.ServerCredentials:
+    """Server TLS; with ``client_ca_file``, mTLS: clients must present a certificate
+    signed by that CA or the handshake fails."""
+    cert = read_pem(cert_file, "certificate")
+    key = read_pem(key_file, "private key")
+    if client_ca_file is None:
+        return grpc.ssl_server_credentials([(key, cert)])
+    ca = read_pem(client_ca_file, "client CA")
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=True
+    )
+
+
+def channel_credentials(
+    ca_file: Path | str | None = None,
+    cert_file: Path | str | None = None,
+    key_file: Path | str | None = None,
+) -> grpc.ChannelCredentials:
+    """Client TLS: trust ``ca_file`` (None: the system roots); with a certificate and
+    key, present them (mTLS client)."""
+    if (cert_file is None) != (key_file is None):
+        raise TlsConfigError("a client certificate needs its key, and a key its certificate")
+    return grpc.ssl_channel_credentials(
+        root_certificates=read_pem(ca_file, "CA") if ca_file is not None else None,
+        private_key=read_pem(key_file, "client key") if key_file is not None else None,
+        certificate_chain=read_pem(cert_file, "client certificate")
+        if cert_file is not None
+        else None,
+    )
+
+
+def _values(metadata: Metadata, key: str) -> list[str]:
+    out: list[str] = []
+    for entry in metadata or ():
+        if entry[0].lower() == key:
+            value = entry[1]
+            out.append(value.decode("utf-8", "replace") if isinstance(value, bytes) else value)
+    return out
+
+
+def token_ok(metadata: Metadata, token: str) -> bool:
+    """True when the metadata carries ``pagesift-replication-token: <token>``."""
+    if not token:
+        return False
+    want = hashlib.sha256(token.encode()).digest()
+    ok = False
+    for value in _values(metadata, TOKEN_HEADER):
+        got = hashlib.sha256(value.strip().encode()).digest()
+        ok = hmac.compare_digest(got, want) or ok
+    return ok
+
+
+def token_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    """The metadata a follower sends on the replication stream."""
+    return ((TOKEN_HEADER, token),)
+
+
+def peer_common_name(context: Any) -> str | None:
+    """The verified client certificate's common name on an mTLS port (for logs)."""
+    try:
+        names = context.auth_context().get("x509_common_name") or []
+    except Exception:
+        return None
+    for name in names:
+        return bytes(name).decode("utf-8", "replace")
+    return None
+
+
+# the guard --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuardRule:
+    """Calls whose method starts with ``prefix`` need ``allowed(metadata)``."""
+
+    prefix: str  # e.g. "/pagesift.v1.AdminService/"
+    allowed: Callable[[Metadata], bool]
+    message: str
+    code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED
+
+
+class MetadataGuard(ServerInterceptor):
+    """Refuses calls that match a rule and fail its predicate (first matching rule wins)."""
+
+    def __init__(self, rules: Sequence[GuardRule]) -> None:
+        self.rules = list(rules)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        method = handler_call_details.method
+        rule = next((r for r in self.rules if method.startswith(r.prefix)), None)
+        handler = await continuation(handler_call_details)
+        if rule is None or handler is None:
+            return handler
+        if rule.allowed(handler_call_details.invocation_metadata):
+            return handler
+        return _refusal(handler, rule.code, rule.message)
+
+
+def _refusal(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
+    async def deny(request: Any, context: Any) -> Any:
+        await context.abort(code, message)
+
+    async def deny_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+        await context.abort(code, message)
+        if False:  # an async generator, like the streaming method it replaces
+            yield None
+
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(deny, des, ser)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(deny_stream, des, ser)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(deny, des, ser)
+    return grpc.stream_stream_rpc_method_handler(deny_stream, des, ser)
