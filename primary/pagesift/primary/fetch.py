@@ -44,6 +44,7 @@ from pagesift.primary.politeness import HostSlots, effective_delay
 from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache
 from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.metrics import Metrics
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["BlockedAddressError", "GuardedResolver", "HttpEngine"]
@@ -143,8 +144,9 @@ def _accept_any(resp: aiohttp.ClientResponse) -> str:
 class HttpEngine:
     """The Engine over HTTP(S). Construct with the server config; call ``close()`` at exit."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, *, metrics: Metrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics
         self._session: aiohttp.ClientSession | None = None
         self._extract_pool: ProcessPoolExecutor | None = None
         self._slots = HostSlots(config.per_host_concurrency, config.per_host_delay)
@@ -187,6 +189,7 @@ class HttpEngine:
                 )
             raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"content type {mimetype} is binary")
 
+        started = time.monotonic()
         resp = await self._fetch(
             url,
             accept=accept,
@@ -195,6 +198,8 @@ class HttpEngine:
             max_redirects=self.config.max_redirects,
             max_bytes=self.config.max_body_bytes,
         )
+        if self.metrics is not None:
+            self.metrics.fetched(time.monotonic() - started, len(resp.body))
         kind = resp.kind
         if kind == "sniff":
             kind = _sniff(resp.body, allow_non_html)

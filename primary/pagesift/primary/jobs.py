@@ -28,16 +28,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
+from pagesift.primary import webhooks
 from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page, PageError
 from pagesift.shared import jobrecords as jr
+from pagesift.shared import quota
+from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 
@@ -59,12 +64,18 @@ class Jobs:
         engine: Engine,
         config: ServerConfig,
         *,
+        accounts: Accounts | None = None,
+        deliverer: webhooks.Deliverer | None = None,
+        metrics: Metrics | None = None,
         wait_replicated: WaitReplicated | None = None,
         on_visible: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.engine = engine
         self.config = config
+        self.accounts = accounts or Accounts.from_dict({})
+        self.deliverer = deliverer
+        self.metrics = metrics
         self._wait_replicated = wait_replicated
         self._on_visible = on_visible
         self._visible: dict[str, int] = {}
@@ -76,6 +87,8 @@ class Jobs:
     async def start(self) -> None:
         """Resume every job that was running, and start the expiry sweeper."""
         self.sweep()
+        if self.deliverer is not None:
+            await self.deliverer.start()  # resumes every outbox from its cursor
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
             if meta is not None and not meta.terminal:
@@ -93,6 +106,8 @@ class Jobs:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self.deliverer is not None:
+            await self.deliverer.close()
 
     def visible(self, job_id: str) -> int | None:
         """How many of the job's pages clients may see (None: all that are stored)."""
@@ -115,7 +130,12 @@ class Jobs:
         *,
         total: int = 0,
         limit: int = 0,
+        webhook: jobs_pb2.Webhook | None = None,
+        check: Callable[[], None] | None = None,
     ) -> Registered:
+        """Store a new job and start it. ``check`` runs inside the write section, just
+        before anything is written (account limits: no other registration can slip in
+        between the check and the write); what it raises propagates, nothing written."""
         now = jr.now_ms()
         meta = jr.JobMeta(
             id=str(uuid.uuid4()),
@@ -135,13 +155,21 @@ class Jobs:
                 if existing is not None:
                     return Registered(existing.decode(), created=False)
                 g.put(jr.idem_key(owner, idempotency_key), meta.id.encode())
+            if check is not None:
+                check()
             g.put(jr.meta_key(meta.id), meta.encode())
             g.put(jr.part(meta.id, "request"), request)
             g.insert(jr.JOBS_SET, meta.id.encode())
+            if webhook is not None and webhook.url:
+                webhooks.configure(g, meta.id, webhook.url, list(webhook.events), owner)
+                webhooks.enqueue(
+                    g, meta.id, "started", {"kind": kind, "total": total, "limit": limit}
+                )
             return Registered(meta.id, created=True)
 
         reg, _ = self.store.write(group)
         if reg.created:
+            self._wake(meta.id)
             if self._wait_replicated is not None:
                 self._visible[meta.id] = 0
             log.info("job %s started (%s, owner %s)", meta.id, kind, owner)
@@ -170,6 +198,7 @@ class Jobs:
                 self.store.write(partial(_delete_job, job_id=job_id, meta=meta))
                 self._visible.pop(job_id, None)
                 removed += 1
+        quota.prune_all(self.store, time.time())
         if removed:
             log.info("expired %d job(s)", removed)
         return removed
@@ -280,45 +309,95 @@ class Jobs:
     async def _record_page(
         self, job_id: str, mark: bytes, page: Page, admitted: list[Entry]
     ) -> None:
-        limit = 0
-        if admitted:
-            meta = jr.load_meta(self.store, job_id)
-            limit = meta.limit if meta else 0
-        doc = page.document.SerializeToString()
+        doc = page.document
+        raw = doc.SerializeToString()
+        now = time.time()
 
-        def group(g: WriteGroup) -> tuple[int | None, WriteGroup]:
+        def group(g: WriteGroup) -> tuple[int | None, quota.LimitExceeded | None, WriteGroup]:
+            meta_raw = g.get(jr.meta_key(job_id))
             done = jr.part(job_id, "done")
-            if g.contains(done, mark) or g.get(jr.meta_key(job_id)) is None:
-                return None, g  # recorded already, or the job is gone
-            seq = g.push(jr.part(job_id, "pages"), doc)
+            if meta_raw is None or g.contains(done, mark):
+                return None, None, g  # the job is gone, or the page recorded already
+            meta = jr.JobMeta.decode(meta_raw)
+            if meta.terminal:
+                return None, None, g  # cancelled or stopped while this page was in flight
+            account = self.accounts.get(meta.owner)
+            if account is not None and account.pages_per_day is not None:
+                hit = quota.page_limit_hit(g, account, now)
+                if hit is not None:
+                    return None, hit, g
+                quota.charge(g, meta.owner, 1, now)
+            seq = g.push(jr.part(job_id, "pages"), raw)
             g.insert(done, mark)
             if admitted:
-                _admit(g, job_id, admitted, limit)
-            return seq, g
+                _admit(g, job_id, admitted, meta.limit)
+            webhooks.enqueue(
+                g,
+                job_id,
+                "page",
+                {"index": seq, "url": doc.url, "final_url": doc.final_url,
+                 "status_code": doc.status_code, "title": doc.title},
+            )  # fmt: skip
+            return seq, None, g
 
-        (seq, written), _ = self.store.write(group)
-        if seq is None or self._wait_replicated is None:
+        (seq, hit, written), _ = self.store.write(group)
+        if hit is not None:
+            self._stop_on_quota(job_id, hit)
             return
-        offset = written.info.get("offset")  # set by the replication log while committing
-        if isinstance(offset, int):
-            await self._wait_replicated(offset)
-        self._visible[job_id] = max(self._visible.get(job_id, 0), seq + 1)
-        if self._on_visible is not None:
-            self._on_visible(job_id)
+        if seq is None:
+            return
+        if self.metrics is not None:
+            self.metrics.page_recorded(self._kind(job_id))
+        if self._wait_replicated is not None:
+            offset = written.info.get("offset")  # set by the replication log while committing
+            if isinstance(offset, int):
+                await self._wait_replicated(offset)
+            self._visible[job_id] = max(self._visible.get(job_id, 0), seq + 1)
+            if self._on_visible is not None:
+                self._on_visible(job_id)
+        self._wake(job_id)
+
+    def _stop_on_quota(self, job_id: str, hit: quota.LimitExceeded) -> None:
+        """The account's daily pages ran out mid-job: stop it, keeping its pages."""
+        if self.metrics is not None:
+            self.metrics.limit_hit(hit.limit_name)
+        self._finish(job_id, "failed", hit.message)
+        task = self._tasks.pop(job_id, None)
+        if task is not None:
+            task.cancel()
+
+    def _kind(self, job_id: str) -> str:
+        meta = jr.load_meta(self.store, job_id)
+        return meta.kind if meta is not None else "unknown"
+
+    def _wake(self, job_id: str) -> None:
+        if self.deliverer is not None:
+            self.deliverer.wake(job_id)
 
     def _record_error(self, job_id: str, mark: bytes, url: str, err: PageError) -> None:
         item = jobs_pb2.PageError(
             url=url, code=str(err.code), message=err.message, time=jr.timestamp(jr.now_ms())
         ).SerializeToString()
 
-        def group(g: WriteGroup) -> None:
+        def group(g: WriteGroup) -> bool:
             done = jr.part(job_id, "done")
             if g.contains(done, mark) or g.get(jr.meta_key(job_id)) is None:
-                return
+                return False
             g.push(jr.part(job_id, "errors"), item)
             g.insert(done, mark)
+            webhooks.enqueue(
+                g,
+                job_id,
+                "page_failed",
+                {"url": url, "code": str(err.code), "message": err.message},
+            )
+            return True
 
-        self.store.write(group)
+        recorded, _ = self.store.write(group)
+        if recorded:
+            if self.metrics is not None:
+                self.metrics.page_failed(str(err.code))
+            self._wake(job_id)
 
     def _finish(self, job_id: str, state: str, note: str) -> jr.JobMeta | None:
         def group(g: WriteGroup) -> jr.JobMeta | None:
@@ -339,9 +418,18 @@ class Jobs:
                         code=state, message=note, time=jr.timestamp(now)
                     ).SerializeToString(),
                 )
+            webhooks.enqueue(
+                g,
+                job_id,
+                state,
+                {"state": state, "note": note,
+                 "completed": g.list_len(jr.part(job_id, "pages")),
+                 "failed": g.list_len(jr.part(job_id, "errors"))},
+            )  # fmt: skip
             return meta
 
         meta, _ = self.store.write(group)
+        self._wake(job_id)
         if meta is not None:
             log.info("job %s %s%s", job_id, meta.state, f": {note}" if note else "")
         return meta
@@ -366,6 +454,7 @@ def _delete_job(g: WriteGroup, job_id: str, meta: jr.JobMeta | None) -> None:
         g.clear_set(jr.part(job_id, what))
     for what in jr.SIDE_KVS:
         g.delete(jr.part(job_id, what))
+    webhooks.delete_keys(g, job_id)
     if meta is not None and meta.idempotency_key:
         g.delete(jr.idem_key(meta.owner, meta.idempotency_key))
     g.delete(jr.meta_key(job_id))

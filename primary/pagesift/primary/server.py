@@ -1,11 +1,14 @@
-"""The pagesift server process: one node, primary or standby, on one gRPC port.
+"""The pagesift server process: one node, primary or standby.
 
-``serve(config)`` opens the store, attaches its observers (job watch events, and
-the replication log once replication is wired), registers the public
-``JobService``, the standard health service and server reflection, and runs the
-role: a primary resumes its jobs and runs new ones. SIGTERM/SIGINT stop it
-gracefully; SIGKILL at any instant is safe because every durable change is one
-atomic store group.
+``serve(config)`` opens the store slot (store + replication log), registers the
+public ``JobService``, ``ReplicationService``, ``AdminService``, the standard
+health service and server reflection on one gRPC port (TLS with ``tls_cert``),
+and runs the role: a primary resumes its jobs and webhook outboxes and runs new
+ones; a standby follows its primary. Interceptors count every call (metrics) and
+guard admin calls (admin key) and the replication stream (shared token; or mTLS
+on a port of its own, ``replication_listen``). Prometheus metrics are served on
+``metrics_listen``. SIGTERM/SIGINT stop it gracefully; SIGKILL at any instant is
+safe because every durable change is one atomic store group.
 """
 
 from __future__ import annotations
@@ -24,12 +27,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from pagesift.primary import webhooks
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.jobs import Jobs
 from pagesift.primary.replication import ReplicationServicer
+from pagesift.shared import tls
+from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.events import JobEvents
 from pagesift.shared.jobservice import JobRuntime, JobService
+from pagesift.shared.metrics import Metrics, ReplicationFigures, start_http
 from pagesift.shared.replog import open_slot
 from pagesift.shared.store import Store
 from pagesift.standby.admin import AdminServicer
@@ -54,9 +61,21 @@ class Node:
         self.config = config
         self.node_id = _node_id(config.data)
         self.events = JobEvents()
+        self.accounts = Accounts.load(Path(config.accounts_file) if config.accounts_file else None)
+        for warning in self.accounts.warnings:
+            log.warning("%s", warning)
+        self.replication_token = (
+            Path(config.replication_token_file).read_text().strip()
+            if config.replication_token_file
+            else ""
+        )
         self.slot = open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
         self.slot.store.add_observer(self.events)
         self.slot.add_listener(lambda store, _log: store.add_observer(self.events))
+        self.metrics = Metrics()
+        self.metrics.jobs_store = lambda: self.slot.store
+        self.metrics.webhook_queue_depth = lambda: webhooks.queue_depth(self.slot.store)
+        self.metrics.replication = self._replication_figures
         self.replication = ReplicationServicer(
             self.slot,
             node_id=self.node_id,
@@ -97,7 +116,23 @@ class Node:
             self.slot.log.open_for_writes()  # raises Fenced if a higher epoch deposed us
             await self._start_jobs()
         else:
-            self.follower = Follower(self.slot, self.config.primary, node_id=self.node_id)
+            cfg = self.config
+            creds = None
+            if cfg.replication_ca or cfg.replication_cert:
+                creds = tls.channel_credentials(
+                    cfg.replication_ca or None,
+                    cfg.replication_cert or None,
+                    cfg.replication_key or None,
+                )
+            self.follower = Follower(
+                self.slot,
+                cfg.primary,
+                node_id=self.node_id,
+                credentials=creds,
+                metadata=tls.token_metadata(self.replication_token)
+                if self.replication_token
+                else (),
+            )
             self.promoter = Promoter(
                 self.slot, stop_follower=self.follower.stop, on_promoted=self._promoted
             )
@@ -108,16 +143,61 @@ class Node:
         await self._start_jobs()
 
     async def _start_jobs(self) -> None:
-        self.engine = HttpEngine(self.config)
-        sync = self.config.replication_mode == "sync"
+        cfg = self.config
+        self.engine = HttpEngine(cfg, metrics=self.metrics)
+        deliverer = webhooks.Deliverer(
+            lambda: self.slot.store,
+            None,
+            secret_for=self.accounts.webhook_secret,
+            allow_private_networks=cfg.allow_private_networks,
+            max_attempts=cfg.webhook_max_attempts,
+            base_delay=cfg.webhook_base_delay,
+            max_delay=cfg.webhook_max_delay,
+            timeout=cfg.webhook_timeout,
+            metrics=self.metrics,
+        )
+        sync = cfg.replication_mode == "sync"
         self.jobs = Jobs(
             self.slot.store,
             self.engine,
-            self.config,
+            cfg,
+            accounts=self.accounts,
+            deliverer=deliverer,
+            metrics=self.metrics,
             wait_replicated=self.replication.wait_replicated if sync else None,
             on_visible=self.events.notify,
         )
         await self.jobs.start()
+
+    def _replication_figures(self) -> ReplicationFigures:
+        log = self.slot.log
+        if self.follower is not None and self.role == "standby":
+            st = self.follower.status()
+            return ReplicationFigures(
+                role=self.role,
+                epoch=log.epoch,
+                applied_offset=st.applied_offset,
+                primary_offset=st.primary_offset,
+                acked_offset=st.applied_offset,
+                lag_seconds=st.lag_seconds,
+                connected=st.connected,
+                backlog_bytes=log.backlog_bytes,
+                full_resyncs=st.full_resyncs,
+                sync_degraded=0,
+            )
+        ps = self.replication.status()
+        return ReplicationFigures(
+            role=self.role,
+            epoch=log.epoch,
+            applied_offset=ps.last_offset,
+            primary_offset=ps.last_offset,
+            acked_offset=ps.acked_offset,
+            lag_seconds=ps.lag_seconds,
+            connected=ps.connected,
+            backlog_bytes=log.backlog_bytes,
+            full_resyncs=self.replication.full_resyncs,
+            sync_degraded=self.replication.sync_degraded_total,
+        )
 
     async def _on_fenced(self, epoch: int) -> None:
         log.warning(
@@ -177,17 +257,68 @@ def _setup_logging(fmt: str) -> None:
     root.setLevel(logging.INFO)
 
 
+def _is_loopback(listen: str) -> bool:
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+
+
+def _guards(node: Node) -> tls.MetadataGuard:
+    """Admin calls need the admin key; the replication stream its token (or mTLS port)."""
+    cfg = node.config
+    if node.replication_token:
+        token = node.replication_token
+        repl = tls.GuardRule(
+            "/pagesift.v1.ReplicationService/",
+            lambda md: tls.token_ok(md, token),
+            "replication needs the shared token (replication_token_file)",
+        )
+    elif cfg.replication_listen:
+        repl = tls.GuardRule(
+            "/pagesift.v1.ReplicationService/",
+            lambda md: False,
+            f"replication is served with mTLS on {cfg.replication_listen}",
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+    elif _is_loopback(cfg.listen):
+        log.warning(
+            "the replication stream is unauthenticated (loopback only); set "
+            "replication_token_file or replication_listen + replication_ca to secure it"
+        )
+        repl = tls.GuardRule("/pagesift.v1.ReplicationService/", lambda md: True, "")
+    else:
+        repl = tls.GuardRule(
+            "/pagesift.v1.ReplicationService/",
+            lambda md: False,
+            "replication is refused: this node has no replication token or mTLS configured",
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+    admin = tls.GuardRule(
+        "/pagesift.v1.AdminService/",
+        node.accounts.is_admin,
+        "admin calls need the admin key (authorization: Bearer ADMIN_KEY)",
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    return tls.MetadataGuard([admin, repl])
+
+
+def _bind(server: grpc.aio.Server, listen: str, creds: grpc.ServerCredentials | None) -> None:
+    port = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {listen}")
+
+
 async def run(
     config: ServerConfig, stop: asyncio.Event, started: asyncio.Future[Node] | None = None
 ) -> None:
     """Serve until ``stop`` is set; ``started`` gets the node once it serves."""
     node = Node(config)
     node.events.bind(asyncio.get_running_loop())
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
+    ]
     server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
-        ]
+        interceptors=[node.metrics.interceptor(), _guards(node)], options=options
     )
     await node.start()
     jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(node), server)
@@ -210,20 +341,40 @@ async def run(
         reflection.SERVICE_NAME,
     )
     reflection.enable_server_reflection(services, server)
-    port = server.add_insecure_port(config.listen)
-    if port == 0:
-        raise SystemExit(f"cannot listen on {config.listen}")
-    await server.start()
+    public_creds = None
+    if config.tls_cert:
+        public_creds = tls.server_credentials(config.tls_cert, config.tls_key)
+    _bind(server, config.listen, public_creds)
+    servers = [server]
+    if config.replication_listen:
+        # mTLS needs a port of its own: gRPC Python cannot make client certificates
+        # optional on one port, and the public port must not demand them.
+        repl_server = grpc.aio.server(interceptors=[node.metrics.interceptor()], options=options)
+        replication_pb2_grpc.add_ReplicationServiceServicer_to_server(node.replication, repl_server)
+        creds = tls.server_credentials(
+            config.tls_cert, config.tls_key, client_ca_file=config.replication_ca
+        )
+        _bind(repl_server, config.replication_listen, creds)
+        servers.append(repl_server)
+    metrics_runner = None
+    if config.metrics_listen:
+        host, _, port = config.metrics_listen.rpartition(":")
+        metrics_runner = await start_http(node.metrics, host.strip("[]"), int(port))
+    for srv in servers:
+        await srv.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("pagesift.v1.JobService", health_pb2.HealthCheckResponse.SERVING)
-    log.info("pagesift %s serving on %s (data %s)", config.role, config.listen, config.data)
+    log.info("pagesift %s serving on %s (data %s)", node.role, config.listen, config.data)
     if started is not None:
         started.set_result(node)
     try:
         await stop.wait()
     finally:
         await health_servicer.enter_graceful_shutdown()
-        await server.stop(grace=2.0)
+        for srv in servers:
+            await srv.stop(grace=2.0)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await node.close()
         log.info("stopped")
 

@@ -47,6 +47,20 @@ class ServerConfig:
     sync_timeout: float = 2.0
     backlog_bytes: int = 512 * 1024 * 1024  # >= 60 s at peak crawl write rate (see BENCHMARKS.md)
     auto_promote_after: float = 0.0
+    # accounts, webhooks, metrics, transport security
+    accounts_file: str = ""  # "" = one anonymous account
+    webhook_max_attempts: int = 8
+    webhook_base_delay: float = 0.5
+    webhook_max_delay: float = 30.0
+    webhook_timeout: float = 10.0
+    metrics_listen: str = ""  # e.g. 127.0.0.1:9464; "" = off
+    tls_cert: str = ""  # public port TLS
+    tls_key: str = ""
+    replication_listen: str = ""  # a separate mTLS port for the replication stream
+    replication_ca: str = ""  # primary: CA of standby client certs; standby: CA of the primary
+    replication_cert: str = ""  # standby: its client certificate (mTLS)
+    replication_key: str = ""
+    replication_token_file: str = ""  # shared token (both nodes) when not using mTLS
     # logging
     log_format: str = "text"  # text | json
 

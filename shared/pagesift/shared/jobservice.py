@@ -6,6 +6,12 @@ replication position to the response metadata. Writes (Scrape, StartBatchScrape,
 StartCrawl, CancelJob) need the job runtime, which only a primary has: a standby
 answers FAILED_PRECONDITION naming the primary's address.
 
+Callers are accounts (``pagesift.shared.accounts``): a missing or unknown API key
+is UNAUTHENTICATED; a job belongs to the account that started it, and to everyone
+else it does not exist (NOT_FOUND, so ids are no oracle). Account limits are
+checked inside the registration's write section (RESOURCE_EXHAUSTED naming the
+limit and when it resets).
+
 Statuses: a bad field is INVALID_ARGUMENT naming it; an unknown (or someone
 else's, or expired) job is NOT_FOUND; a page that cannot be scraped by ``Scrape``
 maps its error code to a status (see ``_PAGE_STATUS``) and carries the code in
@@ -15,13 +21,15 @@ the ``pagesift-error-code`` trailing metadata.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import NoReturn, Protocol
 
 import grpc
 
 from pagesift.shared import jobrecords as jr
-from pagesift.shared import validate
+from pagesift.shared import quota, validate
+from pagesift.shared.accounts import Account, Accounts, Unauthenticated
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.events import JobEvents
 from pagesift.shared.store import Store
@@ -29,7 +37,6 @@ from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
 log = logging.getLogger("pagesift.api")
 
-ANONYMOUS = "anonymous"
 WATCH_POLL_SECONDS = 1.0  # a watcher re-reads at least this often, even without a wake-up
 
 
@@ -55,6 +62,8 @@ class JobRuntime(Protocol):
         *,
         total: int = 0,
         limit: int = 0,
+        webhook: jobs_pb2.Webhook | None = None,
+        check: Callable[[], None] | None = None,
     ) -> Registration: ...
 
     def cancel(self, job_id: str) -> jr.JobMeta | None: ...
@@ -69,6 +78,7 @@ class Node(Protocol):
 
     config: ServerConfig
     events: JobEvents
+    accounts: Accounts
 
     def store(self) -> Store: ...
 
@@ -90,9 +100,13 @@ _PAGE_STATUS = {
 }
 
 
-def owner_of(context: grpc.aio.ServicerContext[object, object]) -> str:
-    """The calling account (accounts arrive with the platform issue)."""
-    return ANONYMOUS
+Context = grpc.aio.ServicerContext[object, object]
+WEBHOOK_EVENTS = ("started", "page", "page_failed", "completed", "failed", "cancelled")
+
+
+async def _abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("unreachable")
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -100,7 +114,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self.node = node
 
     # helpers ----------------------------------------------------------------------
-    async def _runtime(self, context: grpc.aio.ServicerContext[object, object]) -> JobRuntime:
+    async def _caller(self, context: Context) -> Account:
+        try:
+            metadata = [(k, v) for k, v in context.invocation_metadata() or ()]
+            return self.node.accounts.authenticate(metadata)
+        except Unauthenticated as e:
+            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, str(e))
+
+    async def _runtime(self, context: Context) -> JobRuntime:
         runtime = self.node.runtime()
         if runtime is None:
             await context.abort(
@@ -110,17 +131,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise AssertionError("unreachable")
         return runtime
 
-    async def _meta(
-        self, job_id: str, context: grpc.aio.ServicerContext[object, object]
-    ) -> jr.JobMeta:
+    async def _meta(self, job_id: str, context: Context) -> jr.JobMeta:
         try:
             validate.job_id(job_id)
         except validate.InvalidArgument as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        caller = await self._caller(context)
         meta = jr.load_meta(self.node.store(), job_id)
         if (
             meta is None
-            or meta.owner != owner_of(context)
+            or meta.owner != caller.name
             or (meta.terminal and meta.expires_ms <= jr.now_ms())
         ):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"id: no job {job_id}")
@@ -131,23 +151,82 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         runtime = self.node.runtime()
         return runtime.visible(job_id) if runtime is not None else None
 
-    def _read_md(self, context: grpc.aio.ServicerContext[object, object]) -> None:
+    def _read_md(self, context: Context) -> None:
         md = self.node.read_metadata()
         if md:
             context.set_trailing_metadata(tuple(md))
 
     # writes -------------------------------------------------------------------------
+    async def _limits(
+        self, context: Context, caller: Account, kind: str, *, batch_urls: int = 0, limit: int = 0
+    ) -> Callable[[], None]:
+        """A check of the caller's limits to run inside the registration's write section."""
+        store = self.node.store()
+
+        def check() -> None:
+            now = time.time()
+            quota.check_start(
+                caller,
+                quota.active_jobs(store, caller.name),
+                quota.used_today(store, caller.name, now),
+                kind,
+                batch_urls=batch_urls,
+                crawl_limit=limit,
+                resets_at=quota.resets_at(store, caller.name, now, caller.pages_per_day),
+            )
+
+        return check
+
+    async def _refuse_limit(self, context: Context, e: quota.LimitExceeded) -> NoReturn:
+        metrics = getattr(self.node, "metrics", None)
+        if metrics is not None:
+            metrics.limit_hit(e.limit_name)
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, e.message, trailing_metadata=e.trailing_metadata()
+        )
+        raise AssertionError("unreachable")
+
+    async def _webhook(
+        self, context: Context, caller: Account, hook: jobs_pb2.Webhook
+    ) -> jobs_pb2.Webhook | None:
+        if not hook.url:
+            if hook.events:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "webhook.url: missing")
+            return None
+        try:
+            await validate.url(hook.url, "webhook.url", self.node.config)
+        except validate.InvalidArgument as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        for i, event in enumerate(hook.events):
+            if event not in WEBHOOK_EVENTS:
+                await _abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"webhook.events[{i}]: unknown event {event!r} "
+                    f"(one of {', '.join(WEBHOOK_EVENTS)})",
+                )
+        if self.node.accounts.webhook_secret(caller.name) is None:
+            await _abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"webhook: account {caller.name!r} has no webhook_secret to sign with",
+            )
+        return hook
+
     async def Scrape(
-        self,
-        request: jobs_pb2.ScrapeRequest,
-        context: grpc.aio.ServicerContext[object, object],
+        self, request: jobs_pb2.ScrapeRequest, context: Context
     ) -> jobs_pb2.ScrapeResponse:
         runtime = await self._runtime(context)
+        caller = await self._caller(context)
         try:
             await validate.url(request.url, "url", self.node.config)
             validate.options(request.options)
         except validate.InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        try:
+            (await self._limits(context, caller, "scrape"))()
+        except quota.LimitExceeded as e:
+            await self._refuse_limit(context, e)
         from pagesift.primary.engine import PageError
 
         try:
@@ -155,72 +234,81 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         except PageError as e:
             context.set_trailing_metadata((("pagesift-error-code", str(e.code)),))
             status = _PAGE_STATUS.get(str(e.code), grpc.StatusCode.FAILED_PRECONDITION)
-            await context.abort(status, f"page error {e.code}: {e.message}")
-            raise AssertionError("unreachable") from None
+            await _abort(context, status, f"page error {e.code}: {e.message}")
+        if caller.pages_per_day is not None:
+            self.node.store().write(lambda g: quota.charge(g, caller.name, 1, time.time()))
         return jobs_pb2.ScrapeResponse(document=doc)
 
     async def StartBatchScrape(
-        self,
-        request: jobs_pb2.StartBatchScrapeRequest,
-        context: grpc.aio.ServicerContext[object, object],
+        self, request: jobs_pb2.StartBatchScrapeRequest, context: Context
     ) -> jobs_pb2.StartBatchScrapeResponse:
         runtime = await self._runtime(context)
+        caller = await self._caller(context)
         try:
             plan = await validate.batch(request, self.node.config)
         except validate.InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            raise AssertionError("unreachable") from None
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        hook = await self._webhook(context, caller, request.webhook)
         stored = jobs_pb2.StartBatchScrapeRequest()
         stored.CopyFrom(request)
         del stored.urls[:]
         stored.urls.extend(plan.urls)
-        reg = runtime.register(
-            "batch",
-            owner_of(context),
-            stored.SerializeToString(),
-            request.idempotency_key,
-            total=len(plan.urls),
-        )
+        check = await self._limits(context, caller, "batch", batch_urls=len(plan.urls))
+        try:
+            reg = runtime.register(
+                "batch",
+                caller.name,
+                stored.SerializeToString(),
+                request.idempotency_key,
+                total=len(plan.urls),
+                webhook=hook,
+                check=check,
+            )
+        except quota.LimitExceeded as e:
+            await self._refuse_limit(context, e)
         return jobs_pb2.StartBatchScrapeResponse(id=reg.id, invalid_urls=plan.invalid)
 
     async def StartCrawl(
-        self,
-        request: jobs_pb2.StartCrawlRequest,
-        context: grpc.aio.ServicerContext[object, object],
+        self, request: jobs_pb2.StartCrawlRequest, context: Context
     ) -> jobs_pb2.StartCrawlResponse:
         runtime = await self._runtime(context)
+        caller = await self._caller(context)
         try:
-            limit = await validate.crawl(request, self.node.config)
+            await validate.crawl(request, self.node.config)
         except validate.InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            raise AssertionError("unreachable") from None
-        reg = runtime.register(
-            "crawl",
-            owner_of(context),
-            request.SerializeToString(),
-            request.idempotency_key,
-            limit=limit,
-        )
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        hook = await self._webhook(context, caller, request.webhook)
+        limit = quota.crawl_limit_for(caller, request.limit, self.node.config.default_crawl_limit)
+        check = await self._limits(context, caller, "crawl", limit=limit)
+        try:
+            reg = runtime.register(
+                "crawl",
+                caller.name,
+                request.SerializeToString(),
+                request.idempotency_key,
+                limit=limit,
+                webhook=hook,
+                check=check,
+            )
+        except quota.LimitExceeded as e:
+            await self._refuse_limit(context, e)
         return jobs_pb2.StartCrawlResponse(id=reg.id)
 
     async def CancelJob(
-        self,
-        request: jobs_pb2.CancelJobRequest,
-        context: grpc.aio.ServicerContext[object, object],
+        self, request: jobs_pb2.CancelJobRequest, context: Context
     ) -> jobs_pb2.CancelJobResponse:
         runtime = await self._runtime(context)
         await self._meta(request.id, context)
         meta = runtime.cancel(request.id)
         if meta is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"id: no job {request.id}")
-            raise AssertionError("unreachable")
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"id: no job {request.id}")
         return jobs_pb2.CancelJobResponse(state=jr.STATE_TO_PB[meta.state])
 
     # reads ----------------------------------------------------------------------------
     async def GetJob(
         self,
         request: jobs_pb2.GetJobRequest,
-        context: grpc.aio.ServicerContext[object, object],
+        context: Context,
     ) -> jobs_pb2.GetJobResponse:
         try:
             limit = validate.page(request.skip, request.limit, self.node.config)
@@ -258,7 +346,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def WatchJob(
         self,
         request: jobs_pb2.WatchJobRequest,
-        context: grpc.aio.ServicerContext[object, object],
+        context: Context,
     ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
         meta = await self._meta(request.id, context)
         if request.from_index < 0:
@@ -298,7 +386,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def GetJobErrors(
         self,
         request: jobs_pb2.GetJobErrorsRequest,
-        context: grpc.aio.ServicerContext[object, object],
+        context: Context,
     ) -> jobs_pb2.GetJobErrorsResponse:
         meta = await self._meta(request.id, context)
         errors, robots = jr.read_errors(self.node.store(), meta.id)
@@ -308,10 +396,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def ListJobs(
         self,
         request: jobs_pb2.ListJobsRequest,
-        context: grpc.aio.ServicerContext[object, object],
+        context: Context,
     ) -> jobs_pb2.ListJobsResponse:
         store = self.node.store()
-        owner, now = owner_of(context), jr.now_ms()
+        owner, now = (await self._caller(context)).name, jr.now_ms()
         metas = [m for i in jr.all_job_ids(store) if (m := jr.load_meta(store, i)) is not None]
         metas = [
             m

@@ -100,8 +100,8 @@ async def batch(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> 
     return BatchPlan(urls=keep, invalid=[req.urls[i] for i in bad])
 
 
-async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> int:
-    """Validates a crawl request; returns the effective page limit."""
+async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> None:
+    """Validates a crawl request (the effective limit is the account's business)."""
     await url(req.url, "url", config)
     if req.limit < 0 or req.limit > config.max_crawl_limit:
         raise InvalidArgument(
@@ -124,7 +124,6 @@ async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> int:
     if not 0 <= req.delay <= 60:
         raise InvalidArgument("delay", f"{req.delay} is outside 0..60 seconds")
     options(req.options)
-    return req.limit or config.default_crawl_limit
 
 
 def page(skip: int, limit: int, config: ServerConfig) -> int:

@@ -242,6 +242,33 @@ class ScrapeResponse(_message.Message):
 Global___ScrapeResponse: _TypeAlias = ScrapeResponse  # noqa: Y015
 
 @_typing.final
+class Webhook(_message.Message):
+    """Webhook asks for the job's events to be POSTed, signed, to url."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    @_builtins.property
+    def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Events wanted: started, page, page_failed, completed, failed, cancelled; empty = all."""
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        events: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Webhook: _TypeAlias = Webhook  # noqa: Y015
+
+@_typing.final
 class StartBatchScrapeRequest(_message.Message):
     """StartBatchScrapeRequest starts a batch-scrape job."""
 
@@ -252,6 +279,7 @@ class StartBatchScrapeRequest(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     IGNORE_INVALID_URLS_FIELD_NUMBER: _builtins.int
+    WEBHOOK_FIELD_NUMBER: _builtins.int
     max_concurrency: _builtins.int
     """Pages fetched at once by this job; 0 means the server default."""
     idempotency_key: _builtins.str
@@ -262,6 +290,8 @@ class StartBatchScrapeRequest(_message.Message):
     def urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def options(self) -> Global___ScrapeOptions: ...
+    @_builtins.property
+    def webhook(self) -> Global___Webhook: ...
     def __init__(
         self,
         *,
@@ -270,10 +300,11 @@ class StartBatchScrapeRequest(_message.Message):
         max_concurrency: _builtins.int = ...,
         idempotency_key: _builtins.str = ...,
         ignore_invalid_urls: _builtins.bool = ...,
+        webhook: Global___Webhook | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "ignore_invalid_urls", b"ignore_invalid_urls", "max_concurrency", b"max_concurrency", "options", b"options", "urls", b"urls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "ignore_invalid_urls", b"ignore_invalid_urls", "max_concurrency", b"max_concurrency", "options", b"options", "urls", b"urls", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -325,6 +356,7 @@ class StartCrawlRequest(_message.Message):
     DELAY_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    WEBHOOK_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     limit: _builtins.int
     """Most pages to fetch; 0 means the server default."""
@@ -349,6 +381,8 @@ class StartCrawlRequest(_message.Message):
 
     @_builtins.property
     def options(self) -> Global___ScrapeOptions: ...
+    @_builtins.property
+    def webhook(self) -> Global___Webhook: ...
     def __init__(
         self,
         *,
@@ -365,10 +399,11 @@ class StartCrawlRequest(_message.Message):
         delay: _builtins.float = ...,
         options: Global___ScrapeOptions | None = ...,
         idempotency_key: _builtins.str = ...,
+        webhook: Global___Webhook | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_external_links", b"allow_external_links", "allow_subdomains", b"allow_subdomains", "delay", b"delay", "exclude_paths", b"exclude_paths", "idempotency_key", b"idempotency_key", "ignore_query_parameters", b"ignore_query_parameters", "include_paths", b"include_paths", "limit", b"limit", "max_concurrency", b"max_concurrency", "max_depth", b"max_depth", "options", b"options", "sitemap", b"sitemap", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_external_links", b"allow_external_links", "allow_subdomains", b"allow_subdomains", "delay", b"delay", "exclude_paths", b"exclude_paths", "idempotency_key", b"idempotency_key", "ignore_query_parameters", b"ignore_query_parameters", "include_paths", b"include_paths", "limit", b"limit", "max_concurrency", b"max_concurrency", "max_depth", b"max_depth", "options", b"options", "sitemap", b"sitemap", "url", b"url", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -141,9 +141,13 @@ class Follower:
         backoff_base: float = 0.1,
         backoff_cap: float = 5.0,
         rng: Callable[[], float] = random.random,
+        credentials: grpc.ChannelCredentials | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self._slot = slot
         self.target = target
+        self._credentials = credentials  # TLS / mTLS to the primary (None: plaintext)
+        self._metadata = metadata  # e.g. the replication token
         self.node_id = node_id
         self.idle_timeout = idle_timeout
         self.backoff_base = backoff_base
@@ -255,10 +259,16 @@ class Follower:
 
     async def _session(self) -> bool:
         """One stream; returns whether it got past the decision."""
-        async with grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS) as channel:
+        if self._credentials is not None:
+            channel = grpc.aio.secure_channel(
+                self.target, self._credentials, options=_CHANNEL_OPTIONS
+            )
+        else:
+            channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        async with channel:
             stub = replication_pb2_grpc.ReplicationServiceStub(channel)
             # No request iterator: we write hello and acks on the call ourselves.
-            call: StreamCall = stub.Stream()  # type: ignore[call-arg]
+            call: StreamCall = stub.Stream(metadata=self._metadata)  # type: ignore[call-arg]
             self.sessions += 1
             log = self._slot.log
             if log.writable:
