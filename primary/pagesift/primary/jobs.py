@@ -110,10 +110,13 @@ class Jobs:
             await self.deliverer.close()
 
     def visible(self, job_id: str) -> int | None:
-        """How many of the job's pages clients may see (None: all that are stored)."""
-        if self._wait_replicated is None:
-            return None
-        return self._visible.get(job_id, 0)
+        """How many of the job's pages clients may see (None: all that are stored).
+
+        Only jobs running in sync mode since this process started are capped; a job
+        resumed after a restart shows what is stored (its pages were acknowledged or
+        are re-sent to the standby by the log before anything newer).
+        """
+        return self._visible.get(job_id)
 
     async def scrape(self, url: str, options: jobs_pb2.ScrapeOptions) -> jobs_pb2.Document:
         """One page, synchronously (the Scrape call); raises ``PageError``."""
@@ -352,7 +355,8 @@ class Jobs:
             offset = written.info.get("offset")  # set by the replication log while committing
             if isinstance(offset, int):
                 await self._wait_replicated(offset)
-            self._visible[job_id] = max(self._visible.get(job_id, 0), seq + 1)
+            if job_id in self._visible:
+                self._visible[job_id] = max(self._visible[job_id], seq + 1)
             if self._on_visible is not None:
                 self._on_visible(job_id)
         self._wake(job_id)
