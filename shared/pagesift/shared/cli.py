@@ -13,10 +13,14 @@ guarantees:
   progress bars and hints go to stderr.
 - Client subcommands take ``--server HOST:PORT`` (repeatable or comma-separated;
   default 127.0.0.1:50051) and fail over as JobClient does.
+- Admin subcommands (the replication feature): ``role`` prints each ``--server``'s
+  AdminService.Role; ``promote`` promotes exactly one node; ``verify --primary P
+  --standby S`` compares both stores' digests at one offset and exits 1 when they
+  differ (0 equal, 2 when no common offset could be reached).
 
-Client handlers are ``async def (args, client) -> int``; ``serve`` and future
-admin commands (``role``, ``promote``, ``verify``: see ``add_admin_commands``)
-may be plain ``def (args) -> int``. Each subparser sets ``handler`` and
+Client handlers are ``async def (args, client) -> int`` (the admin commands
+too: ``JobClient`` holds their AdminService channels); ``serve`` is a plain
+``def (args) -> int``. Each subparser sets ``handler`` and
 ``uses_client``.
 """
 
@@ -45,9 +49,15 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from pagesift.shared.client import DEFAULT_ADDRESS, ClientError, JobClient, parse_addresses
+from pagesift.shared.client import (
+    DEFAULT_ADDRESS,
+    ClientError,
+    JobClient,
+    choose_primary,
+    parse_addresses,
+)
 from pagesift.shared.config import ServerConfig
-from pagesift.v1 import jobs_pb2
+from pagesift.v1 import jobs_pb2, replication_pb2
 
 __all__ = [
     "EXIT_ERROR",
@@ -62,10 +72,14 @@ __all__ = [
     "job_json",
     "jobs_json",
     "main",
+    "promote_json",
+    "role_json",
+    "verify_json",
 ]
 
 EXIT_OK = 0
 EXIT_JOB_NOT_COMPLETED = 1
+EXIT_DIGESTS_DIFFER = 1  # verify: both digests taken at one offset, and they differ
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports it
@@ -187,6 +201,63 @@ def jobs_json(jobs: Iterable[jobs_pb2.JobSummary]) -> dict[str, Any]:
             }
             for j in jobs
         ]
+    }
+
+
+def role_name(role: replication_pb2.NodeRole.ValueType) -> str:
+    """``NODE_ROLE_STANDBY`` -> ``"standby"`` (``"unspecified"`` for 0 or unknown)."""
+    try:
+        name = replication_pb2.NodeRole.Name(role)
+    except ValueError:
+        return "unspecified"
+    return name.removeprefix("NODE_ROLE_").lower()
+
+
+def role_json(address: str, resp: replication_pb2.RoleResponse) -> dict[str, Any]:
+    """One node's replication state, as ``pagesift role --json`` prints it."""
+    return {
+        "address": address,
+        "node_id": resp.node_id,
+        "role": role_name(resp.role),
+        "epoch": resp.epoch,
+        "history_id": resp.history_id,
+        "applied_offset": resp.applied_offset,
+        "primary_offset": resp.primary_offset,
+        "lag_offsets": resp.lag_offsets,
+        "lag_seconds": round(resp.lag_seconds, 3),
+        "peer": resp.peer,
+        "connected": resp.connected,
+        "sync_degraded": resp.sync_degraded,
+        "full_resyncs": resp.full_resyncs,
+        "continues": resp.continues,
+        "discarded": resp.discarded,
+    }
+
+
+def promote_json(address: str, resp: replication_pb2.PromoteResponse) -> dict[str, Any]:
+    return {
+        "address": address,
+        "epoch": resp.epoch,
+        "history_id": resp.history_id,
+        "switch_offset": resp.switch_offset,
+        "already_primary": resp.already_primary,
+    }
+
+
+def verify_json(
+    primary: str,
+    standby: str,
+    *,
+    equal: bool,
+    offset: int,
+    primary_digest: str,
+    standby_digest: str,
+) -> dict[str, Any]:
+    return {
+        "equal": equal,
+        "offset": offset,
+        "primary": {"address": primary, "digest": primary_digest},
+        "standby": {"address": standby, "digest": standby_digest},
     }
 
 
@@ -715,14 +786,145 @@ def _add_serve_command(sub: Any) -> None:
     p.set_defaults(handler=_cmd_serve, uses_client=False)
 
 
+# ---------------------------------------------------------------- admin (replication)
+
+
+def _role_line(address: str, r: replication_pb2.RoleResponse) -> str:
+    lag = f"lag {r.lag_offsets}" + (f" ({r.lag_seconds:.1f}s)" if r.lag_seconds else "")
+    if r.role == replication_pb2.NODE_ROLE_PRIMARY:
+        peer = f"standby {r.peer or '-'} {'connected' if r.connected else 'not connected'}"
+        if r.sync_degraded:
+            peer += ", sync DEGRADED to async"
+    elif r.role == replication_pb2.NODE_ROLE_STANDBY:
+        peer = f"primary {r.peer or '-'} {'connected' if r.connected else 'not connected'}"
+    else:
+        peer = "deposed by a higher epoch: restart it with --role standby --primary NEW"
+    return (
+        f"{address}  {role_name(r.role)}  epoch {r.epoch}  offset {r.applied_offset} "
+        f"(primary {r.primary_offset}, {lag})  {peer}\n"
+        f"  node {r.node_id or '-'}  history {r.history_id or '-'}  "
+        f"sessions: {r.full_resyncs} full, {r.continues} continue"
+        + (f"  discarded {r.discarded} unreplicated writes" if r.discarded else "")
+    )
+
+
+async def _cmd_role(args: argparse.Namespace, client: JobClient) -> int:
+    addresses = server_addresses(args)
+    if len(addresses) == 1:
+        resp = await client.role(addresses[0])
+        if args.json:
+            _dump(role_json(addresses[0], resp))
+        else:
+            print(_role_line(addresses[0], resp))
+        return EXIT_OK
+    # Several nodes: each one's answer (or error), and which one is the primary.
+    results = await asyncio.gather(*(client.role(a) for a in addresses), return_exceptions=True)
+    nodes: list[dict[str, Any]] = []
+    answers: list[tuple[str, replication_pb2.RoleResponse | None]] = []
+    failed = False
+    for address, res in zip(addresses, results, strict=True):
+        if isinstance(res, replication_pb2.RoleResponse):
+            answers.append((address, res))
+            nodes.append(role_json(address, res))
+            if not args.json:
+                print(_role_line(address, res))
+            continue
+        if not isinstance(res, grpc.RpcError):
+            raise res
+        failed = True
+        answers.append((address, None))
+        nodes.append({"address": address, "error": format_rpc_error(res)})
+        if not args.json:
+            print(f"{address}  {format_rpc_error(res)}")
+    primary = choose_primary(answers)
+    if args.json:
+        _dump({"primary": primary, "nodes": nodes})
+    else:
+        print(f"primary: {primary or 'none'}")
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+async def _cmd_promote(args: argparse.Namespace, client: JobClient) -> int:
+    addresses = server_addresses(args)
+    if len(addresses) != 1:
+        print("error: promote takes exactly one --server (the standby to promote)", file=sys.stderr)
+        return EXIT_ERROR
+    resp = await client.promote(addresses[0])
+    if args.json:
+        _dump(promote_json(addresses[0], resp))
+    elif resp.already_primary:
+        print(f"{addresses[0]} is already the primary (epoch {resp.epoch})")
+    else:
+        print(
+            f"promoted {addresses[0]}: epoch {resp.epoch}, history {resp.history_id}, "
+            f"took over at offset {resp.switch_offset}"
+        )
+    return EXIT_OK
+
+
+async def _cmd_verify(args: argparse.Namespace, client: JobClient) -> int:
+    # imported here: the standby package pulls in the store and replication code
+    from pagesift.standby.admin import verify_digests
+
+    try:
+        res = await verify_digests(
+            client.admin_stub(args.primary),
+            client.admin_stub(args.standby),
+            per_call_seconds=args.timeout,
+        )
+    except TimeoutError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        _dump(
+            verify_json(
+                args.primary,
+                args.standby,
+                equal=res.equal,
+                offset=res.offset,
+                primary_digest=res.primary_digest,
+                standby_digest=res.standby_digest,
+            )
+        )
+    else:
+        print(f"offset   {res.offset}")
+        print(f"primary  {res.primary_digest}  {args.primary}")
+        print(f"standby  {res.standby_digest}  {args.standby}")
+        print("equal" if res.equal else "DIFFERENT")
+    return EXIT_OK if res.equal else EXIT_DIGESTS_DIFFER
+
+
 def add_admin_commands(sub: Any, client: argparse.ArgumentParser) -> None:
     """Admin subcommands: ``role``, ``promote``, ``verify`` (the replication feature).
 
-    Add each as ``sub.add_parser(name, parents=[client], ...)`` with
-    ``set_defaults(handler=..., uses_client=...)``: an async ``(args, JobClient)``
-    handler when it talks to a server through the failover client, or a sync
-    ``(args)`` handler that builds its own channel from ``server_addresses(args)``.
+    All three are async client handlers: the ``JobClient`` is only their channel
+    pool (``role``/``promote`` name their nodes with ``--server``; ``verify`` with
+    ``--primary``/``--standby``), nothing is retried or sent to another node.
     """
+    p = sub.add_parser(
+        "role", parents=[client], help="a node's replication role, epoch, offsets and lag"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_role, uses_client=True)
+
+    p = sub.add_parser("promote", parents=[client], help="promote a standby to primary")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_promote, uses_client=True)
+
+    p = sub.add_parser(
+        "verify", help="compare the digests of a primary and its standby at one offset"
+    )
+    p.add_argument("--primary", type=_host_port, required=True, metavar="HOST:PORT")
+    p.add_argument("--standby", type=_host_port, required=True, metavar="HOST:PORT")
+    p.add_argument(
+        "--timeout",
+        type=_nonneg_float,
+        default=5.0,
+        metavar="S",
+        help="seconds each digest may wait for its offset (default 5; six attempts at most)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_verify, uses_client=True, server=None)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,12 +7,25 @@ guarantees:
   then to the others in the order given. An address "answers" a call when it
   returns anything but UNAVAILABLE or FAILED_PRECONDITION (a standby refuses
   writes with FAILED_PRECONDITION); that address becomes the preferred one.
-- When every address is UNAVAILABLE, a retryable call is tried again with
-  bounded exponential backoff (``retry_budget`` seconds of sleep in all, ~10 s by
-  default), then the error is raised. Reads, Scrape and CancelJob are retryable;
+- With more than one address the client asks each one's ``AdminService.Role``
+  before its first call and after every failed round (``find_primary``): the
+  writable primary of the highest epoch becomes the preferred address (a deposed
+  primary that does not know it yet loses to the promoted one). Servers without
+  the AdminService, or unreachable, are simply not chosen.
+- When a round fails and some address was UNAVAILABLE (the primary may be down
+  while its standby gets promoted), a retryable call is tried again with bounded
+  exponential backoff (``retry_budget`` seconds of sleep in all, ~10 s by
+  default), looking the primary up again before each round; then the round's
+  most telling error is raised (a standby's FAILED_PRECONDITION naming the
+  primary beats UNAVAILABLE). A round in which every address answered and
+  refused is raised at once. Reads, Scrape and CancelJob are retryable;
   StartCrawl and StartBatchScrape only with an idempotency key, and the client
   sets a fresh uuid4 key on any such request that has none, so one method call
-  never registers two jobs.
+  never registers two jobs: the key is stored with the job and replicated, so
+  a promoted standby that has the registration answers a retry with the same
+  job id.
+- Reads go to the preferred address (the primary once known) and fall back to
+  the others, so a standby answers them while the primary is down.
 - ``watch`` resumes a broken stream at the next document index (from whichever
   address answers), so a consumer sees every document index once.
 - ``iter_pages``/``iter_documents`` follow ``next_skip`` until it is absent.
@@ -20,10 +33,11 @@ guarantees:
   breaks the paging contract).
 
 The failover decisions are small pure functions (``should_try_next``,
-``pick_error``, ``backoff_delays``, ``is_retryable``) and one tiny state object
-(``Failover``) so that the replication feature can steer the order (e.g. ask a
-``Role`` RPC for the primary and call ``Failover.prefer``) without touching the
-RPC wrappers.
+``pick_error``, ``backoff_delays``, ``is_retryable``, ``choose_primary``) and one
+tiny state object (``Failover``); ``find_primary`` feeds ``Failover.prefer`` from
+the nodes' ``Role`` answers. ``role``, ``promote`` and ``admin_stub`` expose the
+AdminService of any address (the ``role``/``promote``/``verify`` commands use
+them).
 """
 
 from __future__ import annotations
@@ -37,10 +51,11 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 import grpc.aio
 
-from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
 if TYPE_CHECKING:
     from pagesift.v1.jobs_pb2_grpc import JobServiceAsyncStub
+    from pagesift.v1.replication_pb2_grpc import AdminServiceAsyncStub
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -49,6 +64,7 @@ __all__ = [
     "Failover",
     "JobClient",
     "backoff_delays",
+    "choose_primary",
     "is_retryable",
     "parse_addresses",
     "pick_error",
@@ -61,6 +77,8 @@ FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_
 READ_METHODS = frozenset({"GetJob", "WatchJob", "GetJobErrors", "ListJobs"})
 IDEMPOTENT_WRITES = frozenset({"Scrape", "CancelJob"})
 KEYED_WRITES = frozenset({"StartCrawl", "StartBatchScrape"})
+
+ROLE_LOOKUP_SECONDS = 2.0  # bound on one round of Role calls
 
 _CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -148,6 +166,22 @@ def backoff_delays(
     return delays
 
 
+def choose_primary(
+    answers: Sequence[tuple[str, replication_pb2.RoleResponse | None]],
+) -> str | None:
+    """The address of the writable primary of the highest epoch among ``Role`` answers
+    (None: no answer, or no primary). Equal epochs keep the given order. A primary
+    that was deposed but has not met the new epoch yet still says "primary": the
+    epoch tells them apart."""
+    best: tuple[int, str] | None = None
+    for address, role in answers:
+        if role is None or role.role != replication_pb2.NODE_ROLE_PRIMARY:
+            continue
+        if best is None or role.epoch > best[0]:
+            best = (role.epoch, address)
+    return best[1] if best else None
+
+
 def with_idempotency_key(request: KeyedRequest) -> KeyedRequest:
     """``request`` itself when it has a key, else a copy with a fresh uuid4 key."""
     if request.idempotency_key:
@@ -212,6 +246,8 @@ class JobClient:
         self.retry_budget = retry_budget
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, JobServiceAsyncStub] = {}
+        self._admin_stubs: dict[str, AdminServiceAsyncStub] = {}
+        self._located = False
 
     async def __aenter__(self) -> JobClient:
         return self
@@ -228,6 +264,7 @@ class JobClient:
         channels = list(self._channels.values())
         self._channels.clear()
         self._stubs.clear()
+        self._admin_stubs.clear()
         for channel in channels:
             await channel.close(None)
 
@@ -235,20 +272,75 @@ class JobClient:
     def addresses(self) -> list[str]:
         return list(self.failover.addresses)
 
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
     def stub(self, address: str) -> JobServiceAsyncStub:
         """The stub for ``address`` (one channel per address, made on first use)."""
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-            self._channels[address] = channel
-            stub = self._stubs[address] = jobs_pb2_grpc.JobServiceStub(channel)
+            stub = self._stubs[address] = jobs_pb2_grpc.JobServiceStub(self._channel(address))
         return stub
+
+    def admin_stub(self, address: str) -> AdminServiceAsyncStub:
+        """The AdminService stub for ``address`` (any address; same channel as ``stub``)."""
+        stub = self._admin_stubs.get(address)
+        if stub is None:
+            channel = self._channel(address)
+            stub = self._admin_stubs[address] = replication_pb2_grpc.AdminServiceStub(channel)  # type: ignore[assignment]
+        return stub
+
+    # ------------------------------------------------------------ admin and the primary
+
+    async def role(
+        self, address: str, *, timeout: float | None = None
+    ) -> replication_pb2.RoleResponse:
+        """``AdminService.Role`` of one node (no failover: the caller names the node)."""
+        return await self.admin_stub(address).Role(
+            replication_pb2.RoleRequest(), timeout=timeout or self.timeout
+        )
+
+    async def promote(self, address: str) -> replication_pb2.PromoteResponse:
+        """``AdminService.Promote`` on one node (never retried, never sent elsewhere)."""
+        return await self.admin_stub(address).Promote(
+            replication_pb2.PromoteRequest(), timeout=self.timeout
+        )
+
+    async def find_primary(self) -> str | None:
+        """Ask every address for its Role (concurrently, bounded) and prefer the primary
+        of the highest epoch; returns its address (None: no primary answered)."""
+        self._located = True
+        addresses = list(self.failover.addresses)
+        bound = min(self.timeout or ROLE_LOOKUP_SECONDS, ROLE_LOOKUP_SECONDS)
+        results = await asyncio.gather(
+            *(self.role(a, timeout=bound) for a in addresses), return_exceptions=True
+        )
+        answers = [
+            (a, r if isinstance(r, replication_pb2.RoleResponse) else None)
+            for a, r in zip(addresses, results, strict=True)
+        ]
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, grpc.aio.AioRpcError):
+                raise r  # a cancellation or a bug, not a node that could not answer
+        primary = choose_primary(answers)
+        if primary is not None:
+            self.failover.prefer(primary)
+        return primary
+
+    async def _locate_once(self) -> None:
+        if not self._located and len(self.failover.addresses) > 1:
+            await self.find_primary()
 
     async def call(
         self, invoke: Callable[[JobServiceAsyncStub], Awaitable[T]], *, retryable: bool
     ) -> T:
         """Run one unary call under the failover and retry rules of the module docstring."""
         delays = iter(backoff_delays(self.retry_budget))
+        await self._locate_once()
         while True:
             errors: list[grpc.aio.AioRpcError] = []
             for address in self.failover.order():
@@ -271,14 +363,18 @@ class JobClient:
         *,
         retryable: bool,
     ) -> None:
-        """Sleep before the next round, or raise the round's most telling error."""
-        err = errors[pick_error([e.code() for e in errors])]
-        if not retryable or err.code() != grpc.StatusCode.UNAVAILABLE:
+        """Sleep before the next round (and look the primary up again), or raise the
+        round's most telling error."""
+        codes = [e.code() for e in errors]
+        err = errors[pick_error(codes)]
+        if not retryable or grpc.StatusCode.UNAVAILABLE not in codes:
             raise err
         delay = next(delays, None)
         if delay is None:
             raise err
         await asyncio.sleep(delay)
+        if len(self.failover.addresses) > 1:
+            await self.find_primary()  # a standby may have been promoted meanwhile
 
     # ------------------------------------------------------------ RPCs
 
@@ -345,6 +441,7 @@ class JobClient:
         """WatchJob's events; a stream broken by UNAVAILABLE resumes at the next index."""
         next_index = from_index
         delays = iter(backoff_delays(self.retry_budget))
+        await self._locate_once()
         while True:
             errors: list[grpc.aio.AioRpcError] = []
             progressed = False

@@ -378,6 +378,9 @@ class RoleResponse(_message.Message):
     CONNECTED_FIELD_NUMBER: _builtins.int
     NODE_ID_FIELD_NUMBER: _builtins.int
     SYNC_DEGRADED_FIELD_NUMBER: _builtins.int
+    FULL_RESYNCS_FIELD_NUMBER: _builtins.int
+    CONTINUES_FIELD_NUMBER: _builtins.int
+    DISCARDED_FIELD_NUMBER: _builtins.int
     role: Global___NodeRole.ValueType
     epoch: _builtins.int
     history_id: _builtins.str
@@ -399,6 +402,16 @@ class RoleResponse(_message.Message):
     node_id: _builtins.str
     sync_degraded: _builtins.bool
     """sync_degraded: sync mode timed out and runs as async until the standby catches up."""
+    full_resyncs: _builtins.int
+    """full_resyncs and continues count replication sessions since this process
+    started, by how they began: on a primary the sessions it served, on a standby
+    the ones its follower made.
+    """
+    continues: _builtins.int
+    discarded: _builtins.int
+    """discarded (standby) counts local writes dropped since this process started
+    because they never replicated before another node was promoted.
+    """
     def __init__(
         self,
         *,
@@ -413,10 +426,13 @@ class RoleResponse(_message.Message):
         connected: _builtins.bool = ...,
         node_id: _builtins.str = ...,
         sync_degraded: _builtins.bool = ...,
+        full_resyncs: _builtins.int = ...,
+        continues: _builtins.int = ...,
+        discarded: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_offset", b"applied_offset", "connected", b"connected", "epoch", b"epoch", "history_id", b"history_id", "lag_offsets", b"lag_offsets", "lag_seconds", b"lag_seconds", "node_id", b"node_id", "peer", b"peer", "primary_offset", b"primary_offset", "role", b"role", "sync_degraded", b"sync_degraded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_offset", b"applied_offset", "connected", b"connected", "continues", b"continues", "discarded", b"discarded", "epoch", b"epoch", "full_resyncs", b"full_resyncs", "history_id", b"history_id", "lag_offsets", b"lag_offsets", "lag_seconds", b"lag_seconds", "node_id", b"node_id", "peer", b"peer", "primary_offset", b"primary_offset", "role", b"role", "sync_degraded", b"sync_degraded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

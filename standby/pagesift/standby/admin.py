@@ -90,6 +90,8 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
             out.peer = st.peer
             out.connected = st.connected
             out.sync_degraded = st.sync_degraded
+            out.full_resyncs = self._replication.full_resyncs
+            out.continues = self._replication.continues
         elif follower is not None:
             fs = follower.status()
             out.primary_offset = fs.primary_offset
@@ -97,6 +99,9 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
             out.lag_seconds = fs.lag_seconds
             out.peer = fs.target
             out.connected = fs.connected
+            out.full_resyncs = fs.full_resyncs
+            out.continues = fs.continues
+            out.discarded = fs.discarded
         return out
 
     async def Promote(
@@ -105,6 +110,14 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
         context: grpc.aio.ServicerContext[pb.PromoteRequest, pb.PromoteResponse],
     ) -> pb.PromoteResponse:
         if self._promoter is None:
+            log = self._slot.log
+            if log.writable:  # a node started as the primary: report its state (the contract)
+                return pb.PromoteResponse(
+                    epoch=log.epoch,
+                    history_id=log.history_id,
+                    switch_offset=log.switch_offset,
+                    already_primary=True,
+                )
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this node cannot promote")
         assert self._promoter is not None
         result = await self._promoter.promote()
