@@ -360,3 +360,24 @@ def _is_number(s: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def descendant_pids(pid: int, max_depth: int = 4) -> list[int]:
+    """Children, grandchildren... of ``pid`` (bounded depth; e.g. a forkserver's workers)."""
+    out: list[int] = []
+    level = [pid]
+    for _ in range(max_depth):
+        level = [c for p in level for c in child_pids(p)]
+        if not level:
+            break
+        out += level
+    return out
+
+
+def subtree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` plus every live descendant (``descendant_pids``)."""
+    total = 0.0
+    for p in [pid, *descendant_pids(pid)]:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += cpu_seconds(p)
+    return total

@@ -48,7 +48,9 @@ from pagesift.v1 import jobs_pb2
 
 log = logging.getLogger("pagesift.jobs")
 
-WaitReplicated = Callable[[int], Awaitable[bool]]
+# Sync replication: wait until the standby applied the given offset (None: everything
+# committed so far); True when acknowledged, False when it timed out (degraded to async).
+WaitReplicated = Callable[[int | None], Awaitable[bool]]
 
 
 @dataclass
@@ -124,7 +126,7 @@ class Jobs:
         return page.document
 
     # registration ---------------------------------------------------------------
-    def register(
+    async def register(
         self,
         kind: str,
         owner: str,
@@ -138,7 +140,11 @@ class Jobs:
     ) -> Registered:
         """Store a new job and start it. ``check`` runs inside the write section, just
         before anything is written (account limits: no other registration can slip in
-        between the check and the write); what it raises propagates, nothing written."""
+        between the check and the write); what it raises propagates, nothing written.
+
+        In sync mode the call returns once the standby holds the job (or the job an
+        idempotency key names), so a retry after a failover finds the same job.
+        """
         now = jr.now_ms()
         meta = jr.JobMeta(
             id=str(uuid.uuid4()),
@@ -177,9 +183,11 @@ class Jobs:
                 self._visible[meta.id] = 0
             log.info("job %s started (%s, owner %s)", meta.id, kind, owner)
             self._spawn(meta)
+        if self._wait_replicated is not None:
+            await self._wait_replicated(None)
         return reg
 
-    def cancel(self, job_id: str) -> jr.JobMeta | None:
+    async def cancel(self, job_id: str) -> jr.JobMeta | None:
         meta = jr.load_meta(self.store, job_id)
         if meta is None:
             return None
@@ -188,6 +196,8 @@ class Jobs:
             task = self._tasks.pop(job_id, None)
             if task is not None:
                 task.cancel()
+            if self._wait_replicated is not None:
+                await self._wait_replicated(None)
         return meta
 
     # expiry -----------------------------------------------------------------------

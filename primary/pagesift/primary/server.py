@@ -18,6 +18,7 @@ import json
 import logging
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,6 +89,7 @@ class Node:
         self.jobs: Jobs | None = None
         self.engine: HttpEngine | None = None
         self.role = config.role
+        self._watchdog: asyncio.Task[None] | None = None
 
     def store(self) -> Store:
         return self.slot.store
@@ -101,7 +103,7 @@ class Node:
         return self.config.primary or "(unknown)"
 
     def read_metadata(self) -> Sequence[tuple[str, str]]:
-        if self.follower is None:
+        if self.follower is None or self.role != "standby":
             return (("pagesift-role", self.role),)
         st = self.follower.status()
         return (
@@ -137,6 +139,32 @@ class Node:
                 self.slot, stop_follower=self.follower.stop, on_promoted=self._promoted
             )
             self.follower.start()
+            if cfg.auto_promote_after > 0:
+                self._watchdog = asyncio.create_task(self._auto_promote(cfg.auto_promote_after))
+
+    async def _auto_promote(self, after: float) -> None:
+        """``--auto-promote-after``: promote once the primary has been silent that long.
+
+        UNSAFE without an outside witness: a primary that is alive but cut off from
+        this standby keeps serving, and both accept writes until it is fenced.
+        """
+        silent_since: float | None = None
+        while self.role == "standby" and self.follower is not None:
+            await asyncio.sleep(min(0.5, after / 4))
+            st = self.follower.status()
+            if st.connected:
+                silent_since = None
+                continue
+            now = time.monotonic()
+            silent_since = silent_since or now
+            if now - silent_since >= after and self.slot.log.history_id and self.promoter:
+                log.warning(
+                    "the primary has been silent for %.1f s: auto-promoting (unsafe without "
+                    "an outside witness)",
+                    now - silent_since,
+                )
+                await self.promoter.promote()
+                return
 
     async def _promoted(self) -> None:
         self.role = "primary"
@@ -164,10 +192,15 @@ class Node:
             accounts=self.accounts,
             deliverer=deliverer,
             metrics=self.metrics,
-            wait_replicated=self.replication.wait_replicated if sync else None,
+            wait_replicated=self.wait_replicated if sync else None,
             on_visible=self.events.notify,
         )
         await self.jobs.start()
+
+    async def wait_replicated(self, offset: int | None) -> bool:
+        """Sync mode: wait for the standby to apply ``offset`` (None: all so far)."""
+        target = self.slot.log.last_offset if offset is None else offset
+        return await self.replication.wait_replicated(target)
 
     def _replication_figures(self) -> ReplicationFigures:
         log = self.slot.log
@@ -217,6 +250,8 @@ class Node:
             await engine.close()
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self.follower is not None:
             await self.follower.stop()
         await self._stop_jobs()

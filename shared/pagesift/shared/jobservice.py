@@ -53,7 +53,7 @@ class PageFailure(Protocol):
 class JobRuntime(Protocol):
     """What the service needs from the primary's job runtime."""
 
-    def register(
+    async def register(
         self,
         kind: str,
         owner: str,
@@ -66,7 +66,7 @@ class JobRuntime(Protocol):
         check: Callable[[], None] | None = None,
     ) -> Registration: ...
 
-    def cancel(self, job_id: str) -> jr.JobMeta | None: ...
+    async def cancel(self, job_id: str) -> jr.JobMeta | None: ...
 
     def visible(self, job_id: str) -> int | None: ...
 
@@ -255,7 +255,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         stored.urls.extend(plan.urls)
         check = await self._limits(context, caller, "batch", batch_urls=len(plan.urls))
         try:
-            reg = runtime.register(
+            reg = await runtime.register(
                 "batch",
                 caller.name,
                 stored.SerializeToString(),
@@ -281,7 +281,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         limit = quota.crawl_limit_for(caller, request.limit, self.node.config.default_crawl_limit)
         check = await self._limits(context, caller, "crawl", limit=limit)
         try:
-            reg = runtime.register(
+            reg = await runtime.register(
                 "crawl",
                 caller.name,
                 request.SerializeToString(),
@@ -299,7 +299,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.CancelJobResponse:
         runtime = await self._runtime(context)
         await self._meta(request.id, context)
-        meta = runtime.cancel(request.id)
+        meta = await runtime.cancel(request.id)
         if meta is None:
             await _abort(context, grpc.StatusCode.NOT_FOUND, f"id: no job {request.id}")
         return jobs_pb2.CancelJobResponse(state=jr.STATE_TO_PB[meta.state])
