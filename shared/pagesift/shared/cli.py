@@ -689,6 +689,19 @@ def _client_parent() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help=f"server address; repeat or comma-separate for failover (default {DEFAULT_ADDRESS})",
     )
+    parent.add_argument(
+        "--api-key",
+        default=os.environ.get("PAGESIFT_API_KEY", ""),
+        help="account API key (default: $PAGESIFT_API_KEY)",
+    )
+    parent.add_argument(
+        "--admin-key",
+        default=os.environ.get("PAGESIFT_ADMIN_KEY", ""),
+        help="admin key for role/promote/verify (default: $PAGESIFT_ADMIN_KEY)",
+    )
+    parent.add_argument(
+        "--tls-ca", default="", metavar="PEM", help="use TLS, trusting this CA certificate"
+    )
     return parent
 
 
@@ -951,7 +964,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
 
 async def _run_client(args: argparse.Namespace) -> int:
     handler: ClientHandler = args.handler
-    async with JobClient(server_addresses(args)) as client:
+    async with JobClient(
+        server_addresses(args),
+        api_key=args.api_key,
+        admin_key=args.admin_key,
+        tls_ca=args.tls_ca,
+    ) as client:
         return await handler(args, client)
 
 

@@ -45,8 +45,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -227,6 +228,32 @@ class Failover:
 # ---------------------------------------------------------------- the client
 
 
+class _BearerAuth(
+    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
+):
+    """Adds ``authorization: Bearer KEY`` to every call: the admin key on AdminService
+    calls (when given), the account's API key on the others."""
+
+    def __init__(self, api_key: str, admin_key: str) -> None:
+        self.api_key = api_key
+        self.admin_key = admin_key
+
+    def _details(self, details: Any) -> Any:
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        key = self.admin_key if "AdminService" in method and self.admin_key else self.api_key
+        if not key:
+            return details
+        metadata = [*(details.metadata or ()), ("authorization", f"Bearer {key}")]
+        return details._replace(metadata=metadata)
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
 class JobClient:
     """Async client over grpc.aio; use ``async with JobClient([...]) as c`` or ``close()``."""
 
@@ -237,9 +264,20 @@ class JobClient:
         timeout: float | None = 60.0,
         scrape_timeout: float | None = 300.0,
         retry_budget: float = 10.0,
+        api_key: str = "",
+        admin_key: str = "",
+        tls_ca: str = "",
     ) -> None:
         """``timeout`` bounds each unary call (``scrape_timeout`` a Scrape); streams are
-        unbounded. ``retry_budget`` is the most seconds spent sleeping between retries."""
+        unbounded. ``retry_budget`` is the most seconds spent sleeping between retries.
+        ``api_key`` / ``admin_key`` are sent as bearer tokens; ``tls_ca`` (a PEM file)
+        turns on TLS and names the CA to trust."""
+        self._interceptors: list[Any] = (
+            [_BearerAuth(api_key, admin_key)] if api_key or admin_key else []
+        )
+        self._credentials = (
+            grpc.ssl_channel_credentials(Path(tls_ca).read_bytes()) if tls_ca else None
+        )
         self.failover = Failover(parse_addresses(addresses))
         self.timeout = timeout
         self.scrape_timeout = scrape_timeout
@@ -275,7 +313,17 @@ class JobClient:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            if self._credentials is not None:
+                channel = grpc.aio.secure_channel(
+                    address,
+                    self._credentials,
+                    options=_CHANNEL_OPTIONS,
+                    interceptors=self._interceptors,
+                )
+            else:
+                channel = grpc.aio.insecure_channel(
+                    address, options=_CHANNEL_OPTIONS, interceptors=self._interceptors
+                )
             self._channels[address] = channel
         return channel
 
