@@ -681,7 +681,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _client_parent() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = _credentials_parent()
     parent.add_argument(
         "--server",
         action="append",
@@ -689,6 +689,12 @@ def _client_parent() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help=f"server address; repeat or comma-separate for failover (default {DEFAULT_ADDRESS})",
     )
+    return parent
+
+
+def _credentials_parent() -> argparse.ArgumentParser:
+    """Keys and TLS, for every command that talks to a server."""
+    parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
         "--api-key",
         default=os.environ.get("PAGESIFT_API_KEY", ""),
@@ -925,7 +931,9 @@ def add_admin_commands(sub: Any, client: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=_cmd_promote, uses_client=True)
 
     p = sub.add_parser(
-        "verify", help="compare the digests of a primary and its standby at one offset"
+        "verify",
+        help="compare the digests of a primary and its standby at one offset",
+        parents=[_credentials_parent()],
     )
     p.add_argument("--primary", type=_host_port, required=True, metavar="HOST:PORT")
     p.add_argument("--standby", type=_host_port, required=True, metavar="HOST:PORT")
