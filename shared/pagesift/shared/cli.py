@@ -450,6 +450,16 @@ SERVE_FLAGS = (
     "log_format",
     "job_ttl_seconds",
     "fsync",
+    "auto_promote_after",
+    "accounts_file",
+    "metrics_listen",
+    "tls_cert",
+    "tls_key",
+    "replication_listen",
+    "replication_ca",
+    "replication_cert",
+    "replication_key",
+    "replication_token_file",
 )
 
 
@@ -802,6 +812,26 @@ def _add_serve_command(sub: Any) -> None:
     p.add_argument("--log-format", choices=["text", "json"])
     p.add_argument("--job-ttl", dest="job_ttl_seconds", type=_nonneg_float, metavar="SECONDS")
     p.add_argument("--fsync", action="store_true", default=None)
+    p.add_argument(
+        "--auto-promote-after",
+        type=_nonneg_float,
+        metavar="SECONDS",
+        help="standby: promote itself after the primary is silent this long "
+        "(UNSAFE without an outside witness)",
+    )
+    p.add_argument("--accounts", dest="accounts_file", metavar="FILE", help="accounts TOML")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve /metrics here")
+    p.add_argument("--tls-cert", metavar="PEM", help="TLS certificate for the public port")
+    p.add_argument("--tls-key", metavar="PEM", help="TLS private key for the public port")
+    p.add_argument(
+        "--replication-listen", metavar="HOST:PORT", help="primary: mTLS replication port"
+    )
+    p.add_argument("--replication-ca", metavar="PEM", help="CA for replication mTLS")
+    p.add_argument("--replication-cert", metavar="PEM", help="standby: client certificate")
+    p.add_argument("--replication-key", metavar="PEM", help="standby: client private key")
+    p.add_argument(
+        "--replication-token-file", metavar="FILE", help="shared replication token (both nodes)"
+    )
     p.set_defaults(handler=_cmd_serve, uses_client=False)
 
 
