@@ -626,3 +626,25 @@ async def test_start_crawl_retried_with_its_key_across_a_failover_returns_the_sa
     final = await finished(standby.address, job_id)
     assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
     assert_every_page_once(await documents(standby.address, job_id), s, root)
+
+
+async def test_a_standby_with_auto_promote_takes_over_once_the_primary_is_silent(
+    nodes: NodeFactory,
+) -> None:
+    primary = nodes("primary")
+    standby = nodes(
+        "standby", role="standby", primary=primary.address, extra=("--auto-promote-after", "1")
+    )
+    await asyncio.gather(primary.start(), standby.start())
+    await eventually(lambda: _connected(standby.address), "the standby to connect")
+    await asyncio.sleep(1.5)  # connected all along: no promotion while the primary speaks
+    assert (await role(standby.address)).role == pb.NODE_ROLE_STANDBY
+    primary.kill()
+
+    async def promoted() -> pb.RoleResponse | None:
+        r = await role(standby.address)
+        return r if r.role == pb.NODE_ROLE_PRIMARY else None
+
+    r = await eventually(promoted, "the standby to promote itself", timeout=20)
+    assert r.epoch == 2
+    assert "auto-promoting" in standby.log_text()
