@@ -1,0 +1,1 @@
+"""The job runtime, the Engine, the replication sender, and the server."""

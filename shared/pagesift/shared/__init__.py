@@ -1,0 +1,1 @@
+"""Code both roles use: store, job records, API, URL rules, config, client, CLI."""

@@ -1,0 +1,1 @@
+"""The standby: the follower that applies the primary's log, promotion, and the admin service."""
