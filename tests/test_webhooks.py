@@ -174,7 +174,9 @@ def check_delivery(d: Delivery, now: float) -> None:
     assert not webhooks.verify_signature(
         "wrong-secret", ts, d.body, d.headers["pagesift-signature"]
     )
-    assert set(d.doc) == {"id", "seq", "event", "data", "created_at"}
+    assert set(d.doc) == {"id", "seq", "event_id", "event", "data", "created_at"}
+    assert re.fullmatch(r"[0-9a-f]{32}", str(d.doc["event_id"]))
+    assert d.headers["pagesift-event-id"] == d.doc["event_id"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", str(d.doc["created_at"]))
 
 

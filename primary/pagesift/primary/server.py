@@ -183,6 +183,10 @@ class Node:
             max_delay=cfg.webhook_max_delay,
             timeout=cfg.webhook_timeout,
             metrics=self.metrics,
+            # sync mode: POST an event only once the standby holds it, as GetJob shows pages
+            wait_replicated=(lambda: self.wait_replicated(None))
+            if cfg.replication_mode == "sync"
+            else None,
         )
         sync = cfg.replication_mode == "sync"
         self.jobs = Jobs(

@@ -29,7 +29,10 @@ The guarantees, and why they hold
   all the events pending at that moment with ONE note naming the seq range.
 - At-least-once at the edge: an event POSTed but not yet acknowledged when the process
   stops (or before the cursor write reached the standby, on failover) is sent again.
-  Receivers deduplicate on ``pagesift-delivery: {job}:{seq}``.
+  Receivers deduplicate on ``pagesift-event-id`` (a random id fixed when the event is
+  enqueued). Not on ``{job}:{seq}``: in async replication, events the standby never
+  received are undone by a failover, and the new primary may issue different events
+  under the same seq (in sync mode nothing is POSTed before it replicated).
 - **The address guard** applies: unless ``allow_private_networks``, a URL whose host
   is (or resolves to) a loopback, private, link-local or metadata address is refused
   (checked before each event, and again at connect time by the default session's
@@ -55,7 +58,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -183,6 +187,7 @@ def enqueue(
     if event not in WebhookConfig.decode(raw).events:
         return None
     item = {
+        "event_id": uuid.uuid4().hex,
         "event": event,
         "data": data,
         "created_at": rfc3339_ms(time.time() if now is None else now),
@@ -225,6 +230,7 @@ def build_body(job_id: str, seq: int, item: bytes) -> bytes:
     body = {
         "id": job_id,
         "seq": seq,
+        "event_id": doc.get("event_id", ""),
         "event": doc["event"],
         "data": doc["data"],
         "created_at": doc["created_at"],
@@ -303,6 +309,12 @@ class Deliverer:
     every job with undelivered events; call ``wake(job_id)`` after a commit that
     enqueued events; ``close`` stops at once (an unacknowledged event in flight is
     sent again by the next Deliverer).
+
+    ``wait_replicated()`` (sync replication; None otherwise) returns once everything
+    committed so far has reached the standby, or the primary stopped waiting for it
+    (degraded to async). Each event is POSTed only after it returned, so in sync mode a
+    receiver never hears of a change that a failover could undo, exactly as GetJob and
+    WatchJob never show a page before it replicated.
     """
 
     def __init__(
@@ -320,6 +332,7 @@ class Deliverer:
         poll_interval: float = 10.0,
         metrics: Metrics | None = None,
         rng: Callable[[], float] = random.random,
+        wait_replicated: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -336,6 +349,7 @@ class Deliverer:
         self.poll_interval = poll_interval
         self._metrics = metrics
         self._rng = rng
+        self._wait_replicated = wait_replicated
         self._sem = asyncio.Semaphore(max_in_flight)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -437,6 +451,9 @@ class Deliverer:
             if not items:
                 return
             seq, item = items[0]
+            if self._wait_replicated is not None:
+                # the item is committed, so "everything committed so far" covers it
+                await self._wait_replicated()
             await self._deliver(job_id, cfg, seq, item)
 
     async def _deliver(self, job_id: str, cfg: WebhookConfig, seq: int, item: bytes) -> None:
@@ -504,6 +521,7 @@ class Deliverer:
             "content-type": "application/json",
             "pagesift-event": event,
             "pagesift-delivery": f"{job_id}:{seq}",
+            "pagesift-event-id": json.loads(body).get("event_id", ""),
             "pagesift-timestamp": timestamp,
             "pagesift-signature": sign(secret, timestamp, body),
         }
