@@ -100,7 +100,7 @@ class Node:
     def primary_hint(self) -> str:
         if self.role == "fenced":
             return "the promoted node (this one was deposed by a higher epoch)"
-        return self.config.primary or "(unknown)"
+        return self.config.primary_public or self.config.primary or "(unknown)"
 
     def read_metadata(self) -> Sequence[tuple[str, str]]:
         if self.follower is None or self.role != "standby":
