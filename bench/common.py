@@ -381,3 +381,13 @@ def subtree_cpu_seconds(pid: int) -> float:
         with contextlib.suppress(OSError, ValueError, IndexError):
             total += cpu_seconds(p)
     return total
+
+
+def subtree_peak_rss(pid: int) -> int:
+    """Sum of the peak RSS (VmHWM) of ``pid`` and its live descendants, in bytes (an
+    upper bound of the group's peak: the peaks need not coincide)."""
+    total = 0
+    for p in [pid, *descendant_pids(pid)]:
+        with contextlib.suppress(OSError):
+            total += memory_bytes(p)[1]
+    return total

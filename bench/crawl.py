@@ -51,13 +51,14 @@ from bench.common import (
     OUT_DIR,
     REPO_DIR,
     ProcessSampler,
-    cpu_seconds,
     free_port,
     machine_facts,
     markdown_table,
     memory_bytes,
     say,
     stop_process,
+    subtree_cpu_seconds,
+    subtree_peak_rss,
     wait_for_grpc,
     wait_rusage,
     write_json,
@@ -314,7 +315,7 @@ def run_pagesift(
                 sampler = ProcessSampler(proc.pid, progress=lambda: progress[0])
                 _, idle_hwm = memory_bytes(proc.pid)
                 nginx_cpu0 = site.cpu_seconds()
-                cpu0 = cpu_seconds(proc.pid)
+                cpu0 = subtree_cpu_seconds(proc.pid)  # + extraction workers
                 sampler.start()
                 t0 = time.monotonic()
                 started = stub.StartCrawl(
@@ -328,10 +329,10 @@ def run_pagesift(
                 )
                 job = _poll_job(stub, started.id, terminal, progress, args.timeout)
                 wall = time.monotonic() - t0
-                cpu = cpu_seconds(proc.pid) - cpu0
+                cpu = subtree_cpu_seconds(proc.pid) - cpu0
                 nginx_cpu = site.cpu_seconds() - nginx_cpu0
                 sampler.stop()
-                _, hwm = memory_bytes(proc.pid)
+                hwm = subtree_peak_rss(proc.pid)  # + extraction workers
                 if spy is not None and profile_out is not None:
                     profile = _stop_py_spy(spy, profile_out)
                     spy = None
@@ -654,7 +655,7 @@ def build_report(
         ]
     md += [
         "Wall = crawl window (Scrapy: spider open->close inside its process; pagesift: "
-        "StartCrawl->terminal state). CPU = crawler process only (nginx excluded). "
+        "StartCrawl->terminal state). CPU and peak RSS = the crawler process and its extraction workers (nginx excluded; RSS over time: main process). "
         "Scrapy extracts title+length; pagesift renders Markdown and stores each page.",
         "",
         f"Machine: {facts['nproc']} CPUs ({facts['cpu_model']}), {facts['mem_total_gb']} GB, "

@@ -128,10 +128,15 @@ def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
         href = href.strip()
         if not href or href.startswith(_SKIP_PREFIXES):
             continue
-        if href.startswith(("http://", "https://")):
+        if "./" in (path := href.partition("?")[0].partition("#")[0]) or path.endswith("."):
+            # dot segments (../x, ./y, a/..): the full RFC 3986 resolution removes them
+            absolute = urljoin(base_url, href)
+            if not absolute.startswith(("http://", "https://")):
+                continue
+        elif href.startswith(("http://", "https://")):
             absolute = href
         elif href[0] == "/" and not href.startswith("//"):
-            absolute = origin + href  # path-absolute: dot segments go in normalize
+            absolute = origin + href  # path-absolute
         elif href[0] not in "/?" and ":" not in href.partition("/")[0]:
             absolute = base_dir + href  # path-relative (RFC 3986 5.2.3 merge)
         else:
