@@ -655,7 +655,8 @@ def build_report(
         ]
     md += [
         "Wall = crawl window (Scrapy: spider open->close inside its process; pagesift: "
-        "StartCrawl->terminal state). CPU and peak RSS = the crawler process and its extraction workers (nginx excluded; RSS over time: main process). "
+        "StartCrawl->terminal state). CPU and peak RSS = the crawler process plus its "
+        "extraction workers (nginx excluded; the RSS-over-time row is the main process). "
         "Scrapy extracts title+length; pagesift renders Markdown and stores each page.",
         "",
         f"Machine: {facts['nproc']} CPUs ({facts['cpu_model']}), {facts['mem_total_gb']} GB, "
