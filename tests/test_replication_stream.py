@@ -438,3 +438,21 @@ async def test_an_entry_above_grpcs_default_message_limit_still_replicates(
     a.write("big-after", b"a" * (5 << 20))  # travels as an entry
     await caught_up(b, a)
     assert b.slot.store.digest() == a.slot.store.digest()
+
+
+async def test_a_busy_stream_carries_batches_and_the_standby_still_acks_everything(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes)
+    follower = b.follow(a)
+    await until(lambda: follower.status().connected, "the standby to connect")
+    messages = follower.messages
+    for i in range(300):  # a writer on the loop, as the job runtime writes
+        a.write(f"k{i}", b"x" * 100)
+        await asyncio.sleep(0)
+    await caught_up(b, a)
+    await until(lambda: a.repl.acked_offset == a.log.last_offset, "the last ack")
+    # async mode: at most one batch per linger (15 ms), not one message per write
+    assert follower.messages - messages < 100
+    assert b.slot.store.digest() == a.slot.store.digest()
+    assert [e.offset for e in b.log.read(1, max_bytes=1 << 30)] == list(range(1, 301))

@@ -18,8 +18,13 @@ from pagesift.shared.replog import (
     Log,
     NotWritable,
     OffsetPassed,
+    entries_message,
     open_slot,
+    ops_from_pairs,
+    replicated_pairs,
     snapshot_chunks,
+    snapshot_messages,
+    split_entries_message,
     view_digest,
 )
 from pagesift.shared.store import Store, WriteGroup
@@ -306,6 +311,7 @@ def test_a_snapshot_as_ops_rebuilds_the_same_store_and_lists_keep_their_sequence
     for chunk in snapshot_chunks(log.view(), chunk_bytes=16):
         dst.apply(chunk)
     assert list(dst.replicated_items()) == list(src.replicated_items())
+    assert_snapshot_encoding(log, chunk_bytes=16)
     # and the rebuilt lists continue with the same sequence numbers
     log.close()
     for name in ["a", "b", "job/x"]:
@@ -335,3 +341,131 @@ def test_a_resync_switch_is_atomic_and_leftovers_are_removed(tmp_path: Path) -> 
     assert slot.store.path == fresh.path and slot.log.last_offset == 9
     assert not unfinished.path.exists()
     slot.close()
+
+
+# --- the wire encoders agree with the protobuf runtime ------------------------------
+
+
+def assert_snapshot_encoding(log: Log, chunk_bytes: int) -> None:
+    """The hand-encoded snapshot messages parse to exactly the ops ``ops_from_pairs``
+    makes, in order, with ``last`` on the final message only."""
+    expected = list(ops_from_pairs(replicated_pairs(log.view())))
+    msgs = [
+        replication_pb2.StreamResponse.FromString(m)
+        for m in snapshot_messages(log.view(), chunk_bytes)
+    ]
+    assert msgs and all(m.WhichOneof("msg") == "snapshot_chunk" for m in msgs)
+    assert [m.snapshot_chunk.last for m in msgs] == [False] * (len(msgs) - 1) + [True]
+    got = [op for m in msgs for op in m.snapshot_chunk.ops]
+    assert got == expected
+    # byte-exact too: the same encoding the protobuf runtime produces
+    for m in msgs:
+        again = replication_pb2.StreamResponse(snapshot_chunk=m.snapshot_chunk)
+        assert again.SerializeToString() == m.SerializeToString()
+    assert [op for chunk in snapshot_chunks(log.view(), chunk_bytes) for op in chunk] == expected
+
+
+def test_snapshot_encoding_of_large_values_names_and_sequence_numbers(tmp_path: Path) -> None:
+    store = Store(tmp_path / "p")
+
+    def group(g: WriteGroup) -> None:
+        g.put("", b"")  # empty key and value: omitted fields
+        g.put("k\u00e9y/\u2603", b"v" * 20_000)  # non-ASCII name, 3-byte length varint
+        for i in range(300):  # sequence numbers past one varint byte
+            g.push("job/\u00fc/pages", b"x" * (i % 3))
+        g.pop_front("job/\u00fc/pages")
+        for i in range(200):
+            g.insert("s\u00e9t", bytes([i, 0, 255]))  # members with NUL and high bytes
+        g.insert("s\u00e9t", b"")
+        g.push("big", b"b" * (3 << 20))  # a row larger than a chunk
+        g.clear_list("cleared")
+        g.push("cleared", b"after")
+
+    store.write(group)
+    log = Log(store)
+    assert_snapshot_encoding(log, chunk_bytes=1 << 20)
+    assert_snapshot_encoding(log, chunk_bytes=100)
+    dst = Store(tmp_path / "d")
+    for m in snapshot_messages(log.view(), 4096):
+        dst.apply(list(replication_pb2.StreamResponse.FromString(m).snapshot_chunk.ops))
+    assert list(dst.replicated_items()) == list(store.replicated_items())
+    log.close()
+    store.close()
+    dst.close()
+
+
+def test_an_empty_store_is_one_empty_last_chunk(tmp_path: Path) -> None:
+    store = Store(tmp_path / "p")
+    log = Log(store)
+    msgs = list(snapshot_messages(log.view()))
+    assert len(msgs) == 1
+    chunk = replication_pb2.StreamResponse.FromString(msgs[0]).snapshot_chunk
+    assert chunk.last and not chunk.ops
+    log.close()
+    store.close()
+
+
+def test_entry_batches_are_framed_and_split_without_parsing(primary: Log) -> None:
+    for i in range(5):
+        put(primary, f"k{i}", bytes([i]) * (i * 9000))  # sizes across varint widths
+    raws = primary.read_raw(1)
+    entries = [replication_pb2.LogEntry.FromString(r) for r in raws]
+    expected = replication_pb2.StreamResponse(
+        entries=replication_pb2.EntryBatch(entries=entries)
+    ).SerializeToString()
+    assert entries_message(raws) == expected
+    assert split_entries_message(expected) == raws
+    empty = replication_pb2.StreamResponse(entries=replication_pb2.EntryBatch())
+    assert split_entries_message(empty.SerializeToString()) == []
+    # anything else is left to the ordinary parser
+    beat = replication_pb2.StreamResponse(heartbeat=replication_pb2.Heartbeat(primary_offset=3))
+    assert split_entries_message(beat.SerializeToString()) is None
+    assert split_entries_message(b"") is None
+    assert split_entries_message(expected[:-1]) is None  # truncated
+    assert split_entries_message(expected + b"\x22\x00") is None  # a second field
+
+
+def test_the_standby_logs_the_bytes_it_received(primary: Log, tmp_path: Path) -> None:
+    for i in range(4):
+        put(primary, f"k{i}")
+    raws = primary.read_raw(1)
+    entries = [replication_pb2.LogEntry.FromString(r) for r in raws]
+    store = Store(tmp_path / "s")
+    standby = Log(store)
+    with pytest.raises(ValueError):
+        standby.append_replicated(entries, primary_epoch=1, raw=raws[:2])
+    assert standby.append_replicated(entries[:2], primary_epoch=1, raw=raws[:2]) == 2
+    assert standby.append_replicated(entries, primary_epoch=1, raw=raws) == 4  # overlap skipped
+    assert standby.read_raw(1) == raws
+    standby.close()
+    standby = Log(store)  # and from RocksDB after a restart
+    assert standby.read_raw(1) == raws
+    assert store.digest() == primary.store.digest()
+    standby.close()
+    store.close()
+
+
+def test_recent_entries_in_memory_never_outlive_the_backlog(tmp_path: Path) -> None:
+    store = Store(tmp_path / "p")
+    log = Log(store, max_bytes=2_000)
+    log.open_for_writes()
+    for i in range(60):
+        put(log, f"k{i}", b"x" * 100)
+        first = log.first_offset
+        assert [e.offset for e in log.read(first)] == list(range(first, log.last_offset + 1))
+        if first > 1:
+            with pytest.raises(BacklogLost):
+                log.read(first - 1)
+    memory = log.read_raw(log.first_offset)
+
+    def no_disk(key: bytes) -> bytes | None:
+        raise AssertionError("the newest entry is read from memory")
+
+    store.get_local = no_disk  # type: ignore[method-assign]
+    assert log.read_raw(log.last_offset) == memory[-1:]
+    del store.get_local
+    log.close()
+    log = Log(store, max_bytes=2_000)  # same bytes from RocksDB
+    assert log.read_raw(log.first_offset) == memory
+    log.close()
+    store.close()

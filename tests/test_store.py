@@ -149,3 +149,43 @@ def test_replaying_groups_once_twice_or_after_a_partial_replay_rebuilds_the_sour
             assert dst.digest() == src.digest(), label
             dst.close()
         src.close()
+
+
+def test_apply_rejects_unknown_ops_and_bad_names_and_writes_nothing(store: Store) -> None:
+    with pytest.raises(ValueError):
+        store.apply([store_pb2.Op(kv_put=store_pb2.KvPut(key="a", value=b"1")), store_pb2.Op()])
+    bad = store_pb2.Op(set_insert=store_pb2.SetInsert(set="s\x00", member=b"m"))
+    with pytest.raises(ValueError):
+        store.apply([bad])
+    assert list(store.replicated_items()) == []
+
+
+def test_apply_op_one_by_one_matches_apply(tmp_path: Path) -> None:
+    src = Store(tmp_path / "src")
+
+    def group(g: WriteGroup) -> None:
+        g.put("k", b"v")
+        g.push("L", b"a")
+        g.push("L", b"b")
+        g.pop_front("L")
+        g.insert("S", b"x")
+        g.insert("S", b"y")
+        g.remove("S", b"x")
+        g.clear_set("T")
+        g.clear_list("M", drop=True)
+        g.delete("gone")
+
+    _, ops = src.write(group)
+    one, many = Store(tmp_path / "one"), Store(tmp_path / "many")
+
+    def one_by_one(g: WriteGroup) -> None:
+        for op in ops:
+            g.apply_op(op)
+
+    one.write(one_by_one)
+    group_many = many.apply(ops)
+    assert group_many.ops == ops
+    assert list(one.replicated_items()) == list(many.replicated_items())
+    assert list(many.replicated_items()) == list(src.replicated_items())
+    for s in (src, one, many):
+        s.close()

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 
-from pagesift.shared.store import WriteGroup
+from pagesift.shared.store import Op, WriteGroup
 
 
 def job_of(key: str) -> str | None:
@@ -59,15 +60,39 @@ class JobEvents:
         pass
 
     def committed(self, group: WriteGroup) -> None:
+        # Runs inside the write section of EVERY group (a standby's apply batches hold
+        # hundreds of ops). Nobody watching: nothing to do. This check is race-free: a
+        # watcher registers (``current``) before it reads the store, and this runs
+        # after the batch is durable, so a watcher registering after the check reads
+        # the new state anyway.
+        events = self._events
+        if not events:
+            return
         touched: set[str] = set()
+        last = ""  # the "job/{id}/" prefix of the previous op: groups touch few jobs
         for op in group.ops:
             kind = op.WhichOneof("op")
             if kind is None:
                 continue
-            msg = getattr(op, kind)
-            name = getattr(msg, "key", "") or getattr(msg, "list", "") or getattr(msg, "set", "")
-            job = job_of(str(name))
+            name = _NAME[kind](op)
+            if last and name.startswith(last):
+                continue
+            job = job_of(name)
             if job is not None:
-                touched.add(job)
+                last = f"job/{job}/"
+                if job in events:
+                    touched.add(job)
         for job in touched:
             self.notify(job)
+
+
+_NAME: dict[str, Callable[[Op], str]] = {
+    "kv_put": lambda op: op.kv_put.key,
+    "kv_delete": lambda op: op.kv_delete.key,
+    "list_push": lambda op: op.list_push.list,
+    "list_pop_front": lambda op: op.list_pop_front.list,
+    "list_clear": lambda op: op.list_clear.list,
+    "set_insert": lambda op: op.set_insert.set,
+    "set_remove": lambda op: op.set_remove.set,
+    "set_clear": lambda op: op.set_clear.set,
+}

@@ -40,7 +40,14 @@ The guarantees
   the standby, once promoted, can serve ``continue`` to the old primary.
 * **Bounded backlog that survives restarts.** Entries are trimmed oldest first once
   the backlog exceeds ``max_bytes`` (the newest entry always stays). On open, the
-  first/last offsets and sizes are recovered by scanning ``_repl/log/``.
+  first/last offsets and sizes are recovered by scanning ``_repl/log/``. The newest
+  entries (up to ``RECENT_BYTES``) are also kept in memory as the bytes written, so
+  a standby that keeps up is served without reading RocksDB; memory only ever holds
+  entries the backlog holds too, and reading it is as lock-free as reading RocksDB.
+* **Entries travel as bytes.** The bytes a primary logs are the bytes it sends
+  (``read_raw`` + ``entries_message``) and the bytes a standby logs
+  (``split_entries_message`` + ``append_replicated(raw=...)``): nothing is
+  re-serialized on the way, and a promoted standby serves exactly what it received.
 * **Writes only on a writable primary.** ``stage`` raises ``NotWritable`` (and so
   the whole write fails, nothing committed) unless ``open_for_writes`` or
   ``promote`` made this node the primary and no higher epoch fenced it.
@@ -57,11 +64,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import shutil
 import struct
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -83,6 +92,10 @@ LogEntry = replication_pb2.LogEntry
 #: of page groups plus small frontier/done groups: 60 s is ~250-300 MB, so 512 MiB
 #: (Redis users suffer endless full-resync loops from its 1 MB default).
 DEFAULT_BACKLOG_BYTES = 512 * 1024 * 1024
+
+#: The newest entries are also kept in memory, serialized, so that a standby that keeps
+#: up is fed without reading each entry back from RocksDB (bounded by the backlog too).
+RECENT_BYTES = 32 * 1024 * 1024
 
 _U64 = struct.Struct(">Q")
 _U64X2 = struct.Struct(">QQ")
@@ -140,6 +153,7 @@ class _Plan:
     tail_epoch: int
     new_sizes: list[int]
     dropped: int
+    written: list[tuple[int, bytes]]  # (offset, entry bytes) that went into the backlog
 
 
 def _wake(fut: asyncio.Future[Any], value: Any) -> None:
@@ -148,7 +162,15 @@ def _wake(fut: asyncio.Future[Any], value: Any) -> None:
 
 
 def _call_in_loop(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], value: Any) -> None:
-    # committed() may run on any thread: hand the wake-up to the future's own loop.
+    # committed() may run on any thread: hand the wake-up to the future's own loop
+    # (directly when we are on it: no self-pipe write, the primary's usual case).
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        _wake(fut, value)
+        return
     with contextlib.suppress(RuntimeError):  # loop already closed: nobody waits
         loop.call_soon_threadsafe(_wake, fut, value)
 
@@ -172,6 +194,13 @@ class Log:
         self._wlock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = []
         self._pins: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]]] = {}
+        # The newest backlog entries as bytes: offsets [_recent_lo, _last], a subset of
+        # the backlog. ``read`` looks here first (a dict get is atomic; entries are
+        # immutable) and falls back to RocksDB.
+        self._recent: dict[int, bytes] = {}
+        self._recent_lo = 0
+        self._recent_bytes = 0
+        self._recent_max = min(max_bytes, RECENT_BYTES)
         with store.lock:
             self._load()
             store.add_observer(self)
@@ -413,7 +442,7 @@ class Log:
         new_sizes = [len(entry_key(off)) + len(data) for off, _, data in entries]
         total = self._bytes + sum(new_sizes)
         count = len(self._sizes) + len(new_sizes)
-        sizes = iter([*self._sizes, *new_sizes]) if total > self.max_bytes else iter(())
+        sizes = itertools.chain(self._sizes, new_sizes)  # consumed only while trimming
         dropped = 0
         # Oldest first, and never the newest entry: a standby can always continue
         # from the entry before the one it has not yet seen.
@@ -423,12 +452,14 @@ class Log:
         old_dropped = min(dropped, len(self._sizes))
         for i in range(old_dropped):
             put(entry_key(self._first + i), None)
+        written: list[tuple[int, bytes]] = []
         for i, (off, _, data) in enumerate(entries):
             if len(self._sizes) + i >= dropped:  # an entry trimmed at birth is not written
                 put(entry_key(off), data)
+                written.append((off, data))
         last_off, last_epoch, _ = entries[-1]
         put(_TAIL, _U64X2.pack(last_off, last_epoch))
-        return _Plan(self._first + dropped, last_off, last_epoch, new_sizes, dropped)
+        return _Plan(self._first + dropped, last_off, last_epoch, new_sizes, dropped, written)
 
     def _finish(self, plan: _Plan) -> None:
         self._sizes.extend(plan.new_sizes)
@@ -436,15 +467,40 @@ class Log:
         for _ in range(plan.dropped):
             self._bytes -= self._sizes.popleft()
         self._first, self._last, self._tail_epoch = plan.first, plan.last, plan.tail_epoch
+        self._remember(plan.written)
         self._resolve_pin(plan.last)
         with self._wlock:
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
             _call_in_loop(loop, fut, None)
 
+    def _remember(self, written: list[tuple[int, bytes]]) -> None:
+        """Keep the newest entries in memory (inside the write section, after commit)."""
+        recent = self._recent
+        if written and recent and written[0][0] != self._recent_lo + len(recent):
+            recent.clear()  # not contiguous (cannot happen today): start over
+            self._recent_bytes = 0
+        for off, data in written:
+            if not recent:
+                self._recent_lo = off
+            recent[off] = data
+            self._recent_bytes += len(data)
+        # Evict the oldest: over the bound, or trimmed from the backlog (never serve
+        # from memory what ``read`` must report as lost). The newest entry stays.
+        while recent and (
+            self._recent_lo < self._first
+            or (self._recent_bytes > self._recent_max and len(recent) > 1)
+        ):
+            self._recent_bytes -= len(recent.pop(self._recent_lo))
+            self._recent_lo += 1
+
     # --- the apply path (standby) ------------------------------------------------------
     def append_replicated(
-        self, entries: Sequence[replication_pb2.LogEntry], *, primary_epoch: int
+        self,
+        entries: Sequence[replication_pb2.LogEntry],
+        *,
+        primary_epoch: int,
+        raw: Sequence[bytes] | None = None,
     ) -> int:
         """Apply received entries and log them; returns the new applied offset.
 
@@ -452,7 +508,12 @@ class Log:
         or below the applied offset are skipped. Runs of entries go in one group each
         (ops + the entries + the tail in one WriteBatch), split after any offset a
         Digest is waiting for, so that digest sees exactly that offset.
+
+        ``raw``, when given, holds each entry as received (``raw[i]`` serializes
+        ``entries[i]``): the backlog logs those bytes instead of re-serializing.
         """
+        if raw is not None and len(raw) != len(entries):
+            raise ValueError("raw must hold one serialized entry per entry")
         with self._store.lock:
             if self._writable:
                 raise RuntimeError("a writable primary does not apply replicated entries")
@@ -461,16 +522,23 @@ class Log:
                 metas, applied=self._last, tail_epoch=self._tail_epoch, primary_epoch=primary_epoch
             )
             todo = list(entries[skip:])
+            todo_raw = list(raw[skip:]) if raw is not None else None
             while todo:
                 cut = len(todo)
-                with self._wlock:
-                    pinned = [i for i, e in enumerate(todo) if e.offset in self._pins]
-                if pinned:
-                    cut = pinned[0] + 1
+                if self._pins:
+                    with self._wlock:
+                        pinned = [i for i, e in enumerate(todo) if e.offset in self._pins]
+                    if pinned:
+                        cut = pinned[0] + 1
                 part, todo = todo[:cut], todo[cut:]
+                if todo_raw is not None:
+                    part_raw, todo_raw = todo_raw[:cut], todo_raw[cut:]
+                else:
+                    part_raw = [e.SerializeToString() for e in part]
                 local: dict[bytes, bytes | None] = {}
                 plan = self._stage_entries(
-                    local.__setitem__, [(e.offset, e.epoch, e.SerializeToString()) for e in part]
+                    local.__setitem__,
+                    [(e.offset, e.epoch, data) for e, data in zip(part, part_raw, strict=True)],
                 )
                 ops = [op for e in part for op in e.ops]
                 self._applying = True
@@ -488,17 +556,29 @@ class Log:
         """Entries from ``from_offset`` on (at least one if any exists, then up to
         ``max_bytes``). Lock-free: entries at or below ``last_offset`` are committed
         and immutable; the only race is trimming, reported as ``BacklogLost``."""
+        raws = self.read_raw(from_offset, max_bytes=max_bytes, max_entries=max_entries)
+        return [LogEntry.FromString(data) for data in raws]
+
+    def read_raw(
+        self, from_offset: int, *, max_bytes: int = 1 << 20, max_entries: int = 10_000
+    ) -> list[bytes]:
+        """``read``, serialized: entry ``from_offset + i`` is item ``i`` (the bytes the
+        backlog holds, from memory for the newest entries)."""
         if from_offset < 1:
             raise ValueError("offsets start at 1")
-        out: list[replication_pb2.LogEntry] = []
+        out: list[bytes] = []
         size = 0
         last = self._last
         offset = from_offset
+        recent = self._recent
+        get = self._store.get_local
         while offset <= last and len(out) < max_entries and (not out or size < max_bytes):
-            data = self._store.get_local(entry_key(offset))
+            data = recent.get(offset)
             if data is None:
-                raise BacklogLost(f"entry {offset} left the backlog (first {self._first})")
-            out.append(LogEntry.FromString(data))
+                data = get(entry_key(offset))
+                if data is None:
+                    raise BacklogLost(f"entry {offset} left the backlog (first {self._first})")
+            out.append(data)
             size += len(data)
             offset += 1
         if not out and from_offset < self._first:
@@ -643,16 +723,180 @@ def ops_from_pairs(pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[store_pb2.O
 
 
 def snapshot_chunks(view: View, chunk_bytes: int = 1 << 20) -> Iterator[list[store_pb2.Op]]:
-    """The cut as lists of ops of about ``chunk_bytes`` each (at least one list)."""
-    chunk: list[store_pb2.Op] = []
+    """The cut as lists of ops of about ``chunk_bytes`` each (at least one list): the
+    ops of ``ops_from_pairs``, in the chunks ``snapshot_messages`` sends."""
+    for body, _ in snapshot_chunk_bodies(view, chunk_bytes):
+        yield list(replication_pb2.SnapshotChunk.FromString(body).ops)
+
+
+# --- wire encoding: replication messages built from (and split into) bytes -------------
+#
+# The hot paths move serialized entries and rows without building a protobuf object per
+# entry or per row: the primary keeps each entry's bytes (the backlog holds them) and
+# frames them into an ``EntryBatch``; the standby cuts the received batch back into the
+# entries' bytes and logs exactly those; the snapshot encodes rows straight into ``Op``
+# bytes in the worker thread. Field numbers are those of replication.proto and
+# store.proto; ``tests/test_replog.py`` checks the bytes against the protobuf runtime.
+
+_VARINTS = [bytes([n]) if n < 0x80 else bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(1 << 14)]
+_TAG1 = b"\x0a"  # field 1, length-delimited: EntryBatch.entries, SnapshotChunk.ops, names
+_TAG2 = b"\x12"  # field 2, length-delimited: StreamResponse.snapshot_chunk, values, members
+_TAG3 = b"\x1a"  # field 3, length-delimited: StreamResponse.entries, ListPush.item
+_SEQ = b"\x10"  # field 2, varint: ListPush.seq, ListClear.upto
+_OP_KV_PUT = b"\x0a"  # Op.kv_put = 1
+_OP_LIST_PUSH = b"\x1a"  # Op.list_push = 3
+_OP_LIST_CLEAR = b"\x2a"  # Op.list_clear = 5
+_OP_SET_INSERT = b"\x32"  # Op.set_insert = 6
+_CHUNK_LAST = b"\x10\x01"  # SnapshotChunk.last = true
+_GIL_ROWS = 16  # rows between clock checks while building a snapshot chunk
+_GIL_HOLD = 0.001  # seconds of GIL use between releases (the switch interval is 5 ms)
+
+
+def _varint(n: int) -> bytes:
+    if n < 1 << 14:
+        return _VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def entries_message(raws: Sequence[bytes]) -> bytes:
+    """A serialized ``StreamResponse(entries=EntryBatch(entries=...))`` of serialized
+    entries, framed without parsing them."""
+    parts: list[bytes] = [_TAG3, b""]
     size = 0
-    for op in ops_from_pairs(replicated_pairs(view)):
-        chunk.append(op)
-        size += op.ByteSize()
+    for data in raws:
+        n = _varint(len(data))
+        parts += (_TAG1, n, data)
+        size += 1 + len(n) + len(data)
+    parts[1] = _varint(size)
+    return b"".join(parts)
+
+
+def split_entries_message(raw: bytes) -> list[bytes] | None:
+    """The serialized entries of a serialized ``StreamResponse`` that carries an
+    ``EntryBatch`` laid out as ``entries_message`` lays it out; ``None`` for any other
+    message or layout (the caller then parses it the ordinary way)."""
+    if not raw or raw[0] != 0x1A:
+        return None
+    try:
+        size, pos = _read_varint(raw, 1)
+        end = len(raw)
+        if pos + size != end:
+            return None
+        out: list[bytes] = []
+        while pos < end:
+            if raw[pos] != 0x0A:
+                return None
+            size, pos = _read_varint(raw, pos + 1)
+            nxt = pos + size
+            if nxt > end:
+                return None
+            out.append(raw[pos:nxt])
+            pos = nxt
+    except (IndexError, ValueError):
+        return None
+    return out
+
+
+def _put_field(parts: list[bytes], tag: bytes, data: bytes) -> int:
+    """Append a length-delimited field (proto3: an empty one is omitted); its size."""
+    if not data:
+        return 0
+    n = _varint(len(data))
+    parts += (tag, n, data)
+    return 1 + len(n) + len(data)
+
+
+def _put_seq(parts: list[bytes], value: int) -> int:
+    if not value:
+        return 0
+    n = _varint(value)
+    parts += (_SEQ, n)
+    return 1 + len(n)
+
+
+def _row_op(parts: list[bytes], key: bytes, value: bytes) -> int:
+    """Append the ``SnapshotChunk.ops`` field of the op ``ops_from_pairs`` makes of one
+    row (nothing for a set count); returns the bytes appended."""
+    tag = key[:1]
+    inner: list[bytes] = []
+    if tag == b"k":
+        size = _put_field(inner, _TAG1, key[1:]) + _put_field(inner, _TAG2, value)
+        op = _OP_KV_PUT
+    elif tag == b"l":
+        name, _, raw_seq = key[1:].partition(b"\x00")
+        size = _put_field(inner, _TAG1, name) + _put_seq(inner, _U64.unpack(raw_seq)[0])
+        size += _put_field(inner, _TAG3, value)
+        op = _OP_LIST_PUSH
+    elif tag == b"m":
+        head, _ = _U64X2.unpack(value)
+        if not head:
+            return 0
+        size = _put_field(inner, _TAG1, key[1:]) + _put_seq(inner, head)
+        op = _OP_LIST_CLEAR
+    elif tag == b"s":
+        name, _, member = key[1:].partition(b"\x00")
+        size = _put_field(inner, _TAG1, name) + _put_field(inner, _TAG2, member)
+        op = _OP_SET_INSERT
+    elif tag == b"c":
+        return 0
+    else:
+        raise ValueError(f"unknown store row {key[:32]!r}")
+    n_inner = _varint(size)
+    op_size = 1 + len(n_inner) + size
+    n_op = _varint(op_size)
+    parts += (_TAG1, n_op, op, n_inner)
+    parts += inner
+    return 1 + len(n_op) + op_size
+
+
+def snapshot_chunk_bodies(view: View, chunk_bytes: int = 1 << 20) -> Iterator[tuple[bytes, bool]]:
+    """The cut as serialized ``SnapshotChunk`` ops fields of about ``chunk_bytes``
+    each, with whether it is the last one (there is always one, maybe empty).
+
+    Meant for a worker thread: it releases the GIL about every millisecond, so the
+    event loop (the primary's writers) never waits a whole switch interval for it."""
+    parts: list[bytes] = []
+    size = 0
+    clock = time.perf_counter
+    released = clock()
+    for rows, (key, value) in enumerate(replicated_pairs(view), 1):
+        size += _row_op(parts, key, value)
+        if rows % _GIL_ROWS == 0 and clock() - released >= _GIL_HOLD:
+            time.sleep(0)  # a real release (~50 us): a waiting thread gets the GIL
+            released = clock()
         if size >= chunk_bytes:
-            yield chunk
-            chunk, size = [], 0
-    yield chunk
+            yield b"".join(parts), False
+            parts, size = [], 0
+    yield b"".join(parts), True
+
+
+def snapshot_messages(view: View, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """``snapshot_chunk_bodies`` as serialized ``StreamResponse(snapshot_chunk=...)``."""
+    for body, last in snapshot_chunk_bodies(view, chunk_bytes):
+        if last:
+            body += _CHUNK_LAST
+        yield _TAG2 + _varint(len(body)) + body
 
 
 # --- the current store and its switch --------------------------------------------------

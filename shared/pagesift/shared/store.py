@@ -131,9 +131,10 @@ class WriteGroup:
         self._pending[_meta(name)] = _BOUNDS.pack(head, nxt)
 
     def _set_count(self, name: str, delta: int) -> None:
-        raw = self._get(_count(name))
+        key = _count(name)
+        raw = self._get(key)
         n = (_U64.unpack(raw)[0] if raw else 0) + delta
-        self._pending[_count(name)] = _U64.pack(n) if n > 0 else None
+        self._pending[key] = _U64.pack(n) if n > 0 else None
 
     def put_local(self, key: bytes, value: bytes | None) -> None:
         """Stage a node-local key (must start with ``LOCAL``); never replicated."""
@@ -229,39 +230,85 @@ class WriteGroup:
     # replication --------------------------------------------------------------
     def apply_op(self, op: store_pb2.Op) -> None:
         """Apply one replicated op idempotently, recording it like a local write."""
-        kind = op.WhichOneof("op")
-        if kind == "kv_put":
-            self.put(op.kv_put.key, op.kv_put.value)
-        elif kind == "kv_delete":
-            self.delete(op.kv_delete.key)
-        elif kind == "list_push":
-            p = op.list_push
-            head, nxt = self._bounds(p.list)
-            if p.seq < nxt:
-                return
-            self._pending[_item(p.list, p.seq)] = p.item
-            self._set_bounds(p.list, head, p.seq + 1)
-            self.ops.append(op)
-        elif kind == "list_pop_front":
-            q = op.list_pop_front
-            head, nxt = self._bounds(q.list)
-            if q.seq < head:
-                return
-            self._pending[_item(q.list, q.seq)] = None
-            self._set_bounds(q.list, q.seq + 1, max(nxt, q.seq + 1))
-            self.ops.append(op)
-        elif kind == "list_clear":
-            c = op.list_clear
-            self._clear_list_upto(c.list, c.upto, c.drop)
-            self.ops.append(op)
-        elif kind == "set_insert":
-            self.insert(op.set_insert.set, op.set_insert.member)
-        elif kind == "set_remove":
-            self.remove(op.set_remove.set, op.set_remove.member)
-        elif kind == "set_clear":
-            self.clear_set(op.set_clear.set)
-        else:
-            raise ValueError(f"unknown store op {kind!r}")
+        fn = _APPLY.get(op.WhichOneof("op") or "")
+        if fn is None:
+            raise ValueError(f"unknown store op {op.WhichOneof('op')!r}")
+        fn(self, op)
+
+    def _apply_ops(self, ops: Sequence[store_pb2.Op]) -> None:
+        # ``apply_op`` for many ops: the standby's hot path (hundreds of ops a batch).
+        table = _APPLY
+        for op in ops:
+            fn = table.get(op.WhichOneof("op") or "")
+            if fn is None:
+                raise ValueError(f"unknown store op {op.WhichOneof('op')!r}")
+            fn(self, op)
+
+    # Each ``_apply_*`` does what the matching public method does (same keys, same
+    # checks, same op recorded), minus the rebuilding of an equal ``Op`` message.
+    def _apply_kv_put(self, op: store_pb2.Op) -> None:
+        p = op.kv_put
+        self._pending[b"k" + p.key.encode()] = p.value
+        self.ops.append(op)
+
+    def _apply_kv_delete(self, op: store_pb2.Op) -> None:
+        self._pending[b"k" + op.kv_delete.key.encode()] = None
+        self.ops.append(op)
+
+    def _apply_list_push(self, op: store_pb2.Op) -> None:
+        p = op.list_push
+        name, seq = p.list, p.seq
+        raw_name = name.encode()
+        meta = b"m" + raw_name
+        pending = self._pending
+        raw = pending[meta] if meta in pending else self._get(meta)
+        head, nxt = _BOUNDS.unpack(raw) if raw is not None else (0, 0)
+        if seq < nxt:
+            return
+        pending[b"l" + raw_name + b"\x00" + _U64.pack(seq)] = p.item
+        pending[meta] = _BOUNDS.pack(head, seq + 1)
+        self.ops.append(op)
+
+    def _apply_list_pop_front(self, op: store_pb2.Op) -> None:
+        q = op.list_pop_front
+        head, nxt = self._bounds(q.list)
+        if q.seq < head:
+            return
+        self._pending[_item(q.list, q.seq)] = None
+        self._set_bounds(q.list, q.seq + 1, max(nxt, q.seq + 1))
+        self.ops.append(op)
+
+    def _apply_list_clear(self, op: store_pb2.Op) -> None:
+        c = op.list_clear
+        self._clear_list_upto(c.list, c.upto, c.drop)
+        self.ops.append(op)
+
+    def _apply_set_insert(self, op: store_pb2.Op) -> None:
+        p = op.set_insert
+        name = _check_name(p.set)
+        raw_name = name.encode()
+        key = b"s" + raw_name + b"\x00" + p.member
+        pending = self._pending
+        if (pending[key] if key in pending else self._get(key)) is not None:
+            return
+        pending[key] = b""
+        count = b"c" + raw_name
+        raw = pending[count] if count in pending else self._get(count)
+        pending[count] = _U64.pack((_U64.unpack(raw)[0] if raw else 0) + 1)
+        self.ops.append(op)
+
+    def _apply_set_remove(self, op: store_pb2.Op) -> None:
+        p = op.set_remove
+        key = _member_prefix(p.set) + p.member
+        if self._get(key) is None:
+            return
+        self._pending[key] = None
+        self._set_count(p.set, -1)
+        self.ops.append(op)
+
+    def _apply_set_clear(self, op: store_pb2.Op) -> None:
+        self._clear_set(op.set_clear.set)
+        self.ops.append(op)
 
     def _batch(self) -> WriteBatch:
         batch = WriteBatch(raw_mode=True)
@@ -273,6 +320,18 @@ class WriteGroup:
             else:
                 batch.put(key, value)
         return batch
+
+
+_APPLY: dict[str, Callable[[WriteGroup, store_pb2.Op], None]] = {
+    "kv_put": WriteGroup._apply_kv_put,
+    "kv_delete": WriteGroup._apply_kv_delete,
+    "list_push": WriteGroup._apply_list_push,
+    "list_pop_front": WriteGroup._apply_list_pop_front,
+    "list_clear": WriteGroup._apply_list_clear,
+    "set_insert": WriteGroup._apply_set_insert,
+    "set_remove": WriteGroup._apply_set_remove,
+    "set_clear": WriteGroup._apply_set_clear,
+}
 
 
 class Store:
@@ -323,8 +382,7 @@ class Store:
         """Apply replicated ops (and node-local keys) as one group; idempotent."""
 
         def run(group: WriteGroup) -> WriteGroup:
-            for op in ops:
-                group.apply_op(op)
+            group._apply_ops(ops)
             for key, value in (local or {}).items():
                 group.put_local(key, value)
             return group
