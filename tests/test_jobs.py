@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
+from pagesift.shared.store import WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import all_documents, in_process_node, wait_terminal
 
@@ -241,3 +242,44 @@ async def test_scrape_returns_one_document_with_the_asked_formats(
             await node.stub.Scrape(jobs_pb2.ScrapeRequest(url=root + "missing.html"))
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "http_status" in (e.value.details() or "")
+
+
+class _GroupRecorder:
+    """A store observer that keeps the op kinds and names of every committed group."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[tuple[str, str]]] = []
+
+    def stage(self, group: WriteGroup) -> None:
+        pass
+
+    def committed(self, group: WriteGroup) -> None:
+        ops: list[tuple[str, str]] = []
+        for op in group.ops:
+            kind: str = op.WhichOneof("op") or ""
+            msg = getattr(op, kind)
+            ops.append((kind, getattr(msg, "list", "") or getattr(msg, "set", "")))
+        self.groups.append(ops)
+
+
+async def test_each_page_is_one_group_with_its_document_and_its_done_mark(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    recorder = _GroupRecorder()
+    async with in_process_node(tmp_path) as node:
+        node.node.store().add_observer(recorder)
+        started = await node.stub.StartCrawl(crawl_request(root, limit=40))
+        final = await wait_terminal(node.stub, started.id)
+    page_groups = [g for g in recorder.groups if ("list_push", f"job/{started.id}/pages") in g]
+    done_groups = [g for g in recorder.groups if ("set_insert", f"job/{started.id}/done") in g]
+    assert len(page_groups) == final.completed
+    for g in page_groups:  # the document and its done mark travel together, once
+        assert g.count(("list_push", f"job/{started.id}/pages")) == 1
+        assert g.count(("set_insert", f"job/{started.id}/done")) == 1
+    # and a done mark never comes without the page or the page error it stands for
+    for g in done_groups:
+        assert ("list_push", f"job/{started.id}/pages") in g or (
+            "list_push",
+            f"job/{started.id}/errors",
+        ) in g

@@ -223,7 +223,7 @@ class Log:
         # front in the same batch as the entry that caused it.
         self._sizes: deque[int] = deque()
         first = self._last + 1
-        it = self._store._db.iter()  # read-only scan; writes still go through Store
+        it = self._store.iterator()  # read-only scan; writes still go through Store
         it.seek(_LOG)
         expected = -1
         while it.valid():
@@ -301,7 +301,7 @@ class Log:
 
         self._store.write(run)  # no ops: observers are not involved, only the batch
         # Identity changes are rare and must survive power loss even with fsync off.
-        self._store._db.flush_wal(True)
+        self._store.sync_wal()
 
     def open_for_writes(self) -> None:
         """Make this node the writable primary (start-up of a primary).
@@ -607,7 +607,7 @@ class Log:
             return self._view_locked()
 
     def _view_locked(self) -> View:
-        return View(self._store._db.iter(), self._last, self._tail_epoch)
+        return View(self._store.iterator(), self._last, self._tail_epoch)
 
     def _resolve_pin(self, offset: int) -> None:
         with self._wlock:
@@ -966,7 +966,7 @@ class StoreSlot:
         synced) before CURRENT names it, and CURRENT is replaced atomically; only
         then the old store is closed (and its directory deleted, unless the caller
         prefers to delete it off the event loop: ``delete_old=False``)."""
-        store._db.flush_wal(True)
+        store.sync_wal()
         log = Log(store, max_bytes=self._backlog_bytes)
         try:
             _write_current(self.data_dir, store.path.name)

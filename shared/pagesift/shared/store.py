@@ -36,7 +36,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -465,6 +465,15 @@ class Store:
         return [k[len(prefix) :] for k, _ in self._scan(prefix, prefix[:-1] + b"\x01")]
 
     # whole-store views (resync, verify) ------------------------------------------
+    def iterator(self) -> Any:
+        """A raw RocksDB iterator: a point-in-time view from its creation on (take it
+        under ``lock`` for a cut consistent with the log). Read-only."""
+        return self._db.iter()
+
+    def sync_wal(self) -> None:
+        """Make every committed group durable on disk now (promotion, resync switch)."""
+        self._db.flush_wal(True)
+
     def replicated_items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every replicated key/value pair in byte order (node-local keys skipped)."""
         it = self._db.iter()
