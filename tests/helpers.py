@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,3 +121,112 @@ def start_server_process(config_args: list[str], log: Path) -> subprocess.Popen[
 async def wait_ready(address: str, timeout: float = 20.0) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout)
+
+
+# ---------------------------------------------------------------- server processes
+
+SERVE_CONFIG: dict[str, Any] = {
+    "read_timeout": 1.0,
+    "connect_timeout": 1.0,
+    "max_body_bytes": 1024 * 1024,
+    "extract_processes": 1,  # two cores for two nodes, the site and the test
+}
+
+
+def _toml(values: Mapping[str, Any]) -> str:
+    lines = ["[server]"]
+    for key, value in values.items():
+        lines.append(f"{key} = {json.dumps(value)}")  # ints, floats, bools, strings
+    return "\n".join(lines) + "\n"
+
+
+class ServeProc:
+    """One ``pagesift serve`` child that can be SIGKILLed, stopped and restarted.
+
+    Its data directory, log and TOML file are ``tmp/name``, ``tmp/name.log`` and
+    ``tmp/name.toml``; the ``[server]`` table is ``base`` updated with ``config``
+    (``base={}`` for exactly ``config``), kept as ``settings``.
+    """
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        *,
+        role: str = "primary",
+        primary: str = "",
+        config: Mapping[str, Any] | None = None,
+        extra: tuple[str, ...] = (),
+        base: Mapping[str, Any] = SERVE_CONFIG,
+    ) -> None:
+        self.name = name
+        self.address = f"127.0.0.1:{free_port()}"
+        self.data = tmp / name
+        self.log = tmp / f"{name}.log"
+        self.config = tmp / f"{name}.toml"
+        self.settings: dict[str, Any] = {**base, **(config or {})}
+        self.config.write_text(_toml(self.settings))
+        self.role = role
+        self.primary = primary
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def args(self) -> list[str]:
+        out = ["--role", self.role, "--listen", self.address, "--data", str(self.data)]
+        if self.role == "standby":
+            out += ["--primary", self.primary]
+        return [*out, "--allow-private-networks", "--config", str(self.config), *self.extra]
+
+    def launch(self, *, role: str | None = None, primary: str | None = None) -> None:
+        """Start the child and return at once (a standby starts following before it
+        serves: ``start`` would miss what happens meanwhile)."""
+        self.role = role or self.role
+        self.primary = primary if primary is not None else self.primary
+        self.stop()
+        self.proc = start_server_process(self.args(), self.log)
+
+    async def start(self, *, role: str | None = None, primary: str | None = None) -> None:
+        self.launch(role=role, primary=primary)
+        await wait_ready(self.address)
+
+    def kill(self) -> None:
+        """SIGKILL: no handler runs, nothing is flushed but what is already durable."""
+        assert self.proc is not None and self.proc.poll() is None, f"{self.name} is not running"
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+NodeFactory = Callable[..., ServeProc]
+
+
+@contextlib.contextmanager
+def serve_procs(tmp: Path) -> Iterator[NodeFactory]:
+    """Makes ``ServeProc``\\ s (``make(name, **kwargs)``); every one is stopped at the
+    end, whatever happened. The body of a test module's ``nodes`` fixture."""
+    made: list[ServeProc] = []
+
+    def make(name: str, **kwargs: Any) -> ServeProc:
+        node = ServeProc(tmp, name, **kwargs)
+        made.append(node)
+        return node
+
+    try:
+        yield make
+    finally:
+        for node in made:  # all at once: each may wait for its grace period
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.terminate()
+        for node in made:
+            node.stop()

@@ -8,9 +8,6 @@ group; only fetches in flight at the kill are redone).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,9 +17,11 @@ import pytest
 
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import all_documents, free_port, start_server_process, wait_ready, wait_terminal
+from tests.helpers import ServeProc, all_documents, wait_terminal
 
 CONCURRENCY = 8
+# the whole [server] table (base={}: extract_processes stays at its default)
+CONFIG = {"read_timeout": 1.0, "connect_timeout": 1.0, "max_body_bytes": 1024 * 1024}
 
 
 @pytest.fixture
@@ -35,48 +34,12 @@ async def site() -> AsyncIterator[tuple[Site, str]]:
         await runner.cleanup()
 
 
-class Server:
-    """A ``pagesift serve`` child process that can be SIGKILLed and restarted."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.address = f"127.0.0.1:{free_port()}"
-        self.data = tmp / "data"
-        self.log = tmp / "server.log"
-        cfg = tmp / "pagesift.toml"
-        cfg.write_text(
-            "[server]\nread_timeout = 1.0\nconnect_timeout = 1.0\nmax_body_bytes = 1048576\n"
-        )
-        self.args = [
-            "--role", "primary", "--listen", self.address, "--data", str(self.data),
-            "--allow-private-networks", "--config", str(cfg),
-        ]  # fmt: skip
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    async def start(self) -> None:
-        self.proc = start_server_process(self.args, self.log)
-        await wait_ready(self.address)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 async def completed(stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str) -> int:
     resp = await stub.GetJob(jobs_pb2.GetJobRequest(id=job_id, limit=1))
     return resp.completed + resp.failed
 
 
-async def kill_when(server: Server, job_id: str, at: int, timeout: float = 30.0) -> None:
+async def kill_when(server: ServeProc, job_id: str, at: int, timeout: float = 30.0) -> None:
     """SIGKILL the server once the job has at least ``at`` finished pages."""
     deadline = time.monotonic() + timeout
     async with grpc.aio.insecure_channel(server.address) as ch:
@@ -91,7 +54,7 @@ async def run_with_kills(
     start: jobs_pb2.StartCrawlRequest | jobs_pb2.StartBatchScrapeRequest,
     kill_points: list[int],
 ) -> list[jobs_pb2.Document]:
-    server = Server(tmp_path)
+    server = ServeProc(tmp_path, "server", config=CONFIG, base={})
     await server.start()
     try:
         async with grpc.aio.insecure_channel(server.address) as ch:

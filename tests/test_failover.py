@@ -15,8 +15,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -32,7 +30,8 @@ from pagesift.shared.replog import open_slot
 from pagesift.standby.admin import VerifyResult, verify_digests
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
-from tests.helpers import TERMINAL, all_documents, free_port, start_server_process, wait_ready
+from tests.helpers import TERMINAL, NodeFactory, all_documents, serve_procs
+from tests.helpers import ServeProc as ServeProc  # re-exported: test_cli_admin uses it
 
 T = TypeVar("T")
 
@@ -41,106 +40,16 @@ CONCURRENCY = 8
 PAGES = 150
 PACE = 0.02  # seconds between two request starts to the site: a crawl lasts ~3-4 s
 UNLIMITED = [("grpc.max_receive_message_length", -1)]
-BASE_CONFIG: dict[str, Any] = {
-    "read_timeout": 1.0,
-    "connect_timeout": 1.0,
-    "max_body_bytes": MiB,
-    "extract_processes": 1,  # two cores for two nodes, the site and the test
-}
 
 
 # ---------------------------------------------------------------- processes
 
 
-def _toml(values: dict[str, Any]) -> str:
-    lines = ["[server]"]
-    for key, value in values.items():
-        lines.append(f"{key} = {json.dumps(value)}")  # ints, floats, bools, strings
-    return "\n".join(lines) + "\n"
-
-
-class ServeProc:
-    """One ``pagesift serve`` child that can be SIGKILLed, stopped and restarted."""
-
-    def __init__(
-        self,
-        tmp: Path,
-        name: str,
-        *,
-        role: str = "primary",
-        primary: str = "",
-        config: dict[str, Any] | None = None,
-        extra: tuple[str, ...] = (),
-    ) -> None:
-        self.name = name
-        self.address = f"127.0.0.1:{free_port()}"
-        self.data = tmp / name
-        self.log = tmp / f"{name}.log"
-        self.config = tmp / f"{name}.toml"
-        self.config.write_text(_toml({**BASE_CONFIG, **(config or {})}))
-        self.role = role
-        self.primary = primary
-        self.extra = list(extra)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def args(self) -> list[str]:
-        out = ["--role", self.role, "--listen", self.address, "--data", str(self.data)]
-        if self.role == "standby":
-            out += ["--primary", self.primary]
-        return [*out, "--allow-private-networks", "--config", str(self.config), *self.extra]
-
-    def launch(self, *, role: str | None = None, primary: str | None = None) -> None:
-        """Start the child and return at once (a standby starts following before it
-        serves: ``start`` would miss what happens meanwhile)."""
-        self.role = role or self.role
-        self.primary = primary if primary is not None else self.primary
-        self.stop()
-        self.proc = start_server_process(self.args(), self.log)
-
-    async def start(self, *, role: str | None = None, primary: str | None = None) -> None:
-        self.launch(role=role, primary=primary)
-        await wait_ready(self.address)
-
-    def kill(self) -> None:
-        """SIGKILL: no handler runs, nothing is flushed but what is already durable."""
-        assert self.proc is not None and self.proc.poll() is None, f"{self.name} is not running"
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-NodeFactory = Callable[..., ServeProc]
-
-
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
     """Makes ``ServeProc``\\ s; every one is stopped at the end, whatever happened."""
-    made: list[ServeProc] = []
-
-    def make(name: str, **kwargs: Any) -> ServeProc:
-        node = ServeProc(tmp_path, name, **kwargs)
-        made.append(node)
-        return node
-
-    try:
+    with serve_procs(tmp_path) as make:
         yield make
-    finally:
-        for node in made:  # all at once: each may wait for its grace period
-            if node.proc is not None and node.proc.poll() is None:
-                node.proc.terminate()
-        for node in made:
-            node.stop()
 
 
 async def start_pair(

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -32,7 +29,7 @@ from pagesift.primary import webhooks
 from pagesift.shared.demosite import Site, build_site, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
-from tests.helpers import free_port, start_server_process, wait_ready
+from tests.helpers import NodeFactory, ServeProc, free_port, serve_procs
 from tests.test_platform import (
     ADMIN_MD,
     ALICE,
@@ -56,66 +53,26 @@ HOLD = 12  # the event the receiver leaves unanswered until the primary is kille
 PACE = 0.01  # the receiver answers each event after this long: delivery outlasts a kill
 
 
-class Proc:
-    """One ``pagesift serve`` child, killable with SIGKILL and restartable on its data."""
-
-    def __init__(
-        self, tmp: Path, name: str, accounts: Path, *, role: str = "primary", primary: str = ""
-    ) -> None:
-        self.name = name
-        self.address = f"127.0.0.1:{free_port()}"
-        self.metrics = f"127.0.0.1:{free_port()}"
-        self.data = tmp / name
-        self.log = tmp / f"{name}.log"
-        self.role = role
-        self.primary = primary
-        config: dict[str, Any] = {
-            "read_timeout": 1.0,
-            "connect_timeout": 1.0,
-            "max_body_bytes": MiB,
-            "extract_processes": 0,
-            "accounts_file": str(accounts),  # both nodes: same keys, same webhook secrets
-            "webhook_base_delay": 0.05,
-            "webhook_max_delay": 0.2,
-            "webhook_max_attempts": 200,
-            "metrics_listen": self.metrics,
-        }
-        self.toml = tmp / f"{name}.toml"
-        lines = ["[server]", *(f"{k} = {json.dumps(v)}" for k, v in config.items())]
-        self.toml.write_text("\n".join(lines) + "\n")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    async def start(self) -> None:
-        args = ["--role", self.role, "--listen", self.address, "--data", str(self.data)]
-        if self.role == "standby":
-            args += ["--primary", self.primary]
-        args += ["--allow-private-networks", "--config", str(self.toml)]
-        self.proc = start_server_process(args, self.log)
-        await wait_ready(self.address)
-
-    def kill(self) -> None:
-        assert self.proc is not None and self.proc.poll() is None, f"{self.name} is not running"
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+def settings(accounts: Path) -> dict[str, Any]:
+    """A node's whole ``[server]`` table (``base={}``), with its own metrics endpoint."""
+    return {
+        "read_timeout": 1.0,
+        "connect_timeout": 1.0,
+        "max_body_bytes": MiB,
+        "extract_processes": 0,
+        "accounts_file": str(accounts),  # both nodes: same keys, same webhook secrets
+        "webhook_base_delay": 0.05,
+        "webhook_max_delay": 0.2,
+        "webhook_max_attempts": 200,
+        "metrics_listen": f"127.0.0.1:{free_port()}",
+    }
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    made: list[Proc] = []
-    try:
-        yield made
-    finally:
-        for p in made:
-            p.stop()
+def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
+    """Makes ``ServeProc``\\ s; every one is stopped at the end, whatever happened."""
+    with serve_procs(tmp_path) as make:
+        yield make
 
 
 @pytest.fixture
@@ -153,7 +110,7 @@ async def start_hooked_crawl(address: str, root: str, url: str) -> str:
         return (await stub.StartCrawl(req, metadata=ALICE.md, timeout=10)).id
 
 
-async def drained(node: Proc, job_id: str, timeout: float = 40) -> tuple[int, list[str]]:
+async def drained(node: ServeProc, job_id: str, timeout: float = 40) -> tuple[int, list[str]]:
     """Wait for the job to finish and the node's webhook queue to be empty (its metrics
     endpoint); returns the number of events and the job's document URLs."""
     async with grpc.aio.insecure_channel(node.address) as ch:
@@ -162,7 +119,8 @@ async def drained(node: Proc, job_id: str, timeout: float = 40) -> tuple[int, li
         assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
 
         async def empty() -> bool | None:
-            depth = metric(await scrape_metrics(node.metrics), "pagesift_webhook_queue_depth")
+            metrics = await scrape_metrics(node.settings["metrics_listen"])
+            depth = metric(metrics, "pagesift_webhook_queue_depth")
             return True if depth == 0 else None
 
         await eventually(empty, f"{node.name}'s webhook queue to drain", timeout)
@@ -192,7 +150,7 @@ def check_deliveries(hits: list[Hit], n: int, urls: list[str]) -> Counter[int]:
 
 
 async def test_a_primary_sigkilled_mid_delivery_resends_only_the_event_in_flight(
-    tmp_path: Path, site: tuple[Site, str], procs: list[Proc]
+    tmp_path: Path, site: tuple[Site, str], nodes: NodeFactory
 ) -> None:
     root = site[1]
     accounts = write_accounts(tmp_path / "accounts.toml")
@@ -200,8 +158,7 @@ async def test_a_primary_sigkilled_mid_delivery_resends_only_the_event_in_flight
     receiver = Receiver(ALICE.secret, held)
     url = await receiver.start()
     try:
-        primary = Proc(tmp_path, "primary", accounts)
-        procs.append(primary)
+        primary = nodes("primary", config=settings(accounts), base={})
         await primary.start()
         job = await start_hooked_crawl(primary.address, root, url)
 
@@ -239,7 +196,7 @@ async def test_a_primary_sigkilled_mid_delivery_resends_only_the_event_in_flight
 
 
 async def test_a_failover_resumes_delivery_from_the_replicated_cursor(
-    tmp_path: Path, site: tuple[Site, str], procs: list[Proc]
+    tmp_path: Path, site: tuple[Site, str], nodes: NodeFactory
 ) -> None:
     root = site[1]
     accounts = write_accounts(tmp_path / "accounts.toml")
@@ -247,9 +204,10 @@ async def test_a_failover_resumes_delivery_from_the_replicated_cursor(
     receiver = Receiver(ALICE.secret, held)
     url = await receiver.start()
     try:
-        primary = Proc(tmp_path, "primary", accounts)
-        standby = Proc(tmp_path, "standby", accounts, role="standby", primary=primary.address)
-        procs += [primary, standby]
+        primary = nodes("primary", config=settings(accounts), base={})
+        standby = nodes(
+            "standby", config=settings(accounts), base={}, role="standby", primary=primary.address
+        )
         await asyncio.gather(primary.start(), standby.start())
 
         async def connected() -> bool | None:

@@ -56,7 +56,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -72,13 +72,7 @@ from prometheus_client.registry import Collector
 
 from pagesift.shared import jobrecords as jr
 from pagesift.shared.store import Store
-
-if TYPE_CHECKING:  # grpc-stubs makes these generic; at run time they are plain classes
-    Handler = grpc.RpcMethodHandler[Any, Any]
-    ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:
-    Handler = grpc.RpcMethodHandler
-    ServerInterceptor = grpc.aio.ServerInterceptor
+from pagesift.shared.tls import Handler, ServerInterceptor
 
 __all__ = [
     "FETCH_BUCKETS",

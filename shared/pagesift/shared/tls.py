@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+# Typing aliases for grpc.aio interceptors, shared with pagesift.shared.metrics.
 if TYPE_CHECKING:  # grpc-stubs makes these generic; at run time they are plain classes
     Handler = grpc.RpcMethodHandler[Any, Any]
     ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
@@ -44,7 +45,9 @@ else:
 __all__ = [
     "TOKEN_HEADER",
     "GuardRule",
+    "Handler",
     "MetadataGuard",
+    "ServerInterceptor",
     "TlsConfigError",
     "channel_credentials",
     "peer_common_name",
