@@ -219,6 +219,19 @@ async def test_after_a_crawl_the_standby_digest_equals_the_primarys(
     on_standby = await documents(standby.address, job_id)
     assert [d.url for d in on_standby] == [d.url for d in await documents(primary.address, job_id)]
     assert_every_page_once(on_standby, s, root)
+    # reads on the standby carry its position; writes name the primary
+    async with grpc.aio.insecure_channel(standby.address) as ch:
+        stub = jobs_pb2_grpc.JobServiceStub(ch)
+        call = stub.GetJob(jobs_pb2.GetJobRequest(id=job_id, limit=1))
+        await call
+        md = dict(await call.trailing_metadata() or ())
+        assert md["pagesift-role"] == "standby"
+        assert int(md["pagesift-applied-offset"]) == offset
+        assert md["pagesift-lag-offsets"] == "0"
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.StartCrawl(crawl_request(root))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert primary.address in (e.value.details() or "")
 
 
 # ---------------------------------------------------------------- (b) continue

@@ -94,7 +94,13 @@ class Jobs:
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
             if meta is not None and not meta.terminal:
-                log.info("resuming job %s (%s)", job_id, meta.kind)
+                log.info(
+                    "job %s resumed (%s, account %s)",
+                    job_id,
+                    meta.kind,
+                    meta.owner,
+                    extra={"job": job_id, "account": meta.owner},
+                )
                 self._spawn(meta)
         self._sweeper = asyncio.create_task(self._sweep_loop())
 
@@ -181,7 +187,13 @@ class Jobs:
             self._wake(meta.id)
             if self._wait_replicated is not None:
                 self._visible[meta.id] = 0
-            log.info("job %s started (%s, owner %s)", meta.id, kind, owner)
+            log.info(
+                "job %s started (%s, account %s)",
+                meta.id,
+                kind,
+                owner,
+                extra={"job": meta.id, "account": owner},
+            )
             self._spawn(meta)
         if self._wait_replicated is not None:
             await self._wait_replicated(None)
@@ -208,12 +220,16 @@ class Jobs:
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
             if meta is None or (meta.terminal and meta.expires_ms <= now):
+                log.info(
+                    "job %s expired (account %s)",
+                    job_id,
+                    meta.owner if meta else "-",
+                    extra={"job": job_id, "account": meta.owner if meta else ""},
+                )
                 self.store.write(partial(_delete_job, job_id=job_id, meta=meta))
                 self._visible.pop(job_id, None)
                 removed += 1
         quota.prune_all(self.store, time.time())
-        if removed:
-            log.info("expired %d job(s)", removed)
         return removed
 
     async def _sweep_loop(self) -> None:
@@ -445,7 +461,14 @@ class Jobs:
         meta, _ = self.store.write(group)
         self._wake(job_id)
         if meta is not None:
-            log.info("job %s %s%s", job_id, meta.state, f": {note}" if note else "")
+            log.info(
+                "job %s %s (account %s)%s",
+                job_id,
+                meta.state,
+                meta.owner,
+                f": {note}" if note else "",
+                extra={"job": job_id, "account": meta.owner},
+            )
         return meta
 
 

@@ -273,22 +273,26 @@ def _node_id(data: Path) -> str:
     return path.read_text().strip()
 
 
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line; job events add their ``job`` and ``account``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("job", "account"):
+            if hasattr(record, key):
+                line[key] = getattr(record, key)
+        return json.dumps(line)
+
+
 def _setup_logging(fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-
-        class JsonFormatter(logging.Formatter):
-            def format(self, record: logging.LogRecord) -> str:
-                return json.dumps(
-                    {
-                        "time": self.formatTime(record),
-                        "level": record.levelname,
-                        "logger": record.name,
-                        "message": record.getMessage(),
-                    }
-                )
-
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonLogFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()
