@@ -342,12 +342,16 @@ class Jobs:
         raw = doc.SerializeToString()
         now = time.time()
 
+        kind = ""
+
         def group(g: WriteGroup) -> tuple[int | None, quota.LimitExceeded | None, WriteGroup]:
+            nonlocal kind
             meta_raw = g.get(jr.meta_key(job_id))
             done = jr.part(job_id, "done")
             if meta_raw is None or g.contains(done, mark):
                 return None, None, g  # the job is gone, or the page recorded already
             meta = jr.JobMeta.decode(meta_raw)
+            kind = meta.kind
             if meta.terminal:
                 return None, None, g  # cancelled or stopped while this page was in flight
             account = self.accounts.get(meta.owner)
@@ -376,7 +380,7 @@ class Jobs:
         if seq is None:
             return
         if self.metrics is not None:
-            self.metrics.page_recorded(self._kind(job_id))
+            self.metrics.page_recorded(kind)
         if self._wait_replicated is not None:
             offset = written.info.get("offset")  # set by the replication log while committing
             if isinstance(offset, int):
@@ -395,10 +399,6 @@ class Jobs:
         task = self._tasks.pop(job_id, None)
         if task is not None:
             task.cancel()
-
-    def _kind(self, job_id: str) -> str:
-        meta = jr.load_meta(self.store, job_id)
-        return meta.kind if meta is not None else "unknown"
 
     def _wake(self, job_id: str) -> None:
         if self.deliverer is not None:
