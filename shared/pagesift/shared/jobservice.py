@@ -20,7 +20,6 @@ the ``pagesift-error-code`` trailing metadata.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import NoReturn, Protocol
@@ -32,10 +31,9 @@ from pagesift.shared import quota, validate
 from pagesift.shared.accounts import Account, Accounts, Unauthenticated
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.events import JobEvents
+from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-
-log = logging.getLogger("pagesift.api")
 
 WATCH_POLL_SECONDS = 1.0  # a watcher re-reads at least this often, even without a wake-up
 
@@ -43,11 +41,6 @@ WATCH_POLL_SECONDS = 1.0  # a watcher re-reads at least this often, even without
 class Registration(Protocol):
     id: str
     created: bool
-
-
-class PageFailure(Protocol):
-    code: str
-    message: str
 
 
 class JobRuntime(Protocol):
@@ -79,6 +72,7 @@ class Node(Protocol):
     config: ServerConfig
     events: JobEvents
     accounts: Accounts
+    metrics: Metrics
 
     def store(self) -> Store: ...
 
@@ -157,8 +151,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             context.set_trailing_metadata(tuple(md))
 
     # writes -------------------------------------------------------------------------
-    async def _limits(
-        self, context: Context, caller: Account, kind: str, *, batch_urls: int = 0, limit: int = 0
+    def _limits(
+        self, caller: Account, kind: str, *, batch_urls: int = 0, limit: int = 0
     ) -> Callable[[], None]:
         """A check of the caller's limits to run inside the registration's write section."""
         store = self.node.store()
@@ -178,9 +172,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return check
 
     async def _refuse_limit(self, context: Context, e: quota.LimitExceeded) -> NoReturn:
-        metrics = getattr(self.node, "metrics", None)
-        if metrics is not None:
-            metrics.limit_hit(e.limit_name)
+        self.node.metrics.limit_hit(e.limit_name)
         await context.abort(
             grpc.StatusCode.RESOURCE_EXHAUSTED, e.message, trailing_metadata=e.trailing_metadata()
         )
@@ -224,7 +216,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         except validate.InvalidArgument as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
-            (await self._limits(context, caller, "scrape"))()
+            self._limits(caller, "scrape")()
         except quota.LimitExceeded as e:
             await self._refuse_limit(context, e)
         from pagesift.primary.engine import PageError
@@ -253,7 +245,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         stored.CopyFrom(request)
         del stored.urls[:]
         stored.urls.extend(plan.urls)
-        check = await self._limits(context, caller, "batch", batch_urls=len(plan.urls))
+        check = self._limits(caller, "batch", batch_urls=len(plan.urls))
         try:
             reg = await runtime.register(
                 "batch",
@@ -279,7 +271,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         hook = await self._webhook(context, caller, request.webhook)
         limit = quota.crawl_limit_for(caller, request.limit, self.node.config.default_crawl_limit)
-        check = await self._limits(context, caller, "crawl", limit=limit)
+        check = self._limits(caller, "crawl", limit=limit)
         try:
             reg = await runtime.register(
                 "crawl",
