@@ -48,7 +48,7 @@ class RunningNode:
     node: server.Node
 
 
-def test_config(data: Path, **overrides: Any) -> ServerConfig:
+def node_config(data: Path, **overrides: Any) -> ServerConfig:
     values: dict[str, Any] = {
         "listen": f"127.0.0.1:{free_port()}",
         "data": data,
@@ -64,7 +64,7 @@ def test_config(data: Path, **overrides: Any) -> ServerConfig:
 @contextlib.asynccontextmanager
 async def in_process_node(data: Path, **overrides: Any) -> AsyncIterator[RunningNode]:
     """A real node (gRPC server + store + engine) inside the test's event loop."""
-    config = test_config(data, **overrides)
+    config = node_config(data, **overrides)
     stop = asyncio.Event()
     started: asyncio.Future[server.Node] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(server.run(config, stop, started))

@@ -116,7 +116,7 @@ async def serving(config: ServerConfig) -> AsyncIterator[server.Node]:
 
 
 def node_config(data: Path, **overrides: Any) -> ServerConfig:
-    return helpers.test_config(data, **{**FAST, **overrides})
+    return helpers.node_config(data, **{**FAST, **overrides})
 
 
 async def eventually(check: Callable[[], Awaitable[T | None]], what: str, timeout: float) -> T:

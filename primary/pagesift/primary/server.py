@@ -38,7 +38,7 @@ from pagesift.shared.config import ServerConfig
 from pagesift.shared.events import JobEvents
 from pagesift.shared.jobservice import JobRuntime, JobService
 from pagesift.shared.metrics import Metrics, ReplicationFigures, start_http
-from pagesift.shared.replog import open_slot
+from pagesift.shared.replog import Fenced, open_slot
 from pagesift.shared.store import Store
 from pagesift.standby.admin import AdminServicer
 from pagesift.standby.follower import Follower
@@ -48,6 +48,10 @@ from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb
 log = logging.getLogger("pagesift.server")
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class StartRefused(RuntimeError):
+    """The data directory does not allow the role asked for (see ``Node.start``)."""
 
 
 class Node:
@@ -115,7 +119,16 @@ class Node:
 
     async def start(self) -> None:
         if self.role == "primary":
-            self.slot.log.open_for_writes()  # raises Fenced if a higher epoch deposed us
+            if self.slot.log.persisted_role == "standby":
+                raise StartRefused(
+                    "this data directory belongs to a standby: promote it (pagesift promote) "
+                    "or start it with --role standby; starting it as a primary would fork "
+                    "its primary's history"
+                )
+            try:
+                self.slot.log.open_for_writes()
+            except Fenced as e:
+                raise StartRefused(f"refusing to start as a primary: {e}") from None
             await self._start_jobs()
         else:
             cfg = self.config
@@ -363,7 +376,11 @@ async def run(
     server = grpc.aio.server(
         interceptors=[node.metrics.interceptor(), _guards(node)], options=options
     )
-    await node.start()
+    try:
+        await node.start()
+    except BaseException:
+        await node.close()
+        raise
     jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(node), server)
     replication_pb2_grpc.add_ReplicationServiceServicer_to_server(node.replication, server)
     admin = AdminServicer(
@@ -435,5 +452,9 @@ def serve(config: ServerConfig) -> int:
             loop.add_signal_handler(sig, stop.set)
         await run(config, stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except StartRefused as e:
+        log.error("%s", e)
+        return 2
     return 0
