@@ -46,7 +46,7 @@ class ServerConfig:
     # replication
     replication_mode: str = "async"  # async | sync
     sync_timeout: float = 2.0
-    backlog_bytes: int = 512 * 1024 * 1024  # >= 60 s at peak crawl write rate (see BENCHMARKS.md)
+    backlog_bytes: int = 512 * 1024 * 1024  # ~74 s at the measured peak crawl rate (~7 MB/s)
     auto_promote_after: float = 0.0
     # accounts, webhooks, metrics, transport security
     accounts_file: str = ""  # "" = one anonymous account
