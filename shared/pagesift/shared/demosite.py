@@ -82,7 +82,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -569,6 +569,17 @@ class _Generator:
 # ---------------------------------------------------------------- the site
 
 
+class CrawlSettings(TypedDict, total=False):
+    """The crawl settings ``Site.outcomes`` takes (see its defaults)."""
+
+    sitemap: SitemapMode
+    max_depth: int | None
+    allow_non_html: bool
+    slow_times_out: bool
+    big_too_large: bool
+    exclude_calendar: bool
+
+
 @dataclass
 class Site:
     """The application, its manifest, and request counters; see the module docstring."""
@@ -671,50 +682,14 @@ class Site:
                     queue.append(nxt)
         return {self.url(root_url, p): v for p, v in result.items()}
 
-    def expected_documents(
-        self,
-        root_url: str,
-        *,
-        sitemap: SitemapMode = "include",
-        max_depth: int | None = None,
-        allow_non_html: bool = False,
-        slow_times_out: bool = True,
-        big_too_large: bool = True,
-        exclude_calendar: bool = True,
-    ) -> set[str]:
+    def expected_documents(self, root_url: str, **settings: Unpack[CrawlSettings]) -> set[str]:
         """Normalized URLs a crawl from ``/`` returns as documents (see the module docstring)."""
-        out = self.outcomes(
-            root_url,
-            sitemap=sitemap,
-            max_depth=max_depth,
-            allow_non_html=allow_non_html,
-            slow_times_out=slow_times_out,
-            big_too_large=big_too_large,
-            exclude_calendar=exclude_calendar,
-        )
+        out = self.outcomes(root_url, **settings)
         return {u for u, v in out.items() if v == "document"}
 
-    def expected_errors(
-        self,
-        root_url: str,
-        *,
-        sitemap: SitemapMode = "include",
-        max_depth: int | None = None,
-        allow_non_html: bool = False,
-        slow_times_out: bool = True,
-        big_too_large: bool = True,
-        exclude_calendar: bool = True,
-    ) -> dict[str, str]:
+    def expected_errors(self, root_url: str, **settings: Unpack[CrawlSettings]) -> dict[str, str]:
         """Normalized URL -> error code for every page that crawl reports as failed."""
-        out = self.outcomes(
-            root_url,
-            sitemap=sitemap,
-            max_depth=max_depth,
-            allow_non_html=allow_non_html,
-            slow_times_out=slow_times_out,
-            big_too_large=big_too_large,
-            exclude_calendar=exclude_calendar,
-        )
+        out = self.outcomes(root_url, **settings)
         return {u: v for u, v in out.items() if v != "document"}
 
 
