@@ -19,6 +19,7 @@ from pagesift.primary.replication import ReplicationServicer
 from pagesift.shared.replog import Log, NotWritable, StoreSlot, open_slot
 from pagesift.shared.store import WriteGroup
 from pagesift.standby.admin import AdminServicer, verify_digests
+from pagesift.standby import follower as follower_module
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
 from pagesift.v1 import replication_pb2 as pb
@@ -456,3 +457,47 @@ async def test_a_busy_stream_carries_batches_and_the_standby_still_acks_everythi
     assert follower.messages - messages < 100
     assert b.slot.store.digest() == a.slot.store.digest()
     assert [e.offset for e in b.log.read(1, max_bytes=1 << 30)] == list(range(1, 301))
+
+
+async def test_a_large_batch_is_applied_in_runs_with_the_loop_serving_between_them(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes, backlog_bytes=8 << 20)
+    a.write("first")  # the standby gets a history, so the next session continues
+    follower = b.follow(a)
+    await caught_up(b, a)
+    await follower.stop()
+    for i in range(120):  # ~1.2 MB of entries: catching up gets ~1 MB batches
+        a.write(f"k{i}", bytes([i]) * 10_000)
+
+    ticks = 0
+    commits: list[tuple[int, int]] = []  # (entries in the group, ticks seen at its commit)
+
+    class Runs:
+        def stage(self, group: WriteGroup) -> None:
+            pass
+
+        def committed(self, group: WriteGroup) -> None:
+            commits.append((len(group.ops), ticks))
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    b.slot.store.add_observer(Runs())
+    tick_task = asyncio.create_task(ticker())
+    try:
+        assert b.follow(a).continues == 0
+        await caught_up(b, a)
+    finally:
+        tick_task.cancel()
+    assert b.follower is not None and b.follower.continues == 1
+    per_run = follower_module.APPLY_RUN_BYTES // 10_000
+    assert sum(n for n, _ in commits) == 120
+    assert max(n for n, _ in commits) <= per_run
+    assert len(commits) >= 120 // per_run
+    # the loop ran between every two runs, also between runs of one message
+    assert all(t1 > t0 for (_, t0), (_, t1) in zip(commits, commits[1:], strict=False))
+    assert b.slot.store.digest() == a.slot.store.digest()

@@ -62,9 +62,9 @@ What it owns
    one is skipped; a crash between batches loses nothing that was acked. Messages
    arrive as bytes: an entry batch is cut into its entries' bytes
    (``replog.split_entries_message``), each parsed once for its ops and logged as
-   received (never re-serialized). A small batch (the usual case at crawl rate) is
-   applied right on the event loop, a large one (catching up) in a worker thread;
-   the next message is already being received meanwhile.
+   received (never re-serialized). Batches are applied on the event loop in runs of
+   at most ``APPLY_RUN_BYTES`` (one WriteBatch each), yielding between runs, while
+   the next message is already being received.
 5. **Acks** (the primary's sync mode waits for them): at once when no further
    message is waiting, so a lone entry is acked as soon as it is durable; while
    messages keep coming, no sooner than ``ACK_MIN_GAP`` after the previous ack and
@@ -78,26 +78,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import grpc
 
 from pagesift.shared import replproto
 from pagesift.shared.replog import Log, StoreSlot, split_entries_message
-from pagesift.shared.store import Store
 from pagesift.v1 import replication_pb2 as pb
-from pagesift.v1 import store_pb2
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 # Responses arrive as bytes (no deserializer): an entry batch is cut into its entries'
 # bytes, which the backlog logs as received; every other message is parsed here.
@@ -109,10 +104,11 @@ _STREAM_METHOD = f"/{_SERVICE.full_name}/{_SERVICE.methods_by_name['Stream'].nam
 # receive limit; a message we could never receive would loop the session forever.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 
-#: An entry message up to this size is applied on the event loop: a RocksDB write of a
-#: few KB takes tens of µs, a hop to a worker thread costs more. Larger ones (catching
-#: up: ~1 MB batches) go to a thread, so the loop keeps serving reads meanwhile.
-INLINE_APPLY_BYTES = 64 * 1024
+#: Entries are applied on the event loop in runs of up to this many bytes (one
+#: WriteBatch each; a single larger entry is a run of its own), yielding to the loop
+#: between runs so reads on the standby wait at most one run. No worker thread:
+#: rocksdict holds the GIL while it writes, so a thread only adds hand-offs.
+APPLY_RUN_BYTES = 256 * 1024
 #: Acks: at once when no further message is waiting (sync mode on the primary waits
 #: for them), but no sooner than ACK_MIN_GAP after the previous one while messages
 #: keep coming, and at least every ACK_MAX_DELAY while they are already buffered.
@@ -130,19 +126,6 @@ def _drop(task: asyncio.Future[object] | None) -> None:
 def _retrieve(task: asyncio.Future[object]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-async def _in_thread(fn: Callable[[], T]) -> T:
-    """Run blocking store work in a thread; if we are cancelled meanwhile, still wait
-    for the thread to finish before re-raising, so nobody closes or discards a store
-    a thread is writing (and a promotion never overlaps an apply)."""
-    task = asyncio.ensure_future(asyncio.to_thread(fn))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await task
-        raise
 
 
 @dataclass(frozen=True)
@@ -406,8 +389,7 @@ class Follower:
                     if chunk.last
                     else None
                 )
-                ops = list(chunk.ops)
-                await _in_thread(functools.partial(_apply, store, ops, local))
+                store.apply(chunk.ops, local=local)
                 if chunk.last:
                     break
         except BaseException:
@@ -471,25 +453,33 @@ class Follower:
                     raws = None
                 if not entries:
                     continue
-                apply = functools.partial(
-                    self._slot.log.append_replicated,
-                    entries,
-                    primary_epoch=primary_epoch,
-                    raw=raws,
-                )
-                if len(raw) <= INLINE_APPLY_BYTES:
-                    apply()
-                else:
-                    await _in_thread(apply)
+                await self._apply(entries, raws, primary_epoch)
                 self._note_primary(entries[-1].offset)
                 owed = True
         finally:
             _drop(reading)
 
+    async def _apply(
+        self, entries: list[pb.LogEntry], raws: list[bytes] | None, primary_epoch: int
+    ) -> None:
+        """Apply a message's entries on the event loop in runs of about
+        ``APPLY_RUN_BYTES``, letting the loop serve reads between runs."""
+        sizes = [len(r) for r in raws] if raws is not None else [e.ByteSize() for e in entries]
+        start, n = 0, len(entries)
+        while start < n:
+            end, size = start + 1, sizes[start]
+            while end < n and size + sizes[end] <= APPLY_RUN_BYTES:
+                size += sizes[end]
+                end += 1
+            self._slot.log.append_replicated(
+                entries[start:end],
+                primary_epoch=primary_epoch,
+                raw=raws[start:end] if raws is not None else None,
+            )
+            start = end
+            if start < n:
+                await asyncio.sleep(0)
+
     async def _ack(self, call: StreamCall) -> None:
         self.acks += 1
         await call.write(pb.StreamRequest(ack=pb.Ack(applied_offset=self.applied_offset)))
-
-
-def _apply(store: Store, ops: list[store_pb2.Op], local: dict[bytes, bytes | None] | None) -> None:
-    store.apply(ops, local=local)
