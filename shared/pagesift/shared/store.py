@@ -334,21 +334,26 @@ _APPLY: dict[str, Callable[[WriteGroup, store_pb2.Op], None]] = {
 }
 
 
+def rocksdb_options() -> Options:
+    """The RocksDB options of every store (the benchmark's raw limit uses them too)."""
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    # Most point reads ask for keys that are absent (is this URL seen, is this member
+    # in, which bounds does a new list have); without a filter each one reads an index
+    # and a data block per level. 10 bits/key: ~1% false positives.
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
 class Store:
     """An open RocksDB directory. Reads are lock-free; writes go through ``write``."""
 
     def __init__(self, path: Path | str, *, fsync: bool = False) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        # Most point reads ask for keys that are absent (is this URL seen, is this member
-        # in, which bounds does a new list have); without a filter each one reads an index
-        # and a data block per level. 10 bits/key: ~1% false positives.
-        table = BlockBasedOptions()
-        table.set_bloom_filter(10, False)
-        opts.set_block_based_table_factory(table)
-        self._db = Rdict(str(self.path), opts)
+        self._db = Rdict(str(self.path), rocksdb_options())
         self._wopts = WriteOptions()
         self._wopts.sync = fsync
         self._lock = threading.RLock()
