@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -413,6 +414,40 @@ async def test_a_crawl_whose_primary_is_killed_completes_on_the_promoted_standby
     final = await finished(standby.address, job_id)
     assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
     assert_every_page_once(await documents(standby.address, job_id), s, root)
+
+
+async def test_a_deposed_primary_still_running_stops_writing_once_it_hears_the_promoted_node(
+    nodes: NodeFactory, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    primary, standby = await start_pair(nodes)
+    job_id = await start_crawl(primary.address, crawl_request(root))
+    await eventually(lambda: pages_done(standby.address, job_id, 5), "5 pages on the standby")
+    assert primary.proc is not None
+    pid = primary.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # frozen mid-crawl: unreachable, not dead
+    try:
+        promoted = await promote(standby.address)
+        assert promoted.epoch == 2 and not promoted.already_primary
+        await asyncio.sleep(1.0)  # the promoted node keeps asking meanwhile
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    async def fenced() -> pb.RoleResponse | None:
+        r = await role(primary.address)
+        return r if r.role == pb.NODE_ROLE_FENCED else None
+
+    await eventually(fenced, "the old primary to be fenced", timeout=30)
+    first = (await role(primary.address)).applied_offset
+    async with grpc.aio.insecure_channel(primary.address) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(crawl_request(root), timeout=5)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert standby.address in (info.value.details() or "")  # it names the new primary
+    await asyncio.sleep(0.5)
+    assert (await role(primary.address)).applied_offset == first  # its crawl stopped writing
+    assert "fenced by epoch 2" in primary.log_text()
+    assert "takes no writes" in standby.log_text()
 
 
 # ---------------------------------------------------------------- (f) the old primary rejoins

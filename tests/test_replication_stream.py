@@ -7,8 +7,9 @@ real server will; a standby also runs a Follower. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +19,9 @@ import pytest
 from pagesift.primary.replication import ReplicationServicer
 from pagesift.shared.replog import Log, NotWritable, StoreSlot, open_slot
 from pagesift.shared.store import WriteGroup
-from pagesift.standby.admin import AdminServicer, verify_digests
 from pagesift.standby import follower as follower_module
+from pagesift.standby.admin import AdminServicer, verify_digests
+from pagesift.standby.fencing import fence_former_primary
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
 from pagesift.v1 import replication_pb2 as pb
@@ -112,7 +114,7 @@ async def start_node(
 ) -> Node:
     slot = open_slot(path, backlog_bytes=backlog_bytes)
 
-    async def on_fenced(epoch: int) -> None:
+    async def on_fenced(epoch: int, by: str) -> None:
         node.fenced.append(epoch)
 
     async def on_promoted() -> None:
@@ -499,5 +501,75 @@ async def test_a_large_batch_is_applied_in_runs_with_the_loop_serving_between_th
     assert max(n for n, _ in commits) <= per_run
     assert len(commits) >= 120 // per_run
     # the loop ran between every two runs, also between runs of one message
-    assert all(t1 > t0 for (_, t0), (_, t1) in zip(commits, commits[1:], strict=False))
+    assert all(t1 > t0 for (_, t0), (_, t1) in itertools.pairwise(commits))
     assert b.slot.store.digest() == a.slot.store.digest()
+
+
+def fencing_hello(node: Node) -> pb.Hello:
+    h = node.log.hello(node.name)
+    return pb.Hello(
+        node_id=h.node_id,
+        history_id=h.history_id,
+        applied_offset=h.applied_offset,
+        epoch=h.epoch,
+        address=node.addr,
+    )
+
+
+async def test_the_promoted_node_fences_its_former_primary_and_a_newer_primary_deposes_it(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes)
+    a.write("k")
+    b.follow(a)
+    await caught_up(b, a)
+    await b.admin().Promote(pb.PromoteRequest())
+    assert a.log.writable  # nobody told the old primary yet
+
+    async def b_deposed(epoch: int) -> None:
+        await b.repl.step_down(epoch, by="")
+
+    def fence_a() -> Awaitable[str]:
+        return fence_former_primary(
+            a.addr,
+            lambda: fencing_hello(b),
+            still_primary=lambda: b.log.writable,
+            on_deposed=b_deposed,
+            backoff_base=0.01,
+        )
+
+    assert await fence_a() == "done"
+    assert not a.log.writable and a.log.fenced_epoch == 2 and a.fenced == [2]
+    assert await fence_a() == "done"  # asked again: a fenced node refuses too
+
+    # a rejoins b, is promoted over b's head (epoch 3): b's hello now meets a newer
+    # primary, and b is the one to step down
+    a.follow(b)
+    await caught_up(a, b)
+    await a.admin().Promote(pb.PromoteRequest())
+    assert a.log.epoch == 3 and b.log.writable
+    assert await fence_a() == "deposed"
+    assert not b.log.writable and b.fenced == [3]
+
+
+async def test_fencing_an_unreachable_former_primary_retries_until_we_are_no_primary(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    a, b = await pair(tmp_path, nodes)
+    await a.halt()  # nobody listens at a's address any more
+    asks = 0
+
+    def still_primary() -> bool:
+        nonlocal asks
+        asks += 1
+        return asks <= 3
+
+    verdict = await fence_former_primary(
+        a.addr,
+        lambda: fencing_hello(b),
+        still_primary=still_primary,
+        on_deposed=b.repl.step_down,
+        answer_timeout=1.0,
+        backoff_base=0.01,
+    )
+    assert verdict == "stopped" and asks == 4

@@ -20,6 +20,7 @@ from pagesift.shared.replproto import (
     check_batch,
     check_primary_epoch,
     decide,
+    fencing_verdict,
     may_accept_writes,
     must_fence,
     plan_promotion,
@@ -90,6 +91,8 @@ def test_a_peer_of_a_higher_epoch_makes_the_primary_step_down() -> None:
 def test_a_node_that_is_not_a_writable_primary_refuses() -> None:
     standby = PrimaryState(False, 2, "h2", "", 0, 1, 10)
     assert isinstance(decide(hello("h2", 5), standby), Refuse)
+    # a higher epoch too: a standby takes no writes, there is nothing to fence
+    assert isinstance(decide(hello("h3", 5, epoch=3), standby), Refuse)
 
 
 @given(
@@ -164,3 +167,11 @@ def test_backoff_doubles_up_to_its_cap_and_jitter_only_shortens_it() -> None:
     assert delays[:4] == pytest.approx([0.1, 0.2, 0.4, 0.8])
     assert max(delays) == 2.0
     assert backoff_delay(100, base=0.1, cap=2.0, jitter=0.99) == pytest.approx(1.01)
+
+
+def test_a_fencing_hello_is_done_once_refused_and_deposes_us_only_for_a_higher_epoch() -> None:
+    assert fencing_verdict(2, refused=True, decision_epoch=None) == "done"
+    assert fencing_verdict(2, refused=False, decision_epoch=None) == "retry"
+    assert fencing_verdict(2, refused=False, decision_epoch=3) == "deposed"
+    assert fencing_verdict(2, refused=False, decision_epoch=2) == "conflict"
+    assert fencing_verdict(2, refused=False, decision_epoch=1) == "conflict"

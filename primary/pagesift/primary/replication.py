@@ -125,7 +125,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         chunk_bytes: int = 256 << 10,
         hello_timeout: float = 10.0,
         linger: float = 0.015,
-        on_fenced: Callable[[int], Awaitable[None]] | None = None,
+        on_fenced: Callable[[int, str], Awaitable[None]] | None = None,
     ) -> None:
         if mode not in ("async", "sync"):
             raise ValueError(f"replication mode must be async or sync, not {mode!r}")
@@ -249,7 +249,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         decision = replproto.decide(hello, log.primary_state())
         logger.info("standby %s (%s): %s", hello.node_id, context.peer(), decision)
         if isinstance(decision, replproto.StepDown):
-            await self._step_down(decision.peer_epoch)
+            await self.step_down(decision.peer_epoch, by=h.address)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, decision.reason)
         if isinstance(decision, replproto.Refuse):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, decision.reason)
@@ -369,13 +369,15 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         finally:
             session.closed.set()
 
-    async def _step_down(self, peer_epoch: int) -> None:
+    async def step_down(self, peer_epoch: int, *, by: str = "") -> None:
+        """A peer of ``peer_epoch`` (serving clients at ``by``, when known) deposed
+        us: fence durably, release sync waiters, tell the node."""
         if self._slot.log.fence(peer_epoch):
             for _, fut in self._sync_waiters:
                 if not fut.done():
                     fut.set_result(False)
             if self._on_fenced is not None:
-                await self._on_fenced(peer_epoch)
+                await self._on_fenced(peer_epoch, by)
 
 
 def _next_chunk(chunks: Iterator[bytes]) -> pb.StreamResponse:

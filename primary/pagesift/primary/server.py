@@ -41,6 +41,7 @@ from pagesift.shared.metrics import Metrics, ReplicationFigures, start_http
 from pagesift.shared.replog import Fenced, open_slot
 from pagesift.shared.store import Store
 from pagesift.standby.admin import AdminServicer
+from pagesift.standby.fencing import fence_former_primary
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
@@ -94,6 +95,13 @@ class Node:
         self.engine: HttpEngine | None = None
         self.role = config.role
         self._watchdog: asyncio.Task[None] | None = None
+        self._fencer: asyncio.Task[str] | None = None
+        self.deposed_by = ""  # fenced: where the node that deposed us serves, if it said
+        # how this node reaches the primary it follows (reused to fence it after a promotion)
+        self._peer_credentials: grpc.ChannelCredentials | None = None
+        self._peer_metadata: tuple[tuple[str, str], ...] = (
+            tls.token_metadata(self.replication_token) if self.replication_token else ()
+        )
 
     def store(self) -> Store:
         return self.slot.store
@@ -103,7 +111,8 @@ class Node:
 
     def primary_hint(self) -> str:
         if self.role == "fenced":
-            return "the promoted node (this one was deposed by a higher epoch)"
+            where = self.deposed_by or "the promoted node"
+            return f"{where} (this one was deposed by a higher epoch)"
         return self.config.primary_public or self.config.primary or "(unknown)"
 
     def read_metadata(self) -> Sequence[tuple[str, str]]:
@@ -132,9 +141,8 @@ class Node:
             await self._start_jobs()
         else:
             cfg = self.config
-            creds = None
             if cfg.replication_ca or cfg.replication_cert:
-                creds = tls.channel_credentials(
+                self._peer_credentials = tls.channel_credentials(
                     cfg.replication_ca or None,
                     cfg.replication_cert or None,
                     cfg.replication_key or None,
@@ -143,10 +151,8 @@ class Node:
                 self.slot,
                 cfg.primary,
                 node_id=self.node_id,
-                credentials=creds,
-                metadata=tls.token_metadata(self.replication_token)
-                if self.replication_token
-                else (),
+                credentials=self._peer_credentials,
+                metadata=self._peer_metadata,
             )
             self.promoter = Promoter(
                 self.slot, stop_follower=self.follower.stop, on_promoted=self._promoted
@@ -182,6 +188,30 @@ class Node:
     async def _promoted(self) -> None:
         self.role = "primary"
         await self._start_jobs()
+        if self.config.primary:
+            self._fencer = asyncio.create_task(
+                fence_former_primary(
+                    self.config.primary,
+                    self._fencing_hello,
+                    still_primary=lambda: self.role == "primary",
+                    on_deposed=self.replication.step_down,
+                    credentials=self._peer_credentials,
+                    metadata=self._peer_metadata,
+                ),
+                name="fence-former-primary",
+            )
+
+    def _fencing_hello(self) -> replication_pb2.Hello:
+        h = self.slot.log.hello(self.node_id)
+        host = self.config.listen.rsplit(":", 1)[0].strip("[]")
+        wildcard = host in ("", "0.0.0.0", "::")  # says nothing about where we are
+        return replication_pb2.Hello(
+            node_id=h.node_id,
+            history_id=h.history_id,
+            applied_offset=h.applied_offset,
+            epoch=h.epoch,
+            address="" if wildcard else self.config.listen,
+        )
 
     async def _start_jobs(self) -> None:
         cfg = self.config
@@ -249,12 +279,14 @@ class Node:
             sync_degraded=self.replication.sync_degraded_total,
         )
 
-    async def _on_fenced(self, epoch: int) -> None:
+    async def _on_fenced(self, epoch: int, by: str) -> None:
         log.warning(
             "fenced by epoch %d: this primary stops writing; restart it with --role standby "
-            "--primary <the promoted node> to rejoin",
+            "--primary %s to rejoin",
             epoch,
+            by or "<the promoted node>",
         )
+        self.deposed_by = by
         self.role = "fenced"
         await self._stop_jobs()
 
@@ -267,8 +299,9 @@ class Node:
             await engine.close()
 
     async def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in (self._watchdog, self._fencer):
+            if task is not None:
+                task.cancel()
         if self.follower is not None:
             await self.follower.stop()
         await self._stop_jobs()

@@ -18,10 +18,11 @@ What this module decides
 ------------------------
 ``decide(hello, primary)``: continue or full resync (Redis PSYNC with our offsets):
 
+- a node that is not a writable primary (a standby, or fenced) ``Refuse``\\ s, whatever
+  the peer's epoch: it takes no writes, so there is nothing to fence.
 - a peer with a HIGHER epoch than the primary means the primary is stale (a standby
   was promoted behind its back): ``StepDown``. The primary must stop taking writes;
   streaming to that peer would replicate writes of a dead history.
-- a primary that is not writable (a standby, or fenced) ``Refuse``\\ s.
 - same history and the backlog still holds ``applied + 1``: ``Continue``. A standby
   that claims an offset beyond ours in our own history (the primary lost an unsynced
   tail in a crash) gets ``Full``: its extra entries are not ours.
@@ -43,6 +44,10 @@ its own: that primary is a stale one that lost a promotion.
 
 ``plan_promotion``: epoch + 1, a fresh history id, the previous id and the switch
 offset, all written durably (by ``replog.Log.promote``) before writes are taken.
+
+``fencing_verdict``: after a promotion, the new primary says hello (its new epoch) to
+the primary it used to follow until that one has stepped down; this judges each
+answer (``pagesift.standby.fencing`` is the shell).
 """
 
 from __future__ import annotations
@@ -126,13 +131,13 @@ def backlog_holds(state: PrimaryState, offset: int) -> bool:
 
 def decide(hello: Hello, state: PrimaryState) -> Decision:
     """Continue or full resync for ``hello`` (see the module docstring)."""
+    if not state.writable:
+        return Refuse("this node is not a writable primary")
     if hello.epoch > state.epoch:
         return StepDown(
             hello.epoch,
             f"peer {hello.node_id!r} has epoch {hello.epoch} > ours {state.epoch}",
         )
-    if not state.writable:
-        return Refuse("this node is not a writable primary")
     nxt = hello.applied_offset + 1
     if not hello.history_id:
         return Full("the standby has no history yet")
@@ -215,6 +220,28 @@ def may_accept_writes(epoch: int, fenced_epoch: int) -> bool:
     """A node fenced by epoch F may write again only once it adopted an epoch >= F
     (by following the newer primary), never by a plain restart."""
     return fenced_epoch <= epoch
+
+
+def fencing_verdict(our_epoch: int, *, refused: bool, decision_epoch: int | None) -> str:
+    """What a promoted node makes of its former primary's answer to a fencing hello
+    (a hello with the promoted node's epoch):
+
+    - ``"done"``: the stream was refused (FAILED_PRECONDITION): it stepped down just
+      now, or it is not a writable primary anyway (fenced, or a standby already).
+    - ``"deposed"``: it answered with a decision of a HIGHER epoch: it is the newer
+      primary and we are the stale one.
+    - ``"conflict"``: a decision of an epoch not above ours: a primary that did not
+      step down for our epoch (two primaries of one epoch, which two nodes cannot
+      produce); only an operator can settle it. Keep asking.
+    - ``"retry"``: no answer (unreachable, timed out, refused credentials).
+    """
+    if refused:
+        return "done"
+    if decision_epoch is None:
+        return "retry"
+    if decision_epoch > our_epoch:
+        return "deposed"
+    return "conflict"
 
 
 @dataclass(frozen=True)

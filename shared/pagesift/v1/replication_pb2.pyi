@@ -102,7 +102,9 @@ Global___StreamRequest: _TypeAlias = StreamRequest  # noqa: Y015
 
 @_typing.final
 class Hello(_message.Message):
-    """Hello opens a session: who the standby is and where its history stands."""
+    """Hello opens a session: who the standby is and where its history stands. A
+    promoted node also sends one to its former primary to depose it (a higher epoch).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -110,11 +112,16 @@ class Hello(_message.Message):
     HISTORY_ID_FIELD_NUMBER: _builtins.int
     APPLIED_OFFSET_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     history_id: _builtins.str
     """history_id is empty for a standby that never completed a sync."""
     applied_offset: _builtins.int
     epoch: _builtins.int
+    address: _builtins.str
+    """address is where the sender serves clients. A promoted node sends it when it
+    fences its former primary, so the deposed node can name the new primary.
+    """
     def __init__(
         self,
         *,
@@ -122,10 +129,11 @@ class Hello(_message.Message):
         history_id: _builtins.str = ...,
         applied_offset: _builtins.int = ...,
         epoch: _builtins.int = ...,
+        address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_offset", b"applied_offset", "epoch", b"epoch", "history_id", b"history_id", "node_id", b"node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "applied_offset", b"applied_offset", "epoch", b"epoch", "history_id", b"history_id", "node_id", b"node_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

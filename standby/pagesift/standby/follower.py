@@ -20,7 +20,7 @@ Primary::
     # group's offset, read under the write lock) and, before showing a page,
     # `await repl.wait_replicated(offset)` (True: acked; False: async/degraded).
     # Any write on a node that is not a writable primary raises replog.NotWritable
-    # and commits nothing; on_fenced(epoch) is the Node's cue to stop its runtime.
+    # and commits nothing; on_fenced(epoch, by) is the Node's cue to stop its runtime.
 
 Standby::
 

@@ -5,7 +5,7 @@ What it owns
 ``Promoter.promote()`` runs the three steps in an order that makes each one safe:
 
 1. **Stop following.** ``stop_follower()`` returns only once no apply is in flight
-   (the follower waits for its worker thread even when cancelled). From here on the
+   (the follower applies on the event loop, between its awaits). From here on the
    applied offset cannot move: it becomes the *switch offset*.
 2. **Record the new identity durably.** ``Log.promote`` writes epoch + 1, a fresh
    history id, the previous history id and the switch offset as node-local keys in
@@ -15,7 +15,8 @@ What it owns
    ``Log.persisted_role`` says "primary"). The previous history id and switch offset
    let the old primary rejoin with ``continue`` when its offset is within them.
 3. **Start serving writes.** ``on_promoted()`` (the Node starts its job runtime,
-   which resumes running jobs from their frontiers in the store).
+   which resumes running jobs from their frontiers in the store, and starts
+   ``pagesift.standby.fencing`` against the primary it used to follow).
 
 Promoting twice is harmless: a node that already is the primary reports its state.
 """
