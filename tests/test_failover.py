@@ -550,6 +550,47 @@ async def test_in_sync_mode_every_page_a_watcher_saw_is_on_the_promoted_standby(
     assert_every_page_once(await documents(standby.address, job_id), s, root)
 
 
+async def test_in_sync_mode_a_restarted_primary_shows_nothing_the_standby_does_not_hold(
+    nodes: NodeFactory, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    primary, standby = await start_pair(
+        nodes,
+        primary_config={"sync_timeout": 30.0},  # the frozen standby never degrades it
+        primary_extra=("--replication-mode", "sync"),
+    )
+    job_id = await start_crawl(primary.address, crawl_request(root))
+    await eventually(lambda: pages_done(standby.address, job_id, 10), "10 pages on the standby")
+    assert standby.proc is not None
+    pid = standby.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # no more acks: the primary commits pages nobody holds
+    try:
+        frozen_at = await eventually(
+            lambda: _offset_beyond(primary.address, 5), "pages the standby does not hold"
+        )
+        primary.kill()
+        await primary.start()  # sync mode again; its store holds unreplicated pages
+        async with grpc.aio.insecure_channel(primary.address) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await jobs_pb2_grpc.JobServiceStub(ch).GetJob(
+                    jobs_pb2.GetJobRequest(id=job_id, limit=1), timeout=1.5
+                )
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # it waits for the ack
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    job = await get_job(primary.address, job_id)  # the standby caught up and acked
+    held = await documents(standby.address, job_id)
+    assert job.completed <= len(held) and (await role(standby.address)).applied_offset >= frozen_at
+    final = await finished(primary.address, job_id)
+    assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
+
+
+async def _offset_beyond(primary: str, by: int) -> int | None:
+    """The primary's offset once it is ``by`` past the last one a standby acked."""
+    r = await role(primary)
+    return r.applied_offset if r.lag_offsets >= by else None
+
+
 # ---------------------------------------------------------------- (h) idempotency
 
 

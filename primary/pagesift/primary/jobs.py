@@ -18,9 +18,13 @@ Resume after a restart: jobs still ``scraping`` restart from their done set
 frontier is read from the store in chunks, so memory stays flat however large
 the crawl grows.
 
-Sync replication: with a ``Visibility`` the page is written, then the worker
+Sync replication (``wait_replicated`` given): a page is written, then the worker
 waits for the standby to apply it before the page counts as visible (GetJob and
-WatchJob cap what they return at ``visible(job_id)``).
+WatchJob cap what they return at ``visible(job_id)``). What the store held when the
+runtime started (pages committed before a restart, or before a promotion) may never
+have reached a standby: reads wait on ``readable()`` until a standby acknowledged
+the offset the runtime started at (or sync mode degraded after its timeout), and a
+resumed job is capped from its stored page count on.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ class Jobs:
         self._wait_replicated = wait_replicated
         self._on_visible = on_visible
         self._visible: dict[str, int] = {}
+        self._readable = asyncio.Event()  # sync mode: the start-up state is replicated
+        self._confirming: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
@@ -91,6 +97,7 @@ class Jobs:
         self.sweep()
         if self.deliverer is not None:
             await self.deliverer.start()  # resumes every outbox from its cursor
+        resumed: list[str] = []
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
             if meta is not None and not meta.terminal:
@@ -101,14 +108,33 @@ class Jobs:
                     meta.owner,
                     extra={"job": job_id, "account": meta.owner},
                 )
+                if self._wait_replicated is not None:
+                    self._visible[job_id] = jr.progress(self.store, meta).completed
+                resumed.append(job_id)
                 self._spawn(meta)
+        if self._wait_replicated is None:
+            self._readable.set()
+        else:
+            self._confirming = asyncio.create_task(self._confirm_start(resumed))
         self._sweeper = asyncio.create_task(self._sweep_loop())
+
+    async def _confirm_start(self, resumed: list[str]) -> None:
+        """Sync mode: open reads once a standby holds what the store held at start."""
+        assert self._wait_replicated is not None
+        await self._wait_replicated(None)  # False after sync_timeout: degraded, open anyway
+        self._readable.set()
+        if self._on_visible is not None:
+            for job_id in resumed:
+                self._on_visible(job_id)
+
+    async def readable(self) -> None:
+        """Returns once reads may show what the store holds (at once in async mode)."""
+        await self._readable.wait()
 
     async def close(self) -> None:
         self._closing = True
         tasks = list(self._tasks.values())
-        if self._sweeper is not None:
-            tasks.append(self._sweeper)
+        tasks += [t for t in (self._sweeper, self._confirming) if t is not None]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -120,9 +146,8 @@ class Jobs:
     def visible(self, job_id: str) -> int | None:
         """How many of the job's pages clients may see (None: all that are stored).
 
-        Only jobs running in sync mode since this process started are capped; a job
-        resumed after a restart shows what is stored (its pages were acknowledged or
-        are re-sent to the standby by the log before anything newer).
+        Sync mode caps every job this runtime runs (started or resumed); a finished
+        job shows what is stored, once ``readable()``.
         """
         return self._visible.get(job_id)
 

@@ -63,6 +63,8 @@ class JobRuntime(Protocol):
 
     def visible(self, job_id: str) -> int | None: ...
 
+    async def readable(self) -> None: ...
+
     async def scrape(self, url: str, options: jobs_pb2.ScrapeOptions) -> jobs_pb2.Document: ...
 
 
@@ -144,6 +146,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     def _visible(self, job_id: str) -> int | None:
         runtime = self.node.runtime()
         return runtime.visible(job_id) if runtime is not None else None
+
+    async def _readable(self) -> None:
+        """Sync mode on a primary: wait until the store it started with is replicated."""
+        runtime = self.node.runtime()
+        if runtime is not None:
+            await runtime.readable()
 
     def _read_md(self, context: Context) -> None:
         md = self.node.read_metadata()
@@ -308,6 +316,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise AssertionError("unreachable") from None
         meta = await self._meta(request.id, context)
+        await self._readable()
         store = self.node.store()
         visible = self._visible(meta.id)
         p = jr.progress(store, meta, visible)
@@ -346,6 +355,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         index = request.from_index
         last: tuple[int, int, int, int] | None = None
         events = self.node.events
+        await self._readable()
         while True:
             wake = events.current(meta.id)  # before reading: no change slips between
             store = self.node.store()
@@ -381,6 +391,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         context: Context,
     ) -> jobs_pb2.GetJobErrorsResponse:
         meta = await self._meta(request.id, context)
+        await self._readable()
         errors, robots = jr.read_errors(self.node.store(), meta.id)
         self._read_md(context)
         return jobs_pb2.GetJobErrorsResponse(errors=errors, robots_blocked=robots)
@@ -390,8 +401,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.ListJobsRequest,
         context: Context,
     ) -> jobs_pb2.ListJobsResponse:
-        store = self.node.store()
         owner, now = (await self._caller(context)).name, jr.now_ms()
+        await self._readable()
+        store = self.node.store()
         metas = [m for i in jr.all_job_ids(store) if (m := jr.load_meta(store, i)) is not None]
         metas = [
             m
