@@ -953,6 +953,15 @@ async def test_mtls_replication_follows_with_a_client_certificate_and_refuses_wi
                 jobs_pb2.GetJobRequest(id=job.id)
             )
             assert replica.completed == 3
+            # a write refused by the standby names the primary's public port, which the
+            # primary announced, not the replication port the standby follows
+            with pytest.raises(grpc.aio.AioRpcError) as write:
+                await jobs_pb2_grpc.JobServiceStub(s_ch).StartBatchScrape(
+                    jobs_pb2.StartBatchScrapeRequest(urls=article_urls(s, root, 1)), timeout=5
+                )
+            assert write.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            details = write.value.details() or ""
+            assert p.config.listen in details and repl_address not in details
         primary_role = await admin(ch).Role(rpb.RoleRequest(), timeout=5)
         assert primary_role.connected and primary_role.peer == nodes[0].node_id
         # no client certificate, or one from a CA the primary does not trust: the TLS

@@ -126,11 +126,13 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         hello_timeout: float = 10.0,
         linger: float = 0.015,
         on_fenced: Callable[[int, str], Awaitable[None]] | None = None,
+        address: str = "",
     ) -> None:
         if mode not in ("async", "sync"):
             raise ValueError(f"replication mode must be async or sync, not {mode!r}")
         self._slot = slot
         self.node_id = node_id
+        self.address = address  # where we serve clients, told to standbys ("" = unknown)
         self.mode = mode
         self.sync_timeout = sync_timeout
         self.heartbeat_interval = heartbeat_interval
@@ -274,6 +276,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                         history_id=log.history_id,
                         epoch=log.epoch,
                         primary_node_id=self.node_id,
+                        primary_address=self.address,
                         reason=decision.reason,
                         discarded=decision.discarded,
                     )
@@ -300,6 +303,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                         history_id=log.history_id,
                         epoch=log.epoch,
                         primary_node_id=self.node_id,
+                        primary_address=self.address,
                         reason=decision.reason,
                     )
                 )

@@ -88,6 +88,7 @@ class Node:
             mode=config.replication_mode,
             sync_timeout=config.sync_timeout,
             on_fenced=self._on_fenced,
+            address=_advertised(config.listen),
         )
         self.follower: Follower | None = None
         self.promoter: Promoter | None = None
@@ -113,7 +114,8 @@ class Node:
         if self.role == "fenced":
             where = self.deposed_by or "the promoted node"
             return f"{where} (this one was deposed by a higher epoch)"
-        return self.config.primary_public or self.config.primary or "(unknown)"
+        told = self.follower.primary_address if self.follower is not None else ""
+        return self.config.primary_public or told or self.config.primary or "(unknown)"
 
     def read_metadata(self) -> Sequence[tuple[str, str]]:
         if self.follower is None or self.role != "standby":
@@ -203,14 +205,12 @@ class Node:
 
     def _fencing_hello(self) -> replication_pb2.Hello:
         h = self.slot.log.hello(self.node_id)
-        host = self.config.listen.rsplit(":", 1)[0].strip("[]")
-        wildcard = host in ("", "0.0.0.0", "::")  # says nothing about where we are
         return replication_pb2.Hello(
             node_id=h.node_id,
             history_id=h.history_id,
             applied_offset=h.applied_offset,
             epoch=h.epoch,
-            address="" if wildcard else self.config.listen,
+            address=self.replication.address,
         )
 
     async def _start_jobs(self) -> None:
@@ -306,6 +306,12 @@ class Node:
             await self.follower.stop()
         await self._stop_jobs()
         self.slot.close()
+
+
+def _advertised(listen: str) -> str:
+    """``listen`` as an address peers can hand to clients; "" for a wildcard host."""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    return "" if host in ("", "0.0.0.0", "::") else listen
 
 
 def _node_id(data: Path) -> str:

@@ -18,7 +18,7 @@ class ServerConfig:
     listen: str = "127.0.0.1:50051"
     data: Path = Path("./data")
     primary: str = ""  # the primary's address (standby only)
-    primary_public: str = ""  # where clients reach the primary, if not ``primary`` (mTLS port)
+    primary_public: str = ""  # where clients reach the primary (default: what it announces)
     allow_private_networks: bool = False
     # jobs
     job_ttl_seconds: float = 24 * 3600.0

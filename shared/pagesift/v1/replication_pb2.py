@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from pagesift.v1 import store_pb2 as pagesift_dot_v1_dot_store__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpagesift/v1/replication.proto\x12\x0bpagesift.v1\x1a\x17pagesift/v1/store.proto\"\\\n\rStreamRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.pagesift.v1.HelloH\x00\x12\x1f\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x10.pagesift.v1.AckH\x00\x42\x05\n\x03msg\"d\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nhistory_id\x18\x02 \x01(\t\x12\x16\n\x0e\x61pplied_offset\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\"\x1d\n\x03\x41\x63k\x12\x16\n\x0e\x61pplied_offset\x18\x01 \x01(\x04\"\xd5\x01\n\x0eStreamResponse\x12-\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x19.pagesift.v1.SyncDecisionH\x00\x12\x34\n\x0esnapshot_chunk\x18\x02 \x01(\x0b\x32\x1a.pagesift.v1.SnapshotChunkH\x00\x12*\n\x07\x65ntries\x18\x03 \x01(\x0b\x32\x17.pagesift.v1.EntryBatchH\x00\x12+\n\theartbeat\x18\x04 \x01(\x0b\x32\x16.pagesift.v1.HeartbeatH\x00\x42\x05\n\x03msg\"\xde\x01\n\x0cSyncDecision\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.pagesift.v1.SyncKind\x12\x13\n\x0b\x66rom_offset\x18\x02 \x01(\x04\x12\x17\n\x0fsnapshot_offset\x18\x03 \x01(\x04\x12\x1c\n\x14snapshot_entry_epoch\x18\x04 \x01(\x04\x12\x12\n\nhistory_id\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x17\n\x0fprimary_node_id\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x11\n\tdiscarded\x18\t \x01(\x04\";\n\rSnapshotChunk\x12\x1c\n\x03ops\x18\x01 \x03(\x0b\x32\x0f.pagesift.v1.Op\x12\x0c\n\x04last\x18\x02 \x01(\x08\"G\n\x08LogEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x1c\n\x03ops\x18\x03 \x03(\x0b\x32\x0f.pagesift.v1.Op\"4\n\nEntryBatch\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.pagesift.v1.LogEntry\"K\n\tHeartbeat\x12\x16\n\x0eprimary_offset\x18\x01 \x01(\x04\x12\x17\n\x0fprimary_time_ms\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\r\n\x0bRoleRequest\"\xb5\x02\n\x0cRoleResponse\x12#\n\x04role\x18\x01 \x01(\x0e\x32\x15.pagesift.v1.NodeRole\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nhistory_id\x18\x03 \x01(\t\x12\x16\n\x0e\x61pplied_offset\x18\x04 \x01(\x04\x12\x16\n\x0eprimary_offset\x18\x05 \x01(\x04\x12\x13\n\x0blag_offsets\x18\x06 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x07 \x01(\x01\x12\x0c\n\x04peer\x18\x08 \x01(\t\x12\x11\n\tconnected\x18\t \x01(\x08\x12\x0f\n\x07node_id\x18\n \x01(\t\x12\x15\n\rsync_degraded\x18\x0b \x01(\x08\x12\x14\n\x0c\x66ull_resyncs\x18\x0c \x01(\x04\x12\x11\n\tcontinues\x18\r \x01(\x04\x12\x11\n\tdiscarded\x18\x0e \x01(\x04\"\x10\n\x0ePromoteRequest\"d\n\x0fPromoteResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x12\n\nhistory_id\x18\x02 \x01(\t\x12\x15\n\rswitch_offset\x18\x03 \x01(\x04\x12\x17\n\x0f\x61lready_primary\x18\x04 \x01(\x08\";\n\rDigestRequest\x12\x11\n\tat_offset\x18\x01 \x01(\x04\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"0\n\x0e\x44igestResponse\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04*Q\n\x08SyncKind\x12\x19\n\x15SYNC_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12SYNC_KIND_CONTINUE\x10\x01\x12\x12\n\x0eSYNC_KIND_FULL\x10\x02*i\n\x08NodeRole\x12\x19\n\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11NODE_ROLE_PRIMARY\x10\x01\x12\x15\n\x11NODE_ROLE_STANDBY\x10\x02\x12\x14\n\x10NODE_ROLE_FENCED\x10\x03\x32[\n\x12ReplicationService\x12\x45\n\x06Stream\x12\x1a.pagesift.v1.StreamRequest\x1a\x1b.pagesift.v1.StreamResponse(\x01\x30\x01\x32\xd4\x01\n\x0c\x41\x64minService\x12;\n\x04Role\x12\x18.pagesift.v1.RoleRequest\x1a\x19.pagesift.v1.RoleResponse\x12\x44\n\x07Promote\x12\x1b.pagesift.v1.PromoteRequest\x1a\x1c.pagesift.v1.PromoteResponse\x12\x41\n\x06\x44igest\x12\x1a.pagesift.v1.DigestRequest\x1a\x1b.pagesift.v1.DigestResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpagesift/v1/replication.proto\x12\x0bpagesift.v1\x1a\x17pagesift/v1/store.proto\"\\\n\rStreamRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.pagesift.v1.HelloH\x00\x12\x1f\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x10.pagesift.v1.AckH\x00\x42\x05\n\x03msg\"d\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nhistory_id\x18\x02 \x01(\t\x12\x16\n\x0e\x61pplied_offset\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\"\x1d\n\x03\x41\x63k\x12\x16\n\x0e\x61pplied_offset\x18\x01 \x01(\x04\"\xd5\x01\n\x0eStreamResponse\x12-\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x19.pagesift.v1.SyncDecisionH\x00\x12\x34\n\x0esnapshot_chunk\x18\x02 \x01(\x0b\x32\x1a.pagesift.v1.SnapshotChunkH\x00\x12*\n\x07\x65ntries\x18\x03 \x01(\x0b\x32\x17.pagesift.v1.EntryBatchH\x00\x12+\n\theartbeat\x18\x04 \x01(\x0b\x32\x16.pagesift.v1.HeartbeatH\x00\x42\x05\n\x03msg\"\xf7\x01\n\x0cSyncDecision\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.pagesift.v1.SyncKind\x12\x13\n\x0b\x66rom_offset\x18\x02 \x01(\x04\x12\x17\n\x0fsnapshot_offset\x18\x03 \x01(\x04\x12\x1c\n\x14snapshot_entry_epoch\x18\x04 \x01(\x04\x12\x12\n\nhistory_id\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x17\n\x0fprimary_node_id\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x11\n\tdiscarded\x18\t \x01(\x04\x12\x17\n\x0fprimary_address\x18\n \x01(\t\";\n\rSnapshotChunk\x12\x1c\n\x03ops\x18\x01 \x03(\x0b\x32\x0f.pagesift.v1.Op\x12\x0c\n\x04last\x18\x02 \x01(\x08\"G\n\x08LogEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x1c\n\x03ops\x18\x03 \x03(\x0b\x32\x0f.pagesift.v1.Op\"4\n\nEntryBatch\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.pagesift.v1.LogEntry\"K\n\tHeartbeat\x12\x16\n\x0eprimary_offset\x18\x01 \x01(\x04\x12\x17\n\x0fprimary_time_ms\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\r\n\x0bRoleRequest\"\xb5\x02\n\x0cRoleResponse\x12#\n\x04role\x18\x01 \x01(\x0e\x32\x15.pagesift.v1.NodeRole\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nhistory_id\x18\x03 \x01(\t\x12\x16\n\x0e\x61pplied_offset\x18\x04 \x01(\x04\x12\x16\n\x0eprimary_offset\x18\x05 \x01(\x04\x12\x13\n\x0blag_offsets\x18\x06 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x07 \x01(\x01\x12\x0c\n\x04peer\x18\x08 \x01(\t\x12\x11\n\tconnected\x18\t \x01(\x08\x12\x0f\n\x07node_id\x18\n \x01(\t\x12\x15\n\rsync_degraded\x18\x0b \x01(\x08\x12\x14\n\x0c\x66ull_resyncs\x18\x0c \x01(\x04\x12\x11\n\tcontinues\x18\r \x01(\x04\x12\x11\n\tdiscarded\x18\x0e \x01(\x04\"\x10\n\x0ePromoteRequest\"d\n\x0fPromoteResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x12\n\nhistory_id\x18\x02 \x01(\t\x12\x15\n\rswitch_offset\x18\x03 \x01(\x04\x12\x17\n\x0f\x61lready_primary\x18\x04 \x01(\x08\";\n\rDigestRequest\x12\x11\n\tat_offset\x18\x01 \x01(\x04\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"0\n\x0e\x44igestResponse\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04*Q\n\x08SyncKind\x12\x19\n\x15SYNC_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12SYNC_KIND_CONTINUE\x10\x01\x12\x12\n\x0eSYNC_KIND_FULL\x10\x02*i\n\x08NodeRole\x12\x19\n\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11NODE_ROLE_PRIMARY\x10\x01\x12\x15\n\x11NODE_ROLE_STANDBY\x10\x02\x12\x14\n\x10NODE_ROLE_FENCED\x10\x03\x32[\n\x12ReplicationService\x12\x45\n\x06Stream\x12\x1a.pagesift.v1.StreamRequest\x1a\x1b.pagesift.v1.StreamResponse(\x01\x30\x01\x32\xd4\x01\n\x0c\x41\x64minService\x12;\n\x04Role\x12\x18.pagesift.v1.RoleRequest\x1a\x19.pagesift.v1.RoleResponse\x12\x44\n\x07Promote\x12\x1b.pagesift.v1.PromoteRequest\x1a\x1c.pagesift.v1.PromoteResponse\x12\x41\n\x06\x44igest\x12\x1a.pagesift.v1.DigestRequest\x1a\x1b.pagesift.v1.DigestResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagesift.v1.replication_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SYNCKIND']._serialized_start=1562
-  _globals['_SYNCKIND']._serialized_end=1643
-  _globals['_NODEROLE']._serialized_start=1645
-  _globals['_NODEROLE']._serialized_end=1750
+  _globals['_SYNCKIND']._serialized_start=1587
+  _globals['_SYNCKIND']._serialized_end=1668
+  _globals['_NODEROLE']._serialized_start=1670
+  _globals['_NODEROLE']._serialized_end=1775
   _globals['_STREAMREQUEST']._serialized_start=71
   _globals['_STREAMREQUEST']._serialized_end=163
   _globals['_HELLO']._serialized_start=165
@@ -45,29 +45,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMRESPONSE']._serialized_start=299
   _globals['_STREAMRESPONSE']._serialized_end=512
   _globals['_SYNCDECISION']._serialized_start=515
-  _globals['_SYNCDECISION']._serialized_end=737
-  _globals['_SNAPSHOTCHUNK']._serialized_start=739
-  _globals['_SNAPSHOTCHUNK']._serialized_end=798
-  _globals['_LOGENTRY']._serialized_start=800
-  _globals['_LOGENTRY']._serialized_end=871
-  _globals['_ENTRYBATCH']._serialized_start=873
-  _globals['_ENTRYBATCH']._serialized_end=925
-  _globals['_HEARTBEAT']._serialized_start=927
-  _globals['_HEARTBEAT']._serialized_end=1002
-  _globals['_ROLEREQUEST']._serialized_start=1004
-  _globals['_ROLEREQUEST']._serialized_end=1017
-  _globals['_ROLERESPONSE']._serialized_start=1020
-  _globals['_ROLERESPONSE']._serialized_end=1329
-  _globals['_PROMOTEREQUEST']._serialized_start=1331
-  _globals['_PROMOTEREQUEST']._serialized_end=1347
-  _globals['_PROMOTERESPONSE']._serialized_start=1349
-  _globals['_PROMOTERESPONSE']._serialized_end=1449
-  _globals['_DIGESTREQUEST']._serialized_start=1451
-  _globals['_DIGESTREQUEST']._serialized_end=1510
-  _globals['_DIGESTRESPONSE']._serialized_start=1512
-  _globals['_DIGESTRESPONSE']._serialized_end=1560
-  _globals['_REPLICATIONSERVICE']._serialized_start=1752
-  _globals['_REPLICATIONSERVICE']._serialized_end=1843
-  _globals['_ADMINSERVICE']._serialized_start=1846
-  _globals['_ADMINSERVICE']._serialized_end=2058
+  _globals['_SYNCDECISION']._serialized_end=762
+  _globals['_SNAPSHOTCHUNK']._serialized_start=764
+  _globals['_SNAPSHOTCHUNK']._serialized_end=823
+  _globals['_LOGENTRY']._serialized_start=825
+  _globals['_LOGENTRY']._serialized_end=896
+  _globals['_ENTRYBATCH']._serialized_start=898
+  _globals['_ENTRYBATCH']._serialized_end=950
+  _globals['_HEARTBEAT']._serialized_start=952
+  _globals['_HEARTBEAT']._serialized_end=1027
+  _globals['_ROLEREQUEST']._serialized_start=1029
+  _globals['_ROLEREQUEST']._serialized_end=1042
+  _globals['_ROLERESPONSE']._serialized_start=1045
+  _globals['_ROLERESPONSE']._serialized_end=1354
+  _globals['_PROMOTEREQUEST']._serialized_start=1356
+  _globals['_PROMOTEREQUEST']._serialized_end=1372
+  _globals['_PROMOTERESPONSE']._serialized_start=1374
+  _globals['_PROMOTERESPONSE']._serialized_end=1474
+  _globals['_DIGESTREQUEST']._serialized_start=1476
+  _globals['_DIGESTREQUEST']._serialized_end=1535
+  _globals['_DIGESTRESPONSE']._serialized_start=1537
+  _globals['_DIGESTRESPONSE']._serialized_end=1585
+  _globals['_REPLICATIONSERVICE']._serialized_start=1777
+  _globals['_REPLICATIONSERVICE']._serialized_end=1868
+  _globals['_ADMINSERVICE']._serialized_start=1871
+  _globals['_ADMINSERVICE']._serialized_end=2083
 # @@protoc_insertion_point(module_scope)

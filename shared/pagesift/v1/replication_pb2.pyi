@@ -211,6 +211,7 @@ class SyncDecision(_message.Message):
     PRIMARY_NODE_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     DISCARDED_FIELD_NUMBER: _builtins.int
+    PRIMARY_ADDRESS_FIELD_NUMBER: _builtins.int
     kind: Global___SyncKind.ValueType
     from_offset: _builtins.int
     """from_offset is the first entry the session will send."""
@@ -228,6 +229,10 @@ class SyncDecision(_message.Message):
     """discarded counts the standby's entries beyond the shared history's switch
     offset: writes of an old primary that never replicated and are now dropped.
     """
+    primary_address: _builtins.str
+    """primary_address is where the primary serves clients (empty when it listens on
+    a wildcard address); a standby names it when it refuses a write.
+    """
     def __init__(
         self,
         *,
@@ -240,10 +245,11 @@ class SyncDecision(_message.Message):
         primary_node_id: _builtins.str = ...,
         reason: _builtins.str = ...,
         discarded: _builtins.int = ...,
+        primary_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["discarded", b"discarded", "epoch", b"epoch", "from_offset", b"from_offset", "history_id", b"history_id", "kind", b"kind", "primary_node_id", b"primary_node_id", "reason", b"reason", "snapshot_entry_epoch", b"snapshot_entry_epoch", "snapshot_offset", b"snapshot_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["discarded", b"discarded", "epoch", b"epoch", "from_offset", b"from_offset", "history_id", b"history_id", "kind", b"kind", "primary_address", b"primary_address", "primary_node_id", b"primary_node_id", "reason", b"reason", "snapshot_entry_epoch", b"snapshot_entry_epoch", "snapshot_offset", b"snapshot_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -179,6 +179,7 @@ class Follower:
         self.full_resyncs = 0
         self.continues = 0
         self.discarded = 0
+        self.primary_address = ""  # where the primary serves clients, as it told us
         self.sessions = 0
         self.messages = 0  # messages received after the decisions (all sessions)
         self.acks = 0  # acks sent (all sessions)
@@ -333,6 +334,7 @@ class Follower:
             d = msg.decision
             # Never follow a primary of a lower epoch: it lost a promotion.
             replproto.check_primary_epoch(log.epoch, d.epoch)
+            self.primary_address = d.primary_address
             if d.kind == pb.SYNC_KIND_FULL:
                 logger.info(
                     "full resync from %s at offset %d: %s", self.target, d.snapshot_offset, d.reason
