@@ -159,10 +159,15 @@ class PageGen:
         job = "job/00000000-0000-0000-0000-000000000000"
         ops = [
             store_pb2.Op(list_push=store_pb2.ListPush(list=f"{job}/pages", seq=n, item=doc)),
-            store_pb2.Op(set_insert=store_pb2.SetInsert(set=f"{job}/done", member=key)),
+            store_pb2.Op(set_insert=store_pb2.SetInsert(set=f"{job}/done", member=key, size=n + 1)),
         ]
         for i, (seen, entry) in enumerate(links):
-            ops.append(store_pb2.Op(set_insert=store_pb2.SetInsert(set=f"{job}/seen", member=seen)))
+            seen_size = n * LINKS_PER_PAGE + i + 1
+            ops.append(
+                store_pb2.Op(
+                    set_insert=store_pb2.SetInsert(set=f"{job}/seen", member=seen, size=seen_size)
+                )
+            )
             ops.append(
                 store_pb2.Op(
                     list_push=store_pb2.ListPush(

@@ -154,9 +154,12 @@ def test_replaying_groups_once_twice_or_after_a_partial_replay_rebuilds_the_sour
 def test_apply_rejects_unknown_ops_and_bad_names_and_writes_nothing(store: Store) -> None:
     with pytest.raises(ValueError):
         store.apply([store_pb2.Op(kv_put=store_pb2.KvPut(key="a", value=b"1")), store_pb2.Op()])
-    bad = store_pb2.Op(set_insert=store_pb2.SetInsert(set="s\x00", member=b"m"))
+    bad = store_pb2.Op(set_insert=store_pb2.SetInsert(set="s\x00", member=b"m", size=1))
     with pytest.raises(ValueError):
         store.apply([bad])
+    sizeless = store_pb2.Op(set_insert=store_pb2.SetInsert(set="s", member=b"m"))
+    with pytest.raises(ValueError, match="size"):
+        store.apply([sizeless])
     assert list(store.replicated_items()) == []
 
 

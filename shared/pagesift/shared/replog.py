@@ -694,10 +694,12 @@ def ops_from_pairs(pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[store_pb2.O
     ``ListPush`` per item, seq preserved) and its head is restored by a
     ``ListClear(upto=head)`` (items below the head do not exist, so it deletes
     nothing and only raises the head); the next counter equals the last item + 1, or
-    the head for an empty list, which the clear restores too. Set counts (``c`` rows)
-    are derived by ``SetInsert``. Nothing here depends on the order of rows.
+    the head for an empty list, which the clear restores too. A set's size row (``c``)
+    sorts before its members (``s``): each member's ``SetInsert`` carries that size,
+    which is what the set holds once all of them are in. Rows come in key order.
     """
     op = store_pb2.Op
+    sizes: dict[bytes, int] = {}
     for key, value in pairs:
         tag, rest = key[:1], key[1:]
         if tag == b"k":
@@ -715,11 +717,22 @@ def ops_from_pairs(pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[store_pb2.O
                 yield op(list_clear=store_pb2.ListClear(list=rest.decode(), upto=head))
         elif tag == b"s":
             name, _, member = rest.partition(b"\x00")
-            yield op(set_insert=store_pb2.SetInsert(set=name.decode(), member=member))
+            yield op(
+                set_insert=store_pb2.SetInsert(
+                    set=name.decode(), member=member, size=_set_size(sizes, name)
+                )
+            )
         elif tag == b"c":
-            continue
+            sizes[rest] = _U64.unpack(value)[0]
         else:
             raise ValueError(f"unknown store row {key[:32]!r}")
+
+
+def _set_size(sizes: dict[bytes, int], name: bytes) -> int:
+    size = sizes.get(name)
+    if size is None:
+        raise ValueError(f"set {name[:32]!r} has members but no size row")
+    return size
 
 
 def snapshot_chunks(view: View, chunk_bytes: int = 1 << 20) -> Iterator[list[store_pb2.Op]]:
@@ -743,6 +756,7 @@ _TAG1 = b"\x0a"  # field 1, length-delimited: EntryBatch.entries, SnapshotChunk.
 _TAG2 = b"\x12"  # field 2, length-delimited: StreamResponse.snapshot_chunk, values, members
 _TAG3 = b"\x1a"  # field 3, length-delimited: StreamResponse.entries, ListPush.item
 _SEQ = b"\x10"  # field 2, varint: ListPush.seq, ListClear.upto
+_SIZE = b"\x18"  # field 3, varint: SetInsert.size
 _OP_KV_PUT = b"\x0a"  # Op.kv_put = 1
 _OP_LIST_PUSH = b"\x1a"  # Op.list_push = 3
 _OP_LIST_CLEAR = b"\x2a"  # Op.list_clear = 5
@@ -827,17 +841,19 @@ def _put_field(parts: list[bytes], tag: bytes, data: bytes) -> int:
     return 1 + len(n) + len(data)
 
 
-def _put_seq(parts: list[bytes], value: int) -> int:
+def _put_varint(parts: list[bytes], tag: bytes, value: int) -> int:
+    """Append a varint field (proto3: zero is omitted); its size."""
     if not value:
         return 0
     n = _varint(value)
-    parts += (_SEQ, n)
+    parts += (tag, n)
     return 1 + len(n)
 
 
-def _row_op(parts: list[bytes], key: bytes, value: bytes) -> int:
+def _row_op(parts: list[bytes], key: bytes, value: bytes, sizes: dict[bytes, int]) -> int:
     """Append the ``SnapshotChunk.ops`` field of the op ``ops_from_pairs`` makes of one
-    row (nothing for a set count); returns the bytes appended."""
+    row (nothing for a set's size, which it notes in ``sizes``); returns the bytes
+    appended."""
     tag = key[:1]
     inner: list[bytes] = []
     if tag == b"k":
@@ -845,20 +861,23 @@ def _row_op(parts: list[bytes], key: bytes, value: bytes) -> int:
         op = _OP_KV_PUT
     elif tag == b"l":
         name, _, raw_seq = key[1:].partition(b"\x00")
-        size = _put_field(inner, _TAG1, name) + _put_seq(inner, _U64.unpack(raw_seq)[0])
+        size = _put_field(inner, _TAG1, name)
+        size += _put_varint(inner, _SEQ, _U64.unpack(raw_seq)[0])
         size += _put_field(inner, _TAG3, value)
         op = _OP_LIST_PUSH
     elif tag == b"m":
         head, _ = _U64X2.unpack(value)
         if not head:
             return 0
-        size = _put_field(inner, _TAG1, key[1:]) + _put_seq(inner, head)
+        size = _put_field(inner, _TAG1, key[1:]) + _put_varint(inner, _SEQ, head)
         op = _OP_LIST_CLEAR
     elif tag == b"s":
         name, _, member = key[1:].partition(b"\x00")
         size = _put_field(inner, _TAG1, name) + _put_field(inner, _TAG2, member)
+        size += _put_varint(inner, _SIZE, _set_size(sizes, name))
         op = _OP_SET_INSERT
     elif tag == b"c":
+        sizes[key[1:]] = _U64.unpack(value)[0]
         return 0
     else:
         raise ValueError(f"unknown store row {key[:32]!r}")
@@ -878,10 +897,11 @@ def snapshot_chunk_bodies(view: View, chunk_bytes: int = 1 << 20) -> Iterator[tu
     event loop (the primary's writers) never waits a whole switch interval for it."""
     parts: list[bytes] = []
     size = 0
+    sizes: dict[bytes, int] = {}  # set sizes seen so far (they sort before the members)
     clock = time.perf_counter
     released = clock()
     for rows, (key, value) in enumerate(replicated_pairs(view), 1):
-        size += _row_op(parts, key, value)
+        size += _row_op(parts, key, value, sizes)
         if rows % _GIL_ROWS == 0 and clock() - released >= _GIL_HOLD:
             time.sleep(0)  # a real release (~50 us): a waiting thread gets the GIL
             released = clock()

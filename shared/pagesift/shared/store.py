@@ -18,15 +18,19 @@ Key layout (one byte of tag, then the name; names never contain NUL):
     c{set}                      -> u64 count               set size
     _{name}                     -> bytes                   node-local: never replicated or digested
 
-Why every op is idempotent (so a replay once, twice, or after a partial replay
-ends in the same store):
+Why a replay once, twice, or after a partial replay ends in the same store (the
+log applies each entry once; this is the second line of defence):
 
 - ``ListPush(list, seq, item)`` is skipped when ``seq < next``: the item is there.
 - ``ListPopFront(list, seq)`` is skipped when ``seq < head``: already popped.
 - ``ListClear(list, upto)`` removes items below ``upto`` and raises head/next to it;
   it carries ``upto`` instead of "everything" so a replayed clear can never delete
   an item pushed after it (the seed's plain clear could).
-- KV puts/deletes and set inserts/removes/clears are assignments.
+- KV puts/deletes and set clears are assignments, and so are set inserts/removes:
+  they carry the set's size after them (``size``), so applying one writes the
+  member and the size without reading either; replayed in log order, the last
+  op leaves the size the source had. (A standby applies six of them per crawled
+  page: the reads they used to need were a third of its apply time.)
 """
 
 from __future__ import annotations
@@ -130,11 +134,13 @@ class WriteGroup:
     def _set_bounds(self, name: str, head: int, nxt: int) -> None:
         self._pending[_meta(name)] = _BOUNDS.pack(head, nxt)
 
-    def _set_count(self, name: str, delta: int) -> None:
+    def _set_count(self, name: str, delta: int) -> int:
+        """Change the set's size by ``delta``; returns the new size."""
         key = _count(name)
         raw = self._get(key)
         n = (_U64.unpack(raw)[0] if raw else 0) + delta
         self._pending[key] = _U64.pack(n) if n > 0 else None
+        return n
 
     def put_local(self, key: bytes, value: bytes | None) -> None:
         """Stage a node-local key (must start with ``LOCAL``); never replicated."""
@@ -202,8 +208,8 @@ class WriteGroup:
         if self._get(key) is not None:
             return False
         self._pending[key] = b""
-        self._set_count(name, 1)
-        self.ops.append(Op(set_insert=store_pb2.SetInsert(set=name, member=member)))
+        size = self._set_count(name, 1)
+        self.ops.append(Op(set_insert=store_pb2.SetInsert(set=name, member=member, size=size)))
         return True
 
     def contains(self, name: str, member: bytes) -> bool:
@@ -214,8 +220,8 @@ class WriteGroup:
         if self._get(key) is None:
             return False
         self._pending[key] = None
-        self._set_count(name, -1)
-        self.ops.append(Op(set_remove=store_pb2.SetRemove(set=name, member=member)))
+        size = self._set_count(name, -1)
+        self.ops.append(Op(set_remove=store_pb2.SetRemove(set=name, member=member, size=size)))
         return True
 
     def clear_set(self, name: str) -> None:
@@ -285,25 +291,18 @@ class WriteGroup:
 
     def _apply_set_insert(self, op: store_pb2.Op) -> None:
         p = op.set_insert
-        name = _check_name(p.set)
-        raw_name = name.encode()
-        key = b"s" + raw_name + b"\x00" + p.member
-        pending = self._pending
-        if (pending[key] if key in pending else self._get(key)) is not None:
-            return
-        pending[key] = b""
-        count = b"c" + raw_name
-        raw = pending[count] if count in pending else self._get(count)
-        pending[count] = _U64.pack((_U64.unpack(raw)[0] if raw else 0) + 1)
+        if p.size < 1:
+            raise ValueError(f"set insert into {p.set!r} without the set's size")
+        raw_name = _check_name(p.set).encode()
+        self._pending[b"s" + raw_name + b"\x00" + p.member] = b""
+        self._pending[b"c" + raw_name] = _U64.pack(p.size)
         self.ops.append(op)
 
     def _apply_set_remove(self, op: store_pb2.Op) -> None:
         p = op.set_remove
-        key = _member_prefix(p.set) + p.member
-        if self._get(key) is None:
-            return
-        self._pending[key] = None
-        self._set_count(p.set, -1)
+        raw_name = _check_name(p.set).encode()
+        self._pending[b"s" + raw_name + b"\x00" + p.member] = None
+        self._pending[b"c" + raw_name] = _U64.pack(p.size) if p.size else None
         self.ops.append(op)
 
     def _apply_set_clear(self, op: store_pb2.Op) -> None:

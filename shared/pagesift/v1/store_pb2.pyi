@@ -200,23 +200,28 @@ Global___ListClear: _TypeAlias = ListClear  # noqa: Y015
 
 @_typing.final
 class SetInsert(_message.Message):
-    """SetInsert adds member."""
+    """SetInsert adds member. size is the set's size after the insert (at least 1):
+    applying it writes the member and the size, and reads nothing.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     SET_FIELD_NUMBER: _builtins.int
     MEMBER_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
     set: _builtins.str
     member: _builtins.bytes
+    size: _builtins.int
     def __init__(
         self,
         *,
         set: _builtins.str = ...,
         member: _builtins.bytes = ...,
+        size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "set", b"set"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "set", b"set", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -224,23 +229,26 @@ Global___SetInsert: _TypeAlias = SetInsert  # noqa: Y015
 
 @_typing.final
 class SetRemove(_message.Message):
-    """SetRemove removes member."""
+    """SetRemove removes member. size is the set's size after the remove."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     SET_FIELD_NUMBER: _builtins.int
     MEMBER_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
     set: _builtins.str
     member: _builtins.bytes
+    size: _builtins.int
     def __init__(
         self,
         *,
         set: _builtins.str = ...,
         member: _builtins.bytes = ...,
+        size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "set", b"set"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "set", b"set", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
