@@ -42,6 +42,19 @@ def test_kv_lists_and_sets_read_back_what_a_group_wrote(store: Store) -> None:
     assert store.keys("job/") == ["job/a"]
 
 
+def test_trim_front_drops_a_consumed_prefix_and_nothing_past_the_end(store: Store) -> None:
+    store.write(lambda g: [g.push("q", item) for item in (b"a", b"b", b"c", b"d")])
+    assert store.write(lambda g: g.trim_front("q", 2))[0] == 2
+    assert store.list_bounds("q") == (2, 4) and store.list_items("q", 0, 10) == [
+        (2, b"c"),
+        (3, b"d"),
+    ]
+    assert store.write(lambda g: g.trim_front("q", 1))[0] == 0  # already gone
+    assert store.write(lambda g: g.trim_front("q", 99))[0] == 2  # never past the end
+    assert store.list_bounds("q") == (4, 4) and store.list_len("q") == 0
+    assert store.write(lambda g: g.push("q", b"e"))[0] == 4
+
+
 def test_pop_front_and_clear_keep_sequence_numbers_rising(store: Store) -> None:
     store.write(lambda g: [g.push("q", b"a"), g.push("q", b"b")])
     popped, _ = store.write(lambda g: g.pop_front("q"))
@@ -85,6 +98,7 @@ ACTIONS = st.one_of(
     st.tuples(st.just("pop"), LISTS),
     st.tuples(st.just("clear_list"), LISTS),
     st.tuples(st.just("drop_list"), LISTS),
+    st.tuples(st.just("trim"), LISTS, st.integers(min_value=0, max_value=8)),
     st.tuples(st.just("insert"), SETS, VALUES),
     st.tuples(st.just("remove"), SETS, VALUES),
     st.tuples(st.just("clear_set"), SETS),
@@ -106,6 +120,8 @@ def run_action(g: WriteGroup, action: tuple[object, ...]) -> None:
         g.clear_list(str(args[0]))
     elif name == "drop_list":
         g.clear_list(str(args[0]), drop=True)
+    elif name == "trim":
+        g.trim_front(str(args[0]), int(args[1]))  # type: ignore[call-overload]
     elif name == "insert":
         g.insert(str(args[0]), bytes(args[1]))  # type: ignore[call-overload]
     elif name == "remove":

@@ -7,7 +7,8 @@ Storage layout (every key carries the job id, so job expiry removes them with th
                                 (the signing secret is NOT stored: ``account`` names it,
                                 and the accounts file on each node holds it)
     list job/{id}/outbox        one item per event, JSON {"event", "data", "created_at"};
-                                the item's list sequence number is the event's ``seq``
+                                the item's list sequence number is the event's ``seq``;
+                                items behind the cursor are dropped as it passes them
     KV   job/{id}/webhook_ack   the delivery cursor, decimal text: every event with a
                                 smaller seq was acknowledged (2xx) or given up (job note)
 
@@ -544,9 +545,9 @@ class Deliverer:
             return False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
     def _advance(self, job_id: str, seq: int, note: str | None) -> None:
-        """Move the cursor past ``seq`` (with the job note when given up), one group.
-        Written only while the job and its webhook exist (an expired job stays gone),
-        and never backwards."""
+        """Move the cursor past ``seq`` (with the job note when given up) and drop the
+        events it passed, one group. Written only while the job and its webhook exist
+        (an expired job stays gone), and never backwards."""
         now = jr.now_ms()
 
         def group(g: WriteGroup) -> None:
@@ -555,6 +556,7 @@ class Deliverer:
             if read_ack(g, job_id) > seq:
                 return
             g.put(ack_key(job_id), str(seq + 1).encode())
+            g.trim_front(outbox_key(job_id), seq + 1)  # delivered or given up: not kept
             if note is not None:
                 g.push(
                     jr.part(job_id, "notes"),

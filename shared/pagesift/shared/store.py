@@ -186,6 +186,20 @@ class WriteGroup:
         self.ops.append(Op(list_pop_front=store_pb2.ListPopFront(list=name, seq=head)))
         return head, item
 
+    def trim_front(self, name: str, upto: int) -> int:
+        """Drop the items below ``upto`` (a consumed prefix of a queue) without reading
+        them: one ``ListPopFront`` each, point deletes rather than a range tombstone.
+        Returns how many went."""
+        head, nxt = self._bounds(name)
+        end = min(upto, nxt)
+        for seq in range(head, end):
+            self._pending[_item(name, seq)] = None
+            self.ops.append(Op(list_pop_front=store_pb2.ListPopFront(list=name, seq=seq)))
+        if end <= head:
+            return 0
+        self._set_bounds(name, end, nxt)
+        return end - head
+
     def clear_list(self, name: str, *, drop: bool = False) -> None:
         """Remove every item; sequence numbers keep rising unless ``drop`` deletes the list."""
         _, nxt = self._bounds(name)
