@@ -126,6 +126,13 @@ async def test_paging_walks_every_document_and_next_skip_is_absent_at_the_end(
             await node.stub.GetJob(jobs_pb2.GetJobRequest(id=started.id, skip=final.completed + 5))
         assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE
         assert "skip" in (e.value.details() or "")
+        status = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=started.id, status_only=True))
+        assert not status.documents and not status.HasField("next_skip")
+        assert (status.state, status.completed, status.total) == (
+            final.state,
+            final.completed,
+            final.total,
+        )
 
 
 async def test_a_watcher_gets_every_document_in_order_and_resumes_without_gaps(

@@ -380,7 +380,7 @@ async def wait_for_job(client: JobClient, job_id: str, *, show_progress: bool) -
         )
         raise
     if not progress.terminal:
-        progress.update_from_job(await client.get_job(job_id, limit=1))
+        progress.update_from_job(await client.get_job(job_id, status_only=True))
     return progress
 
 
@@ -569,7 +569,7 @@ async def _cmd_crawl(args: argparse.Namespace, client: JobClient) -> int:
     else:
         print(progress.summary())
         if progress.state == jobs_pb2.JOB_STATE_FAILED:
-            note = (await client.get_job(job_id, limit=1)).note
+            note = (await client.get_job(job_id, status_only=True)).note
             if note:
                 print(f"note: {note}")
     return progress.exit_code()

@@ -456,9 +456,9 @@ class JobClient:
         return resp.id
 
     async def get_job(
-        self, job_id: str, *, skip: int = 0, limit: int = 0
+        self, job_id: str, *, skip: int = 0, limit: int = 0, status_only: bool = False
     ) -> jobs_pb2.GetJobResponse:
-        req = jobs_pb2.GetJobRequest(id=job_id, skip=skip, limit=limit)
+        req = jobs_pb2.GetJobRequest(id=job_id, skip=skip, limit=limit, status_only=status_only)
         return await self.call(lambda s: s.GetJob(req, timeout=self.timeout), retryable=True)
 
     async def iter_pages(

@@ -325,7 +325,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 grpc.StatusCode.OUT_OF_RANGE,
                 f"skip: {request.skip} is beyond the last document ({p.completed})",
             )
-        docs = jr.read_documents(store, meta.id, request.skip, limit, visible)
+        docs = (
+            []
+            if request.status_only
+            else jr.read_documents(store, meta.id, request.skip, limit, visible)
+        )
         end = request.skip + len(docs)
         resp = jobs_pb2.GetJobResponse(
             id=meta.id,
@@ -339,7 +343,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             documents=docs,
             note=meta.note,
         )
-        if end < p.completed or not meta.terminal:
+        if not request.status_only and (end < p.completed or not meta.terminal):
             resp.next_skip = end
         self._read_md(context)
         return resp

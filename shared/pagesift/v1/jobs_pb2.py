@@ -25,21 +25,21 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pagesift/v1/jobs.proto\x12\x0bpagesift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"h\n\rScrapeOptions\x12$\n\x07\x66ormats\x18\x01 \x03(\x0e\x32\x13.pagesift.v1.Format\x12\x19\n\x11only_main_content\x18\x02 \x01(\x08\x12\x16\n\x0e\x61llow_non_html\x18\x03 \x01(\x08\"\xfc\x01\n\x08\x44ocument\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x11\n\tfinal_url\x18\x02 \x01(\t\x12\x13\n\x0bstatus_code\x18\x03 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x04 \x01(\t\x12\r\n\x05title\x18\x05 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x06 \x01(\t\x12\x10\n\x08language\x18\x07 \x01(\t\x12\x10\n\x08markdown\x18\x08 \x01(\t\x12\x0c\n\x04html\x18\t \x01(\t\x12\x10\n\x08raw_html\x18\n \x01(\t\x12\r\n\x05links\x18\x0b \x03(\t\x12.\n\nfetched_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\rScrapeRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12+\n\x07options\x18\x02 \x01(\x0b\x32\x1a.pagesift.v1.ScrapeOptions\"9\n\x0eScrapeResponse\x12\'\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x15.pagesift.v1.Document\"&\n\x07Webhook\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06\x65vents\x18\x02 \x03(\t\"\xca\x01\n\x17StartBatchScrapeRequest\x12\x0c\n\x04urls\x18\x01 \x03(\t\x12+\n\x07options\x18\x02 \x01(\x0b\x32\x1a.pagesift.v1.ScrapeOptions\x12\x17\n\x0fmax_concurrency\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x1b\n\x13ignore_invalid_urls\x18\x05 \x01(\x08\x12%\n\x07webhook\x18\x06 \x01(\x0b\x32\x14.pagesift.v1.Webhook\"<\n\x18StartBatchScrapeResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cinvalid_urls\x18\x02 \x03(\t\"\x89\x03\n\x11StartCrawlRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x11\n\tmax_depth\x18\x03 \x01(\x05\x12\x15\n\rinclude_paths\x18\x04 \x03(\t\x12\x15\n\rexclude_paths\x18\x05 \x03(\t\x12\x18\n\x10\x61llow_subdomains\x18\x06 \x01(\x08\x12\x1c\n\x14\x61llow_external_links\x18\x07 \x01(\x08\x12\x1f\n\x17ignore_query_parameters\x18\x08 \x01(\x08\x12)\n\x07sitemap\x18\t \x01(\x0e\x32\x18.pagesift.v1.SitemapMode\x12\x17\n\x0fmax_concurrency\x18\n \x01(\x05\x12\r\n\x05\x64\x65lay\x18\x0b \x01(\x01\x12+\n\x07options\x18\x0c \x01(\x0b\x32\x1a.pagesift.v1.ScrapeOptions\x12\x17\n\x0fidempotency_key\x18\r \x01(\t\x12%\n\x07webhook\x18\x0e \x01(\x0b\x32\x14.pagesift.v1.Webhook\" \n\x12StartCrawlResponse\x12\n\n\x02id\x18\x01 \x01(\t\"8\n\rGetJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04skip\x18\x02 \x01(\x05\x12\r\n\x05limit\x18\x03 \x01(\x05\"\xd6\x02\n\x0eGetJobResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.pagesift.v1.JobKind\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.pagesift.v1.JobState\x12\r\n\x05total\x18\x04 \x01(\x03\x12\x11\n\tcompleted\x18\x05 \x01(\x03\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\tdocuments\x18\x08 \x03(\x0b\x32\x15.pagesift.v1.Document\x12\x16\n\tnext_skip\x18\t \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06\x66\x61iled\x18\n \x01(\x03\x12\x0c\n\x04note\x18\x0b \x01(\tB\x0c\n\n_next_skip\"1\n\x0fWatchJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x05\"x\n\x10WatchJobResponse\x12\x30\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x1c.pagesift.v1.IndexedDocumentH\x00\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x18.pagesift.v1.StateChangeH\x00\x42\x07\n\x05\x65vent\"I\n\x0fIndexedDocument\x12\r\n\x05index\x18\x01 \x01(\x05\x12\'\n\x08\x64ocument\x18\x02 \x01(\x0b\x32\x15.pagesift.v1.Document\"e\n\x0bStateChange\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.pagesift.v1.JobState\x12\r\n\x05total\x18\x02 \x01(\x03\x12\x11\n\tcompleted\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\"!\n\x13GetJobErrorsRequest\x12\n\n\x02id\x18\x01 \x01(\t\"a\n\tPageError\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"V\n\x14GetJobErrorsResponse\x12&\n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x16.pagesift.v1.PageError\x12\x16\n\x0erobots_blocked\x18\x02 \x03(\t\"\x1e\n\x10\x43\x61ncelJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"9\n\x11\x43\x61ncelJobResponse\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.pagesift.v1.JobState\"&\n\x0fListJobsRequest\x12\x13\n\x0b\x61\x63tive_only\x18\x01 \x01(\x08\"\xb4\x01\n\nJobSummary\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.pagesift.v1.JobKind\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.pagesift.v1.JobState\x12\r\n\x05total\x18\x04 \x01(\x03\x12\x11\n\tcompleted\x18\x05 \x01(\x03\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\x10ListJobsResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.pagesift.v1.JobSummary*m\n\x06\x46ormat\x12\x16\n\x12\x46ORMAT_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x46ORMAT_MARKDOWN\x10\x01\x12\x0f\n\x0b\x46ORMAT_HTML\x10\x02\x12\x13\n\x0f\x46ORMAT_RAW_HTML\x10\x03\x12\x10\n\x0c\x46ORMAT_LINKS\x10\x04*R\n\x07JobKind\x12\x18\n\x14JOB_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15JOB_KIND_BATCH_SCRAPE\x10\x01\x12\x12\n\x0eJOB_KIND_CRAWL\x10\x02*\x85\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATE_SCRAPING\x10\x01\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x02\x12\x14\n\x10JOB_STATE_FAILED\x10\x03\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x04*s\n\x0bSitemapMode\x12\x1c\n\x18SITEMAP_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SITEMAP_MODE_INCLUDE\x10\x01\x12\x15\n\x11SITEMAP_MODE_SKIP\x10\x02\x12\x15\n\x11SITEMAP_MODE_ONLY\x10\x03\x32\xf7\x04\n\nJobService\x12\x41\n\x06Scrape\x12\x1a.pagesift.v1.ScrapeRequest\x1a\x1b.pagesift.v1.ScrapeResponse\x12_\n\x10StartBatchScrape\x12$.pagesift.v1.StartBatchScrapeRequest\x1a%.pagesift.v1.StartBatchScrapeResponse\x12M\n\nStartCrawl\x12\x1e.pagesift.v1.StartCrawlRequest\x1a\x1f.pagesift.v1.StartCrawlResponse\x12\x41\n\x06GetJob\x12\x1a.pagesift.v1.GetJobRequest\x1a\x1b.pagesift.v1.GetJobResponse\x12I\n\x08WatchJob\x12\x1c.pagesift.v1.WatchJobRequest\x1a\x1d.pagesift.v1.WatchJobResponse0\x01\x12S\n\x0cGetJobErrors\x12 .pagesift.v1.GetJobErrorsRequest\x1a!.pagesift.v1.GetJobErrorsResponse\x12J\n\tCancelJob\x12\x1d.pagesift.v1.CancelJobRequest\x1a\x1e.pagesift.v1.CancelJobResponse\x12G\n\x08ListJobs\x12\x1c.pagesift.v1.ListJobsRequest\x1a\x1d.pagesift.v1.ListJobsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pagesift/v1/jobs.proto\x12\x0bpagesift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"h\n\rScrapeOptions\x12$\n\x07\x66ormats\x18\x01 \x03(\x0e\x32\x13.pagesift.v1.Format\x12\x19\n\x11only_main_content\x18\x02 \x01(\x08\x12\x16\n\x0e\x61llow_non_html\x18\x03 \x01(\x08\"\xfc\x01\n\x08\x44ocument\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x11\n\tfinal_url\x18\x02 \x01(\t\x12\x13\n\x0bstatus_code\x18\x03 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x04 \x01(\t\x12\r\n\x05title\x18\x05 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x06 \x01(\t\x12\x10\n\x08language\x18\x07 \x01(\t\x12\x10\n\x08markdown\x18\x08 \x01(\t\x12\x0c\n\x04html\x18\t \x01(\t\x12\x10\n\x08raw_html\x18\n \x01(\t\x12\r\n\x05links\x18\x0b \x03(\t\x12.\n\nfetched_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\rScrapeRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12+\n\x07options\x18\x02 \x01(\x0b\x32\x1a.pagesift.v1.ScrapeOptions\"9\n\x0eScrapeResponse\x12\'\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x15.pagesift.v1.Document\"&\n\x07Webhook\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06\x65vents\x18\x02 \x03(\t\"\xca\x01\n\x17StartBatchScrapeRequest\x12\x0c\n\x04urls\x18\x01 \x03(\t\x12+\n\x07options\x18\x02 \x01(\x0b\x32\x1a.pagesift.v1.ScrapeOptions\x12\x17\n\x0fmax_concurrency\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x1b\n\x13ignore_invalid_urls\x18\x05 \x01(\x08\x12%\n\x07webhook\x18\x06 \x01(\x0b\x32\x14.pagesift.v1.Webhook\"<\n\x18StartBatchScrapeResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cinvalid_urls\x18\x02 \x03(\t\"\x89\x03\n\x11StartCrawlRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x11\n\tmax_depth\x18\x03 \x01(\x05\x12\x15\n\rinclude_paths\x18\x04 \x03(\t\x12\x15\n\rexclude_paths\x18\x05 \x03(\t\x12\x18\n\x10\x61llow_subdomains\x18\x06 \x01(\x08\x12\x1c\n\x14\x61llow_external_links\x18\x07 \x01(\x08\x12\x1f\n\x17ignore_query_parameters\x18\x08 \x01(\x08\x12)\n\x07sitemap\x18\t \x01(\x0e\x32\x18.pagesift.v1.SitemapMode\x12\x17\n\x0fmax_concurrency\x18\n \x01(\x05\x12\r\n\x05\x64\x65lay\x18\x0b \x01(\x01\x12+\n\x07options\x18\x0c \x01(\x0b\x32\x1a.pagesift.v1.ScrapeOptions\x12\x17\n\x0fidempotency_key\x18\r \x01(\t\x12%\n\x07webhook\x18\x0e \x01(\x0b\x32\x14.pagesift.v1.Webhook\" \n\x12StartCrawlResponse\x12\n\n\x02id\x18\x01 \x01(\t\"M\n\rGetJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04skip\x18\x02 \x01(\x05\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x13\n\x0bstatus_only\x18\x04 \x01(\x08\"\xd6\x02\n\x0eGetJobResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.pagesift.v1.JobKind\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.pagesift.v1.JobState\x12\r\n\x05total\x18\x04 \x01(\x03\x12\x11\n\tcompleted\x18\x05 \x01(\x03\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\tdocuments\x18\x08 \x03(\x0b\x32\x15.pagesift.v1.Document\x12\x16\n\tnext_skip\x18\t \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06\x66\x61iled\x18\n \x01(\x03\x12\x0c\n\x04note\x18\x0b \x01(\tB\x0c\n\n_next_skip\"1\n\x0fWatchJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x05\"x\n\x10WatchJobResponse\x12\x30\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x1c.pagesift.v1.IndexedDocumentH\x00\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x18.pagesift.v1.StateChangeH\x00\x42\x07\n\x05\x65vent\"I\n\x0fIndexedDocument\x12\r\n\x05index\x18\x01 \x01(\x05\x12\'\n\x08\x64ocument\x18\x02 \x01(\x0b\x32\x15.pagesift.v1.Document\"e\n\x0bStateChange\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.pagesift.v1.JobState\x12\r\n\x05total\x18\x02 \x01(\x03\x12\x11\n\tcompleted\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\"!\n\x13GetJobErrorsRequest\x12\n\n\x02id\x18\x01 \x01(\t\"a\n\tPageError\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"V\n\x14GetJobErrorsResponse\x12&\n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x16.pagesift.v1.PageError\x12\x16\n\x0erobots_blocked\x18\x02 \x03(\t\"\x1e\n\x10\x43\x61ncelJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"9\n\x11\x43\x61ncelJobResponse\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.pagesift.v1.JobState\"&\n\x0fListJobsRequest\x12\x13\n\x0b\x61\x63tive_only\x18\x01 \x01(\x08\"\xb4\x01\n\nJobSummary\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.pagesift.v1.JobKind\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.pagesift.v1.JobState\x12\r\n\x05total\x18\x04 \x01(\x03\x12\x11\n\tcompleted\x18\x05 \x01(\x03\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\x10ListJobsResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.pagesift.v1.JobSummary*m\n\x06\x46ormat\x12\x16\n\x12\x46ORMAT_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x46ORMAT_MARKDOWN\x10\x01\x12\x0f\n\x0b\x46ORMAT_HTML\x10\x02\x12\x13\n\x0f\x46ORMAT_RAW_HTML\x10\x03\x12\x10\n\x0c\x46ORMAT_LINKS\x10\x04*R\n\x07JobKind\x12\x18\n\x14JOB_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15JOB_KIND_BATCH_SCRAPE\x10\x01\x12\x12\n\x0eJOB_KIND_CRAWL\x10\x02*\x85\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATE_SCRAPING\x10\x01\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x02\x12\x14\n\x10JOB_STATE_FAILED\x10\x03\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x04*s\n\x0bSitemapMode\x12\x1c\n\x18SITEMAP_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SITEMAP_MODE_INCLUDE\x10\x01\x12\x15\n\x11SITEMAP_MODE_SKIP\x10\x02\x12\x15\n\x11SITEMAP_MODE_ONLY\x10\x03\x32\xf7\x04\n\nJobService\x12\x41\n\x06Scrape\x12\x1a.pagesift.v1.ScrapeRequest\x1a\x1b.pagesift.v1.ScrapeResponse\x12_\n\x10StartBatchScrape\x12$.pagesift.v1.StartBatchScrapeRequest\x1a%.pagesift.v1.StartBatchScrapeResponse\x12M\n\nStartCrawl\x12\x1e.pagesift.v1.StartCrawlRequest\x1a\x1f.pagesift.v1.StartCrawlResponse\x12\x41\n\x06GetJob\x12\x1a.pagesift.v1.GetJobRequest\x1a\x1b.pagesift.v1.GetJobResponse\x12I\n\x08WatchJob\x12\x1c.pagesift.v1.WatchJobRequest\x1a\x1d.pagesift.v1.WatchJobResponse0\x01\x12S\n\x0cGetJobErrors\x12 .pagesift.v1.GetJobErrorsRequest\x1a!.pagesift.v1.GetJobErrorsResponse\x12J\n\tCancelJob\x12\x1d.pagesift.v1.CancelJobRequest\x1a\x1e.pagesift.v1.CancelJobResponse\x12G\n\x08ListJobs\x12\x1c.pagesift.v1.ListJobsRequest\x1a\x1d.pagesift.v1.ListJobsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagesift.v1.jobs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FORMAT']._serialized_start=2653
-  _globals['_FORMAT']._serialized_end=2762
-  _globals['_JOBKIND']._serialized_start=2764
-  _globals['_JOBKIND']._serialized_end=2846
-  _globals['_JOBSTATE']._serialized_start=2849
-  _globals['_JOBSTATE']._serialized_end=2982
-  _globals['_SITEMAPMODE']._serialized_start=2984
-  _globals['_SITEMAPMODE']._serialized_end=3099
+  _globals['_FORMAT']._serialized_start=2674
+  _globals['_FORMAT']._serialized_end=2783
+  _globals['_JOBKIND']._serialized_start=2785
+  _globals['_JOBKIND']._serialized_end=2867
+  _globals['_JOBSTATE']._serialized_start=2870
+  _globals['_JOBSTATE']._serialized_end=3003
+  _globals['_SITEMAPMODE']._serialized_start=3005
+  _globals['_SITEMAPMODE']._serialized_end=3120
   _globals['_SCRAPEOPTIONS']._serialized_start=72
   _globals['_SCRAPEOPTIONS']._serialized_end=176
   _globals['_DOCUMENT']._serialized_start=179
@@ -59,33 +59,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STARTCRAWLRESPONSE']._serialized_start=1270
   _globals['_STARTCRAWLRESPONSE']._serialized_end=1302
   _globals['_GETJOBREQUEST']._serialized_start=1304
-  _globals['_GETJOBREQUEST']._serialized_end=1360
-  _globals['_GETJOBRESPONSE']._serialized_start=1363
-  _globals['_GETJOBRESPONSE']._serialized_end=1705
-  _globals['_WATCHJOBREQUEST']._serialized_start=1707
-  _globals['_WATCHJOBREQUEST']._serialized_end=1756
-  _globals['_WATCHJOBRESPONSE']._serialized_start=1758
-  _globals['_WATCHJOBRESPONSE']._serialized_end=1878
-  _globals['_INDEXEDDOCUMENT']._serialized_start=1880
-  _globals['_INDEXEDDOCUMENT']._serialized_end=1953
-  _globals['_STATECHANGE']._serialized_start=1955
-  _globals['_STATECHANGE']._serialized_end=2056
-  _globals['_GETJOBERRORSREQUEST']._serialized_start=2058
-  _globals['_GETJOBERRORSREQUEST']._serialized_end=2091
-  _globals['_PAGEERROR']._serialized_start=2093
-  _globals['_PAGEERROR']._serialized_end=2190
-  _globals['_GETJOBERRORSRESPONSE']._serialized_start=2192
-  _globals['_GETJOBERRORSRESPONSE']._serialized_end=2278
-  _globals['_CANCELJOBREQUEST']._serialized_start=2280
-  _globals['_CANCELJOBREQUEST']._serialized_end=2310
-  _globals['_CANCELJOBRESPONSE']._serialized_start=2312
-  _globals['_CANCELJOBRESPONSE']._serialized_end=2369
-  _globals['_LISTJOBSREQUEST']._serialized_start=2371
-  _globals['_LISTJOBSREQUEST']._serialized_end=2409
-  _globals['_JOBSUMMARY']._serialized_start=2412
-  _globals['_JOBSUMMARY']._serialized_end=2592
-  _globals['_LISTJOBSRESPONSE']._serialized_start=2594
-  _globals['_LISTJOBSRESPONSE']._serialized_end=2651
-  _globals['_JOBSERVICE']._serialized_start=3102
-  _globals['_JOBSERVICE']._serialized_end=3733
+  _globals['_GETJOBREQUEST']._serialized_end=1381
+  _globals['_GETJOBRESPONSE']._serialized_start=1384
+  _globals['_GETJOBRESPONSE']._serialized_end=1726
+  _globals['_WATCHJOBREQUEST']._serialized_start=1728
+  _globals['_WATCHJOBREQUEST']._serialized_end=1777
+  _globals['_WATCHJOBRESPONSE']._serialized_start=1779
+  _globals['_WATCHJOBRESPONSE']._serialized_end=1899
+  _globals['_INDEXEDDOCUMENT']._serialized_start=1901
+  _globals['_INDEXEDDOCUMENT']._serialized_end=1974
+  _globals['_STATECHANGE']._serialized_start=1976
+  _globals['_STATECHANGE']._serialized_end=2077
+  _globals['_GETJOBERRORSREQUEST']._serialized_start=2079
+  _globals['_GETJOBERRORSREQUEST']._serialized_end=2112
+  _globals['_PAGEERROR']._serialized_start=2114
+  _globals['_PAGEERROR']._serialized_end=2211
+  _globals['_GETJOBERRORSRESPONSE']._serialized_start=2213
+  _globals['_GETJOBERRORSRESPONSE']._serialized_end=2299
+  _globals['_CANCELJOBREQUEST']._serialized_start=2301
+  _globals['_CANCELJOBREQUEST']._serialized_end=2331
+  _globals['_CANCELJOBRESPONSE']._serialized_start=2333
+  _globals['_CANCELJOBRESPONSE']._serialized_end=2390
+  _globals['_LISTJOBSREQUEST']._serialized_start=2392
+  _globals['_LISTJOBSREQUEST']._serialized_end=2430
+  _globals['_JOBSUMMARY']._serialized_start=2433
+  _globals['_JOBSUMMARY']._serialized_end=2613
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2615
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2672
+  _globals['_JOBSERVICE']._serialized_start=3123
+  _globals['_JOBSERVICE']._serialized_end=3754
 # @@protoc_insertion_point(module_scope)

@@ -439,20 +439,26 @@ class GetJobRequest(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     SKIP_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    STATUS_ONLY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     skip: _builtins.int
     limit: _builtins.int
     """Documents per page; 0 means the server default."""
+    status_only: _builtins.bool
+    """status_only returns the job's status and counters without documents (and
+    without next_skip): the cheap call for polling.
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         skip: _builtins.int = ...,
         limit: _builtins.int = ...,
+        status_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "limit", b"limit", "skip", b"skip"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "limit", b"limit", "skip", b"skip", "status_only", b"status_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
