@@ -195,6 +195,18 @@ class ServeProc:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """SIGSTOP for the block, SIGCONT after: alive but unreachable (a partition
+        from every peer at once), with its sockets open."""
+        assert self.proc is not None and self.proc.poll() is None, f"{self.name} is not running"
+        pid = self.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

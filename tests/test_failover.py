@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -423,15 +422,10 @@ async def test_a_deposed_primary_still_running_stops_writing_once_it_hears_the_p
     primary, standby = await start_pair(nodes)
     job_id = await start_crawl(primary.address, crawl_request(root))
     await eventually(lambda: pages_done(standby.address, job_id, 5), "5 pages on the standby")
-    assert primary.proc is not None
-    pid = primary.proc.pid
-    os.kill(pid, signal.SIGSTOP)  # frozen mid-crawl: unreachable, not dead
-    try:
+    with primary.frozen():  # mid-crawl: unreachable, not dead
         promoted = await promote(standby.address)
         assert promoted.epoch == 2 and not promoted.already_primary
         await asyncio.sleep(1.0)  # the promoted node keeps asking meanwhile
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
     async def fenced() -> pb.RoleResponse | None:
         r = await role(primary.address)
@@ -561,10 +555,7 @@ async def test_in_sync_mode_a_restarted_primary_shows_nothing_the_standby_does_n
     )
     job_id = await start_crawl(primary.address, crawl_request(root))
     await eventually(lambda: pages_done(standby.address, job_id, 10), "10 pages on the standby")
-    assert standby.proc is not None
-    pid = standby.proc.pid
-    os.kill(pid, signal.SIGSTOP)  # no more acks: the primary commits pages nobody holds
-    try:
+    with standby.frozen():  # no more acks: the primary commits pages nobody holds
         frozen_at = await eventually(
             lambda: _offset_beyond(primary.address, 5), "pages the standby does not hold"
         )
@@ -576,8 +567,6 @@ async def test_in_sync_mode_a_restarted_primary_shows_nothing_the_standby_does_n
                     jobs_pb2.GetJobRequest(id=job_id, limit=1), timeout=1.5
                 )
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # it waits for the ack
-    finally:
-        os.kill(pid, signal.SIGCONT)
     job = await get_job(primary.address, job_id)  # the standby caught up and acked
     held = await documents(standby.address, job_id)
     assert job.completed <= len(held) and (await role(standby.address)).applied_offset >= frozen_at

@@ -22,7 +22,7 @@ from pagesift.shared.store import WriteGroup
 from pagesift.standby import follower as follower_module
 from pagesift.standby.admin import AdminServicer, verify_digests
 from pagesift.standby.fencing import fence_former_primary
-from pagesift.standby.follower import Follower
+from pagesift.standby.follower import Follower, hello_message
 from pagesift.standby.promotion import Promoter
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
@@ -506,14 +506,7 @@ async def test_a_large_batch_is_applied_in_runs_with_the_loop_serving_between_th
 
 
 def fencing_hello(node: Node) -> pb.Hello:
-    h = node.log.hello(node.name)
-    return pb.Hello(
-        node_id=h.node_id,
-        history_id=h.history_id,
-        applied_offset=h.applied_offset,
-        epoch=h.epoch,
-        address=node.addr,
-    )
+    return hello_message(node.log.hello(node.name), node.addr)
 
 
 async def test_the_promoted_node_fences_its_former_primary_and_a_newer_primary_deposes_it(

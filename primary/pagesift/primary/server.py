@@ -42,7 +42,7 @@ from pagesift.shared.replog import Fenced, open_slot
 from pagesift.shared.store import Store
 from pagesift.standby.admin import AdminServicer
 from pagesift.standby.fencing import fence_former_primary
-from pagesift.standby.follower import Follower
+from pagesift.standby.follower import Follower, hello_message
 from pagesift.standby.promotion import Promoter
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
@@ -204,14 +204,7 @@ class Node:
             )
 
     def _fencing_hello(self) -> replication_pb2.Hello:
-        h = self.slot.log.hello(self.node_id)
-        return replication_pb2.Hello(
-            node_id=h.node_id,
-            history_id=h.history_id,
-            applied_offset=h.applied_offset,
-            epoch=h.epoch,
-            address=self.replication.address,
-        )
+        return hello_message(self.slot.log.hello(self.node_id), self.replication.address)
 
     async def _start_jobs(self) -> None:
         cfg = self.config

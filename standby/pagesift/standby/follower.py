@@ -128,6 +128,18 @@ def _retrieve(task: asyncio.Future[object]) -> None:
         task.exception()
 
 
+def hello_message(h: replproto.Hello, address: str = "") -> pb.Hello:
+    """The wire form of a hello (``address``: where the sender serves clients, sent
+    by a promoted node to its former primary)."""
+    return pb.Hello(
+        node_id=h.node_id,
+        history_id=h.history_id,
+        applied_offset=h.applied_offset,
+        epoch=h.epoch,
+        address=address,
+    )
+
+
 @dataclass(frozen=True)
 class FollowerStatus:
     """What Role reports on a standby."""
@@ -315,17 +327,7 @@ class Follower:
             log = self._slot.log
             if log.writable:
                 raise RuntimeError("a writable primary does not follow anyone")
-            h = log.hello(self.node_id)
-            await call.write(
-                pb.StreamRequest(
-                    hello=pb.Hello(
-                        node_id=h.node_id,
-                        history_id=h.history_id,
-                        applied_offset=h.applied_offset,
-                        epoch=h.epoch,
-                    )
-                )
-            )
+            await call.write(pb.StreamRequest(hello=hello_message(log.hello(self.node_id))))
             msg = await self._read(call)
             if msg is None:
                 return False
