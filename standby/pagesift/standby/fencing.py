@@ -56,6 +56,7 @@ async def fence_former_primary(
     """Say hello to ``target`` until it stepped down; returns the last verdict
     (``"done"``, ``"deposed"``, or ``"stopped"`` once we are no primary any more)."""
     attempt = 0
+    last_detail = ""
     while still_primary():
         h = hello()
         refused, decision_epoch, detail = await _ask(
@@ -75,8 +76,13 @@ async def fence_former_primary(
             )
             await on_deposed(decision_epoch)
             return verdict
-        log = logger.error if verdict == "conflict" else logger.info
+        # A former primary that stays down would fill the log: say each new reason once.
+        if verdict == "conflict":
+            log = logger.error
+        else:
+            log = logger.info if detail != last_detail else logger.debug
         log("former primary %s not fenced yet (%s); asking again", target, detail)
+        last_detail = detail
         await asyncio.sleep(
             replproto.backoff_delay(attempt, base=backoff_base, cap=backoff_cap, jitter=rng())
         )
