@@ -74,6 +74,7 @@ from bench.common import (
     stop_process,
     subtree_cpu_seconds,
 )
+from pagesift.shared.tls import write_new_token
 
 PAGE_BYTES = 16 * 1024
 LINKS_PER_PAGE = 5
@@ -307,7 +308,14 @@ def _server_config(tmp: Path, concurrency: int) -> Path:
     """The crawl bench's server config (per-host concurrency = the crawl's)."""
     tmp.mkdir(parents=True, exist_ok=True)
     conf = tmp / "server.toml"
-    lines = ["[server]", f"per_host_concurrency = {concurrency}"]
+    token = tmp / "replication.token"
+    if not token.exists():
+        write_new_token(token)
+    lines = [
+        "[server]",
+        f"per_host_concurrency = {concurrency}",
+        f'replication_token_file = "{token}"',
+    ]
     if concurrency > 64:
         lines.append(f"max_concurrency = {concurrency}")
     conf.write_text("\n".join(lines) + "\n")
@@ -1024,7 +1032,7 @@ async def crawl_once(
             out["lag"] = lag_stats(samples, t0, t1)
             out["sample_rounds"] = len(samples.t)
             if promote:
-                out["promote"] = await measure_promote(nodes[1], site_url)
+                out["promote"] = await measure_promote(nodes[1], site_url, conf)
     finally:
         for n in nodes:
             await n.close()
@@ -1113,8 +1121,9 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return ordered[(len(ordered) - 1) // 2]
 
 
-async def measure_promote(n: Node, url: str) -> dict[str, Any]:
-    """Promote a caught-up standby; time the call and until a StartCrawl is accepted."""
+async def measure_promote(n: Node, url: str, conf: Path) -> dict[str, Any]:
+    """Promote a caught-up standby; time the call and until a StartCrawl is accepted.
+    ``conf`` is the node's config from ``_server_config`` (its token file beside it)."""
     from pagesift.v1 import jobs_pb2
     from pagesift.v1 import replication_pb2 as pb
 
@@ -1127,7 +1136,9 @@ async def measure_promote(n: Node, url: str) -> dict[str, Any]:
     except grpc.aio.AioRpcError as exc:
         refused = exc.code().name
     t0 = time.monotonic()
-    resp = await n.admin.Promote(pb.PromoteRequest(), timeout=60)
+    token = (conf.parent / "replication.token").read_text().strip()
+    promote_md = (("authorization", f"Bearer {token}"),)  # no [admin] key: the pair's token
+    resp = await n.admin.Promote(pb.PromoteRequest(), metadata=promote_md, timeout=60)
     t1 = time.monotonic()
     attempts = 0
     last = ""
@@ -1240,7 +1251,7 @@ async def part_resync(args: argparse.Namespace, site_url: str, tmp: Path) -> dic
             f"writer p99 {during['tick_to_commit_ms']['p99']:.1f} ms vs idle "
             f"{idle['tick_to_commit_ms']['p99']:.1f} ms"
         )
-        out["promote"] = await measure_promote(s, site_url)
+        out["promote"] = await measure_promote(s, site_url, conf)
     finally:
         for n in nodes:
             await n.close()

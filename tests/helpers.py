@@ -6,13 +6,16 @@ Everything listens on 127.0.0.1 only; every wait is bounded in time.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from typing import Any
 import grpc
 
 from pagesift.primary import server
+from pagesift.shared import tls
 from pagesift.shared.config import ServerConfig
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
@@ -30,6 +34,22 @@ TERMINAL = {
     jobs_pb2.JOB_STATE_FAILED,
     jobs_pb2.JOB_STATE_CANCELLED,
 }
+
+
+def _pair_token_file() -> Path:
+    """One replication token for every pair this test run starts (the file outlives
+    the server processes that read it, and is removed at exit)."""
+    folder = Path(tempfile.mkdtemp(prefix="pagesift-test-token-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "replication.token"
+    tls.write_new_token(path)
+    return path
+
+
+PAIR_TOKEN_FILE = _pair_token_file()
+PAIR_TOKEN = PAIR_TOKEN_FILE.read_text().strip()
+#: Promote's credential on nodes without an [admin] key: the pair's token as the key.
+PROMOTE_MD = (("authorization", f"Bearer {PAIR_TOKEN}"),)
 
 
 def free_port() -> int:
@@ -56,6 +76,7 @@ def node_config(data: Path, **overrides: Any) -> ServerConfig:
         "read_timeout": 1.0,
         "connect_timeout": 1.0,
         "max_body_bytes": 1024 * 1024,
+        "replication_token_file": str(PAIR_TOKEN_FILE),
     }
     values.update(overrides)
     return ServerConfig(**values)
@@ -130,6 +151,7 @@ SERVE_CONFIG: dict[str, Any] = {
     "connect_timeout": 1.0,
     "max_body_bytes": 1024 * 1024,
     "extract_processes": 1,  # two cores for two nodes, the site and the test
+    "replication_token_file": str(PAIR_TOKEN_FILE),
 }
 
 

@@ -24,9 +24,10 @@ from pagesift.shared.client import JobClient, choose_primary
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, build_site, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
-from tests.helpers import free_port
+from tests.helpers import PAIR_TOKEN, free_port
 from tests.test_failover import ServeProc, eventually, finished, role
 
+PROMOTE_KEY = ("--admin-key", PAIR_TOKEN)  # no [admin] key: the pair's token promotes
 ROLE_KEYS = {
     "address", "node_id", "role", "epoch", "history_id", "applied_offset", "primary_offset",
     "lag_offsets", "lag_seconds", "peer", "connected", "sync_degraded", "full_resyncs",
@@ -119,7 +120,8 @@ async def test_role_promote_and_verify_print_one_json_object_each_against_a_real
         "equal",
     ]
 
-    code, out = await run_json("promote", "--server", P)  # a primary reports its state
+    # a primary reports its state
+    code, out = await run_json("promote", "--server", P, *PROMOTE_KEY)
     assert code == 0
     assert out == {
         "address": P, "epoch": 1, "history_id": out["history_id"], "switch_offset": 0,
@@ -127,10 +129,10 @@ async def test_role_promote_and_verify_print_one_json_object_each_against_a_real
     }  # fmt: skip
 
     primary.kill()
-    code, out = await run_json("promote", "--server", S)
+    code, out = await run_json("promote", "--server", S, *PROMOTE_KEY)
     assert code == 0
     assert (out["epoch"], out["switch_offset"], out["already_primary"]) == (2, offset, False)
-    code, again = await run_json("promote", "--server", S)
+    code, again = await run_json("promote", "--server", S, *PROMOTE_KEY)
     assert again == {**out, "already_primary": True}
 
     code, out = await run_json("role", "--server", S, "--server", P)

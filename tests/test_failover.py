@@ -30,7 +30,7 @@ from pagesift.shared.replog import open_slot
 from pagesift.standby.admin import VerifyResult, verify_digests
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
-from tests.helpers import TERMINAL, NodeFactory, all_documents, serve_procs
+from tests.helpers import PROMOTE_MD, TERMINAL, NodeFactory, all_documents, serve_procs
 from tests.helpers import ServeProc as ServeProc  # re-exported: test_cli_admin uses it
 
 T = TypeVar("T")
@@ -102,7 +102,9 @@ async def role(address: str) -> pb.RoleResponse:
 async def promote(address: str) -> pb.PromoteResponse:
     async with grpc.aio.insecure_channel(address) as ch:
         stub = replication_pb2_grpc.AdminServiceStub(ch)
-        resp: pb.PromoteResponse = await stub.Promote(pb.PromoteRequest(), timeout=10)
+        resp: pb.PromoteResponse = await stub.Promote(
+            pb.PromoteRequest(), metadata=PROMOTE_MD, timeout=10
+        )
         return resp
 
 

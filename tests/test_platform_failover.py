@@ -29,7 +29,7 @@ from pagesift.primary import webhooks
 from pagesift.shared.demosite import Site, build_site, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
-from tests.helpers import NodeFactory, ServeProc, free_port, serve_procs
+from tests.helpers import PAIR_TOKEN_FILE, NodeFactory, ServeProc, free_port, serve_procs
 from tests.test_platform import (
     ADMIN_MD,
     ALICE,
@@ -65,6 +65,7 @@ def settings(accounts: Path) -> dict[str, Any]:
         "webhook_max_delay": 0.2,
         "webhook_max_attempts": 200,
         "metrics_listen": f"127.0.0.1:{free_port()}",
+        "replication_token_file": str(PAIR_TOKEN_FILE),
     }
 
 

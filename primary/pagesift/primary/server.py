@@ -33,9 +33,10 @@ from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.jobs import Jobs
 from pagesift.primary.replication import ReplicationServicer
 from pagesift.shared import tls
-from pagesift.shared.accounts import Accounts
+from pagesift.shared.accounts import Accounts, bearer_token
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.events import JobEvents
+from pagesift.shared.interceptors import MalformedRequests
 from pagesift.shared.jobservice import JobRuntime, JobService
 from pagesift.shared.metrics import Metrics, ReplicationFigures, start_http
 from pagesift.shared.replog import Fenced, open_slot
@@ -70,11 +71,7 @@ class Node:
         self.accounts = Accounts.load(Path(config.accounts_file) if config.accounts_file else None)
         for warning in self.accounts.warnings:
             log.warning("%s", warning)
-        self.replication_token = (
-            Path(config.replication_token_file).read_text().strip()
-            if config.replication_token_file
-            else ""
-        )
+        self.replication_token = _read_token(config.replication_token_file)
         self.slot = open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
         self.slot.store.add_observer(self.events)
         self.slot.add_listener(lambda store, _log: store.add_observer(self.events))
@@ -129,6 +126,17 @@ class Node:
         )
 
     async def start(self) -> None:
+        if not replication_credential(self.config):
+            if self.role == "standby":
+                raise StartRefused(
+                    "a standby needs a replication credential: replication_token_file "
+                    "(the same file on both nodes) or replication_ca + replication_cert + "
+                    "replication_key (mTLS)"
+                )
+            log.warning(
+                "no replication credential (replication_token_file or mTLS): this node "
+                "serves its log to nobody, so no standby can follow it"
+            )
         if self.role == "primary":
             if self.slot.log.persisted_role == "standby":
                 raise StartRefused(
@@ -301,6 +309,26 @@ class Node:
         self.slot.close()
 
 
+#: The shortest replication token accepted (``secrets.token_urlsafe(32)`` gives 43).
+MIN_TOKEN_CHARS = 16
+
+
+def _read_token(file: str) -> str:
+    """The replication token in ``file`` ("" without one); refuses a short one."""
+    if not file:
+        return ""
+    try:
+        token = Path(file).read_text().strip()
+    except OSError as e:
+        raise StartRefused(f"replication_token_file {file}: {e.strerror or e}") from None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise StartRefused(
+            f"replication_token_file {file}: the token has {len(token)} characters, "
+            f"fewer than {MIN_TOKEN_CHARS} (make one: pagesift token new FILE)"
+        )
+    return token
+
+
 def _advertised(listen: str) -> str:
     """``listen`` as an address peers can hand to clients; "" for a wildcard host."""
     host = listen.rsplit(":", 1)[0].strip("[]")
@@ -345,48 +373,80 @@ def _setup_logging(fmt: str) -> None:
     root.setLevel(logging.INFO)
 
 
-def _is_loopback(listen: str) -> bool:
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+REPLICATION_METHODS = "/pagesift.v1.ReplicationService/"
+PROMOTE_METHOD = "/pagesift.v1.AdminService/Promote"
+
+
+def replication_credential(config: ServerConfig) -> str:
+    """What this node's replication stream trusts ("token", "mtls"), or "" for nothing."""
+    if config.replication_token_file:
+        return "token"
+    if config.replication_listen or config.replication_ca or config.replication_cert:
+        return "mtls"
+    return ""
 
 
 def _guards(node: Node) -> tls.MetadataGuard:
-    """Admin calls need the admin key; the replication stream its token (or mTLS port)."""
-    cfg = node.config
-    if node.replication_token:
-        token = node.replication_token
+    """Who may call what, checked before any handler runs (first matching rule wins).
+
+    - ``ReplicationService`` (the log stream: a snapshot of every account's data, and
+      a Hello whose higher epoch fences this node): only with the pair's token. With
+      mTLS it is served on its own port, where the handshake is the credential, and
+      refused on this one. With neither, nobody: a node never serves its log, or
+      steps down, for an unauthenticated peer, loopback included.
+    - ``AdminService/Promote`` (changes the role): the admin key; with no ``[admin]``
+      key, the pair's replication token as the key.
+    - ``AdminService`` reads: the admin key (open in anonymous mode without one).
+    - ``JobService``: a valid API key, before the request is looked at (so a caller
+      without one learns nothing from validation or from a standby's redirect).
+    """
+    cfg, accounts = node.config, node.accounts
+    token = node.replication_token
+    if token:
         repl = tls.GuardRule(
-            "/pagesift.v1.ReplicationService/",
+            REPLICATION_METHODS,
             lambda md: tls.token_ok(md, token),
             "replication needs the shared token (replication_token_file)",
         )
     elif cfg.replication_listen:
         repl = tls.GuardRule(
-            "/pagesift.v1.ReplicationService/",
+            REPLICATION_METHODS,
             lambda md: False,
             f"replication is served with mTLS on {cfg.replication_listen}",
             grpc.StatusCode.PERMISSION_DENIED,
         )
-    elif _is_loopback(cfg.listen):
-        log.warning(
-            "the replication stream is unauthenticated (loopback only); set "
-            "replication_token_file or replication_listen + replication_ca to secure it"
-        )
-        repl = tls.GuardRule("/pagesift.v1.ReplicationService/", lambda md: True, "")
     else:
         repl = tls.GuardRule(
-            "/pagesift.v1.ReplicationService/",
+            REPLICATION_METHODS,
             lambda md: False,
             "replication is refused: this node has no replication token or mTLS configured",
             grpc.StatusCode.PERMISSION_DENIED,
         )
+
+    def may_promote(md: tls.Metadata) -> bool:
+        if accounts.has_admin_key:
+            return accounts.carries_admin_key(md)
+        return tls.secret_ok([bearer_token(md) or ""], token)
+
+    promote = tls.GuardRule(
+        PROMOTE_METHOD,
+        may_promote,
+        "Promote needs the admin key (authorization: Bearer ADMIN_KEY); without an [admin] "
+        "key, the pair's replication token is the admin key",
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
     admin = tls.GuardRule(
         "/pagesift.v1.AdminService/",
-        node.accounts.is_admin,
+        accounts.is_admin,
         "admin calls need the admin key (authorization: Bearer ADMIN_KEY)",
         grpc.StatusCode.PERMISSION_DENIED,
     )
-    return tls.MetadataGuard([admin, repl])
+    jobs = tls.GuardRule(
+        "/pagesift.v1.JobService/",
+        accounts.is_caller,
+        "a valid API key is needed (metadata 'authorization: Bearer KEY')",
+    )
+    return tls.MetadataGuard([promote, admin, repl, jobs])
 
 
 def _bind(server: grpc.aio.Server, listen: str, creds: grpc.ServerCredentials | None) -> None:
@@ -406,7 +466,8 @@ async def run(
         ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
     ]
     server = grpc.aio.server(
-        interceptors=[node.metrics.interceptor(), _guards(node)], options=options
+        interceptors=[node.metrics.interceptor(), _guards(node), MalformedRequests()],
+        options=options,
     )
     try:
         await node.start()
@@ -441,7 +502,9 @@ async def run(
     if config.replication_listen:
         # mTLS needs a port of its own: gRPC Python cannot make client certificates
         # optional on one port, and the public port must not demand them.
-        repl_server = grpc.aio.server(interceptors=[node.metrics.interceptor()], options=options)
+        repl_server = grpc.aio.server(
+            interceptors=[node.metrics.interceptor(), MalformedRequests()], options=options
+        )
         replication_pb2_grpc.add_ReplicationServiceServicer_to_server(node.replication, repl_server)
         creds = tls.server_credentials(
             config.tls_cert, config.tls_key, client_ca_file=config.replication_ca

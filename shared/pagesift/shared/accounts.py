@@ -21,6 +21,8 @@ The file::
     pages_per_day = 50000
     max_batch_urls = 1000
     max_crawl_limit = 10000
+    max_concurrent_streams = 16                      # open WatchJob streams (absent: the
+                                                     # server's max_concurrent_streams)
     webhook_secret = "<random string>"               # signs this account's webhooks
 
     [anonymous]                                      # only without [[account]] tables:
@@ -43,7 +45,9 @@ Guarantees
   that are not positive integers.
 - Admin calls: with an ``[admin]`` key, ``is_admin`` is true only for that key. With
   no ``[admin]`` table, admin calls are OPEN in anonymous mode (local demos) and
-  REFUSED in accounts mode; both cases are announced in ``warnings``.
+  REFUSED in accounts mode; both cases are announced in ``warnings``. Open mode covers
+  the read-only calls only: the server asks ``carries_admin_key`` (or the pair's
+  replication token) for ``Promote``, which changes a node's role.
 """
 
 from __future__ import annotations
@@ -74,7 +78,13 @@ __all__ = [
 
 ANONYMOUS = "anonymous"
 AUTH_HEADER = "authorization"
-LIMIT_FIELDS = ("max_concurrent_jobs", "pages_per_day", "max_batch_urls", "max_crawl_limit")
+LIMIT_FIELDS = (
+    "max_concurrent_jobs",
+    "pages_per_day",
+    "max_batch_urls",
+    "max_crawl_limit",
+    "max_concurrent_streams",
+)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -100,13 +110,15 @@ class Unauthenticated(Exception):
 
 @dataclass(frozen=True)
 class Account:
-    """One caller. Each limit is None when unlimited."""
+    """One caller. Each limit is None when unlimited (``max_concurrent_streams``: None
+    means the server's default cap, see ``pagesift.shared.streams``)."""
 
     name: str
     max_concurrent_jobs: int | None = None
     pages_per_day: int | None = None
     max_batch_urls: int | None = None
     max_crawl_limit: int | None = None
+    max_concurrent_streams: int | None = None
     webhook_secret: str = ""
 
     def limit(self, name: str) -> int | None:
@@ -289,15 +301,30 @@ class Accounts:
             raise Unauthenticated("unknown API key")
         return self._by_index[index]
 
+    def is_caller(self, metadata: Metadata) -> bool:
+        """True when ``authenticate`` would accept the call (for the server's guard)."""
+        try:
+            self.authenticate(metadata)
+        except Unauthenticated:
+            return False
+        return True
+
     @property
     def admin_open(self) -> bool:
         """True when admin calls need no key (anonymous mode without an [admin] key)."""
         return not self._admin and self._anonymous is not None
 
+    @property
+    def has_admin_key(self) -> bool:
+        """True when the file has an ``[admin]`` key."""
+        return bool(self._admin)
+
     def is_admin(self, metadata: Metadata) -> bool:
         """True when the call carries the admin key (or admin calls are open)."""
-        if self.admin_open:
-            return True
+        return self.admin_open or self.carries_admin_key(metadata)
+
+    def carries_admin_key(self, metadata: Metadata) -> bool:
+        """True only when the call carries a configured admin key (open mode or not)."""
         token = bearer_token(metadata)
         if token is None or not self._admin:
             return False
@@ -309,7 +336,8 @@ _ANON_WARNING = (
     "watch and cancel every job"
 )
 _OPEN_ADMIN_WARNING = (
-    "NO ADMIN KEY CONFIGURED: admin calls (Promote, Role, Digest) are open to every caller"
+    "NO ADMIN KEY CONFIGURED: admin reads (Role, Digest) are open to every caller; "
+    "Promote takes the pair's replication token as its key"
 )
 _CLOSED_ADMIN_WARNING = (
     "no [admin] key in the accounts file: admin calls (Promote, Role, Digest) are refused"
@@ -367,6 +395,7 @@ def _account(name: str, table: dict[str, Any], where: str) -> Account:
         pages_per_day=limits["pages_per_day"],
         max_batch_urls=limits["max_batch_urls"],
         max_crawl_limit=limits["max_crawl_limit"],
+        max_concurrent_streams=limits["max_concurrent_streams"],
         webhook_secret=secret,
     )
 

@@ -17,6 +17,7 @@ guarantees:
   AdminService.Role; ``promote`` promotes exactly one node; ``verify --primary P
   --standby S`` compares both stores' digests at one offset and exits 1 when they
   differ (0 equal, 2 when no common offset could be reached).
+- ``token new FILE`` writes a new replication token (mode 600) and never replaces one.
 
 Client handlers are ``async def (args, client) -> int`` (the admin commands
 too: ``JobClient`` holds their AdminService channels); ``serve`` is a plain
@@ -49,6 +50,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from pagesift.shared import tls
 from pagesift.shared.client import (
     DEFAULT_ADDRESS,
     ClientError,
@@ -687,6 +689,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_token_new(args: argparse.Namespace) -> int:
+    try:
+        tls.write_new_token(args.file)
+    except FileExistsError:
+        print(f"error: {args.file} exists; a pair keeps its token", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as err:
+        print(f"error: {args.file}: {err.strerror or err}", file=sys.stderr)
+        return EXIT_ERROR
+    print(
+        f"wrote a new replication token to {args.file} (mode 600); give both nodes of the "
+        f"pair the same file: --replication-token-file {args.file}"
+    )
+    return EXIT_OK
+
+
+def _add_token_command(sub: Any) -> None:
+    p = sub.add_parser("token", help="replication tokens")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    new = actions.add_parser("new", help="write a new random replication token to FILE")
+    new.add_argument("file", type=Path, metavar="FILE")
+    new.set_defaults(handler=_cmd_token_new, uses_client=False)
+
+
 # ---------------------------------------------------------------- the parser
 
 
@@ -986,6 +1012,7 @@ def build_parser() -> argparse.ArgumentParser:
     client = _client_parent()
     _add_client_commands(sub, client)
     _add_serve_command(sub)
+    _add_token_command(sub)
     add_admin_commands(sub, client)
     return parser
 

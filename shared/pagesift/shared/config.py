@@ -30,7 +30,16 @@ class ServerConfig:
     default_page_size: int = 100
     max_page_size: int = 1_000
     max_url_length: int = 8_192
-    max_regexes: int = 64
+    max_regexes: int = 64  # per include_paths / exclude_paths list
+    # A path filter is a few dozen characters; 1,000 leaves room for long alternations
+    # while bounding the parse and the RE2 program (compile <~15 ms, see patterns.py).
+    max_regex_length: int = 1_000
+    # RE2 max_mem per pattern (program + DFA cache): 1 MiB fits any realistic path
+    # filter; bounds a job's regex memory to 2 x max_regexes x this.
+    max_regex_memory: int = 1 << 20
+    # WatchJob streams (see pagesift.shared.streams)
+    max_concurrent_streams: int = 64  # per account (its accounts-file value wins); 0 = none
+    max_total_streams: int = 1_024  # every account together on this node; 0 = none
     # engine
     user_agent: str = "pagesift/0.1 (+https://example.invalid/pagesift)"
     per_host_concurrency: int = 8

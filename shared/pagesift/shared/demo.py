@@ -2,7 +2,8 @@
 
 Starts the bundled demo site (``pagesift.shared.demosite``) on loopback, a
 primary on 127.0.0.1:50051 and a standby on 127.0.0.1:50052 as child processes
-(stores under ``DATA/primary`` and ``DATA/standby``), prints the commands to try,
+(stores under ``DATA/primary`` and ``DATA/standby``; the pair's replication token,
+made on first run, in ``DATA/replication.token``), prints the commands to try,
 and stops everything on Ctrl-C. Each child is a plain ``pagesift serve``, so
 what you see here is what production runs.
 """
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, build_site, serve_site
+from pagesift.shared.tls import write_new_token
 
 PRIMARY = "127.0.0.1:50051"
 STANDBY = "127.0.0.1:50052"
@@ -35,11 +37,15 @@ def _serve(role: str, listen: str, data: Path, extra: list[str]) -> subprocess.P
 
 
 async def main_async(data: Path, pages: int, site_port: int) -> int:
+    token_file = data / "replication.token"
+    if not token_file.exists():
+        write_new_token(token_file)
+    token = ["--replication-token-file", str(token_file)]
     site = build_site(pages)
     runner, root = await serve_site(site, port=site_port)
     procs = [
-        _serve("primary", PRIMARY, data / "primary", []),
-        _serve("standby", STANDBY, data / "standby", ["--primary", PRIMARY]),
+        _serve("primary", PRIMARY, data / "primary", token),
+        _serve("standby", STANDBY, data / "standby", ["--primary", PRIMARY, *token]),
     ]
     cli = Path(sys.executable).parent / "pagesift"
     print(
@@ -59,6 +65,7 @@ Try, in another shell (the CLI is {cli}; or `source .venv/bin/activate` first):
   pagesift role --server {STANDBY}        # replication: role, offsets, lag
   pagesift verify --primary {PRIMARY} --standby {STANDBY}
   pagesift status JOB_ID --server {STANDBY}   # reads answered by the standby
+  pagesift promote --server {STANDBY} --admin-key "$(cat {token_file})"   # failover drill
 
 Ctrl-C stops the pair and the site; the data stays in {data}.
 """,

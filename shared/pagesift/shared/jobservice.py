@@ -7,10 +7,18 @@ StartCrawl, CancelJob) need the job runtime, which only a primary has: a standby
 answers FAILED_PRECONDITION naming the primary's address.
 
 Callers are accounts (``pagesift.shared.accounts``): a missing or unknown API key
-is UNAUTHENTICATED; a job belongs to the account that started it, and to everyone
-else it does not exist (NOT_FOUND, so ids are no oracle). Account limits are
-checked inside the registration's write section (RESOURCE_EXHAUSTED naming the
-limit and when it resets).
+is UNAUTHENTICATED before anything else is looked at (the server's guard checks the
+key before a handler runs, and each handler authenticates first too); a job belongs
+to the account that started it, and to everyone else it does not exist (NOT_FOUND,
+so ids are no oracle). Account limits are checked inside the registration's write
+section (RESOURCE_EXHAUSTED naming the limit and when it resets).
+
+WatchJob streams are bounded (``pagesift.shared.streams``): each account may hold
+``max_concurrent_streams`` open and the node ``max_total_streams`` in all (beyond:
+RESOURCE_EXHAUSTED naming the limit, like the other limits), and a stream reads the
+job a small window at a time: the next documents are read from the store only once
+gRPC has taken the previous ones, so a client that does not read holds the server
+to one window, not the whole job.
 
 Statuses: a bad field is INVALID_ARGUMENT naming it; an unknown (or someone
 else's, or expired) job is NOT_FOUND; a page that cannot be scraped by ``Scrape``
@@ -20,6 +28,8 @@ the ``pagesift-error-code`` trailing metadata.
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import NoReturn, Protocol
@@ -33,9 +43,24 @@ from pagesift.shared.config import ServerConfig
 from pagesift.shared.events import JobEvents
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store
+from pagesift.shared.streams import WINDOW_BYTES, WINDOW_DOCS, StreamSlots
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
 WATCH_POLL_SECONDS = 1.0  # a watcher re-reads at least this often, even without a wake-up
+TRIM_AFTER_BYTES = 4 * 1024 * 1024  # a batch request this large is followed by malloc_trim
+TRIM_DELAY_SECONDS = 1.0  # ... this long after its handler returned
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None (another libc)."""
+    try:
+        fn: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return fn
+
+
+_MALLOC_TRIM = _malloc_trim()
 
 
 class Registration(Protocol):
@@ -105,9 +130,48 @@ async def _abort(context: Context, code: grpc.StatusCode, message: str) -> NoRet
     raise AssertionError("unreachable")
 
 
+def _trim_heap_soon() -> None:
+    """After a large request: once gRPC has dropped it, hand the freed heap back to the
+    OS (glibc keeps freed memory in its arenas otherwise: ~35 MB after a 16 MB batch)."""
+    if _MALLOC_TRIM is None:
+        return
+    trim = _MALLOC_TRIM
+    loop = asyncio.get_running_loop()
+    loop.call_later(TRIM_DELAY_SECONDS, lambda: loop.run_in_executor(None, trim, 0))
+
+
+def _stored_batch(request: jobs_pb2.StartBatchScrapeRequest, plan: validate.BatchPlan) -> bytes:
+    """The batch request to store: as sent when every URL is valid, else the same
+    request with only the valid URLs, built without copying the sent URLs first
+    (protobuf merges concatenated encodings, repeated fields appended in order)."""
+    if not plan.invalid:
+        return request.SerializeToString()
+    rest = jobs_pb2.StartBatchScrapeRequest()
+    for field, value in request.ListFields():
+        if field.name == "urls":
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(rest, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(rest, field.name).CopyFrom(value)
+        else:
+            setattr(rest, field.name, value)
+    urls = jobs_pb2.StartBatchScrapeRequest(urls=plan.urls)
+    return rest.SerializeToString() + urls.SerializeToString()
+
+
+def _window(store: Store, job_id: str, index: int, count: int, visible: int | None) -> list[bytes]:
+    """Up to ``count`` stored documents from ``index`` on, as bytes (capped at ``visible``)."""
+    if visible is not None:
+        count = min(count, visible - index)
+    return store.list_range(jr.part(job_id, "pages"), index, count) if count > 0 else []
+
+
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, node: Node) -> None:
         self.node = node
+        cfg = node.config
+        self.streams = StreamSlots(cfg.max_concurrent_streams, cfg.max_total_streams, node.metrics)
 
     # helpers ----------------------------------------------------------------------
     async def _caller(self, context: Context) -> Account:
@@ -128,11 +192,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return runtime
 
     async def _meta(self, job_id: str, context: Context) -> jr.JobMeta:
+        return await self._owned(await self._caller(context), job_id, context)
+
+    async def _owned(self, caller: Account, job_id: str, context: Context) -> jr.JobMeta:
+        """The caller's job ``job_id``; NOT_FOUND when it is anyone else's or gone."""
         try:
             validate.job_id(job_id)
         except validate.InvalidArgument as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        caller = await self._caller(context)
         meta = jr.load_meta(self.node.store(), job_id)
         if (
             meta is None
@@ -216,8 +283,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def Scrape(
         self, request: jobs_pb2.ScrapeRequest, context: Context
     ) -> jobs_pb2.ScrapeResponse:
-        runtime = await self._runtime(context)
         caller = await self._caller(context)
+        runtime = await self._runtime(context)
         try:
             await validate.url(request.url, "url", self.node.config)
             validate.options(request.options)
@@ -242,37 +309,38 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def StartBatchScrape(
         self, request: jobs_pb2.StartBatchScrapeRequest, context: Context
     ) -> jobs_pb2.StartBatchScrapeResponse:
-        runtime = await self._runtime(context)
         caller = await self._caller(context)
+        runtime = await self._runtime(context)
         try:
             plan = await validate.batch(request, self.node.config)
         except validate.InvalidArgument as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         hook = await self._webhook(context, caller, request.webhook)
-        stored = jobs_pb2.StartBatchScrapeRequest()
-        stored.CopyFrom(request)
-        del stored.urls[:]
-        stored.urls.extend(plan.urls)
-        check = self._limits(caller, "batch", batch_urls=len(plan.urls))
+        total = len(plan.urls)
+        stored = _stored_batch(request, plan)  # serialized once; no copy of the request
+        del plan.urls[:]  # the URL strings are in ``stored`` now
+        check = self._limits(caller, "batch", batch_urls=total)
         try:
             reg = await runtime.register(
                 "batch",
                 caller.name,
-                stored.SerializeToString(),
+                stored,
                 request.idempotency_key,
-                total=len(plan.urls),
+                total=total,
                 webhook=hook,
                 check=check,
             )
         except quota.LimitExceeded as e:
             await self._refuse_limit(context, e)
+        if len(stored) >= TRIM_AFTER_BYTES:
+            _trim_heap_soon()
         return jobs_pb2.StartBatchScrapeResponse(id=reg.id, invalid_urls=plan.invalid)
 
     async def StartCrawl(
         self, request: jobs_pb2.StartCrawlRequest, context: Context
     ) -> jobs_pb2.StartCrawlResponse:
-        runtime = await self._runtime(context)
         caller = await self._caller(context)
+        runtime = await self._runtime(context)
         try:
             await validate.crawl(request, self.node.config)
         except validate.InvalidArgument as e:
@@ -297,8 +365,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def CancelJob(
         self, request: jobs_pb2.CancelJobRequest, context: Context
     ) -> jobs_pb2.CancelJobResponse:
-        runtime = await self._runtime(context)
         await self._meta(request.id, context)
+        runtime = await self._runtime(context)
         meta = await runtime.cancel(request.id)
         if meta is None:
             await _abort(context, grpc.StatusCode.NOT_FOUND, f"id: no job {request.id}")
@@ -310,12 +378,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.GetJobRequest,
         context: Context,
     ) -> jobs_pb2.GetJobResponse:
+        caller = await self._caller(context)
         try:
             limit = validate.page(request.skip, request.limit, self.node.config)
         except validate.InvalidArgument as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise AssertionError("unreachable") from None
-        meta = await self._meta(request.id, context)
+        meta = await self._owned(caller, request.id, context)
         await self._readable()
         store = self.node.store()
         visible = self._visible(meta.id)
@@ -353,41 +422,63 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.WatchJobRequest,
         context: Context,
     ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
-        meta = await self._meta(request.id, context)
+        caller = await self._caller(context)
         if request.from_index < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "from_index: negative")
-        index = request.from_index
-        last: tuple[int, int, int, int] | None = None
-        events = self.node.events
-        await self._readable()
-        while True:
-            wake = events.current(meta.id)  # before reading: no change slips between
-            store = self.node.store()
-            fresh = jr.load_meta(store, meta.id)
-            if fresh is None:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"id: job {meta.id} expired")
-                return
-            visible = self._visible(meta.id)
-            docs = jr.read_documents(store, meta.id, index, 256, visible)
-            for doc in docs:
-                yield jobs_pb2.WatchJobResponse(
-                    document=jobs_pb2.IndexedDocument(index=index, document=doc)
-                )
-                index += 1
-            if docs:
-                continue
-            p = jr.progress(store, fresh, visible)
-            state = (jr.STATE_TO_PB[fresh.state], p.total, p.completed, p.failed)
-            if state != last:
-                last = state
-                yield jobs_pb2.WatchJobResponse(
-                    state=jobs_pb2.StateChange(
-                        state=state[0], total=p.total, completed=p.completed, failed=p.failed
+        meta = await self._owned(caller, request.id, context)
+        try:
+            slot = self.streams.acquire(caller)
+        except quota.LimitExceeded as e:
+            await self._refuse_limit(context, e)
+        metrics = self.node.metrics
+        held = 0  # documents read from the store that gRPC has not taken yet
+        try:
+            index = request.from_index
+            last: tuple[int, int, int, int] | None = None
+            events = self.node.events
+            batch = 1  # documents to read next: a window of about WINDOW_BYTES
+            await self._readable()
+            while True:
+                wake = events.current(meta.id)  # before reading: no change slips between
+                store = self.node.store()
+                fresh = jr.load_meta(store, meta.id)
+                if fresh is None:
+                    await context.abort(grpc.StatusCode.NOT_FOUND, f"id: job {meta.id} expired")
+                    return
+                visible = self._visible(meta.id)
+                raws = _window(store, meta.id, index, batch, visible)
+                if raws:
+                    batch = max(
+                        1, min(WINDOW_DOCS, WINDOW_BYTES * len(raws) // sum(map(len, raws)))
                     )
-                )
-            if fresh.terminal and index >= p.completed:
-                return
-            await events.wait(wake, WATCH_POLL_SECONDS)
+                    held = len(raws)
+                    metrics.watch_documents_read.inc(held)
+                    metrics.watch_documents_buffered.inc(held)
+                    raws.reverse()  # pop from the end: each raw document is dropped as sent
+                    while raws:
+                        doc = jobs_pb2.Document.FromString(raws.pop())
+                        yield jobs_pb2.WatchJobResponse(
+                            document=jobs_pb2.IndexedDocument(index=index, document=doc)
+                        )  # resumes once the transport took it (flow control holds it back)
+                        held -= 1
+                        metrics.watch_documents_buffered.dec()
+                        index += 1
+                    continue
+                p = jr.progress(store, fresh, visible)
+                state = (jr.STATE_TO_PB[fresh.state], p.total, p.completed, p.failed)
+                if state != last:
+                    last = state
+                    yield jobs_pb2.WatchJobResponse(
+                        state=jobs_pb2.StateChange(
+                            state=state[0], total=p.total, completed=p.completed, failed=p.failed
+                        )
+                    )
+                if fresh.terminal and index >= p.completed:
+                    return
+                await events.wait(wake, WATCH_POLL_SECONDS)
+        finally:  # ended, failed, or cancelled (the client went away)
+            metrics.watch_documents_buffered.dec(held)
+            slot.release()
 
     async def GetJobErrors(
         self,

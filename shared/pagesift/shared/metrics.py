@@ -22,6 +22,10 @@ pagesift_fetch_seconds                      histogram  one HTTP fetch (all hops)
 pagesift_fetched_bytes_total                counter    body bytes fetched
 pagesift_robots_blocked_total               counter    URLs refused by robots.txt
 pagesift_limit_rejections_total             counter    limit: RESOURCE_EXHAUSTED by limit
+pagesift_watch_streams                      gauge      WatchJob streams open now
+pagesift_watch_documents_read_total         counter    documents WatchJob read from the store
+pagesift_watch_documents_buffered           gauge      of those, read but not yet taken by
+                                                       the transport (the streams' windows)
 pagesift_webhook_deliveries_total           counter    result: ok | error | blocked (attempts),
                                                        undeliverable (events given up)
 pagesift_webhook_queue_depth                gauge      events enqueued, not yet acknowledged
@@ -64,6 +68,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -71,6 +76,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagesift.shared import jobrecords as jr
+from pagesift.shared.interceptors import Behavior, rewrap
 from pagesift.shared.store import Store
 from pagesift.shared.tls import Handler, ServerInterceptor
 
@@ -139,6 +145,20 @@ class Metrics:
             "pagesift_limit_rejections",
             "Requests refused or jobs stopped by an account limit, by limit.",
             ["limit"],
+            registry=r,
+        )
+        self.watch_streams = Gauge(
+            "pagesift_watch_streams", "WatchJob streams open now.", registry=r
+        )
+        self.watch_documents_read = Counter(
+            "pagesift_watch_documents_read",
+            "Documents WatchJob streams read from the store.",
+            registry=r,
+        )
+        self.watch_documents_buffered = Gauge(
+            "pagesift_watch_documents_buffered",
+            "Documents WatchJob streams read from the store that the transport has not "
+            "taken yet (the sum of the streams' windows).",
             registry=r,
         )
         self.webhook_deliveries = Counter(
@@ -288,8 +308,6 @@ class _ScrapeTime(Collector):
 
 # gRPC ------------------------------------------------------------------------------------
 
-Behavior = Callable[..., Any]
-
 
 def _code_name(code: object) -> str:
     if isinstance(code, grpc.StatusCode):
@@ -331,7 +349,7 @@ class MetricsInterceptor(ServerInterceptor):
             self._count("unknown", "UNIMPLEMENTED")
             return handler
         method = handler_call_details.method.lstrip("/")
-        return _rewrap(handler, lambda behavior: self._wrap(method, behavior))
+        return rewrap(handler, lambda behavior: self._wrap(method, behavior))
 
     def _wrap(self, method: str, behavior: Behavior) -> Behavior:
         if inspect.isasyncgenfunction(behavior):
@@ -363,20 +381,6 @@ class MetricsInterceptor(ServerInterceptor):
                 self._count(method, self._outcome(context, exc))
 
         return unary
-
-
-def _rewrap(handler: Handler, wrap: Callable[[Behavior], Behavior]) -> Handler:
-    """The same kind of handler with its behavior replaced by ``wrap(behavior)``."""
-    des, ser = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary), des, ser)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream), des, ser)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary), des, ser)
-    if handler.stream_stream is not None:
-        return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream), des, ser)
-    return handler
 
 
 # HTTP ------------------------------------------------------------------------------------

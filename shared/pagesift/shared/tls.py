@@ -8,7 +8,8 @@ What it owns
   Python has no "verify if offered" mode, so mTLS applies to a whole port; that is
   why the replication stream gets its own port when mTLS is used.
 - ``token_ok``: the shared-token alternative for the replication stream (metadata
-  ``pagesift-replication-token: TOKEN``), compared in constant time.
+  ``pagesift-replication-token: TOKEN``), compared in constant time;
+  ``write_new_token`` makes one (``pagesift token new FILE``).
 - ``MetadataGuard``: a grpc.aio server interceptor that refuses calls to given
   method prefixes (e.g. ``/pagesift.v1.AdminService/``) unless a predicate on the
   call's metadata holds (the admin key, the replication token). The refusal has the
@@ -32,6 +33,8 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import os
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,15 +54,18 @@ __all__ = [
     "TOKEN_HEADER",
     "GuardRule",
     "Handler",
+    "Metadata",
     "MetadataGuard",
     "ServerInterceptor",
     "TlsConfigError",
     "channel_credentials",
     "peer_common_name",
     "read_pem",
+    "secret_ok",
     "server_credentials",
     "token_metadata",
     "token_ok",
+    "write_new_token",
 ]
 
 TOKEN_HEADER = "pagesift-replication-token"
@@ -124,16 +130,34 @@ def _values(metadata: Metadata, key: str) -> list[str]:
     return out
 
 
-def token_ok(metadata: Metadata, token: str) -> bool:
-    """True when the metadata carries ``pagesift-replication-token: <token>``."""
-    if not token:
+def secret_ok(candidates: Sequence[str], secret: str) -> bool:
+    """True when one of ``candidates`` is ``secret`` (every one compared, in constant
+    time); always False for an empty ``secret``."""
+    if not secret:
         return False
-    want = hashlib.sha256(token.encode()).digest()
+    want = hashlib.sha256(secret.encode()).digest()
     ok = False
-    for value in _values(metadata, TOKEN_HEADER):
+    for value in candidates:
         got = hashlib.sha256(value.strip().encode()).digest()
         ok = hmac.compare_digest(got, want) or ok
     return ok
+
+
+def token_ok(metadata: Metadata, token: str) -> bool:
+    """True when the metadata carries ``pagesift-replication-token: <token>``."""
+    return secret_ok(_values(metadata, TOKEN_HEADER), token)
+
+
+def write_new_token(path: Path) -> str:
+    """Create ``path`` holding a new random replication token, readable by its owner
+    only; ``FileExistsError`` when it exists (a pair's token is never replaced by
+    accident: both nodes must hold the same one)."""
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
 
 
 def token_metadata(token: str) -> tuple[tuple[str, str], ...]:
