@@ -1,19 +1,97 @@
 """Crawl scope: which discovered links a crawl admits to its frontier.
 
-Pure functions over a ``StartCrawlRequest``: same site (or subdomains, or
-anywhere), include/exclude regexes over the path and query, depth. The frontier
-itself lives in the store (``job/{id}/frontier`` of ``Entry`` + ``job/{id}/seen`` of keys, see
-``pagesift.shared.jobrecords``); admitting a link is one ``seen`` insert and one
-frontier push in the same write group as the page that found it, so a crash can
-neither lose a discovered link nor queue it twice.
+Functions over a ``StartCrawlRequest``: origin, include/exclude regexes over the
+path and query, depth. The origin rule (``in_scope``): a link is on the crawl's site
+when it has the root's scheme, host and port (default ports made explicit, so
+``http://h`` is ``http://h:80``), with two tolerances: a leading ``www.`` on either
+host, and the upgrade of a default-port ``http://h`` root to ``https://h`` (port 443),
+which is how most sites redirect. Nothing else crosses: not another port of the same
+host (another service), not ``https`` on an ``http`` root's explicit port, never a
+downgrade to ``http``. ``allow_subdomains`` widens the host to its subdomains under the
+same scheme and port rules; ``allow_external_links`` lifts the origin rule entirely.
+Sitemap URLs go through the same ``admit`` as links found on pages.
+
+Regex matching (``pagesift.shared.patterns``) is linear-time RE2 and runs on a
+dedicated thread pool (``admit``), so a caller's pattern never holds the event loop.
+
+The frontier itself lives in the store (``job/{id}/frontier`` of ``Entry`` +
+``job/{id}/seen`` of keys, see ``pagesift.shared.jobrecords``); admitting a link is
+one ``seen`` insert and one frontier push in the same write group as the page that
+found it, so a crash can neither lose a discovered link nor queue it twice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import ipaddress
+from dataclasses import dataclass, field
+from typing import NamedTuple
+from urllib.parse import urlsplit
 
-from pagesift.shared import urls
+from pagesift.shared import patterns, urls
 from pagesift.v1 import jobs_pb2
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class Origin(NamedTuple):
+    scheme: str  # "http" | "https"
+    host: str  # lowercase, no trailing dot, IPv6 without brackets
+    port: int  # explicit, defaults filled in
+
+
+def origin_of(url: str) -> Origin | None:
+    """The (scheme, host, port) of an http(s) URL, or None when it has none."""
+    try:
+        parts = urlsplit(url)
+        return _origin(parts.scheme, parts.netloc)
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _origin(scheme: str, netloc: str) -> Origin | None:
+    scheme = scheme.lower()
+    default = _DEFAULT_PORTS.get(scheme)
+    if default is None:
+        return None
+    parts = urlsplit(f"{scheme}://{netloc}/")
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        return None
+    port = parts.port  # ValueError for a bad port, caught by origin_of
+    return Origin(scheme, host, default if port is None else port)
+
+
+def _site_host(host: str) -> str:
+    return host[4:] if host.startswith("www.") else host
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _same_door(link: Origin, root: Origin) -> bool:
+    """Same scheme and port, or a default-port http root upgraded to https:443."""
+    if link.scheme == root.scheme:
+        return link.port == root.port
+    return (root.scheme, root.port, link.scheme, link.port) == ("http", 80, "https", 443)
+
+
+def in_scope(url: str, root: str | Origin | None, *, allow_subdomains: bool) -> bool:
+    """True when ``url`` is on the site of ``root`` by the origin rule (module docstring)."""
+    link = origin_of(url)
+    base = origin_of(root) if isinstance(root, str) else root
+    if link is None or base is None or not _same_door(link, base):
+        return False
+    host, site = _site_host(link.host), _site_host(base.host)
+    if host == site:
+        return True
+    return allow_subdomains and not _is_ip(site) and host.endswith("." + site)
 
 
 @dataclass(frozen=True)
@@ -44,18 +122,31 @@ class Scope:
     root: str
     limit: int
     max_depth: int  # 0 = unlimited
-    paths: urls.PathFilter
+    paths: patterns.PathFilter
     allow_subdomains: bool
     allow_external: bool
     ignore_query: bool
+    origin: Origin | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.origin = origin_of(self.root)
 
     @classmethod
-    def of(cls, req: jobs_pb2.StartCrawlRequest, limit: int) -> Scope:
+    async def build(
+        cls,
+        req: jobs_pb2.StartCrawlRequest,
+        limit: int,
+        limits: patterns.Limits = patterns.DEFAULT_LIMITS,
+    ) -> Scope:
+        """The scope of a crawl; its regexes are compiled on the pattern pool.
+
+        Raises ``patterns.PatternError`` for patterns ``validate.crawl`` would refuse.
+        """
         return cls(
             root=urls.normalize(req.url, ignore_query=req.ignore_query_parameters),
             limit=limit,
             max_depth=req.max_depth,
-            paths=urls.PathFilter(req.include_paths, req.exclude_paths),
+            paths=await patterns.compile_filter(req.include_paths, req.exclude_paths, limits),
             allow_subdomains=req.allow_subdomains,
             allow_external=req.allow_external_links,
             ignore_query=req.ignore_query_parameters,
@@ -65,12 +156,22 @@ class Scope:
         """The crawl's identity for a URL (normalized, query dropped if asked)."""
         return urls.normalize(url, ignore_query=self.ignore_query)
 
-    def admits(self, url: str, depth: int) -> bool:
-        """Whether a link found at ``depth - 1`` may be queued at ``depth``."""
+    def reaches(self, url: str, depth: int) -> bool:
+        """Depth and origin rules only (cheap, no regex)."""
         if self.max_depth and depth > self.max_depth:
             return False
-        if not self.allow_external and not urls.same_site(
-            url, self.root, allow_subdomains=self.allow_subdomains
-        ):
-            return False
-        return self.paths.allows(url)
+        return self.allow_external or in_scope(
+            url, self.origin, allow_subdomains=self.allow_subdomains
+        )
+
+    def admits(self, url: str, depth: int) -> bool:
+        """Whether a link found at ``depth - 1`` may be queued at ``depth`` (blocking:
+        runs the regexes here; async code uses ``admit``)."""
+        return self.reaches(url, depth) and self.paths.allows(url)
+
+    async def admit(self, found: dict[str, str], depth: int) -> list[Entry]:
+        """Entries for the ``{key: url}`` links admitted at ``depth``, in order; the
+        regexes run on the pattern pool, off the event loop."""
+        near = [(key, url) for key, url in found.items() if self.reaches(key, depth)]
+        allowed = await self.paths.allowed([key for key, _ in near])
+        return [Entry(depth, key, url) for (key, url), ok in zip(near, allowed, strict=True) if ok]

@@ -43,7 +43,7 @@ from pagesift.primary import webhooks
 from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page, PageError
 from pagesift.shared import jobrecords as jr
-from pagesift.shared import quota
+from pagesift.shared import patterns, quota, validate
 from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.metrics import Metrics
@@ -310,7 +310,12 @@ class Jobs:
         self._finish(meta.id, "completed", "")
 
     async def _run_crawl(self, meta: jr.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
-        scope = Scope.of(req, meta.limit)
+        try:  # compiled again at every (re)start, on the pattern pool, within the bounds
+            scope = await Scope.build(req, meta.limit, validate.regex_limits(self.config))
+        except patterns.PatternError as e:  # stored before today's bounds: refuse it now
+            field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
+            self._finish(meta.id, "failed", f"{field}: {e.reason}")
+            return
         if self.store.get(jr.part(meta.id, "seeded")) is None:
             await self._seed(meta.id, req, scope)
         policy = FetchPolicy(delay=req.delay)
@@ -327,11 +332,7 @@ class Jobs:
                     continue
                 depth = entry.depth + 1
                 found = {scope.key(link): link for link in (page.links if follow else [])}
-                admitted = [
-                    Entry(depth, key, link)
-                    for key, link in found.items()
-                    if scope.admits(key, depth)
-                ]
+                admitted = await scope.admit(found, depth)  # regexes off the event loop
                 await self._record_page(meta.id, mark, page, admitted)
 
         await asyncio.gather(*(worker() for _ in range(self._concurrency(req.max_concurrency))))
@@ -348,8 +349,7 @@ class Jobs:
         entries: list[Entry] = []
         if req.sitemap != jobs_pb2.SITEMAP_MODE_SKIP:
             found = await self.engine.sitemap_urls(scope.root)
-            entries = [Entry(1, scope.key(u), u) for u in found]
-            entries = [e for e in entries if scope.admits(e.key, e.depth)]
+            entries = await scope.admit({scope.key(u): u for u in found}, 1)  # same scope
         if req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY or not entries:
             entries.insert(0, Entry(0, scope.root, req.url.partition("#")[0]))
 

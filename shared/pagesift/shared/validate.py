@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pagesift.shared import urls
+from pagesift.shared import patterns, urls
 from pagesift.shared.config import ServerConfig
 from pagesift.v1 import jobs_pb2
 
@@ -100,6 +100,13 @@ async def batch(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> 
     return BatchPlan(urls=keep, invalid=[req.urls[i] for i in bad])
 
 
+def regex_limits(config: ServerConfig) -> patterns.Limits:
+    """The bounds on a crawl's ``include_paths``/``exclude_paths`` (each list)."""
+    return patterns.Limits(
+        count=config.max_regexes, length=config.max_regex_length, memory=config.max_regex_memory
+    )
+
+
 async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> None:
     """Validates a crawl request (the effective limit is the account's business)."""
     await url(req.url, "url", config)
@@ -109,15 +116,11 @@ async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> None:
         )
     if req.max_depth < 0 or req.max_depth > 10_000:
         raise InvalidArgument("max_depth", f"{req.max_depth} is outside 0..10000 (0 = unlimited)")
-    for field in ("include_paths", "exclude_paths"):
-        patterns = list(getattr(req, field))
-        if len(patterns) > config.max_regexes:
-            raise InvalidArgument(field, f"more than {config.max_regexes} patterns")
-        for i, p in enumerate(patterns):
-            try:
-                urls.compile_patterns([p])
-            except ValueError as e:
-                raise InvalidArgument(f"{field}[{i}]", str(e)) from None
+    try:  # bounded, then compiled by RE2 on the pattern pool (off the event loop)
+        await patterns.compile_filter(req.include_paths, req.exclude_paths, regex_limits(config))
+    except patterns.PatternError as e:
+        field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
+        raise InvalidArgument(field, e.reason) from None
     if req.sitemap not in jobs_pb2.SitemapMode.values():
         raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")
     concurrency(req.max_concurrency, config)

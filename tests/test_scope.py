@@ -1,0 +1,210 @@
+"""Crawl scope by origin, and a crawl whose caller regex would backtrack forever.
+
+Real aiohttp sites on loopback ports, a real in-process node; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pagesift.primary.crawl import in_scope
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.helpers import TERMINAL, all_documents, in_process_node, wait_terminal
+
+
+@pytest.mark.parametrize(
+    ("url", "root", "subdomains", "inside"),
+    [
+        ("http://example.com/a", "http://example.com/", False, True),
+        ("http://EXAMPLE.com:80/a", "http://example.com/", False, True),  # default port
+        ("https://example.com:443/a", "https://example.com/", False, True),
+        ("https://example.com/a", "http://example.com/", False, True),  # upgrade to 443
+        ("http://example.com/a", "https://example.com/", False, False),  # no downgrade
+        ("https://example.com:8443/a", "https://example.com/", False, False),  # other port
+        ("http://example.com:8080/a", "http://example.com/", False, False),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8083/", False, False),  # the issue's leak
+        ("https://127.0.0.1:8083/", "http://127.0.0.1:8083/", False, False),  # no upgrade
+        ("https://127.0.0.1:443/", "http://127.0.0.1:8083/", False, False),
+        ("http://127.0.0.1:8083/x", "http://127.0.0.1:8083/", True, True),
+        ("https://www.example.com/a", "https://example.com/", False, True),  # www tolerated
+        ("https://example.com/a", "https://www.example.com/", False, True),
+        ("https://www.example.com:444/a", "https://example.com/", False, False),
+        ("https://docs.example.com/a", "https://example.com/", False, False),
+        ("https://docs.example.com/a", "https://example.com/", True, True),
+        ("https://docs.example.com/a", "https://www.example.com/", True, True),
+        ("https://docs.example.com:8443/a", "https://example.com/", True, False),
+        ("http://docs.example.com/a", "https://example.com/", True, False),
+        ("https://badexample.com/a", "https://example.com/", True, False),
+        ("https://other.org/", "https://example.com/", True, False),
+        ("http://1.127.0.0.1/", "http://127.0.0.1/", True, False),  # no subdomains of an IP
+        ("http://[::1]:8083/", "http://[::1]:8083/", False, True),
+        ("ftp://example.com/", "http://example.com/", True, False),
+        ("http://example.com:99999/", "http://example.com/", True, False),  # bad port
+        ("http:///nohost", "http://example.com/", True, False),
+    ],
+)
+def test_scope_is_the_origin_with_www_upgrade_and_subdomains(
+    url: str, root: str, subdomains: bool, inside: bool
+) -> None:
+    assert in_scope(url, root, allow_subdomains=subdomains) is inside
+
+
+# --- two services on two ports of one host ----------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> AsyncIterator[int]:
+    """A catch-all aiohttp site on 127.0.0.1:<free port>; yields the port."""
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
+
+
+def html(body: str) -> web.Response:
+    return web.Response(text=f"<html><body>{body}</body></html>", content_type="text/html")
+
+
+@pytest.mark.parametrize("external", [False, True])
+async def test_a_crawl_stays_on_its_origin_unless_external_links_are_allowed(
+    tmp_path: Path, external: bool
+) -> None:
+    other_hits: list[str] = []
+
+    async def other(request: web.Request) -> web.Response:
+        other_hits.append(request.path)
+        return html("<h1>another service</h1>")
+
+    async with serve(other) as other_port:
+        mine: list[int] = []  # the first site's port, once bound
+
+        async def first(request: web.Request) -> web.Response:
+            if request.path == "/sitemap.xml":
+                loc = f"http://127.0.0.1:{other_port}/from-sitemap"
+                return web.Response(
+                    text=f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                    f"<url><loc>{loc}</loc></url><url><loc>/local</loc></url></urlset>",
+                    content_type="application/xml",
+                )
+            if request.path == "/":
+                first_port = mine[0]
+                return html(
+                    f'<a href="http://127.0.0.1:{other_port}/">same host, other port</a>'
+                    f'<a href="http://127.0.0.1:{other_port}/deep">again</a>'
+                    f'<a href="https://127.0.0.1:{first_port}/secure">https on my port</a>'
+                    f'<a href="http://127.0.0.1:{first_port}/local">mine</a>'
+                )
+            return html(f"<p>{request.path}</p>")
+
+        async with (
+            serve(first) as first_port,
+            in_process_node(tmp_path, respect_robots=False) as node,
+        ):
+            mine.append(first_port)
+            root = f"http://127.0.0.1:{first_port}/"
+            start = await node.stub.StartCrawl(
+                jobs_pb2.StartCrawlRequest(url=root, allow_external_links=external, limit=20)
+            )
+            job = await wait_terminal(node.stub, start.id, timeout=30)
+            assert job.state == jobs_pb2.JOB_STATE_COMPLETED
+            docs = {d.url for d in await all_documents(node.stub, start.id)}
+            other_docs = {u for u in docs if f":{other_port}/" in u}
+            assert f"http://127.0.0.1:{first_port}/local" in docs
+            if external:
+                assert other_hits, "allow_external_links should reach the other port"
+                assert other_docs
+            else:
+                assert other_hits == [], "the crawl reached another service on the host"
+                assert other_docs == set()
+                assert docs == {root, f"http://127.0.0.1:{first_port}/local"}
+
+
+# --- a caller's regex never stalls the node ----------------------------------------------
+
+EVIL = "/" + "a" * 32 + "b"  # ^/(a+)+$ backtracks ~2**32 times on it in Python's re
+
+
+def _probe_until_done(
+    address: str, job_id: str, deadline: float, answered: Callable[[], object]
+) -> tuple[int, list[str]]:
+    """From another thread, with its own channel: a health check and a GetJob every
+    50 ms, each with a ``deadline`` s gRPC deadline, until the job ends. Calls
+    ``answered`` after the first answer. Returns the last state and what went wrong:
+    a failed call, or more than ``deadline`` s between two answers (a node that holds
+    the GIL in a C regex stalls this thread too, so the gap is what shows it)."""
+    problems: list[str] = []
+    state = jobs_pb2.JOB_STATE_UNSPECIFIED
+    last = time.monotonic()
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        jobs = jobs_pb2_grpc.JobServiceStub(channel)
+        for _ in range(1_000):  # >= 50 s
+            try:
+                health.Check(health_pb2.HealthCheckRequest(), timeout=deadline)
+                resp = jobs.GetJob(jobs_pb2.GetJobRequest(id=job_id, limit=1), timeout=deadline)
+            except grpc.RpcError as e:
+                problems.append(f"{e.code()}: {e.details()}")  # type: ignore[attr-defined]
+                break
+            now = time.monotonic()
+            if now - last > deadline:
+                problems.append(f"no answer for {now - last:.1f} s")
+            last = now
+            answered()
+            state = resp.state
+            if state in TERMINAL:
+                break
+            time.sleep(0.05)
+    return int(state), problems
+
+
+async def test_a_backtracking_pattern_neither_stalls_the_node_nor_the_crawl(
+    tmp_path: Path,
+) -> None:
+    probing = asyncio.Event()  # the probe thread got its first answer
+
+    async def evil_site(request: web.Request) -> web.Response:
+        if request.path == "/":
+            # The trap link is served only once the probe runs, so it overlaps the
+            # moment the crawler matches ^/(a+)+$ against the link.
+            await asyncio.wait_for(probing.wait(), 10)
+            return html(f'<a href="{EVIL}">trap</a><a href="/aaaa">fine</a>')
+        return html(f"<p>{request.path}</p>")
+
+    async with serve(evil_site) as port, in_process_node(tmp_path, respect_robots=False) as node:
+        start = await node.stub.StartCrawl(
+            jobs_pb2.StartCrawlRequest(
+                url=f"http://127.0.0.1:{port}/",
+                include_paths=["^/(a+)+$"],
+                sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
+            )
+        )
+        loop = asyncio.get_running_loop()
+        state, problems = await asyncio.to_thread(
+            _probe_until_done,
+            node.address,
+            start.id,
+            5.0,  # generous; a node held by backtracking misses it by minutes
+            lambda: loop.call_soon_threadsafe(probing.set),
+        )
+        assert problems == [], "the node stopped answering while the crawl ran"
+        assert state == jobs_pb2.JOB_STATE_COMPLETED
+        docs = {d.url for d in await all_documents(node.stub, start.id)}
+        assert docs == {f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/aaaa"}
+
