@@ -29,6 +29,30 @@ CASES: list[tuple[str, object, C, str]] = [
         "indices [1, 2]",
     ),
     (
+        "crawl: credentials in the URL",
+        jobs_pb2.StartCrawlRequest(url="http://user:s3cret@127.0.0.1:9/"),
+        C.INVALID_ARGUMENT,
+        "credentials in the URL are not accepted",
+    ),
+    (
+        "scrape: credentials in the URL",
+        jobs_pb2.ScrapeRequest(url="http://user@127.0.0.1:9/"),
+        C.INVALID_ARGUMENT,
+        "credentials in the URL are not accepted",
+    ),
+    (
+        "batch: credentials in a URL, named by index",
+        jobs_pb2.StartBatchScrapeRequest(urls=[OK, "http://u:p@127.0.0.1:9/"]),
+        C.INVALID_ARGUMENT,
+        "urls[1]: credentials in the URL are not accepted",
+    ),
+    (
+        "batch: an unparsable host",
+        jobs_pb2.StartBatchScrapeRequest(urls=["http://1.2.3.4.5/"]),
+        C.INVALID_ARGUMENT,
+        "invalid host",
+    ),
+    (
         "batch: negative concurrency",
         jobs_pb2.StartBatchScrapeRequest(urls=[OK], max_concurrency=-1),
         C.INVALID_ARGUMENT,
@@ -160,6 +184,12 @@ async def test_an_oversized_request_is_refused_by_the_transport(tmp_path: Path) 
         "http://169.254.169.254/latest/meta-data/",
         "http://[::1]/",
         "http://[::ffff:127.0.0.1]/",
+        "http://\uff11\uff12\uff17.\uff10.\uff10.\uff11/",
+        "http://\u2460\u2461\u2466.\u24ea.\u24ea.\u2460/",
+        "http://127\u30020\u30020\u30021/",
+        "http://0x7f.1/",
+        "http://2130706433/",
+        "http://[64:ff9b::a01:203]/",
     ],
 )
 async def test_the_address_guard_refuses_private_targets_by_default(

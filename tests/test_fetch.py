@@ -22,7 +22,8 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 
 from pagesift.primary.engine import Engine, ErrorCode, FetchPolicy, PageError
-from pagesift.primary.fetch import BlockedAddressError, GuardedResolver, HttpEngine
+from pagesift.primary.fetch import HttpEngine
+from pagesift.primary.netguard import BlockedAddressError, GuardedResolver
 from pagesift.primary.politeness import HostSlots, effective_delay
 from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig

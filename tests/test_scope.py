@@ -208,3 +208,31 @@ async def test_a_backtracking_pattern_neither_stalls_the_node_nor_the_crawl(
         docs = {d.url for d in await all_documents(node.stub, start.id)}
         assert docs == {f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/aaaa"}
 
+
+async def test_a_sitemap_named_by_robots_on_another_origin_is_not_fetched(
+    tmp_path: Path,
+) -> None:
+    other_hits: list[str] = []
+
+    async def other(request: web.Request) -> web.Response:
+        other_hits.append(request.path)
+        return web.Response(
+            text='<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+            "<url><loc>/elsewhere</loc></url></urlset>",
+            content_type="application/xml",
+        )
+
+    async with serve(other) as other_port:
+
+        async def first(request: web.Request) -> web.Response:
+            if request.path == "/robots.txt":
+                sitemap = f"http://127.0.0.1:{other_port}/sitemap.xml"
+                return web.Response(text=f"User-agent: *\nAllow: /\nSitemap: {sitemap}\n")
+            return html(f"<p>{request.path}</p>")
+
+        async with serve(first) as first_port, in_process_node(tmp_path) as node:
+            root = f"http://127.0.0.1:{first_port}/"
+            start = await node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=root, limit=5))
+            job = await wait_terminal(node.stub, start.id, timeout=30)
+            assert job.state == jobs_pb2.JOB_STATE_COMPLETED
+            assert other_hits == [], "a sitemap on another service of the host was fetched"

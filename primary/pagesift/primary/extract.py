@@ -7,7 +7,8 @@ Owns the one HTML parse per page. The guarantees:
   is asked for (no formats = markdown only).
 - ``links`` is always filled (the crawler needs it whatever the formats): every
   ``<a href>``/``<area href>`` resolved against the page URL and ``<base href>``,
-  http(s) only, fragments dropped, one per ``urls.normalize`` key, in document order.
+  http(s) only, fragments and userinfo dropped, one per ``urls.normalize`` key, in
+  document order.
   Links are read before any cleaning, so navigation links are kept even with
   ``only_main_content``.
 - Cleaned HTML drops script/style/noscript/template/iframe/svg (and, with
@@ -112,7 +113,8 @@ def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
     """Absolute http(s) links without fragments, one per page key, in document order.
 
     Links keep the form the page wrote (``/docs/`` stays ``/docs/``), so fetching
-    one costs no redirect; callers key them with ``urls.normalize`` (cached).
+    one costs no redirect; callers key them with ``urls.normalize`` (cached). A
+    ``user:password@`` in a link is dropped: credentials are never stored or sent.
     """
     parts = urlsplit(base_url)
     origin = f"{parts.scheme}://{parts.netloc}"
@@ -149,7 +151,8 @@ def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
             continue
         if key not in seen:
             seen.add(key)
-            out.append(absolute.partition("#")[0])
+            link = absolute.partition("#")[0]
+            out.append(urls.strip_userinfo(link) if "@" in link else link)  # never kept
     return out
 
 

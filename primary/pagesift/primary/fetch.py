@@ -3,9 +3,14 @@
 Owns the server's one aiohttp session and everything between a URL and a ``Page``.
 The guarantees (see ``engine.py`` for the contract):
 
-- every hop of a request (the first and each redirect) passes, in order: the address
-  guard (literal IPs here; host names in the resolver, at connect time, so a redirect
-  or a DNS answer pointing at loopback/private space is refused), robots.txt (when
+- every hop of a request (the first and each redirect) is first rewritten to
+  ``urls.fetch_url`` form (canonical host, no userinfo: the HTTP client never sees a
+  credential, so never sends Basic auth, and never re-reads a host spelling), then
+  passes, in order: the address guard (``netguard``: loopback names and literal IPs
+  here; and at connect time, for every connection of the session -- robots.txt and
+  sitemaps included -- the resolver judges every address of a name and the socket
+  factory the exact address each socket connects to, so no spelling, redirect or
+  DNS answer reaches loopback/private space), robots.txt (when
   both the server and the job respect it), and the per-host politeness slot (shared
   by all jobs); redirects are followed by hand, at most ``max_redirects`` hops, and a
   revisited URL or one hop too many is ``REDIRECT_LOOP``;
@@ -21,25 +26,19 @@ import asyncio
 import contextlib
 import gzip
 import html
-import multiprocessing
-import os
 import re
-import socket
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 
-from pagesift.primary import extract
+from pagesift.primary import crawl, extract, workers
 from pagesift.primary.engine import ErrorCode, FetchPolicy, Page, PageError
+from pagesift.primary.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.primary.politeness import HostSlots, effective_delay
 from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache
 from pagesift.shared import urls
@@ -47,7 +46,7 @@ from pagesift.shared.config import ServerConfig
 from pagesift.shared.metrics import Metrics
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["BlockedAddressError", "GuardedResolver", "HttpEngine"]
+__all__ = ["HttpEngine"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
@@ -80,11 +79,8 @@ _CHARSET_ALIASES = {
     "windows-1252": "cp1252",
 }
 
-# Markdown rendering (html_to_markdown, Rust, releases the GIL) runs in a worker pool of
-# cpu_count threads for cleaned HTML at least this long; shorter ones render inline
-# (a thread hop costs ~50 us, a 8 KB page renders in ~0.2 ms).
-# Pages at least this long are extracted in the worker processes; smaller ones inline,
-# where the round trip would cost more than the work.
+# Pages at least this long are extracted in the worker processes (``workers``); smaller
+# ones inline, where the round trip would cost more than the work.
 _OFFLOAD_MIN_CHARS = 8192
 
 SITEMAP_MAX_URLS = 50_000
@@ -92,33 +88,6 @@ SITEMAP_MAX_DEPTH = 3
 SITEMAP_MAX_FILES = 1_000
 SITEMAP_MAX_BYTES = 50 * 1024 * 1024  # the sitemaps.org limit, uncompressed
 ROBOTS_MAX_REDIRECTS = 5  # RFC 9309 2.3.1.2
-
-
-class BlockedAddressError(OSError):
-    """A host name resolved to an address the guard refuses."""
-
-
-class GuardedResolver(AbstractResolver):
-    """Resolver wrapper: refuses a host when ANY of its addresses is blocked."""
-
-    def __init__(self, inner: AbstractResolver) -> None:
-        self._inner = inner
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        name = host.rstrip(".").lower()
-        if name == "localhost" or name.endswith(".localhost"):
-            raise BlockedAddressError(f"{host} is a loopback name")
-        results = await self._inner.resolve(host, port, family)
-        for result in results:
-            kind = urls.block_class(result["host"])
-            if kind is not None:
-                raise BlockedAddressError(f"{host} resolves to {result['host']}, a {kind} address")
-        return results
-
-    async def close(self) -> None:
-        await self._inner.close()
 
 
 @dataclass(slots=True)
@@ -144,11 +113,21 @@ def _accept_any(resp: aiohttp.ClientResponse) -> str:
 class HttpEngine:
     """The Engine over HTTP(S). Construct with the server config; call ``close()`` at exit."""
 
-    def __init__(self, config: ServerConfig, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        metrics: Metrics | None = None,
+        guard: AddressGuard | None = None,
+    ) -> None:
+        """``guard`` is the address policy when ``config.allow_private_networks`` is off
+        (default: block every address ``urls.block_class`` names, exempt nothing)."""
         self.config = config
         self.metrics = metrics
+        self._guard = None if config.allow_private_networks else (guard or AddressGuard())
         self._session: aiohttp.ClientSession | None = None
-        self._extract_pool: ProcessPoolExecutor | None = None
+        count = workers.worker_count(config.extract_processes)
+        self._workers = workers.WorkerPool(count) if count > 0 else None
         self._slots = HostSlots(config.per_host_concurrency, config.per_host_delay)
         self._robots = RobotsCache(self._fetch_robots, config.user_agent)
         self._timeout = aiohttp.ClientTimeout(
@@ -165,6 +144,9 @@ class HttpEngine:
         options: jobs_pb2.ScrapeOptions,
         policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
     ) -> Page:
+        # Requests with credentials are refused at validation; a crawled link has them
+        # stripped here, so the stored url and every request go without them.
+        url = urls.strip_userinfo(url)
         problem = urls.validate(url, self.config.max_url_length)
         if problem is not None:
             raise PageError(ErrorCode.INVALID_URL, problem)
@@ -236,40 +218,29 @@ class HttpEngine:
         """
         want = extract.wanted(options)
         only_main = options.only_main_content
-        pool = self._pool() if len(text) >= _OFFLOAD_MIN_CHARS else None
+        pool = self._workers if len(text) >= _OFFLOAD_MIN_CHARS else None
         if pool is None:
             got = extract.extract(text, base_url, want=want, only_main_content=only_main)
         else:
             try:
-                got = await asyncio.get_running_loop().run_in_executor(
-                    pool, extract.extract_compact, text, base_url, want, only_main
-                )
-            except BrokenProcessPool:
-                self._extract_pool = None
+                got = await pool.run(extract.extract_compact, text, base_url, want, only_main)
+            except workers.WorkerLost:
                 got = extract.extract(text, base_url, want=want, only_main_content=only_main)
         extract.apply(doc, got, want, text)
         return got.links
 
-    def _pool(self) -> ProcessPoolExecutor | None:
-        workers = self.config.extract_processes
-        if workers < 0:
-            workers = os.cpu_count() or 1
-        if workers == 0:
-            return None
-        if self._extract_pool is None:
-            # forkserver: workers never fork from this process's gRPC/asyncio threads
-            self._extract_pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("forkserver")
-            )
-        return self._extract_pool
-
     async def sitemap_urls(self, url: str) -> list[str]:
         """Page URLs from the origin's sitemaps (robots.txt Sitemap: lines, else
         /sitemap.xml): indexes followed to depth 3, gzip accepted, at most 50,000
-        normalized unique URLs. Never raises (a broken sitemap yields what was read)."""
+        normalized unique URLs. Never raises (a broken sitemap yields what was read).
+
+        Only sitemap files on the crawl's own site (``crawl.in_scope``: its origin) are
+        fetched: a Sitemap: line or an index entry naming another port or host is
+        skipped, so robots.txt cannot send the crawl to another service. The URLs a
+        sitemap lists are the caller's to scope."""
         found: dict[str, None] = {}
         try:
-            parts = urlsplit(url)
+            parts = urlsplit(urls.fetch_url(url))
             origin = f"{parts.scheme}://{parts.netloc}"
             try:
                 roots = list((await self._robots.rules(origin + "/")).sitemaps)
@@ -277,7 +248,7 @@ class HttpEngine:
                 roots = []
             if not roots:
                 roots = [origin + "/sitemap.xml"]
-            await self._walk_sitemaps(roots, found)
+            await self._walk_sitemaps(roots, found, crawl.origin_of(origin + "/"))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -289,22 +260,18 @@ class HttpEngine:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-        if self._extract_pool is not None:
-            pool, self._extract_pool = self._extract_pool, None
-            pool.shutdown(wait=False, cancel_futures=True)
+        if self._workers is not None:
+            self._workers.close()
 
     # --- HTTP ------------------------------------------------------------------------------
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            resolver: AbstractResolver = DefaultResolver()
-            if not self.config.allow_private_networks:
-                resolver = GuardedResolver(resolver)
-            connector = aiohttp.TCPConnector(
+            connector = guarded_connector(
+                self._guard,
                 limit=256,
                 limit_per_host=self.config.per_host_concurrency,
                 ttl_dns_cache=300,
-                resolver=resolver,
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -337,16 +304,19 @@ class HttpEngine:
         (when ``robots``) and run in the host's politeness slot (unless ``job_delay``
         is None). Returns the final response with its body; raises PageError."""
         session = self._session_now()
-        guard = not self.config.allow_private_networks
-        current = url.split("#", 1)[0]
+        guard = self._guard
+        try:
+            current = urls.fetch_url(url)
+        except ValueError as exc:
+            raise PageError(ErrorCode.INVALID_URL, f"invalid URL: {exc}") from None
         seen = {current}
         hops = 0
         while True:
             host = urls.host_of(current)
-            if guard and (host[:1].isdigit() or ":" in host):
-                kind = urls.block_class(host) if _is_ip(host) else None
-                if kind is not None:
-                    raise PageError(ErrorCode.BLOCKED_ADDRESS, f"{host} is a {kind} address")
+            if guard is not None:
+                reason = guard.refusal_for_url(current)
+                if reason is not None:
+                    raise PageError(ErrorCode.BLOCKED_ADDRESS, reason)
             crawl_delay: float | None = None
             if robots:
                 rules = await self._robots.rules(current)
@@ -372,6 +342,12 @@ class HttpEngine:
             nxt = urljoin(current, location).split("#", 1)[0]
             if not nxt.startswith(("http://", "https://")):
                 raise PageError(ErrorCode.INVALID_URL, f"redirect to a non-http URL: {nxt}")
+            try:
+                nxt = urls.fetch_url(nxt)
+            except ValueError as exc:
+                raise PageError(
+                    ErrorCode.INVALID_URL, f"redirect to an invalid URL: {exc}"
+                ) from None
             hops += 1
             if nxt in seen:
                 raise PageError(ErrorCode.REDIRECT_LOOP, f"redirect loop: {current} -> {nxt}")
@@ -438,12 +414,16 @@ class HttpEngine:
 
     # --- sitemaps --------------------------------------------------------------------------
 
-    async def _walk_sitemaps(self, roots: list[str], found: dict[str, None]) -> None:
+    async def _walk_sitemaps(
+        self, roots: list[str], found: dict[str, None], site: crawl.Origin | None
+    ) -> None:
         queue: deque[tuple[str, int]] = deque((u, 0) for u in roots)
         fetched: set[str] = set()
         while queue and len(found) < SITEMAP_MAX_URLS and len(fetched) < SITEMAP_MAX_FILES:
             sitemap_url, depth = queue.popleft()
-            if sitemap_url in fetched or not sitemap_url.startswith(("http://", "https://")):
+            if sitemap_url in fetched or not crawl.in_scope(
+                sitemap_url, site, allow_subdomains=False
+            ):
                 continue
             fetched.add(sitemap_url)
             try:
@@ -486,14 +466,6 @@ class _Redirect(Exception):  # control flow inside _fetch, never escapes
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
-    except OSError:
-        return False
-    return True
-
-
 def _is_text(mimetype: str) -> bool:
     return (
         mimetype.startswith("text/")
@@ -534,9 +506,11 @@ async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, truncate: b
 
 def _page_error(exc: BaseException, config: ServerConfig) -> PageError:
     """The PageError for an aiohttp/OS failure of one hop."""
+    if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
+        exc.os_error, BlockedAddressError
+    ):  # refused by the resolver or by the socket factory: nothing was sent
+        return PageError(ErrorCode.BLOCKED_ADDRESS, str(exc.os_error))
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        if isinstance(exc.os_error, BlockedAddressError):
-            return PageError(ErrorCode.BLOCKED_ADDRESS, str(exc.os_error))
         reason = exc.os_error.strerror or str(exc.os_error)
         return PageError(ErrorCode.DNS, f"cannot resolve {exc.host}: {reason}")
     if isinstance(exc, aiohttp.ConnectionTimeoutError):

@@ -78,8 +78,10 @@ def parse(body: bytes, agent: str) -> Rules:
 
 
 def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``, lowercase, never with userinfo (robots.txt is
+    fetched from, and cached under, the origin alone)."""
     parts = urlsplit(url)
-    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
+    return f"{parts.scheme.lower()}://{parts.netloc.rpartition('@')[2].lower()}"
 
 
 class RobotsCache:

@@ -37,7 +37,10 @@ The guarantees, and why they hold
 - **The address guard** applies: unless ``allow_private_networks``, a URL whose host
   is (or resolves to) a loopback, private, link-local or metadata address is refused
   (checked before each event, and again at connect time by the default session's
-  resolver, so DNS rebinding cannot slip past); redirects are not followed.
+  ``netguard.guarded_connector``: its resolver judges every address of a name and its
+  socket factory the exact address each socket connects to, so neither DNS rebinding
+  nor a host spelling can slip past); redirects are not followed. The URL is POSTed
+  in ``urls.fetch_url`` form (canonical host, no userinfo, so no Basic auth).
 
 The request
 -----------
@@ -66,9 +69,8 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 import aiohttp
-from aiohttp.resolver import DefaultResolver
 
-from pagesift.primary.fetch import BlockedAddressError, GuardedResolver
+from pagesift.primary.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import urls
 from pagesift.shared.metrics import Metrics
@@ -280,13 +282,10 @@ SessionFactory = Callable[[], aiohttp.ClientSession]
 def default_session_factory(
     *, allow_private_networks: bool, user_agent: str = USER_AGENT
 ) -> SessionFactory:
-    """aiohttp sessions whose resolver refuses blocked addresses (unless allowed)."""
+    """aiohttp sessions whose connector refuses blocked addresses (unless allowed)."""
 
     def make() -> aiohttp.ClientSession:
-        resolver = (
-            DefaultResolver() if allow_private_networks else GuardedResolver(DefaultResolver())
-        )
-        connector = aiohttp.TCPConnector(resolver=resolver, limit=64)
+        connector = guarded_connector(None if allow_private_networks else AddressGuard(), limit=64)
         return aiohttp.ClientSession(
             connector=connector, headers={"user-agent": user_agent}, trust_env=False
         )
@@ -527,8 +526,12 @@ class Deliverer:
             "pagesift-signature": sign(secret, timestamp, body),
         }
         try:
+            target = urls.fetch_url(url)
+        except ValueError as e:
+            return False, f"invalid URL: {e}"
+        try:
             async with session.post(
-                url,
+                target,
                 data=body,
                 headers=headers,
                 allow_redirects=False,

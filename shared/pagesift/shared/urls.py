@@ -1,11 +1,26 @@
-"""URL functions shared by the primary and the standby: page keys, validation, scope, guard.
+"""URL functions shared by the primary and the standby: page keys, validation, guard.
+
+Crawl scope (origins) lives in ``pagesift.primary.crawl``; caller regexes in
+``pagesift.shared.patterns``.
 
 Everything here is pure and deterministic except ``blocked_reason``, which resolves a
 host name. The guarantees:
 
+- **One host parser**, ``canonical_host``, used by ``normalize``, ``validate``,
+  ``host_of``, ``fetch_url`` and the guard: WHATWG URL Standard host parsing for
+  http(s). Percent-decoding, then UTS 46 mapping (the ``idna`` package, IDNA 2008,
+  non-transitional: full-width and other Unicode digits become ASCII, ideographic
+  and full-width dots become label separators, ``faß.de`` stays ``faß``), IDNA 2008
+  A-labels for non-ASCII labels, then the WHATWG IPv4 parser for a host that ends in
+  a number (``0177.0.0.1``, ``0x7f.1``, ``127.1``, ``2130706433`` all become
+  ``127.0.0.1``) and canonical IPv6 text (``[::ffff:7f00:1]``). Trailing dots are
+  dropped. A host it cannot parse raises ``ValueError`` and is refused everywhere
+  (fail closed). The HTTP client is only ever given ``fetch_url`` output, whose host
+  is this canonical text, so the address the guard judges is the one connected to.
 - ``normalize`` maps every spelling of one page to one key, and is idempotent:
   ``normalize(normalize(u)) == normalize(u)``. The canonical form has a lowercase
-  scheme and host (IDNA-encoded), no default port, no fragment, no userinfo change,
+  scheme, the canonical host, no default port, no fragment, **no userinfo** (credentials
+  are never part of a key, so never stored),
   RFC 3986 dot segments removed, uppercase percent escapes (unreserved characters
   decoded, reserved ones never decoded, unsafe characters encoded as UTF-8), a
   trailing ``index.html``/``index.htm`` removed and **no trailing slash** except for
@@ -13,7 +28,10 @@ host name. The guarantees:
   ``/docs``. Query parameters keep their order (or are dropped with ``ignore_query``).
   Fetching a key whose server wants a trailing slash costs one redirect hop; the
   engine follows it and resolves links against the final URL, so nothing is lost.
-- ``validate`` accepts only absolute http(s) URLs with a host, within a length limit.
+- ``validate`` accepts only absolute http(s) URLs with a host ``canonical_host`` can
+  parse and no userinfo (credentials in a URL are refused: they belong in request
+  headers), within a length limit. Links and redirects met while crawling are not
+  refused but stripped (``strip_userinfo``; ``fetch_url`` and ``normalize`` drop it).
 - ``is_blocked_ip`` is true for every address a server-side fetcher must not reach on
   a user's behalf (loopback, private, link-local, CGNAT, metadata, multicast,
   reserved, unspecified, and those embedded in IPv6); unparsable input counts as
@@ -27,19 +45,21 @@ import functools
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable, Sequence
 from re import Pattern
-from urllib.parse import SplitResult, quote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, quote, unquote_to_bytes, urlsplit, urlunsplit
+
+import idna
 
 __all__ = [
-    "PathFilter",
     "block_class",
     "blocked_reason",
-    "compile_patterns",
+    "canonical_host",
+    "fetch_url",
     "host_of",
     "is_blocked_ip",
+    "is_loopback_name",
     "normalize",
-    "same_site",
+    "strip_userinfo",
     "validate",
 ]
 
@@ -96,17 +116,136 @@ def _remove_dot_segments(path: str) -> str:
     return "/" + "/".join(out)
 
 
-def _idna_host(host: str) -> str:
-    """Lowercase host, IDNA-encoded when not ASCII; IPv6 literals bracketed again."""
-    host = host.rstrip(".") if host.endswith(".") and len(host) > 1 else host
-    if ":" in host:  # IPv6 literal (urlsplit removed the brackets)
-        return f"[{host}]"
+# --- the host parser (WHATWG URL Standard "host parser", special schemes) --------------
+
+# WHATWG "forbidden domain code points": C0 controls, space, "#%/:<>?@[\]^|", DEL.
+_FORBIDDEN_DOMAIN = frozenset([chr(c) for c in range(0x21)] + list("#%/:<>?@[\\]^|\x7f"))
+_DECIMAL = re.compile(r"[0-9]+")  # ASCII digits only ([0-9] is a code point range)
+_OCTAL = re.compile(r"[0-7]+")
+_HEX = re.compile(r"[0-9A-Fa-f]*")
+
+
+def _ipv4_number(part: str) -> int | None:
+    """The WHATWG IPv4 number parser: ``0x``/``0X`` hex, leading-``0`` octal, decimal."""
+    if part[:2] in ("0x", "0X"):
+        digits = part[2:]
+        if not _HEX.fullmatch(digits):
+            return None
+        return int(digits, 16) if digits else 0
+    if len(part) > 1 and part[0] == "0":
+        return int(part[1:], 8) if _OCTAL.fullmatch(part[1:]) else None
+    return int(part) if _DECIMAL.fullmatch(part) else None
+
+
+def _ends_in_number(domain: str) -> bool:
+    last = domain.rpartition(".")[2]
+    if _DECIMAL.fullmatch(last):
+        return True
+    return last[:2] in ("0x", "0X") and _HEX.fullmatch(last[2:]) is not None
+
+
+def _parse_ipv4(domain: str) -> str:
+    """The WHATWG IPv4 parser (1 to 4 parts, the last one filling the rest): dotted text."""
+    parts = domain.split(".")
+    if len(parts) > 4:
+        raise ValueError(f"{domain!r}: an IPv4 address has at most four parts")
+    numbers: list[int] = []
+    for part in parts:
+        number = _ipv4_number(part)
+        if number is None:
+            raise ValueError(f"{domain!r}: {part!r} is not an IPv4 number")
+        numbers.append(number)
+    if any(n > 255 for n in numbers[:-1]) or numbers[-1] >= 256 ** (5 - len(numbers)):
+        raise ValueError(f"{domain!r}: IPv4 address out of range")
+    value = numbers[-1]
+    for i, number in enumerate(numbers[:-1]):
+        value += number << (8 * (3 - i))
+    return str(ipaddress.IPv4Address(value))
+
+
+def _ipv6_text(ip: ipaddress.IPv6Address) -> str:
+    """WHATWG IPv6 serialization: lowercase hex, the first longest run (>= 2) of zero
+    pieces compressed, embedded IPv4 as hex (the same on every Python version)."""
+    packed = ip.packed
+    pieces = [packed[i] << 8 | packed[i + 1] for i in range(0, 16, 2)]
+    start, length, i = -1, 1, 0
+    while i < 8:
+        j = i
+        while j < 8 and pieces[j] == 0:
+            j += 1
+        if j - i > length:
+            start, length = i, j - i
+        i = max(j, i + 1)
+    texts = [format(p, "x") for p in pieces]
+    if start < 0:
+        return ":".join(texts)
+    return ":".join(texts[:start]) + "::" + ":".join(texts[start + length :])
+
+
+def _parse_ipv6(text: str) -> str:
+    if not text.isascii() or "%" in text:  # zone ids are not URL hosts
+        raise ValueError(f"{text!r} is not an IPv6 address")
+    return f"[{_ipv6_text(ipaddress.IPv6Address(text))}]"  # AddressValueError: ValueError
+
+
+@functools.lru_cache(maxsize=16_384)
+def canonical_host(host: str) -> str:
+    """The canonical text of a URL host, as the WHATWG URL Standard parses it.
+
+    ``host`` is the host part of a URL's authority (no userinfo, no port; IPv6 with
+    or without its brackets). Returns an IPv4 address in dotted decimal, an IPv6
+    address in brackets (``[::1]``), or a lowercase ASCII domain (A-labels) without
+    trailing dots. Raises ``ValueError`` when the host cannot be parsed: callers
+    refuse the URL (fail closed).
+    """
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f"{host!r}: unclosed IPv6 bracket")
+        return _parse_ipv6(host[1:-1])
+    if ":" in host:  # an IPv6 address whose brackets urlsplit removed
+        return _parse_ipv6(host)
+    if "%" in host:
+        host = unquote_to_bytes(host).decode("utf-8")  # UnicodeDecodeError is a ValueError
     if host.isascii():
-        return host
-    try:
-        return host.encode("idna").decode("ascii")
-    except UnicodeError:
-        return quote(host, safe="-._~", errors="replace").lower()
+        domain = host.lower()
+    else:
+        try:  # UTS 46 mapping, non-transitional, STD3 rules off (as WHATWG asks)
+            domain = idna.uts46_remap(host, std3_rules=False, transitional=False)
+        except idna.IDNAError as exc:
+            raise ValueError(f"{host!r}: not a valid host name ({exc})") from None
+    domain = domain.rstrip(".")
+    if not domain:
+        raise ValueError(f"{host!r}: empty host")
+    if not _FORBIDDEN_DOMAIN.isdisjoint(domain):
+        raise ValueError(f"{host!r}: forbidden character in host")
+    if not domain.isascii() or "xn--" in domain:
+        labels: list[str] = []
+        for label in domain.split("."):
+            try:
+                if not label.isascii():
+                    label = idna.alabel(label).decode("ascii")
+                elif label.startswith("xn--"):
+                    idna.ulabel(label)  # must be the Punycode of a valid label
+            except idna.IDNAError as exc:
+                raise ValueError(f"{host!r}: not a valid host name ({exc})") from None
+            labels.append(label)
+        domain = ".".join(labels)
+    if _ends_in_number(domain):
+        return _parse_ipv4(domain)
+    return domain
+
+
+def _raw_host(netloc: str) -> str:
+    """The host part of an authority as written (urlsplit's split, brackets kept)."""
+    hostport = netloc.rpartition("@")[2]
+    if hostport.startswith("["):
+        return hostport.partition("]")[0] + "]"
+    return hostport.partition(":")[0]
+
+
+def is_loopback_name(host: str) -> bool:
+    """``localhost`` and ``*.localhost`` (RFC 6761: always loopback, never asked of DNS)."""
+    return host == "localhost" or host.endswith(".localhost")
 
 
 def _normalize_path(path: str) -> str:
@@ -125,19 +264,21 @@ def _normalize_path(path: str) -> str:
 
 
 def _netloc(parts: SplitResult, scheme: str) -> str:
-    host = parts.hostname or ""
-    netloc = _idna_host(host)
+    """Canonical host and non-default port; userinfo dropped. ValueError when unparsable
+    ("" for a URL without authority, e.g. ``mailto:``, which has no host to parse)."""
+    if not parts.netloc:
+        return ""
+    netloc = canonical_host(_raw_host(parts.netloc))
     port = parts.port  # raises ValueError for a bad port
     if port is not None and port != _DEFAULT_PORTS.get(scheme):
         netloc = f"{netloc}:{port}"
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rpartition("@")[0]
-        netloc = f"{userinfo}@{netloc}"
     return netloc
 
 
 # Fast path: "scheme://host[:port]/path?query#fragment" with a plain lowercase ASCII host
-# and no characters urlsplit would strip; anything else takes the urlsplit path. Both
+# and no characters urlsplit would strip; anything else takes the urlsplit path. A host
+# whose last label starts with a digit (an IPv4 spelling like 127.1 or 0x7f.1 maybe) or
+# with an "xn--" label goes through canonical_host (cached) even here. Both
 # paths give the same result; the fast one is ~2x quicker (links of every page go here).
 _FAST_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?#]*)([^?#]*)(?:\?([^#]*))?")
 _PLAIN_NETLOC = re.compile(r"[a-z0-9\-]+(?:\.[a-z0-9\-]+)*(?::([0-9]{1,5}))?")
@@ -154,12 +295,16 @@ def _normalize_fast(url: str, ignore_query: bool) -> str | None:
     if default_port is None or n is None:
         return None
     port_text = n.group(1)
+    host = netloc if port_text is None else netloc[: n.start(1) - 1]
+    if host[host.rfind(".") + 1] in "0123456789" or "xn--" in host:
+        host = canonical_host(host)  # maybe an IPv4 spelling (127.1), or Punycode to check
+    netloc = host
     if port_text is not None:
         port = int(port_text)
         if port > 65535:
             return None
-        host = netloc[: n.start(1) - 1]
-        netloc = host if port == default_port else f"{host}:{port}"
+        if port != default_port:
+            netloc = f"{host}:{port}"
     path = _normalize_path(m.group(3))
     query = m.group(4)
     if query and not ignore_query:
@@ -193,14 +338,20 @@ def _normalize_slow(url: str, ignore_query: bool) -> str:
     return urlunsplit((scheme, _netloc(parts, scheme), _normalize_path(parts.path), query, ""))
 
 
+USERINFO_REFUSED = "credentials in the URL are not accepted; send them as request headers"
+
+
 def validate(url: str, max_length: int) -> str | None:
-    """None when ``url`` is an absolute http(s) URL with a host, else why not (human text)."""
+    """None when ``url`` is an absolute http(s) URL with a parsable host and no
+    userinfo, else why not (human text)."""
     if len(url) > max_length:
         return f"longer than {max_length} characters"
     try:
         parts = urlsplit(url.strip())
         if parts.scheme.lower() not in _DEFAULT_PORTS:
             return "scheme must be http or https"
+        if "@" in parts.netloc:
+            return USERINFO_REFUSED
         if not parts.hostname:
             return "no host"
         _ = parts.port  # a bad port raises ValueError here
@@ -208,69 +359,52 @@ def validate(url: str, max_length: int) -> str | None:
         return f"unparsable: {exc}"
     if any(c in parts.hostname for c in " \t\r\n<>\\^`{|}"):
         return "unparsable: invalid character in host"
+    try:
+        canonical_host(_raw_host(parts.netloc))
+    except ValueError as exc:
+        return f"unparsable: invalid host: {exc}"
     return None
 
 
 def host_of(url: str) -> str:
-    """The lowercase host of ``url`` without port or brackets ("" when there is none)."""
+    """The canonical host of ``url`` (``canonical_host``) without brackets; "" when it
+    has none or it cannot be parsed."""
     try:
-        return (urlsplit(url).hostname or "").rstrip(".")
+        host = canonical_host(_raw_host(urlsplit(url).netloc))
     except ValueError:
         return ""
+    return host[1:-1] if host[0] == "[" else host
 
 
-def _site_host(host: str) -> str:
-    return host[4:] if host.startswith("www.") else host
+def fetch_url(url: str) -> str:
+    """The form of ``url`` handed to the HTTP client: lowercase scheme, canonical host,
+    no userinfo, no default port, no fragment; path and query as written (so fetching
+    it costs no redirect). ``ValueError`` when it is not an http(s) URL with a
+    parsable host: such a URL is never fetched."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise ValueError(f"scheme {scheme!r} is not http or https")
+    netloc = _netloc(parts, scheme)
+    if not netloc:
+        raise ValueError("no host")
+    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
 
 
-def same_site(url: str, root: str, *, allow_subdomains: bool) -> bool:
-    """True when ``url`` is on the site of ``root``.
-
-    Hosts are compared case-insensitively, ignoring scheme, port and a leading
-    ``www.`` on either side. With ``allow_subdomains``, any subdomain of the root's
-    host (``docs.example.com`` under ``example.com``) is on the site as well.
-    """
-    host = _site_host(host_of(url))
-    base = _site_host(host_of(root))
-    if not host or not base:
-        return False
-    if host == base:
-        return True
-    return allow_subdomains and host.endswith("." + base)
-
-
-def compile_patterns(patterns: Sequence[str]) -> list[Pattern[str]]:
-    """Compile regexes; ``ValueError`` names the index and text of the first bad one."""
-    compiled: list[Pattern[str]] = []
-    for i, pattern in enumerate(patterns):
-        try:
-            compiled.append(re.compile(pattern))
-        except re.error as exc:
-            raise ValueError(f"pattern {i} ({pattern!r}) is not a valid regex: {exc}") from exc
-    return compiled
-
-
-class PathFilter:
-    """Include/exclude regexes over a URL's path (plus ``?query`` when there is one).
-
-    A URL passes when it matches (``re.search``) at least one include pattern (or
-    there are none) and no exclude pattern.
-    """
-
-    __slots__ = ("exclude", "include")
-
-    def __init__(self, include: Iterable[str] = (), exclude: Iterable[str] = ()) -> None:
-        self.include = compile_patterns(list(include))
-        self.exclude = compile_patterns(list(exclude))
-
-    def allows(self, url: str) -> bool:
-        if not self.include and not self.exclude:
-            return True
-        parts = urlsplit(url)
-        target = f"{parts.path or '/'}?{parts.query}" if parts.query else (parts.path or "/")
-        if self.include and not any(p.search(target) for p in self.include):
-            return False
-        return not any(p.search(target) for p in self.exclude)
+def strip_userinfo(url: str) -> str:
+    """``url`` without the ``user:password@`` of its authority; otherwise unchanged."""
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if i != -1 and i < end:
+            end = i
+    if "@" not in rest[:end]:
+        return url
+    return f"{scheme}://{rest[:end].rpartition('@')[2]}{rest[end:]}"
 
 
 # --- address guard ---------------------------------------------------------------------
@@ -349,15 +483,17 @@ def block_class(ip: str) -> str | None:
 async def blocked_reason(url: str) -> str | None:
     """Why ``url`` must not be fetched because of where its host points, or None.
 
-    Literal IPs are checked without DNS; ``localhost`` and ``*.localhost`` are blocked
-    without resolving; other hosts are resolved with the running loop's
-    ``getaddrinfo`` and blocked when ANY address is. A DNS failure returns None (the
+    The host is first made canonical (``canonical_host``: every spelling of an
+    address is that address; an unparsable host is refused). Literal IPs are checked
+    without DNS; ``localhost`` and ``*.localhost`` are blocked without resolving;
+    other hosts are resolved with the running loop's ``getaddrinfo`` (which reads
+    /etc/hosts) and blocked when ANY address is. A DNS failure returns None (the
     fetch reports it as a dns error).
     """
     host = host_of(url)
     if not host:
-        return None
-    if host == "localhost" or host.endswith(".localhost"):
+        return "the host cannot be parsed"
+    if is_loopback_name(host):
         return f"{host} is a loopback name"
     addr = _parse_ip(host)
     if addr is not None:
