@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from pagesift.shared.replproto import (
     Continue,
     EntryMeta,
+    FencingVerdict,
     Full,
     Hello,
     PrimaryState,
@@ -170,8 +171,27 @@ def test_backoff_doubles_up_to_its_cap_and_jitter_only_shortens_it() -> None:
 
 
 def test_a_fencing_hello_is_done_once_refused_and_deposes_us_only_for_a_higher_epoch() -> None:
-    assert fencing_verdict(2, refused=True, decision_epoch=None) == "done"
-    assert fencing_verdict(2, refused=False, decision_epoch=None) == "retry"
-    assert fencing_verdict(2, refused=False, decision_epoch=3) == "deposed"
-    assert fencing_verdict(2, refused=False, decision_epoch=2) == "conflict"
-    assert fencing_verdict(2, refused=False, decision_epoch=1) == "conflict"
+    assert fencing_verdict(2, refused=True, decision_epoch=None) is FencingVerdict.DONE
+    assert fencing_verdict(2, refused=True, decision_epoch=3) is FencingVerdict.DONE
+    assert fencing_verdict(2, refused=False, decision_epoch=None) is FencingVerdict.RETRY
+    assert fencing_verdict(2, refused=False, decision_epoch=3) is FencingVerdict.DEPOSED
+    assert fencing_verdict(2, refused=False, decision_epoch=2) is FencingVerdict.CONFLICT
+    assert fencing_verdict(2, refused=False, decision_epoch=1) is FencingVerdict.CONFLICT
+    # one typed verdict, still readable as the word it logs
+    assert str(FencingVerdict.DONE) == "done" and f"{FencingVerdict.STOPPED}" == "stopped"
+
+
+@given(
+    our=st.integers(0, 5),
+    refused=st.booleans(),
+    answer=st.one_of(st.none(), st.integers(0, 7)),
+)
+def test_a_fencing_verdict_deposes_us_only_for_an_answer_of_a_higher_epoch(
+    our: int, refused: bool, answer: int | None
+) -> None:
+    verdict = fencing_verdict(our, refused=refused, decision_epoch=answer)
+    assert verdict is not FencingVerdict.STOPPED  # the shell's word, never a judgement
+    assert (verdict is FencingVerdict.DEPOSED) == (
+        not refused and answer is not None and answer > our
+    )
+    assert (verdict is FencingVerdict.DONE) == refused

@@ -47,13 +47,22 @@ offset, all written durably (by ``replog.Log.promote``) before writes are taken.
 
 ``fencing_verdict``: after a promotion, the new primary says hello (its new epoch) to
 the primary it used to follow until that one has stepped down; this judges each
-answer (``pagesift.standby.fencing`` is the shell).
+answer as a ``FencingVerdict`` (``pagesift.standby.fencing`` is the shell).
+
+``lag``: how far a follower is behind, in offsets and in seconds since it last held
+everything its leader held. One definition for both ends: the primary's view of a
+standby (``replsender``) and the standby's own (``replfollower``).
+
+The steady state of a session (sync mode, linger, heartbeats on the primary; ack
+pacing on the standby) is decided by the state machines in ``replsender`` and
+``replfollower``, pure like this module but with state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 
 class ProtocolError(Exception):
@@ -222,26 +231,36 @@ def may_accept_writes(epoch: int, fenced_epoch: int) -> bool:
     return fenced_epoch <= epoch
 
 
-def fencing_verdict(our_epoch: int, *, refused: bool, decision_epoch: int | None) -> str:
+class FencingVerdict(StrEnum):
     """What a promoted node makes of its former primary's answer to a fencing hello
-    (a hello with the promoted node's epoch):
+    (a hello with the promoted node's epoch), and so what it does next."""
 
-    - ``"done"``: the stream was refused (FAILED_PRECONDITION): it stepped down just
-      now, or it is not a writable primary anyway (fenced, or a standby already).
-    - ``"deposed"``: it answered with a decision of a HIGHER epoch: it is the newer
-      primary and we are the stale one.
-    - ``"conflict"``: a decision of an epoch not above ours: a primary that did not
-      step down for our epoch (two primaries of one epoch, which two nodes cannot
-      produce); only an operator can settle it. Keep asking.
-    - ``"retry"``: no answer (unreachable, timed out, refused credentials).
-    """
+    #: The stream was refused (FAILED_PRECONDITION): it stepped down just now, or it is
+    #: not a writable primary anyway (fenced, or a standby already). Stop asking.
+    DONE = "done"
+    #: It answered with a decision of a HIGHER epoch: it is the newer primary and we
+    #: are the stale one. Step down.
+    DEPOSED = "deposed"
+    #: A decision of an epoch not above ours: a primary that did not step down for our
+    #: epoch (two primaries of one epoch, which two nodes cannot produce); only an
+    #: operator can settle it. Keep asking, loudly.
+    CONFLICT = "conflict"
+    #: No answer (unreachable, timed out, refused credentials). Keep asking.
+    RETRY = "retry"
+    #: Never returned by ``fencing_verdict``: the shell stopped asking because this node
+    #: is no primary any more.
+    STOPPED = "stopped"
+
+
+def fencing_verdict(our_epoch: int, *, refused: bool, decision_epoch: int | None) -> FencingVerdict:
+    """Judge one answer to a fencing hello (see ``FencingVerdict``)."""
     if refused:
-        return "done"
+        return FencingVerdict.DONE
     if decision_epoch is None:
-        return "retry"
+        return FencingVerdict.RETRY
     if decision_epoch > our_epoch:
-        return "deposed"
-    return "conflict"
+        return FencingVerdict.DEPOSED
+    return FencingVerdict.CONFLICT
 
 
 @dataclass(frozen=True)
@@ -279,3 +298,19 @@ def backoff_delay(attempt: int, *, base: float, cap: float, jitter: float = 0.0)
     """
     delay = min(cap, base * float(1 << min(max(attempt, 0), 30)))
     return delay * (1.0 - 0.5 * jitter)
+
+
+@dataclass(frozen=True)
+class Lag:
+    """How far a follower is behind its leader."""
+
+    offsets: int  # entries the leader has and the follower has not (never negative)
+    seconds: float  # since the follower last held everything; 0.0 while it does
+
+
+def lag(*, leader: int, follower: int, caught_up_at: float, now: float) -> Lag:
+    """The lag of a follower at offset ``follower`` behind a leader at ``leader``;
+    ``caught_up_at``: the last time the follower's offset reached the leader's (as
+    the follower's side knew it then)."""
+    offsets = max(0, leader - follower)
+    return Lag(offsets, now - caught_up_at if offsets else 0.0)
