@@ -160,7 +160,7 @@ def warm_page_cache(root: Path, max_bytes: int = 1 << 30) -> None:
 
 def pagesift_missing() -> str:
     """Why the pagesift server cannot be started yet, or '' if it can."""
-    for mod in ("pagesift.shared.cli", "pagesift.primary.server"):
+    for mod in ("pagesift.node.cli", "pagesift.node.grpcserver"):
         try:
             if importlib.util.find_spec(mod) is None:
                 return f"module {mod} does not exist yet"
@@ -282,7 +282,7 @@ def run_pagesift(
         cmd = [
             sys.executable,
             "-m",
-            "pagesift.shared.cli",
+            "pagesift.node.cli",
             "serve",
             "--role",
             "primary",

@@ -150,7 +150,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         target = f"{LOOPBACK}:{free_port()}"
         metrics = f"{LOOPBACK}:{free_port()}"
         cmd = [
-            sys.executable, "-m", "pagesift.shared.cli", "serve", "--role", "primary",
+            sys.executable, "-m", "pagesift.node.cli", "serve", "--role", "primary",
             "--listen", target, "--data", str(tmp / "data"), "--allow-private-networks",
             "--config", str(_server_config(tmp, args.streams)),
         ]  # fmt: skip

@@ -24,7 +24,8 @@ from typing import Any
 
 import grpc
 
-from pagesift.primary import server
+from pagesift.node import grpcserver
+from pagesift.node.node import Node
 from pagesift.shared import tls
 from pagesift.shared.config import ServerConfig
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
@@ -65,7 +66,7 @@ class RunningNode:
     channel: grpc.aio.Channel
     stub: jobs_pb2_grpc.JobServiceAsyncStub
     config: ServerConfig
-    node: server.Node
+    node: Node
 
 
 def node_config(data: Path, **overrides: Any) -> ServerConfig:
@@ -87,8 +88,8 @@ async def in_process_node(data: Path, **overrides: Any) -> AsyncIterator[Running
     """A real node (gRPC server + store + engine) inside the test's event loop."""
     config = node_config(data, **overrides)
     stop = asyncio.Event()
-    started: asyncio.Future[server.Node] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(server.run(config, stop, started))
+    started: asyncio.Future[Node] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(grpcserver.run(config, stop, started))
     channel = grpc.aio.insecure_channel(config.listen)
     try:
         node = await asyncio.wait_for(asyncio.shield(started), 10)
@@ -132,7 +133,7 @@ def start_server_process(config_args: list[str], log: Path) -> subprocess.Popen[
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "pagesift.shared.cli", "serve", *config_args],
+            [sys.executable, "-m", "pagesift.node.cli", "serve", *config_args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -23,8 +23,14 @@ import grpc.aio
 import pytest
 from google.protobuf import timestamp_pb2
 
-from pagesift.shared import cli
-from pagesift.shared.cli import JobProgress, amain, build_parser, main
+from pagesift.node import cli
+from pagesift.node.cli import amain, build_parser, main
+from pagesift.node.cli.args import server_addresses
+from pagesift.node.cli.common import format_rpc_error
+from pagesift.node.cli.jobs import batch_request, crawl_request
+from pagesift.node.cli.jobview import document_json, errors_json, job_json, jobs_json
+from pagesift.node.cli.progress import JobProgress
+from pagesift.node.cli.serve import serve_overrides
 from pagesift.shared.client import (
     DEFAULT_ADDRESS,
     ClientError,
@@ -74,7 +80,7 @@ def test_crawl_flags_build_the_request() -> None:
             "--format", "html", "--only-main-content", "--wait", "--json",
         ]
     )  # fmt: skip
-    req = cli.crawl_request(args)
+    req = crawl_request(args)
     assert req.url == "http://example.com/"
     assert (req.limit, req.max_depth, req.max_concurrency, req.delay) == (50, 3, 4, 0.5)
     assert list(req.include_paths) == ["^/docs/", "^/blog/"]
@@ -92,7 +98,7 @@ def test_crawl_flags_build_the_request() -> None:
 
 
 def test_crawl_defaults() -> None:
-    req = cli.crawl_request(build_parser().parse_args(["crawl", "http://x/"]))
+    req = crawl_request(build_parser().parse_args(["crawl", "http://x/"]))
     assert req.sitemap == jobs_pb2.SITEMAP_MODE_INCLUDE
     assert (req.limit, req.max_depth, req.max_concurrency, req.delay) == (0, 0, 0, 0.0)
     assert not req.include_paths and not req.exclude_paths
@@ -104,7 +110,7 @@ def test_batch_flags_build_the_request() -> None:
         ["batch", "http://a/", "http://b/", "--concurrency", "3", "--ignore-invalid",
          "--idempotency-key", "k1", "--wait"]
     )  # fmt: skip
-    req = cli.batch_request(args)
+    req = batch_request(args)
     assert list(req.urls) == ["http://a/", "http://b/"]
     assert req.max_concurrency == 3 and req.ignore_invalid_urls
     assert req.idempotency_key == "k1"
@@ -114,11 +120,11 @@ def test_batch_flags_build_the_request() -> None:
 def test_server_flags_repeat_and_split() -> None:
     parser = build_parser()
     args = parser.parse_args(["jobs", "--server", "a:1,b:2", "--server", "c:3", "--server", "a:1"])
-    assert cli.server_addresses(args) == ["a:1", "b:2", "c:3"]
-    assert cli.server_addresses(parser.parse_args(["jobs"])) == [DEFAULT_ADDRESS]
+    assert server_addresses(args) == ["a:1", "b:2", "c:3"]
+    assert server_addresses(parser.parse_args(["jobs"])) == [DEFAULT_ADDRESS]
     args = parser.parse_args(["status", "j1", "--all", "--json", "--server", "[::1]:50051"])
     assert args.job == "j1" and args.all and args.json
-    assert cli.server_addresses(args) == ["[::1]:50051"]
+    assert server_addresses(args) == ["[::1]:50051"]
     args = parser.parse_args(["watch", "j1", "--from", "7"])
     assert args.from_index == 7
 
@@ -158,16 +164,16 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.fixture
 def fake_server_module(monkeypatch: pytest.MonkeyPatch) -> list[ServerConfig]:
-    """Replace ``pagesift.primary.server`` by a module whose ``serve`` records its config."""
+    """Replace ``pagesift.node.grpcserver`` by a module whose ``serve`` records its config."""
     seen: list[ServerConfig] = []
 
     def serve(config: ServerConfig) -> int:
         seen.append(config)
         return 0
 
-    module = types.ModuleType("pagesift.primary.server")
+    module = types.ModuleType("pagesift.node.grpcserver")
     module.serve = serve  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pagesift.primary.server", module)
+    monkeypatch.setitem(sys.modules, "pagesift.node.grpcserver", module)
     return seen
 
 
@@ -200,7 +206,7 @@ def test_serve_file_then_flags(fake_server_module: list[ServerConfig], tmp_path:
 
 def test_serve_overrides_are_none_when_not_given() -> None:
     args = build_parser().parse_args(["serve"])
-    over = cli.serve_overrides(args)
+    over = serve_overrides(args)
     assert set(over) <= {f for f in ServerConfig.__dataclass_fields__}
     assert all(v is None for v in over.values())
 
@@ -259,7 +265,7 @@ def test_job_json_shape() -> None:
         jobs_pb2.Document(url="http://s/a", final_url="http://s/a", title="A", markdown="# A"),
         jobs_pb2.Document(url="http://s/old", final_url="http://s/new", title="New"),
     ]
-    got = cli.job_json(_job(), docs)
+    got = job_json(_job(), docs)
     assert got == {
         "id": "j1",
         "kind": "crawl",
@@ -277,7 +283,7 @@ def test_job_json_shape() -> None:
         "next_skip": None,
     }
     json.dumps(got)  # serializable as is
-    bare = cli.job_json(jobs_pb2.GetJobResponse(id="x"), [], next_skip=100)
+    bare = job_json(jobs_pb2.GetJobResponse(id="x"), [], next_skip=100)
     assert bare["created_at"] is None and bare["expires_at"] is None
     assert bare["kind"] == "unspecified" and bare["state"] == "unspecified"
     assert bare["next_skip"] == 100
@@ -334,7 +340,7 @@ def test_errors_and_jobs_json_shapes() -> None:
         ],
         robots_blocked=["http://s/private/a"],
     )
-    assert cli.errors_json("j1", resp) == {
+    assert errors_json("j1", resp) == {
         "id": "j1",
         "errors": [
             {
@@ -355,7 +361,7 @@ def test_errors_and_jobs_json_shapes() -> None:
         completed=1,
         created_at=_ts(NEW_YEAR_2026),
     )
-    assert cli.jobs_json([summary]) == {
+    assert jobs_json([summary]) == {
         "jobs": [
             {
                 "id": "j2",
@@ -380,17 +386,17 @@ def test_document_json_full_keeps_only_present_formats() -> None:
         markdown="# A",
         links=["http://s/b"],
     )
-    got = cli.document_json(doc, full=True)
+    got = document_json(doc, full=True)
     assert got["markdown"] == "# A" and got["links"] == ["http://s/b"]
     assert "html" not in got and "raw_html" not in got
     assert got["status_code"] == 200 and got["fetched_at"] is None
-    assert cli.document_json(doc) == {"url": "http://s/a", "final_url": "http://s/a", "title": "A"}
+    assert document_json(doc) == {"url": "http://s/a", "final_url": "http://s/a", "title": "A"}
 
 
 def test_format_rpc_error() -> None:
     err = _rpc_error(grpc.StatusCode.NOT_FOUND, "no job abc")
-    assert cli.format_rpc_error(err) == "error: NOT_FOUND: no job abc"
-    assert cli.format_rpc_error(_rpc_error(UNAVAILABLE, "")) == "error: UNAVAILABLE:"
+    assert format_rpc_error(err) == "error: NOT_FOUND: no job abc"
+    assert format_rpc_error(_rpc_error(UNAVAILABLE, "")) == "error: UNAVAILABLE:"
 
 
 # ---------------------------------------------------------------- failover helpers

@@ -19,7 +19,8 @@ from typing import Any
 import grpc
 import pytest
 
-from pagesift.shared import cli
+from pagesift.node import cli
+from pagesift.node.cli.common import EXIT_ERROR
 from pagesift.shared.client import JobClient, choose_primary
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, build_site, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
@@ -38,7 +39,7 @@ ROLE_KEYS = {
 def pagesift(*argv: str) -> tuple[int, str, str]:
     """The real ``pagesift`` command line, as a child process."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pagesift.shared.cli", *argv],
+        [sys.executable, "-m", "pagesift.node.cli", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -136,7 +137,7 @@ async def test_role_promote_and_verify_print_one_json_object_each_against_a_real
     assert again == {**out, "already_primary": True}
 
     code, out = await run_json("role", "--server", S, "--server", P)
-    assert code == cli.EXIT_ERROR  # one node did not answer
+    assert code == EXIT_ERROR  # one node did not answer
     assert out["primary"] == S
     assert out["nodes"][0]["role"] == "primary" and out["nodes"][0]["epoch"] == 2
     assert out["nodes"][1]["address"] == P and "UNAVAILABLE" in out["nodes"][1]["error"]
@@ -144,7 +145,7 @@ async def test_role_promote_and_verify_print_one_json_object_each_against_a_real
 
 async def test_promote_takes_exactly_one_server(capsys: pytest.CaptureFixture[str]) -> None:
     code = await cli.amain(["promote", "--server", "127.0.0.1:1", "--server", "127.0.0.1:2"])
-    assert code == cli.EXIT_ERROR
+    assert code == EXIT_ERROR
     assert "exactly one --server" in capsys.readouterr().err
 
 
@@ -234,7 +235,7 @@ async def test_verify_exits_2_when_a_node_is_unreachable(
 ) -> None:
     (a, _, _), _ = fake_nodes
     dead = f"127.0.0.1:{free_port()}"
-    assert await cli.amain(["verify", "--primary", dead, "--standby", a]) == cli.EXIT_ERROR
+    assert await cli.amain(["verify", "--primary", dead, "--standby", a]) == EXIT_ERROR
     assert capsys.readouterr().err.startswith("error: UNAVAILABLE")
 
 

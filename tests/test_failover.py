@@ -23,11 +23,12 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from pagesift.shared import cli
+from pagesift.node import cli
+from pagesift.node.cli.common import EXIT_OK
 from pagesift.shared.client import JobClient
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
-from pagesift.shared.replog import open_slot
-from pagesift.standby.admin import VerifyResult, verify_digests
+from pagesift.shared.slot import open_slot
+from pagesift.shared.verify import VerifyResult, verify_digests
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import PROMOTE_MD, TERMINAL, NodeFactory, all_documents, serve_procs
@@ -214,7 +215,7 @@ async def test_after_a_crawl_the_standby_digest_equals_the_primarys(
         ["verify", "--primary", primary.address, "--standby", standby.address, "--json"]
     )
     out = json.loads(capsys.readouterr().out)
-    assert code == cli.EXIT_OK, out
+    assert code == EXIT_OK, out
     assert out["equal"] is True and out["offset"] == offset
     assert out["primary"]["digest"] == out["standby"]["digest"]
     # the standby serves the same job, page for page

@@ -21,12 +21,13 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 
-from pagesift.primary.engine import Engine, ErrorCode, FetchPolicy, PageError
+from pagesift.primary.engine import Engine, FetchPolicy
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.netguard import BlockedAddressError, GuardedResolver
 from pagesift.primary.politeness import HostSlots, effective_delay
 from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 HTML = """<!doctype html><html lang="en"><head><title>Hello</title>

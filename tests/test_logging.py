@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from pagesift.primary.server import JsonLogFormatter
+from pagesift.node.logs import JsonLogFormatter
 
 
 def test_a_json_log_line_carries_the_job_and_the_account() -> None:

@@ -2,7 +2,7 @@
 webhooks, the metrics endpoint, TLS on the public port, mTLS- and token-guarded
 replication, and the admin key.
 
-Real gRPC servers (``server.run`` in the test's event loop), real RocksDB, a real demo
+Real gRPC servers (``grpcserver.run`` in the test's event loop), real RocksDB, a real demo
 site and real aiohttp webhook receivers, all on 127.0.0.1. The cases that need real
 processes killed with SIGKILL (webhook delivery across a restart and a failover) are in
 ``test_platform_failover.py``, which imports the helpers defined here.
@@ -27,13 +27,15 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagesift.primary import server, webhooks
+from pagesift.node import grpcserver
+from pagesift.node.node import Node
+from pagesift.primary import webhooks
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import tls
 from pagesift.shared.accounts import hash_key
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, serve_site
-from pagesift.standby.admin import verify_digests
+from pagesift.shared.verify import verify_digests
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 from tests import helpers
@@ -98,11 +100,11 @@ FAST: dict[str, Any] = {"extract_processes": 0}  # inline extraction: no worker 
 
 
 @contextlib.asynccontextmanager
-async def serving(config: ServerConfig) -> AsyncIterator[server.Node]:
-    """A real node (``server.run``) in this event loop; no client channel (TLS or not)."""
+async def serving(config: ServerConfig) -> AsyncIterator[Node]:
+    """A real node (``grpcserver.run``) in this event loop; no client channel (TLS or not)."""
     stop = asyncio.Event()
-    started: asyncio.Future[server.Node] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(server.run(config, stop, started))
+    started: asyncio.Future[Node] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(grpcserver.run(config, stop, started))
     try:
         either: set[asyncio.Future[Any]] = {task, started}
         await asyncio.wait(either, timeout=15, return_when=asyncio.FIRST_COMPLETED)
@@ -382,7 +384,7 @@ async def caught_up(
     return await eventually(check, f"the standby {standby_address} to catch up", timeout)
 
 
-async def stays_refused(standbys: Iterable[server.Node], want: str) -> None:
+async def stays_refused(standbys: Iterable[Node], want: str) -> None:
     """Each refused standby tries again and again, is never connected, never applies
     anything, and its follower reports ``want`` as the reason (of some session: under
     load gRPC may report a refused stream as "INTERNAL: Internal error from Core" when
@@ -749,7 +751,7 @@ async def test_in_sync_mode_a_page_event_is_posted_only_once_its_page_is_replica
         tmp_path / "n", accounts_file=str(accounts), replication_mode="sync", sync_timeout=2.0
     )
     seen: list[tuple[int, int]] = []  # (the event's page index, pages GetJob shows then)
-    nodes: list[tuple[server.Node, jobs_pb2_grpc.JobServiceAsyncStub]] = []
+    nodes: list[tuple[Node, jobs_pb2_grpc.JobServiceAsyncStub]] = []
 
     async def respond(hit: Hit) -> int:
         node, stub = nodes[0]
@@ -777,7 +779,7 @@ async def test_in_sync_mode_a_page_event_is_posted_only_once_its_page_is_replica
         await receiver.stop()
 
 
-async def scrape_metrics_local(node: server.Node) -> Samples:
+async def scrape_metrics_local(node: Node) -> Samples:
     """The node's exposition, parsed (without an HTTP endpoint)."""
     text = (await asyncio.to_thread(node.metrics.exposition)).decode()
     out: Samples = {}

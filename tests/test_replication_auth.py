@@ -1,6 +1,6 @@
 """Who may follow a node, depose it or promote it: every role change needs a credential.
 
-Real nodes (``server.run``) on 127.0.0.1 with real gRPC clients acting as the
+Real nodes (``grpcserver.run``) on 127.0.0.1 with real gRPC clients acting as the
 attacker: a local process that can reach the port but holds no replication token
 and no admin key.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pagesift.primary import server
-from pagesift.primary.server import StartRefused
+from pagesift.node import grpcserver
+from pagesift.node.node import StartRefused
 from pagesift.shared.accounts import hash_key
 from pagesift.shared.tls import token_metadata
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
@@ -99,7 +99,7 @@ async def test_a_standby_without_a_replication_credential_refuses_to_start(
         tmp_path / "s", role="standby", primary="127.0.0.1:9", replication_token_file=""
     )
     with pytest.raises(StartRefused, match="a standby needs a replication credential"):
-        await server.run(config, asyncio.Event())
+        await grpcserver.run(config, asyncio.Event())
 
 
 async def test_a_short_replication_token_is_refused_at_start(tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ async def test_a_short_replication_token_is_refused_at_start(tmp_path: Path) -> 
     short.write_text("tooshort\n")
     config = node_config(tmp_path / "p", replication_token_file=str(short))
     with pytest.raises(StartRefused, match="fewer than 16"):
-        await server.run(config, asyncio.Event())
+        await grpcserver.run(config, asyncio.Event())
 
 
 async def test_promote_needs_the_pair_token_when_no_admin_key_is_configured(

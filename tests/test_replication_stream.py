@@ -1,7 +1,9 @@
 """Replication over real grpc.aio servers on 127.0.0.1, in process, Store only.
 
-Each node is a slot (store + log) with a gRPC server carrying both servicers, as the
-real server will; a standby also runs a Follower. Every wait is bounded.
+Each node is a slot (store + log) with its replication pieces wired as the real
+server wires them (``pagesift.node.replication.ReplicationParts``) and served by the
+server's own assembly (``pagesift.node.grpcserver.grpc_server``, without the JobService
+and the guards); a standby also runs a Follower. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from pagesift.node.grpcserver import grpc_server
+from pagesift.node.replication import ReplicationParts
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared.replog import Log, NotWritable, StoreSlot, open_slot
+from pagesift.shared.identity import NotWritable
+from pagesift.shared.replog import Log
+from pagesift.shared.slot import StoreSlot, open_slot
 from pagesift.shared.store import WriteGroup
+from pagesift.shared.verify import verify_digests
 from pagesift.standby import follower as follower_module
-from pagesift.standby.admin import AdminServicer, verify_digests
 from pagesift.standby.fencing import fence_former_primary
 from pagesift.standby.follower import Follower, hello_message
 from pagesift.standby.promotion import Promoter
@@ -32,12 +38,9 @@ from pagesift.v1 import replication_pb2_grpc
 class Node:
     name: str
     path: Path
-    slot: StoreSlot
-    repl: ReplicationServicer
+    parts: ReplicationParts
     server: grpc.aio.Server | None = None
     port: int = 0
-    follower: Follower | None = None
-    promoter: Promoter | None = None
     promoted: int = 0
     fenced: list[int] = field(default_factory=list)
     channel: grpc.aio.Channel | None = None
@@ -47,8 +50,24 @@ class Node:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def slot(self) -> StoreSlot:
+        return self.parts.slot
+
+    @property
     def log(self) -> Log:
         return self.slot.log
+
+    @property
+    def repl(self) -> ReplicationServicer:
+        return self.parts.sender
+
+    @property
+    def follower(self) -> Follower | None:
+        return self.parts.follower
+
+    @property
+    def promoter(self) -> Promoter | None:
+        return self.parts.promoter
 
     def admin(self) -> replication_pb2_grpc.AdminServiceAsyncStub:
         if self.channel is None:
@@ -56,16 +75,7 @@ class Node:
         return replication_pb2_grpc.AdminServiceStub(self.channel)  # type: ignore[return-value]
 
     async def serve(self) -> None:
-        server = grpc.aio.server()
-        replication_pb2_grpc.add_ReplicationServiceServicer_to_server(self.repl, server)
-        admin = AdminServicer(
-            self.slot,
-            node_id=self.name,
-            replication=self.repl,
-            follower=lambda: self.follower,
-            promoter=self.promoter,
-        )
-        replication_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+        server = grpc_server(self.parts)
         self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
         assert self.port
         await server.start()
@@ -78,20 +88,10 @@ class Node:
             self.server = None
 
     def follow(self, target: Node) -> Follower:
-        self.follower = Follower(
-            self.slot,
-            target.addr,
-            node_id=self.name,
-            idle_timeout=1.0,
-            backoff_base=0.02,
-            backoff_cap=0.2,
-        )
-        self.follower.start()
-        return self.follower
+        return self.parts.follow(target.addr, idle_timeout=1.0, backoff_base=0.02, backoff_cap=0.2)
 
     async def close(self) -> None:
-        if self.follower is not None:
-            await self.follower.stop()
+        await self.parts.close()
         if self.channel is not None:
             await self.channel.close(grace=None)
         await self.halt()
@@ -112,31 +112,25 @@ async def start_node(
     sync_timeout: float = 2.0,
     chunk_bytes: int = 1 << 20,
 ) -> Node:
-    slot = open_slot(path, backlog_bytes=backlog_bytes)
-
     async def on_fenced(epoch: int, by: str) -> None:
         node.fenced.append(epoch)
 
     async def on_promoted() -> None:
         node.promoted += 1
 
-    async def stop_follower() -> None:
-        if node.follower is not None:
-            await node.follower.stop()
-
-    repl = ReplicationServicer(
-        slot,
+    parts = ReplicationParts(
+        open_slot(path, backlog_bytes=backlog_bytes),
         node_id=name,
+        on_fenced=on_fenced,
         mode=mode,
         sync_timeout=sync_timeout,
         chunk_bytes=chunk_bytes,
         heartbeat_interval=0.05,
-        on_fenced=on_fenced,
     )
-    node = Node(name, path, slot, repl)
-    node.promoter = Promoter(slot, stop_follower=stop_follower, on_promoted=on_promoted)
+    node = Node(name, path, parts)
+    parts.enable_promotion(on_promoted)
     if primary:
-        slot.log.open_for_writes()
+        parts.slot.log.open_for_writes()
     await node.serve()
     return node
 

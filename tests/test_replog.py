@@ -12,21 +12,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared.replog import (
-    BacklogLost,
-    Fenced,
-    Log,
-    NotWritable,
-    OffsetPassed,
+from pagesift.shared.backlog import BacklogLost
+from pagesift.shared.cuts import OffsetPassed, replicated_pairs, view_digest
+from pagesift.shared.framing import (
     entries_message,
-    open_slot,
     ops_from_pairs,
-    replicated_pairs,
     snapshot_chunks,
     snapshot_messages,
     split_entries_message,
-    view_digest,
 )
+from pagesift.shared.identity import Fenced, NotWritable
+from pagesift.shared.replog import Log
+from pagesift.shared.slot import open_slot
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import replication_pb2
 

@@ -6,44 +6,20 @@ is the real one; any other engine obeys the same contract:
 
 - ``scrape(url, options)`` returns a ``Page`` (the document plus the absolute,
   normalized links found on it) or raises ``PageError`` with one of the codes in
-  ``ErrorCode``. Robots.txt, per-host politeness (concurrency and delay, shared by
-  every job) and the address guard are the engine's business, applied inside
-  ``scrape``: a caller that awaits ``scrape`` has already waited its turn.
+  ``ErrorCode`` (both in ``pagesift.shared.errors``: ``JobService`` catches them
+  too). Robots.txt, per-host politeness (concurrency and delay, shared by every
+  job) and the address guard are the engine's business, applied inside ``scrape``:
+  a caller that awaits ``scrape`` has already waited its turn.
 - ``sitemap_urls(url)`` returns the page URLs the site's sitemap(s) list, or an
   empty list; it never raises for a missing or broken sitemap.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from pagesift.v1 import jobs_pb2
-
-
-class ErrorCode(enum.StrEnum):
-    """Why a page failed; stored with the page error and shown by GetJobErrors."""
-
-    ROBOTS_DISALLOWED = "robots_disallowed"
-    HTTP_STATUS = "http_status"
-    TIMEOUT = "timeout"
-    TOO_LARGE = "too_large"
-    UNSUPPORTED_CONTENT = "unsupported_content"
-    CONNECT = "connect"
-    DNS = "dns"
-    REDIRECT_LOOP = "redirect_loop"
-    BLOCKED_ADDRESS = "blocked_address"
-    INVALID_URL = "invalid_url"
-
-
-class PageError(Exception):
-    """A page that could not be scraped, with a code a client can act on."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)

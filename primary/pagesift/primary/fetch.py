@@ -37,12 +37,13 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 
 from pagesift.primary import crawl, extract, workers
-from pagesift.primary.engine import ErrorCode, FetchPolicy, Page, PageError
+from pagesift.primary.engine import FetchPolicy, Page
 from pagesift.primary.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.primary.politeness import HostSlots, effective_delay
 from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache
 from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.shared.metrics import Metrics
 from pagesift.v1 import jobs_pb2
 

@@ -41,11 +41,12 @@ from functools import partial
 
 from pagesift.primary import webhooks
 from pagesift.primary.crawl import Entry, Scope
-from pagesift.primary.engine import Engine, FetchPolicy, Page, PageError
+from pagesift.primary.engine import Engine, FetchPolicy, Page
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import patterns, quota, validate
 from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.errors import PageError
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2

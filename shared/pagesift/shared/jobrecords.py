@@ -15,9 +15,10 @@ Layout (every key of a job carries its id, so expiry can delete them all):
     set  job/{id}/done            finished URLs (crawl) or indices (batch)
 
 A page's document and its done mark are written in the same group (see
-``primary.sink``), so the pages list never holds a page twice and never lacks a
-page whose done mark exists. The read functions here touch only the store, which
-is why a standby answers them from its replica exactly as the primary does.
+``Jobs._record_page`` in ``pagesift.primary.jobs``), so the pages list never holds a
+page twice and never lacks a page whose done mark exists. The read functions here
+touch only the store, which is why a standby answers them from its replica exactly
+as the primary does.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from pagesift.shared import jobrecords as jr
 from pagesift.shared import quota, validate
 from pagesift.shared.accounts import Account, Accounts, Unauthenticated
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.shared.events import JobEvents
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store
@@ -113,11 +114,11 @@ class Node(Protocol):
         """Trailing metadata for reads (a standby's applied offset and lag)."""
 
 
-_PAGE_STATUS = {
-    "robots_disallowed": grpc.StatusCode.PERMISSION_DENIED,
-    "blocked_address": grpc.StatusCode.INVALID_ARGUMENT,
-    "invalid_url": grpc.StatusCode.INVALID_ARGUMENT,
-    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+_PAGE_STATUS: dict[str, grpc.StatusCode] = {
+    ErrorCode.ROBOTS_DISALLOWED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.BLOCKED_ADDRESS: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.INVALID_URL: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -294,8 +295,6 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             self._limits(caller, "scrape")()
         except quota.LimitExceeded as e:
             await self._refuse_limit(context, e)
-        from pagesift.primary.engine import PageError
-
         try:
             doc = await runtime.scrape(request.url, request.options)
         except PageError as e:

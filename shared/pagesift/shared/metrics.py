@@ -77,6 +77,7 @@ from prometheus_client.registry import Collector
 
 from pagesift.shared import jobrecords as jr
 from pagesift.shared.interceptors import Behavior, rewrap
+from pagesift.shared.roles import Role
 from pagesift.shared.store import Store
 from pagesift.shared.tls import Handler, ServerInterceptor
 
@@ -94,18 +95,19 @@ log = logging.getLogger("pagesift.metrics")
 FETCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 KINDS = ("batch", "crawl")
 STATES = ("scraping", "completed", "failed", "cancelled")
-ROLES = ("primary", "standby", "fenced")
+ROLES = tuple(r.value for r in Role)
 
 
 @dataclass(frozen=True)
 class ReplicationFigures:
     """What the replication series show, read at scrape time (see ``Metrics.replication``).
 
-    Fill it from the replication log (role, epoch, last offset, backlog bytes) and from
-    ``ReplicationServicer.status()`` (primary) or ``Follower.status()`` (standby).
+    The node fills it from the same figures the AdminService Role call reports
+    (``pagesift.node.status.role_status``): the replication log (role, epoch, last
+    offset, backlog bytes) and the primary's sender or the standby's follower.
     """
 
-    role: str  # primary | standby | fenced
+    role: str  # a Role: primary | standby | fenced
     epoch: int
     applied_offset: int
     primary_offset: int

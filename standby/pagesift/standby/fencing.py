@@ -10,14 +10,15 @@ durably before it answers (``pagesift.primary.replication``), so a deposed prima
 that is still running (frozen, cut off, or simply never stopped) takes no more
 writes from the moment it can hear us, and its write refusals name us.
 
-Each answer is judged by ``replproto.fencing_verdict`` (pure):
+Each answer is judged by ``replproto.fencing_verdict`` (pure), a ``FencingVerdict``:
 
-- FAILED_PRECONDITION: it stepped down, or it was no writable primary anyway: done.
-- a decision of a higher epoch: it is the newer primary and we are the stale one:
-  ``on_deposed(epoch)``.
-- anything else (unreachable, timed out, credentials refused, a primary of our own
-  epoch): ask again after a capped, jittered backoff, for as long as we are the
-  primary.
+- ``DONE``: FAILED_PRECONDITION: it stepped down, or it was no writable primary
+  anyway.
+- ``DEPOSED``: a decision of a higher epoch: it is the newer primary and we are the
+  stale one: ``on_deposed(epoch)``.
+- ``RETRY`` (unreachable, timed out, credentials refused) or ``CONFLICT`` (a primary
+  of our own epoch, said as an error): ask again after a capped, jittered backoff,
+  for as long as we are the primary; then ``STOPPED``.
 
 Guarantee: it writes nothing anywhere; it only gives the former primary the chance
 to fence itself. Writes a partitioned old primary takes before the partition heals
@@ -34,6 +35,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from pagesift.shared import replproto
+from pagesift.shared.replproto import FencingVerdict
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 
@@ -52,9 +54,9 @@ async def fence_former_primary(
     backoff_base: float = 0.2,
     backoff_cap: float = 5.0,
     rng: Callable[[], float] = random.random,
-) -> str:
+) -> FencingVerdict:
     """Say hello to ``target`` until it stepped down; returns the last verdict
-    (``"done"``, ``"deposed"``, or ``"stopped"`` once we are no primary any more)."""
+    (``DONE``, ``DEPOSED``, or ``STOPPED`` once we are no primary any more)."""
     attempt = 0
     last_detail = ""
     while still_primary():
@@ -63,10 +65,10 @@ async def fence_former_primary(
             target, h, credentials, metadata, answer_timeout
         )
         verdict = replproto.fencing_verdict(h.epoch, refused=refused, decision_epoch=decision_epoch)
-        if verdict == "done":
+        if verdict is FencingVerdict.DONE:
             logger.info("former primary %s takes no writes (%s)", target, detail)
             return verdict
-        if verdict == "deposed":
+        if verdict is FencingVerdict.DEPOSED:
             assert decision_epoch is not None
             logger.error(
                 "former primary %s is a primary of epoch %d > ours %d: stepping down",
@@ -77,7 +79,7 @@ async def fence_former_primary(
             await on_deposed(decision_epoch)
             return verdict
         # A former primary that stays down would fill the log: say each new reason once.
-        if verdict == "conflict":
+        if verdict is FencingVerdict.CONFLICT:
             log = logger.error
         else:
             log = logger.info if detail != last_detail else logger.debug
@@ -87,7 +89,7 @@ async def fence_former_primary(
             replproto.backoff_delay(attempt, base=backoff_base, cap=backoff_cap, jitter=rng())
         )
         attempt += 1
-    return "stopped"
+    return FencingVerdict.STOPPED
 
 
 async def _ask(

@@ -1,41 +1,9 @@
 """The standby's client loop: follow the primary's log into the local store.
 
-Integration (for the server's ``Node``)
----------------------------------------
-Start-up, both roles::
-
-    slot = replog.open_slot(cfg.data, fsync=cfg.fsync, backlog_bytes=cfg.backlog_bytes)
-    # slot.store / slot.log are the CURRENT store and its log: read them at use,
-    # never cache them (a standby's full resync replaces both; the old store is
-    # closed). slot.add_listener(fn) tells you about a switch.
-    repl = ReplicationServicer(slot, node_id=..., mode=cfg.replication_mode,
-                               sync_timeout=cfg.sync_timeout, on_fenced=node.on_fenced)
-    replication_pb2_grpc.add_ReplicationServiceServicer_to_server(repl, server)
-
-Primary::
-
-    slot.log.open_for_writes()          # BEFORE the job runtime writes; raises
-                                        # replog.Fenced if a higher epoch deposed us
-    # the job runtime writes with `result, offset = slot.log.write(fn)` (the
-    # group's offset, read under the write lock) and, before showing a page,
-    # `await repl.wait_replicated(offset)` (True: acked; False: async/degraded).
-    # Any write on a node that is not a writable primary raises replog.NotWritable
-    # and commits nothing; on_fenced(epoch, by) is the Node's cue to stop its runtime.
-
-Standby::
-
-    follower = Follower(slot, cfg.primary, node_id=...)
-    follower.start()                    # a task; follower.status() for lag/offsets
-    promoter = Promoter(slot, stop_follower=follower.stop, on_promoted=node.start_jobs)
-
-Both::
-
-    admin = AdminServicer(slot, node_id=..., replication=repl,
-                          follower=lambda: follower_or_None, promoter=promoter_or_None)
-    replication_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
-
-Shutdown: ``await follower.stop()`` then ``slot.close()``. An old primary restarted
-as a standby of the new one simply runs a ``Follower``: it says hello with its own
+Wiring: ``pagesift.node.replication.ReplicationParts`` builds a node's follower
+(``follow``) beside its sender and promoter; read ``slot.store``/``slot.log`` at use,
+never cache them (a full resync replaces both). An old primary restarted as a
+standby of the new one simply runs a ``Follower``: it says hello with its own
 history; the new primary answers continue (offset within the shared history) or
 full (its unreplicated writes are discarded and counted in the log).
 
@@ -61,7 +29,7 @@ What it owns
    applied offset in ONE WriteBatch. Exactly once: an offset at or below the applied
    one is skipped; a crash between batches loses nothing that was acked. Messages
    arrive as bytes: an entry batch is cut into its entries' bytes
-   (``replog.split_entries_message``), each parsed once for its ops and logged as
+   (``framing.split_entries_message``), each parsed once for its ops and logged as
    received (never re-serialized). Batches are applied on the event loop in runs of
    at most ``APPLY_RUN_BYTES`` (one WriteBatch each), yielding between runs, while
    the next message is already being received.
@@ -69,7 +37,10 @@ What it owns
    message is waiting, so a lone entry is acked as soon as it is durable; while
    messages keep coming, no sooner than ``ACK_MIN_GAP`` after the previous ack and
    at least every ``ACK_MAX_DELAY``. Heartbeats are acked the same way; they give
-   the primary's offset and clock for lag.
+   the primary's offset and clock for lag. When to ack, and the lag, are decided by
+   ``replfollower.FollowerState`` (pure, with a fake clock in its tests); this loop
+   feeds it what happens, with ``time.monotonic()`` as the time, and sends the acks
+   it asks for.
 6. **Reconnect** with bounded exponential backoff (jittered), from the applied
    offset, whenever the stream ends, errs or stays silent past ``idle_timeout``.
 """
@@ -87,8 +58,19 @@ from dataclasses import dataclass
 
 import grpc
 
-from pagesift.shared import replproto
-from pagesift.shared.replog import Log, StoreSlot, split_entries_message
+from pagesift.shared import replfollower, replproto
+from pagesift.shared.framing import split_entries_message
+from pagesift.shared.replfollower import (
+    EntriesApplied,
+    HeartbeatReceived,
+    NextMessage,
+    SendAck,
+    SessionSynced,
+    SnapshotInstalled,
+    WaitForMessage,
+)
+from pagesift.shared.replog import Log
+from pagesift.shared.slot import StoreSlot
 from pagesift.v1 import replication_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -111,9 +93,10 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 APPLY_RUN_BYTES = 256 * 1024
 #: Acks: at once when no further message is waiting (sync mode on the primary waits
 #: for them), but no sooner than ACK_MIN_GAP after the previous one while messages
-#: keep coming, and at least every ACK_MAX_DELAY while they are already buffered.
-ACK_MIN_GAP = 0.002
-ACK_MAX_DELAY = 0.01
+#: keep coming, and at least every ACK_MAX_DELAY while they are already buffered
+#: (``replfollower`` decides).
+ACK_MIN_GAP = replfollower.ACK_MIN_GAP
+ACK_MAX_DELAY = replfollower.ACK_MAX_DELAY
 
 
 def _drop(task: asyncio.Future[object] | None) -> None:
@@ -185,9 +168,10 @@ class Follower:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._connected = False
-        self._primary_offset = 0
-        self._caught_up_at = time.monotonic()
-        self._clock_skew = 0.0
+        # The primary's offset and clock as heard, the lag, the acks owed.
+        self._state = replfollower.FollowerState(
+            caught_up_at=time.monotonic(), ack_min_gap=ACK_MIN_GAP, ack_max_delay=ACK_MAX_DELAY
+        )
         self.full_resyncs = 0
         self.continues = 0
         self.discarded = 0
@@ -231,25 +215,20 @@ class Follower:
 
     def status(self) -> FollowerStatus:
         applied = self.applied_offset
-        lag = max(0, self._primary_offset - applied)
+        lag = self._state.lag(applied, time.monotonic())
         return FollowerStatus(
             connected=self._connected,
             target=self.target,
             applied_offset=applied,
-            primary_offset=self._primary_offset,
-            lag_offsets=lag,
-            lag_seconds=time.monotonic() - self._caught_up_at if lag else 0.0,
-            clock_skew_seconds=self._clock_skew,
+            primary_offset=self._state.primary_offset,
+            lag_offsets=lag.offsets,
+            lag_seconds=lag.seconds,
+            clock_skew_seconds=self._state.clock_skew,
             full_resyncs=self.full_resyncs,
             continues=self.continues,
             discarded=self.discarded,
             last_error=self.last_error,
         )
-
-    def _note_primary(self, offset: int) -> None:
-        self._primary_offset = max(self._primary_offset, offset)
-        if self.applied_offset >= self._primary_offset:
-            self._caught_up_at = time.monotonic()
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
@@ -360,7 +339,7 @@ class Follower:
             else:
                 raise replproto.ProtocolError(f"unknown sync kind {d.kind}")
             self._connected = True
-            await self._ack(call)
+            await self._carry_out(call, self._state.step(SessionSynced(), time.monotonic()))
             await self._follow(call, d.epoch)
             return True
 
@@ -411,25 +390,22 @@ class Follower:
             raise
         self.full_resyncs += 1
         await asyncio.to_thread(shutil.rmtree, old_path, True)
-        self._note_primary(d.snapshot_offset)
+        self._state.step(
+            SnapshotInstalled(d.snapshot_offset, self.applied_offset), time.monotonic()
+        )
 
     async def _follow(self, call: StreamCall, primary_epoch: int) -> None:
-        owed = False  # applied (or heard) something the primary was not told yet
-        last_ack = time.monotonic()  # the session's first ack was just sent
+        state = self._state
         reading = self._read_ahead(call)
         try:
             while True:
-                if owed:
-                    # Ack at once when the stream is idle; while messages keep coming,
-                    # coalesce (see ACK_MIN_GAP / ACK_MAX_DELAY).
-                    if not reading.done():
-                        gap = last_ack + ACK_MIN_GAP - time.monotonic()
-                        if gap > 0:
-                            await asyncio.wait({reading}, timeout=gap)
-                    now = time.monotonic()
-                    if not reading.done() or now - last_ack >= ACK_MAX_DELAY:
-                        await self._ack(call)
-                        last_ack, owed = now, False
+                # An ack owed goes out at once when the stream is idle; while messages
+                # keep coming, acks are coalesced (see ACK_MIN_GAP / ACK_MAX_DELAY).
+                actions = state.step(NextMessage(reading.done()), time.monotonic())
+                while actions and isinstance(wait := actions[0], WaitForMessage):
+                    await asyncio.wait({reading}, timeout=wait.until - time.monotonic())
+                    actions = state.step(NextMessage(reading.done()), time.monotonic())
+                await self._carry_out(call, actions)
                 raw = await self._next(reading)
                 if raw is None:
                     return
@@ -447,9 +423,10 @@ class Follower:
                             raise replproto.ProtocolError(
                                 f"heartbeat epoch {hb.epoch} != {primary_epoch}"
                             )
-                        self._clock_skew = hb.primary_time_ms / 1000.0 - time.time()
-                        self._note_primary(hb.primary_offset)
-                        owed = True
+                        heard = HeartbeatReceived(
+                            hb.primary_offset, hb.primary_time_ms, time.time(), self.applied_offset
+                        )
+                        state.step(heard, time.monotonic())
                         continue
                     if kind != "entries":
                         raise replproto.ProtocolError(f"unexpected {kind} after the decision")
@@ -458,8 +435,9 @@ class Follower:
                 if not entries:
                     continue
                 await self._apply(entries, raws, primary_epoch)
-                self._note_primary(entries[-1].offset)
-                owed = True
+                state.step(
+                    EntriesApplied(entries[-1].offset, self.applied_offset), time.monotonic()
+                )
         finally:
             _drop(reading)
 
@@ -483,6 +461,11 @@ class Follower:
             start = end
             if start < n:
                 await asyncio.sleep(0)
+
+    async def _carry_out(self, call: StreamCall, actions: list[replfollower.Action]) -> None:
+        for action in actions:
+            if isinstance(action, SendAck):
+                await self._ack(call)
 
     async def _ack(self, call: StreamCall) -> None:
         self.acks += 1

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pagesift.shared import replproto
-from pagesift.shared.replog import StoreSlot
+from pagesift.shared.slot import StoreSlot
 
 logger = logging.getLogger(__name__)
 

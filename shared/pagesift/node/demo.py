@@ -29,7 +29,7 @@ def _serve(role: str, listen: str, data: Path, extra: list[str]) -> subprocess.P
     data.mkdir(parents=True, exist_ok=True)
     log = (data / "server.log").open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "pagesift.shared.cli", "serve", "--role", role, "--listen", listen,
+        [sys.executable, "-m", "pagesift.node.cli", "serve", "--role", role, "--listen", listen,
          "--data", str(data), "--allow-private-networks", *extra],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -1,0 +1,84 @@
+"""Argument types and the option groups shared by the ``pagesift`` subcommands.
+
+Owns the argparse ``type=`` validators (a bad value is a usage error, exit 2,
+before any handler runs), the ``--api-key``/``--admin-key``/``--tls-ca`` group every
+command that talks to a server takes, the repeatable ``--server`` group of the
+client commands, and ``server_addresses`` (those flags flattened, the default when
+none were given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pagesift.shared.client import DEFAULT_ADDRESS, parse_addresses
+
+
+def host_port(value: str) -> str:
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return value.strip()
+
+
+def _server_list(value: str) -> list[str]:
+    return [host_port(v) for v in value.split(",") if v.strip()]
+
+
+def nonneg_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def nonneg_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return x
+
+
+def credentials_parent() -> argparse.ArgumentParser:
+    """Keys and TLS, for every command that talks to a server."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--api-key",
+        default=os.environ.get("PAGESIFT_API_KEY", ""),
+        help="account API key (default: $PAGESIFT_API_KEY)",
+    )
+    parent.add_argument(
+        "--admin-key",
+        default=os.environ.get("PAGESIFT_ADMIN_KEY", ""),
+        help="admin key for role/promote/verify (default: $PAGESIFT_ADMIN_KEY)",
+    )
+    parent.add_argument(
+        "--tls-ca", default="", metavar="PEM", help="use TLS, trusting this CA certificate"
+    )
+    return parent
+
+
+def client_parent() -> argparse.ArgumentParser:
+    """``credentials_parent`` and ``--server`` (repeatable or comma-separated)."""
+    parent = credentials_parent()
+    parent.add_argument(
+        "--server",
+        action="append",
+        type=_server_list,
+        metavar="HOST:PORT",
+        help=f"server address; repeat or comma-separate for failover (default {DEFAULT_ADDRESS})",
+    )
+    return parent
+
+
+def server_addresses(args: argparse.Namespace) -> list[str]:
+    """The ``--server`` values flattened (``[DEFAULT_ADDRESS]`` when none were given)."""
+    groups: list[list[str]] = args.server or []
+    return parse_addresses([a for group in groups for a in group])

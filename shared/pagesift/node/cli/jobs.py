@@ -1,0 +1,311 @@
+"""The job subcommands: ``scrape``, ``batch``, ``crawl``, ``status``, ``watch``,
+``errors``, ``cancel`` and ``jobs``.
+
+Owns their flags (``add_job_commands``), the requests built from those flags
+(``scrape_options``, ``batch_request``, ``crawl_request``; ``--format`` is checked
+while parsing), and their handlers. Each handler is ``async def (args, client) ->
+int`` and sends its calls through the ``JobClient`` it is given (which fails over);
+what it prints comes from ``jobview`` (and ``progress`` for ``--wait``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pagesift.node.cli.args import client_parent, nonneg_float, nonneg_int
+from pagesift.node.cli.common import EXIT_OK, dump
+from pagesift.node.cli.jobview import (
+    document_json,
+    errors_json,
+    errors_lines,
+    job_json,
+    jobs_json,
+    jobs_line,
+    state_name,
+    status_lines,
+    watch_line,
+)
+from pagesift.node.cli.progress import JobProgress, wait_for_job
+from pagesift.shared.client import JobClient
+from pagesift.v1 import jobs_pb2
+
+FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
+    "markdown": jobs_pb2.FORMAT_MARKDOWN,
+    "html": jobs_pb2.FORMAT_HTML,
+    "raw_html": jobs_pb2.FORMAT_RAW_HTML,
+    "links": jobs_pb2.FORMAT_LINKS,
+}
+SITEMAP_MODES: dict[str, jobs_pb2.SitemapMode.ValueType] = {
+    "include": jobs_pb2.SITEMAP_MODE_INCLUDE,
+    "skip": jobs_pb2.SITEMAP_MODE_SKIP,
+    "only": jobs_pb2.SITEMAP_MODE_ONLY,
+}
+
+
+# ---------------------------------------------------------------- request builders
+
+
+def parse_formats(values: Sequence[str] | None) -> list[jobs_pb2.Format.ValueType]:
+    """``["markdown,links", "html"]`` -> the Format enums, deduplicated, in order."""
+    out: list[jobs_pb2.Format.ValueType] = []
+    for value in values or []:
+        for name in value.split(","):
+            name = name.strip()
+            if not name:
+                continue
+            if name not in FORMATS:
+                raise argparse.ArgumentTypeError(
+                    f"invalid format {name!r} (choose from {', '.join(FORMATS)})"
+                )
+            if FORMATS[name] not in out:
+                out.append(FORMATS[name])
+    return out
+
+
+def scrape_options(args: argparse.Namespace) -> jobs_pb2.ScrapeOptions:
+    return jobs_pb2.ScrapeOptions(
+        formats=parse_formats(args.format),
+        only_main_content=args.only_main_content,
+        allow_non_html=args.allow_non_html,
+    )
+
+
+def batch_request(args: argparse.Namespace) -> jobs_pb2.StartBatchScrapeRequest:
+    return jobs_pb2.StartBatchScrapeRequest(
+        urls=args.urls,
+        options=scrape_options(args),
+        max_concurrency=args.concurrency,
+        idempotency_key=args.idempotency_key or "",
+        ignore_invalid_urls=args.ignore_invalid,
+    )
+
+
+def crawl_request(args: argparse.Namespace) -> jobs_pb2.StartCrawlRequest:
+    return jobs_pb2.StartCrawlRequest(
+        url=args.url,
+        limit=args.limit,
+        max_depth=args.max_depth,
+        include_paths=args.include,
+        exclude_paths=args.exclude,
+        allow_subdomains=args.allow_subdomains,
+        allow_external_links=args.allow_external,
+        ignore_query_parameters=args.ignore_query,
+        sitemap=SITEMAP_MODES[args.sitemap],
+        max_concurrency=args.concurrency,
+        delay=args.delay,
+        options=scrape_options(args),
+        idempotency_key=args.idempotency_key or "",
+    )
+
+
+# ---------------------------------------------------------------- handlers
+
+
+async def _cmd_scrape(args: argparse.Namespace, client: JobClient) -> int:
+    doc = await client.scrape(args.url, scrape_options(args))
+    if args.json:
+        dump(document_json(doc, full=True))
+        return EXIT_OK
+    formats = parse_formats(args.format) or [jobs_pb2.FORMAT_MARKDOWN]
+    print(f"{doc.status_code} {doc.final_url or doc.url}  {doc.title}", file=sys.stderr)
+    for fmt in formats:
+        name = next(n for n, f in FORMATS.items() if f == fmt)
+        if len(formats) > 1:
+            print(f"==> {name} <==")
+        if fmt == jobs_pb2.FORMAT_LINKS:
+            print("\n".join(doc.links))
+        else:
+            print(getattr(doc, name))
+    return EXIT_OK
+
+
+async def _follow_started(
+    args: argparse.Namespace,
+    client: JobClient,
+    job_id: str,
+    extra: dict[str, Any],
+    *,
+    note_on_failure: bool = False,
+) -> int:
+    """What ``batch`` and ``crawl`` do once their job started (its id already printed
+    in text mode): without ``--wait``, the JSON id; with it, follow the job and print
+    its summary (or its JSON), ``extra`` added to either JSON object."""
+    if not args.wait:
+        if args.json:
+            dump({"id": job_id, **extra})
+        return EXIT_OK
+    progress = await wait_for_job(client, job_id, show_progress=not args.json)
+    if args.json:
+        dump({**progress.as_json(), **extra})
+        return progress.exit_code()
+    print(progress.summary())
+    if note_on_failure and progress.state == jobs_pb2.JOB_STATE_FAILED:
+        note = (await client.get_job(job_id, status_only=True)).note
+        if note:
+            print(f"note: {note}")
+    return progress.exit_code()
+
+
+async def _cmd_batch(args: argparse.Namespace, client: JobClient) -> int:
+    resp = await client.start_batch(batch_request(args))
+    invalid = list(resp.invalid_urls)
+    if not args.json:
+        print(resp.id)
+        for url in invalid:
+            print(f"skipped invalid URL: {url}", file=sys.stderr)
+    return await _follow_started(args, client, resp.id, {"invalid_urls": invalid})
+
+
+async def _cmd_crawl(args: argparse.Namespace, client: JobClient) -> int:
+    job_id = await client.start_crawl(crawl_request(args))
+    if not args.json:
+        print(job_id)
+    return await _follow_started(args, client, job_id, {}, note_on_failure=True)
+
+
+async def _cmd_status(args: argparse.Namespace, client: JobClient) -> int:
+    if args.all:
+        job: jobs_pb2.GetJobResponse | None = None
+        docs: list[jobs_pb2.Document] = []
+        async for page in client.iter_pages(args.job):
+            job = page
+            docs.extend(page.documents)
+        assert job is not None  # iter_pages yields at least one page
+        next_skip = None
+    else:
+        job = await client.get_job(args.job)
+        docs = list(job.documents)
+        next_skip = job.next_skip if job.HasField("next_skip") else None
+    if args.json:
+        dump(job_json(job, docs, next_skip=next_skip))
+        return EXIT_OK
+    for line in status_lines(job, docs, next_skip):
+        print(line)
+    return EXIT_OK
+
+
+async def _cmd_watch(args: argparse.Namespace, client: JobClient) -> int:
+    progress = JobProgress(args.job)
+    async for event in client.watch(args.job, from_index=args.from_index):
+        progress.update(event)
+        print(watch_line(event), flush=True)
+    return progress.exit_code() if progress.terminal else EXIT_OK
+
+
+async def _cmd_errors(args: argparse.Namespace, client: JobClient) -> int:
+    resp = await client.errors(args.job)
+    if args.json:
+        dump(errors_json(args.job, resp))
+        return EXIT_OK
+    for line in errors_lines(resp):
+        print(line)
+    if not resp.errors and not resp.robots_blocked:
+        print("no errors", file=sys.stderr)
+    return EXIT_OK
+
+
+async def _cmd_cancel(args: argparse.Namespace, client: JobClient) -> int:
+    state = await client.cancel(args.job)
+    print(f"{args.job}: {state_name(state)}")
+    return EXIT_OK
+
+
+async def _cmd_jobs(args: argparse.Namespace, client: JobClient) -> int:
+    jobs = await client.list_jobs(active_only=args.active)
+    if args.json:
+        dump(jobs_json(jobs))
+        return EXIT_OK
+    for j in jobs:
+        print(jobs_line(j))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- flags
+
+
+def _formats(value: str) -> str:
+    parse_formats([value])  # validates
+    return value
+
+
+def _scrape_options_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--format",
+        action="append",
+        type=_formats,
+        metavar="|".join(FORMATS),
+        help="output format; repeat or comma-separate (default markdown)",
+    )
+    parent.add_argument(
+        "--only-main-content", action="store_true", help="drop nav, header, footer, aside"
+    )
+    parent.add_argument(
+        "--allow-non-html", action="store_true", help="keep non-HTML bodies as raw text"
+    )
+    return parent
+
+
+def add_job_commands(sub: Any) -> None:
+    """The job subcommands, each with the ``--server`` and key flags."""
+    client = client_parent()
+    opts = _scrape_options_parent()
+
+    p = sub.add_parser("scrape", parents=[client, opts], help="scrape one page now")
+    p.add_argument("url")
+    p.add_argument("--json", action="store_true", help="print the document as JSON")
+    p.set_defaults(handler=_cmd_scrape, uses_client=True)
+
+    p = sub.add_parser("batch", parents=[client, opts], help="start a batch-scrape job")
+    p.add_argument("urls", nargs="+", metavar="URL")
+    p.add_argument("--concurrency", type=nonneg_int, default=0, metavar="N")
+    p.add_argument("--ignore-invalid", action="store_true", help="skip invalid URLs")
+    p.add_argument("--idempotency-key", metavar="KEY", help="default: a fresh uuid4")
+    p.add_argument("--wait", action="store_true", help="follow the job to its end")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_batch, uses_client=True)
+
+    p = sub.add_parser("crawl", parents=[client, opts], help="start a crawl job")
+    p.add_argument("url")
+    p.add_argument("--limit", type=nonneg_int, default=0, metavar="N")
+    p.add_argument("--max-depth", type=nonneg_int, default=0, metavar="D")
+    p.add_argument("--include", action="append", default=[], metavar="RE")
+    p.add_argument("--exclude", action="append", default=[], metavar="RE")
+    p.add_argument("--allow-subdomains", action="store_true")
+    p.add_argument("--allow-external", action="store_true")
+    p.add_argument("--ignore-query", action="store_true")
+    p.add_argument("--sitemap", choices=list(SITEMAP_MODES), default="include")
+    p.add_argument("--concurrency", type=nonneg_int, default=0, metavar="N")
+    p.add_argument("--delay", type=nonneg_float, default=0.0, metavar="S")
+    p.add_argument("--idempotency-key", metavar="KEY", help="default: a fresh uuid4")
+    p.add_argument("--wait", action="store_true", help="follow the job to its end")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_crawl, uses_client=True)
+
+    p = sub.add_parser("status", parents=[client], help="a job's state and documents")
+    p.add_argument("job")
+    p.add_argument("--all", action="store_true", help="every page of documents")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_status, uses_client=True)
+
+    p = sub.add_parser("watch", parents=[client], help="stream a job's documents live")
+    p.add_argument("job")
+    p.add_argument("--from", dest="from_index", type=nonneg_int, default=0, metavar="N")
+    p.set_defaults(handler=_cmd_watch, uses_client=True)
+
+    p = sub.add_parser("errors", parents=[client], help="a job's page errors")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_errors, uses_client=True)
+
+    p = sub.add_parser("cancel", parents=[client], help="cancel a running job")
+    p.add_argument("job")
+    p.set_defaults(handler=_cmd_cancel, uses_client=True)
+
+    p = sub.add_parser("jobs", parents=[client], help="list jobs, newest first")
+    p.add_argument("--active", action="store_true", help="only running jobs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_jobs, uses_client=True)

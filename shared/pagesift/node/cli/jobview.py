@@ -1,0 +1,158 @@
+"""How the job commands show a job: its JSON shapes and its text lines.
+
+Owns the names output uses for job enums (``state_name``, ``kind_name``), timestamps
+(RFC 3339 UTC, or None when unset), the ``*_json`` shapes ``--json`` prints (tests
+pin their keys and order down), and the text lines of ``status``, ``watch``,
+``errors`` and ``jobs``. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from google.protobuf.message import Message
+
+from pagesift.node.cli.common import enum_name
+from pagesift.v1 import jobs_pb2
+
+
+def state_name(state: jobs_pb2.JobState.ValueType) -> str:
+    """``JOB_STATE_COMPLETED`` -> ``"completed"`` (``"unspecified"`` for 0 or unknown)."""
+    return enum_name(jobs_pb2.JobState.DESCRIPTOR, state, "JOB_STATE_")
+
+
+def kind_name(kind: jobs_pb2.JobKind.ValueType) -> str:
+    """``JOB_KIND_BATCH_SCRAPE`` -> ``"batch_scrape"``, ``JOB_KIND_CRAWL`` -> ``"crawl"``."""
+    return enum_name(jobs_pb2.JobKind.DESCRIPTOR, kind, "JOB_KIND_")
+
+
+def timestamp_json(msg: Message, name: str) -> str | None:
+    """``msg.<name>`` in RFC 3339 UTC (``2026-01-02T03:04:05Z``), None when it is unset."""
+    ts = getattr(msg, name)
+    if not msg.HasField(name) or (ts.seconds == 0 and ts.nanos == 0):
+        return None
+    text: str = ts.ToJsonString()
+    return text
+
+
+# ---------------------------------------------------------------- JSON shapes
+
+
+def document_json(doc: jobs_pb2.Document, *, full: bool = False) -> dict[str, Any]:
+    """``{"url", "final_url", "title"}``; with ``full`` every non-empty field as well."""
+    out: dict[str, Any] = {"url": doc.url, "final_url": doc.final_url, "title": doc.title}
+    if full:
+        out.update(
+            status_code=doc.status_code,
+            content_type=doc.content_type,
+            description=doc.description,
+            language=doc.language,
+            fetched_at=timestamp_json(doc, "fetched_at"),
+        )
+        for name in ("markdown", "html", "raw_html"):
+            if getattr(doc, name):
+                out[name] = getattr(doc, name)
+        if doc.links:
+            out["links"] = list(doc.links)
+    return out
+
+
+def job_json(
+    job: jobs_pb2.GetJobResponse,
+    documents: Iterable[jobs_pb2.Document],
+    *,
+    next_skip: int | None = None,
+) -> dict[str, Any]:
+    """A job's fields, its documents (url, final_url, title) and where paging goes on."""
+    return {
+        "id": job.id,
+        "kind": kind_name(job.kind),
+        "state": state_name(job.state),
+        "total": job.total,
+        "completed": job.completed,
+        "failed": job.failed,
+        "created_at": timestamp_json(job, "created_at"),
+        "expires_at": timestamp_json(job, "expires_at"),
+        "note": job.note,
+        "documents": [document_json(d) for d in documents],
+        "next_skip": next_skip,
+    }
+
+
+def errors_json(job_id: str, resp: jobs_pb2.GetJobErrorsResponse) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "errors": [
+            {"url": e.url, "code": e.code, "message": e.message, "time": timestamp_json(e, "time")}
+            for e in resp.errors
+        ],
+        "robots_blocked": list(resp.robots_blocked),
+    }
+
+
+def jobs_json(jobs: Iterable[jobs_pb2.JobSummary]) -> dict[str, Any]:
+    return {
+        "jobs": [
+            {
+                "id": j.id,
+                "kind": kind_name(j.kind),
+                "state": state_name(j.state),
+                "total": j.total,
+                "completed": j.completed,
+                "created_at": timestamp_json(j, "created_at"),
+            }
+            for j in jobs
+        ]
+    }
+
+
+# ---------------------------------------------------------------- text lines
+
+
+def _document_tail(doc: jobs_pb2.Document) -> str:
+    """``URL -> FINAL  TITLE`` (no arrow when the page was not redirected)."""
+    final = f" -> {doc.final_url}" if doc.final_url and doc.final_url != doc.url else ""
+    return f"{doc.url}{final}  {doc.title}"
+
+
+def status_lines(
+    job: jobs_pb2.GetJobResponse, docs: list[jobs_pb2.Document], next_skip: int | None
+) -> Iterator[str]:
+    yield f"id:        {job.id}"
+    yield f"kind:      {kind_name(job.kind)}"
+    yield f"state:     {state_name(job.state)}"
+    yield f"progress:  {job.completed}/{job.total} done, {job.failed} failed"
+    yield f"created:   {timestamp_json(job, 'created_at') or '-'}"
+    yield f"expires:   {timestamp_json(job, 'expires_at') or '-'}"
+    if job.note:
+        yield f"note:      {job.note}"
+    if docs:
+        yield f"documents: {len(docs)}{'' if next_skip is None else ' (more: use --all)'}"
+        for doc in docs:
+            yield f"  {doc.status_code:3d} {_document_tail(doc)}"
+
+
+def watch_line(event: jobs_pb2.WatchJobResponse) -> str:
+    if event.WhichOneof("event") == "document":
+        d = event.document.document
+        return f"[{event.document.index}] {d.status_code} {_document_tail(d)}"
+    st = event.state
+    return f"state: {state_name(st.state)} ({st.completed}/{st.total} done, {st.failed} failed)"
+
+
+def errors_lines(resp: jobs_pb2.GetJobErrorsResponse) -> Iterator[str]:
+    for e in resp.errors:
+        yield f"{e.url}\t{e.code}\t{e.message}" if e.url else f"note: {e.code}: {e.message}"
+    if resp.robots_blocked:
+        yield f"blocked by robots.txt ({len(resp.robots_blocked)}):"
+        for url in resp.robots_blocked:
+            yield f"  {url}"
+
+
+def jobs_line(j: jobs_pb2.JobSummary) -> str:
+    created = timestamp_json(j, "created_at") or "-"
+    return (
+        f"{j.id}  {kind_name(j.kind):<12} {state_name(j.state):<10} "
+        f"{j.completed}/{j.total}  {created}"
+    )

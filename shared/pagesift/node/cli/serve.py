@@ -1,0 +1,99 @@
+"""``pagesift serve``: run a node (primary or standby) in this process.
+
+Owns the ``serve`` flags and their mapping to ``ServerConfig`` (``serve_overrides``:
+every flag defaults to None, so a flag not given leaves ``--config FILE``, then the
+defaults, to decide). A bad config is reported as ``error: config: ...`` (exit 2)
+before anything starts. The server is imported lazily, by the handler only, so the
+client subcommands never load the engine, the store or replication.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pagesift.node.cli.args import host_port, nonneg_float
+from pagesift.node.cli.common import fail
+from pagesift.shared.config import ServerConfig
+from pagesift.shared.roles import Role
+
+SERVE_FLAGS = (
+    "role",
+    "listen",
+    "data",
+    "primary",
+    "allow_private_networks",
+    "replication_mode",
+    "log_format",
+    "job_ttl_seconds",
+    "fsync",
+    "auto_promote_after",
+    "accounts_file",
+    "metrics_listen",
+    "tls_cert",
+    "tls_key",
+    "replication_listen",
+    "replication_ca",
+    "replication_cert",
+    "replication_key",
+    "replication_token_file",
+)
+
+
+def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``ServerConfig`` fields the ``serve`` flags set (None: not given on the line)."""
+    return {name: getattr(args, name) for name in SERVE_FLAGS}
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        config = ServerConfig.load(args.config, serve_overrides(args))
+    except (OSError, ValueError, TypeError) as err:
+        return fail(f"config: {err}")
+    if config.role not in (Role.PRIMARY, Role.STANDBY):
+        return fail(f"config: role must be primary or standby, not {config.role!r}")
+    if config.role == "standby" and not config.primary:
+        return fail("config: a standby needs --primary HOST:PORT")
+    # imported here: the server pulls in both roles, the store and replication, which
+    # the client subcommands do without
+    from pagesift.node.grpcserver import serve
+
+    code: int = serve(config)
+    return code
+
+
+def add_serve_command(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run a server (primary or standby)")
+    # Every flag defaults to None so that --config FILE (then the defaults) decide.
+    p.add_argument("--role", choices=[Role.PRIMARY.value, Role.STANDBY.value])
+    p.add_argument("--listen", type=host_port, metavar="HOST:PORT")
+    p.add_argument("--data", type=Path, metavar="DIR")
+    p.add_argument("--primary", type=host_port, metavar="HOST:PORT")
+    p.add_argument("--allow-private-networks", action="store_true", default=None)
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML file with a [server] table")
+    p.add_argument("--replication-mode", choices=["async", "sync"])
+    p.add_argument("--log-format", choices=["text", "json"])
+    p.add_argument("--job-ttl", dest="job_ttl_seconds", type=nonneg_float, metavar="SECONDS")
+    p.add_argument("--fsync", action="store_true", default=None)
+    p.add_argument(
+        "--auto-promote-after",
+        type=nonneg_float,
+        metavar="SECONDS",
+        help="standby: promote itself after the primary is silent this long "
+        "(UNSAFE without an outside witness)",
+    )
+    p.add_argument("--accounts", dest="accounts_file", metavar="FILE", help="accounts TOML")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve /metrics here")
+    p.add_argument("--tls-cert", metavar="PEM", help="TLS certificate for the public port")
+    p.add_argument("--tls-key", metavar="PEM", help="TLS private key for the public port")
+    p.add_argument(
+        "--replication-listen", metavar="HOST:PORT", help="primary: mTLS replication port"
+    )
+    p.add_argument("--replication-ca", metavar="PEM", help="CA for replication mTLS")
+    p.add_argument("--replication-cert", metavar="PEM", help="standby: client certificate")
+    p.add_argument("--replication-key", metavar="PEM", help="standby: client private key")
+    p.add_argument(
+        "--replication-token-file", metavar="FILE", help="shared replication token (both nodes)"
+    )
+    p.set_defaults(handler=_cmd_serve, uses_client=False)

@@ -1,0 +1,232 @@
+"""The pagesift server process: one node's gRPC server, ``run`` and ``serve``.
+
+``grpc_server`` is the one assembly of a node's gRPC server: the ``ReplicationService``
+and the ``AdminService`` over the node's ``ReplicationParts`` always; on the public port
+also the ``JobService``, the standard health service and server reflection. The server
+(``run``), the tests and the bench build their servers with it.
+
+``run(config)`` starts a ``Node``, serves it on one gRPC port (TLS with ``tls_cert``)
+and runs the role: a primary resumes its jobs and webhook outboxes and runs new ones;
+a standby follows its primary. Interceptors count every call (metrics) and guard
+admin calls (admin key) and the replication stream (shared token; or mTLS on a port
+of its own, ``replication_listen``). Prometheus metrics are served on
+``metrics_listen``. ``serve`` runs it until SIGTERM/SIGINT; SIGKILL at any instant is
+safe because every durable change is one atomic store group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from pagesift.node.admin import AdminServicer
+from pagesift.node.logs import setup_logging
+from pagesift.node.node import Node, StartRefused
+from pagesift.node.replication import ReplicationParts
+from pagesift.primary.replication import add_to_server
+from pagesift.shared import tls
+from pagesift.shared.accounts import bearer_token
+from pagesift.shared.config import ServerConfig
+from pagesift.shared.interceptors import MalformedRequests
+from pagesift.shared.jobservice import JobService
+from pagesift.shared.metrics import start_http
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
+
+log = logging.getLogger("pagesift.server")
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
+)
+
+REPLICATION_METHODS = "/pagesift.v1.ReplicationService/"
+PROMOTE_METHOD = "/pagesift.v1.AdminService/Promote"
+
+
+def grpc_server(
+    parts: ReplicationParts,
+    *,
+    admin: bool = True,
+    jobs: JobService | None = None,
+    health: HealthServicer | None = None,
+    interceptors: Sequence[tls.ServerInterceptor] = (),
+) -> grpc.aio.Server:
+    """A gRPC server (not yet bound or started) carrying a node's services.
+
+    Always the ``ReplicationService`` (``parts.sender``); with ``admin``, the
+    ``AdminService`` over ``parts``; with ``jobs``, the ``JobService``; with ``health``,
+    the health service and server reflection (the public port). ``interceptors`` run in
+    order before every handler (metrics, guards).
+    """
+    server = grpc.aio.server(interceptors=list(interceptors), options=list(SERVER_OPTIONS))
+    services = replication_pb2.DESCRIPTOR.services_by_name
+    names = [services["ReplicationService"].full_name]
+    add_to_server(parts.sender, server)
+    if admin:
+        replication_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(parts), server)
+        names.append(services["AdminService"].full_name)
+    if jobs is not None:
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(jobs, server)
+        names.append(jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name)
+    if health is not None:
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
+    return server
+
+
+def _guards(node: Node) -> tls.MetadataGuard:
+    """Who may call what, checked before any handler runs (first matching rule wins).
+
+    - ``ReplicationService`` (the log stream: a snapshot of every account's data, and
+      a Hello whose higher epoch fences this node): only with the pair's token. With
+      mTLS it is served on its own port, where the handshake is the credential, and
+      refused on this one. With neither, nobody: a node never serves its log, or
+      steps down, for an unauthenticated peer, loopback included.
+    - ``AdminService/Promote`` (changes the role): the admin key; with no ``[admin]``
+      key, the pair's replication token as the key.
+    - ``AdminService`` reads: the admin key (open in anonymous mode without one).
+    - ``JobService``: a valid API key, before the request is looked at (so a caller
+      without one learns nothing from validation or from a standby's redirect).
+    """
+    cfg, accounts = node.config, node.accounts
+    token = node.replication_token
+    if token:
+        repl = tls.GuardRule(
+            REPLICATION_METHODS,
+            lambda md: tls.token_ok(md, token),
+            "replication needs the shared token (replication_token_file)",
+        )
+    elif cfg.replication_listen:
+        repl = tls.GuardRule(
+            REPLICATION_METHODS,
+            lambda md: False,
+            f"replication is served with mTLS on {cfg.replication_listen}",
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+    else:
+        repl = tls.GuardRule(
+            REPLICATION_METHODS,
+            lambda md: False,
+            "replication is refused: this node has no replication token or mTLS configured",
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+
+    def may_promote(md: tls.Metadata) -> bool:
+        if accounts.has_admin_key:
+            return accounts.carries_admin_key(md)
+        return tls.secret_ok([bearer_token(md) or ""], token)
+
+    promote = tls.GuardRule(
+        PROMOTE_METHOD,
+        may_promote,
+        "Promote needs the admin key (authorization: Bearer ADMIN_KEY); without an [admin] "
+        "key, the pair's replication token is the admin key",
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    admin = tls.GuardRule(
+        "/pagesift.v1.AdminService/",
+        accounts.is_admin,
+        "admin calls need the admin key (authorization: Bearer ADMIN_KEY)",
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    jobs = tls.GuardRule(
+        "/pagesift.v1.JobService/",
+        accounts.is_caller,
+        "a valid API key is needed (metadata 'authorization: Bearer KEY')",
+    )
+    return tls.MetadataGuard([promote, admin, repl, jobs])
+
+
+def _bind(server: grpc.aio.Server, listen: str, creds: grpc.ServerCredentials | None) -> None:
+    port = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {listen}")
+
+
+async def run(
+    config: ServerConfig, stop: asyncio.Event, started: asyncio.Future[Node] | None = None
+) -> None:
+    """Serve until ``stop`` is set; ``started`` gets the node once it serves."""
+    node = Node(config)
+    node.events.bind(asyncio.get_running_loop())
+    try:
+        await node.start()
+    except BaseException:
+        await node.close()
+        raise
+    health_servicer = HealthServicer()
+    server = grpc_server(
+        node.parts,
+        jobs=JobService(node),
+        health=health_servicer,
+        interceptors=[node.metrics.interceptor(), _guards(node), MalformedRequests()],
+    )
+    public_creds = None
+    if config.tls_cert:
+        public_creds = tls.server_credentials(config.tls_cert, config.tls_key)
+    _bind(server, config.listen, public_creds)
+    servers = [server]
+    if config.replication_listen:
+        # mTLS needs a port of its own: gRPC Python cannot make client certificates
+        # optional on one port, and the public port must not demand them.
+        repl_server = grpc_server(
+            node.parts,
+            admin=False,
+            interceptors=[node.metrics.interceptor(), MalformedRequests()],
+        )
+        creds = tls.server_credentials(
+            config.tls_cert, config.tls_key, client_ca_file=config.replication_ca
+        )
+        _bind(repl_server, config.replication_listen, creds)
+        servers.append(repl_server)
+    metrics_runner = None
+    if config.metrics_listen:
+        host, _, port = config.metrics_listen.rpartition(":")
+        metrics_runner = await start_http(node.metrics, host.strip("[]"), int(port))
+    for srv in servers:
+        await srv.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("pagesift.v1.JobService", health_pb2.HealthCheckResponse.SERVING)
+    log.info("pagesift %s serving on %s (data %s)", node.role, config.listen, config.data)
+    if started is not None:
+        started.set_result(node)
+    try:
+        await stop.wait()
+    finally:
+        await health_servicer.enter_graceful_shutdown()
+        for srv in servers:
+            await srv.stop(grace=2.0)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        await node.close()
+        log.info("stopped")
+
+
+def serve(config: ServerConfig) -> int:
+    """Run a node until SIGTERM or SIGINT; returns the process exit status."""
+    setup_logging(config.log_format)
+    if config.allow_private_networks:
+        log.warning("--allow-private-networks: URLs on loopback and private networks are allowed")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(config, stop)
+
+    try:
+        asyncio.run(main())
+    except StartRefused as e:
+        log.error("%s", e)
+        return 2
+    return 0

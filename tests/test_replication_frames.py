@@ -1,0 +1,63 @@
+"""The stream registered by ``replication.add_to_server`` (entries and snapshot chunks
+go out as the bytes they are framed into): a standby follows it through a many-chunk
+full resync and a sync-mode tail, and ends with the primary's digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from pagesift.primary import replication
+from pagesift.primary.replication import ReplicationServicer
+from pagesift.shared.slot import open_slot
+from pagesift.shared.store import WriteGroup
+from pagesift.standby.follower import Follower
+
+
+async def until(pred: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def put(key: str, value: bytes) -> Callable[[WriteGroup], None]:
+    return lambda g: g.put(key, value)
+
+
+async def test_a_standby_follows_the_framed_stream_through_a_resync_and_the_tail(
+    tmp_path: Path,
+) -> None:
+    a = open_slot(tmp_path / "a", backlog_bytes=4 << 20)
+    b = open_slot(tmp_path / "b", backlog_bytes=4 << 20)
+    a.log.open_for_writes()
+    repl = ReplicationServicer(
+        a, node_id="a", mode="sync", sync_timeout=5.0, chunk_bytes=4096, heartbeat_interval=0.05
+    )
+    server = grpc.aio.server()
+    replication.add_to_server(repl, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    follower = Follower(b, f"127.0.0.1:{port}", node_id="b", idle_timeout=1.0, backoff_base=0.02)
+    try:
+        for i in range(200):  # a snapshot of many 4 KB chunks
+            a.log.write(put(f"page/{i}", bytes([i % 251]) * 300))
+        follower.start()
+        await until(lambda: b.log.last_offset == a.log.last_offset, "the full resync")
+        assert follower.full_resyncs == 1
+        for i in range(50):  # the tail, each write waiting for the standby's ack
+            _, offset = a.log.write(put(f"late/{i}", b"x" * 100))
+            assert await repl.wait_replicated(offset) is True
+        assert b.store.digest() == a.store.digest()
+        assert repl.status().lag_offsets == 0 and follower.status().lag_offsets == 0
+    finally:
+        await follower.stop()
+        await server.stop(grace=None)
+        b.close()
+        a.close()
