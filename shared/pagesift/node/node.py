@@ -14,6 +14,14 @@ Role changes, and what each one wires:
   primary this node used to follow;
 - fenced (primary -> fenced): the job runtime stops.
 
+Who decides: ``pagesift.shared.rolestate``, a pure state machine that holds the role
+(the one place it is kept: ``Node.role``, the metrics and the Role RPC read it) and
+decides every change above. ``Node`` is its asyncio shell: it feeds it events (start,
+the watchdog's looks at the follower, a promotion done, a higher epoch seen, the
+fencer's end, close) with ``time.monotonic()`` and carries out the actions it returns.
+The durable identity (epoch, history, fenced epoch, role last recorded) stays in the
+log (``pagesift.shared.identity``), written before it takes effect.
+
 The gRPC server around it is ``pagesift.node.grpcserver``.
 """
 
@@ -34,14 +42,38 @@ from pagesift.primary import webhooks
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.jobs import Jobs
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared import tls
+from pagesift.shared import rolestate, tls
 from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.events import JobEvents
 from pagesift.shared.identity import Fenced
 from pagesift.shared.jobservice import JobRuntime
 from pagesift.shared.metrics import Metrics, ReplicationFigures
+from pagesift.shared.replproto import FencingVerdict
 from pagesift.shared.roles import Role
+from pagesift.shared.rolestate import (
+    FencerDone,
+    HigherEpochSeen,
+    OpenForWrites,
+    PrimaryHeard,
+    PrimarySilent,
+    Promote,
+    Promoted,
+    RefuseStart,
+    RoleConfig,
+    RoleState,
+    Started,
+    StartFencer,
+    StartFollower,
+    StartJobs,
+    StartWatchdog,
+    StopFencer,
+    StopFollower,
+    StopJobs,
+    Stopping,
+    StopWatchdog,
+    Tick,
+)
 from pagesift.shared.slot import open_slot
 from pagesift.shared.store import Store
 from pagesift.standby.follower import Follower
@@ -80,20 +112,38 @@ class Node:
             node_id=self.node_id,
             address=_advertised(config.listen),
             on_fenced=self._on_fenced,
+            role=lambda: self.role,
             mode=config.replication_mode,
             sync_timeout=config.sync_timeout,
         )
         self.jobs: Jobs | None = None
         self.engine: HttpEngine | None = None
-        self.role = Role(config.role)
+        # the node's role, and what it runs: the one place it is kept (see ``rolestate``)
+        self._state = RoleState.initial(
+            RoleConfig(
+                requested=Role(config.role),
+                auto_promote_after=config.auto_promote_after,
+                former_primary=config.primary,
+                has_credential=bool(replication_credential(config)),
+            )
+        )
         self._watchdog: asyncio.Task[None] | None = None
-        self._fencer: asyncio.Task[str] | None = None
-        self.deposed_by = ""  # fenced: where the node that deposed us serves, if it said
+        self._fencer: asyncio.Task[FencingVerdict] | None = None
         # how this node reaches the primary it follows (reused to fence it after a promotion)
         self._peer_credentials: grpc.ChannelCredentials | None = None
         self._peer_metadata: tuple[tuple[str, str], ...] = (
             tls.token_metadata(self.replication_token) if self.replication_token else ()
         )
+
+    @property
+    def role(self) -> Role:
+        """This node's role (``rolestate``: the one place it is kept)."""
+        return self._state.role
+
+    @property
+    def deposed_by(self) -> str:
+        """Fenced: where the node that deposed us serves, if it said."""
+        return self._state.deposed_by
 
     @property
     def replication(self) -> ReplicationServicer:
@@ -133,78 +183,103 @@ class Node:
         )
 
     async def start(self) -> None:
-        if not replication_credential(self.config):
-            if self.role == Role.STANDBY:
-                raise StartRefused(
-                    "a standby needs a replication credential: replication_token_file "
-                    "(the same file on both nodes) or replication_ca + replication_cert + "
-                    "replication_key (mTLS)"
+        log = self.slot.log
+        await self._carry_out(
+            self._step(
+                Started(
+                    persisted_role=log.persisted_role,
+                    epoch=log.epoch,
+                    fenced_epoch=log.fenced_epoch,
+                    synced=bool(log.history_id),
                 )
-            logger.warning(
-                "no replication credential (replication_token_file or mTLS): this node "
-                "serves its log to nobody, so no standby can follow it"
             )
-        if self.role == Role.PRIMARY:
-            if self.slot.log.persisted_role == Role.STANDBY:
-                raise StartRefused(
-                    "this data directory belongs to a standby: promote it (pagesift promote) "
-                    "or start it with --role standby; starting it as a primary would fork "
-                    "its primary's history"
-                )
-            try:
-                self.slot.log.open_for_writes()
-            except Fenced as e:
-                raise StartRefused(f"refusing to start as a primary: {e}") from None
-            await self._start_jobs()
-        else:
-            cfg = self.config
-            if cfg.replication_ca or cfg.replication_cert:
-                self._peer_credentials = tls.channel_credentials(
-                    cfg.replication_ca or None,
-                    cfg.replication_cert or None,
-                    cfg.replication_key or None,
-                )
-            self.parts.enable_promotion(self._promoted)
-            self.parts.follow(
-                cfg.primary, credentials=self._peer_credentials, metadata=self._peer_metadata
+        )
+
+    # --- the role machine's shell ----------------------------------------------------------
+    def _step(self, event: rolestate.Event) -> list[rolestate.Action]:
+        self._state, actions = rolestate.step(self._state, event, time.monotonic())
+        return actions
+
+    async def _carry_out(self, actions: list[rolestate.Action]) -> None:
+        for action in actions:
+            match action:
+                case RefuseStart(reason):
+                    raise StartRefused(reason)
+                case rolestate.Log(level, message):
+                    logger.log(level, "%s", message)
+                case OpenForWrites():
+                    try:
+                        self.slot.log.open_for_writes()
+                    except Fenced as e:
+                        raise StartRefused(f"refusing to start as a primary: {e}") from None
+                case StartJobs():
+                    await self._start_jobs()
+                case StopJobs():
+                    await self._stop_jobs()
+                case StartFollower(target):
+                    self._follow(target)
+                case StopFollower():
+                    await self.parts.close()
+                case StartWatchdog(interval):
+                    self._watchdog = asyncio.create_task(self._watch(interval))
+                case StopWatchdog():
+                    if self._watchdog is not None:
+                        self._watchdog.cancel()
+                case Promote():
+                    if self.promoter is not None:
+                        await self.promoter.promote()
+                case StartFencer(former_primary):
+                    self._start_fencer(former_primary)
+                case StopFencer():
+                    if self._fencer is not None:
+                        self._fencer.cancel()
+
+    def _follow(self, target: str) -> None:
+        cfg = self.config
+        if cfg.replication_ca or cfg.replication_cert:
+            self._peer_credentials = tls.channel_credentials(
+                cfg.replication_ca or None,
+                cfg.replication_cert or None,
+                cfg.replication_key or None,
             )
-            if cfg.auto_promote_after > 0:
-                self._watchdog = asyncio.create_task(self._auto_promote(cfg.auto_promote_after))
+        self.parts.enable_promotion(self._promoted)
+        self.parts.follow(target, credentials=self._peer_credentials, metadata=self._peer_metadata)
 
-    async def _auto_promote(self, after: float) -> None:
-        """``--auto-promote-after``: promote once the primary has been silent that long.
-
-        UNSAFE without an outside witness: a primary that is alive but cut off from
-        this standby keeps serving, and both accept writes until it is fenced.
-        """
-        silent_since: float | None = None
+    async def _watch(self, interval: float) -> None:
+        """``--auto-promote-after``: tell the machine, every ``interval``, whether the
+        primary is heard; it decides when to promote (see ``rolestate``)."""
         while self.role == Role.STANDBY and self.follower is not None:
-            await asyncio.sleep(min(0.5, after / 4))
-            st = self.follower.status()
-            if st.connected:
-                silent_since = None
-                continue
-            now = time.monotonic()
-            silent_since = silent_since or now
-            if now - silent_since >= after and self.slot.log.history_id and self.promoter:
-                logger.warning(
-                    "the primary has been silent for %.1f s: auto-promoting (unsafe without "
-                    "an outside witness)",
-                    now - silent_since,
-                )
-                await self.promoter.promote()
+            await asyncio.sleep(interval)
+            synced = bool(self.slot.log.history_id)
+            heard = self.follower.status().connected
+            await self._carry_out(
+                self._step(PrimaryHeard(synced) if heard else PrimarySilent(synced))
+            )
+            actions = self._step(Tick())
+            await self._carry_out(actions)
+            if any(isinstance(a, Promote) for a in actions):
                 return
 
     async def _promoted(self) -> None:
-        self.role = Role.PRIMARY
-        await self._start_jobs()
-        if self.config.primary:
-            self._fencer = self.parts.fence_former_primary(
-                self.config.primary,
-                still_primary=lambda: self.role == Role.PRIMARY,
-                credentials=self._peer_credentials,
-                metadata=self._peer_metadata,
-            )
+        await self._carry_out(self._step(Promoted(self.slot.log.epoch)))
+
+    def _start_fencer(self, former_primary: str) -> None:
+        self._fencer = self.parts.fence_former_primary(
+            former_primary,
+            still_primary=lambda: self.role == Role.PRIMARY,
+            credentials=self._peer_credentials,
+            metadata=self._peer_metadata,
+        )
+        self._fencer.add_done_callback(self._fencer_done)
+
+    def _fencer_done(self, task: asyncio.Task[FencingVerdict]) -> None:
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            logger.error("fencing the former primary failed", exc_info=exc)
+            return
+        actions = self._step(FencerDone(task.result()))
+        assert not actions, actions  # the machine only records that the fencer ended
 
     async def _start_jobs(self) -> None:
         cfg = self.config
@@ -243,18 +318,10 @@ class Node:
         return await self.replication.wait_replicated(target)
 
     def _replication_figures(self) -> ReplicationFigures:
-        return figures(self.parts.status(self.role))
+        return figures(self.parts.status())
 
     async def _on_fenced(self, epoch: int, by: str) -> None:
-        logger.warning(
-            "fenced by epoch %d: this primary stops writing; restart it with --role standby "
-            "--primary %s to rejoin",
-            epoch,
-            by or "<the promoted node>",
-        )
-        self.deposed_by = by
-        self.role = Role.FENCED
-        await self._stop_jobs()
+        await self._carry_out(self._step(HigherEpochSeen(epoch, by)))
 
     async def _stop_jobs(self) -> None:
         jobs, self.jobs = self.jobs, None
@@ -265,11 +332,7 @@ class Node:
             await engine.close()
 
     async def close(self) -> None:
-        for task in (self._watchdog, self._fencer):
-            if task is not None:
-                task.cancel()
-        await self.parts.close()
-        await self._stop_jobs()
+        await self._carry_out(self._step(Stopping()))
         self.slot.close()
 
 

@@ -12,7 +12,8 @@
   used to follow (``pagesift.standby.fencing``), saying hello with the new epoch.
 
 ``pagesift.node.grpcserver.grpc_server`` puts them (and an ``AdminServicer`` over
-them) on a gRPC server; ``role_status`` reads their figures.
+them) on a gRPC server; ``role_status`` reads their figures, with the node's role from
+the ``role`` source it is given (the node's role machine), else the log's view.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import grpc
 
 from pagesift.node.status import RoleStatus, role_status
 from pagesift.primary.replication import ReplicationServicer
+from pagesift.shared.replproto import FencingVerdict
 from pagesift.shared.roles import Role
 from pagesift.shared.slot import StoreSlot
 from pagesift.standby.fencing import fence_former_primary
@@ -60,6 +62,7 @@ class ReplicationParts:
         node_id: str,
         address: str = "",
         on_fenced: Callable[[int, str], Awaitable[None]] | None = None,
+        role: Callable[[], Role] | None = None,
         **tuning: Unpack[SenderTuning],
     ) -> None:
         self.slot = slot
@@ -69,6 +72,7 @@ class ReplicationParts:
         )
         self.follower: Follower | None = None
         self.promoter: Promoter | None = None
+        self._role = role
 
     def follow(
         self,
@@ -113,7 +117,7 @@ class ReplicationParts:
         still_primary: Callable[[], bool],
         credentials: grpc.ChannelCredentials | None = None,
         metadata: tuple[tuple[str, str], ...] = (),
-    ) -> asyncio.Task[str]:
+    ) -> asyncio.Task[FencingVerdict]:
         """Depose the primary at ``target`` for as long as we are the primary; a newer
         primary there deposes us instead (our sender steps down)."""
         return asyncio.create_task(
@@ -128,9 +132,10 @@ class ReplicationParts:
             name="fence-former-primary",
         )
 
-    def status(self, role: Role | None = None) -> RoleStatus:
-        """This node's role and replication figures (``role``: as the caller tracks it;
-        the log's own view by default)."""
+    def status(self) -> RoleStatus:
+        """This node's role and replication figures: the role from ``role`` (the node's
+        role machine, ``pagesift.shared.rolestate``) when given, else the log's view."""
+        role = self._role() if self._role is not None else None
         return role_status(self.slot.log, self.sender, self.follower, role=role)
 
     async def close(self) -> None:

@@ -60,7 +60,7 @@ def role_status(
     ``role`` is the node's role as its owner tracks it; the log's own view by default.
     """
     status = RoleStatus(
-        role=Role(log.role) if role is None else role,
+        role=log.role if role is None else role,
         epoch=log.epoch,
         history_id=log.history_id,
         applied_offset=log.last_offset,

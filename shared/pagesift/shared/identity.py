@@ -45,6 +45,7 @@ import struct
 import uuid
 
 from pagesift.shared import replproto
+from pagesift.shared.roles import Role
 from pagesift.shared.store import Store, WriteGroup, local_key
 
 logger = logging.getLogger(__name__)
@@ -85,19 +86,24 @@ class Identity:
         self.prev_history_id: str = (get(_PREV) or b"").decode()
         self.switch_offset: int = _u64(get(_SWITCH))
         self.fenced_epoch: int = _u64(get(_FENCED))
-        self.persisted_role: str = (get(_ROLE) or b"").decode()
+        raw_role = (get(_ROLE) or b"").decode()
+        self.persisted_role: Role | None = Role(raw_role) if raw_role else None
 
     @property
     def writable(self) -> bool:
         return self._writable
 
     @property
-    def role(self) -> str:
+    def role(self) -> Role:
+        """What the log accepts: writes (primary), none for good (fenced), or none
+        (standby). The running node's role is its role machine's
+        (``pagesift.shared.rolestate``); this view serves the log's own refusals and
+        nodes without one."""
         if self._writable:
-            return "primary"
+            return Role.PRIMARY
         if not replproto.may_accept_writes(self.epoch, self.fenced_epoch):
-            return "fenced"
-        return "standby"
+            return Role.FENCED
+        return Role.STANDBY
 
     def _persist(self, values: dict[bytes, bytes | None]) -> None:
         def run(group: WriteGroup) -> None:
@@ -130,7 +136,7 @@ class Identity:
                     _ROLE: b"primary",
                 }
             )
-            self.persisted_role = "primary"
+            self.persisted_role = Role.PRIMARY
             self._writable = True
 
     def promote(
@@ -161,7 +167,7 @@ class Identity:
             )
             self.epoch, self.history_id = plan.epoch, plan.history_id
             self.prev_history_id, self.switch_offset = plan.prev_history_id, plan.switch_offset
-            self.persisted_role = "primary"
+            self.persisted_role = Role.PRIMARY
             self._writable = True
             return plan
 
@@ -178,7 +184,7 @@ class Identity:
             if higher_epoch > self.fenced_epoch:
                 self.fenced_epoch = higher_epoch
                 self._persist({_FENCED: _U64.pack(higher_epoch), _ROLE: b"fenced"})
-                self.persisted_role = "fenced"
+                self.persisted_role = Role.FENCED
             if was_writable:
                 logger.error(
                     "fenced: met epoch %d > ours %d; this node takes no more writes",
@@ -194,13 +200,13 @@ class Identity:
                 raise RuntimeError("a writable primary cannot follow another node")
             replproto.check_primary_epoch(self.epoch, epoch)
             if (history_id, epoch) == (self.history_id, self.epoch) and (
-                self.persisted_role == "standby"
+                self.persisted_role == Role.STANDBY
             ):
                 return
             self._persist(
                 {_HISTORY: history_id.encode(), _EPOCH: _U64.pack(epoch), _ROLE: b"standby"}
             )
-            self.history_id, self.epoch, self.persisted_role = history_id, epoch, "standby"
+            self.history_id, self.epoch, self.persisted_role = history_id, epoch, Role.STANDBY
 
     def stop_writes(self) -> None:
         """Take no more writes (the log is closing); nothing is recorded."""
