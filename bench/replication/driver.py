@@ -68,7 +68,7 @@ class Driver:
                     g.push(f"{job}/frontier", entry)
             return len(g.ops)
 
-        ops, _ = self.slot.log.write(group)
+        ops = self.slot.log.write(group).result
         self.data_bytes += len(doc) + len(key) + sum(len(a) + len(b) + 8 for a, b in links)
         self.n += 1
         return ops

@@ -51,7 +51,7 @@ from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 
-log = logging.getLogger("pagesift.jobs")
+logger = logging.getLogger("pagesift.jobs")
 
 # Sync replication: wait until the standby applied the given offset (None: everything
 # committed so far); True when acknowledged, False when it timed out (degraded to async).
@@ -102,7 +102,7 @@ class Jobs:
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
             if meta is not None and not meta.terminal:
-                log.info(
+                logger.info(
                     "job %s resumed (%s, account %s)",
                     job_id,
                     meta.kind,
@@ -198,8 +198,9 @@ class Jobs:
                 g.put(jr.idem_key(owner, idempotency_key), meta.id.encode())
             if check is not None:
                 check()
-            g.put(jr.meta_key(meta.id), meta.encode())
-            g.put(jr.part(meta.id, "request"), request)
+            keys = jr.JobKeys(meta.id)
+            g.put(keys.meta, meta.encode())
+            g.put(keys.request, request)
             g.insert(jr.JOBS_SET, meta.id.encode())
             if webhook is not None and webhook.url:
                 webhooks.configure(g, meta.id, webhook.url, list(webhook.events), owner)
@@ -208,12 +209,12 @@ class Jobs:
                 )
             return Registered(meta.id, created=True)
 
-        reg, _ = self.store.write(group)
+        reg = self.store.write(group).result
         if reg.created:
             self._wake(meta.id)
             if self._wait_replicated is not None:
                 self._visible[meta.id] = 0
-            log.info(
+            logger.info(
                 "job %s started (%s, account %s)",
                 meta.id,
                 kind,
@@ -246,13 +247,13 @@ class Jobs:
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
             if meta is None or (meta.terminal and meta.expires_ms <= now):
-                log.info(
+                logger.info(
                     "job %s expired (account %s)",
                     job_id,
                     meta.owner if meta else "-",
                     extra={"job": job_id, "account": meta.owner if meta else ""},
                 )
-                self.store.write(partial(_delete_job, job_id=job_id, meta=meta))
+                self.store.write(partial(jr.delete_job, job_id=job_id, meta=meta))
                 self._visible.pop(job_id, None)
                 removed += 1
         quota.prune_all(self.store, time.time())
@@ -266,7 +267,7 @@ class Jobs:
 
     # running ------------------------------------------------------------------------
     def _spawn(self, meta: jr.JobMeta) -> None:
-        raw = self.store.get(jr.part(meta.id, "request")) or b""
+        raw = self.store.get(jr.JobKeys(meta.id).request) or b""
         if meta.kind == "batch":
             coro = self._run_batch(meta, jobs_pb2.StartBatchScrapeRequest.FromString(raw))
         else:
@@ -280,7 +281,7 @@ class Jobs:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug must not leave a job "scraping" forever
-            log.exception("job %s failed", job_id)
+            logger.exception("job %s failed", job_id)
             self._finish(job_id, "failed", f"internal error: {e}")
         finally:
             self._tasks.pop(job_id, None)
@@ -290,7 +291,7 @@ class Jobs:
         return max(1, min(n, self.config.max_concurrency))
 
     async def _run_batch(self, meta: jr.JobMeta, req: jobs_pb2.StartBatchScrapeRequest) -> None:
-        done = jr.part(meta.id, "done")
+        done = jr.JobKeys(meta.id).done
         pending: Iterator[tuple[int, str]] = (
             (i, url)
             for i, url in enumerate(req.urls)
@@ -317,7 +318,7 @@ class Jobs:
             field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
             self._finish(meta.id, "failed", f"{field}: {e.reason}")
             return
-        if self.store.get(jr.part(meta.id, "seeded")) is None:
+        if self.store.get(jr.JobKeys(meta.id).seeded) is None:
             await self._seed(meta.id, req, scope)
         policy = FetchPolicy(delay=req.delay)
         follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
@@ -337,7 +338,7 @@ class Jobs:
                 await self._record_page(meta.id, mark, page, admitted)
 
         await asyncio.gather(*(worker() for _ in range(self._concurrency(req.max_concurrency))))
-        pages = self.store.list_len(jr.part(meta.id, "pages"))
+        pages = self.store.list_len(jr.JobKeys(meta.id).pages)
         if pages == 0:
             errors, _ = jr.read_errors(self.store, meta.id)
             why = f"{errors[0].code}: {errors[0].message}" if errors else "nothing to crawl"
@@ -356,7 +357,7 @@ class Jobs:
 
         def group(g: WriteGroup) -> None:
             _admit(g, job_id, entries, scope.limit)
-            g.put(jr.part(job_id, "seeded"), b"1")
+            g.put(jr.JobKeys(job_id).seeded, b"1")
 
         self.store.write(group)
 
@@ -367,27 +368,26 @@ class Jobs:
         doc = page.document
         raw = doc.SerializeToString()
         now = time.time()
-
+        keys = jr.JobKeys(job_id)
         kind = ""
 
-        def group(g: WriteGroup) -> tuple[int | None, quota.LimitExceeded | None, WriteGroup]:
+        def group(g: WriteGroup) -> tuple[int | None, quota.LimitExceeded | None]:
             nonlocal kind
-            meta_raw = g.get(jr.meta_key(job_id))
-            done = jr.part(job_id, "done")
-            if meta_raw is None or g.contains(done, mark):
-                return None, None, g  # the job is gone, or the page recorded already
+            meta_raw = g.get(keys.meta)
+            if meta_raw is None or g.contains(keys.done, mark):
+                return None, None  # the job is gone, or the page recorded already
             meta = jr.JobMeta.decode(meta_raw)
             kind = meta.kind
             if meta.terminal:
-                return None, None, g  # cancelled or stopped while this page was in flight
+                return None, None  # cancelled or stopped while this page was in flight
             account = self.accounts.get(meta.owner)
             if account is not None and account.pages_per_day is not None:
                 hit = quota.page_limit_hit(g, account, now)
                 if hit is not None:
-                    return None, hit, g
+                    return None, hit
                 quota.charge(g, meta.owner, 1, now)
-            seq = g.push(jr.part(job_id, "pages"), raw)
-            g.insert(done, mark)
+            seq = g.push(keys.pages, raw)
+            g.insert(keys.done, mark)
             if admitted:
                 _admit(g, job_id, admitted, meta.limit)
             webhooks.enqueue(
@@ -397,9 +397,10 @@ class Jobs:
                 {"index": seq, "url": doc.url, "final_url": doc.final_url,
                  "status_code": doc.status_code, "title": doc.title},
             )  # fmt: skip
-            return seq, None, g
+            return seq, None
 
-        (seq, hit, written), _ = self.store.write(group)
+        commit = self.store.write(group)
+        seq, hit = commit.result
         if hit is not None:
             self._stop_on_quota(job_id, hit)
             return
@@ -408,9 +409,8 @@ class Jobs:
         if self.metrics is not None:
             self.metrics.page_recorded(kind)
         if self._wait_replicated is not None:
-            offset = written.info.get("offset")  # set by the replication log while committing
-            if isinstance(offset, int):
-                await self._wait_replicated(offset)
+            if commit.offset:  # the group's log offset (0: no log attached)
+                await self._wait_replicated(commit.offset)
             if job_id in self._visible:
                 self._visible[job_id] = max(self._visible[job_id], seq + 1)
             if self._on_visible is not None:
@@ -436,11 +436,11 @@ class Jobs:
         ).SerializeToString()
 
         def group(g: WriteGroup) -> bool:
-            done = jr.part(job_id, "done")
-            if g.contains(done, mark) or g.get(jr.meta_key(job_id)) is None:
+            keys = jr.JobKeys(job_id)
+            if g.contains(keys.done, mark) or g.get(keys.meta) is None:
                 return False
-            g.push(jr.part(job_id, "errors"), item)
-            g.insert(done, mark)
+            g.push(keys.errors, item)
+            g.insert(keys.done, mark)
             webhooks.enqueue(
                 g,
                 job_id,
@@ -449,15 +449,17 @@ class Jobs:
             )
             return True
 
-        recorded, _ = self.store.write(group)
+        recorded = self.store.write(group).result
         if recorded:
             if self.metrics is not None:
                 self.metrics.page_failed(str(err.code))
             self._wake(job_id)
 
     def _finish(self, job_id: str, state: str, note: str) -> jr.JobMeta | None:
+        keys = jr.JobKeys(job_id)
+
         def group(g: WriteGroup) -> jr.JobMeta | None:
-            raw = g.get(jr.meta_key(job_id))
+            raw = g.get(keys.meta)
             if raw is None:
                 return None
             meta = jr.JobMeta.decode(raw)
@@ -466,10 +468,10 @@ class Jobs:
             now = jr.now_ms()
             meta.state, meta.note, meta.finished_ms = state, note, now
             meta.expires_ms = now + int(self.config.job_ttl_seconds * 1000)
-            g.put(jr.meta_key(job_id), meta.encode())
+            g.put(keys.meta, meta.encode())
             if note and state != "cancelled":
                 g.push(
-                    jr.part(job_id, "notes"),
+                    keys.notes,
                     jobs_pb2.PageError(
                         code=state, message=note, time=jr.timestamp(now)
                     ).SerializeToString(),
@@ -479,15 +481,15 @@ class Jobs:
                 job_id,
                 state,
                 {"state": state, "note": note,
-                 "completed": g.list_len(jr.part(job_id, "pages")),
-                 "failed": g.list_len(jr.part(job_id, "errors"))},
+                 "completed": g.list_len(keys.pages),
+                 "failed": g.list_len(keys.errors)},
             )  # fmt: skip
             return meta
 
-        meta, _ = self.store.write(group)
+        meta = self.store.write(group).result
         self._wake(job_id)
         if meta is not None:
-            log.info(
+            logger.info(
                 "job %s %s (account %s)%s",
                 job_id,
                 meta.state,
@@ -500,7 +502,8 @@ class Jobs:
 
 def _admit(g: WriteGroup, job_id: str, entries: list[Entry], limit: int) -> None:
     """Queue entries whose key was never seen while the frontier is below the crawl limit."""
-    frontier, seen = jr.part(job_id, "frontier"), jr.part(job_id, "seen")
+    keys = jr.JobKeys(job_id)
+    frontier, seen = keys.frontier, keys.seen
     size = g.list_len(frontier)
     for entry in entries:
         if limit and size >= limit:
@@ -508,20 +511,6 @@ def _admit(g: WriteGroup, job_id: str, entries: list[Entry], limit: int) -> None
         if g.insert(seen, entry.key.encode()):
             g.push(frontier, entry.encode())
             size += 1
-
-
-def _delete_job(g: WriteGroup, job_id: str, meta: jr.JobMeta | None) -> None:
-    for what in jr.LISTS:
-        g.clear_list(jr.part(job_id, what), drop=True)
-    for what in jr.SETS:
-        g.clear_set(jr.part(job_id, what))
-    for what in jr.SIDE_KVS:
-        g.delete(jr.part(job_id, what))
-    webhooks.delete_keys(g, job_id)
-    if meta is not None and meta.idempotency_key:
-        g.delete(jr.idem_key(meta.owner, meta.idempotency_key))
-    g.delete(jr.meta_key(job_id))
-    g.remove(jr.JOBS_SET, job_id.encode())
 
 
 class _Frontier:
@@ -536,8 +525,8 @@ class _Frontier:
 
     def __init__(self, store: Store, job_id: str) -> None:
         self.store = store
-        self.list = jr.part(job_id, "frontier")
-        self.done = jr.part(job_id, "done")
+        self.list = jr.JobKeys(job_id).frontier
+        self.done = jr.JobKeys(job_id).done
         self.cursor = 0
         self.buffer: deque[Entry] = deque()
         self.in_flight = 0

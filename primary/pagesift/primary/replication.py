@@ -73,7 +73,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
-import prometheus_client
 
 from pagesift.shared import replproto, replsender
 from pagesift.shared.backlog import BacklogLost
@@ -103,11 +102,6 @@ from pagesift.shared.slot import StoreSlot
 from pagesift.v1 import replication_pb2 as pb
 
 logger = logging.getLogger(__name__)
-
-SYNC_DEGRADED = prometheus_client.Counter(
-    "pagesift_replication_sync_degraded",
-    "Times sync replication timed out and degraded to async.",
-)
 
 Context = grpc.aio.ServicerContext[pb.StreamRequest, pb.StreamResponse]
 #: What the stream yields before serialization: messages, or messages already framed.
@@ -254,7 +248,6 @@ class ReplicationServicer:
                     if not fut.done():
                         fut.set_result(replicated)
                 case Degraded(offset, acked):
-                    SYNC_DEGRADED.inc()
                     logger.warning(
                         "sync replication: no ack for offset %d within %.2fs (acked %d); "
                         "degrading to async until the standby catches up",

@@ -60,7 +60,6 @@ import hmac
 import json
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -73,48 +72,34 @@ import aiohttp
 from pagesift.primary.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import urls
+from pagesift.shared.backoff import backoff_delay
+from pagesift.shared.loopwake import on_loop
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
-    "EVENTS",
     "NOTE_CODE",
     "Deliverer",
     "WebhookConfig",
     "check_url",
     "configure",
     "default_session_factory",
-    "delete_keys",
     "enqueue",
-    "parse_events",
     "pending",
     "queue_depth",
     "sign",
     "verify_signature",
 ]
 
-log = logging.getLogger("pagesift.webhooks")
+logger = logging.getLogger("pagesift.webhooks")
 
-EVENTS = ("started", "page", "page_failed", "completed", "failed", "cancelled")
 NOTE_CODE = "webhook_undeliverable"
 USER_AGENT = "pagesift-webhooks/0.1"
 
 
 class Reader(Protocol):
     def get(self, key: str) -> bytes | None: ...
-
-
-def config_key(job_id: str) -> str:
-    return jr.part(job_id, "webhook")
-
-
-def outbox_key(job_id: str) -> str:
-    return jr.part(job_id, "outbox")
-
-
-def ack_key(job_id: str) -> str:
-    return jr.part(job_id, "webhook_ack")
 
 
 # configuration ------------------------------------------------------------------------------
@@ -136,18 +121,6 @@ class WebhookConfig:
         return cls(str(doc["url"]), tuple(doc["events"]), str(doc["account"]))
 
 
-def parse_events(events: Sequence[str], field: str = "webhook.events") -> tuple[str, ...]:
-    """The wanted events in canonical order; none listed means all. ``ValueError``
-    names the field index of an unknown event."""
-    if not events:
-        return EVENTS
-    for i, event in enumerate(events):
-        if event not in EVENTS:
-            raise ValueError(f"{field}[{i}]: unknown event {event!r} (one of {', '.join(EVENTS)})")
-    wanted = set(events)
-    return tuple(e for e in EVENTS if e in wanted)
-
-
 async def check_url(
     url: str, *, allow_private_networks: bool, max_length: int = 8192
 ) -> str | None:
@@ -163,12 +136,12 @@ async def check_url(
 def configure(g: WriteGroup, job_id: str, url: str, events: Sequence[str], account: str) -> None:
     """Give the job a webhook; call it in the registration group, BEFORE ``enqueue``
     of the ``started`` event (a group reads its own writes)."""
-    cfg = WebhookConfig(url, parse_events(events), account)
-    g.put(config_key(job_id), cfg.encode())
+    cfg = WebhookConfig(url, jr.webhook_events(events), account)
+    g.put(jr.JobKeys(job_id).webhook, cfg.encode())
 
 
 def load_config(reader: Reader, job_id: str) -> WebhookConfig | None:
-    raw = reader.get(config_key(job_id))
+    raw = reader.get(jr.JobKeys(job_id).webhook)
     return WebhookConfig.decode(raw) if raw is not None else None
 
 
@@ -182,9 +155,10 @@ def enqueue(
     """Append ``event`` to the job's outbox inside ``g`` (the group of the change it
     reports). Nothing happens when the job has no webhook or does not want the event.
     Returns the event's seq, or None. Never raises for odd data (``str`` fallback)."""
-    if event not in EVENTS:
+    if event not in jr.WEBHOOK_EVENTS:
         raise ValueError(f"unknown webhook event {event!r}")
-    raw = g.get(config_key(job_id))
+    keys = jr.JobKeys(job_id)
+    raw = g.get(keys.webhook)
     if raw is None:
         return None
     if event not in WebhookConfig.decode(raw).events:
@@ -195,17 +169,17 @@ def enqueue(
         "data": data,
         "created_at": rfc3339_ms(time.time() if now is None else now),
     }
-    return g.push(outbox_key(job_id), json.dumps(item, separators=(",", ":"), default=str).encode())
+    return g.push(keys.outbox, json.dumps(item, separators=(",", ":"), default=str).encode())
 
 
 def read_ack(reader: Reader, job_id: str) -> int:
-    raw = reader.get(ack_key(job_id))
+    raw = reader.get(jr.JobKeys(job_id).webhook_ack)
     return int(raw) if raw else 0
 
 
 def pending(store: Store, job_id: str) -> int:
     """Events of the job not yet acknowledged or given up."""
-    _, nxt = store.list_bounds(outbox_key(job_id))
+    _, nxt = store.list_bounds(jr.JobKeys(job_id).outbox)
     return max(0, nxt - read_ack(store, job_id))
 
 
@@ -214,15 +188,8 @@ def queue_depth(store: Store) -> int:
     return sum(
         pending(store, job_id)
         for job_id in jr.all_job_ids(store)
-        if store.get(config_key(job_id)) is not None
+        if store.get(jr.JobKeys(job_id).webhook) is not None
     )
-
-
-def delete_keys(g: WriteGroup, job_id: str) -> None:
-    """Every webhook key of the job (for job expiry, in the expiry group)."""
-    g.clear_list(outbox_key(job_id), drop=True)
-    g.delete(config_key(job_id))
-    g.delete(ack_key(job_id))
 
 
 # signing ------------------------------------------------------------------------------------
@@ -356,7 +323,6 @@ class Deliverer:
         self._dirty: set[str] = set()
         self._poller: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
         self._closed = False
 
     # life cycle ---------------------------------------------------------------------------
@@ -365,7 +331,6 @@ class Deliverer:
         if self._closed:
             raise RuntimeError("a closed Deliverer cannot start again; make a new one")
         self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         if self._session is None:
             self._session = self._session_factory()
         n = self.resume()
@@ -393,7 +358,7 @@ class Deliverer:
         store = self._store_getter()
         n = 0
         for job_id in jr.all_job_ids(store):
-            if store.get(config_key(job_id)) is not None and pending(store, job_id) > 0:
+            if store.get(jr.JobKeys(job_id).webhook) is not None and pending(store, job_id) > 0:
                 self.wake(job_id)
                 n += 1
         return n
@@ -402,9 +367,10 @@ class Deliverer:
         """Deliver the job's new events (safe to call from any thread, any number of times)."""
         if self._closed or self._loop is None:
             return
-        if threading.get_ident() != self._loop_thread:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self.wake, job_id)
+        on_loop(self._loop, self._wake_on_loop, job_id)
+
+    def _wake_on_loop(self, job_id: str) -> None:
+        if self._closed:
             return
         self._dirty.add(job_id)
         if job_id not in self._tasks:
@@ -422,7 +388,7 @@ class Deliverer:
             try:
                 self.resume()
             except Exception:
-                log.exception("webhooks: resume scan failed")
+                logger.exception("webhooks: resume scan failed")
 
     # one job ---------------------------------------------------------------------------------
     async def _run(self, job_id: str) -> None:
@@ -435,7 +401,7 @@ class Deliverer:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("webhooks: delivery for job %s stopped", job_id)
+            logger.exception("webhooks: delivery for job %s stopped", job_id)
         finally:
             if self._tasks.get(job_id) is asyncio.current_task():
                 del self._tasks[job_id]
@@ -447,7 +413,7 @@ class Deliverer:
             if cfg is None:
                 return  # expired, or no webhook
             ack = read_ack(store, job_id)
-            items = store.list_items(outbox_key(job_id), ack, 1)
+            items = store.list_items(jr.JobKeys(job_id).outbox, ack, 1)
             if not items:
                 return
             seq, item = items[0]
@@ -463,8 +429,7 @@ class Deliverer:
             if not self.allow_private_networks:
                 reason = await urls.blocked_reason(cfg.url)
                 if reason is not None:
-                    self._count("blocked")
-                    raise _GiveUp(f"refused by the address guard: {reason}", every_pending=True)
+                    raise BlockedAddressError(reason)
             secret = self._secret_for(cfg.account)
             if not secret:
                 raise _GiveUp(f"account {cfg.account!r} has no webhook_secret", every_pending=True)
@@ -477,42 +442,47 @@ class Deliverer:
                     self._count("ok")
                     self._advance(job_id, seq, None)
                     return
-                if last.startswith("blocked:"):
-                    self._count("blocked")
-                    raise _GiveUp(
-                        f"refused by the address guard: {last[8:].strip()}", every_pending=True
-                    )
                 self._count("error")
-                log.info(
+                logger.info(
                     "webhook %s:%d to %s: attempt %d/%d failed: %s",
                     job_id, seq, host, attempt, self.max_attempts, last,
                 )  # fmt: skip
                 if attempt < self.max_attempts:
-                    await asyncio.sleep(self._backoff(attempt))
+                    delay = backoff_delay(  # attempt 1 failed: the first retry (0)
+                        attempt - 1, base=self.base_delay, cap=self.max_delay, jitter=self._rng()
+                    )
+                    await asyncio.sleep(delay)
             raise _GiveUp(f"no 2xx after {self.max_attempts} attempt(s); last: {last}")
+        except BlockedAddressError as e:  # the URL's host, or the address _post dialled
+            self._count("blocked")
+            why = _GiveUp(f"refused by the address guard: {e}", every_pending=True)
+            self._give_up(job_id, seq, event, host, why)
         except _GiveUp as why:
-            # a reason that holds for every event of the job (the URL is refused, there is
-            # no secret) gives up every pending event with ONE note, not one note each
-            last_seq = seq
-            if why.every_pending:
-                last_seq = max(seq, self._store_getter().list_bounds(outbox_key(job_id))[1] - 1)
-            what = (
-                f"webhook event {seq} ({event})"
-                if last_seq == seq
-                else f"webhook events {seq}-{last_seq} (from {event})"
-            )
-            message = f"{what} to {host} not delivered: {why}"
-            log.warning("job %s: %s", job_id, message)
-            self._count("undeliverable", last_seq - seq + 1)
-            self._advance(job_id, last_seq, message)
+            self._give_up(job_id, seq, event, host, why)
 
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
-        return float(delay * (0.5 + 0.5 * self._rng()))  # "equal jitter"
+    def _give_up(self, job_id: str, seq: int, event: str, host: str, why: _GiveUp) -> None:
+        # a reason that holds for every event of the job (the URL is refused, there is
+        # no secret) gives up every pending event with ONE note, not one note each
+        last_seq = seq
+        if why.every_pending:
+            outbox = jr.JobKeys(job_id).outbox
+            last_seq = max(seq, self._store_getter().list_bounds(outbox)[1] - 1)
+        what = (
+            f"webhook event {seq} ({event})"
+            if last_seq == seq
+            else f"webhook events {seq}-{last_seq} (from {event})"
+        )
+        message = f"{what} to {host} not delivered: {why}"
+        logger.warning("job %s: %s", job_id, message)
+        self._count("undeliverable", last_seq - seq + 1)
+        self._advance(job_id, last_seq, message)
 
     async def _post(
         self, url: str, job_id: str, seq: int, event: str, body: bytes, secret: str
     ) -> tuple[bool, str]:
+        """One attempt: (True, "") on a 2xx, else (False, what went wrong). Raises
+        ``BlockedAddressError`` when the address guard refused the connection (not an
+        attempt that failed: no retry can pass it)."""
         session = self._session
         if session is None:
             raise RuntimeError("Deliverer.start() was not awaited")
@@ -542,7 +512,7 @@ class Deliverer:
                 return False, f"HTTP {resp.status}"
         except aiohttp.ClientConnectorError as e:
             if isinstance(e.os_error, BlockedAddressError):
-                return False, f"blocked: {e.os_error}"
+                raise e.os_error from e
             return False, f"connect: {e.os_error or e}"
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             return False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -552,17 +522,18 @@ class Deliverer:
         events it passed, one group. Written only while the job and its webhook exist
         (an expired job stays gone), and never backwards."""
         now = jr.now_ms()
+        keys = jr.JobKeys(job_id)
 
         def group(g: WriteGroup) -> None:
-            if g.get(config_key(job_id)) is None or g.get(jr.meta_key(job_id)) is None:
+            if g.get(keys.webhook) is None or g.get(keys.meta) is None:
                 return  # the job expired meanwhile: write nothing, leave no stray key
             if read_ack(g, job_id) > seq:
                 return
-            g.put(ack_key(job_id), str(seq + 1).encode())
-            g.trim_front(outbox_key(job_id), seq + 1)  # delivered or given up: not kept
+            g.put(keys.webhook_ack, str(seq + 1).encode())
+            g.trim_front(keys.outbox, seq + 1)  # delivered or given up: not kept
             if note is not None:
                 g.push(
-                    jr.part(job_id, "notes"),
+                    keys.notes,
                     jobs_pb2.PageError(
                         url="", code=NOTE_CODE, message=note, time=jr.timestamp(now)
                     ).SerializeToString(),

@@ -39,7 +39,7 @@ from pagesift.shared.jobservice import JobService
 from pagesift.shared.metrics import start_http
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
-log = logging.getLogger("pagesift.server")
+logger = logging.getLogger("pagesift.server")
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 SERVER_OPTIONS = (
@@ -196,7 +196,7 @@ async def run(
         await srv.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("pagesift.v1.JobService", health_pb2.HealthCheckResponse.SERVING)
-    log.info("pagesift %s serving on %s (data %s)", node.role, config.listen, config.data)
+    logger.info("pagesift %s serving on %s (data %s)", node.role, config.listen, config.data)
     if started is not None:
         started.set_result(node)
     try:
@@ -208,14 +208,16 @@ async def run(
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await node.close()
-        log.info("stopped")
+        logger.info("stopped")
 
 
 def serve(config: ServerConfig) -> int:
     """Run a node until SIGTERM or SIGINT; returns the process exit status."""
     setup_logging(config.log_format)
     if config.allow_private_networks:
-        log.warning("--allow-private-networks: URLs on loopback and private networks are allowed")
+        logger.warning(
+            "--allow-private-networks: URLs on loopback and private networks are allowed"
+        )
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -227,6 +229,6 @@ def serve(config: ServerConfig) -> int:
     try:
         asyncio.run(main())
     except StartRefused as e:
-        log.error("%s", e)
+        logger.error("%s", e)
         return 2
     return 0

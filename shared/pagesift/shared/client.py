@@ -13,17 +13,17 @@ guarantees:
   primary that does not know it yet loses to the promoted one). Servers without
   the AdminService, or unreachable, are simply not chosen.
 - When a round fails and some address was UNAVAILABLE (the primary may be down
-  while its standby gets promoted), a retryable call is tried again with bounded
-  exponential backoff (``retry_budget`` seconds of sleep in all, ~10 s by
-  default), looking the primary up again before each round; then the round's
-  most telling error is raised (a standby's FAILED_PRECONDITION naming the
-  primary beats UNAVAILABLE). A round in which every address answered and
-  refused is raised at once. Reads, Scrape and CancelJob are retryable;
-  StartCrawl and StartBatchScrape only with an idempotency key, and the client
-  sets a fresh uuid4 key on any such request that has none, so one method call
-  never registers two jobs: the key is stored with the job and replicated, so
-  a promoted standby that has the registration answers a retry with the same
-  job id.
+  while its standby gets promoted), a retryable call is tried again with bounded,
+  jittered exponential backoff (``pagesift.shared.backoff``; ``retry_budget``
+  seconds of sleep in all, ~10 s by default), looking the primary up again
+  before each round; then the round's most telling error is raised (a
+  standby's FAILED_PRECONDITION naming the primary beats UNAVAILABLE). A round
+  in which every address answered and refused is raised at once. Reads, Scrape
+  and CancelJob are retryable; StartCrawl and StartBatchScrape only with an
+  idempotency key, and the client sets a fresh uuid4 key on any such request
+  that has none, so one method call never registers two jobs: the key is stored
+  with the job and replicated, so a promoted standby that has the registration
+  answers a retry with the same job id.
 - Reads go to the preferred address (the primary once known) and fall back to
   the others, so a standby answers them while the primary is down.
 - ``watch`` resumes a broken stream at the next document index (from whichever
@@ -43,6 +43,7 @@ them).
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -52,6 +53,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
+from pagesift.shared.backoff import budgeted_delays
+from pagesift.shared.channels import open_channel
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
 if TYPE_CHECKING:
@@ -153,18 +156,16 @@ def pick_error(codes: Sequence[grpc.StatusCode]) -> int:
 
 
 def backoff_delays(
-    budget: float = 10.0, first: float = 0.1, factor: float = 2.0, cap: float = 2.0
+    budget: float = 10.0,
+    *,
+    first: float = 0.1,
+    cap: float = 2.0,
+    rng: Callable[[], float] = random.random,
 ) -> list[float]:
-    """Sleeps between retry rounds: ``first`` growing by ``factor`` up to ``cap``, summing
-    to at most ``budget`` (the last one is trimmed to fit)."""
-    delays: list[float] = []
-    total, delay = 0.0, first
-    while total < budget - 1e-9 and delay > 0:
-        step = min(delay, cap, budget - total)
-        delays.append(step)
-        total += step
-        delay *= factor
-    return delays
+    """Sleeps between retry rounds: ``first`` doubling up to ``cap``, each jittered
+    (between half and all of it, drawn from ``rng``), summing to ``budget`` (the last
+    one is trimmed to fit). See ``pagesift.shared.backoff.budgeted_delays``."""
+    return budgeted_delays(budget, base=first, cap=cap, rng=rng)
 
 
 def choose_primary(
@@ -313,17 +314,12 @@ class JobClient:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            if self._credentials is not None:
-                channel = grpc.aio.secure_channel(
-                    address,
-                    self._credentials,
-                    options=_CHANNEL_OPTIONS,
-                    interceptors=self._interceptors,
-                )
-            else:
-                channel = grpc.aio.insecure_channel(
-                    address, options=_CHANNEL_OPTIONS, interceptors=self._interceptors
-                )
+            channel = open_channel(
+                address,
+                self._credentials,
+                options=_CHANNEL_OPTIONS,
+                interceptors=self._interceptors,
+            )
             self._channels[address] = channel
         return channel
 

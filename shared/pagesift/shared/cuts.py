@@ -32,9 +32,9 @@ The guarantees
 Why it is safe
 --------------
 ``committed`` may run on any thread (the primary's event loop, a standby's apply
-thread): each future is resolved on its own loop, directly when that loop is the
-running one (no self-pipe write, the primary's usual case), else through
-``call_soon_threadsafe``; a closed loop has nobody waiting. The registries are
+thread): each future is resolved on its own loop by ``loopwake.on_loop`` - directly
+when that loop is the running one (no self-pipe write, the primary's usual case), else
+through ``call_soon_threadsafe``; a closed loop has nobody waiting. The registries are
 guarded by their own small lock, never held across a call out.
 """
 
@@ -42,18 +42,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pagesift.shared.store import LOCAL
+from pagesift.shared.loopwake import on_loop
+from pagesift.shared.store import LOCAL, digest_rows
 
 T = TypeVar("T")
 
-_U64 = struct.Struct(">Q")
 _LOCAL_END = bytes([LOCAL[0] + 1])  # first key after every node-local key
 
 
@@ -85,32 +83,13 @@ def replicated_pairs(view: View) -> Iterator[tuple[bytes, bytes]]:
 
 
 def view_digest(view: View) -> str:
-    """``Store.digest()`` of the cut (same hash, same order)."""
-    h = hashlib.sha256()
-    for key, value in replicated_pairs(view):
-        h.update(_U64.pack(len(key)))
-        h.update(key)
-        h.update(_U64.pack(len(value)))
-        h.update(value)
-    return h.hexdigest()
+    """``Store.digest()`` of the cut: the one digest, ``store.digest_rows``."""
+    return digest_rows(replicated_pairs(view))
 
 
 def _wake(fut: asyncio.Future[T], value: T) -> None:
     if not fut.done():
         fut.set_result(value)
-
-
-def call_in_loop(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[T], value: T) -> None:
-    """Resolve ``fut`` with ``value`` on its own ``loop``, from any thread."""
-    try:
-        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        _wake(fut, value)
-        return
-    with contextlib.suppress(RuntimeError):  # loop already closed: nobody waits
-        loop.call_soon_threadsafe(_wake, fut, value)
 
 
 class Waiters:
@@ -177,7 +156,7 @@ class Waiters:
         if pins:
             view = take_view()  # still inside the commit's critical section
             for loop, fut in pins:
-                call_in_loop(loop, fut, view)
+                on_loop(loop, _wake, fut, view)
         self.wake_all()
 
     def wake_all(self) -> None:
@@ -185,4 +164,4 @@ class Waiters:
         with self._lock:
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
-            call_in_loop(loop, fut, None)
+            on_loop(loop, _wake, fut, None)

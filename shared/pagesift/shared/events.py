@@ -1,40 +1,33 @@
 """Change notification for job watchers, fed by the store itself.
 
 ``JobEvents`` is a store ``Observer``: every committed group wakes the watchers of
-the jobs its ops touched (keys ``job/{id}``...). Because it hangs on the one write
-path, it works the same on a primary (local writes) and on a standby (applied
-entries), and no writer can forget to notify. The job runtime also calls
-``notify`` directly when a page becomes visible later than its commit (sync
-replication). Watchers must take ``current(job_id)`` *before* reading the store,
-so a change that lands between their read and their wait is never missed.
+the jobs its ops touched (``jobrecords.job_of`` names the job that owns a key).
+Because it hangs on the one write path, it works the same on a primary (local
+writes) and on a standby (applied entries), and no writer can forget to notify.
+The job runtime also calls ``notify`` directly when a page becomes visible later
+than its commit (sync replication). Watchers must take ``current(job_id)``
+*before* reading the store, so a change that lands between their read and their
+wait is never missed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable
 
+from pagesift.shared.jobrecords import JobKeys, job_of
+from pagesift.shared.loopwake import on_loop
 from pagesift.shared.store import Op, WriteGroup
-
-
-def job_of(key: str) -> str | None:
-    if not key.startswith("job/"):
-        return None
-    rest = key[4:]
-    return rest.split("/", 1)[0] or None
 
 
 class JobEvents:
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._loop_thread = threading.get_ident()
 
     def current(self, job_id: str) -> asyncio.Event:
         ev = self._events.get(job_id)
@@ -43,10 +36,13 @@ class JobEvents:
         return ev
 
     def notify(self, job_id: str) -> None:
-        if self._loop is not None and threading.get_ident() != self._loop_thread:
-            with contextlib.suppress(RuntimeError):  # loop closed: nobody is watching
-                self._loop.call_soon_threadsafe(self.notify, job_id)
-            return
+        """Wake the watchers of ``job_id`` (from any thread: ``loopwake.on_loop``)."""
+        if self._loop is not None:
+            on_loop(self._loop, self._notify_here, job_id)
+        else:
+            self._notify_here(job_id)
+
+    def _notify_here(self, job_id: str) -> None:
         ev = self._events.pop(job_id, None)
         if ev is not None:
             ev.set()
@@ -79,7 +75,7 @@ class JobEvents:
                 continue
             job = job_of(name)
             if job is not None:
-                last = f"job/{job}/"
+                last = JobKeys(job).prefix
                 if job in events:
                     touched.add(job)
         for job in touched:

@@ -8,8 +8,8 @@ bytes its backlog holds) into a serialized ``StreamResponse(entries=EntryBatch)`
 ``split_entries_message`` cuts such a message back into the entries' bytes, which a
 standby logs as received. ``snapshot_messages`` encodes a cut's rows straight into
 serialized ``StreamResponse(snapshot_chunk=SnapshotChunk(ops=...))`` in a worker
-thread. ``ops_from_pairs`` is the same row -> op mapping as protobuf objects, which
-``snapshot_chunks`` reads back.
+thread; ``_row_op`` is the one row -> op mapping, and ``ops_from_pairs`` and
+``snapshot_chunks`` read its bytes back as protobuf objects.
 
 Wire format
 -----------
@@ -150,6 +150,9 @@ def ops_from_pairs(pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[store_pb2.O
     """Re-express raw store rows (the layout in ``pagesift.shared.store``) as ops, so
     a full resync rebuilds the standby through the one write path, ``Store.apply``.
 
+    The one row -> op mapping is ``_row_op`` (which the snapshot encodes straight to
+    bytes); this parses what it encodes, so both agree by construction.
+
     Rebuilding is exact because: a list's items keep their sequence numbers (a
     ``ListPush`` per item, seq preserved) and its head is restored by a
     ``ListClear(upto=head)`` (items below the head do not exist, so it deletes
@@ -158,34 +161,12 @@ def ops_from_pairs(pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[store_pb2.O
     sorts before its members (``s``): each member's ``SetInsert`` carries that size,
     which is what the set holds once all of them are in. Rows come in key order.
     """
-    op = store_pb2.Op
     sizes: dict[bytes, int] = {}
+    parse = replication_pb2.SnapshotChunk.FromString
     for key, value in pairs:
-        tag, rest = key[:1], key[1:]
-        if tag == b"k":
-            yield op(kv_put=store_pb2.KvPut(key=rest.decode(), value=value))
-        elif tag == b"l":
-            name, _, seq = rest.partition(b"\x00")
-            yield op(
-                list_push=store_pb2.ListPush(
-                    list=name.decode(), seq=_U64.unpack(seq)[0], item=value
-                )
-            )
-        elif tag == b"m":
-            head, _ = _U64X2.unpack(value)
-            if head:
-                yield op(list_clear=store_pb2.ListClear(list=rest.decode(), upto=head))
-        elif tag == b"s":
-            name, _, member = rest.partition(b"\x00")
-            yield op(
-                set_insert=store_pb2.SetInsert(
-                    set=name.decode(), member=member, size=_set_size(sizes, name)
-                )
-            )
-        elif tag == b"c":
-            sizes[rest] = _U64.unpack(value)[0]
-        else:
-            raise ValueError(f"unknown store row {key[:32]!r}")
+        parts: list[bytes] = []
+        if _row_op(parts, key, value, sizes):
+            yield parse(b"".join(parts)).ops[0]
 
 
 def _set_size(sizes: dict[bytes, int], name: bytes) -> int:

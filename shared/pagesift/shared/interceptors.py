@@ -33,7 +33,7 @@ from pagesift.shared.tls import Handler, ServerInterceptor
 
 __all__ = ["Behavior", "Malformed", "MalformedRequests", "rewrap"]
 
-log = logging.getLogger("pagesift.requests")
+logger = logging.getLogger("pagesift.requests")
 
 Behavior = Callable[..., Any]
 Deserializer = Callable[[bytes], Any] | None
@@ -95,7 +95,7 @@ class MalformedRequests(ServerInterceptor):
         async def refuse(context: Any) -> None:
             if method not in self._logged:
                 self._logged.add(method)
-                log.warning("%s: a request that is not a valid %s was refused", method, message)
+                logger.warning("%s: a request that is not a valid %s was refused", method, message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {message}")
 
         streaming_requests = handler.request_streaming

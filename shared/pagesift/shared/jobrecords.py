@@ -1,6 +1,8 @@
 """Job records in the store: key layout, codecs, and the read side both roles serve.
 
-Layout (every key of a job carries its id, so expiry can delete them all):
+Layout (every key of a job carries its id, so expiry can delete them all). ``JobKeys``
+is the one place that spells these names; everything else (the runtime, webhooks,
+expiry, watchers, tests) asks it:
 
     set  jobs                     ids of every stored job (ListJobs, expiry sweep)
     KV   job/{id}                 JobMeta as JSON: kind, state, owner, times, note, counters
@@ -13,6 +15,12 @@ Layout (every key of a job carries its id, so expiry can delete them all):
     list job/{id}/frontier        "{depth} {url}" crawl entries in enqueue order (never popped)
     set  job/{id}/seen            normalized URLs ever queued (crawl dedup)
     set  job/{id}/done            finished URLs (crawl) or indices (batch)
+    KV   job/{id}/webhook         the job's webhook config (``pagesift.primary.webhooks``)
+    list job/{id}/outbox          webhook events not yet delivered
+    KV   job/{id}/webhook_ack     the webhook delivery cursor
+
+Quota usage (``usage/{account}/{hour}``, ``pagesift.shared.quota``) belongs to the
+account, not the job, and outlives it.
 
 A page's document and its done mark are written in the same group (see
 ``Jobs._record_page`` in ``pagesift.primary.jobs``), so the pages list never holds a
@@ -26,12 +34,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from pagesift.shared.store import Store
+from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 
 JOBS_SET = "jobs"
@@ -46,22 +55,138 @@ STATE_TO_PB = {
 KIND_TO_PB = {"batch": jobs_pb2.JOB_KIND_BATCH_SCRAPE, "crawl": jobs_pb2.JOB_KIND_CRAWL}
 
 
-def meta_key(job_id: str) -> str:
-    return f"job/{job_id}"
+JOB_PREFIX = "job/"
+
+KeyKind = Literal["kv", "list", "set"]
 
 
-def part(job_id: str, what: str) -> str:
-    """Key of one of a job's lists, sets or side KVs: ``job/{id}/{what}``."""
-    return f"job/{job_id}/{what}"
+@dataclass(frozen=True)
+class JobKeys:
+    """Every store name a job owns (see the layout above)."""
+
+    job_id: str
+
+    @property
+    def meta(self) -> str:
+        return f"{JOB_PREFIX}{self.job_id}"
+
+    @property
+    def prefix(self) -> str:
+        """What every name of the job but ``meta`` starts with: ``job/{id}/``."""
+        return f"{JOB_PREFIX}{self.job_id}/"
+
+    def _part(self, what: str) -> str:
+        return f"{JOB_PREFIX}{self.job_id}/{what}"
+
+    @property
+    def request(self) -> str:
+        return self._part("request")
+
+    @property
+    def seeded(self) -> str:
+        return self._part("seeded")
+
+    @property
+    def pages(self) -> str:
+        return self._part("pages")
+
+    @property
+    def errors(self) -> str:
+        return self._part("errors")
+
+    @property
+    def notes(self) -> str:
+        return self._part("notes")
+
+    @property
+    def frontier(self) -> str:
+        return self._part("frontier")
+
+    @property
+    def seen(self) -> str:
+        return self._part("seen")
+
+    @property
+    def done(self) -> str:
+        return self._part("done")
+
+    @property
+    def webhook(self) -> str:
+        return self._part("webhook")
+
+    @property
+    def outbox(self) -> str:
+        return self._part("outbox")
+
+    @property
+    def webhook_ack(self) -> str:
+        return self._part("webhook_ack")
+
+    def all(self) -> list[tuple[KeyKind, str]]:
+        """Every (kind, name) of the job, in the order expiry deletes them: its lists,
+        sets and side KVs, the webhook's keys, and ``meta`` last (the job exists until
+        its metadata goes). The idempotency key is the owner's (``idem_key``)."""
+        return [
+            ("list", self.pages),
+            ("list", self.errors),
+            ("list", self.notes),
+            ("list", self.frontier),
+            ("set", self.seen),
+            ("set", self.done),
+            ("kv", self.request),
+            ("kv", self.seeded),
+            ("list", self.outbox),
+            ("kv", self.webhook),
+            ("kv", self.webhook_ack),
+            ("kv", self.meta),
+        ]
+
+
+def delete_job(g: WriteGroup, job_id: str, meta: JobMeta | None) -> None:
+    """Expiry, in one group: every name ``JobKeys.all`` lists (the webhook's too), the
+    owner's idempotency key for the job, and the job's place in the jobs set."""
+    keys = JobKeys(job_id)
+    for kind, name in keys.all():
+        if name == keys.meta and meta is not None and meta.idempotency_key:
+            g.delete(idem_key(meta.owner, meta.idempotency_key))  # the order it always had
+        if kind == "list":
+            g.clear_list(name, drop=True)
+        elif kind == "set":
+            g.clear_set(name)
+        else:
+            g.delete(name)
+    g.remove(JOBS_SET, job_id.encode())
+
+
+def job_of(name: str) -> str | None:
+    """The id of the job owning store name ``name`` (``job/{id}`` or ``job/{id}/...``),
+    or None for a name no job owns."""
+    if not name.startswith(JOB_PREFIX):
+        return None
+    return name[len(JOB_PREFIX) :].split("/", 1)[0] or None
 
 
 def idem_key(owner: str, key: str) -> str:
     return f"idem/{owner}/{hashlib.sha256(key.encode()).hexdigest()[:32]}"
 
 
-LISTS = ("pages", "errors", "notes", "frontier")
-SETS = ("seen", "done")
-SIDE_KVS = ("request", "seeded")
+# webhook events: the one list, and the one validator (job start, webhooks.configure) ----
+
+WEBHOOK_EVENTS = ("started", "page", "page_failed", "completed", "failed", "cancelled")
+
+
+def webhook_events(events: Sequence[str], field: str = "webhook.events") -> tuple[str, ...]:
+    """The wanted events in canonical order; none listed means all. ``ValueError``
+    names the field index of an unknown event."""
+    if not events:
+        return WEBHOOK_EVENTS
+    for i, event in enumerate(events):
+        if event not in WEBHOOK_EVENTS:
+            raise ValueError(
+                f"{field}[{i}]: unknown event {event!r} (one of {', '.join(WEBHOOK_EVENTS)})"
+            )
+    wanted = set(events)
+    return tuple(e for e in WEBHOOK_EVENTS if e in wanted)
 
 
 @dataclass
@@ -102,7 +227,7 @@ def timestamp(ms: int) -> Timestamp:
 
 
 def load_meta(store: Store, job_id: str) -> JobMeta | None:
-    raw = store.get(meta_key(job_id))
+    raw = store.get(JobKeys(job_id).meta)
     return JobMeta.decode(raw) if raw is not None else None
 
 
@@ -115,11 +240,12 @@ class Progress:
 
 def progress(store: Store, meta: JobMeta, visible: int | None = None) -> Progress:
     """Counters derived from list lengths (no counter key to keep in step)."""
-    completed = store.list_len(part(meta.id, "pages"))
+    keys = JobKeys(meta.id)
+    completed = store.list_len(keys.pages)
     if visible is not None:
         completed = min(completed, visible)
-    failed = store.list_len(part(meta.id, "errors"))
-    total = store.list_len(part(meta.id, "frontier")) if meta.kind == "crawl" else meta.total
+    failed = store.list_len(keys.errors)
+    total = store.list_len(keys.frontier) if meta.kind == "crawl" else meta.total
     return Progress(total=total, completed=completed, failed=failed)
 
 
@@ -130,15 +256,16 @@ def read_documents(
         limit = max(0, min(limit, visible - skip))
     return [
         jobs_pb2.Document.FromString(raw)
-        for raw in store.list_range(part(job_id, "pages"), skip, limit)
+        for raw in store.list_range(JobKeys(job_id).pages, skip, limit)
     ]
 
 
 def read_errors(store: Store, job_id: str) -> tuple[list[jobs_pb2.PageError], list[str]]:
     """Page errors then job notes, and the robots-blocked URLs among the errors."""
-    errors = [jobs_pb2.PageError.FromString(r) for r in store.list_range(part(job_id, "errors"))]
+    keys = JobKeys(job_id)
+    errors = [jobs_pb2.PageError.FromString(r) for r in store.list_range(keys.errors)]
     robots = [e.url for e in errors if e.code == "robots_disallowed"]
-    errors += [jobs_pb2.PageError.FromString(r) for r in store.list_range(part(job_id, "notes"))]
+    errors += [jobs_pb2.PageError.FromString(r) for r in store.list_range(keys.notes)]
     return errors, robots
 
 

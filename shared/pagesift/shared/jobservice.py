@@ -123,7 +123,6 @@ _PAGE_STATUS: dict[str, grpc.StatusCode] = {
 
 
 Context = grpc.aio.ServicerContext[object, object]
-WEBHOOK_EVENTS = ("started", "page", "page_failed", "completed", "failed", "cancelled")
 
 
 async def _abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
@@ -165,7 +164,7 @@ def _window(store: Store, job_id: str, index: int, count: int, visible: int | No
     """Up to ``count`` stored documents from ``index`` on, as bytes (capped at ``visible``)."""
     if visible is not None:
         count = min(count, visible - index)
-    return store.list_range(jr.part(job_id, "pages"), index, count) if count > 0 else []
+    return store.list_range(jr.JobKeys(job_id).pages, index, count) if count > 0 else []
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -265,14 +264,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await validate.url(hook.url, "webhook.url", self.node.config)
         except validate.InvalidArgument as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        for i, event in enumerate(hook.events):
-            if event not in WEBHOOK_EVENTS:
-                await _abort(
-                    context,
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"webhook.events[{i}]: unknown event {event!r} "
-                    f"(one of {', '.join(WEBHOOK_EVENTS)})",
-                )
+        try:
+            jr.webhook_events(hook.events, "webhook.events")
+        except ValueError as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if self.node.accounts.webhook_secret(caller.name) is None:
             await _abort(
                 context,

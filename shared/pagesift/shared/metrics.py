@@ -90,7 +90,7 @@ __all__ = [
     "start_http",
 ]
 
-log = logging.getLogger("pagesift.metrics")
+logger = logging.getLogger("pagesift.metrics")
 
 FETCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 KINDS = ("batch", "crawl")
@@ -223,7 +223,7 @@ class _ScrapeTime(Collector):
             try:
                 families = list(fn())
             except Exception as e:
-                log.warning("metrics: the %s source failed: %r", source, e)
+                logger.warning("metrics: the %s source failed: %r", source, e)
                 errors = self._m.scrape_errors
                 errors[source] = errors.get(source, 0) + 1
                 continue

@@ -54,19 +54,19 @@ and immutable, and the only race, trimming, is reported as ``BacklogLost``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from pagesift.shared import replproto
 from pagesift.shared.backlog import DEFAULT_BACKLOG_BYTES, Backlog, Plan, tail_local
 from pagesift.shared.cuts import OffsetPassed, View, Waiters
 from pagesift.shared.identity import Identity, NotWritable
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.shared.roles import Role
+from pagesift.shared.store import Commit, Store, WriteGroup
 from pagesift.v1 import replication_pb2
 
 T = TypeVar("T")
 LogEntry = replication_pb2.LogEntry
-
-_PLAN = "replog.plan"  # WriteGroup.info key: the staged group's backlog Plan
 
 
 class Log:
@@ -81,6 +81,7 @@ class Log:
         self._store = store
         self._applying = False
         self._closed = False
+        self._staged: Plan | None = None  # the plan of the group between stage and commit
         self._waiters = Waiters()
         with store.lock:
             self._backlog = Backlog(store, max_bytes)
@@ -120,7 +121,8 @@ class Log:
         return self._identity.writable
 
     @property
-    def role(self) -> str:
+    def role(self) -> Role:
+        """What this log accepts (``Identity.role``); a node's role is its machine's."""
         return self._identity.role
 
     @property
@@ -148,8 +150,8 @@ class Log:
         return self._identity.fenced_epoch
 
     @property
-    def persisted_role(self) -> str:
-        """The role last recorded on disk (informative)."""
+    def persisted_role(self) -> Role | None:
+        """The role last recorded on disk (None: never recorded)."""
         return self._identity.persisted_role
 
     def primary_state(self) -> replproto.PrimaryState:
@@ -204,15 +206,20 @@ class Log:
         }
 
     # --- the write path (primary) ------------------------------------------------------
-    def write(self, fn: Callable[[WriteGroup], T]) -> tuple[T, int]:
-        """``store.write(fn)`` that also returns the group's offset (for
-        ``wait_replicated``); the last offset when the group wrote nothing."""
+    def write(self, fn: Callable[[WriteGroup], T]) -> Commit[T]:
+        """``store.write(fn)``, whose ``Commit.offset`` is never 0 once the log has an
+        entry: the group's own offset (for ``wait_replicated``), or the last offset
+        when the group wrote no ops."""
         with self._store.lock:
-            result, _ = self._store.write(fn)
-            return result, self._backlog.last
+            commit = self._store.write(fn)
+            if commit.offset:
+                return commit
+            return replace(commit, offset=self._backlog.last)
 
     def stage(self, group: WriteGroup) -> None:
-        """Observer hook, inside the write section before the commit."""
+        """Observer hook, inside the write section before the commit: stages the
+        entry into the group's batch and sets ``group.offset``."""
+        self._staged = None  # a group whose commit failed left its plan here
         if self._applying:
             return  # append_replicated staged the entries itself
         if self._closed or not self._identity.writable:
@@ -220,13 +227,14 @@ class Log:
         offset = self._backlog.last + 1
         epoch = self._identity.epoch
         data = LogEntry(epoch=epoch, offset=offset, ops=group.ops).SerializeToString()
-        group.info["offset"] = offset
-        group.info[_PLAN] = self._backlog.stage(group.put_local, [(offset, epoch, data)])
+        self._staged = self._backlog.stage(group.put_local, [(offset, epoch, data)])
+        group.offset = offset
 
     def committed(self, group: WriteGroup) -> None:
-        """Observer hook, after the batch is durable, still inside the write section."""
-        plan = group.info.get(_PLAN)
-        if isinstance(plan, Plan):
+        """Observer hook, after the batch is durable, still inside the write section
+        (which also held since ``stage``: the plan staged there is this group's)."""
+        plan, self._staged = self._staged, None
+        if plan is not None:
             self._finish(plan)
 
     def _finish(self, plan: Plan) -> None:

@@ -290,16 +290,6 @@ def plan_promotion(
 # --- timing -------------------------------------------------------------------------
 
 
-def backoff_delay(attempt: int, *, base: float, cap: float, jitter: float = 0.0) -> float:
-    """Exponential reconnect delay ``base * 2**attempt`` bounded by ``cap``.
-
-    ``jitter`` in [0, 1) (a random draw supplied by the caller, keeping this pure)
-    takes up to half the delay off, so a fleet of standbys does not reconnect in step.
-    """
-    delay = min(cap, base * float(1 << min(max(attempt, 0), 30)))
-    return delay * (1.0 - 0.5 * jitter)
-
-
 @dataclass(frozen=True)
 class Lag:
     """How far a follower is behind its leader."""

@@ -7,7 +7,9 @@ commits them atomically as one RocksDB ``WriteBatch`` and hands back the list of
 ops; ``WriteGroup.apply_op`` on another store reproduces the group. No other code
 writes RocksDB (the write section is a lock, and observers such as the replication
 log stage their own node-local keys into the same batch, so "committed" and
-"logged" are one atomic fact).
+"logged" are one atomic fact). ``write`` returns a ``Commit``: ``fn``'s result, the
+ops, and the log offset the group was committed at (0 when no log observes the
+store, or the group wrote no ops).
 
 Key layout (one byte of tag, then the name; names never contain NUL):
 
@@ -38,9 +40,10 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
@@ -48,6 +51,7 @@ from pagesift.v1 import store_pb2
 
 Op = store_pb2.Op
 T = TypeVar("T")
+R = TypeVar("R", covariant=True)
 
 _U64 = struct.Struct(">Q")
 _BOUNDS = struct.Struct(">QQ")
@@ -89,6 +93,36 @@ def local_key(name: str) -> bytes:
     return LOCAL + name.encode()
 
 
+def digest_rows(rows: Iterable[tuple[bytes, bytes]]) -> str:
+    """THE store digest: SHA-256 over (u64be length, key, u64be length, value) of each
+    replicated row, in key order (``Store.digest`` and ``cuts.view_digest`` use it)."""
+    h = hashlib.sha256()
+    for key, value in rows:
+        h.update(_U64.pack(len(key)))
+        h.update(key)
+        h.update(_U64.pack(len(value)))
+        h.update(value)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Commit(Generic[R]):
+    """What the write path returns for one committed group (``Store.write``,
+    ``Log.write``).
+
+    ``result`` is what the group function returned; ``ops`` the group's ops in write
+    order (empty when it wrote nothing replicated); ``offset`` the replication-log
+    offset that covers the group: the entry it was logged as, or - from ``Log.write``
+    for a group without ops - the log's last offset. ``0`` means no log: the store
+    has no replication log attached (offsets start at 1), or ``Store.write`` ran a
+    group without ops.
+    """
+
+    result: R
+    ops: Sequence[store_pb2.Op]
+    offset: int = 0
+
+
 class Observer(Protocol):
     """Sees every non-empty group inside the write section (the replication log)."""
 
@@ -107,7 +141,7 @@ class WriteGroup:
         self._pending: dict[bytes, bytes | None] = {}
         self._ranges: list[tuple[bytes, bytes]] = []
         self.ops: list[store_pb2.Op] = []
-        self.info: dict[str, object] = {}  # observers' notes about this group (e.g. its offset)
+        self.offset = 0  # the log offset, set by the replication log when it stages us
 
     # raw access -------------------------------------------------------------
     def _get(self, key: bytes) -> bytes | None:
@@ -388,17 +422,18 @@ class Store:
         return self._lock
 
     # the one write path ---------------------------------------------------------
-    def write(self, fn: Callable[[WriteGroup], T]) -> tuple[T, list[store_pb2.Op]]:
+    def write(self, fn: Callable[[WriteGroup], T]) -> Commit[T]:
         """Run ``fn`` on a fresh group and commit it atomically.
 
-        Returns ``fn``'s result and the group's ops in write order. If ``fn`` raises,
-        nothing is written. A group without ops and without local keys writes nothing.
+        Returns the ``Commit``: ``fn``'s result, the group's ops in write order and
+        its log offset (0 without a log). If ``fn`` raises, nothing is written. A
+        group without ops and without local keys writes nothing.
         """
         with self._lock:
             group = WriteGroup(self._db)
             result = fn(group)
             self._commit(group)
-            return result, group.ops
+            return Commit(result, group.ops, group.offset)
 
     def apply(
         self, ops: Sequence[store_pb2.Op], local: dict[bytes, bytes | None] | None = None
@@ -411,8 +446,7 @@ class Store:
                 group.put_local(key, value)
             return group
 
-        group, _ = self.write(run)
-        return group
+        return self.write(run).result
 
     def _commit(self, group: WriteGroup) -> None:
         if not group.ops and not group._pending and not group._ranges:
@@ -509,11 +543,5 @@ class Store:
             it.next()
 
     def digest(self) -> str:
-        """SHA-256 over every replicated key and value: equal digests, equal stores."""
-        h = hashlib.sha256()
-        for key, value in self.replicated_items():
-            h.update(_U64.pack(len(key)))
-            h.update(key)
-            h.update(_U64.pack(len(value)))
-            h.update(value)
-        return h.hexdigest()
+        """``digest_rows`` of every replicated row: equal digests, equal stores."""
+        return digest_rows(self.replicated_items())

@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from pagesift.shared import replproto
+from pagesift.shared.backoff import backoff_delay
+from pagesift.shared.channels import open_channel
 from pagesift.shared.replproto import FencingVerdict
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
@@ -86,7 +88,7 @@ async def fence_former_primary(
         log("former primary %s not fenced yet (%s); asking again", target, detail)
         last_detail = detail
         await asyncio.sleep(
-            replproto.backoff_delay(attempt, base=backoff_base, cap=backoff_cap, jitter=rng())
+            backoff_delay(attempt, base=backoff_base, cap=backoff_cap, jitter=rng())
         )
         attempt += 1
     return FencingVerdict.STOPPED
@@ -100,12 +102,7 @@ async def _ask(
     timeout: float,
 ) -> tuple[bool, int | None, str]:
     """One hello: (refused with FAILED_PRECONDITION, the decision's epoch, detail)."""
-    channel = (
-        grpc.aio.secure_channel(target, credentials)
-        if credentials is not None
-        else grpc.aio.insecure_channel(target)
-    )
-    async with channel:
+    async with open_channel(target, credentials) as channel:
         stub = replication_pb2_grpc.ReplicationServiceStub(channel)
         call = stub.Stream(metadata=metadata)  # type: ignore[call-arg]
         try:

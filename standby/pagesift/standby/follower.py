@@ -59,6 +59,8 @@ from dataclasses import dataclass
 import grpc
 
 from pagesift.shared import replfollower, replproto
+from pagesift.shared.backoff import backoff_delay
+from pagesift.shared.channels import open_channel
 from pagesift.shared.framing import split_entries_message
 from pagesift.shared.replfollower import (
     EntriesApplied,
@@ -256,7 +258,7 @@ class Follower:
                 return
             if synced:
                 attempt = 0  # a session that got going resets the backoff
-            delay = replproto.backoff_delay(
+            delay = backoff_delay(
                 attempt, base=self.backoff_base, cap=self.backoff_cap, jitter=self._rng()
             )
             attempt += 1
@@ -288,12 +290,7 @@ class Follower:
 
     async def _session(self) -> bool:
         """One stream; returns whether it got past the decision."""
-        if self._credentials is not None:
-            channel = grpc.aio.secure_channel(
-                self.target, self._credentials, options=_CHANNEL_OPTIONS
-            )
-        else:
-            channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        channel = open_channel(self.target, self._credentials, options=_CHANNEL_OPTIONS)
         async with channel:
             stream = channel.stream_stream(
                 _STREAM_METHOD,
