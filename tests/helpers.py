@@ -1,4 +1,7 @@
-"""Shared test plumbing: free ports, in-process nodes, server subprocesses, a demo site.
+"""Shared test plumbing: bounded waits, free ports, in-process nodes, server
+subprocesses, accounts files, a webhook receiver, metrics scrapes, admin RPCs and
+test certificates. Test modules import from here (and get fixtures from
+``conftest.py``), never from each other.
 
 Everything listens on 127.0.0.1 only; every wait is bounded in time.
 """
@@ -17,18 +20,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
 import grpc
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.node import grpcserver
 from pagesift.node.node import Node
+from pagesift.primary import webhooks
 from pagesift.shared import tls
+from pagesift.shared.accounts import hash_key
 from pagesift.shared.config import ServerConfig
-from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from pagesift.shared.demosite import CALENDAR_EXCLUDE
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
+from pagesift.v1 import replication_pb2 as rpb
+
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
 
 TERMINAL = {
     jobs_pb2.JOB_STATE_COMPLETED,
@@ -51,6 +64,36 @@ PAIR_TOKEN_FILE = _pair_token_file()
 PAIR_TOKEN = PAIR_TOKEN_FILE.read_text().strip()
 #: Promote's credential on nodes without an [admin] key: the pair's token as the key.
 PROMOTE_MD = (("authorization", f"Bearer {PAIR_TOKEN}"),)
+
+
+# ---------------------------------------------------------------- bounded waits
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], what: str, timeout: float = 30.0
+) -> T:
+    """``await check()`` until it returns something other than None, and return that;
+    an AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got is not None:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll the synchronous ``cond()`` until it is true; bounded like ``eventually``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+# ---------------------------------------------------------------- ports and nodes
 
 
 def free_port() -> int:
@@ -112,6 +155,50 @@ async def wait_terminal(
             return resp
         await asyncio.sleep(0.05)
     raise TimeoutError(f"job {job_id} did not finish in {timeout} s")
+
+
+async def wait_done(
+    stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str, md: Metadata = (), timeout: float = 30
+) -> jobs_pb2.GetJobResponse:
+    """The job once it is in a terminal state (with ``md`` as the caller's credential)."""
+
+    async def check() -> jobs_pb2.GetJobResponse | None:
+        resp = await stub.GetJob(jobs_pb2.GetJobRequest(id=job_id, limit=1), metadata=md)
+        return resp if resp.state in TERMINAL else None
+
+    return await eventually(check, f"job {job_id} to finish", timeout)
+
+
+async def documents(
+    stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str, md: Metadata = ()
+) -> list[jobs_pb2.Document]:
+    """Every document of the job, page after page (with ``md`` as the credential)."""
+    docs: list[jobs_pb2.Document] = []
+    skip = 0
+    for _ in range(1000):
+        resp = await stub.GetJob(
+            jobs_pb2.GetJobRequest(id=job_id, skip=skip, limit=100), metadata=md
+        )
+        docs.extend(resp.documents)
+        if not resp.HasField("next_skip") or resp.next_skip == skip:
+            break
+        skip = resp.next_skip
+    return docs
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """``build_site`` arguments: how many pages, how slow ``slow.html``, how big
+    ``big.html``."""
+
+    pages: int = 40
+    slow_seconds: float = 1.2
+    big_bytes: int = 2 * 1024 * 1024
+
+
+def crawl(root: str, **kw: Any) -> jobs_pb2.StartCrawlRequest:
+    """A crawl of the demo site that skips its endless calendar."""
+    return jobs_pb2.StartCrawlRequest(url=root, exclude_paths=[CALENDAR_EXCLUDE], **kw)
 
 
 async def all_documents(
@@ -249,7 +336,7 @@ NodeFactory = Callable[..., ServeProc]
 @contextlib.contextmanager
 def serve_procs(tmp: Path) -> Iterator[NodeFactory]:
     """Makes ``ServeProc``\\ s (``make(name, **kwargs)``); every one is stopped at the
-    end, whatever happened. The body of a test module's ``nodes`` fixture."""
+    end, whatever happened. The body of the ``nodes`` fixture (``conftest.py``)."""
     made: list[ServeProc] = []
 
     def make(name: str, **kwargs: Any) -> ServeProc:
@@ -265,3 +352,235 @@ def serve_procs(tmp: Path) -> Iterator[NodeFactory]:
                 node.proc.terminate()
         for node in made:
             node.stop()
+
+
+# ---------------------------------------------------------------- RPCs by address
+
+UNLIMITED = [("grpc.max_receive_message_length", -1)]
+
+
+def admin(channel: grpc.aio.Channel) -> replication_pb2_grpc.AdminServiceAsyncStub:
+    return replication_pb2_grpc.AdminServiceStub(channel)
+
+
+async def role(address: str, md: Metadata = ()) -> rpb.RoleResponse:
+    async with grpc.aio.insecure_channel(address) as ch:
+        resp: rpb.RoleResponse = await admin(ch).Role(rpb.RoleRequest(), metadata=md, timeout=5)
+        return resp
+
+
+async def get_job(address: str, job_id: str) -> jobs_pb2.GetJobResponse:
+    # limit=1 still returns one document, and a document can be a 12 MB page
+    async with grpc.aio.insecure_channel(address, options=UNLIMITED) as ch:
+        stub = jobs_pb2_grpc.JobServiceStub(ch)
+        resp: jobs_pb2.GetJobResponse = await stub.GetJob(
+            jobs_pb2.GetJobRequest(id=job_id, limit=1), timeout=5
+        )
+        return resp
+
+
+async def finished(address: str, job_id: str, timeout: float = 60.0) -> jobs_pb2.GetJobResponse:
+    """The job on the node at ``address`` once it is in a terminal state."""
+
+    async def check() -> jobs_pb2.GetJobResponse | None:
+        job = await get_job(address, job_id)
+        return job if job.state in TERMINAL else None
+
+    return await eventually(check, f"job {job_id} to finish on {address}", timeout)
+
+
+# ---------------------------------------------------------------- accounts
+
+
+@dataclass(frozen=True)
+class Acct:
+    """One account of the test accounts file; its API key is derived from its name."""
+
+    name: str
+    limits: dict[str, int] = field(default_factory=dict)
+    secret: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"psk_test_{self.name}_0123456789"
+
+    @property
+    def md(self) -> Metadata:
+        return (("authorization", f"Bearer {self.key}"),)
+
+
+ADMIN_KEY = "psk_test_admin_0123456789"
+ADMIN_MD: Metadata = (("authorization", f"Bearer {ADMIN_KEY}"),)
+ALICE = Acct("alice", secret="alice-webhook-secret-0123456789")
+BOB = Acct("bob", secret="bob-webhook-secret-0123456789abc")
+SOLO = Acct("solo", {"max_concurrent_jobs": 1})
+DAILY = Acct("daily", {"pages_per_day": 10})
+SMALL = Acct("small", {"max_batch_urls": 3, "max_crawl_limit": 5})
+NOSECRET = Acct("nosecret")
+ACCOUNTS = (ALICE, BOB, SOLO, DAILY, SMALL, NOSECRET)
+
+
+def write_accounts(
+    path: Path, accounts: Sequence[Acct] = ACCOUNTS, admin_key: str | None = ADMIN_KEY
+) -> Path:
+    """An accounts file: only key hashes, as in production."""
+    lines: list[str] = []
+    if admin_key is not None:
+        lines += ["[admin]", f'key_sha256 = "{hash_key(admin_key)}"', ""]
+    for a in accounts:
+        lines += ["[[account]]", f'name = "{a.name}"', f'key_sha256 = "{hash_key(a.key)}"']
+        lines += [f"{k} = {v}" for k, v in a.limits.items()]
+        if a.secret:
+            lines.append(f'webhook_secret = "{a.secret}"')
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+# ---------------------------------------------------------------- a webhook receiver
+
+
+@dataclass
+class Hit:
+    """One POST the receiver got."""
+
+    job: str
+    seq: int
+    event: str
+    data: dict[str, Any]
+    signed: bool  # the signature verifies with the account's secret
+    headers_ok: bool  # pagesift-event / pagesift-delivery match the body
+    body: bytes
+    timestamp: str
+    signature: str
+    status: int = 0  # what the receiver answered (0: no answer, e.g. the sender died)
+
+
+Respond = Callable[[Hit], Awaitable[int]]
+
+
+async def always_ok(hit: Hit) -> int:
+    return 200
+
+
+class Receiver:
+    """An aiohttp webhook receiver on 127.0.0.1 that records every delivery."""
+
+    def __init__(self, secret: str, respond: Respond = always_ok) -> None:
+        self.secret = secret
+        self.respond = respond
+        self.hits: list[Hit] = []  # every request, in arrival order
+        self.runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        doc = json.loads(body)
+        h = request.headers
+        timestamp, signature = h.get("pagesift-timestamp", ""), h.get("pagesift-signature", "")
+        hit = Hit(
+            job=str(doc["id"]),
+            seq=int(doc["seq"]),
+            event=str(doc["event"]),
+            data=dict(doc["data"]),
+            signed=webhooks.verify_signature(self.secret, timestamp, body, signature),
+            headers_ok=h.get("pagesift-event") == doc["event"]
+            and h.get("pagesift-delivery") == f"{doc['id']}:{doc['seq']}"
+            and h.get("content-type") == "application/json",
+            body=body,
+            timestamp=timestamp,
+            signature=signature,
+        )
+        self.hits.append(hit)
+        hit.status = await self.respond(hit)
+        return web.Response(status=hit.status)
+
+    async def start(self, port: int = 0) -> str:
+        app = web.Application()
+        app.router.add_post("/hook", self._handle)
+        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/hook"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    def of(self, job: str) -> list[Hit]:
+        return [x for x in self.hits if x.job == job]
+
+    def acked(self, job: str) -> list[int]:
+        """Seqs answered 2xx, in order."""
+        return [x.seq for x in self.of(job) if 200 <= x.status < 300]
+
+
+def check_event_stream(hits: Sequence[Hit], n: int) -> None:
+    """Every event 0..n-1 exactly once, in order, signed; started first, a terminal last."""
+    assert [x.seq for x in hits] == list(range(n))
+    assert all(x.signed for x in hits), "a delivery with a bad signature"
+    assert all(x.headers_ok for x in hits)
+    assert hits[0].event == "started"
+    assert hits[-1].event in ("completed", "failed", "cancelled")
+    assert all(x.event in ("page", "page_failed") for x in hits[1:-1])
+
+
+# ---------------------------------------------------------------- metrics
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape_metrics(address: str) -> Samples:
+    """Every sample of the metrics endpoint at ``address`` (host:port)."""
+    timeout = aiohttp.ClientTimeout(total=5)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.get(f"http://{address}/metrics") as resp,
+    ):
+        assert resp.status == 200
+        text = await resp.text()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def metric(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def metric_names(samples: Samples) -> set[str]:
+    return {name for name, _ in samples}
+
+
+# ---------------------------------------------------------------- certificates (openssl CLI)
+
+
+def _openssl(cwd: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(d: Path, name: str) -> None:
+    """``d/name.pem`` and ``d/name.key``: a self-signed CA."""
+    _openssl(
+        d, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2",
+        "-subj", f"/CN=pagesift test {name}",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+
+
+def make_leaf(d: Path, name: str, cn: str, ext: str, ca: str = "ca") -> None:
+    """``d/name.pem`` and ``d/name.key``: a certificate for ``cn`` with the extensions
+    ``ext``, signed by the CA ``d/ca.pem``."""
+    (d / f"{name}.ext").write_text(ext)
+    _openssl(
+        d, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}",
+    )  # fmt: skip
+    _openssl(
+        d, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+        "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
+    )  # fmt: skip

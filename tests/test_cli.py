@@ -444,13 +444,24 @@ def test_pick_error_prefers_a_server_that_answered() -> None:
 
 
 def test_backoff_is_bounded() -> None:
-    delays = backoff_delays()
+    delays = backoff_delays(rng=lambda: 0.0)  # no jitter: the bare schedule
     assert sum(delays) == pytest.approx(10.0)
     assert delays[:4] == pytest.approx([0.1, 0.2, 0.4, 0.8])
     assert max(delays) <= 2.0
     assert len(delays) < 15
     assert sum(backoff_delays(0.25)) == pytest.approx(0.25)
     assert backoff_delays(0.0) == []
+
+
+def test_client_backoff_is_jittered_within_the_same_bounds() -> None:
+    halved = backoff_delays(rng=lambda: 1.0)  # the most jitter: every delay halved
+    assert halved[:4] == pytest.approx([0.05, 0.1, 0.2, 0.4])
+    assert sum(halved) == pytest.approx(10.0)
+    assert max(halved) <= 1.0
+    for _ in range(20):
+        delays = backoff_delays()
+        assert sum(delays) == pytest.approx(10.0)
+        assert min(delays) > 0 and max(delays) <= 2.0
 
 
 def test_retry_policy_and_idempotency_keys() -> None:

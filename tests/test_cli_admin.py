@@ -25,8 +25,7 @@ from pagesift.shared.client import JobClient, choose_primary
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, build_site, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
-from tests.helpers import PAIR_TOKEN, free_port
-from tests.test_failover import ServeProc, eventually, finished, role
+from tests.helpers import PAIR_TOKEN, ServeProc, eventually, finished, free_port, role
 
 PROMOTE_KEY = ("--admin-key", PAIR_TOKEN)  # no [admin] key: the pair's token promotes
 ROLE_KEYS = {

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
+from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import ServeProc, all_documents, wait_terminal
+from tests.helpers import ServeProc, SiteSpec, all_documents, wait_terminal
 
 CONCURRENCY = 8
 # the whole [server] table (base={}: extract_processes stays at its default)
@@ -25,13 +24,8 @@ CONFIG = {"read_timeout": 1.0, "connect_timeout": 1.0, "max_body_bytes": 1024 * 
 
 
 @pytest.fixture
-async def site() -> AsyncIterator[tuple[Site, str]]:
-    s = build_site(200, slow_seconds=1.5, big_bytes=2 * 1024 * 1024)
-    runner, root = await serve_site(s)
-    try:
-        yield s, root
-    finally:
-        await runner.cleanup()
+def site_spec() -> SiteSpec:
+    return SiteSpec(pages=200, slow_seconds=1.5, big_bytes=2 * 1024 * 1024)
 
 
 async def completed(stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str) -> int:

@@ -15,10 +15,8 @@ import contextlib
 import json
 import os
 import shutil
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -31,26 +29,25 @@ from pagesift.shared.slot import open_slot
 from pagesift.shared.verify import VerifyResult, verify_digests
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
-from tests.helpers import PROMOTE_MD, TERMINAL, NodeFactory, all_documents, serve_procs
-from tests.helpers import ServeProc as ServeProc  # re-exported: test_cli_admin uses it
-
-T = TypeVar("T")
+from tests.helpers import (
+    PROMOTE_MD,
+    NodeFactory,
+    ServeProc,
+    SiteSpec,
+    all_documents,
+    eventually,
+    finished,
+    get_job,
+    role,
+)
 
 MiB = 1024 * 1024
 CONCURRENCY = 8
 PAGES = 150
 PACE = 0.02  # seconds between two request starts to the site: a crawl lasts ~3-4 s
-UNLIMITED = [("grpc.max_receive_message_length", -1)]
 
 
 # ---------------------------------------------------------------- processes
-
-
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
-    """Makes ``ServeProc``\\ s; every one is stopped at the end, whatever happened."""
-    with serve_procs(tmp_path) as make:
-        yield make
 
 
 async def start_pair(
@@ -67,37 +64,11 @@ async def start_pair(
 
 
 @pytest.fixture
-async def site() -> AsyncIterator[tuple[Site, str]]:
-    s = build_site(PAGES, slow_seconds=1.5, big_bytes=2 * MiB)
-    runner, root = await serve_site(s)
-    try:
-        yield s, root
-    finally:
-        await runner.cleanup()
+def site_spec() -> SiteSpec:
+    return SiteSpec(pages=PAGES, slow_seconds=1.5, big_bytes=2 * MiB)
 
 
 # ---------------------------------------------------------------- waits and RPCs
-
-
-async def eventually(
-    check: Callable[[], Awaitable[T | None]], what: str, timeout: float = 30.0
-) -> T:
-    """``check()`` until it returns something other than None; bounded in time."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got is not None:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def role(address: str) -> pb.RoleResponse:
-    async with grpc.aio.insecure_channel(address) as ch:
-        stub = replication_pb2_grpc.AdminServiceStub(ch)
-        resp: pb.RoleResponse = await stub.Role(pb.RoleRequest(), timeout=5)
-        return resp
 
 
 async def promote(address: str) -> pb.PromoteResponse:
@@ -151,16 +122,6 @@ async def start_crawl(address: str, req: jobs_pb2.StartCrawlRequest) -> str:
         return await client.start_crawl(req)
 
 
-async def get_job(address: str, job_id: str) -> jobs_pb2.GetJobResponse:
-    # limit=1 still returns one document, and a document can be a 12 MB page
-    async with grpc.aio.insecure_channel(address, options=UNLIMITED) as ch:
-        stub = jobs_pb2_grpc.JobServiceStub(ch)
-        resp: jobs_pb2.GetJobResponse = await stub.GetJob(
-            jobs_pb2.GetJobRequest(id=job_id, limit=1), timeout=5
-        )
-        return resp
-
-
 async def pages_done(address: str, job_id: str, at_least: int) -> int | None:
     try:
         job = await get_job(address, job_id)
@@ -175,14 +136,6 @@ async def pages_done(address: str, job_id: str, at_least: int) -> int | None:
 async def offset_at_least(address: str, offset: int) -> int | None:
     got = (await role(address)).applied_offset
     return got if got >= offset else None
-
-
-async def finished(address: str, job_id: str, timeout: float = 60.0) -> jobs_pb2.GetJobResponse:
-    async def check() -> jobs_pb2.GetJobResponse | None:
-        job = await get_job(address, job_id)
-        return job if job.state in TERMINAL else None
-
-    return await eventually(check, f"job {job_id} to finish on {address}", timeout)
 
 
 async def documents(address: str, job_id: str) -> list[jobs_pb2.Document]:
@@ -441,7 +394,11 @@ async def test_a_deposed_primary_still_running_stops_writing_once_it_hears_the_p
             await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(crawl_request(root), timeout=5)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert standby.address in (info.value.details() or "")  # it names the new primary
-    await asyncio.sleep(0.5)
+    # The crawl goes on at the promoted node, which fetches every page the old primary
+    # had in flight (and all the rest): once it finished there, a crawl still running on
+    # the old primary would have written pages too.
+    final = await finished(standby.address, job_id)
+    assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
     assert (await role(primary.address)).applied_offset == first  # its crawl stopped writing
     assert "fenced by epoch 2" in primary.log_text()
     assert "takes no writes" in standby.log_text()
@@ -618,6 +575,22 @@ async def test_start_crawl_retried_with_its_key_across_a_failover_returns_the_sa
     assert_every_page_once(await documents(standby.address, job_id), s, root)
 
 
+async def applies_a_write_made_after(
+    primary: ServeProc, standby: ServeProc, seconds: float
+) -> None:
+    """Write marker jobs on the primary until one is written ``seconds`` after the call,
+    and wait for the standby to apply it: the standby's event loop (its watchdog's too)
+    ran through that whole window, however slow the machine."""
+    start = asyncio.get_running_loop().time()
+    while True:
+        await start_crawl(primary.address, jobs_pb2.StartCrawlRequest(url="http://127.0.0.1:9/"))
+        if asyncio.get_running_loop().time() - start >= seconds:
+            break
+        await asyncio.sleep(0.2)
+    marker = (await role(primary.address)).applied_offset
+    await eventually(lambda: offset_at_least(standby.address, marker), f"offset {marker}")
+
+
 async def test_a_standby_with_auto_promote_takes_over_once_the_primary_is_silent(
     nodes: NodeFactory,
 ) -> None:
@@ -627,8 +600,10 @@ async def test_a_standby_with_auto_promote_takes_over_once_the_primary_is_silent
     )
     await asyncio.gather(primary.start(), standby.start())
     await eventually(lambda: _connected(standby.address), "the standby to connect")
-    await asyncio.sleep(1.5)  # connected all along: no promotion while the primary speaks
+    await applies_a_write_made_after(primary, standby, seconds=3.0)  # 3x --auto-promote-after
+    # connected all along: no promotion while the primary speaks
     assert (await role(standby.address)).role == pb.NODE_ROLE_STANDBY
+    assert "auto-promoting" not in standby.log_text()
     primary.kill()
 
     async def promoted() -> pb.RoleResponse | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import inspect
 import itertools
 import socket
 import time
@@ -226,9 +227,17 @@ async def _error(engine: HttpEngine, url: str, **kw: object) -> PageError:
 # --- pages -------------------------------------------------------------------------------------
 
 
-async def test_http_engine_implements_the_engine_protocol() -> None:
-    engine: Engine = HttpEngine(CONFIG)  # mypy checks the signatures
-    await engine.close()
+async def test_http_engine_has_every_engine_method_with_the_protocol_s_signature() -> None:
+    engine: Engine = HttpEngine(CONFIG)  # mypy checks the signatures statically
+    try:
+        members = [n for n in vars(Engine) if not n.startswith("_")]
+        assert sorted(members) == ["close", "scrape", "sitemap_urls"]
+        for name in members:
+            want, got = getattr(Engine, name), getattr(type(engine), name)
+            assert inspect.iscoroutinefunction(got), name
+            assert inspect.signature(got) == inspect.signature(want), name
+    finally:
+        await engine.close()
 
 
 async def test_a_page_becomes_a_document_with_absolute_links(

@@ -3,28 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
-from pagesift.shared.store import WriteGroup
+from pagesift.shared import jobrecords as jr
+from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
+from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
-from tests.helpers import all_documents, in_process_node, wait_terminal
+from tests.helpers import SiteSpec, all_documents, in_process_node, wait_terminal
 
 PAGES = 240
 
 
 @pytest.fixture
-async def site() -> AsyncIterator[tuple[Site, str]]:
-    s = build_site(PAGES, slow_seconds=2.0, big_bytes=2 * 1024 * 1024)
-    runner, root = await serve_site(s)
-    try:
-        yield s, root
-    finally:
-        await runner.cleanup()
+def site_spec() -> SiteSpec:
+    return SiteSpec(pages=PAGES, slow_seconds=2.0, big_bytes=2 * 1024 * 1024)
 
 
 def crawl_request(root: str, **kw: object) -> jobs_pb2.StartCrawlRequest:
@@ -179,7 +174,13 @@ async def test_cancel_stops_a_job_and_keeps_its_pages(
         cancelled = await node.stub.CancelJob(jobs_pb2.CancelJobRequest(id=started.id))
         assert cancelled.state == jobs_pb2.JOB_STATE_CANCELLED
         before = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=started.id))
-        await asyncio.sleep(0.3)
+        # A marker crawl on the same node, paced like the cancelled one: once it recorded
+        # its pages, a cancelled crawl still running would have recorded some as well.
+        marker = await node.stub.StartCrawl(
+            jobs_pb2.StartCrawlRequest(url=root, delay=0.05, max_concurrency=1, limit=5)
+        )
+        done = await wait_terminal(node.stub, marker.id)
+        assert done.completed >= 3
         after = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=started.id))
         assert after.state == jobs_pb2.JOB_STATE_CANCELLED
         assert after.completed == before.completed >= 3
@@ -210,6 +211,34 @@ async def test_an_expired_job_is_gone_with_every_one_of_its_keys(
                 break
             await asyncio.sleep(0.05)
         assert list(node.node.store().replicated_items()) == []
+
+
+def test_job_keys_name_every_key_a_job_owns_and_expiry_deletes_them(tmp_path: Path) -> None:
+    keys = jr.JobKeys("j1")
+    meta = jr.JobMeta("j1", "crawl", "completed", "acme", 0, 0, idempotency_key="k")
+    assert keys.meta == "job/j1" and keys.pages == "job/j1/pages"  # the on-disk names
+    assert keys.webhook_ack == "job/j1/webhook_ack" and keys.outbox == "job/j1/outbox"
+
+    def fill(g: WriteGroup) -> None:
+        g.insert(jr.JOBS_SET, b"j1")
+        g.put(jr.idem_key("acme", "k"), b"j1")
+        for kind, name in keys.all():
+            assert jr.job_of(name) == "j1"
+            if kind == "list":
+                g.push(name, b"x")
+            elif kind == "set":
+                g.insert(name, b"x")
+            else:
+                g.put(name, meta.encode())
+
+    store = Store(tmp_path / "db")
+    try:
+        store.write(fill)
+        assert jr.job_of("jobs") is None and jr.job_of("idem/acme/x") is None
+        store.write(lambda g: jr.delete_job(g, "j1", meta))
+        assert list(store.replicated_items()) == []
+    finally:
+        store.close()
 
 
 async def test_the_same_idempotency_key_returns_the_same_job(
@@ -278,15 +307,13 @@ async def test_each_page_is_one_group_with_its_document_and_its_done_mark(
         node.node.store().add_observer(recorder)
         started = await node.stub.StartCrawl(crawl_request(root, limit=40))
         final = await wait_terminal(node.stub, started.id)
-    page_groups = [g for g in recorder.groups if ("list_push", f"job/{started.id}/pages") in g]
-    done_groups = [g for g in recorder.groups if ("set_insert", f"job/{started.id}/done") in g]
+    keys = jr.JobKeys(started.id)
+    page_groups = [g for g in recorder.groups if ("list_push", keys.pages) in g]
+    done_groups = [g for g in recorder.groups if ("set_insert", keys.done) in g]
     assert len(page_groups) == final.completed
     for g in page_groups:  # the document and its done mark travel together, once
-        assert g.count(("list_push", f"job/{started.id}/pages")) == 1
-        assert g.count(("set_insert", f"job/{started.id}/done")) == 1
+        assert g.count(("list_push", keys.pages)) == 1
+        assert g.count(("set_insert", keys.done)) == 1
     # and a done mark never comes without the page or the page error it stands for
     for g in done_groups:
-        assert ("list_push", f"job/{started.id}/pages") in g or (
-            "list_push",
-            f"job/{started.id}/errors",
-        ) in g
+        assert ("list_push", keys.pages) in g or ("list_push", keys.errors) in g

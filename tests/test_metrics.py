@@ -50,7 +50,7 @@ def add_job(store: Store, job_id: str, kind: str, state: str) -> None:
     meta = jr.JobMeta(id=job_id, kind=kind, state=state, owner="a", created_ms=0, expires_ms=0)
 
     def group(g: WriteGroup) -> None:
-        g.put(jr.meta_key(job_id), meta.encode())
+        g.put(jr.JobKeys(job_id).meta, meta.encode())
         g.insert(jr.JOBS_SET, job_id.encode())
 
     store.write(group)

@@ -5,26 +5,23 @@ replication, and the admin key.
 Real gRPC servers (``grpcserver.run`` in the test's event loop), real RocksDB, a real demo
 site and real aiohttp webhook receivers, all on 127.0.0.1. The cases that need real
 processes killed with SIGKILL (webhook delivery across a restart and a failover) are in
-``test_platform_failover.py``, which imports the helpers defined here.
+``test_platform_failover.py``; the helpers both use are in ``helpers.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
-import aiohttp
 import grpc
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.node import grpcserver
@@ -32,67 +29,41 @@ from pagesift.node.node import Node
 from pagesift.primary import webhooks
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import tls
-from pagesift.shared.accounts import hash_key
 from pagesift.shared.config import ServerConfig
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, serve_site
+from pagesift.shared.demosite import Site
 from pagesift.shared.verify import verify_digests
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 from tests import helpers
-from tests.helpers import TERMINAL, free_port
-from tests.test_tls import _ca, _leaf
+from tests.helpers import (
+    ADMIN_MD,
+    ALICE,
+    BOB,
+    DAILY,
+    NOSECRET,
+    SMALL,
+    SOLO,
+    Hit,
+    Receiver,
+    Samples,
+    admin,
+    check_event_stream,
+    crawl,
+    documents,
+    eventually,
+    free_port,
+    make_ca,
+    make_leaf,
+    metric,
+    metric_names,
+    role,
+    scrape_metrics,
+    until,
+    wait_done,
+    write_accounts,
+)
 
-T = TypeVar("T")
 MiB = 1024 * 1024
-Metadata = tuple[tuple[str, str], ...]
-
-# ---------------------------------------------------------------- accounts
-
-
-@dataclass(frozen=True)
-class Acct:
-    """One account of the test accounts file; its API key is derived from its name."""
-
-    name: str
-    limits: dict[str, int] = field(default_factory=dict)
-    secret: str = ""
-
-    @property
-    def key(self) -> str:
-        return f"psk_test_{self.name}_0123456789"
-
-    @property
-    def md(self) -> Metadata:
-        return (("authorization", f"Bearer {self.key}"),)
-
-
-ADMIN_KEY = "psk_test_admin_0123456789"
-ADMIN_MD: Metadata = (("authorization", f"Bearer {ADMIN_KEY}"),)
-ALICE = Acct("alice", secret="alice-webhook-secret-0123456789")
-BOB = Acct("bob", secret="bob-webhook-secret-0123456789abc")
-SOLO = Acct("solo", {"max_concurrent_jobs": 1})
-DAILY = Acct("daily", {"pages_per_day": 10})
-SMALL = Acct("small", {"max_batch_urls": 3, "max_crawl_limit": 5})
-NOSECRET = Acct("nosecret")
-ACCOUNTS = (ALICE, BOB, SOLO, DAILY, SMALL, NOSECRET)
-
-
-def write_accounts(
-    path: Path, accounts: Sequence[Acct] = ACCOUNTS, admin_key: str | None = ADMIN_KEY
-) -> Path:
-    """An accounts file: only key hashes, as in production."""
-    lines: list[str] = []
-    if admin_key is not None:
-        lines += ["[admin]", f'key_sha256 = "{hash_key(admin_key)}"', ""]
-    for a in accounts:
-        lines += ["[[account]]", f'name = "{a.name}"', f'key_sha256 = "{hash_key(a.key)}"']
-        lines += [f"{k} = {v}" for k, v in a.limits.items()]
-        if a.secret:
-            lines.append(f'webhook_secret = "{a.secret}"')
-        lines.append("")
-    path.write_text("\n".join(lines))
-    return path
-
 
 # ---------------------------------------------------------------- nodes and waits
 
@@ -121,51 +92,6 @@ def node_config(data: Path, **overrides: Any) -> ServerConfig:
     return helpers.node_config(data, **{**FAST, **overrides})
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], what: str, timeout: float) -> T:
-    """``await check()`` until it returns something other than None; bounded in time."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got is not None:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def until(cond: Callable[[], bool], what: str, timeout: float) -> None:
-    async def check() -> bool | None:
-        return True if cond() else None
-
-    await eventually(check, what, timeout)
-
-
-async def wait_done(
-    stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str, md: Metadata = (), timeout: float = 30
-) -> jobs_pb2.GetJobResponse:
-    async def check() -> jobs_pb2.GetJobResponse | None:
-        resp = await stub.GetJob(jobs_pb2.GetJobRequest(id=job_id, limit=1), metadata=md)
-        return resp if resp.state in TERMINAL else None
-
-    return await eventually(check, f"job {job_id} to finish", timeout)
-
-
-async def documents(
-    stub: jobs_pb2_grpc.JobServiceAsyncStub, job_id: str, md: Metadata = ()
-) -> list[jobs_pb2.Document]:
-    docs: list[jobs_pb2.Document] = []
-    skip = 0
-    for _ in range(1000):
-        resp = await stub.GetJob(
-            jobs_pb2.GetJobRequest(id=job_id, skip=skip, limit=100), metadata=md
-        )
-        docs.extend(resp.documents)
-        if not resp.HasField("next_skip") or resp.next_skip == skip:
-            break
-        skip = resp.next_skip
-    return docs
-
-
 async def refused(call: Awaitable[object]) -> grpc.aio.AioRpcError:
     """The error of a call that must fail."""
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -179,139 +105,9 @@ def trailing(err: grpc.aio.AioRpcError) -> dict[str, str]:
     return {str(k): str(v) for k, v in pairs}
 
 
-def crawl(root: str, **kw: Any) -> jobs_pb2.StartCrawlRequest:
-    return jobs_pb2.StartCrawlRequest(url=root, exclude_paths=[CALENDAR_EXCLUDE], **kw)
-
-
 def article_urls(site: Site, root: str, n: int) -> list[str]:
     paths = sorted(p for p in site.manifest.pages if p.endswith(".html") and p.count("/") == 2)
     return [root.rstrip("/") + p for p in paths[:n]]
-
-
-@pytest.fixture
-async def site() -> AsyncIterator[tuple[Site, str]]:
-    s = build_site(40, slow_seconds=1.2, big_bytes=2 * MiB)
-    runner, root = await serve_site(s)
-    try:
-        yield s, root
-    finally:
-        await runner.cleanup()
-
-
-# ---------------------------------------------------------------- a webhook receiver
-
-
-@dataclass
-class Hit:
-    """One POST the receiver got."""
-
-    job: str
-    seq: int
-    event: str
-    data: dict[str, Any]
-    signed: bool  # the signature verifies with the account's secret
-    headers_ok: bool  # pagesift-event / pagesift-delivery match the body
-    body: bytes
-    timestamp: str
-    signature: str
-    status: int = 0  # what the receiver answered (0: no answer, e.g. the sender died)
-
-
-Respond = Callable[[Hit], Awaitable[int]]
-
-
-async def always_ok(hit: Hit) -> int:
-    return 200
-
-
-class Receiver:
-    """An aiohttp webhook receiver on 127.0.0.1 that records every delivery."""
-
-    def __init__(self, secret: str, respond: Respond = always_ok) -> None:
-        self.secret = secret
-        self.respond = respond
-        self.hits: list[Hit] = []  # every request, in arrival order
-        self.runner: web.AppRunner | None = None
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        doc = json.loads(body)
-        h = request.headers
-        timestamp, signature = h.get("pagesift-timestamp", ""), h.get("pagesift-signature", "")
-        hit = Hit(
-            job=str(doc["id"]),
-            seq=int(doc["seq"]),
-            event=str(doc["event"]),
-            data=dict(doc["data"]),
-            signed=webhooks.verify_signature(self.secret, timestamp, body, signature),
-            headers_ok=h.get("pagesift-event") == doc["event"]
-            and h.get("pagesift-delivery") == f"{doc['id']}:{doc['seq']}"
-            and h.get("content-type") == "application/json",
-            body=body,
-            timestamp=timestamp,
-            signature=signature,
-        )
-        self.hits.append(hit)
-        hit.status = await self.respond(hit)
-        return web.Response(status=hit.status)
-
-    async def start(self, port: int = 0) -> str:
-        app = web.Application()
-        app.router.add_post("/hook", self._handle)
-        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
-        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/hook"
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
-
-    def of(self, job: str) -> list[Hit]:
-        return [x for x in self.hits if x.job == job]
-
-    def acked(self, job: str) -> list[int]:
-        """Seqs answered 2xx, in order."""
-        return [x.seq for x in self.of(job) if 200 <= x.status < 300]
-
-
-def check_event_stream(hits: Sequence[Hit], n: int) -> None:
-    """Every event 0..n-1 exactly once, in order, signed; started first, a terminal last."""
-    assert [x.seq for x in hits] == list(range(n))
-    assert all(x.signed for x in hits), "a delivery with a bad signature"
-    assert all(x.headers_ok for x in hits)
-    assert hits[0].event == "started"
-    assert hits[-1].event in ("completed", "failed", "cancelled")
-    assert all(x.event in ("page", "page_failed") for x in hits[1:-1])
-
-
-# ---------------------------------------------------------------- metrics
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-async def scrape_metrics(address: str) -> Samples:
-    timeout = aiohttp.ClientTimeout(total=5)
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as session,
-        session.get(f"http://{address}/metrics") as resp,
-    ):
-        assert resp.status == 200
-        text = await resp.text()
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def metric(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def metric_names(samples: Samples) -> set[str]:
-    return {name for name, _ in samples}
 
 
 # ---------------------------------------------------------------- certificates
@@ -335,16 +131,16 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl CLI")
     d = tmp_path_factory.mktemp("certs")
-    _ca(d, "ca")
-    _ca(d, "other")
+    make_ca(d, "ca")
+    make_ca(d, "other")
     server_ext = (
         "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
     )
     client_ext = "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n"
-    _leaf(d, "server", "localhost", server_ext)
-    _leaf(d, "client", "standby-1", client_ext)
-    _leaf(d, "rogue", "rogue", client_ext, ca="other")
+    make_leaf(d, "server", "localhost", server_ext)
+    make_leaf(d, "client", "standby-1", client_ext)
+    make_leaf(d, "rogue", "rogue", client_ext, ca="other")
     return Certs(
         d / "ca.pem",
         d / "server.pem",
@@ -358,16 +154,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 
 # ---------------------------------------------------------------- replication helpers
-
-
-def admin(channel: grpc.aio.Channel) -> replication_pb2_grpc.AdminServiceAsyncStub:
-    return replication_pb2_grpc.AdminServiceStub(channel)
-
-
-async def role(address: str, md: Metadata = ()) -> rpb.RoleResponse:
-    async with grpc.aio.insecure_channel(address) as ch:
-        resp: rpb.RoleResponse = await admin(ch).Role(rpb.RoleRequest(), metadata=md, timeout=5)
-        return resp
 
 
 async def caught_up(
@@ -758,7 +544,7 @@ async def test_in_sync_mode_a_page_event_is_posted_only_once_its_page_is_replica
         if hit.event == "started":
             # answer once a page is committed (its event is next in the outbox), so the
             # delivery loop reads that event at once instead of going idle
-            pages = jr.part(hit.job, "pages")
+            pages = jr.JobKeys(hit.job).pages
             await until(lambda: node.store().list_len(pages) > 0, "a page committed", 10)
         if hit.event == "page" and len(seen) < 3:
             job = await stub.GetJob(jobs_pb2.GetJobRequest(id=hit.job), metadata=ALICE.md)

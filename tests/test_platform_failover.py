@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +25,24 @@ import grpc
 import pytest
 
 from pagesift.primary import webhooks
-from pagesift.shared.demosite import Site, build_site, serve_site
+from pagesift.shared.demosite import Site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
-from tests.helpers import PAIR_TOKEN_FILE, NodeFactory, ServeProc, free_port, serve_procs
-from tests.test_platform import (
+from tests.helpers import (
     ADMIN_MD,
     ALICE,
+    PAIR_TOKEN_FILE,
     Hit,
+    NodeFactory,
     Receiver,
+    ServeProc,
+    SiteSpec,
     admin,
     check_event_stream,
     crawl,
     documents,
     eventually,
+    free_port,
     metric,
     role,
     scrape_metrics,
@@ -70,20 +73,8 @@ def settings(accounts: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
-    """Makes ``ServeProc``\\ s; every one is stopped at the end, whatever happened."""
-    with serve_procs(tmp_path) as make:
-        yield make
-
-
-@pytest.fixture
-async def site() -> AsyncIterator[tuple[Site, str]]:
-    s = build_site(80, slow_seconds=1.2, big_bytes=2 * MiB)
-    runner, root = await serve_site(s)
-    try:
-        yield s, root
-    finally:
-        await runner.cleanup()
+def site_spec() -> SiteSpec:
+    return SiteSpec(pages=80, slow_seconds=1.2, big_bytes=2 * MiB)
 
 
 class Held:

@@ -70,7 +70,7 @@ def test_usage_survives_a_restart_and_replicates(tmp_path: Path) -> None:
                 g.put(f"page/{i}", b"doc")  # the page this charge belongs to
                 quota.charge(g, "acme", 1, T0 + i)
 
-            _, ops = primary.write(group)
+            ops = primary.write(group).ops
             standby.apply(ops)  # what the replication stream does with a group
         assert quota.used_today(standby, "acme", T0 + 60) == 3
     finally:
@@ -99,7 +99,7 @@ def test_prune_deletes_only_buckets_outside_the_window(store: Store) -> None:
     charge(store, "beta", 1, T0)
     now = T0 + 40 * H + 5
     # charging at hour 40 already removed the bucket of hour 40 - 24 = 16 (none)
-    (removed, _) = store.write(lambda g: quota.prune(g, "acme", now))
+    removed = store.write(lambda g: quota.prune(g, "acme", now)).result
     assert removed == 2  # hours 0 and 1
     assert quota.used_today(store, "acme", now) == 2  # hours 30 and 40
     assert sorted(store.keys("usage/acme/")) == sorted(
@@ -161,7 +161,7 @@ def test_page_limit_hit_stops_exactly_at_the_limit(store: Store) -> None:
             quota.charge(g, "acme", 1, T0 + i)
             return None
 
-        hit, _ = store.write(group)
+        hit = store.write(group).result
         if hit is not None:
             stopped = hit
             break
@@ -232,7 +232,7 @@ def test_active_jobs_counts_the_owners_running_jobs(store: Store) -> None:
         )
 
         def group(g: WriteGroup, meta: jr.JobMeta = meta) -> None:
-            g.put(jr.meta_key(meta.id), meta.encode())
+            g.put(jr.JobKeys(meta.id).meta, meta.encode())
             g.insert(jr.JOBS_SET, meta.id.encode())
 
         store.write(group)

@@ -5,8 +5,6 @@ full resync and a sync-mode tail, and ends with the primary's digest.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,14 +15,7 @@ from pagesift.primary.replication import ReplicationServicer
 from pagesift.shared.slot import open_slot
 from pagesift.shared.store import WriteGroup
 from pagesift.standby.follower import Follower
-
-
-async def until(pred: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+from tests.helpers import until
 
 
 def put(key: str, value: bytes) -> Callable[[WriteGroup], None]:
@@ -52,7 +43,7 @@ async def test_a_standby_follows_the_framed_stream_through_a_resync_and_the_tail
         await until(lambda: b.log.last_offset == a.log.last_offset, "the full resync")
         assert follower.full_resyncs == 1
         for i in range(50):  # the tail, each write waiting for the standby's ack
-            _, offset = a.log.write(put(f"late/{i}", b"x" * 100))
+            offset = a.log.write(put(f"late/{i}", b"x" * 100)).offset
             assert await repl.wait_replicated(offset) is True
         assert b.store.digest() == a.store.digest()
         assert repl.status().lag_offsets == 0 and follower.status().lag_offsets == 0

@@ -39,7 +39,7 @@ def primary(tmp_path: Path) -> Iterator[Log]:
 
 
 def put(log: Log, key: str, value: bytes = b"v") -> int:
-    _, offset = log.write(lambda g: g.put(key, value))
+    offset = log.write(lambda g: g.put(key, value)).offset
     return offset
 
 
@@ -64,7 +64,7 @@ def test_a_group_that_fails_or_writes_nothing_takes_no_offset(primary: Log) -> N
 
     with pytest.raises(RuntimeError):
         primary.write(bad)
-    assert primary.write(lambda g: g.get("a"))[1] == 1
+    assert primary.write(lambda g: g.get("a")).offset == 1
     assert put(primary, "c") == 2
     assert primary.store.get("b") is None
 
@@ -240,9 +240,8 @@ class _DigestAt:
         pass
 
     def committed(self, group: WriteGroup) -> None:
-        offset = group.info.get("offset")
-        if isinstance(offset, int):
-            self.out[offset] = self.store.digest()
+        if group.offset:  # set by the log, which stages before us
+            self.out[group.offset] = self.store.digest()
 
 
 async def test_waiters_wake_on_commits_made_by_another_thread(primary: Log) -> None:
@@ -312,7 +311,7 @@ def test_a_snapshot_as_ops_rebuilds_the_same_store_and_lists_keep_their_sequence
     # and the rebuilt lists continue with the same sequence numbers
     log.close()
     for name in ["a", "b", "job/x"]:
-        seq, _ = dst.write(functools.partial(WriteGroup.push, name=name, item=b"z"))
+        seq = dst.write(functools.partial(WriteGroup.push, name=name, item=b"z")).result
         assert seq == src.list_bounds(name)[1]
     src.close()
     dst.close()

@@ -17,7 +17,6 @@ from pagesift.shared.replproto import (
     Refuse,
     StalePrimary,
     StepDown,
-    backoff_delay,
     check_batch,
     check_primary_epoch,
     decide,
@@ -161,13 +160,6 @@ def test_a_fenced_node_writes_again_only_after_adopting_the_fencing_epoch() -> N
     assert may_accept_writes(epoch=3, fenced_epoch=0)
     assert not may_accept_writes(epoch=3, fenced_epoch=4)
     assert may_accept_writes(epoch=4, fenced_epoch=4)
-
-
-def test_backoff_doubles_up_to_its_cap_and_jitter_only_shortens_it() -> None:
-    delays = [backoff_delay(a, base=0.1, cap=2.0) for a in range(8)]
-    assert delays[:4] == pytest.approx([0.1, 0.2, 0.4, 0.8])
-    assert max(delays) == 2.0
-    assert backoff_delay(100, base=0.1, cap=2.0, jitter=0.99) == pytest.approx(1.01)
 
 
 def test_a_fencing_hello_is_done_once_refused_and_deposes_us_only_for_a_higher_epoch() -> None:

@@ -30,9 +30,11 @@ def test_kv_lists_and_sets_read_back_what_a_group_wrote(store: Store) -> None:
         assert g.insert("job/a/done", b"x") is False
         return seqs
 
-    seqs, ops = store.write(group)
-    assert seqs == [0, 1, 2]
-    assert [op.WhichOneof("op") for op in ops] == ["kv_put"] + ["list_push"] * 3 + ["set_insert"]
+    commit = store.write(group)
+    assert commit.result == [0, 1, 2]
+    assert commit.offset == 0  # no replication log on this store
+    kinds = [op.WhichOneof("op") for op in commit.ops]
+    assert kinds == ["kv_put"] + ["list_push"] * 3 + ["set_insert"]
     assert store.get("job/a") == b"meta"
     assert store.list_range("job/a/pages") == [b"\x00", b"\x01", b"\x02"]
     assert store.list_range("job/a/pages", 1, 1) == [b"\x01"]
@@ -44,24 +46,24 @@ def test_kv_lists_and_sets_read_back_what_a_group_wrote(store: Store) -> None:
 
 def test_trim_front_drops_a_consumed_prefix_and_nothing_past_the_end(store: Store) -> None:
     store.write(lambda g: [g.push("q", item) for item in (b"a", b"b", b"c", b"d")])
-    assert store.write(lambda g: g.trim_front("q", 2))[0] == 2
+    assert store.write(lambda g: g.trim_front("q", 2)).result == 2
     assert store.list_bounds("q") == (2, 4) and store.list_items("q", 0, 10) == [
         (2, b"c"),
         (3, b"d"),
     ]
-    assert store.write(lambda g: g.trim_front("q", 1))[0] == 0  # already gone
-    assert store.write(lambda g: g.trim_front("q", 99))[0] == 2  # never past the end
+    assert store.write(lambda g: g.trim_front("q", 1)).result == 0  # already gone
+    assert store.write(lambda g: g.trim_front("q", 99)).result == 2  # never past the end
     assert store.list_bounds("q") == (4, 4) and store.list_len("q") == 0
-    assert store.write(lambda g: g.push("q", b"e"))[0] == 4
+    assert store.write(lambda g: g.push("q", b"e")).result == 4
 
 
 def test_pop_front_and_clear_keep_sequence_numbers_rising(store: Store) -> None:
     store.write(lambda g: [g.push("q", b"a"), g.push("q", b"b")])
-    popped, _ = store.write(lambda g: g.pop_front("q"))
+    popped = store.write(lambda g: g.pop_front("q")).result
     assert popped == (0, b"a")
     store.write(lambda g: g.clear_list("q"))
     assert store.list_len("q") == 0
-    seq, _ = store.write(lambda g: g.push("q", b"c"))
+    seq = store.write(lambda g: g.push("q", b"c")).result
     assert seq == 2
     assert store.list_items("q") == [(2, b"c")]
 
@@ -148,7 +150,7 @@ def test_replaying_groups_once_twice_or_after_a_partial_replay_rebuilds_the_sour
                 for a in actions:
                     run_action(g, a)
 
-            _, ops = src.write(group)
+            ops = src.write(group).ops
             # ops travel as bytes: round-trip them like the log does
             logged.append([store_pb2.Op.FromString(op.SerializeToString()) for op in ops])
         expected = contents(src)
@@ -194,7 +196,7 @@ def test_apply_op_one_by_one_matches_apply(tmp_path: Path) -> None:
         g.clear_list("M", drop=True)
         g.delete("gone")
 
-    _, ops = src.write(group)
+    ops = src.write(group).ops
     one, many = Store(tmp_path / "one"), Store(tmp_path / "many")
 
     def one_by_one(g: WriteGroup) -> None:

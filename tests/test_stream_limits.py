@@ -19,7 +19,7 @@ from pagesift.shared.accounts import hash_key
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.shared.streams import WINDOW_DOCS
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import RunningNode, in_process_node
+from tests.helpers import RunningNode, in_process_node, until
 
 ACME_KEY = "acme-key-0123456789"
 BETA_KEY = "beta-key-0123456789"
@@ -63,14 +63,14 @@ def put_job(store: Store, owner: str, docs: int, doc_bytes: int, *, state: str) 
     )
 
     def group(g: WriteGroup) -> None:
-        g.put(jr.meta_key(job_id), meta.encode())
+        g.put(jr.JobKeys(job_id).meta, meta.encode())
         g.insert(jr.JOBS_SET, job_id.encode())
         for i in range(docs):
             doc = jobs_pb2.Document(
                 url=f"http://127.0.0.1/{i}", status_code=200, markdown=os.urandom(doc_bytes).hex()
             )
-            g.push(jr.part(job_id, "pages"), doc.SerializeToString())
-            g.insert(jr.part(job_id, "done"), str(i).encode())
+            g.push(jr.JobKeys(job_id).pages, doc.SerializeToString())
+            g.insert(jr.JobKeys(job_id).done, str(i).encode())
 
     store.write(group)
     return job_id
@@ -80,16 +80,6 @@ def sample(node: RunningNode, name: str, labels: dict[str, str] | None = None) -
     value = node.node.metrics.registry.get_sample_value(name, labels or {})
     assert value is not None, f"no series {name} {labels or ''}"
     return value
-
-
-async def until(check: object, what: str, polls: int = 400) -> None:
-    """Poll ``check()`` (every 25 ms, at most ``polls`` times) until it is true."""
-    assert callable(check)
-    for _ in range(polls):
-        if check():
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def open_stream(
@@ -266,7 +256,7 @@ async def test_a_batch_stores_its_valid_urls_and_every_other_field(tmp_path: Pat
     async with in_process_node(tmp_path / "node") as node:
         for request in (req, jobs_pb2.StartBatchScrapeRequest(urls=req.urls[:1])):
             resp = await node.stub.StartBatchScrape(request)
-            raw = node.node.store().get(jr.part(resp.id, "request"))
+            raw = node.node.store().get(jr.JobKeys(resp.id).request)
             assert raw is not None
             want = jobs_pb2.StartBatchScrapeRequest()
             want.CopyFrom(request)

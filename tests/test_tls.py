@@ -4,7 +4,6 @@ mTLS), the replication token and the metadata guard."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pagesift.shared import tls
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
+from tests.helpers import make_ca, make_leaf
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 
@@ -35,45 +35,19 @@ class Pki:
     rogue_key: Path
 
 
-def _openssl(cwd: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _ca(d: Path, name: str) -> None:
-    _openssl(
-        d, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-        "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2",
-        "-subj", f"/CN=pagesift test {name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-    )  # fmt: skip
-
-
-def _leaf(d: Path, name: str, cn: str, ext: str, ca: str = "ca") -> None:
-    (d / f"{name}.ext").write_text(ext)
-    _openssl(
-        d, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}",
-    )  # fmt: skip
-    _openssl(
-        d, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-        "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     d = tmp_path_factory.mktemp("pki")
-    _ca(d, "ca")
-    _ca(d, "other")
-    _leaf(
+    make_ca(d, "ca")
+    make_ca(d, "other")
+    make_leaf(
         d, "server", "localhost",
         "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
     )  # fmt: skip
     client_ext = "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n"
-    _leaf(d, "client", "standby-1", client_ext)
-    _leaf(d, "rogue", "rogue", client_ext, ca="other")
+    make_leaf(d, "client", "standby-1", client_ext)
+    make_leaf(d, "rogue", "rogue", client_ext, ca="other")
     return Pki(
         d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key",
         d / "other.pem", d / "rogue.pem", d / "rogue.key",

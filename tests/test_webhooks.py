@@ -20,7 +20,7 @@ from pagesift.primary import webhooks
 from pagesift.shared import jobrecords as jr
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store, WriteGroup
-from tests.helpers import free_port
+from tests.helpers import free_port, until
 
 SECRET = "acme-webhook-secret-0123456789"
 
@@ -120,7 +120,7 @@ def make_job(
     )
 
     def group(g: WriteGroup) -> None:
-        g.put(jr.meta_key(job_id), meta.encode())
+        g.put(jr.JobKeys(job_id).meta, meta.encode())
         g.insert(jr.JOBS_SET, job_id.encode())
         if url is not None:
             webhooks.configure(g, job_id, url, events, account)
@@ -133,23 +133,15 @@ def record_page(store: Store, job_id: str, index: int, event: str = "page") -> i
     """What the runtime's page group does: the page and its event, one group."""
 
     def group(g: WriteGroup) -> int | None:
-        g.push(jr.part(job_id, "pages"), f"doc {index}".encode())
+        g.push(jr.JobKeys(job_id).pages, f"doc {index}".encode())
         return webhooks.enqueue(g, job_id, event, {"index": index, "url": f"https://x/{index}"})
 
-    seq, _ = store.write(group)
+    seq = store.write(group).result
     return seq
 
 
 def finish(store: Store, job_id: str) -> None:
     store.write(lambda g: webhooks.enqueue(g, job_id, "completed", {"state": "completed"}))
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def deliverer(store_getter: Callable[[], Store], **kw: object) -> webhooks.Deliverer:
@@ -207,7 +199,10 @@ async def test_every_event_arrives_once_in_order_and_signed(
             finish(store, job)
             d.wake(job)
         want = {"a": 1 + 15 + 1 + 1, "b": 14 + 1}
-        await wait_for(lambda: all(webhooks.read_ack(store, j) == n for j, n in want.items()))
+        await until(
+            lambda: all(webhooks.read_ack(store, j) == n for j, n in want.items()),
+            "every job's events acked",
+        )
         now = time.time()
         for job, n in want.items():
             assert receiver.seqs(job) == list(range(n)), job
@@ -221,10 +216,10 @@ async def test_every_event_arrives_once_in_order_and_signed(
         }
         for x in receiver.got:
             check_delivery(x, now)
-        assert receiver.seqs("c") == [] and store.list_len(webhooks.outbox_key("c")) == 0
+        assert receiver.seqs("c") == [] and store.list_len(jr.JobKeys("c").outbox) == 0
         assert webhooks.queue_depth(store) == 0
         for job, n in want.items():  # delivered events are dropped; seqs keep rising
-            assert store.list_bounds(webhooks.outbox_key(job)) == (n, n), job
+            assert store.list_bounds(jr.JobKeys(job).outbox) == (n, n), job
         assert metrics.webhook_deliveries.labels("ok")._value.get() == sum(want.values())
     finally:
         await d.close()
@@ -242,7 +237,9 @@ async def test_a_receiver_that_is_down_then_back_gets_everything(
         record_page(store, "j", i)
     try:
         await d.start()
-        await asyncio.sleep(0.3)  # nothing listens: connection refused, retried
+        # nothing listens: connection refused, counted, retried
+        errors = metrics.webhook_deliveries.labels("error")
+        await until(lambda: errors._value.get() >= 2, "two refused attempts")
         assert webhooks.read_ack(store, "j") == 0
         assert webhooks.queue_depth(store) == 4
 
@@ -251,7 +248,7 @@ async def test_a_receiver_that_is_down_then_back_gets_everything(
 
         receiver.behavior = flaky
         await receiver.start(port)
-        await wait_for(lambda: webhooks.read_ack(store, "j") == 4)
+        await until(lambda: webhooks.read_ack(store, "j") == 4, "events 0-3 acked")
         assert receiver.seqs("j") == [0, 0, 0, 1, 2, 3]
         assert metrics.webhook_deliveries.labels("error")._value.get() >= 3
         assert metrics.webhook_deliveries.labels("ok")._value.get() == 4
@@ -278,7 +275,7 @@ async def test_a_restart_mid_delivery_resends_nothing_acknowledged_and_loses_not
         record_page(holder["store"], "j", i)  # seqs 0..9
     first = deliverer(lambda: holder["store"])
     await first.start()
-    await wait_for(lambda: 5 in receiver.seqs("j"))  # seq 5 is in flight, unanswered
+    await until(lambda: 5 in receiver.seqs("j"), "event 5 posted")  # seq 5 is in flight, unanswered
     await first.close()  # "the process stops" mid-delivery
     ack_at_stop = webhooks.read_ack(holder["store"], "j")
     assert ack_at_stop == 5
@@ -292,7 +289,7 @@ async def test_a_restart_mid_delivery_resends_nothing_acknowledged_and_loses_not
         second = deliverer(lambda: holder["store"])
         await second.start()  # resume() from the persisted cursor
         try:
-            await wait_for(lambda: webhooks.read_ack(holder["store"], "j") == 13)
+            await until(lambda: webhooks.read_ack(holder["store"], "j") == 13, "events 0-12 acked")
         finally:
             await second.close()
         seqs = receiver.seqs("j")
@@ -322,7 +319,7 @@ async def test_an_undeliverable_event_becomes_a_job_note_and_the_cursor_moves_on
     finish(store, "j")
     try:
         await d.start()
-        await wait_for(lambda: webhooks.read_ack(store, "j") == 3)
+        await until(lambda: webhooks.read_ack(store, "j") == 3, "events 0-2 acked")
     finally:
         await d.close()
     assert receiver.seqs("j") == [0, 0, 0, 1, 2]
@@ -351,8 +348,9 @@ async def test_the_address_guard_refuses_loopback_unless_allowed(
     make_job(store, "k", url.replace("127.0.0.1", "localhost"))
     try:
         await d.start()
-        await wait_for(
-            lambda: (webhooks.read_ack(store, "j"), webhooks.read_ack(store, "k")) == (4, 1)
+        await until(
+            lambda: (webhooks.read_ack(store, "j"), webhooks.read_ack(store, "k")) == (4, 1),
+            "both jobs given up",
         )
     finally:
         await d.close()
@@ -377,7 +375,7 @@ async def test_an_account_without_a_secret_gets_notes_not_unsigned_posts(
     record_page(store, "j", 0)
     try:
         await d.start()
-        await wait_for(lambda: webhooks.read_ack(store, "j") == 2)
+        await until(lambda: webhooks.read_ack(store, "j") == 2, "events 0-1 given up")
     finally:
         await d.close()
     assert receiver.got == []
@@ -389,23 +387,22 @@ async def test_a_job_expiring_during_delivery_leaves_no_stray_key(
     store: Store, receiver: Receiver
 ) -> None:
     async def expire_then_ok(d: Delivery, n: int) -> int:
-        def group(g: WriteGroup) -> None:  # what the runtime's expiry group does
-            webhooks.delete_keys(g, "j")
-            g.clear_list(jr.part("j", "pages"), drop=True)
-            g.delete(jr.meta_key("j"))
-            g.remove(jr.JOBS_SET, b"j")
+        def group(g: WriteGroup) -> None:  # the runtime's expiry group
+            jr.delete_job(g, "j", None)
 
         store.write(group)
         return 200
 
     receiver.behavior = expire_then_ok
     url = await receiver.start()
-    d = deliverer(lambda: store)
+    metrics = Metrics()
+    d = deliverer(lambda: store, metrics=metrics)
     make_job(store, "j", url)
     try:
         await d.start()
-        await wait_for(lambda: len(receiver.got) == 1)
-        await asyncio.sleep(0.1)
+        # counted "ok" in the same step as the cursor write it decided on (no await between)
+        ok = metrics.webhook_deliveries.labels("ok")
+        await until(lambda: ok._value.get() == 1, "the 200 to be handled")
     finally:
         await d.close()
     assert list(store.replicated_items()) == []  # not even webhook_ack came back
@@ -413,7 +410,7 @@ async def test_a_job_expiring_during_delivery_leaves_no_stray_key(
 
 def test_enqueue_is_part_of_the_group_and_filters_events(store: Store) -> None:
     make_job(store, "j", "https://example.com/hook", events=("completed",))
-    assert store.list_len(webhooks.outbox_key("j")) == 0  # started not wanted
+    assert store.list_len(jr.JobKeys("j").outbox) == 0  # started not wanted
     assert record_page(store, "j", 0) is None
 
     def failing(g: WriteGroup) -> None:
@@ -422,17 +419,17 @@ def test_enqueue_is_part_of_the_group_and_filters_events(store: Store) -> None:
 
     with pytest.raises(RuntimeError):
         store.write(failing)
-    assert store.list_len(webhooks.outbox_key("j")) == 0  # no change, no event
+    assert store.list_len(jr.JobKeys("j").outbox) == 0  # no change, no event
     finish(store, "j")
-    assert store.list_len(webhooks.outbox_key("j")) == 1
+    assert store.list_len(jr.JobKeys("j").outbox) == 1
     with pytest.raises(ValueError, match="unknown webhook event"):
         store.write(lambda g: webhooks.enqueue(g, "j", "exploded", {}))
     cfg = webhooks.load_config(store, "j")
     assert cfg == webhooks.WebhookConfig("https://example.com/hook", ("completed",), "acme")
-    assert webhooks.parse_events([]) == webhooks.EVENTS
-    assert webhooks.parse_events(["completed", "started"]) == ("started", "completed")
+    assert jr.webhook_events([]) == jr.WEBHOOK_EVENTS
+    assert jr.webhook_events(["completed", "started"]) == ("started", "completed")
     with pytest.raises(ValueError, match=r"webhook.events\[1\]"):
-        webhooks.parse_events(["page", "nope"])
+        jr.webhook_events(["page", "nope"])
 
 
 def test_verify_signature() -> None:

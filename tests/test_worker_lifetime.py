@@ -21,15 +21,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from pagesift.shared.demosite import Site, build_site, serve_site
+from pagesift.shared.demosite import Site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import TERMINAL, NodeFactory, ServeProc, serve_procs
+from tests.helpers import TERMINAL, NodeFactory, ServeProc, SiteSpec
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="walks /proc and uses pidfds (Linux)"
@@ -163,20 +162,9 @@ async def poll_until_workers(node: ServeProc, at_least: int, timeout: float = 30
 
 
 @pytest.fixture
-async def site() -> AsyncIterator[tuple[Site, str]]:
+def site_spec() -> SiteSpec:
     # big.html (256 KiB, under the 1 MiB body cap) is a document extracted in a worker
-    s = build_site(200, slow_seconds=1.5, big_bytes=256 * 1024)
-    runner, root = await serve_site(s)
-    try:
-        yield s, root
-    finally:
-        await runner.cleanup()
-
-
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
-    with serve_procs(tmp_path) as make:
-        yield make
+    return SiteSpec(pages=200, slow_seconds=1.5, big_bytes=256 * 1024)
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])

@@ -1,0 +1,42 @@
+"""Fixtures shared by two or more test modules; plain helpers live in ``helpers.py``.
+
+``site`` serves a demo site (``pagesift.shared.demosite``) on 127.0.0.1 for one test;
+its size and speed come from the ``site_spec`` fixture, which a module overrides with
+its own (a module-level fixture of the same name wins over this one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from pagesift.shared.demosite import Site, build_site, serve_site
+from tests.helpers import NodeFactory, SiteSpec, serve_procs
+
+
+@pytest.fixture
+def site_spec() -> SiteSpec:
+    return SiteSpec()
+
+
+@pytest.fixture
+async def site(site_spec: SiteSpec) -> AsyncIterator[tuple[Site, str]]:
+    """A demo site and its root URL, served until the test ends."""
+    s = build_site(
+        site_spec.pages, slow_seconds=site_spec.slow_seconds, big_bytes=site_spec.big_bytes
+    )
+    runner, root = await serve_site(s)
+    try:
+        yield s, root
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
+    """Makes ``ServeProc``\\ s (``pagesift serve`` children under ``tmp_path``); every one
+    is stopped at the end, whatever happened."""
+    with serve_procs(tmp_path) as make:
+        yield make
