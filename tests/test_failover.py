@@ -37,8 +37,11 @@ from tests.helpers import (
     all_documents,
     eventually,
     finished,
+    free_port,
     get_job,
+    metric,
     role,
+    scrape_metrics,
 )
 
 MiB = 1024 * 1024
@@ -55,9 +58,10 @@ async def start_pair(
     *,
     primary_config: dict[str, Any] | None = None,
     primary_extra: tuple[str, ...] = (),
+    standby_config: dict[str, Any] | None = None,
 ) -> tuple[ServeProc, ServeProc]:
     primary = nodes("primary", config=primary_config, extra=primary_extra)
-    standby = nodes("standby", role="standby", primary=primary.address)
+    standby = nodes("standby", role="standby", primary=primary.address, config=standby_config)
     await asyncio.gather(primary.start(), standby.start())
     await eventually(lambda: _connected(standby.address), "the standby to connect")
     return primary, standby
@@ -547,7 +551,8 @@ async def test_start_crawl_retried_with_its_key_across_a_failover_returns_the_sa
     nodes: NodeFactory, site: tuple[Site, str]
 ) -> None:
     s, root = site
-    primary, standby = await start_pair(nodes)
+    metrics_at = f"127.0.0.1:{free_port()}"
+    primary, standby = await start_pair(nodes, standby_config={"metrics_listen": metrics_at})
     req = crawl_request(root, key="the-nightly-crawl")
     async with JobClient([standby.address, primary.address], retry_budget=20.0) as client:
         job_id = await client.start_crawl(req)
@@ -560,8 +565,19 @@ async def test_start_crawl_retried_with_its_key_across_a_failover_returns_the_sa
         # The retry goes out while no node takes writes (the primary is down, the
         # standby refuses); the promotion comes a moment later; the retry lands on it.
         retry = asyncio.create_task(client.start_crawl(req))
-        await asyncio.sleep(1.0)
-        assert not retry.done()
+
+        async def refused_by_the_standby() -> bool | None:
+            samples = await scrape_metrics(metrics_at)
+            refusals = metric(
+                samples,
+                "pagesift_grpc_requests_total",
+                method="pagesift.v1.JobService/StartCrawl",
+                code="FAILED_PRECONDITION",
+            )
+            return True if refusals >= 1 else None
+
+        await eventually(refused_by_the_standby, "the retry to reach the standby", 20)
+        assert not retry.done()  # refused there, and nobody else takes writes
         await promote(standby.address)
         again = await asyncio.wait_for(retry, 30)
         assert again == job_id
