@@ -18,25 +18,23 @@ The guarantees (see ``engine.py`` for the contract):
   and no body is read at all for error statuses or unsupported content types;
 - every failure is a ``PageError`` with one ``ErrorCode``; nothing else escapes
   ``scrape`` (but ``CancelledError``), and ``sitemap_urls`` never raises.
+
+Body classification and decoding live in ``content``; sitemap walking and parsing in
+``sitemaps``, whose every file is fetched through this engine's ``_fetch``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
-import html
-import re
 import time
-import zlib
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
-from pagesift.primary import crawl, extract, workers
+from pagesift.primary import content, crawl, extract, sitemaps, workers
 from pagesift.primary.engine import FetchPolicy, Page
 from pagesift.primary.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.primary.politeness import HostSlots, effective_delay
@@ -50,44 +48,11 @@ from pagesift.v1 import jobs_pb2
 __all__ = ["HttpEngine"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
-_TEXT_TYPES = frozenset(
-    {
-        "application/json",
-        "application/xml",
-        "application/javascript",
-        "application/ecmascript",
-        "application/x-javascript",
-        "application/rss+xml",
-        "application/atom+xml",
-        "application/x-ndjson",
-        "application/yaml",
-        "application/x-yaml",
-        "application/toml",
-        "application/csv",
-    }
-)
 _ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
-_META_CHARSET = re.compile(rb"""<meta[^>]{0,200}?charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
-# WHATWG: these labels mean windows-1252 in HTML.
-_CHARSET_ALIASES = {
-    "iso-8859-1": "cp1252",
-    "iso8859-1": "cp1252",
-    "latin1": "cp1252",
-    "latin-1": "cp1252",
-    "us-ascii": "cp1252",
-    "ascii": "cp1252",
-    "windows-1252": "cp1252",
-}
-
 # Pages at least this long are extracted in the worker processes (``workers``); smaller
 # ones inline, where the round trip would cost more than the work.
 _OFFLOAD_MIN_CHARS = 8192
 
-SITEMAP_MAX_URLS = 50_000
-SITEMAP_MAX_DEPTH = 3
-SITEMAP_MAX_FILES = 1_000
-SITEMAP_MAX_BYTES = 50 * 1024 * 1024  # the sitemaps.org limit, uncompressed
 ROBOTS_MAX_REDIRECTS = 5  # RFC 9309 2.3.1.2
 
 
@@ -161,9 +126,9 @@ class HttpEngine:
             if "Content-Type" not in resp.headers:
                 return "sniff"
             mimetype = resp.content_type
-            if mimetype in _HTML_TYPES:
+            if mimetype in content.HTML_TYPES:
                 return "html"
-            if _is_text(mimetype):
+            if content.is_text(mimetype):
                 if allow_non_html:
                     return "text"
                 raise PageError(
@@ -185,7 +150,7 @@ class HttpEngine:
             self.metrics.fetched(time.monotonic() - started, len(resp.body))
         kind = resp.kind
         if kind == "sniff":
-            kind = _sniff(resp.body, allow_non_html)
+            kind = content.sniff(resp.body, allow_non_html)
         doc = jobs_pb2.Document(
             url=url,
             final_url=resp.url,
@@ -193,7 +158,7 @@ class HttpEngine:
             content_type=resp.content_type or resp.mimetype,
         )
         doc.fetched_at.FromNanoseconds(time.time_ns())
-        text = _decode(resp.body, resp.charset, html=kind == "html")
+        text = content.decode(resp.body, resp.charset, html=kind == "html")
         if kind == "html":
             try:
                 links = await self._extract(doc, text, resp.url, options)
@@ -249,12 +214,13 @@ class HttpEngine:
                 roots = []
             if not roots:
                 roots = [origin + "/sitemap.xml"]
-            await self._walk_sitemaps(roots, found, crawl.origin_of(origin + "/"))
+            site = crawl.origin_of(origin + "/")
+            await sitemaps.walk(roots, found, site, self._fetch_sitemap)
         except asyncio.CancelledError:
             raise
         except Exception:
             pass
-        return list(found)[:SITEMAP_MAX_URLS]
+        return list(found)[: sitemaps.SITEMAP_MAX_URLS]
 
     async def close(self) -> None:
         await self._robots.close()
@@ -415,47 +381,19 @@ class HttpEngine:
 
     # --- sitemaps --------------------------------------------------------------------------
 
-    async def _walk_sitemaps(
-        self, roots: list[str], found: dict[str, None], site: crawl.Origin | None
-    ) -> None:
-        queue: deque[tuple[str, int]] = deque((u, 0) for u in roots)
-        fetched: set[str] = set()
-        while queue and len(found) < SITEMAP_MAX_URLS and len(fetched) < SITEMAP_MAX_FILES:
-            sitemap_url, depth = queue.popleft()
-            if sitemap_url in fetched or not crawl.in_scope(
-                sitemap_url, site, allow_subdomains=False
-            ):
-                continue
-            fetched.add(sitemap_url)
-            try:
-                resp = await self._fetch(
-                    sitemap_url,
-                    accept=_accept_any,
-                    robots=False,
-                    job_delay=0.0,
-                    max_redirects=self.config.max_redirects,
-                    max_bytes=SITEMAP_MAX_BYTES,
-                    truncate=True,
-                )
-            except PageError:
-                continue
-            if resp.status >= 400:
-                continue
-            is_index, locs = _parse_sitemap(_gunzip(resp.body, SITEMAP_MAX_BYTES))
-            if is_index:
-                if depth < SITEMAP_MAX_DEPTH:
-                    queue.extend((urljoin(resp.url, loc), depth + 1) for loc in locs)
-                continue
-            for loc in locs:
-                absolute = urljoin(resp.url, loc)
-                if not absolute.startswith(("http://", "https://")):
-                    continue
-                try:
-                    found[urls.normalize(absolute)] = None
-                except ValueError:
-                    continue
-                if len(found) >= SITEMAP_MAX_URLS:
-                    return
+    async def _fetch_sitemap(self, sitemap_url: str) -> tuple[str, int, bytes]:
+        """One sitemap file for ``sitemaps.walk``: no robots check, no politeness
+        delay, the body truncated at ``SITEMAP_MAX_BYTES``; raises PageError."""
+        resp = await self._fetch(
+            sitemap_url,
+            accept=_accept_any,
+            robots=False,
+            job_delay=0.0,
+            max_redirects=self.config.max_redirects,
+            max_bytes=sitemaps.SITEMAP_MAX_BYTES,
+            truncate=True,
+        )
+        return resp.url, resp.status, resp.body
 
 
 class _Redirect(Exception):  # control flow inside _fetch, never escapes
@@ -465,14 +403,6 @@ class _Redirect(Exception):  # control flow inside _fetch, never escapes
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def _is_text(mimetype: str) -> bool:
-    return (
-        mimetype.startswith("text/")
-        or mimetype in _TEXT_TYPES
-        or mimetype.endswith(("+json", "+xml"))
-    )
 
 
 async def _drain(resp: aiohttp.ClientResponse) -> None:
@@ -532,63 +462,3 @@ def _page_error(exc: BaseException, config: ServerConfig) -> PageError:
     if isinstance(exc, aiohttp.ClientError | OSError):
         return PageError(ErrorCode.CONNECT, f"{type(exc).__name__}: {exc}")
     return PageError(ErrorCode.CONNECT, f"unexpected {type(exc).__name__}: {exc}")
-
-
-def _sniff(body: bytes, allow_non_html: bool) -> str:
-    """Kind of a body served without Content-Type: html, text, or PageError."""
-    head = body[:1024].lstrip().lower()
-    if head.startswith((b"<!doctype html", b"<html")) or b"<html" in head or b"<body" in head:
-        return "html"
-    if b"\x00" in head:
-        raise PageError(ErrorCode.UNSUPPORTED_CONTENT, "no content type and a binary body")
-    if allow_non_html:
-        return "text"
-    raise PageError(ErrorCode.UNSUPPORTED_CONTENT, "no content type and not HTML")
-
-
-def _decode(body: bytes, charset: str | None, *, html: bool) -> str:
-    """Body -> text: BOM, else header charset, else <meta charset>, else UTF-8."""
-    if body[:3] == b"\xef\xbb\xbf":
-        return body[3:].decode("utf-8", errors="replace")
-    if body[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        return body.decode("utf-16", errors="replace")
-    if charset is None and html:
-        m = _META_CHARSET.search(body, 0, 2048)
-        if m is not None:
-            charset = m.group(1).decode("ascii", errors="replace")
-    if charset is None:
-        return body.decode("utf-8", errors="replace")
-    charset = charset.strip().lower()
-    charset = _CHARSET_ALIASES.get(charset, charset)
-    try:
-        return body.decode(charset, errors="replace")
-    except LookupError:
-        return body.decode("utf-8", errors="replace")
-
-
-def _gunzip(body: bytes, cap: int) -> bytes:
-    """Decompress a gzipped body (capped at ``cap`` bytes); other bodies unchanged."""
-    if body[:2] != b"\x1f\x8b":
-        return body
-    try:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        return d.decompress(body, cap)
-    except (zlib.error, gzip.BadGzipFile):
-        return b""
-
-
-_SITEMAP_INDEX = re.compile(rb"<(?:\w+:)?sitemapindex[\s>]", re.I)
-_LOC = re.compile(rb"<loc>\s*(?:<!\[CDATA\[)?\s*(.*?)\s*(?:\]\]>)?\s*</loc>", re.S | re.I)
-
-
-def _parse_sitemap(body: bytes) -> tuple[bool, list[str]]:
-    """(is an index, the <loc> values) of a sitemap; a text sitemap is one URL a line."""
-    start = body[:2048].lstrip()
-    if not start.startswith(b"<"):
-        lines = (line.strip() for line in body.decode("utf-8", errors="replace").splitlines())
-        return False, [line for line in lines if line.startswith(("http://", "https://"))]
-    is_index = _SITEMAP_INDEX.search(body, 0, 65536) is not None
-    locs = [
-        html.unescape(m.group(1).decode("utf-8", errors="replace")) for m in _LOC.finditer(body)
-    ]
-    return is_index, [loc for loc in locs if loc]

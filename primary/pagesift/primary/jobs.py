@@ -16,7 +16,7 @@ over the layout of ``pagesift.shared.jobrecords``:
 Resume after a restart: jobs still ``scraping`` restart from their done set
 (batch: indices not done; crawl: frontier entries not done, in enqueue order). The
 frontier is read from the store in chunks, so memory stays flat however large
-the crawl grows.
+the crawl grows (seeding, admission and reading the frontier live in ``frontier``).
 
 Sync replication (``wait_replicated`` given): a page is written, then the worker
 waits for the standby to apply it before the page counts as visible (GetJob and
@@ -34,12 +34,11 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
-from pagesift.primary import webhooks
+from pagesift.primary import frontier, webhooks
 from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page
 from pagesift.shared import jobrecords as jr
@@ -319,13 +318,13 @@ class Jobs:
             self._finish(meta.id, "failed", f"{field}: {e.reason}")
             return
         if self.store.get(jr.JobKeys(meta.id).seeded) is None:
-            await self._seed(meta.id, req, scope)
+            await frontier.seed(self.store, self.engine, meta.id, req, scope)
         policy = FetchPolicy(delay=req.delay)
         follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
-        frontier = _Frontier(self.store, meta.id)
+        queue = frontier.Frontier(self.store, meta.id)
 
         async def worker() -> None:
-            async for entry in frontier.entries():
+            async for entry in queue.entries():
                 mark = entry.key.encode()
                 try:
                     page = await self.engine.scrape(entry.url, req.options, policy)
@@ -345,21 +344,6 @@ class Jobs:
             self._finish(meta.id, "failed", f"the crawl found no page ({why})")
         else:
             self._finish(meta.id, "completed", "")
-
-    async def _seed(self, job_id: str, req: jobs_pb2.StartCrawlRequest, scope: Scope) -> None:
-        """Queue the start URL and the sitemap's URLs, once (``seeded`` marks it)."""
-        entries: list[Entry] = []
-        if req.sitemap != jobs_pb2.SITEMAP_MODE_SKIP:
-            found = await self.engine.sitemap_urls(scope.root)
-            entries = await scope.admit({scope.key(u): u for u in found}, 1)  # same scope
-        if req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY or not entries:
-            entries.insert(0, Entry(0, scope.root, req.url.partition("#")[0]))
-
-        def group(g: WriteGroup) -> None:
-            _admit(g, job_id, entries, scope.limit)
-            g.put(jr.JobKeys(job_id).seeded, b"1")
-
-        self.store.write(group)
 
     # recording ------------------------------------------------------------------------
     async def _record_page(
@@ -389,7 +373,7 @@ class Jobs:
             seq = g.push(keys.pages, raw)
             g.insert(keys.done, mark)
             if admitted:
-                _admit(g, job_id, admitted, meta.limit)
+                frontier.admit(g, job_id, admitted, meta.limit)
             webhooks.enqueue(
                 g,
                 job_id,
@@ -498,65 +482,3 @@ class Jobs:
                 extra={"job": job_id, "account": meta.owner},
             )
         return meta
-
-
-def _admit(g: WriteGroup, job_id: str, entries: list[Entry], limit: int) -> None:
-    """Queue entries whose key was never seen while the frontier is below the crawl limit."""
-    keys = jr.JobKeys(job_id)
-    frontier, seen = keys.frontier, keys.seen
-    size = g.list_len(frontier)
-    for entry in entries:
-        if limit and size >= limit:
-            return
-        if g.insert(seen, entry.key.encode()):
-            g.push(frontier, entry.encode())
-            size += 1
-
-
-class _Frontier:
-    """Hands crawl workers the frontier entries not done yet, in enqueue order.
-
-    Entries are read from the store in chunks from a cursor; workers that find
-    nothing wait for a page in flight to finish (it may admit new links), and all
-    stop when nothing is queued and nothing is in flight.
-    """
-
-    CHUNK = 256
-
-    def __init__(self, store: Store, job_id: str) -> None:
-        self.store = store
-        self.list = jr.JobKeys(job_id).frontier
-        self.done = jr.JobKeys(job_id).done
-        self.cursor = 0
-        self.buffer: deque[Entry] = deque()
-        self.in_flight = 0
-        self.changed = asyncio.Event()
-
-    def _next(self) -> Entry | None:
-        while True:
-            while self.buffer:
-                entry = self.buffer.popleft()
-                if not self.store.set_contains(self.done, entry.key.encode()):
-                    return entry
-            items = self.store.list_items(self.list, self.cursor, self.CHUNK)
-            if not items:
-                return None
-            self.cursor = items[-1][0] + 1
-            self.buffer.extend(Entry.decode(raw) for _, raw in items)
-
-    async def entries(self) -> AsyncIterator[Entry]:
-        while True:
-            entry = self._next()
-            if entry is None:
-                if self.in_flight == 0:
-                    self.changed.set()  # wake the others so they stop too
-                    return
-                self.changed.clear()
-                await self.changed.wait()
-                continue
-            self.in_flight += 1
-            try:
-                yield entry
-            finally:
-                self.in_flight -= 1
-                self.changed.set()

@@ -69,18 +69,20 @@ The crawl contract (``Site.expected_documents`` / ``Site.expected_errors``):
 ``Site.hits`` counts requests per path and ``Site.requests`` logs
 ``(time.monotonic(), path)``, so tests can check that a page was fetched once or
 that Crawl-delay was honoured.
+
+The public surface lives here (``build_site``, ``serve_site``, ``Site`` with the
+crawl contract, ``CrawlSettings``, ``normalize_url`` and the path constants tests
+use); the parts are split by concern: ``demolayout`` (fixed paths, redirect chains,
+error codes, ``PageInfo``/``Manifest``), ``demopages`` (page text, link graph and
+HTML rendering) and ``demoapp`` (the aiohttp handlers: pages, redirects, robots.txt,
+sitemap.xml, the slow/big/failing resources and the calendar trap).
 """
 
 from __future__ import annotations
 
-import asyncio
-import html
-import posixpath
 import random
 import re
-import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict, Unpack
 from urllib.parse import urlsplit
@@ -88,6 +90,20 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from pagesift.shared import urls
+from pagesift.shared.demoapp import make_app
+from pagesift.shared.demolayout import (
+    BIG_PATH,
+    CALENDAR_ENTRY,
+    CALENDAR_EXCLUDE,
+    PRIVATE_PATHS,
+    REDIRECT_CHAINS,
+    SECTIONS,
+    SLOW_PATH,
+    SPECIAL_ERRORS,
+    Manifest,
+    PageInfo,
+)
+from pagesift.shared.demopages import generate_pages
 
 __all__ = [
     "BIG_PATH",
@@ -104,64 +120,6 @@ __all__ = [
 ]
 
 MiB = 1024 * 1024
-SECTIONS: tuple[str, ...] = ("docs", "guides", "blog", "reference")
-SECTION_TITLES = {
-    "docs": "Documentation",
-    "guides": "Guides",
-    "blog": "Blog",
-    "reference": "API Reference",
-}
-SECTION_LANG = {"docs": "en", "guides": "en", "blog": "en-GB", "reference": "en-US"}
-BRAND = "Northwind Docs"
-ORIGIN = "\x00ORIGIN\x00"  # replaced by the request's scheme://host when a page is served
-
-CALENDAR_ENTRY = "/calendar/2026/11"
-CALENDAR_EXCLUDE = r"^/calendar/"
-SLOW_PATH = "/slow.html"
-BIG_PATH = "/files/big.html"
-MISSING_PATH = "/missing.html"
-SERVER_ERROR_PATH = "/server-error.html"
-PDF_PATH = "/files/report.pdf"
-JSON_PATH = "/data.json"
-LOOP_PATH = "/loop/a"
-PRIVATE_PATHS: tuple[str, ...] = ("/private/admin.html", "/private/reports/2025.html")
-# source -> every hop after it; the last hop is the page that answers 200
-REDIRECT_CHAINS: dict[str, tuple[tuple[int, str], ...]] = {
-    "/old/launch.html": ((301, "/archive/launch-2019.html"),),
-    "/go/roadmap": ((302, "/old/roadmap.html"), (301, "/archive/roadmap-2020.html")),
-    "/news/latest": ((302, "/archive/news-2021.html"),),
-}
-LOOP_HOPS = {"/loop/a": "/loop/b", "/loop/b": "/loop/a"}
-
-
-def _redirect_hops() -> dict[str, tuple[int, str, str]]:
-    """Path -> (status, target, Location form) for every redirecting path."""
-    hops: dict[str, tuple[int, str, str]] = {}
-    forms = ("absolute", "root", "relative")
-    for n, (src, chain) in enumerate(REDIRECT_CHAINS.items()):
-        at = src
-        for i, (status, target) in enumerate(chain):
-            hops[at] = (status, target, forms[(n + i) % len(forms)])
-            at = target
-    for src, target in LOOP_HOPS.items():
-        hops[src] = (302, target, "root")
-    return hops
-
-
-REDIRECT_HOPS = _redirect_hops()
-SPECIAL_ERRORS: dict[str, str] = {
-    MISSING_PATH: "http_status",
-    SERVER_ERROR_PATH: "http_status",
-    SLOW_PATH: "timeout",
-    BIG_PATH: "too_large",
-    PDF_PATH: "unsupported_content",
-    JSON_PATH: "unsupported_content",
-    LOOP_PATH: "redirect_loop",
-}
-LINKS_PER_SPECIAL = 2
-INDEX_LISTS = 5  # articles a section index links to directly
-_CALENDAR_RE = re.compile(r"^/calendar/(\d{4})/(\d{2})$")
-
 SitemapMode = Literal["include", "skip", "only"]
 
 
@@ -184,386 +142,6 @@ def _served_path(path: str) -> str:
 def _key_path(path: str) -> str:
     """The path part of a manifest path's page key: ``/docs/`` -> ``/docs``."""
     return urlsplit(normalize_url("http://h" + path)).path
-
-
-# ---------------------------------------------------------------- manifest
-
-
-@dataclass(frozen=True)
-class PageInfo:
-    """One HTML page a crawl can return: ``title`` is the exact ``<title>`` text."""
-
-    path: str
-    kind: str  # home | section | article | about | landing | archive | private
-    section: str
-    title: str
-    description: str
-    lang: str
-    links: tuple[str, ...]  # normalized same-site paths it links to (nav, body, footer)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """Everything the generator decided, by path (independent of host and port)."""
-
-    seed: int
-    pages: dict[str, PageInfo]  # every 200 HTML page, redirect targets and /private/ included
-    sitemap_paths: tuple[str, ...]  # <loc> paths as listed (one is an index.html form)
-    sitemap_only_paths: frozenset[str]
-    redirects: dict[str, str]  # source -> final target
-    redirect_chains: dict[str, tuple[tuple[int, str], ...]]
-    private_paths: frozenset[str]
-    special_errors: dict[str, str]  # linked failing path -> error code
-    aliases: dict[str, str]  # "/docs/index.html" -> "/docs/"
-    calendar_entry: str
-    slow_path: str
-    slow_seconds: float
-    big_path: str
-    big_bytes: int
-    crawl_delay: float
-
-
-# ---------------------------------------------------------------- text generation
-
-_VERBS = (
-    "Configuring", "Deploying", "Scaling", "Monitoring", "Debugging", "Securing",
-    "Tuning", "Migrating", "Testing", "Observing", "Automating", "Understanding",
-)  # fmt: skip
-_ADJS = (
-    "durable", "distributed", "incremental", "resilient", "concurrent", "streaming",
-    "replicated", "idempotent", "bounded", "lazy", "cached", "sharded",
-)  # fmt: skip
-_NOUNS = (
-    "workers", "queues", "crawlers", "sitemaps", "snapshots", "indexes", "pipelines",
-    "schedulers", "caches", "webhooks", "exporters", "parsers", "sessions", "leases",
-)  # fmt: skip
-_WORDS = (
-    "the", "job", "runtime", "keeps", "every", "page", "in", "a", "log", "so", "that",
-    "restarts", "never", "lose", "work", "each", "request", "carries", "an", "idempotency",
-    "key", "and", "server", "answers", "with", "same", "result", "when", "client", "retries",
-    "after", "timeout", "documents", "are", "stored", "order", "of", "completion", "while",
-    "standby", "follows", "primary", "through", "stream", "batch", "crawl", "limits",
-    "depth", "politeness", "delay", "host", "robots", "rules", "apply", "before", "fetch",
-)  # fmt: skip
-_OPTIONS = ("max_depth", "limit", "delay", "concurrency", "timeout", "retries", "ttl", "formats")
-
-
-def _sentence(rng: random.Random, lo: int = 8, hi: int = 16) -> str:
-    words = [rng.choice(_WORDS) for _ in range(rng.randint(lo, hi))]
-    return " ".join(words).capitalize() + "."
-
-
-def _paragraph(rng: random.Random, sentences: int = 3) -> str:
-    return " ".join(_sentence(rng) for _ in range(sentences))
-
-
-def _slugify(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-# ---------------------------------------------------------------- link rendering
-
-
-@dataclass(frozen=True)
-class _Link:
-    target: str  # normalized path
-    text: str
-    style: str = "root"  # root | relative | absolute
-    index_form: bool = False  # write a directory target as .../index.html
-    fragment: str = ""
-    rel: str = ""
-
-
-def _href(src: str, link: _Link) -> str:
-    """The href text for ``link`` on the page served at ``src`` (absolute: ORIGIN placeholder)."""
-    target = link.target
-    is_dir = target.endswith("/")
-    path = target + "index.html" if is_dir and link.index_form else target
-    if link.style == "absolute":
-        href = ORIGIN + path
-    elif link.style == "relative":
-        base = src if src.endswith("/") else posixpath.dirname(src) + "/"
-        rel = posixpath.relpath(path, base)
-        if is_dir and not link.index_form:
-            rel = "./" if rel == "." else rel + "/"
-        elif "/" not in rel and not rel.startswith("."):
-            rel = "./" + rel if len(link.text) % 2 else rel  # both "x.html" and "./x.html"
-        href = rel
-    else:
-        href = path
-    return href + (f"#{link.fragment}" if link.fragment else "")
-
-
-def _a(src: str, link: _Link) -> str:
-    rel = f' rel="{link.rel}"' if link.rel else ""
-    return f'<a href="{html.escape(_href(src, link))}"{rel}>{html.escape(link.text)}</a>'
-
-
-# ---------------------------------------------------------------- page plans
-
-
-@dataclass
-class _Plan:
-    path: str
-    kind: str
-    section: str
-    short_title: str
-    description: str
-    lang: str
-    inline: list[_Link] = field(default_factory=list)
-    related: list[_Link] = field(default_factory=list)
-    resources: list[_Link] = field(default_factory=list)
-    listing: list[_Link] = field(default_factory=list)
-    prev: _Link | None = None
-    next: _Link | None = None
-    rng_seed: int = 0
-
-    @property
-    def self_links(self) -> bool:
-        """Whether the page links to itself (``#top``): a redirect target must not, or a
-        crawl would discover its URL there and fetch the page a second time."""
-        return self.kind != "archive"
-
-    @property
-    def title(self) -> str:
-        return f"{self.short_title} · {BRAND}"
-
-
-def _style(rng: random.Random) -> tuple[str, bool, str]:
-    style = rng.choices(("root", "relative", "absolute"), weights=(5, 4, 2))[0]
-    index_form = rng.random() < 0.4
-    fragment = rng.choice(("", "", "", "overview", "example", "options"))
-    return style, index_form, fragment
-
-
-def _link(rng: random.Random, target: str, text: str, rel: str = "") -> _Link:
-    style, index_form, fragment = _style(rng)
-    return _Link(target, text, style, index_form, fragment, rel)
-
-
-class _Generator:
-    def __init__(self, pages: int, seed: int) -> None:
-        if pages < 2 * len(SECTIONS):
-            raise ValueError(f"pages must be at least {2 * len(SECTIONS)}")
-        self.rng = random.Random(seed)
-        self.pages = pages
-        self.plans: dict[str, _Plan] = {}
-        self.articles: dict[str, list[str]] = {s: [] for s in SECTIONS}
-
-    def _new(self, path: str, kind: str, section: str, title: str, lang: str = "en") -> _Plan:
-        desc = f"{title}: {_sentence(self.rng, 10, 14)[:-1].lower()}."
-        plan = _Plan(path, kind, section, title, desc, lang, rng_seed=self.rng.getrandbits(32))
-        self.plans[path] = plan
-        return plan
-
-    def build(self) -> None:
-        rng = self.rng
-        self._new("/", "home", "", "Welcome")
-        self._new("/about.html", "about", "", "About Northwind")
-        for s in SECTIONS:
-            self._new(f"/{s}/", "section", s, SECTION_TITLES[s], SECTION_LANG[s])
-        used: set[str] = set()
-        for i in range(self.pages):
-            s = SECTIONS[i % len(SECTIONS)]
-            title = f"{rng.choice(_VERBS)} {rng.choice(_ADJS)} {rng.choice(_NOUNS)}"
-            slug = _slugify(title)
-            n = 2
-            while f"{s}/{slug}" in used:
-                slug = f"{_slugify(title)}-{n}"
-                n += 1
-            used.add(f"{s}/{slug}")
-            path = f"/{s}/{slug}.html"
-            self._new(path, "article", s, title, SECTION_LANG[s])
-            self.articles[s].append(path)
-        for name in ("spring-launch", "partner-program", "enterprise-trial"):
-            self._new(f"/landing/{name}.html", "landing", "landing", name.replace("-", " ").title())
-        for chain in REDIRECT_CHAINS.values():
-            target = chain[-1][1]
-            stem = posixpath.basename(target).removesuffix(".html")
-            self._new(target, "archive", "archive", f"Archive: {stem.replace('-', ' ')}")
-        for p in PRIVATE_PATHS:
-            self._new(p, "private", "private", f"Internal {posixpath.basename(p)}")
-        self._wire()
-
-    def _wire(self) -> None:
-        rng = self.rng
-        all_articles = [p for s in SECTIONS for p in self.articles[s]]
-        home = self.plans["/"]
-        home.listing = [_link(rng, f"/{s}/", SECTION_TITLES[s]) for s in SECTIONS] + [
-            _link(rng, p, self.plans[p].short_title) for p in rng.sample(all_articles, 6)
-        ]
-        for s in SECTIONS:
-            idx = self.plans[f"/{s}/"]
-            idx.listing = [
-                _link(rng, p, self.plans[p].short_title) for p in self.articles[s][:INDEX_LISTS]
-            ]
-            arts = self.articles[s]
-            for i, p in enumerate(arts):
-                plan = self.plans[p]
-                if i > 0:
-                    plan.prev = _link(rng, arts[i - 1], "Previous", "prev")
-                if i + 1 < len(arts):
-                    plan.next = _link(rng, arts[i + 1], "Next", "next")
-                plan.inline = [
-                    _link(rng, t, self.plans[t].short_title.lower())
-                    for t in rng.sample(all_articles, 3)
-                ]
-                plan.related = [
-                    _link(rng, t, self.plans[t].short_title) for t in rng.sample(all_articles, 3)
-                ] + [_link(rng, f"/{s}/", f"All {SECTION_TITLES[s].lower()}")]
-        about = self.plans["/about.html"]
-        about.listing = [_link(rng, p, self.plans[p].short_title) for p in all_articles[:3]]
-        for plan in self.plans.values():
-            if plan.kind in ("landing", "archive", "private"):
-                plan.listing = [
-                    _link(rng, t, self.plans[t].short_title) for t in rng.sample(all_articles, 3)
-                ]
-        # failing and robots-disallowed targets, each linked from a few articles
-        labels = {
-            MISSING_PATH: "Legacy installer",
-            SERVER_ERROR_PATH: "Live status",
-            SLOW_PATH: "Full benchmark report",
-            BIG_PATH: "Complete changelog",
-            PDF_PATH: "Annual report (PDF)",
-            JSON_PATH: "Raw metrics (JSON)",
-            LOOP_PATH: "Mirror",
-            **{p: "Admin area" for p in PRIVATE_PATHS},
-            **{src: "Earlier announcement" for src in REDIRECT_CHAINS},
-        }
-        for target, label in labels.items():
-            for host in rng.sample(all_articles, LINKS_PER_SPECIAL):
-                self.plans[host].resources.append(_Link(target, label, "root"))
-
-    # -------------------------------------------------------- rendering
-
-    def render(self, plan: _Plan) -> str:
-        rng = random.Random(plan.rng_seed)
-        src = plan.path
-        esc = html.escape
-        nav_links = [
-            _Link("/", "Home", rng.choice(("root", "relative", "absolute")), rng.random() < 0.5)
-        ]
-        nav_links += [
-            _Link(f"/{s}/", SECTION_TITLES[s], rng.choice(("root", "relative")), rng.random() < 0.3)
-            for s in SECTIONS
-        ]
-        nav = "".join(f"<li>{_a(src, link)}</li>" for link in nav_links)
-        parts = [
-            "<!DOCTYPE html>",
-            f'<html lang="{plan.lang}">',
-            "<head>",
-            '<meta charset="utf-8">',
-            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            f"<title>{esc(plan.title)}</title>",
-            f'<meta name="description" content="{esc(plan.description)}">',
-            "<style>body{font-family:system-ui,sans-serif;max-width:60rem;margin:auto}"
-            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem}</style>",
-            "</head>",
-            "<body>",
-            '<header class="site-header">',
-            f'<a class="brand" href="{esc(_href(src, _Link("/", BRAND)))}">{BRAND}</a>',
-            f'<nav aria-label="Main"><ul>{nav}</ul></nav>',
-            "</header>",
-            "<main>",
-        ]
-        if plan.section in SECTIONS and plan.kind == "article":
-            crumb = _Link(f"/{plan.section}/", SECTION_TITLES[plan.section], "relative")
-            parts.append(
-                f'<nav class="breadcrumbs">{_a(src, crumb)} &rsaquo; {esc(plan.short_title)}</nav>'
-            )
-        parts += [
-            "<article>",
-            f'<h1 id="top">{esc(plan.short_title)}</h1>',
-            f'<p class="lead">{esc(plan.description)}</p>',
-        ]
-        if plan.self_links:
-            parts.append(
-                '<nav class="toc"><a href="#overview">Overview</a> · '
-                '<a href="#example">Example</a> · <a href="#options">Options</a></nav>'
-            )
-        parts += [
-            '<h2 id="overview">Overview</h2>',
-        ]
-        inline = list(plan.inline)
-        for _ in range(3):
-            text = esc(_paragraph(rng))
-            if inline:
-                text += f" See {_a(src, inline.pop())} for more."
-            parts.append(f"<p>{text}</p>")
-        if plan.listing:
-            items = "".join(f"<li>{_a(src, link)}</li>" for link in plan.listing)
-            parts.append(f'<ul class="listing">{items}</ul>')
-        steps = "".join(f"<li>{esc(_sentence(rng, 4, 8))}</li>" for _ in range(rng.randint(3, 5)))
-        parts += [
-            f"<ol>{steps}</ol>",
-            '<h2 id="example">Example</h2>',
-            '<pre><code class="language-python">',
-            esc(
-                f'client = JobClient(["127.0.0.1:50051"])\n'
-                f"job = await client.start_crawl(url, limit={rng.randint(10, 500)})\n"
-                f"if job.completed < {rng.randint(2, 9)} and job.failed > 0:\n"
-                f'    print("retry & wait")'
-            ),
-            "</code></pre>",
-            '<h2 id="options">Options</h2>',
-            "<table><thead><tr><th>Option</th><th>Default</th><th>Meaning</th></tr></thead><tbody>",
-        ]
-        for opt in rng.sample(_OPTIONS, 3):
-            parts.append(
-                f"<tr><td><code>{opt}</code></td><td>{rng.randint(0, 100)}</td>"
-                f"<td>{esc(_sentence(rng, 4, 7))}</td></tr>"
-            )
-        parts.append("</tbody></table>")
-        if plan.prev or plan.next:
-            pager = " ".join(_a(src, link) for link in (plan.prev, plan.next) if link)
-            parts.append(f'<p class="pager">{pager}</p>')
-        if plan.self_links:
-            parts.append('<p><a href="#top">Back to top</a></p>')
-        parts.append("</article>")
-        if plan.related or plan.resources:
-            parts.append('<aside class="related"><h2>Related</h2><ul>')
-            parts += [f"<li>{_a(src, link)}</li>" for link in plan.related]
-            parts.append("</ul>")
-            if plan.resources:
-                parts.append("<h3>Resources</h3><ul>")
-                parts += [f"<li>{_a(src, link)}</li>" for link in plan.resources]
-                parts.append("</ul>")
-            parts.append("</aside>")
-        parts += [
-            "</main>",
-            '<footer class="site-footer"><p>© 2026 Northwind Labs · ',
-            f"{_a(src, _Link('/about.html', 'About', 'relative'))} · ",
-            f"{_a(src, _Link(CALENDAR_ENTRY, 'Events'))} · ",
-            '<a href="https://example.invalid/status">Status</a> · ',
-            '<a href="mailto:docs@example.invalid">Contact</a> · ',
-            "<a>Top</a></p></footer>",
-            "</body>",
-            "</html>",
-            "",
-        ]
-        return "\n".join(parts)
-
-    def links_of(self, plan: _Plan) -> tuple[str, ...]:
-        """Normalized same-site targets of a plan, as rendered (nav, body, footer)."""
-        seen: dict[str, None] = {}
-        for link in self._all_links(plan):
-            seen.setdefault(link, None)
-        return tuple(seen)
-
-    def _all_links(self, plan: _Plan) -> Iterable[str]:
-        yield "/"
-        yield from (f"/{s}/" for s in SECTIONS)
-        if plan.section in SECTIONS and plan.kind == "article":
-            yield f"/{plan.section}/"
-        if plan.self_links:
-            yield plan.path  # "#overview" etc. resolve to the page itself
-        yield from (link.target for link in plan.inline[::-1])
-        yield from (link.target for link in plan.listing)
-        yield from (link.target for link in (plan.prev, plan.next) if link)
-        yield from (link.target for link in plan.related)
-        yield from (link.target for link in plan.resources)
-        yield "/about.html"
-        yield CALENDAR_ENTRY
 
 
 # ---------------------------------------------------------------- the site
@@ -693,164 +271,6 @@ class Site:
         return {u: v for u, v in out.items() if v != "document"}
 
 
-# ---------------------------------------------------------------- handlers
-
-_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _origin_of(request: web.Request) -> str:
-    return f"{request.scheme}://{request.host}"
-
-
-def _html_response(body: str, request: web.Request, status: int = 200) -> web.Response:
-    return web.Response(
-        text=body.replace(ORIGIN, _origin_of(request)),
-        status=status,
-        content_type="text/html",
-        charset="utf-8",
-    )
-
-
-def _simple_page(title: str, text: str) -> str:
-    t = html.escape(title)
-    return (
-        f'<!DOCTYPE html>\n<html lang="en">\n<head><meta charset="utf-8"><title>{t}</title>'
-        f"</head>\n<body><main><h1>{t}</h1><p>{html.escape(text)}</p>"
-        f'<p><a href="/">Home</a></p></main></body>\n</html>\n'
-    )
-
-
-def _calendar_page(year: int, month: int) -> str:
-    prev_y, prev_m = (year, month - 1) if month > 1 else (year - 1, 12)
-    next_y, next_m = (year, month + 1) if month < 12 else (year + 1, 1)
-    t = f"Events in {year:04d}-{month:02d} · {BRAND}"
-    rows = "".join(
-        f"<tr><td>{year:04d}-{month:02d}-{d:02d}</td><td>Office hours</td></tr>"
-        for d in (3, 10, 17, 24)
-    )
-    return (
-        f'<!DOCTYPE html>\n<html lang="en">\n<head><meta charset="utf-8"><title>{t}</title>'
-        f'<meta name="description" content="Events calendar"></head>\n<body>'
-        f'<header><nav><a href="/">Home</a></nav></header><main><article><h1>{t}</h1>'
-        f"<table><tbody>{rows}</tbody></table>"
-        f'<p><a rel="prev" href="/calendar/{prev_y:04d}/{prev_m:02d}">Previous month</a> '
-        f'<a rel="next" href="../{next_y:04d}/{next_m:02d}">Next month</a></p>'
-        "</article></main></body>\n</html>\n"
-    )
-
-
-def _make_app(
-    site_pages: dict[str, str],
-    manifest: Manifest,
-    hits: Counter[str],
-    requests: list[tuple[float, str]],
-) -> web.Application:
-    filler = ("pagesift demo filler text for a deliberately oversized page " * 64).encode()
-
-    @web.middleware
-    async def count(request: web.Request, handler: _Handler) -> web.StreamResponse:
-        hits[request.path] += 1
-        requests.append((time.monotonic(), request.path))
-        return await handler(request)
-
-    async def robots(request: web.Request) -> web.StreamResponse:
-        text = (
-            "# Northwind demo site\n"
-            "User-agent: *\n"
-            "Disallow: /private/\n"
-            f"Crawl-delay: {manifest.crawl_delay:g}\n"
-            "\n"
-            f"Sitemap: {_origin_of(request)}/sitemap.xml\n"
-        )
-        return web.Response(text=text, content_type="text/plain")
-
-    async def sitemap(request: web.Request) -> web.StreamResponse:
-        origin = _origin_of(request)
-        urls = "".join(
-            f"  <url><loc>{html.escape(origin + p)}</loc><lastmod>2026-10-01</lastmod></url>\n"
-            for p in manifest.sitemap_paths
-        )
-        body = (
-            '<?xml version="1.0" encoding="UTF-8"?>\n'
-            '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n'
-            f"{urls}</urlset>\n"
-        )
-        return web.Response(text=body, content_type="application/xml")
-
-    async def slow(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/html; charset=utf-8"})
-        await resp.prepare(request)
-        await resp.write(b'<!DOCTYPE html>\n<html lang="en">\n<head><title>Slow page')
-        await asyncio.sleep(manifest.slow_seconds)
-        await resp.write(b"</title></head><body><p>Finally.</p></body></html>\n")
-        await resp.write_eof()
-        return resp
-
-    async def big(request: web.Request) -> web.StreamResponse:
-        head = b'<!DOCTYPE html>\n<html lang="en">\n<head><title>Complete changelog</title>'
-        head += b"</head>\n<body><p>"
-        tail = b"</p></body>\n</html>\n"
-        remaining = manifest.big_bytes - len(head) - len(tail)
-        resp = web.StreamResponse(headers={"Content-Type": "text/html; charset=utf-8"})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        try:
-            await resp.write(head)
-            while remaining > 0:
-                chunk = filler[:remaining]
-                await resp.write(chunk)
-                remaining -= len(chunk)
-            await resp.write(tail)
-            await resp.write_eof()
-        except (ConnectionResetError, ConnectionError):
-            pass  # the client stopped reading at its cap
-        return resp
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        path = request.path
-        origin = _origin_of(request)
-        page = site_pages.get(path)
-        if page is not None:
-            return _html_response(page, request)
-        if path + "/" in site_pages:  # a directory asked for without its slash
-            return web.Response(status=301, headers={"Location": origin + path + "/"})
-        hop = REDIRECT_HOPS.get(path)
-        if hop is not None:
-            status, target, form = hop
-            if form == "absolute":
-                location = origin + target
-            elif form == "relative":
-                location = posixpath.relpath(target, posixpath.dirname(path) + "/")
-            else:
-                location = target
-            return web.Response(status=status, headers={"Location": location})
-        if path == "/robots.txt":
-            return await robots(request)
-        if path == "/sitemap.xml":
-            return await sitemap(request)
-        if path == manifest.slow_path:
-            return await slow(request)
-        if path == manifest.big_path:
-            return await big(request)
-        if path == PDF_PATH:
-            pdf = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\n"
-            pdf += b"trailer << /Root 1 0 R >>\n%%EOF\n"
-            return web.Response(body=pdf, content_type="application/pdf")
-        if path == JSON_PATH:
-            return web.json_response({"pages": len(manifest.pages), "seed": manifest.seed})
-        if path == SERVER_ERROR_PATH:
-            oops = _simple_page("Internal Server Error", "Something broke.")
-            return _html_response(oops, request, status=500)
-        m = _CALENDAR_RE.match(path)
-        if m and 1 <= int(m.group(1)) <= 9999 and 1 <= int(m.group(2)) <= 12:
-            return _html_response(_calendar_page(int(m.group(1)), int(m.group(2))), request)
-        return _html_response(_simple_page("Not Found", f"No page at {path}."), request, 404)
-
-    app = web.Application(middlewares=[count])
-    app.router.add_get("/{tail:.*}", handle)
-    return app
-
-
 def build_site(
     pages: int = 300,
     *,
@@ -866,21 +286,7 @@ def build_site(
     """
     if big_bytes < 1024:
         raise ValueError("big_bytes must be at least 1024")
-    gen = _Generator(pages, seed)
-    gen.build()
-    rendered = {path: gen.render(plan) for path, plan in gen.plans.items()}
-    infos = {
-        path: PageInfo(
-            path=path,
-            kind=plan.kind,
-            section=plan.section,
-            title=plan.title,
-            description=plan.description,
-            lang=plan.lang,
-            links=gen.links_of(plan),
-        )
-        for path, plan in gen.plans.items()
-    }
+    rendered, infos = generate_pages(pages, seed)
     aliases = {p + "index.html": p for p in infos if p.endswith("/")}
     served = dict(rendered)
     served.update({alias: rendered[p] for alias, p in aliases.items()})
@@ -912,7 +318,7 @@ def build_site(
     )
     hits: Counter[str] = Counter()
     requests: list[tuple[float, str]] = []
-    app = _make_app(served, manifest, hits, requests)
+    app = make_app(served, manifest, hits, requests)
     return Site(app=app, manifest=manifest, hits=hits, requests=requests)
 
 
