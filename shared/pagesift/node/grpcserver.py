@@ -9,9 +9,11 @@ also the ``JobService``, the standard health service and server reflection. The 
 and runs the role: a primary resumes its jobs and webhook outboxes and runs new ones;
 a standby follows its primary. Interceptors count every call (metrics) and guard
 admin calls (admin key) and the replication stream (shared token; or mTLS on a port
-of its own, ``replication_listen``). Prometheus metrics are served on
-``metrics_listen``. ``serve`` runs it until SIGTERM/SIGINT; SIGKILL at any instant is
-safe because every durable change is one atomic store group.
+of its own, ``replication_listen``). The health service answers per role
+(``pagesift.node.health``: ``""``, ``pagesift.primary``, ``pagesift.replica``).
+Prometheus metrics are served on ``metrics_listen``. ``serve`` runs it until
+SIGTERM/SIGINT; SIGKILL at any instant is safe because every durable change is one
+atomic store group.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from pagesift.node.admin import AdminServicer
+from pagesift.node.health import HealthPublisher
 from pagesift.node.logs import setup_logging
 from pagesift.node.node import Node, StartRefused
 from pagesift.node.replication import ReplicationParts
@@ -188,20 +191,24 @@ async def run(
         )
         _bind(repl_server, config.replication_listen, creds)
         servers.append(repl_server)
+    # role-aware health (``pagesift.node.health``): set before the server starts, so no
+    # Watch sees SERVICE_UNKNOWN, then kept current as the role and the lag change
+    health = HealthPublisher(node, health_servicer, replica_max_lag=config.replica_max_lag)
+    await health.publish()
     metrics_runner = None
     if config.metrics_listen:
         host, _, port = config.metrics_listen.rpartition(":")
         metrics_runner = await start_http(node.metrics, host.strip("[]"), int(port))
     for srv in servers:
         await srv.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set("pagesift.v1.JobService", health_pb2.HealthCheckResponse.SERVING)
+    health.start()
     logger.info("pagesift %s serving on %s (data %s)", node.role, config.listen, config.data)
     if started is not None:
         started.set_result(node)
     try:
         await stop.wait()
     finally:
+        await health.stop()
         await health_servicer.enter_graceful_shutdown()
         for srv in servers:
             await srv.stop(grace=2.0)

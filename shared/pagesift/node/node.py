@@ -37,7 +37,7 @@ from pathlib import Path
 import grpc
 
 from pagesift.node.replication import ReplicationParts
-from pagesift.node.status import figures
+from pagesift.node.status import RoleStatus, figures
 from pagesift.primary import webhooks
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.jobs import Jobs
@@ -127,6 +127,8 @@ class Node:
                 has_credential=bool(replication_credential(config)),
             )
         )
+        #: set whenever the role changes (the health publisher wakes on it)
+        self.role_changed = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
         self._fencer: asyncio.Task[FencingVerdict] | None = None
         # how this node reaches the primary it follows (reused to fence it after a promotion)
@@ -197,7 +199,10 @@ class Node:
 
     # --- the role machine's shell ----------------------------------------------------------
     def _step(self, event: rolestate.Event) -> list[rolestate.Action]:
+        before = self._state.role
         self._state, actions = rolestate.step(self._state, event, time.monotonic())
+        if self._state.role != before:
+            self.role_changed.set()
         return actions
 
     async def _carry_out(self, actions: list[rolestate.Action]) -> None:
@@ -317,8 +322,12 @@ class Node:
         target = self.slot.log.last_offset if offset is None else offset
         return await self.replication.wait_replicated(target)
 
+    def role_status(self) -> RoleStatus:
+        """This node's role and replication figures (``pagesift.node.status``)."""
+        return self.parts.status()
+
     def _replication_figures(self) -> ReplicationFigures:
-        return figures(self.parts.status())
+        return figures(self.role_status())
 
     async def _on_fenced(self, epoch: int, by: str) -> None:
         await self._carry_out(self._step(HigherEpochSeen(epoch, by)))

@@ -57,6 +57,8 @@ class ServerConfig:
     sync_timeout: float = 2.0
     backlog_bytes: int = 512 * 1024 * 1024  # ~74 s at the measured peak crawl rate (~7 MB/s)
     auto_promote_after: float = 0.0
+    # health: a standby is ``pagesift.replica`` SERVING within this many seconds of its primary
+    replica_max_lag: float = 10.0
     # accounts, webhooks, metrics, transport security
     accounts_file: str = ""  # "" = one anonymous account
     webhook_max_attempts: int = 8
