@@ -8,7 +8,7 @@ GEN_DIR := shared/pagesift/v1
 BUF     := .tools/node_modules/.bin/buf
 CODE    := shared primary standby tests bench
 
-.PHONY: run test bench proto check-proto lint typecheck buf-lint pytest clean
+.PHONY: run test bench proto check-proto lint typecheck buf-lint pytest system-deps clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -51,7 +51,20 @@ typecheck: $(BIN)/.installed
 buf-lint: $(BUF)
 	cd proto && ../$(BUF) lint
 
-pytest: $(BIN)/.installed
+## system-deps: the Debian packages the tests run for real: etcd (the witness).
+## Installed with apt-get when missing (root, as CI runs); otherwise says what to install.
+SYSTEM_BINS := etcd
+SYSTEM_PKGS := etcd-server
+system-deps:
+	@missing=""; for b in $(SYSTEM_BINS); do command -v $$b >/dev/null 2>&1 || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing: sudo apt-get install $(SYSTEM_PKGS)"; exit 1; fi; \
+	  echo "installing $(SYSTEM_PKGS) with apt-get"; \
+	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -q --no-install-recommends $(SYSTEM_PKGS) >/dev/null; \
+	fi
+
+pytest: $(BIN)/.installed system-deps
 	$(BIN)/pytest -q -p no:cacheprovider
 
 ## make test: lint, types, protos, then the whole test suite.

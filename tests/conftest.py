@@ -2,7 +2,8 @@
 
 ``site`` serves a demo site (``pagesift.shared.demosite``) on 127.0.0.1 for one test;
 its size and speed come from the ``site_spec`` fixture, which a module overrides with
-its own (a module-level fixture of the same name wins over this one).
+its own (a module-level fixture of the same name wins over this one). ``nodes`` makes
+``pagesift serve`` children; ``etcd`` runs a real etcd for the witness tests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pagesift.shared.demosite import Site, build_site, serve_site
-from tests.helpers import NodeFactory, SiteSpec, serve_procs
+from tests.helpers import EtcdProc, NodeFactory, SiteSpec, serve_procs
 
 
 @pytest.fixture
@@ -40,3 +41,14 @@ def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
     is stopped at the end, whatever happened."""
     with serve_procs(tmp_path) as make:
         yield make
+
+
+@pytest.fixture
+async def etcd(tmp_path: Path) -> AsyncIterator[EtcdProc]:
+    """A real etcd on loopback for the witness tests, stopped at the end."""
+    proc = EtcdProc(tmp_path)
+    await proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -24,7 +24,7 @@ import pytest
 from pagesift.node import cli
 from pagesift.node.cli.common import EXIT_OK
 from pagesift.shared.client import JobClient
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
+from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, serve_site
 from pagesift.shared.slot import open_slot
 from pagesift.shared.verify import VerifyResult, verify_digests
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
@@ -35,6 +35,7 @@ from tests.helpers import (
     ServeProc,
     SiteSpec,
     all_documents,
+    assert_every_page_once,
     eventually,
     finished,
     free_port,
@@ -147,13 +148,6 @@ async def documents(address: str, job_id: str) -> list[jobs_pb2.Document]:
         return await all_documents(jobs_pb2_grpc.JobServiceStub(ch), job_id)
 
 
-def assert_every_page_once(docs: list[jobs_pb2.Document], s: Site, root: str) -> None:
-    urls = [normalize_url(d.url) for d in docs]
-    duplicates = sorted({u for u in urls if urls.count(u) > 1})
-    assert not duplicates, f"pages in the results twice: {duplicates[:5]}"
-    assert set(urls) == s.expected_documents(root)
-
-
 # ---------------------------------------------------------------- (a) steady state
 
 
@@ -178,7 +172,7 @@ async def test_after_a_crawl_the_standby_digest_equals_the_primarys(
     # the standby serves the same job, page for page
     on_standby = await documents(standby.address, job_id)
     assert [d.url for d in on_standby] == [d.url for d in await documents(primary.address, job_id)]
-    assert_every_page_once(on_standby, s, root)
+    assert_every_page_once(on_standby, s.expected_documents(root))
     # reads on the standby carry its position; writes name the primary
     async with grpc.aio.insecure_channel(standby.address) as ch:
         stub = jobs_pb2_grpc.JobServiceStub(ch)
@@ -220,7 +214,7 @@ async def test_a_standby_killed_mid_crawl_reconnects_with_continue_not_a_full_re
     assert (pr.continues, pr.full_resyncs) == (1, 1)
     assert (await finished(primary.address, job_id)).state == jobs_pb2.JOB_STATE_COMPLETED
     assert (await converge(primary, standby)).equal
-    assert_every_page_once(await documents(standby.address, job_id), s, root)
+    assert_every_page_once(await documents(standby.address, job_id), s.expected_documents(root))
 
 
 # ---------------------------------------------------------------- (c) backlog overflow
@@ -252,7 +246,7 @@ async def test_a_standby_away_longer_than_the_backlog_gets_a_full_resync_while_t
     result = await converge(primary, standby)
     assert result.equal, result
     assert (await role(primary.address)).full_resyncs >= 2  # the first sync, then this one
-    assert_every_page_once(await documents(standby.address, job_id), s, root)
+    assert_every_page_once(await documents(standby.address, job_id), s.expected_documents(root))
 
 
 # ---------------------------------------------------------------- (d) killed mid-snapshot
@@ -372,7 +366,7 @@ async def test_a_crawl_whose_primary_is_killed_completes_on_the_promoted_standby
     assert promoted.epoch == 2 and not promoted.already_primary
     final = await finished(standby.address, job_id)
     assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
-    assert_every_page_once(await documents(standby.address, job_id), s, root)
+    assert_every_page_once(await documents(standby.address, job_id), s.expected_documents(root))
 
 
 async def test_a_deposed_primary_still_running_stops_writing_once_it_hears_the_promoted_node(
@@ -448,7 +442,7 @@ async def test_the_old_primary_rejoins_as_a_standby_discarding_its_unreplicated_
     assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
     result = await converge(standby, primary)
     assert result.equal, result
-    assert_every_page_once(await documents(primary.address, job_id), s, root)
+    assert_every_page_once(await documents(primary.address, job_id), s.expected_documents(root))
 
 
 def _last_offset(data: Path) -> int:
@@ -505,7 +499,7 @@ async def test_in_sync_mode_every_page_a_watcher_saw_is_on_the_promoted_standby(
     assert not missing, f"{len(missing)} watched pages lost: {sorted(missing.items())[:5]}"
     final = await finished(standby.address, job_id)
     assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
-    assert_every_page_once(await documents(standby.address, job_id), s, root)
+    assert_every_page_once(await documents(standby.address, job_id), s.expected_documents(root))
 
 
 async def test_in_sync_mode_a_restarted_primary_shows_nothing_the_standby_does_not_hold(
@@ -588,7 +582,7 @@ async def test_start_crawl_retried_with_its_key_across_a_failover_returns_the_sa
         assert await client.start_crawl(req) == job_id
     final = await finished(standby.address, job_id)
     assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
-    assert_every_page_once(await documents(standby.address, job_id), s, root)
+    assert_every_page_once(await documents(standby.address, job_id), s.expected_documents(root))
 
 
 async def applies_a_write_made_after(
@@ -607,12 +601,15 @@ async def applies_a_write_made_after(
     await eventually(lambda: offset_at_least(standby.address, marker), f"offset {marker}")
 
 
-async def test_a_standby_with_auto_promote_takes_over_once_the_primary_is_silent(
+async def test_a_standby_with_unsafe_auto_promote_takes_over_once_the_primary_is_silent(
     nodes: NodeFactory,
 ) -> None:
     primary = nodes("primary")
     standby = nodes(
-        "standby", role="standby", primary=primary.address, extra=("--auto-promote-after", "1")
+        "standby",
+        role="standby",
+        primary=primary.address,
+        extra=("--auto-promote-after", "1", "--unsafe-auto-promote"),
     )
     await asyncio.gather(primary.start(), standby.start())
     await eventually(lambda: _connected(standby.address), "the standby to connect")

@@ -36,22 +36,23 @@ from tests.helpers import PROMOTE_MD, in_process_node, until
 
 
 @pytest.mark.parametrize(
-    ("role", "connected", "lag", "primary", "replica"),
+    ("role", "writes", "connected", "lag", "primary", "replica"),
     [
-        (Role.PRIMARY, False, 0.0, SERVING, NOT_SERVING),
-        (Role.PRIMARY, True, 0.0, SERVING, NOT_SERVING),  # its standby is connected
-        (Role.STANDBY, True, 0.0, NOT_SERVING, SERVING),
-        (Role.STANDBY, True, 10.0, NOT_SERVING, SERVING),  # at the bound
-        (Role.STANDBY, True, 10.5, NOT_SERVING, NOT_SERVING),  # past it
-        (Role.STANDBY, False, math.inf, NOT_SERVING, NOT_SERVING),  # never synced
-        (Role.FENCED, False, 0.0, NOT_SERVING, NOT_SERVING),
-        (Role.FENCED, True, 0.0, NOT_SERVING, NOT_SERVING),
+        (Role.PRIMARY, True, False, 0.0, SERVING, NOT_SERVING),
+        (Role.PRIMARY, True, True, 0.0, SERVING, NOT_SERVING),  # its standby is connected
+        (Role.PRIMARY, False, True, 0.0, NOT_SERVING, NOT_SERVING),  # its lease lapsed
+        (Role.STANDBY, False, True, 0.0, NOT_SERVING, SERVING),
+        (Role.STANDBY, False, True, 10.0, NOT_SERVING, SERVING),  # at the bound
+        (Role.STANDBY, False, True, 10.5, NOT_SERVING, NOT_SERVING),  # past it
+        (Role.STANDBY, False, False, math.inf, NOT_SERVING, NOT_SERVING),  # never synced
+        (Role.FENCED, False, False, 0.0, NOT_SERVING, NOT_SERVING),
+        (Role.FENCED, False, True, 0.0, NOT_SERVING, NOT_SERVING),
     ],
 )
-def test_health_statuses_decide_by_role_connection_and_lag(
-    role: Role, connected: bool, lag: float, primary: Any, replica: Any
+def test_health_statuses_decide_by_role_lease_connection_and_lag(
+    role: Role, writes: bool, connected: bool, lag: float, primary: Any, replica: Any
 ) -> None:
-    got = health_statuses(role, connected, lag, 10.0)
+    got = health_statuses(role, writes, connected, lag, 10.0)
     assert got == {LIVENESS: SERVING, JOB_SERVICE: SERVING, PRIMARY: primary, REPLICA: replica}
 
 

@@ -20,7 +20,10 @@ from pagesift.shared.rolestate import (
     Event,
     FencerDone,
     HigherEpochSeen,
-    LeaseChanged,
+    LeaderIs,
+    LeaseHeld,
+    LeaseLost,
+    LeaseWon,
     Log,
     OpenForWrites,
     PrimaryHeard,
@@ -32,10 +35,13 @@ from pagesift.shared.rolestate import (
     RoleConfig,
     RoleState,
     Started,
+    StartElection,
     StartFencer,
     StartFollower,
     StartJobs,
     StartWatchdog,
+    StepDown,
+    StopElection,
     StopFencer,
     StopFollower,
     StopJobs,
@@ -43,11 +49,18 @@ from pagesift.shared.rolestate import (
     StopWatchdog,
     Tick,
     step,
+    takes_writes,
 )
 
 AFTER = 10.0
 PRIMARY = RoleConfig(requested=Role.PRIMARY)
-STANDBY = RoleConfig(requested=Role.STANDBY, auto_promote_after=AFTER, former_primary="old:1")
+STANDBY = RoleConfig(
+    requested=Role.STANDBY,
+    auto_promote_after=AFTER,
+    former_primary="old:1",
+    unsafe_auto_promote=True,
+)
+WITNESS = RoleConfig(requested=Role.PRIMARY, witness=True)
 
 
 def run(state: RoleState, *events: tuple[Event, float]) -> tuple[RoleState, list[list[Action]]]:
@@ -217,7 +230,7 @@ def test_a_higher_epoch_fences_a_primary_for_good() -> None:
         Promoted(3),
         PromoteRequested(),
         HigherEpochSeen(5),
-        LeaseChanged(True),
+        LeaseWon(9),
         PrimarySilent(True),
         Tick(),
     ):
@@ -238,10 +251,91 @@ def test_a_standby_ignores_higher_epochs_it_follows() -> None:
     assert step(state, HigherEpochSeen(9), 1.0) == (state, [])
 
 
-def test_the_lease_event_decides_nothing_yet() -> None:
+def test_witness_events_change_nothing_without_a_witness() -> None:
     for config in (PRIMARY, STANDBY):
         state = started(config)
-        assert step(state, LeaseChanged(False), 1.0) == (state, [])
+        for event in (LeaderIs("b:1", 9), LeaseWon(9), LeaseHeld(), LeaseLost()):
+            assert step(state, event, 1.0) == (state, [])
+
+
+def test_auto_promote_without_a_witness_needs_the_unsafe_flag() -> None:
+    unsafe_off = RoleState.initial(replace(STANDBY, unsafe_auto_promote=False))
+    _, actions = step(unsafe_off, Started(None, 0, 0, False), 0.0)
+    assert kinds(actions) == [RefuseStart]
+    assert isinstance(actions[0], RefuseStart) and "--unsafe-auto-promote" in actions[0].reason
+    with_witness = RoleState.initial(replace(WITNESS, auto_promote_after=5.0))
+    _, actions = step(with_witness, Started(None, 0, 0, False), 0.0)
+    assert isinstance(actions[0], RefuseStart) and "exclude each other" in actions[0].reason
+
+
+# --- with a witness: the lease decides ----------------------------------------------------
+def test_with_a_witness_a_node_starts_as_neither_role_and_elects() -> None:
+    for persisted in (None, Role.PRIMARY, Role.STANDBY, Role.FENCED):
+        state, actions = step(RoleState.initial(WITNESS), Started(persisted, 3, 0, True), 0.0)
+        assert actions == [StartElection()]
+        assert (state.role, state.following, takes_writes(state)) == (Role.STANDBY, False, False)
+
+
+def test_with_a_witness_a_standby_follows_the_holder_and_a_new_one() -> None:
+    state = started(WITNESS)
+    state, actions = step(state, LeaderIs("a:1", 5), 1.0)
+    assert actions == [StartFollower("a:1")] and state.leader == "a:1"
+    assert step(state, LeaderIs("a:1", 5), 2.0) == (state, [])
+    state, actions = step(state, LeaderIs("b:1", 8), 3.0)
+    assert actions == [StopFollower(), StartFollower("b:1")]
+
+
+def test_a_won_lease_promotes_and_jobs_start_only_once_it_is_held() -> None:
+    state, _ = step(started(WITNESS), LeaderIs("a:1", 5), 1.0)
+    state, actions = step(state, LeaseWon(9), 2.0)
+    assert actions == [Promote(9)]
+    assert step(state, LeaseWon(9), 2.1) == (state, [])  # one promotion per lease
+    state, actions = step(state, Promoted(9), 2.2)
+    assert actions == [StartFencer("a:1")]  # the former holder: no job before LeaseHeld
+    assert state.role == Role.PRIMARY and not takes_writes(state)
+    state, actions = step(state, LeaseHeld(), 2.3)
+    assert actions == [StartJobs()] and takes_writes(state)
+    assert step(state, LeaseHeld(), 2.4) == (state, [])
+
+
+def test_a_lapsed_lease_stops_the_jobs_and_a_renewed_one_restarts_them() -> None:
+    state, _ = step(started(WITNESS), LeaseWon(4), 1.0)
+    state, _ = step(state, Promoted(4), 1.0)
+    state, _ = step(state, LeaseHeld(), 1.0)
+    state, actions = step(state, LeaseLost(), 5.0)
+    assert kinds(actions) == [Log, StopJobs] and state.role == Role.PRIMARY
+    assert not takes_writes(state)
+    assert step(state, LeaseLost(), 6.0) == (state, [])
+    state, actions = step(state, LeaseHeld(), 7.0)
+    assert actions == [StartJobs()] and takes_writes(state)
+
+
+def test_a_primary_that_another_holder_outranks_steps_down_and_follows_it() -> None:
+    state, _ = step(started(WITNESS), LeaderIs("a:1", 5), 1.0)
+    for event in (LeaseWon(9), Promoted(9), LeaseHeld()):
+        state, _ = step(state, event, 2.0)
+    state, actions = step(state, LeaderIs("a:1", 12), 3.0)
+    assert kinds(actions) == [Log, StopJobs, StopFencer, StepDown, StartFollower]
+    assert actions[-2:] == [StepDown(12), StartFollower("a:1")]
+    assert (state.role, state.jobs_running, state.following) == (Role.STANDBY, False, True)
+    state, actions = step(state, LeaseWon(15), 4.0)  # it may win the next lease
+    assert actions == [Promote(15)]
+
+
+def test_with_a_witness_a_fenced_node_rejoins_the_holder() -> None:
+    state, _ = step(started(WITNESS), LeaseWon(4), 1.0)
+    for event in (Promoted(4), LeaseHeld()):
+        state, _ = step(state, event, 1.0)
+    state, actions = step(state, HigherEpochSeen(7, "b:1"), 2.0)
+    assert state.role == Role.FENCED and "once the witness names" in str(actions[0])
+    state, actions = step(state, LeaderIs("b:1", 7), 3.0)
+    assert actions[-2:] == [StepDown(7), StartFollower("b:1")] and state.role == Role.STANDBY
+
+
+def test_stopping_a_witness_node_stops_its_election() -> None:
+    state, _ = step(started(WITNESS), LeaderIs("a:1", 5), 1.0)
+    _, actions = step(state, Stopping(), 2.0)
+    assert actions == [StopElection(), StopFollower()]
 
 
 def test_stopping_stops_what_runs_and_then_nothing_happens() -> None:
@@ -263,7 +357,10 @@ EVENTS = st.one_of(
     st.builds(Promoted, st.integers(0, 6)),
     st.builds(HigherEpochSeen, st.integers(0, 6), st.sampled_from(["", "b:1"])),
     st.builds(FencerDone, st.sampled_from(list(FencingVerdict))),
-    st.builds(LeaseChanged, st.booleans()),
+    st.builds(LeaderIs, st.sampled_from(["a:1", "b:1"]), st.integers(0, 9)),
+    st.builds(LeaseWon, st.integers(0, 9)),
+    st.just(LeaseHeld()),
+    st.just(LeaseLost()),
     st.just(Stopping()),
 )
 
@@ -275,6 +372,7 @@ class RoleMachine(RuleBasedStateMachine):
     fenced: bool
     promotes: int
     epoch: int
+    step_downs: int
 
     @initialize(
         requested=st.sampled_from([Role.PRIMARY, Role.STANDBY]),
@@ -284,6 +382,7 @@ class RoleMachine(RuleBasedStateMachine):
         epoch=st.integers(0, 3),
         fenced_epoch=st.integers(0, 4),
         synced=st.booleans(),
+        witness=st.booleans(),
     )
     def start(
         self,
@@ -294,10 +393,19 @@ class RoleMachine(RuleBasedStateMachine):
         epoch: int,
         fenced_epoch: int,
         synced: bool,
+        witness: bool,
     ) -> None:
-        config = RoleConfig(requested, after, "a:1", credential)
+        config = RoleConfig(
+            requested,
+            0.0 if witness else after,
+            "a:1",
+            credential,
+            witness=witness,
+            unsafe_auto_promote=True,
+        )
         self.state, self.now = RoleState.initial(config), 0.0
         self.jobs, self.fenced, self.promotes, self.epoch = False, False, 0, 0
+        self.step_downs = 0
         self.apply(Started(persisted, epoch, fenced_epoch, synced))
 
     def apply(self, event: Event) -> None:
@@ -311,6 +419,8 @@ class RoleMachine(RuleBasedStateMachine):
                 self.jobs = False
             elif isinstance(action, Promote):
                 self.promotes += 1
+            elif isinstance(action, StepDown):
+                self.step_downs += 1
         assert self.state.jobs_running == self.jobs
 
     @rule(event=EVENTS, dt=st.floats(0.0, 6.0))
@@ -319,8 +429,8 @@ class RoleMachine(RuleBasedStateMachine):
         self.apply(event)
 
     @invariant()
-    def fenced_is_absorbing(self) -> None:
-        if self.fenced:
+    def fenced_is_absorbing_without_a_witness(self) -> None:
+        if self.fenced and not self.state.config.witness:
             assert self.state.role == Role.FENCED
         self.fenced = self.state.role == Role.FENCED
 
@@ -330,12 +440,12 @@ class RoleMachine(RuleBasedStateMachine):
         self.epoch = self.state.epoch
 
     @invariant()
-    def at_most_one_promotion(self) -> None:
-        assert self.promotes <= 1
+    def at_most_one_promotion_per_step_down(self) -> None:
+        assert self.promotes <= 1 + self.step_downs
 
     @invariant()
-    def jobs_run_only_on_a_primary(self) -> None:
-        assert not self.jobs or self.state.role == Role.PRIMARY
+    def jobs_run_only_on_a_primary_that_takes_writes(self) -> None:
+        assert not self.jobs or (self.state.role == Role.PRIMARY and takes_writes(self.state))
 
 
 TestRoleMachine = RoleMachine.TestCase

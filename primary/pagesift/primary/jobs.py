@@ -46,6 +46,7 @@ from pagesift.shared import patterns, quota, validate
 from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import PageError
+from pagesift.shared.identity import NotWritable
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
@@ -279,6 +280,8 @@ class Jobs:
             await coro
         except asyncio.CancelledError:
             raise
+        except NotWritable as e:  # fenced, or a lapsed lease: the job resumes elsewhere
+            logger.info("job %s paused: %s", job_id, e)
         except Exception as e:  # a bug must not leave a job "scraping" forever
             logger.exception("job %s failed", job_id)
             self._finish(job_id, "failed", f"internal error: {e}")

@@ -3,10 +3,9 @@
 Service names and what SERVING means (``health_statuses`` decides, a pure function):
 
 - ``""``: the process serves (liveness);
-- ``pagesift.primary``: this node takes writes now (NOT_SERVING on a standby and on a
-  fenced node). A primary whose witness lease has lapsed will answer NOT_SERVING too
-  once a witness exists: it is not wired yet (``rolestate.LeaseChanged`` decides
-  nothing), so today this is the node's role alone;
+- ``pagesift.primary``: this node takes writes now (NOT_SERVING on a standby, on a
+  fenced node, and on a primary whose witness lease has lapsed or is not yet
+  published: ``rolestate.takes_writes``);
 - ``pagesift.replica``: a standby that has synced with its primary and is within
   ``replica_max_lag`` seconds of it. A standby whose session dropped stays SERVING
   until the time since it last heard its primary (plus the lag it had then) passes
@@ -49,9 +48,10 @@ ServingStatus = Any
 
 
 def health_statuses(
-    role: Role, connected: bool, lag_seconds: float, replica_max_lag: float
+    role: Role, takes_writes: bool, connected: bool, lag_seconds: float, replica_max_lag: float
 ) -> dict[str, ServingStatus]:
-    """Every health service name's status for a node in ``role``.
+    """Every health service name's status for a node in ``role``; ``takes_writes``:
+    it is the primary and (with a witness) holds its lease.
 
     ``connected``: (standby) it has synced with its primary since it started following;
     ``lag_seconds``: how far behind the primary its data may be (``Freshness``).
@@ -60,8 +60,6 @@ def health_statuses(
     def status(ok: bool) -> ServingStatus:
         return SERVING if ok else NOT_SERVING
 
-    # TODO(witness): AND the witness lease is held, once a witness exists.
-    takes_writes = role == Role.PRIMARY
     fresh_replica = role == Role.STANDBY and connected and lag_seconds <= replica_max_lag
     return {
         LIVENESS: SERVING,
@@ -104,6 +102,9 @@ class _Node(Protocol):
     @property
     def role_changed(self) -> asyncio.Event: ...
 
+    @property
+    def takes_writes(self) -> bool: ...
+
     def role_status(self) -> RoleStatus: ...
 
 
@@ -128,7 +129,8 @@ class HealthPublisher:
         else:
             self._freshness = Freshness()  # a later standby life starts unsynced
             connected, lag = s.connected, s.lag_seconds
-        return health_statuses(s.role, connected, lag, self._max_lag)
+        takes_writes = self._node.takes_writes
+        return health_statuses(s.role, takes_writes, connected, lag, self._max_lag)
 
     async def publish(self) -> None:
         """Set every status that differs from the last one published."""

@@ -28,6 +28,7 @@ The gRPC server around it is ``pagesift.node.grpcserver``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -36,8 +37,10 @@ from pathlib import Path
 
 import grpc
 
+from pagesift.node.elector import CLOSED, Elector, ElectorHost
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import RoleStatus, figures
+from pagesift.node.witness import EtcdWitness
 from pagesift.primary import webhooks
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.jobs import Jobs
@@ -45,10 +48,11 @@ from pagesift.primary.replication import ReplicationServicer
 from pagesift.shared import rolestate, tls
 from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.election import Candidate, Holder, PairState
 from pagesift.shared.events import JobEvents
 from pagesift.shared.identity import Fenced
 from pagesift.shared.jobservice import JobRuntime
-from pagesift.shared.metrics import Metrics, ReplicationFigures
+from pagesift.shared.metrics import Metrics, ReplicationFigures, WitnessGauges
 from pagesift.shared.replproto import FencingVerdict
 from pagesift.shared.roles import Role
 from pagesift.shared.rolestate import (
@@ -63,10 +67,13 @@ from pagesift.shared.rolestate import (
     RoleConfig,
     RoleState,
     Started,
+    StartElection,
     StartFencer,
     StartFollower,
     StartJobs,
     StartWatchdog,
+    StepDown,
+    StopElection,
     StopFencer,
     StopFollower,
     StopJobs,
@@ -103,10 +110,16 @@ class Node:
         self.slot = open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
         self.slot.store.add_observer(self.events)
         self.slot.add_listener(lambda store, _log: store.add_observer(self.events))
+        # with a witness, no write before a lease is won (the elector moves it); the
+        # deadline carries over to the log of a store a full resync installs
+        self._write_deadline: float | None = CLOSED if config.witness else None
+        self.slot.log.set_write_deadline(self._write_deadline)
+        self.slot.add_listener(lambda _store, log: log.set_write_deadline(self._write_deadline))
         self.metrics = Metrics()
         self.metrics.jobs_store = lambda: self.slot.store
         self.metrics.webhook_queue_depth = lambda: webhooks.queue_depth(self.slot.store)
         self.metrics.replication = self._replication_figures
+        self.metrics.witness = self._witness_gauges
         self.parts = ReplicationParts(
             self.slot,
             node_id=self.node_id,
@@ -116,6 +129,8 @@ class Node:
             mode=config.replication_mode,
             sync_timeout=config.sync_timeout,
         )
+        self.elector: Elector | None = None
+        self._elector_task: asyncio.Task[None] | None = None
         self.jobs: Jobs | None = None
         self.engine: HttpEngine | None = None
         # the node's role, and what it runs: the one place it is kept (see ``rolestate``)
@@ -125,9 +140,11 @@ class Node:
                 auto_promote_after=config.auto_promote_after,
                 former_primary=config.primary,
                 has_credential=bool(replication_credential(config)),
+                witness=bool(config.witness),
+                unsafe_auto_promote=config.unsafe_auto_promote,
             )
         )
-        #: set whenever the role changes (the health publisher wakes on it)
+        #: set whenever the role or ``takes_writes`` changes (the health publisher wakes)
         self.role_changed = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
         self._fencer: asyncio.Task[FencingVerdict] | None = None
@@ -141,6 +158,11 @@ class Node:
     def role(self) -> Role:
         """This node's role (``rolestate``: the one place it is kept)."""
         return self._state.role
+
+    @property
+    def takes_writes(self) -> bool:
+        """The primary, holding its witness lease when it has a witness."""
+        return rolestate.takes_writes(self._state)
 
     @property
     def deposed_by(self) -> str:
@@ -171,7 +193,8 @@ class Node:
             where = self.deposed_by or "the promoted node"
             return f"{where} (this one was deposed by a higher epoch)"
         told = self.follower.primary_address if self.follower is not None else ""
-        return self.config.primary_public or told or self.config.primary or "(unknown)"
+        named = self.elector.figures.leader if self.elector is not None else ""
+        return self.config.primary_public or told or named or self.config.primary or "(unknown)"
 
     def read_metadata(self) -> Sequence[tuple[str, str]]:
         if self.follower is None or self.role != Role.STANDBY:
@@ -199,9 +222,9 @@ class Node:
 
     # --- the role machine's shell ----------------------------------------------------------
     def _step(self, event: rolestate.Event) -> list[rolestate.Action]:
-        before = self._state.role
+        before = (self._state.role, self.takes_writes)
         self._state, actions = rolestate.step(self._state, event, time.monotonic())
-        if self._state.role != before:
+        if (self._state.role, self.takes_writes) != before:
             self.role_changed.set()
         return actions
 
@@ -230,14 +253,20 @@ class Node:
                 case StopWatchdog():
                     if self._watchdog is not None:
                         self._watchdog.cancel()
-                case Promote():
-                    if self.promoter is not None:
-                        await self.promoter.promote()
+                case Promote(epoch):
+                    promoter = self.promoter or self.parts.enable_promotion(self._promoted)
+                    await promoter.promote(epoch=epoch)
                 case StartFencer(former_primary):
                     self._start_fencer(former_primary)
                 case StopFencer():
                     if self._fencer is not None:
                         self._fencer.cancel()
+                case StartElection():
+                    self._start_election()
+                case StopElection():
+                    await self._stop_election()
+                case StepDown(epoch):
+                    self.slot.log.step_down(epoch)
 
     def _follow(self, target: str) -> None:
         cfg = self.config
@@ -318,9 +347,89 @@ class Node:
         await self.jobs.start()
 
     async def wait_replicated(self, offset: int | None) -> bool:
-        """Sync mode: wait for the standby to apply ``offset`` (None: all so far)."""
+        """Sync mode: wait for the standby to apply ``offset`` (None: all so far). With a
+        witness, a write about to be acknowledged unconfirmed is first recorded there
+        (``Elector.record_out_of_sync``), so that the standby does not take over."""
         target = self.slot.log.last_offset if offset is None else offset
-        return await self.replication.wait_replicated(target)
+        replicated = await self.replication.wait_replicated(target)
+        if not replicated and self.elector is not None:
+            await self.elector.record_out_of_sync()
+        return replicated
+
+    # --- the witness -----------------------------------------------------------------------
+    def _start_election(self) -> None:
+        cfg = self.config
+        address = cfg.advertise or _advertised(cfg.listen)
+        if not address:
+            raise StartRefused(
+                "with a witness, --advertise HOST:PORT must say where peers reach this node "
+                f"(--listen {cfg.listen} is a wildcard)"
+            )
+        replication = address
+        if cfg.replication_listen:
+            port = cfg.replication_listen.rsplit(":", 1)[1]
+            replication = f"{address.rsplit(':', 1)[0]}:{port}"
+        try:
+            witness = EtcdWitness(cfg.witness, cfg.pair)
+        except ValueError as e:
+            raise StartRefused(f"witness: {e}") from None
+        host = ElectorHost(
+            me=Holder(self.node_id, address, replication),
+            mode=cfg.replication_mode,
+            candidate=self._candidate,
+            pair_state=self._pair_state,
+            set_write_deadline=self._set_write_deadline,
+            feed=self._feed,
+            takes_writes=lambda: self.takes_writes,
+            is_primary=lambda: self.role == Role.PRIMARY,
+        )
+        self.elector = Elector(witness, host, ttl=cfg.witness_ttl)
+        self._elector_task = asyncio.create_task(self.elector.run())
+        self._elector_task.add_done_callback(_log_failure)
+
+    async def _stop_election(self) -> None:
+        task, self._elector_task = self._elector_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _feed(self, event: rolestate.Event) -> None:
+        await self._carry_out(self._step(event))
+
+    def _set_write_deadline(self, deadline: float) -> None:
+        self._write_deadline = deadline
+        self.slot.log.set_write_deadline(deadline)
+
+    def _candidate(self) -> Candidate:
+        log = self.slot.log
+        return Candidate(self.node_id, log.history_id, log.last_offset)
+
+    def _pair_state(self, epoch: int) -> PairState:
+        """What this primary publishes: its history and offset, and in sync mode the
+        standby that holds every acknowledged write ("" when none is known to)."""
+        log = self.slot.log
+        st = self.replication.status()
+        in_sync = (
+            self.config.replication_mode == "sync"
+            and st.connected
+            and not st.sync_degraded
+            and (st.lag_offsets == 0 or st.lag_seconds < self.config.sync_timeout)
+        )
+        return PairState(
+            primary=self.node_id,
+            history_id=log.history_id,
+            epoch=max(log.epoch, epoch),
+            offset=log.last_offset,
+            mode=self.config.replication_mode,
+            sync_standby=st.peer if in_sync else "",
+        )
+
+    def _witness_gauges(self) -> WitnessGauges | None:
+        if self.elector is None:
+            return None
+        f = self.elector.figures
+        return WitnessGauges(f.up, f.lease_remaining(time.monotonic()), f.takeover_behind)
 
     def role_status(self) -> RoleStatus:
         """This node's role and replication figures (``pagesift.node.status``)."""
@@ -368,6 +477,11 @@ def _read_token(file: str) -> str:
             f"fewer than {MIN_TOKEN_CHARS} (make one: pagesift token new FILE)"
         )
     return token
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.critical("the elector failed: this node takes no write", exc_info=exc)
 
 
 def _advertised(listen: str) -> str:

@@ -14,8 +14,9 @@ from typing import Any
 
 @dataclass
 class ServerConfig:
-    role: str = "primary"  # primary | standby
+    role: str = "primary"  # primary | standby; ignored with a witness (the lease decides)
     listen: str = "127.0.0.1:50051"
+    advertise: str = ""  # where peers and clients reach this node (default: listen)
     data: Path = Path("./data")
     primary: str = ""  # the primary's address (standby only)
     primary_public: str = ""  # where clients reach the primary (default: what it announces)
@@ -56,7 +57,12 @@ class ServerConfig:
     replication_mode: str = "async"  # async | sync
     sync_timeout: float = 2.0
     backlog_bytes: int = 512 * 1024 * 1024  # ~74 s at the measured peak crawl rate (~7 MB/s)
-    auto_promote_after: float = 0.0
+    auto_promote_after: float = 0.0  # without a witness: refused unless unsafe_auto_promote
+    unsafe_auto_promote: bool = False  # allow auto_promote_after with no witness (split brain)
+    # the witness (pagesift.node.witness): etcd://HOST:PORT[,HOST:PORT...]; "" = none
+    witness: str = ""
+    witness_ttl: float = 5.0  # seconds a primary's lease lives without a keepalive
+    pair: str = "pagesift"  # the pair's key prefix in the witness (several pairs, one etcd)
     # health: a standby is ``pagesift.replica`` SERVING within this many seconds of its primary
     replica_max_lag: float = 10.0
     # accounts, webhooks, metrics, transport security

@@ -140,18 +140,18 @@ class Identity:
             self._writable = True
 
     def promote(
-        self, applied_offset: int, new_history_id: str | None = None
+        self, applied_offset: int, new_history_id: str | None = None, *, epoch: int = 0
     ) -> replproto.Promotion:
-        """Standby -> primary at ``applied_offset``: record epoch + 1, a new history id
-        and the switch offset durably (WAL synced), THEN accept writes. Idempotent on
-        a primary."""
+        """Standby -> primary at ``applied_offset``: record epoch + 1 (at least
+        ``epoch``: a witness's), a new history id and the switch offset durably (WAL
+        synced), THEN accept writes. Idempotent on a primary."""
         with self._store.lock:
             if self._writable:
                 return replproto.Promotion(
                     self.epoch, self.history_id, self.prev_history_id, self.switch_offset
                 )
             plan = replproto.plan_promotion(
-                epoch=max(self.epoch, self.fenced_epoch),
+                epoch=max(self.epoch, self.fenced_epoch, epoch - 1),
                 history_id=self.history_id,
                 applied_offset=applied_offset,
                 new_history_id=new_history_id or uuid.uuid4().hex,

@@ -42,6 +42,7 @@ from pagesift.shared.accounts import Account, Accounts, Unauthenticated
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.shared.events import JobEvents
+from pagesift.shared.identity import NotWritable
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store
 from pagesift.shared.streams import WINDOW_BYTES, WINDOW_DOCS, StreamSlots
@@ -191,6 +192,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise AssertionError("unreachable")
         return runtime
 
+    async def _not_writable(self, context: Context, err: NotWritable) -> None:
+        """A write reached a node that stopped taking them after the call began
+        (fenced, or its witness lease lapsed): nothing was written."""
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"{err}; send writes to the primary at {self.node.primary_hint()}",
+        )
+
     async def _meta(self, job_id: str, context: Context) -> jr.JobMeta:
         return await self._owned(await self._caller(context), job_id, context)
 
@@ -297,7 +306,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             status = _PAGE_STATUS.get(str(e.code), grpc.StatusCode.FAILED_PRECONDITION)
             await _abort(context, status, f"page error {e.code}: {e.message}")
         if caller.pages_per_day is not None:
-            self.node.store().write(lambda g: quota.charge(g, caller.name, 1, time.time()))
+            try:
+                self.node.store().write(lambda g: quota.charge(g, caller.name, 1, time.time()))
+            except NotWritable as e:
+                await self._not_writable(context, e)
         return jobs_pb2.ScrapeResponse(document=doc)
 
     async def StartBatchScrape(
@@ -326,6 +338,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             )
         except quota.LimitExceeded as e:
             await self._refuse_limit(context, e)
+        except NotWritable as e:
+            await self._not_writable(context, e)
         if len(stored) >= TRIM_AFTER_BYTES:
             _trim_heap_soon()
         return jobs_pb2.StartBatchScrapeResponse(id=reg.id, invalid_urls=plan.invalid)
@@ -354,6 +368,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             )
         except quota.LimitExceeded as e:
             await self._refuse_limit(context, e)
+        except NotWritable as e:
+            await self._not_writable(context, e)
         return jobs_pb2.StartCrawlResponse(id=reg.id)
 
     async def CancelJob(
@@ -361,7 +377,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.CancelJobResponse:
         await self._meta(request.id, context)
         runtime = await self._runtime(context)
-        meta = await runtime.cancel(request.id)
+        try:
+            meta = await runtime.cancel(request.id)
+        except NotWritable as e:
+            await self._not_writable(context, e)
         if meta is None:
             await _abort(context, grpc.StatusCode.NOT_FOUND, f"id: no job {request.id}")
         return jobs_pb2.CancelJobResponse(state=jr.STATE_TO_PB[meta.state])

@@ -39,6 +39,10 @@ pagesift_replication_connected              gauge      1 when a peer is connecte
 pagesift_replication_backlog_bytes          gauge
 pagesift_replication_full_resyncs_total     counter
 pagesift_replication_sync_degraded_total    counter
+pagesift_witness_up                         gauge      with a witness: 1 when its last call
+                                                       succeeded
+pagesift_witness_lease_remaining_seconds    gauge      until the write deadline (0: no lease)
+pagesift_witness_takeover_behind_entries    gauge      entries behind at the last takeover
 pagesift_grpc_requests_total                counter    method, code: finished RPCs
 ==========================================  =========  ===================================
 
@@ -119,6 +123,15 @@ class ReplicationFigures:
     sync_degraded: int
 
 
+@dataclass(frozen=True)
+class WitnessGauges:
+    """What the witness series show (nodes with a witness only)."""
+
+    up: bool
+    lease_remaining: float
+    takeover_behind: int
+
+
 class Metrics:
     """Every pagesift series, in a registry of its own."""
 
@@ -181,6 +194,7 @@ class Metrics:
         self.jobs_store: Callable[[], Store | None] | None = None
         self.webhook_queue_depth: Callable[[], int] | None = None
         self.replication: Callable[[], ReplicationFigures | None] | None = None
+        self.witness: Callable[[], WitnessGauges | None] | None = None
         r.register(_ScrapeTime(self))
 
     # recording helpers -------------------------------------------------------------------
@@ -219,6 +233,7 @@ class _ScrapeTime(Collector):
             ("jobs", self._jobs),
             ("webhooks", self._webhooks),
             ("replication", self._replication),
+            ("witness", self._witness),
         ):
             try:
                 families = list(fn())
@@ -262,6 +277,25 @@ class _ScrapeTime(Collector):
             "pagesift_webhook_queue_depth",
             "Webhook events enqueued and not yet acknowledged (or given up), all jobs.",
             value=fn(),
+        )
+
+    def _witness(self) -> Iterable[Metric]:
+        fn = self._m.witness
+        w = fn() if fn is not None else None
+        if w is None:
+            return
+        yield GaugeMetricFamily(
+            "pagesift_witness_up", "1 when the last call to the witness succeeded.", w.up
+        )
+        yield GaugeMetricFamily(
+            "pagesift_witness_lease_remaining_seconds",
+            "Seconds until this node's write deadline (0 without the lease).",
+            w.lease_remaining,
+        )
+        yield GaugeMetricFamily(
+            "pagesift_witness_takeover_behind_entries",
+            "Log entries this node was behind the pair state when it last took over.",
+            w.takeover_behind,
         )
 
     def _replication(self) -> Iterable[Metric]:

@@ -38,7 +38,9 @@ The guarantees
   (``framing.split_entries_message`` + ``append_replicated(raw=...)``).
 * **Writes only on a writable primary.** ``stage`` raises ``NotWritable`` (and so
   the whole write fails, nothing committed) unless ``open_for_writes`` or
-  ``promote`` made this node the primary and no higher epoch fenced it.
+  ``promote`` made this node the primary and no higher epoch fenced it, nor (with a
+  witness) after the write deadline: the instant its lease could have expired, on
+  the monotonic clock, checked inside the write section before the commit.
 * **A cut at an offset is exactly there.** ``view_at(offset)`` is taken inside the
   commit of ``offset``; the apply path cuts its runs after any such offset.
 
@@ -53,6 +55,7 @@ and immutable, and the only race, trimming, is reported as ``BacklogLost``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
@@ -82,6 +85,7 @@ class Log:
         self._applying = False
         self._closed = False
         self._staged: Plan | None = None  # the plan of the group between stage and commit
+        self._write_deadline: float | None = None  # see set_write_deadline
         self._waiters = Waiters()
         with store.lock:
             self._backlog = Backlog(store, max_bytes)
@@ -178,16 +182,30 @@ class Log:
         when a higher epoch fenced it."""
         self._identity.open_for_writes()
 
-    def promote(self, new_history_id: str | None = None) -> replproto.Promotion:
-        """Standby -> primary at the applied offset: epoch + 1, a new history id and
-        the switch offset recorded durably, THEN writes. Idempotent on a primary."""
+    def promote(self, new_history_id: str | None = None, *, epoch: int = 0) -> replproto.Promotion:
+        """Standby -> primary at the applied offset: epoch + 1 (at least ``epoch``, a
+        witness's), a new history id and the switch offset recorded durably, THEN
+        writes. Idempotent on a primary."""
         with self._store.lock:
-            return self._identity.promote(self._backlog.last, new_history_id)
+            return self._identity.promote(self._backlog.last, new_history_id, epoch=epoch)
+
+    def set_write_deadline(self, deadline: float | None) -> None:
+        """With a witness: take no write once ``time.monotonic()`` reaches ``deadline``
+        (the instant this node's lease could have expired); None: no such bound."""
+        with self._store.lock:
+            self._write_deadline = deadline
 
     def fence(self, higher_epoch: int) -> bool:
         """Stop taking writes because a peer or entry of ``higher_epoch`` was seen
         (durably); True when this call fenced the node."""
         return self._identity.fence(higher_epoch)
+
+    def step_down(self, epoch: int) -> None:
+        """Take no more writes because a witness names another primary, of ``epoch``:
+        fenced by it (durably) when it is higher than ours, else simply not writable."""
+        with self._store.lock:
+            if not self._identity.fence(epoch):
+                self._identity.stop_writes()
 
     def adopt(self, history_id: str, epoch: int) -> None:
         """A standby follows a primary of (``history_id``, ``epoch``): record it."""
@@ -224,6 +242,8 @@ class Log:
             return  # append_replicated staged the entries itself
         if self._closed or not self._identity.writable:
             raise NotWritable(f"this node is a {self.role}; writes go to the primary")
+        if self._write_deadline is not None and time.monotonic() >= self._write_deadline:
+            raise NotWritable("this primary's witness lease may have lapsed: it takes no write")
         offset = self._backlog.last + 1
         epoch = self._identity.epoch
         data = LogEntry(epoch=epoch, offset=offset, ops=group.ops).SerializeToString()

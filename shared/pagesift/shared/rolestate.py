@@ -47,15 +47,29 @@ standby. ``FencerDone`` records that the fencer ended (a ``DEPOSED`` verdict arr
 as ``HigherEpochSeen`` through the sender). ``Stopping`` stops what runs; nothing
 happens after it.
 
-``LeaseChanged(won)`` is where an outside witness (a lease) will feed in; it decides
-nothing yet.
+With a witness (``RoleConfig.witness``; ``pagesift.node.elector`` feeds these):
+
+- ``Started``: neither role yet: a standby that follows nobody, and ``StartElection``.
+  ``auto_promote_after`` is refused with a witness, and refused without one unless
+  ``unsafe_auto_promote`` says so.
+- ``LeaderIs(address, epoch)``: another node holds the lease. A standby follows it
+  (``StartFollower``, or a new follower when the holder changed); a primary or a
+  fenced node stops its jobs, records the holder's epoch as the one that fences it
+  (``StepDown``), and follows it: it rejoins by itself, without a restart.
+- ``LeaseWon(epoch)``: this node took the lease: ``Promote(epoch)`` (the epoch is
+  the witness's). ``Promoted`` makes it the primary but starts no job yet:
+- ``LeaseHeld``: the pair state is published and the write deadline set: the jobs
+  start (again). ``LeaseLost``: the deadline passed with no keepalive acknowledged:
+  the jobs stop (the log refuses writes already: it checks the deadline itself).
 
 The guarantees
 --------------
 - ``StartJobs`` is never issued twice without a ``StopJobs`` between.
 - ``FENCED`` is absorbing: no event leaves it within one run.
 - The epoch never goes down.
-- At most one ``Promote`` per run.
+- At most one ``Promote`` per run; with a witness, at most one per lease won (a
+  step-down in between allows the next).
+- With a witness, jobs run only on a primary that holds its lease (``takes_writes``).
 """
 
 from __future__ import annotations
@@ -77,6 +91,8 @@ class RoleConfig:
     auto_promote_after: float = 0.0  # seconds of silence before auto-promoting; 0 = never
     former_primary: str = ""  # the primary a standby follows (fenced after a promotion)
     has_credential: bool = True  # a replication token or mTLS is configured
+    witness: bool = False  # a witness's lease decides the role (``requested`` is ignored)
+    unsafe_auto_promote: bool = False  # auto_promote_after allowed with no witness
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +111,9 @@ class RoleState:
     watching: bool = False  # the auto-promote watchdog runs
     promoting: bool = False  # a Promote was issued
     fencing: bool = False  # the fencer runs
+    electing: bool = False  # the elector runs (witness mode)
+    leased: bool = False  # witness mode: this primary holds the lease and may write
+    leader: str = ""  # witness mode: the address of the holder this node follows
 
     @classmethod
     def initial(cls, config: RoleConfig) -> RoleState:
@@ -147,10 +166,30 @@ class FencerDone:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseChanged:
-    """An outside witness granted (``won``) or lost this node's lease. Not wired yet."""
+class LeaderIs:
+    """Witness mode: another node holds the leader key; it replicates at ``address``."""
 
-    won: bool
+    address: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseWon:
+    """Witness mode: this node took the leader key, whose epoch is ``epoch``."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHeld:
+    """Witness mode: the pair state is published and the write deadline set: the
+    primary may write (again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLost:
+    """Witness mode: the write deadline passed with no keepalive acknowledged (the
+    log already refuses writes: it checks the deadline itself)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +206,10 @@ Event = (
     | Promoted
     | HigherEpochSeen
     | FencerDone
-    | LeaseChanged
+    | LeaderIs
+    | LeaseWon
+    | LeaseHeld
+    | LeaseLost
     | Stopping
 )
 
@@ -221,7 +263,25 @@ class StopWatchdog:
 
 @dataclass(frozen=True, slots=True)
 class Promote:
+    epoch: int = 0  # the lowest epoch to take (a witness's), 0 for the next one
+
+
+@dataclass(frozen=True, slots=True)
+class StartElection:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class StopElection:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StepDown:
+    """Witness mode: another node holds the lease at ``epoch``: record it as the epoch
+    that fences this node (durably) before following it."""
+
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +307,9 @@ Action = (
     | Promote
     | StartFencer
     | StopFencer
+    | StartElection
+    | StopElection
+    | StepDown
 )
 
 NO_CREDENTIAL_STANDBY = (
@@ -258,11 +321,25 @@ NO_CREDENTIAL_PRIMARY = (
     "no replication credential (replication_token_file or mTLS): this node "
     "serves its log to nobody, so no standby can follow it"
 )
+UNSAFE_AUTO_PROMOTE = (
+    "auto_promote_after without a witness lets a cut-off primary and the promoted "
+    "standby both take writes: use --witness etcd://..., or say --unsafe-auto-promote"
+)
+AUTO_PROMOTE_WITH_WITNESS = (
+    "auto_promote_after and a witness exclude each other: with a witness the lease "
+    "decides when the standby takes over"
+)
 STANDBY_DATA = (
     "this data directory belongs to a standby: promote it (pagesift promote) "
     "or start it with --role standby; starting it as a primary would fork "
     "its primary's history"
 )
+
+
+def takes_writes(state: RoleState) -> bool:
+    """The node is the primary and, with a witness, holds its lease (health's
+    ``pagesift.primary``)."""
+    return state.role == Role.PRIMARY and (state.leased or not state.config.witness)
 
 
 def step(state: RoleState, event: Event, now: float) -> tuple[RoleState, list[Action]]:
@@ -289,8 +366,14 @@ def step(state: RoleState, event: Event, now: float) -> tuple[RoleState, list[Ac
             return _higher_epoch(state, epoch, by)
         case FencerDone():
             return replace(state, fencing=False), []
-        case LeaseChanged():
-            return state, []  # the witness (next issue) decides here
+        case LeaderIs(address, epoch):
+            return _leader_is(state, address, epoch)
+        case LeaseWon(epoch):
+            return _lease_won(state, epoch)
+        case LeaseHeld():
+            return _lease_held(state)
+        case LeaseLost():
+            return _lease_lost(state)
         case Stopping():
             return _stopping(state)
 
@@ -300,10 +383,24 @@ def _started(state: RoleState, ev: Started) -> tuple[RoleState, list[Action]]:
         return state, []
     cfg = state.config
     actions: list[Action] = []
+    if cfg.auto_promote_after > 0 and cfg.witness:
+        return state, [RefuseStart(AUTO_PROMOTE_WITH_WITNESS)]
+    if cfg.auto_promote_after > 0 and not cfg.unsafe_auto_promote:
+        return state, [RefuseStart(UNSAFE_AUTO_PROMOTE)]
     if not cfg.has_credential:
-        if cfg.requested == Role.STANDBY:
+        if cfg.requested == Role.STANDBY or cfg.witness:
             return state, [RefuseStart(NO_CREDENTIAL_STANDBY)]
         actions.append(Log(logging.WARNING, NO_CREDENTIAL_PRIMARY))
+    if cfg.witness:  # the lease decides: follow its holder, or take it (see the elector)
+        electing = replace(
+            state,
+            role=Role.STANDBY,
+            epoch=max(state.epoch, ev.epoch),
+            synced=state.synced or ev.synced,
+            started=True,
+            electing=True,
+        )
+        return electing, [*actions, StartElection()]
     if cfg.requested == Role.PRIMARY:
         if ev.persisted_role == Role.STANDBY:
             return state, [*actions, RefuseStart(STANDBY_DATA)]
@@ -360,43 +457,121 @@ def _tick(state: RoleState, now: float) -> tuple[RoleState, list[Action]]:
 
 
 def _promoted(state: RoleState, epoch: int) -> tuple[RoleState, list[Action]]:
-    if state.role != Role.STANDBY:
+    witness = state.config.witness
+    if state.role == Role.PRIMARY or (state.role == Role.FENCED and not witness):
         return state, []  # a primary already (promoting twice is harmless); fenced stays so
+    former = state.leader if witness else state.config.former_primary
+    # with a witness the jobs start once the lease is published (LeaseHeld)
+    start_jobs = not witness and not state.jobs_running
     actions: list[Action] = []
-    if not state.jobs_running:
+    if start_jobs:
         actions.append(StartJobs())
-    if state.config.former_primary:
-        actions.append(StartFencer(state.config.former_primary))
+    if former and not state.fencing:
+        actions.append(StartFencer(former))
     promoted = replace(
         state,
         role=Role.PRIMARY,
         epoch=max(state.epoch, epoch),
         synced=True,
         silent_since=None,
-        promoting=True,  # one promotion per run
+        promoting=True,  # one promotion per run (per lease, with a witness)
         following=False,  # the promoter stopped the follower
-        jobs_running=True,
-        fencing=state.fencing or bool(state.config.former_primary),
+        jobs_running=state.jobs_running or start_jobs,
+        fencing=state.fencing or bool(former),
     )
     return promoted, actions
+
+
+def _leader_is(state: RoleState, address: str, epoch: int) -> tuple[RoleState, list[Action]]:
+    if not state.config.witness or not state.started:
+        return state, []
+    if state.role == Role.STANDBY:
+        if state.promoting or (state.following and state.leader == address):
+            return state, []
+        actions: list[Action] = [StopFollower()] if state.following else []
+        return replace(state, following=True, leader=address), [*actions, StartFollower(address)]
+    # a primary (or a fenced one) that another node's lease outranks: it follows that node
+    actions = [
+        Log(
+            logging.WARNING,
+            f"the witness names {address} (epoch {epoch}) the primary: this node takes no "
+            "write and rejoins as its standby",
+        )
+    ]
+    if state.jobs_running:
+        actions.append(StopJobs())
+    if state.fencing:
+        actions.append(StopFencer())
+    actions += [StepDown(epoch), StartFollower(address)]
+    following = replace(
+        state,
+        role=Role.STANDBY,
+        leased=False,
+        jobs_running=False,
+        fencing=False,
+        promoting=False,
+        following=True,
+        leader=address,
+        silent_since=None,
+    )
+    return following, actions
+
+
+def _lease_won(state: RoleState, epoch: int) -> tuple[RoleState, list[Action]]:
+    if not state.config.witness or state.role == Role.PRIMARY or state.promoting:
+        return state, []  # a primary that won again keeps its epoch: nobody held it between
+    return replace(state, promoting=True), [Promote(epoch)]
+
+
+def _lease_held(state: RoleState) -> tuple[RoleState, list[Action]]:
+    if state.role != Role.PRIMARY or not state.config.witness:
+        return state, []
+    actions: list[Action] = [] if state.jobs_running else [StartJobs()]
+    return replace(state, leased=True, jobs_running=True), actions
+
+
+def _lease_lost(state: RoleState) -> tuple[RoleState, list[Action]]:
+    if state.role != Role.PRIMARY or not state.leased:
+        return state, []
+    actions: list[Action] = [
+        Log(
+            logging.WARNING,
+            "the witness lease may have lapsed: this primary takes no write (reads go on) "
+            "until it renews the lease or another node takes it",
+        )
+    ]
+    if state.jobs_running:
+        actions.append(StopJobs())
+    return replace(state, leased=False, jobs_running=False), actions
 
 
 def _higher_epoch(state: RoleState, epoch: int, by: str) -> tuple[RoleState, list[Action]]:
     if state.role != Role.PRIMARY or epoch <= state.epoch:
         return state, []  # a standby adopts epochs by following; fenced stays fenced
-    warning = (
-        f"fenced by epoch {epoch}: this primary stops writing; restart it with --role "
-        f"standby --primary {by or '<the promoted node>'} to rejoin"
+    rejoin = (
+        "it rejoins as a standby once the witness names the new primary"
+        if state.config.witness
+        else f"restart it with --role standby --primary {by or '<the promoted node>'} to rejoin"
     )
+    warning = f"fenced by epoch {epoch}: this primary stops writing; {rejoin}"
     actions: list[Action] = [Log(logging.WARNING, warning)]
     if state.jobs_running:
         actions.append(StopJobs())
-    fenced = replace(state, role=Role.FENCED, fenced_by=epoch, deposed_by=by, jobs_running=False)
+    fenced = replace(
+        state,
+        role=Role.FENCED,
+        fenced_by=epoch,
+        deposed_by=by,
+        jobs_running=False,
+        leased=False,
+    )
     return fenced, actions
 
 
 def _stopping(state: RoleState) -> tuple[RoleState, list[Action]]:
     actions: list[Action] = []
+    if state.electing:
+        actions.append(StopElection())
     if state.watching:
         actions.append(StopWatchdog())
     if state.fencing:
@@ -408,6 +583,8 @@ def _stopping(state: RoleState) -> tuple[RoleState, list[Action]]:
     stopped = replace(
         state,
         stopped=True,
+        electing=False,
+        leased=False,
         watching=False,
         fencing=False,
         following=False,

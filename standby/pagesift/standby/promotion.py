@@ -55,7 +55,9 @@ class Promoter:
         self._on_promoted = on_promoted
         self._lock = asyncio.Lock()
 
-    async def promote(self) -> PromoteResult:
+    async def promote(self, *, epoch: int = 0) -> PromoteResult:
+        """Promote (see the module docstring); ``epoch``: the lowest epoch to take (a
+        witness's lease revision), 0 for the next one."""
         async with self._lock:
             log = self._slot.log
             if log.writable:
@@ -70,7 +72,7 @@ class Promoter:
             log = self._slot.log  # the follower may have switched stores before stopping
             if not log.history_id:
                 logger.warning("promoting a standby that never completed a sync: it is empty")
-            promotion = log.promote()
+            promotion = log.promote(epoch=epoch)
             logger.warning(
                 "promoted: epoch %d, history %s (previous %s up to offset %d)",
                 promotion.epoch,

@@ -16,6 +16,7 @@ from typing import Any
 from pagesift.node.cli.args import host_port, nonneg_float
 from pagesift.node.cli.common import fail
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.election import MIN_TTL, parse_witness
 from pagesift.shared.roles import Role
 
 SERVE_FLAGS = (
@@ -29,6 +30,11 @@ SERVE_FLAGS = (
     "job_ttl_seconds",
     "fsync",
     "auto_promote_after",
+    "unsafe_auto_promote",
+    "witness",
+    "witness_ttl",
+    "pair",
+    "advertise",
     "accounts_file",
     "metrics_listen",
     "tls_cert",
@@ -53,7 +59,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return fail(f"config: {err}")
     if config.role not in (Role.PRIMARY, Role.STANDBY):
         return fail(f"config: role must be primary or standby, not {config.role!r}")
-    if config.role == "standby" and not config.primary:
+    if config.witness:
+        if args.role is not None or args.primary is not None:
+            return fail("config: with --witness the lease decides the role: drop --role/--primary")
+        try:
+            parse_witness(config.witness)
+        except ValueError as err:
+            return fail(f"config: {err}")
+        if config.witness_ttl < MIN_TTL:
+            return fail(f"config: witness_ttl must be at least {MIN_TTL} seconds")
+    elif config.role == "standby" and not config.primary:
         return fail("config: a standby needs --primary HOST:PORT")
     # imported here: the server pulls in both roles, the store and replication, which
     # the client subcommands do without
@@ -81,7 +96,31 @@ def add_serve_command(sub: Any) -> None:
         type=nonneg_float,
         metavar="SECONDS",
         help="standby: promote itself after the primary is silent this long "
-        "(UNSAFE without an outside witness)",
+        "(refused without --witness unless --unsafe-auto-promote)",
+    )
+    p.add_argument(
+        "--unsafe-auto-promote",
+        action="store_true",
+        default=None,
+        help="allow --auto-promote-after with no witness (a cut-off primary keeps writing)",
+    )
+    p.add_argument(
+        "--witness",
+        metavar="etcd://HOST:PORT[,HOST:PORT...]",
+        help="elect the primary through this etcd (then --role is not needed)",
+    )
+    p.add_argument(
+        "--witness-ttl",
+        type=nonneg_float,
+        metavar="SECONDS",
+        help="the primary's lease in the witness (default 5)",
+    )
+    p.add_argument("--pair", metavar="NAME", help="this pair's key prefix in the witness")
+    p.add_argument(
+        "--advertise",
+        type=host_port,
+        metavar="HOST:PORT",
+        help="where peers and clients reach this node (default: --listen)",
     )
     p.add_argument("--accounts", dest="accounts_file", metavar="FILE", help="accounts TOML")
     p.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve /metrics here")

@@ -1,0 +1,190 @@
+"""The witness: the outside party that decides which node of a pair is the primary.
+
+What it owns
+------------
+``Witness`` is the one small interface the elector (``pagesift.node.elector``) needs:
+read the leader key and the pair state, campaign for the key under a new lease, keep
+the lease alive, publish the pair state as the holder, resign. ``EtcdWitness`` is
+its etcd v3 backend; the records and the rules over them are
+``pagesift.shared.election``'s (layout in its docstring).
+
+Why etcd through ``aetcd``
+--------------------------
+etcd is the witness Kubernetes itself trusts (linearizable, leases with TTLs,
+compare-and-swap transactions), and Debian ships it, so the tests run a real one.
+``aetcd`` is an asyncio etcd v3 client built on grpc.aio and etcd's own v3 protos;
+it works with our grpcio and protobuf, so we need neither generated stubs of our own
+nor a thread pool around a blocking client.
+
+Failure model
+-------------
+Every call is bounded by ``timeout`` and raises ``WitnessUnavailable`` on any error
+or timeout; the next call then tries the next endpoint of ``etcd://A,B,C``. A call
+that timed out may still have been applied: ``campaign`` therefore reads the key
+back and recognises its own lease, and a lease granted but not attached simply
+lapses after its ttl.
+
+Another backend
+---------------
+A Kubernetes ``coordination.k8s.io/v1`` Lease fits the same interface: the leader
+key is the Lease object (``holderIdentity`` = the node id, an annotation carries the
+addresses, ``leaseDurationSeconds`` = ttl); ``campaign`` is a create, or an update
+guarded by ``resourceVersion`` when the lease has expired by ``renewTime``;
+``keepalive`` updates ``renewTime`` under ``resourceVersion``; the epoch is a counter
+kept in an annotation and raised by every successful takeover (``leaseTransitions``
+does exactly that); the pair state is a ConfigMap updated under the Lease's
+``resourceVersion`` check. The write deadline rule is unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import aetcd
+import aetcd.transactions as txn
+
+from pagesift.shared.election import MIN_TTL, Holder, PairState, parse_witness
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class WitnessUnavailable(RuntimeError):
+    """The witness did not answer in time (or answered with an error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease this node holds: its id, and the epoch of the key it is attached to."""
+
+    id: int
+    epoch: int
+
+
+class Witness(Protocol):
+    async def holder(self) -> Holder | None: ...
+
+    async def pair_state(self) -> PairState | None: ...
+
+    async def campaign(self, holder: Holder, ttl: int) -> Lease | None: ...
+
+    async def keepalive(self, lease: Lease) -> bool: ...
+
+    async def publish(self, lease: Lease, state: PairState) -> bool: ...
+
+    async def resign(self, lease: Lease) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def lease_ttl(seconds: float) -> int:
+    """etcd grants whole seconds: the configured ttl, rounded, at least ``MIN_TTL``."""
+    return max(MIN_TTL, round(seconds))
+
+
+class EtcdWitness:
+    """``Witness`` over etcd v3 (see the module docstring)."""
+
+    def __init__(self, url: str, pair: str, *, timeout: float = 1.0) -> None:
+        self._endpoints = parse_witness(url)
+        self._next = 0
+        self._timeout = timeout
+        prefix = f"/pagesift/{pair.strip('/')}"
+        self.leader_key = f"{prefix}/leader".encode()
+        self.state_key = f"{prefix}/state".encode()
+        self._client: aetcd.Client | None = None
+
+    async def _connected(self) -> aetcd.Client:
+        if self._client is None:
+            host, port = self._endpoints[self._next % len(self._endpoints)]
+            self._client = aetcd.Client(host=host, port=port, timeout=self._timeout)
+        return self._client
+
+    async def _call(self, make: Any) -> Any:
+        """Run ``make(client)`` within the timeout; on failure drop the client so that
+        the next call tries the next endpoint."""
+        client = await self._connected()
+        try:
+            return await asyncio.wait_for(make(client), self._timeout)
+        except (aetcd.ClientError, TimeoutError, OSError) as e:
+            self._client = None
+            self._next += 1
+            await _close_quietly(client)
+            raise WitnessUnavailable(f"witness: {type(e).__name__}: {e}") from e
+
+    async def holder(self) -> Holder | None:
+        got = await self._call(lambda c: c.get(self.leader_key))
+        if got is None:
+            return None
+        return Holder.parse(got.value, got.create_revision)
+
+    async def pair_state(self) -> PairState | None:
+        got = await self._call(lambda c: c.get(self.state_key))
+        return None if got is None else PairState.parse(got.value)
+
+    async def campaign(self, holder: Holder, ttl: int) -> Lease | None:
+        """Take the leader key if nobody holds it: a new lease of ``ttl`` seconds, then
+        put-if-absent under it. None when another node holds the key."""
+        granted = await self._call(lambda c: c.lease(ttl))
+        key = self.leader_key
+
+        async def put_if_absent(c: aetcd.Client) -> tuple[bool, list[Any]]:
+            put = txn.Put(key, holder.value(), lease=granted.id)
+            done: tuple[bool, list[Any]] = await c.transaction(
+                compare=[txn.Create(key) == 0], success=[put], failure=[]
+            )
+            return done
+
+        with contextlib.suppress(WitnessUnavailable):  # it may have been applied:
+            await self._call(put_if_absent)  # the read below tells
+        got = await self._call(lambda c: c.get(key))
+        if got is None or got.lease != granted.id:
+            await self._revoke(granted.id)
+            return None
+        return Lease(granted.id, got.create_revision)
+
+    async def keepalive(self, lease: Lease) -> bool:
+        """Refresh ``lease``; False when etcd says it has lapsed."""
+        reply = await self._call(lambda c: c.refresh_lease(lease.id))
+        return reply is not None and int(reply.TTL) > 0
+
+    async def publish(self, lease: Lease, state: PairState) -> bool:
+        """Write the pair state, only while ``lease``'s key is still the leader key."""
+
+        async def guarded_put(c: aetcd.Client) -> tuple[bool, list[Any]]:
+            still_ours = txn.Create(self.leader_key) == lease.epoch
+            put = txn.Put(self.state_key, state.value())
+            done: tuple[bool, list[Any]] = await c.transaction(
+                compare=[still_ours], success=[put], failure=[]
+            )
+            return done
+
+        succeeded, _ = await self._call(guarded_put)
+        return bool(succeeded)
+
+    async def resign(self, lease: Lease) -> None:
+        """Give the key up at once (a clean shutdown of the holder)."""
+        await self._revoke(lease.id)
+
+    async def _revoke(self, lease_id: int) -> None:
+        try:
+            await self._call(lambda c: c.revoke_lease(lease_id))
+        except WitnessUnavailable as e:
+            logger.info("could not revoke lease %x (it lapses by itself): %s", lease_id, e)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await _close_quietly(client)
+
+
+async def _close_quietly(client: aetcd.Client) -> None:
+    try:
+        await asyncio.wait_for(client.close(), 1.0)
+    except Exception as e:  # closing a broken channel: nothing left to save
+        logger.debug("closing the etcd client: %s", e)

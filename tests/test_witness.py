@@ -1,0 +1,244 @@
+"""Automatic failover through the etcd witness, with real etcd and real processes.
+
+Two ``pagesift serve`` children started with the same kind of command line (``--witness
+etcd://... --pair P``, no ``--role``) and a real etcd, all on loopback. The tests kill
+the primary with SIGKILL mid-crawl, freeze it with SIGSTOP past its ttl, kill etcd,
+and restart nodes with their same command line; nobody calls Promote. Every wait is
+bounded; the ttl is 2 s (etcd's practical minimum) so that a takeover takes seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pagesift.node import cli
+from pagesift.node.witness import EtcdWitness
+from pagesift.shared.demosite import Site
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from pagesift.v1 import replication_pb2 as pb
+from tests.helpers import (
+    EtcdProc,
+    NodeFactory,
+    ServeProc,
+    SiteSpec,
+    all_documents,
+    assert_every_page_once,
+    crawl,
+    eventually,
+    finished,
+    get_job,
+    role,
+    until,
+)
+
+TTL = 2
+PAIR = "test-pair"
+
+
+@pytest.fixture
+def site_spec() -> SiteSpec:
+    return SiteSpec(pages=120)
+
+
+async def witness_pair(
+    nodes: NodeFactory, etcd: EtcdProc, ttl: int = TTL, **config: object
+) -> tuple[ServeProc, ServeProc]:
+    """Two started nodes with one command line each, and no role: the witness decides."""
+    extra = ("--witness", etcd.url, "--pair", PAIR, "--witness-ttl", str(ttl))
+    a = nodes("a", role="", extra=extra, config=config)
+    b = nodes("b", role="", extra=extra, config=config)
+    await asyncio.gather(a.start(), b.start())
+    return a, b
+
+
+async def elected(a: ServeProc, b: ServeProc, timeout: float = 30.0) -> tuple[ServeProc, ServeProc]:
+    """(primary, standby) once one node is the primary and the other follows it."""
+
+    async def settled() -> tuple[ServeProc, ServeProc] | None:
+        ra, rb = await role(a.address), await role(b.address)
+        for p, s, rp, rs in ((a, b, ra, rb), (b, a, rb, ra)):
+            primary = rp.role == pb.NODE_ROLE_PRIMARY
+            if primary and rs.role == pb.NODE_ROLE_STANDBY and rs.connected:
+                return p, s
+        return None
+
+    return await eventually(settled, "one primary and its standby", timeout)
+
+
+async def is_primary(node: ServeProc) -> pb.RoleResponse | None:
+    r = await role(node.address)
+    return r if r.role == pb.NODE_ROLE_PRIMARY else None
+
+
+async def follows(node: ServeProc, primary: ServeProc) -> bool | None:
+    r = await role(node.address)
+    ok = r.role == pb.NODE_ROLE_STANDBY and r.connected and r.peer == primary.address
+    return True if ok else None
+
+
+async def start_crawl(address: str, req: jobs_pb2.StartCrawlRequest) -> str:
+    async with grpc.aio.insecure_channel(address) as ch:
+        resp = await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(req, timeout=5)
+        return resp.id
+
+
+async def write_refused(address: str, root: str) -> grpc.StatusCode | None:
+    """The status of a write (a new crawl) the node at ``address`` refuses; None when it
+    accepts it."""
+    try:
+        await start_crawl(address, crawl(root, limit=1))
+    except grpc.aio.AioRpcError as err:
+        return err.code()
+    return None
+
+
+async def pages_done(address: str, job_id: str, at_least: int) -> int | None:
+    job = await get_job(address, job_id)
+    done = job.completed + job.failed
+    return done if done >= at_least else None
+
+
+async def health(address: str, service: str) -> int:
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        return int(resp.status)
+
+
+async def documents(address: str, job_id: str) -> list[jobs_pb2.Document]:
+    async with grpc.aio.insecure_channel(address) as ch:
+        return await all_documents(jobs_pb2_grpc.JobServiceStub(ch), job_id)
+
+
+def paced(root: str) -> jobs_pb2.StartCrawlRequest:
+    return crawl(root, max_concurrency=8, delay=0.03)
+
+
+# ---------------------------------------------------------------- the tests
+
+
+async def test_sigkill_of_the_primary_mid_crawl_hands_over_and_the_old_one_rejoins_as_standby(
+    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+) -> None:
+    s, root = site
+    primary, standby = await elected(*await witness_pair(nodes, etcd))
+    first_epoch = (await role(primary.address)).epoch
+    job_id = await start_crawl(primary.address, paced(root))
+    await eventually(lambda: pages_done(standby.address, job_id, 30), "30 pages replicated")
+    primary.kill()
+    took_over = await eventually(lambda: is_primary(standby), "the standby to take over", 20)
+    assert took_over.epoch > first_epoch  # the witness's revision: a new, higher epoch
+    await primary.start()  # the same command line as before
+    await eventually(lambda: follows(primary, standby), "the old primary to rejoin", 30)
+    final = await finished(standby.address, job_id, timeout=90)
+    assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
+    assert_every_page_once(await documents(standby.address, job_id), s.expected_documents(root))
+    assert "won the witness lease" in standby.log_text()
+
+
+async def test_a_primary_frozen_past_its_ttl_refuses_writes_at_once_and_rejoins_as_standby(
+    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    primary, standby = await elected(*await witness_pair(nodes, etcd))
+    with primary.frozen():
+        await eventually(lambda: is_primary(standby), "the standby to take over", 20)
+    # the first write after SIGCONT: its deadline passed while it was frozen
+    assert await write_refused(primary.address, root) == grpc.StatusCode.FAILED_PRECONDITION
+    await eventually(lambda: follows(primary, standby), "the frozen primary to rejoin", 30)
+    assert await write_refused(standby.address, root) is None
+    assert "rejoins as its standby" in primary.log_text()
+
+
+async def test_a_primary_that_loses_etcd_goes_read_only_within_ttl_and_writes_resume_after(
+    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    primary, standby = await elected(*await witness_pair(nodes, etcd))
+    job_id = await start_crawl(primary.address, crawl(root, limit=5))
+    await finished(primary.address, job_id)
+    assert (
+        await health(primary.address, "pagesift.primary") == health_pb2.HealthCheckResponse.SERVING
+    )
+    etcd.kill()
+
+    async def refused() -> grpc.StatusCode | None:
+        return await write_refused(primary.address, root)
+
+    code = await eventually(refused, "the primary to refuse writes", timeout=TTL + 3)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert (await get_job(primary.address, job_id)).state == jobs_pb2.JOB_STATE_COMPLETED
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    assert await health(primary.address, "pagesift.primary") == not_serving
+    assert (await role(standby.address)).role == pb.NODE_ROLE_STANDBY  # nobody took over
+    await etcd.start()  # the same data: the lease and the keys are still there
+
+    async def accepted_somewhere() -> bool | None:
+        for node in (primary, standby):
+            if await write_refused(node.address, root) is None:
+                return True
+        return None
+
+    await eventually(accepted_somewhere, "writes to resume", timeout=30)
+
+
+async def test_in_sync_mode_a_standby_that_missed_acknowledged_writes_does_not_take_over(
+    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    a, b = await witness_pair(nodes, etcd, replication_mode="sync", sync_timeout=0.3)
+    primary, standby = await elected(a, b)
+    with standby.frozen():
+        # acknowledged without the standby: sync mode degrades, and the witness hears first
+        job_id = await start_crawl(primary.address, crawl(root, limit=10))
+        await finished(primary.address, job_id)
+        primary.kill()
+    await until(
+        lambda: "not campaigning: sync mode" in standby.log_text(),
+        "the standby to decline the vacant lease",
+        timeout=4 * TTL + 5,
+    )
+    assert (await role(standby.address)).role == pb.NODE_ROLE_STANDBY
+    await primary.start()  # the node that holds every acknowledged write takes it back
+    await eventually(lambda: is_primary(primary), "the old primary to win again", 30)
+    await eventually(lambda: follows(standby, primary), "the standby to follow again", 30)
+    final = await finished(standby.address, job_id)
+    assert final.completed == 10
+
+
+async def test_in_sync_mode_the_witness_hears_the_standby_is_behind_before_an_ack(
+    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    # a long ttl: the periodic publish (every ttl/3) cannot be what clears the name
+    a, b = await witness_pair(nodes, etcd, ttl=15, replication_mode="sync", sync_timeout=0.3)
+    primary, standby = await elected(a, b)
+    witness = EtcdWitness(etcd.url, PAIR)
+    try:
+        standby_id = (await role(standby.address)).node_id
+
+        async def names_the_standby() -> bool | None:
+            state = await witness.pair_state()
+            return True if state is not None and state.sync_standby == standby_id else None
+
+        await eventually(names_the_standby, "the pair state to name the standby", 20)
+        standby.kill()
+        await start_crawl(primary.address, crawl(root, limit=1))  # acknowledged without it
+        state = await witness.pair_state()
+        assert state is not None and state.sync_standby == ""
+    finally:
+        await witness.close()
+
+
+def test_auto_promote_without_a_witness_refuses_to_start_unless_unsafe(tmp_path: Path) -> None:
+    args = ["serve", "--role", "standby", "--primary", "127.0.0.1:9", "--data", str(tmp_path)]
+    assert cli.main([*args, "--auto-promote-after", "3"]) == 2
+    with_role = ["serve", "--witness", "etcd://127.0.0.1:9", "--role", "primary"]
+    assert cli.main([*with_role, "--data", str(tmp_path)]) == 2
+    bad_url = ["serve", "--witness", "http://127.0.0.1:9", "--data", str(tmp_path)]
+    assert cli.main(bad_url) == 2
