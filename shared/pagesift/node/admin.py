@@ -1,4 +1,4 @@
-"""``AdminService``: Role, Promote and Digest, on either role.
+"""``AdminService``: Role, Promote, Digest and Backup, on either role.
 
 It reports both roles' figures (the sender's on a primary, the follower's on a
 standby: ``pagesift.node.status``), so it lives in the composition root.
@@ -21,14 +21,21 @@ hashed OUTSIDE that section: neither writers nor the standby's apply wait for it
 
 The client side, comparing both nodes at one offset, is
 ``pagesift.shared.verify.verify_digests``.
+
+Backup (a consistent copy of the store, streamed as a data directory) is
+``pagesift.node.backup.BackupSource``: one per servicer, so one backup at a time per
+node (a second one: RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import grpc
 
+from pagesift.node.backup import BackupBusy, BackupSource
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import role_response
 from pagesift.shared.cuts import OffsetPassed, view_digest
@@ -44,6 +51,7 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
     def __init__(self, parts: ReplicationParts, *, default_digest_timeout: float = 10.0) -> None:
         self._parts = parts
         self.default_digest_timeout = default_digest_timeout
+        self.backups = BackupSource(parts.slot, parts.node_id)
 
     async def Role(
         self,
@@ -97,3 +105,18 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
             )
         digest = await asyncio.to_thread(view_digest, view)
         return pb.DigestResponse(digest=digest, offset=view.offset)
+
+    async def Backup(
+        self,
+        request: pb.BackupRequest,
+        context: grpc.aio.ServicerContext[pb.BackupRequest, pb.BackupResponse],
+    ) -> AsyncIterator[pb.BackupResponse]:
+        # aclosing: a cancelled call closes the stream at once (its temp directory goes)
+        async with contextlib.aclosing(self.backups.stream()) as stream:
+            try:
+                async for message in stream:
+                    yield message
+            except BackupBusy as exc:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            except Exception as exc:  # a RocksDB or file error: say what it was
+                await context.abort(grpc.StatusCode.INTERNAL, f"backup failed: {exc}")

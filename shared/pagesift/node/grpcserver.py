@@ -52,6 +52,7 @@ SERVER_OPTIONS = (
 
 REPLICATION_METHODS = "/pagesift.v1.ReplicationService/"
 PROMOTE_METHOD = "/pagesift.v1.AdminService/Promote"
+BACKUP_METHOD = "/pagesift.v1.AdminService/Backup"
 
 
 def grpc_server(
@@ -95,7 +96,8 @@ def _guards(node: Node) -> tls.MetadataGuard:
       refused on this one. With neither, nobody: a node never serves its log, or
       steps down, for an unauthenticated peer, loopback included.
     - ``AdminService/Promote`` (changes the role): the admin key; with no ``[admin]``
-      key, the pair's replication token as the key.
+      key, the pair's replication token as the key. ``AdminService/Backup`` too: it
+      hands out a copy of every account's data, as the log stream does.
     - ``AdminService`` reads: the admin key (open in anonymous mode without one).
     - ``JobService``: a valid API key, before the request is looked at (so a caller
       without one learns nothing from validation or from a standby's redirect).
@@ -146,7 +148,14 @@ def _guards(node: Node) -> tls.MetadataGuard:
         accounts.is_caller,
         "a valid API key is needed (metadata 'authorization: Bearer KEY')",
     )
-    return tls.MetadataGuard([promote, admin, repl, jobs])
+    backup = tls.GuardRule(
+        BACKUP_METHOD,
+        may_promote,
+        "Backup needs the admin key (authorization: Bearer ADMIN_KEY); without an [admin] "
+        "key, the pair's replication token is the admin key",
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    return tls.MetadataGuard([promote, backup, admin, repl, jobs])
 
 
 def _bind(server: grpc.aio.Server, listen: str, creds: grpc.ServerCredentials | None) -> None:

@@ -19,6 +19,7 @@ Storage layout (node-local keys: never replicated, never digested)
     _repl/switch               -> u64                    its last offset on this node
     _repl/fenced               -> u64                    higher epoch seen as primary
     _repl/role                 -> b"primary" | b"standby" | b"fenced"  (informative)
+    _repl/restored             -> u64                    a backup's offset (until it runs)
 
 The guarantees
 --------------
@@ -30,6 +31,12 @@ The guarantees
 * **A deposed primary stays deposed.** ``fence`` records the higher epoch durably;
   ``open_for_writes`` then raises ``Fenced`` after any restart, until the node
   follows a primary of that epoch (``adopt``) and is promoted again.
+* **A backup never extends its source's history.** A backup (``pagesift backup``)
+  keeps its source's identity, so a standby seeded from it continues; it is marked
+  ``restored`` at its offset, and started as a primary it branches off like a
+  promotion there (epoch + 1, a new history, the source's as the previous one):
+  a node holding more of the source's history then resyncs instead of continuing
+  over a different tail. ``adopt`` and ``promote`` clear the mark.
 
 Why it is safe
 --------------
@@ -57,6 +64,7 @@ _PREV = local_key("repl/prev_history")
 _SWITCH = local_key("repl/switch")
 _FENCED = local_key("repl/fenced")
 _ROLE = local_key("repl/role")
+_RESTORED = local_key("repl/restored")
 
 
 def _u64(raw: bytes | None) -> int:
@@ -88,6 +96,8 @@ class Identity:
         self.fenced_epoch: int = _u64(get(_FENCED))
         raw_role = (get(_ROLE) or b"").decode()
         self.persisted_role: Role | None = Role(raw_role) if raw_role else None
+        raw_restored = get(_RESTORED)
+        self.restored: int | None = _u64(raw_restored) if raw_restored is not None else None
 
     @property
     def writable(self) -> bool:
@@ -126,6 +136,17 @@ class Identity:
                     f"fenced by epoch {self.fenced_epoch} (ours {self.epoch}): "
                     "rejoin as a standby of the new primary"
                 )
+            if self.restored is not None:  # a backup: branch off at its offset
+                plan = self.promote(self.restored)
+                logger.warning(
+                    "started from a backup of history %s at offset %d: new history %s, "
+                    "epoch %d (nodes holding more of the old history resync)",
+                    plan.prev_history_id,
+                    plan.switch_offset,
+                    plan.history_id,
+                    plan.epoch,
+                )
+                return
             if not self.history_id:
                 self.history_id = uuid.uuid4().hex
                 self.epoch = max(self.epoch, 1)
@@ -163,8 +184,10 @@ class Identity:
                     _PREV: plan.prev_history_id.encode(),
                     _SWITCH: _U64.pack(plan.switch_offset),
                     _ROLE: b"primary",
+                    _RESTORED: None,
                 }
             )
+            self.restored = None
             self.epoch, self.history_id = plan.epoch, plan.history_id
             self.prev_history_id, self.switch_offset = plan.prev_history_id, plan.switch_offset
             self.persisted_role = Role.PRIMARY
@@ -200,12 +223,18 @@ class Identity:
                 raise RuntimeError("a writable primary cannot follow another node")
             replproto.check_primary_epoch(self.epoch, epoch)
             if (history_id, epoch) == (self.history_id, self.epoch) and (
-                self.persisted_role == Role.STANDBY
+                self.persisted_role == Role.STANDBY and self.restored is None
             ):
                 return
             self._persist(
-                {_HISTORY: history_id.encode(), _EPOCH: _U64.pack(epoch), _ROLE: b"standby"}
+                {
+                    _HISTORY: history_id.encode(),
+                    _EPOCH: _U64.pack(epoch),
+                    _ROLE: b"standby",
+                    _RESTORED: None,
+                }
             )
+            self.restored = None
             self.history_id, self.epoch, self.persisted_role = history_id, epoch, Role.STANDBY
 
     def stop_writes(self) -> None:
@@ -218,3 +247,8 @@ class Identity:
         """The identity keys of a store rebuilt by a full resync from a primary of
         (``history_id``, ``epoch``), to go into that resync's last group."""
         return {_HISTORY: history_id.encode(), _EPOCH: _U64.pack(epoch), _ROLE: b"standby"}
+
+    @staticmethod
+    def restored_locals(offset: int) -> dict[bytes, bytes | None]:
+        """The mark of a backup taken at ``offset`` (written into the copy only)."""
+        return {_RESTORED: _U64.pack(offset)}

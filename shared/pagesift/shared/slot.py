@@ -15,6 +15,7 @@ Layout
     {data_dir}/CURRENT         -> name of the store directory in use (e.g. "db")
     {data_dir}/db/             -> the first store
     {data_dir}/store-{12 hex}/ -> a store built by a full resync
+    {data_dir}/backup-{12 hex}/ -> a checkpoint being streamed by ``AdminService.Backup``
 
 The guarantees
 --------------
@@ -139,7 +140,8 @@ def open_slot(
     data_dir: Path | str, *, fsync: bool = False, backlog_bytes: int = DEFAULT_BACKLOG_BYTES
 ) -> StoreSlot:
     """Open the store CURRENT names under ``data_dir`` (``db`` at first) with its log,
-    and delete leftovers of resyncs that never completed."""
+    and delete leftovers of resyncs that never completed (and of backups a crash cut
+    short)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     current = data_dir / _CURRENT
@@ -148,7 +150,7 @@ def open_slot(
         name = _DEFAULT_DIR
         _write_current(data_dir, name)
     for child in data_dir.iterdir():
-        stale = child.name.startswith("store-") or child.name == _DEFAULT_DIR
+        stale = child.name.startswith(("store-", "backup-")) or child.name == _DEFAULT_DIR
         if child.is_dir() and stale and child.name != name:
             logger.warning("removing %s: an unfinished or superseded resync", child)
             shutil.rmtree(child, ignore_errors=True)

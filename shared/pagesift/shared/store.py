@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from pagesift.v1 import store_pb2
 
@@ -531,6 +531,13 @@ class Store:
     def sync_wal(self) -> None:
         """Make every committed group durable on disk now (promotion, resync switch)."""
         self._db.flush_wal(True)
+
+    def checkpoint(self, path: Path) -> None:
+        """A RocksDB checkpoint of the store in the new directory ``path`` (a backup):
+        SST files hard-linked when ``path`` is on the same filesystem, the rest
+        copied; it opens as a store of its own. Taken at one point of the write
+        order: hold ``lock`` for a copy consistent with what the log reports."""
+        Checkpoint(self._db).create_checkpoint(str(path))
 
     def replicated_items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every replicated key/value pair in byte order (node-local keys skipped)."""

@@ -554,3 +554,167 @@ class DigestResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DigestResponse: _TypeAlias = DigestResponse  # noqa: Y015
+
+@_typing.final
+class BackupRequest(_message.Message):
+    """BackupRequest asks for a backup of the node's store."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupRequest: _TypeAlias = BackupRequest  # noqa: Y015
+
+@_typing.final
+class BackupResponse(_message.Message):
+    """BackupResponse is one message of a backup: a piece of a file, or, last of all,
+    the manifest. A stream that ends without a manifest is an incomplete backup.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_FIELD_NUMBER: _builtins.int
+    MANIFEST_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chunk(self) -> Global___BackupChunk: ...
+    @_builtins.property
+    def manifest(self) -> Global___BackupManifest: ...
+    def __init__(
+        self,
+        *,
+        chunk: Global___BackupChunk | None = ...,
+        manifest: Global___BackupManifest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "manifest", b"manifest", "msg", b"msg"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "manifest", b"manifest", "msg", b"msg"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["chunk", "manifest"]  # noqa: Y015
+    _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
+
+Global___BackupResponse: _TypeAlias = BackupResponse  # noqa: Y015
+
+@_typing.final
+class BackupChunk(_message.Message):
+    """BackupChunk is consecutive bytes of one file of the data directory. A file's
+    chunks come in order, one file after another; an empty file is one empty chunk.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """path is relative to the data directory, "/"-separated ("CURRENT",
+    "db/000009.sst").
+    """
+    offset: _builtins.int
+    """offset is where data starts in the file."""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offset", b"offset", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupChunk: _TypeAlias = BackupChunk  # noqa: Y015
+
+@_typing.final
+class BackupFile(_message.Message):
+    """BackupFile is one file of a backup, as the manifest lists it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    size: _builtins.int
+    sha256: _builtins.str
+    """sha256 is the hex SHA-256 of the whole file."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        size: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "sha256", b"sha256", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupFile: _TypeAlias = BackupFile  # noqa: Y015
+
+@_typing.final
+class BackupManifest(_message.Message):
+    """BackupManifest ends a backup: where the copy stands, and every file it holds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    TAIL_EPOCH_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    HISTORY_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    TAKEN_AT_MS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_SECONDS_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """offset is the last log entry the copy holds; tail_epoch is that entry's epoch."""
+    tail_epoch: _builtins.int
+    epoch: _builtins.int
+    """epoch and history_id are the node's when the copy was taken."""
+    history_id: _builtins.str
+    role: Global___NodeRole.ValueType
+    """role is the role the copy records (the node's, as last written to its store)."""
+    node_id: _builtins.str
+    """node_id names the node the copy was taken from (the copy has no node id)."""
+    total_bytes: _builtins.int
+    """total_bytes is the sum of the files' sizes."""
+    taken_at_ms: _builtins.int
+    """taken_at_ms is when the copy was taken (Unix time, milliseconds)."""
+    checkpoint_seconds: _builtins.float
+    """checkpoint_seconds is how long writes waited for the copy."""
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackupFile]: ...
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        tail_epoch: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        history_id: _builtins.str = ...,
+        role: Global___NodeRole.ValueType = ...,
+        node_id: _builtins.str = ...,
+        files: _abc.Iterable[Global___BackupFile] | None = ...,
+        total_bytes: _builtins.int = ...,
+        taken_at_ms: _builtins.int = ...,
+        checkpoint_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_seconds", b"checkpoint_seconds", "epoch", b"epoch", "files", b"files", "history_id", b"history_id", "node_id", b"node_id", "offset", b"offset", "role", b"role", "tail_epoch", b"tail_epoch", "taken_at_ms", b"taken_at_ms", "total_bytes", b"total_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupManifest: _TypeAlias = BackupManifest  # noqa: Y015

@@ -128,6 +128,11 @@ class AdminServiceStub:
                 request_serializer=pagesift_dot_v1_dot_replication__pb2.DigestRequest.SerializeToString,
                 response_deserializer=pagesift_dot_v1_dot_replication__pb2.DigestResponse.FromString,
                 _registered_method=True)
+        self.Backup = channel.unary_stream(
+                '/pagesift.v1.AdminService/Backup',
+                request_serializer=pagesift_dot_v1_dot_replication__pb2.BackupRequest.SerializeToString,
+                response_deserializer=pagesift_dot_v1_dot_replication__pb2.BackupResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -156,6 +161,17 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Backup(self, request, context):
+        """Backup streams a consistent copy of the node's store, taken while writes go on
+        (a RocksDB checkpoint): every file of a data directory, then the manifest. The
+        copy carries the node's offset, epoch and history, not its node id. It needs the
+        admin key (without an [admin] key, the pair's replication token); one backup
+        runs at a time per node (a second gets RESOURCE_EXHAUSTED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +189,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Digest,
                     request_deserializer=pagesift_dot_v1_dot_replication__pb2.DigestRequest.FromString,
                     response_serializer=pagesift_dot_v1_dot_replication__pb2.DigestResponse.SerializeToString,
+            ),
+            'Backup': grpc.unary_stream_rpc_method_handler(
+                    servicer.Backup,
+                    request_deserializer=pagesift_dot_v1_dot_replication__pb2.BackupRequest.FromString,
+                    response_serializer=pagesift_dot_v1_dot_replication__pb2.BackupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -257,6 +278,33 @@ class AdminService:
             '/pagesift.v1.AdminService/Digest',
             pagesift_dot_v1_dot_replication__pb2.DigestRequest.SerializeToString,
             pagesift_dot_v1_dot_replication__pb2.DigestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Backup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pagesift.v1.AdminService/Backup',
+            pagesift_dot_v1_dot_replication__pb2.BackupRequest.SerializeToString,
+            pagesift_dot_v1_dot_replication__pb2.BackupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -85,6 +85,13 @@ class AdminServiceStub:
     """
     Digest: _grpc.UnaryUnaryMultiCallable[_replication_pb2.DigestRequest, _replication_pb2.DigestResponse]
     """Digest hashes every replicated key at one offset (see DigestRequest)."""
+    Backup: _grpc.UnaryStreamMultiCallable[_replication_pb2.BackupRequest, _replication_pb2.BackupResponse]
+    """Backup streams a consistent copy of the node's store, taken while writes go on
+    (a RocksDB checkpoint): every file of a data directory, then the manifest. The
+    copy carries the node's offset, epoch and history, not its node id. It needs the
+    admin key (without an [admin] key, the pair's replication token); one backup
+    runs at a time per node (a second gets RESOURCE_EXHAUSTED).
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -99,6 +106,13 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """
     Digest: _aio.UnaryUnaryMultiCallable[_replication_pb2.DigestRequest, _replication_pb2.DigestResponse]  # type: ignore[assignment]
     """Digest hashes every replicated key at one offset (see DigestRequest)."""
+    Backup: _aio.UnaryStreamMultiCallable[_replication_pb2.BackupRequest, _replication_pb2.BackupResponse]  # type: ignore[assignment]
+    """Backup streams a consistent copy of the node's store, taken while writes go on
+    (a RocksDB checkpoint): every file of a data directory, then the manifest. The
+    copy carries the node's offset, epoch and history, not its node id. It needs the
+    admin key (without an [admin] key, the pair's replication token); one backup
+    runs at a time per node (a second gets RESOURCE_EXHAUSTED).
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService is served by both roles."""
@@ -128,5 +142,18 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_replication_pb2.DigestResponse, _abc.Awaitable[_replication_pb2.DigestResponse]]:
         """Digest hashes every replicated key at one offset (see DigestRequest)."""
+
+    @_abc_1.abstractmethod
+    def Backup(
+        self,
+        request: _replication_pb2.BackupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_replication_pb2.BackupResponse], _abc.AsyncIterator[_replication_pb2.BackupResponse]]:
+        """Backup streams a consistent copy of the node's store, taken while writes go on
+        (a RocksDB checkpoint): every file of a data directory, then the manifest. The
+        copy carries the node's offset, epoch and history, not its node id. It needs the
+        admin key (without an [admin] key, the pair's replication token); one backup
+        runs at a time per node (a second gets RESOURCE_EXHAUSTED).
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -27,6 +27,7 @@ The modules, by concern:
   requests, handlers); ``jobview``: their JSON shapes and text lines;
   ``progress``: following a job to its end (``JobProgress``, the bar);
 - ``admin``: role, promote, verify, with their output;
+- ``backup``: ``backup``, a consistent copy of a node's store as a new data directory;
 - ``serve``: ``serve`` and its flag->ServerConfig mapping; ``tokens``: ``token new``.
 
 It lives in the composition root (``pagesift.node``) because ``serve`` starts a node;
@@ -50,6 +51,7 @@ import grpc
 
 from pagesift.node.cli.admin import add_admin_commands
 from pagesift.node.cli.args import server_addresses
+from pagesift.node.cli.backup import add_backup_command
 from pagesift.node.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_ERROR,
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(sub)
     add_token_command(sub)
     add_admin_commands(sub)
+    add_backup_command(sub)
     return parser
 
 
