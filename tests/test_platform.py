@@ -29,6 +29,7 @@ from pagesift.node.node import Node
 from pagesift.primary import webhooks
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import tls
+from pagesift.shared.client import JobClient
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.demosite import Site
 from pagesift.shared.verify import verify_digests
@@ -409,6 +410,21 @@ async def test_another_account_cannot_see_or_touch_a_job_and_keyless_calls_are_r
             "pagesift.v1.JobService/GetJob", "UNAUTHENTICATED"
         )._value.get()
         assert counted == 3
+
+
+async def test_job_client_sends_the_api_key_on_streams_too(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    root = site[1]
+    accounts = write_accounts(tmp_path / "accounts.toml")
+    async with (
+        serving(node_config(tmp_path / "n", accounts_file=str(accounts))) as node,
+        JobClient(node.config.listen, api_key=ALICE.key) as client,
+    ):
+        job_id = await client.start_crawl(crawl(root, limit=3))
+        seen = [event async for event in client.watch(job_id)]  # WatchJob: a stream
+        assert seen[-1].state.state == jobs_pb2.JOB_STATE_COMPLETED
+        assert sum(e.HasField("document") for e in seen) == 3
 
 
 # ================================================================= webhooks

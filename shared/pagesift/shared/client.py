@@ -229,12 +229,11 @@ class Failover:
 # ---------------------------------------------------------------- the client
 
 
-class _BearerAuth(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-):
+class _BearerAuth(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     """Adds ``authorization: Bearer KEY`` to every call: the admin key on AdminService
-    calls (when given), the account's API key on the others."""
+    calls (when given), the account's API key on the others. grpc.aio files an
+    interceptor under ONE call type (its first matching base), so streams get their
+    own instance, ``_BearerAuthStreams``."""
 
     def __init__(self, api_key: str, admin_key: str) -> None:
         self.api_key = api_key
@@ -251,8 +250,15 @@ class _BearerAuth(
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
+
+class _BearerAuthStreams(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    """``_BearerAuth`` for unary-stream calls (WatchJob)."""
+
+    def __init__(self, api_key: str, admin_key: str) -> None:
+        self._auth = _BearerAuth(api_key, admin_key)
+
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
+        return await continuation(self._auth._details(details), request)
 
 
 class JobClient:
@@ -274,7 +280,9 @@ class JobClient:
         ``api_key`` / ``admin_key`` are sent as bearer tokens; ``tls_ca`` (a PEM file)
         turns on TLS and names the CA to trust."""
         self._interceptors: list[Any] = (
-            [_BearerAuth(api_key, admin_key)] if api_key or admin_key else []
+            [_BearerAuth(api_key, admin_key), _BearerAuthStreams(api_key, admin_key)]
+            if api_key or admin_key
+            else []
         )
         self._credentials = (
             grpc.ssl_channel_credentials(Path(tls_ca).read_bytes()) if tls_ca else None
