@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from pagesift.node.drill.fixture import Etcd
 from pagesift.shared.demosite import Site, build_site, serve_site
-from tests.helpers import EtcdProc, NodeFactory, SiteSpec, serve_procs
+from tests.helpers import NodeFactory, SiteSpec, serve_procs
 
 
 @pytest.fixture
@@ -44,11 +45,12 @@ def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
 
 
 @pytest.fixture
-async def etcd(tmp_path: Path) -> AsyncIterator[EtcdProc]:
-    """A real etcd on loopback for the witness tests, stopped at the end."""
-    proc = EtcdProc(tmp_path)
+async def etcd(tmp_path: Path) -> AsyncIterator[Etcd]:
+    """A real etcd on loopback (Debian's etcd-server, which ``make test`` installs; the
+    drill's own launcher), stopped at the end."""
+    proc = Etcd(tmp_path)
     await proc.start()
     try:
         yield proc
     finally:
-        proc.stop()
+        proc.child.stop()

@@ -588,71 +588,7 @@ def make_leaf(d: Path, name: str, cn: str, ext: str, ca: str = "ca") -> None:
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------- the witness
-
-
-class EtcdProc:
-    """A real etcd (Debian's ``etcd-server``, which ``make test`` installs) on two
-    loopback ports, its data under ``tmp/etcd``; SIGKILLed and restarted by the tests
-    on the same data (leases and keys survive a restart, as in production)."""
-
-    def __init__(self, tmp: Path) -> None:
-        binary = shutil.which("etcd")
-        if binary is None:
-            raise RuntimeError("etcd is not installed: apt-get install etcd-server (make test)")
-        self.binary = binary
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.data = tmp / "etcd"
-        self.log = tmp / "etcd.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"etcd://127.0.0.1:{self.client_port}"
-
-    def args(self) -> list[str]:
-        client, peer = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
-        return [
-            self.binary,
-            "--name=test",
-            f"--data-dir={self.data}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=test={peer}",
-        ]
-
-    def launch(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.args(), stdout=out, stderr=subprocess.STDOUT)
-
-    async def start(self) -> None:
-        self.launch()
-
-        async def healthy() -> bool | None:
-            url = f"http://127.0.0.1:{self.client_port}/health"
-            try:
-                async with aiohttp.ClientSession() as http, http.get(url) as resp:
-                    return True if resp.status == 200 else None
-            except aiohttp.ClientError:
-                return None
-
-        await eventually(healthy, "etcd to serve", timeout=20)
-
-    def kill(self) -> None:
-        assert self.proc is not None and self.proc.poll() is None, "etcd is not running"
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+# ---------------------------------------------------------------- page checks
 
 
 def assert_every_page_once(docs: Sequence[jobs_pb2.Document], expected: set[str]) -> None:

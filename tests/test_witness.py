@@ -17,12 +17,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.node import cli
+from pagesift.node.drill.fixture import Etcd
 from pagesift.node.witness import EtcdWitness
 from pagesift.shared.demosite import Site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (
-    EtcdProc,
     NodeFactory,
     ServeProc,
     SiteSpec,
@@ -46,10 +46,10 @@ def site_spec() -> SiteSpec:
 
 
 async def witness_pair(
-    nodes: NodeFactory, etcd: EtcdProc, ttl: int = TTL, **config: object
+    nodes: NodeFactory, etcd: Etcd, ttl: int = TTL, **config: object
 ) -> tuple[ServeProc, ServeProc]:
     """Two started nodes with one command line each, and no role: the witness decides."""
-    extra = ("--witness", etcd.url, "--pair", PAIR, "--witness-ttl", str(ttl))
+    extra = ("--witness", etcd.endpoint, "--pair", PAIR, "--witness-ttl", str(ttl))
     a = nodes("a", role="", extra=extra, config=config)
     b = nodes("b", role="", extra=extra, config=config)
     await asyncio.gather(a.start(), b.start())
@@ -123,7 +123,7 @@ def paced(root: str) -> jobs_pb2.StartCrawlRequest:
 
 
 async def test_sigkill_of_the_primary_mid_crawl_hands_over_and_the_old_one_rejoins_as_standby(
-    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+    nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
     s, root = site
     primary, standby = await elected(*await witness_pair(nodes, etcd))
@@ -142,7 +142,7 @@ async def test_sigkill_of_the_primary_mid_crawl_hands_over_and_the_old_one_rejoi
 
 
 async def test_a_primary_frozen_past_its_ttl_refuses_writes_at_once_and_rejoins_as_standby(
-    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+    nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
     _, root = site
     primary, standby = await elected(*await witness_pair(nodes, etcd))
@@ -156,7 +156,7 @@ async def test_a_primary_frozen_past_its_ttl_refuses_writes_at_once_and_rejoins_
 
 
 async def test_a_primary_that_loses_etcd_goes_read_only_within_ttl_and_writes_resume_after(
-    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+    nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
     _, root = site
     primary, standby = await elected(*await witness_pair(nodes, etcd))
@@ -165,7 +165,7 @@ async def test_a_primary_that_loses_etcd_goes_read_only_within_ttl_and_writes_re
     assert (
         await health(primary.address, "pagesift.primary") == health_pb2.HealthCheckResponse.SERVING
     )
-    etcd.kill()
+    etcd.child.kill()
 
     async def refused() -> grpc.StatusCode | None:
         return await write_refused(primary.address, root)
@@ -188,7 +188,7 @@ async def test_a_primary_that_loses_etcd_goes_read_only_within_ttl_and_writes_re
 
 
 async def test_in_sync_mode_a_standby_that_missed_acknowledged_writes_does_not_take_over(
-    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+    nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
     _, root = site
     a, b = await witness_pair(nodes, etcd, replication_mode="sync", sync_timeout=0.3)
@@ -212,13 +212,13 @@ async def test_in_sync_mode_a_standby_that_missed_acknowledged_writes_does_not_t
 
 
 async def test_in_sync_mode_the_witness_hears_the_standby_is_behind_before_an_ack(
-    nodes: NodeFactory, etcd: EtcdProc, site: tuple[Site, str]
+    nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
     _, root = site
     # a long ttl: the periodic publish (every ttl/3) cannot be what clears the name
     a, b = await witness_pair(nodes, etcd, ttl=15, replication_mode="sync", sync_timeout=0.3)
     primary, standby = await elected(a, b)
-    witness = EtcdWitness(etcd.url, PAIR)
+    witness = EtcdWitness(etcd.endpoint, PAIR)
     try:
         standby_id = (await role(standby.address)).node_id
 

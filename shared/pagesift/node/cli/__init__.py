@@ -27,6 +27,7 @@ The modules, by concern:
   requests, handlers); ``jobview``: their JSON shapes and text lines;
   ``progress``: following a job to its end (``JobProgress``, the bar);
 - ``admin``: role, promote, verify, with their output;
+- ``drill``: ``drill``, a failover rehearsal and its verdict (``pagesift.node.drill``);
 - ``backup``: ``backup``, a consistent copy of a node's store as a new data directory;
 - ``serve``: ``serve`` and its flag->ServerConfig mapping; ``tokens``: ``token new``.
 
@@ -61,6 +62,7 @@ from pagesift.node.cli.common import (
     fail,
     report,
 )
+from pagesift.node.cli.drill import add_drill_command
 from pagesift.node.cli.jobs import add_job_commands
 from pagesift.node.cli.serve import add_serve_command
 from pagesift.node.cli.tokens import add_token_command
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(sub)
     add_token_command(sub)
     add_admin_commands(sub)
+    add_drill_command(sub)
     add_backup_command(sub)
     return parser
 
