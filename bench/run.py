@@ -1,4 +1,4 @@
-"""Entry point of ``make bench``: ``python -m bench.run [--section crawl|replication|streams|all]``.
+"""Entry point of ``make bench``: ``python -m bench.run [--section NAME|all]``.
 
 A section is a module ``bench.<name>`` exposing ``run(args: argparse.Namespace) -> None``
 and, optionally, ``add_arguments(parser)`` for its own flags. Sections run in the order of
@@ -21,7 +21,7 @@ from typing import cast
 
 from bench.common import say
 
-SECTIONS = ("crawl", "replication", "streams")
+SECTIONS = ("crawl", "replication", "streams", "failover")  # the NAMEs, in order
 
 
 def _load(name: str) -> ModuleType | None:

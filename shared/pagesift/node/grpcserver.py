@@ -211,7 +211,12 @@ async def run(
     for srv in servers:
         await srv.start()
     health.start()
-    logger.info("pagesift %s serving on %s (data %s)", node.role, config.listen, config.data)
+    role = (
+        f"node of pair {config.pair!r} (the witness decides its role)"
+        if config.witness
+        else node.role
+    )
+    logger.info("pagesift %s serving on %s (data %s)", role, config.listen, config.data)
     if started is not None:
         started.set_result(node)
     try:
