@@ -51,10 +51,11 @@ typecheck: $(BIN)/.installed
 buf-lint: $(BUF)
 	cd proto && ../$(BUF) lint
 
-## system-deps: the Debian packages the tests run for real: etcd (the witness).
+## system-deps: the Debian packages the tests run for real: etcd (the witness) and
+## promtool (the deploy kit's alert rules).
 ## Installed with apt-get when missing (root, as CI runs); otherwise says what to install.
-SYSTEM_BINS := etcd
-SYSTEM_PKGS := etcd-server
+SYSTEM_BINS := etcd promtool
+SYSTEM_PKGS := etcd-server prometheus
 system-deps:
 	@missing=""; for b in $(SYSTEM_BINS); do command -v $$b >/dev/null 2>&1 || missing=1; done; \
 	if [ -n "$$missing" ]; then \
@@ -62,6 +63,7 @@ system-deps:
 	  echo "installing $(SYSTEM_PKGS) with apt-get"; \
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -q --no-install-recommends $(SYSTEM_PKGS) >/dev/null; \
+	  systemctl disable --now prometheus >/dev/null 2>&1 || true; \
 	fi
 
 pytest: $(BIN)/.installed system-deps
