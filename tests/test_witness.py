@@ -14,12 +14,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+from aetcd import rpc as etcd_rpc
+from aetcd.rpc import auth_pb2 as etcd_auth
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.node import cli
 from pagesift.node.drill.fixture import Etcd
-from pagesift.node.witness import EtcdWitness
+from pagesift.node.witness import EtcdWitness, WitnessUnavailable
 from pagesift.shared.demosite import Site
+from pagesift.shared.election import Holder
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (
@@ -233,6 +236,47 @@ async def test_in_sync_mode_the_witness_hears_the_standby_is_behind_before_an_ac
         assert state is not None and state.sync_standby == ""
     finally:
         await witness.close()
+
+
+async def enable_etcd_auth(etcd: Etcd, user: str, password: str) -> None:
+    """etcd's RBAC as an operator sets it up: root, and ``user`` with read-write on the
+    pair's prefix only."""
+    prefix = f"/pagesift/{PAIR}/".encode()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{etcd.client_port}") as ch:
+        auth = etcd_rpc.AuthStub(ch)
+        await auth.UserAdd(etcd_rpc.AuthUserAddRequest(name="root", password="root-secret"))
+        await auth.UserGrantRole(etcd_rpc.AuthUserGrantRoleRequest(user="root", role="root"))
+        await auth.RoleAdd(etcd_rpc.AuthRoleAddRequest(name="pagesift"))
+        permission = etcd_auth.Permission(
+            permType=etcd_auth.Permission.READWRITE, key=prefix, range_end=prefix[:-1] + b"0"
+        )
+        await auth.RoleGrantPermission(
+            etcd_rpc.AuthRoleGrantPermissionRequest(name="pagesift", perm=permission)
+        )
+        await auth.UserAdd(etcd_rpc.AuthUserAddRequest(name=user, password=password))
+        await auth.UserGrantRole(etcd_rpc.AuthUserGrantRoleRequest(user=user, role="pagesift"))
+        await auth.AuthEnable(etcd_rpc.AuthEnableRequest())
+
+
+async def test_with_etcd_auth_only_the_pairs_user_takes_the_lease(
+    nodes: NodeFactory, etcd: Etcd, tmp_path: Path
+) -> None:
+    await enable_etcd_auth(etcd, "pair-user", "pair-secret")
+    me = Holder("x", "127.0.0.1:9", "127.0.0.1:9")
+    for user, password in (("", ""), ("pair-user", "wrong"), ("other", "pair-secret")):
+        intruder = EtcdWitness(etcd.endpoint, PAIR, user=user, password=password)
+        try:
+            with pytest.raises(WitnessUnavailable):
+                await intruder.campaign(me, TTL)
+        finally:
+            await intruder.close()
+    secret = tmp_path / "etcd-password"
+    secret.write_text("pair-secret\n")
+    extra = ("--witness", etcd.endpoint, "--pair", PAIR, "--witness-ttl", str(TTL))
+    auth = ("--witness-user", "pair-user", "--witness-password-file", str(secret))
+    node = nodes("a", role="", extra=(*extra, *auth))
+    await node.start()
+    await eventually(lambda: is_primary(node), "the authenticated node to take the lease", 20)
 
 
 def test_auto_promote_without_a_witness_refuses_to_start_unless_unsafe(tmp_path: Path) -> None:

@@ -369,8 +369,14 @@ class Node:
         if cfg.replication_listen:
             port = cfg.replication_listen.rsplit(":", 1)[1]
             replication = f"{address.rsplit(':', 1)[0]}:{port}"
+        password = ""
+        if cfg.witness_password_file:
+            try:
+                password = Path(cfg.witness_password_file).read_text().strip()
+            except OSError as e:
+                raise StartRefused(f"witness_password_file: {e.strerror or e}") from None
         try:
-            witness = EtcdWitness(cfg.witness, cfg.pair)
+            witness = EtcdWitness(cfg.witness, cfg.pair, user=cfg.witness_user, password=password)
         except ValueError as e:
             raise StartRefused(f"witness: {e}") from None
         host = ElectorHost(

@@ -16,6 +16,15 @@ compare-and-swap transactions), and Debian ships it, so the tests run a real one
 it works with our grpcio and protobuf, so we need neither generated stubs of our own
 nor a thread pool around a blocking client.
 
+Authentication
+--------------
+etcd decides who is primary, so it must know who asks: with ``witness_user`` the
+client authenticates as that etcd user (etcd's RBAC; grant it read-write on
+``/pagesift/<pair>/`` only) and re-authenticates on its next call after any error,
+an expired token included. aetcd speaks plaintext gRPC only, so keep etcd's client
+port on a private network (the deploy kit's NetworkPolicy) until a TLS-capable client
+replaces it behind this same interface.
+
 Failure model
 -------------
 Every call is bounded by ``timeout`` and raises ``WitnessUnavailable`` on any error
@@ -90,10 +99,19 @@ def lease_ttl(seconds: float) -> int:
 class EtcdWitness:
     """``Witness`` over etcd v3 (see the module docstring)."""
 
-    def __init__(self, url: str, pair: str, *, timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        pair: str,
+        *,
+        timeout: float = 1.0,
+        user: str = "",
+        password: str = "",
+    ) -> None:
         self._endpoints = parse_witness(url)
         self._next = 0
         self._timeout = timeout
+        self._auth = {"username": user, "password": password} if user else {}
         prefix = f"/pagesift/{pair.strip('/')}"
         self.leader_key = f"{prefix}/leader".encode()
         self.state_key = f"{prefix}/state".encode()
@@ -102,7 +120,7 @@ class EtcdWitness:
     async def _connected(self) -> aetcd.Client:
         if self._client is None:
             host, port = self._endpoints[self._next % len(self._endpoints)]
-            self._client = aetcd.Client(host=host, port=port, timeout=self._timeout)
+            self._client = aetcd.Client(host=host, port=port, timeout=self._timeout, **self._auth)
         return self._client
 
     async def _call(self, make: Any) -> Any:

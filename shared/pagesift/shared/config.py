@@ -63,6 +63,8 @@ class ServerConfig:
     witness: str = ""
     witness_ttl: float = 5.0  # seconds a primary's lease lives without a keepalive
     pair: str = "pagesift"  # the pair's key prefix in the witness (several pairs, one etcd)
+    witness_user: str = ""  # an etcd user (etcd auth enabled); "" = no authentication
+    witness_password_file: str = ""  # that user's password, alone in a file (mode 600)
     # health: a standby is ``pagesift.replica`` SERVING within this many seconds of its primary
     replica_max_lag: float = 10.0
     # accounts, webhooks, metrics, transport security

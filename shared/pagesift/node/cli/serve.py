@@ -34,6 +34,8 @@ SERVE_FLAGS = (
     "witness",
     "witness_ttl",
     "pair",
+    "witness_user",
+    "witness_password_file",
     "advertise",
     "accounts_file",
     "metrics_listen",
@@ -68,6 +70,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             return fail(f"config: {err}")
         if config.witness_ttl < MIN_TTL:
             return fail(f"config: witness_ttl must be at least {MIN_TTL} seconds")
+        if bool(config.witness_user) != bool(config.witness_password_file):
+            return fail("config: witness_user and witness_password_file go together")
     elif config.role == "standby" and not config.primary:
         return fail("config: a standby needs --primary HOST:PORT")
     # imported here: the server pulls in both roles, the store and replication, which
@@ -116,6 +120,10 @@ def add_serve_command(sub: Any) -> None:
         help="the primary's lease in the witness (default 5)",
     )
     p.add_argument("--pair", metavar="NAME", help="this pair's key prefix in the witness")
+    p.add_argument("--witness-user", metavar="USER", help="etcd user (etcd auth)")
+    p.add_argument(
+        "--witness-password-file", metavar="FILE", help="that etcd user's password, in a file"
+    )
     p.add_argument(
         "--advertise",
         type=host_port,
