@@ -1,22 +1,13 @@
-"""The witness's rules (``election``), pure, and the write deadline they set on the log.
-
-``may_campaign`` and the deadline arithmetic take their inputs and return a verdict;
-the log's deadline is checked with a real store and the real monotonic clock.
-"""
+"""The witness's rules (``election``), pure: ``may_campaign``, the deadline arithmetic,
+the records and the witness URL take their inputs and return a verdict. The log's side
+of the deadline is tested with the log (``test_replog.py``)."""
 
 from __future__ import annotations
-
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pagesift.shared import election
 from pagesift.shared.election import Candidate, Holder, PairState, may_campaign
-from pagesift.shared.identity import NotWritable
-from pagesift.shared.replog import Log
-from pagesift.shared.store import Store
 
 STATE = PairState(primary="A", history_id="h1", epoch=7, offset=100, mode="async")
 
@@ -73,46 +64,3 @@ def test_witness_urls_name_every_endpoint_or_are_refused() -> None:
     for bad in ("http://a:1", "etcd://a", "etcd://a:x", "a:1"):
         with pytest.raises(ValueError):
             election.parse_witness(bad)
-
-
-# ---------------------------------------------------------------- the log's deadline
-
-
-@pytest.fixture
-def primary(tmp_path: Path) -> Iterator[Log]:
-    store = Store(tmp_path / "p")
-    log = Log(store, max_bytes=1 << 20)
-    log.open_for_writes()
-    yield log
-    log.close()
-    store.close()
-
-
-def test_a_primary_takes_no_write_at_or_after_its_deadline(primary: Log) -> None:
-    primary.set_write_deadline(time.monotonic() + 60)
-    assert primary.write(lambda g: g.put("a", b"1")).offset == 1
-    primary.set_write_deadline(time.monotonic())  # now: "not an instant after"
-    with pytest.raises(NotWritable, match="lease"):
-        primary.write(lambda g: g.put("b", b"2"))
-    assert primary.store.get("b") is None and primary.last_offset == 1
-    primary.set_write_deadline(None)  # no witness: no deadline
-    assert primary.write(lambda g: g.put("b", b"2")).offset == 2
-
-
-def test_a_step_down_stops_writes_and_fences_by_a_higher_epoch(primary: Log) -> None:
-    primary.step_down(primary.epoch)  # not higher: simply no more writes
-    with pytest.raises(NotWritable):
-        primary.write(lambda g: g.put("a", b"1"))
-    assert primary.fenced_epoch == 0
-    primary.step_down(primary.epoch + 5)
-    assert primary.fenced_epoch == primary.epoch + 5
-
-
-def test_a_promotion_takes_the_witness_epoch_when_it_is_higher(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s")
-    log = Log(store, max_bytes=1 << 20)
-    try:
-        assert log.promote(epoch=42).epoch == 42
-    finally:
-        log.close()
-        store.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -465,3 +466,36 @@ def test_recent_entries_in_memory_never_outlive_the_backlog(tmp_path: Path) -> N
     assert log.read_raw(log.first_offset) == memory
     log.close()
     store.close()
+
+
+# ---------------------------------------------------------------- a witness's write deadline
+
+
+def test_a_primary_takes_no_write_at_or_after_its_deadline(primary: Log) -> None:
+    primary.set_write_deadline(time.monotonic() + 60)
+    assert primary.write(lambda g: g.put("a", b"1")).offset == 1
+    primary.set_write_deadline(time.monotonic())  # now: "not an instant after"
+    with pytest.raises(NotWritable, match="lease"):
+        primary.write(lambda g: g.put("b", b"2"))
+    assert primary.store.get("b") is None and primary.last_offset == 1
+    primary.set_write_deadline(None)  # no witness: no deadline
+    assert primary.write(lambda g: g.put("b", b"2")).offset == 2
+
+
+def test_a_step_down_stops_writes_and_fences_by_a_higher_epoch(primary: Log) -> None:
+    primary.step_down(primary.epoch)  # not higher: simply no more writes
+    with pytest.raises(NotWritable):
+        primary.write(lambda g: g.put("a", b"1"))
+    assert primary.fenced_epoch == 0
+    primary.step_down(primary.epoch + 5)
+    assert primary.fenced_epoch == primary.epoch + 5
+
+
+def test_a_promotion_takes_the_witness_epoch_when_it_is_higher(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s")
+    log = Log(store, max_bytes=1 << 20)
+    try:
+        assert log.promote(epoch=42).epoch == 42
+    finally:
+        log.close()
+        store.close()

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pagesift.shared.backlog import DEFAULT_BACKLOG_BYTES
+from pagesift.shared.fsync import fsync_dir
 from pagesift.shared.replog import Log
 from pagesift.shared.store import Store
 
@@ -51,14 +52,6 @@ logger = logging.getLogger(__name__)
 
 _CURRENT = "CURRENT"
 _DEFAULT_DIR = "db"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_current(data_dir: Path, name: str) -> None:
@@ -70,7 +63,7 @@ def _write_current(data_dir: Path, name: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, data_dir / _CURRENT)
-    _fsync_dir(data_dir)
+    fsync_dir(data_dir)
 
 
 class StoreSlot:

@@ -26,14 +26,22 @@ def _server_list(value: str) -> list[str]:
     return [host_port(v) for v in value.split(",") if v.strip()]
 
 
-def nonneg_int(value: str) -> int:
+def _int_at_least(value: str, low: int) -> int:
     try:
         n = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    if n < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {n}")
     return n
+
+
+def nonneg_int(value: str) -> int:
+    return _int_at_least(value, 0)
+
+
+def positive_int(value: str) -> int:
+    return _int_at_least(value, 1)
 
 
 def nonneg_float(value: str) -> float:

@@ -49,6 +49,7 @@ from pagesift.node.cli.admin import role_name
 from pagesift.node.cli.args import client_parent, server_addresses
 from pagesift.node.cli.common import EXIT_OK, dump, fail
 from pagesift.shared.client import JobClient
+from pagesift.shared.fsync import fsync_dir
 from pagesift.v1 import replication_pb2 as pb
 
 #: Written into the backup directory beside the store: where the copy came from.
@@ -86,14 +87,6 @@ def _safe_path(name: str) -> PurePosixPath:
     if name == MANIFEST_FILE:
         raise BackupError(f"the server sent a {MANIFEST_FILE}: that name is the client's")
     return PurePosixPath(name)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Receiver:
@@ -205,11 +198,11 @@ async def write_backup(
         with info.open("rb") as fh:
             os.fsync(fh.fileno())
         for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, reverse=True):
-            _fsync_dir(d)
+            fsync_dir(d)
         if problem := check_out(out):  # something appeared there meanwhile
             raise BackupError(problem)
         os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
         return manifest
     finally:
         receiver.abort()

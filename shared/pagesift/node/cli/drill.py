@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import Any
 
-from pagesift.node.cli.args import credentials_parent, host_port, nonneg_float
+from pagesift.node.cli.args import credentials_parent, host_port, nonneg_float, positive_int
 from pagesift.node.cli.common import EXIT_INTERRUPTED, EXIT_OK, dump, fail
 from pagesift.node.drill.fixture import DrillKeys, SetupError
 from pagesift.node.drill.procs import kill_leftovers
@@ -60,16 +60,6 @@ crawl and small probe jobs per run, under --api-key; Promote without --auto).
 
 Exit 0 when every run passed, 1 when one failed, 2 on a usage or setup error.
 """
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
 
 
 def drill_settings(args: argparse.Namespace) -> DrillSettings:
@@ -215,7 +205,7 @@ def add_drill_command(sub: Any) -> None:
         "--auto", action="store_true", help="the witness (etcd) promotes, not the drill"
     )
     what.add_argument("--kill", choices=KILL_TARGETS, default="primary")
-    what.add_argument("--repeat", type=_positive_int, default=1, metavar="N")
+    what.add_argument("--repeat", type=positive_int, default=1, metavar="N")
     what.add_argument(
         "--mode",
         choices=MODES,
@@ -227,7 +217,7 @@ def add_drill_command(sub: Any) -> None:
         "--site", metavar="URL", help="crawl this site instead of the demo site (limit --pages)"
     )
     what.add_argument(
-        "--pages", type=_positive_int, default=100, metavar="N", help="demo site size (100)"
+        "--pages", type=positive_int, default=100, metavar="N", help="demo site size (100)"
     )
     what.add_argument(
         "--pace",
@@ -236,7 +226,7 @@ def add_drill_command(sub: Any) -> None:
         metavar="S",
         help="the crawl's delay between two requests (default 0.03)",
     )
-    what.add_argument("--concurrency", type=_positive_int, default=8, metavar="N")
+    what.add_argument("--concurrency", type=positive_int, default=8, metavar="N")
     what.add_argument(
         "--witness-ttl",
         type=nonneg_float,
