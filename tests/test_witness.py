@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aetcd
 import grpc
 import pytest
 from aetcd import rpc as etcd_rpc
@@ -59,18 +60,17 @@ async def witness_pair(
     return a, b
 
 
+async def settled(a: ServeProc, b: ServeProc) -> tuple[ServeProc, ServeProc] | None:
+    """(primary, standby) when one node is the primary and the other follows it."""
+    ra, rb = await role(a.address), await role(b.address)
+    for p, s, rp, rs in ((a, b, ra, rb), (b, a, rb, ra)):
+        if rp.role == pb.NODE_ROLE_PRIMARY and rs.role == pb.NODE_ROLE_STANDBY and rs.connected:
+            return p, s
+    return None
+
+
 async def elected(a: ServeProc, b: ServeProc, timeout: float = 30.0) -> tuple[ServeProc, ServeProc]:
-    """(primary, standby) once one node is the primary and the other follows it."""
-
-    async def settled() -> tuple[ServeProc, ServeProc] | None:
-        ra, rb = await role(a.address), await role(b.address)
-        for p, s, rp, rs in ((a, b, ra, rb), (b, a, rb, ra)):
-            primary = rp.role == pb.NODE_ROLE_PRIMARY
-            if primary and rs.role == pb.NODE_ROLE_STANDBY and rs.connected:
-                return p, s
-        return None
-
-    return await eventually(settled, "one primary and its standby", timeout)
+    return await eventually(lambda: settled(a, b), "one primary and its standby", timeout)
 
 
 async def is_primary(node: ServeProc) -> pb.RoleResponse | None:
@@ -236,6 +236,28 @@ async def test_in_sync_mode_the_witness_hears_the_standby_is_behind_before_an_ac
         assert state is not None and state.sync_standby == ""
     finally:
         await witness.close()
+
+
+async def test_a_deleted_leader_key_stops_the_primarys_writes_and_the_pair_recovers(
+    nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    primary, standby = await elected(*await witness_pair(nodes, etcd))
+    client = aetcd.Client(host="127.0.0.1", port=etcd.client_port, timeout=5)
+    try:  # an operator's mistake: the key goes, the holder's lease stays
+        await client.delete(f"/pagesift/{PAIR}/leader".encode())
+    finally:
+        await client.close()
+
+    await until(lambda: "no longer ours" in primary.log_text(), "the primary to give up")
+
+    async def recovered() -> tuple[ServeProc, ServeProc] | None:
+        pair = await settled(primary, standby)
+        if pair is None or await write_refused(pair[0].address, root) is not None:
+            return None
+        return pair
+
+    await eventually(recovered, "one primary that takes writes, and its standby", 30)
 
 
 async def enable_etcd_auth(etcd: Etcd, user: str, password: str) -> None:

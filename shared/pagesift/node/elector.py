@@ -104,10 +104,8 @@ class Elector:
                 pause = await self._turn()
                 await asyncio.sleep(pause)
         finally:
-            if self._deadline_timer is not None:
-                self._deadline_timer.cancel()
             lease, self._lease = self._lease, None
-            self._set_deadline(CLOSED)
+            self._set_deadline(CLOSED)  # and no timer left behind
             if lease is not None:
                 await self.witness.resign(lease)  # the standby need not wait for the ttl
             await self.witness.close()
@@ -169,12 +167,11 @@ class Elector:
         )
         await self.host.feed(rolestate.LeaseWon(lease.epoch))
         if not self.host.is_primary():
-            logger.error("the promotion did not happen: giving the lease up")
-            self._lease = None
-            await self.witness.resign(lease)
-            return
-        await self._publish(lease)
-        self._extend(sent)
+            await self._give_up("the promotion did not happen")
+        elif not await self._publish(lease):
+            await self._give_up("the leader key is no longer ours")
+        else:
+            self._extend(sent)
 
     async def _hold(self) -> float:
         lease = self._lease
@@ -186,14 +183,23 @@ class Elector:
             self._check_deadline()
             raise
         if not alive:
-            logger.warning("the witness says our lease lapsed: this node takes no write")
-            self._lease = None
-            self._set_deadline(CLOSED)
-            await self.host.feed(rolestate.LeaseLost())
+            await self._give_up("the witness says our lease lapsed")
             return 0.0
-        await self._publish(lease)
+        if not await self._publish(lease):
+            await self._give_up("the leader key is no longer ours")
+            return 0.0
         self._extend(sent)
         return election.keepalive_interval(self.ttl)
+
+    async def _give_up(self, why: str) -> None:
+        """The lease, or its key, is gone: no write from now on (the deadline closes at
+        once); the next look follows whoever holds the key, or campaigns again."""
+        lease, self._lease = self._lease, None
+        logger.warning("%s: this node takes no write", why)
+        self._set_deadline(CLOSED)
+        if lease is not None:
+            await self.witness.resign(lease)  # revoking a lapsed lease is harmless
+        await self.host.feed(rolestate.LeaseLost())
 
     # --- the deadline --------------------------------------------------------------------
     def _extend(self, sent: float) -> None:
@@ -229,12 +235,15 @@ class Elector:
         task.add_done_callback(self._feeding.discard)
 
     # --- the pair state ------------------------------------------------------------------
-    async def _publish(self, lease: Lease) -> None:
+    async def _publish(self, lease: Lease) -> bool:
+        """Publish the pair state while ``lease``'s key is the leader key; False when it
+        is not (any more)."""
         async with self._publish_lock:
             state = self.host.pair_state(lease.epoch)
             if not await self.witness.publish(lease, state):
-                raise WitnessUnavailable("the leader key is no longer ours")
+                return False
             self._out_of_sync_published = self.host.mode == "sync" and not state.sync_standby
+            return True
 
     async def record_out_of_sync(self) -> None:
         """Sync mode: a write the standby did not confirm is about to be acknowledged.
@@ -246,8 +255,9 @@ class Elector:
             try:
                 # published under the lock from the sender's state then: degraded (no
                 # synchronous standby), or restored by an ack that covers this write
-                await self._publish(lease)
-                return
+                if await self._publish(lease):
+                    return
+                break  # the key is not ours: this write is not acknowledged
             except WitnessUnavailable:
                 await asyncio.sleep(election.poll_interval(self.ttl))
         raise NotWritable("the witness could not record that the standby is behind")
