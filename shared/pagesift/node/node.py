@@ -12,13 +12,19 @@ Role changes, and what each one wires:
   ``auto_promote_after``, a watchdog;
 - promotion (standby -> primary): the job runtime starts, and fencing deposes the
   primary this node used to follow;
-- fenced (primary -> fenced): the job runtime stops.
+- fenced (primary -> fenced): the job runtime stops;
+- with a witness (``--witness``): no role at start; the elector (``pagesift.node.elector``)
+  reports who holds the lease: this node follows the holder, or wins and is promoted
+  with the lease's epoch, and its jobs run only while it holds the lease; the log's
+  write deadline (``Log.set_write_deadline``) follows the lease, on every store a full
+  resync installs too.
 
 Who decides: ``pagesift.shared.rolestate``, a pure state machine that holds the role
 (the one place it is kept: ``Node.role``, the metrics and the Role RPC read it) and
 decides every change above. ``Node`` is its asyncio shell: it feeds it events (start,
-the watchdog's looks at the follower, a promotion done, a higher epoch seen, the
-fencer's end, close) with ``time.monotonic()`` and carries out the actions it returns.
+the watchdog's looks at the follower, the elector's view of the lease, a promotion
+done, a higher epoch seen, the fencer's end, close) with ``time.monotonic()`` and
+carries out the actions it returns.
 The durable identity (epoch, history, fenced epoch, role last recorded) stays in the
 log (``pagesift.shared.identity``), written before it takes effect.
 
