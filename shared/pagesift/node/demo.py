@@ -65,7 +65,8 @@ Try, in another shell (the CLI is {cli}; or `source .venv/bin/activate` first):
   pagesift role --server {STANDBY}        # replication: role, offsets, lag
   pagesift verify --primary {PRIMARY} --standby {STANDBY}
   pagesift status JOB_ID --server {STANDBY}   # reads answered by the standby
-  pagesift promote --server {STANDBY} --admin-key "$(cat {token_file})"   # failover drill
+  pagesift promote --server {STANDBY} --admin-key "$(cat {token_file})"   # promote by hand
+  pagesift drill --local --auto    # a whole failover rehearsal on a pair (and etcd) of its own
 
 Ctrl-C stops the pair and the site; the data stays in {data}.
 """,
