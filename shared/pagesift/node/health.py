@@ -34,6 +34,7 @@ from grpc_health.v1 import health_pb2
 
 from pagesift.node.status import RoleStatus
 from pagesift.shared.roles import Role
+from pagesift.shared.tasks import cancel_and_wait
 
 LIVENESS = ""
 PRIMARY = "pagesift.primary"
@@ -153,6 +154,4 @@ class HealthPublisher:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)

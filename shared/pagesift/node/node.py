@@ -34,7 +34,6 @@ The gRPC server around it is ``pagesift.node.grpcserver``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -89,6 +88,7 @@ from pagesift.shared.rolestate import (
 )
 from pagesift.shared.slot import open_slot
 from pagesift.shared.store import Store
+from pagesift.shared.tasks import cancel_and_wait
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
 
@@ -402,9 +402,7 @@ class Node:
     async def _stop_election(self) -> None:
         task, self._elector_task = self._elector_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _feed(self, event: rolestate.Event) -> None:
         await self._carry_out(self._step(event))

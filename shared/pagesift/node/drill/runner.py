@@ -66,6 +66,7 @@ from pagesift.node.drill.receiver import Receiver
 from pagesift.node.drill.remote import CommandPair
 from pagesift.node.drill.verdict import Observation, RunReport, judge, kill_point, webhook_tally
 from pagesift.shared.client import JobClient
+from pagesift.shared.tasks import cancel_and_wait
 from pagesift.shared.verify import verify_digests
 from pagesift.v1 import jobs_pb2
 from pagesift.v1 import replication_pb2 as rpb
@@ -226,9 +227,8 @@ class _Run:
                 healthy = False
             await self._collect(obs, follower)
         finally:
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await following
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await cancel_and_wait(following)
         obs.shown = list(follower.shown)
         return obs, healthy
 
@@ -258,9 +258,7 @@ class _Run:
         except TimeoutError:
             raise _Broken("no write was accepted after the kill") from None
         finally:
-            probing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probing
+            await cancel_and_wait(probing)
             obs.probes = list(prober.probes)
 
     def _probe_url(self) -> str:
