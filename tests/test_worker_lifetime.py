@@ -248,15 +248,18 @@ def test_a_worker_busy_in_a_task_dies_with_its_node(sig: signal.Signals) -> None
             worker = int(read_line(node))
             procs.add(tree_of(node.pid))
             assert worker in procs.fds, procs.describe(sorted(procs.fds))
-            conn, _ = listener.accept()  # the worker is now inside its task
+            conn, _ = listener.accept()
             with conn:
+                conn.settimeout(30)
+                # the request has arrived: the worker is now inside its task, waiting
+                assert conn.recv(65536).startswith(b"GET /hold")
                 os.kill(node.pid, sig)
                 node.wait(10)
                 procs.add(workers_of(set(procs.fds)))
                 survivors = procs.wait_gone(GONE_WITHIN)
                 assert not survivors, procs.describe(survivors)
                 conn.settimeout(GONE_WITHIN)
-                assert conn.recv(65536).startswith(b"GET /hold")  # the request, then EOF
+                assert conn.recv(65536) == b""  # EOF: the worker's socket died with it
         finally:
             if node.poll() is None:
                 node.kill()
