@@ -21,7 +21,7 @@ from typing import cast
 
 from bench.common import say
 
-SECTIONS = ("crawl", "replication", "streams", "failover")  # the NAMEs, in order
+SECTIONS = ("crawl", "replication", "streams", "failover", "misbehaving")  # the NAMEs, in order
 
 
 def _load(name: str) -> ModuleType | None:

@@ -112,6 +112,16 @@ class RunningNode:
     node: Node
 
 
+# Retries stay on, one per page with a short backoff: the demo site's 500 page and its
+# slow page (past read_timeout) are transient failures, retried in every crawl of it
+# (tests/test_retries.py tests the defaults and the budgets).
+QUICK_RETRIES: dict[str, Any] = {
+    "max_retries": 1,
+    "retry_base_delay": 0.02,
+    "retry_max_delay": 0.1,
+}
+
+
 def node_config(data: Path, **overrides: Any) -> ServerConfig:
     values: dict[str, Any] = {
         "listen": f"127.0.0.1:{free_port()}",
@@ -121,6 +131,7 @@ def node_config(data: Path, **overrides: Any) -> ServerConfig:
         "connect_timeout": 1.0,
         "max_body_bytes": 1024 * 1024,
         "replication_token_file": str(PAIR_TOKEN_FILE),
+        **QUICK_RETRIES,
     }
     values.update(overrides)
     return ServerConfig(**values)
@@ -235,6 +246,7 @@ async def wait_ready(address: str, timeout: float = 20.0) -> None:
 # ---------------------------------------------------------------- server processes
 
 SERVE_CONFIG: dict[str, Any] = {
+    **QUICK_RETRIES,
     "read_timeout": 1.0,
     "connect_timeout": 1.0,
     "max_body_bytes": 1024 * 1024,
@@ -597,3 +609,21 @@ def assert_every_page_once(docs: Sequence[jobs_pb2.Document], expected: set[str]
     duplicates = sorted({u for u in urls if urls.count(u) > 1})
     assert not duplicates, f"pages in the results twice: {duplicates[:5]}"
     assert set(urls) == expected
+
+
+@contextlib.asynccontextmanager
+async def serve_handler(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[int]:
+    """A catch-all aiohttp site (``handler`` answers every GET) on 127.0.0.1:<free
+    port>; yields the port."""
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()

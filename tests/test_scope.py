@@ -6,9 +6,8 @@ Real aiohttp sites on loopback ports, a real in-process node; every wait is boun
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.primary.crawl import in_scope
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import TERMINAL, all_documents, in_process_node, wait_terminal
+from tests.helpers import TERMINAL, all_documents, in_process_node, serve_handler, wait_terminal
 
 
 @pytest.mark.parametrize(
@@ -61,23 +60,6 @@ def test_scope_is_the_origin_with_www_upgrade_and_subdomains(
 # --- two services on two ports of one host ----------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def serve(
-    handler: Callable[[web.Request], Awaitable[web.Response]],
-) -> AsyncIterator[int]:
-    """A catch-all aiohttp site on 127.0.0.1:<free port>; yields the port."""
-    app = web.Application()
-    app.router.add_route("GET", "/{tail:.*}", handler)
-    runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield int(runner.addresses[0][1])
-    finally:
-        await runner.cleanup()
-
-
 def html(body: str) -> web.Response:
     return web.Response(text=f"<html><body>{body}</body></html>", content_type="text/html")
 
@@ -92,7 +74,7 @@ async def test_a_crawl_stays_on_its_origin_unless_external_links_are_allowed(
         other_hits.append(request.path)
         return html("<h1>another service</h1>")
 
-    async with serve(other) as other_port:
+    async with serve_handler(other) as other_port:
         mine: list[int] = []  # the first site's port, once bound
 
         async def first(request: web.Request) -> web.Response:
@@ -114,7 +96,7 @@ async def test_a_crawl_stays_on_its_origin_unless_external_links_are_allowed(
             return html(f"<p>{request.path}</p>")
 
         async with (
-            serve(first) as first_port,
+            serve_handler(first) as first_port,
             in_process_node(tmp_path, respect_robots=False) as node,
         ):
             mine.append(first_port)
@@ -187,7 +169,10 @@ async def test_a_backtracking_pattern_neither_stalls_the_node_nor_the_crawl(
             return html(f'<a href="{EVIL}">trap</a><a href="/aaaa">fine</a>')
         return html(f"<p>{request.path}</p>")
 
-    async with serve(evil_site) as port, in_process_node(tmp_path, respect_robots=False) as node:
+    async with (
+        serve_handler(evil_site) as port,
+        in_process_node(tmp_path, respect_robots=False) as node,
+    ):
         start = await node.stub.StartCrawl(
             jobs_pb2.StartCrawlRequest(
                 url=f"http://127.0.0.1:{port}/",
@@ -222,7 +207,7 @@ async def test_a_sitemap_named_by_robots_on_another_origin_is_not_fetched(
             content_type="application/xml",
         )
 
-    async with serve(other) as other_port:
+    async with serve_handler(other) as other_port:
 
         async def first(request: web.Request) -> web.Response:
             if request.path == "/robots.txt":
@@ -230,7 +215,7 @@ async def test_a_sitemap_named_by_robots_on_another_origin_is_not_fetched(
                 return web.Response(text=f"User-agent: *\nAllow: /\nSitemap: {sitemap}\n")
             return html(f"<p>{request.path}</p>")
 
-        async with serve(first) as first_port, in_process_node(tmp_path) as node:
+        async with serve_handler(first) as first_port, in_process_node(tmp_path) as node:
             root = f"http://127.0.0.1:{first_port}/"
             start = await node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=root, limit=5))
             job = await wait_terminal(node.stub, start.id, timeout=30)

@@ -9,15 +9,19 @@ Owns the pure, I/O-free part of turning a response into a document body, used by
 - ``decode`` never raises: BOM, else the header charset, else ``<meta charset>``
   (HTML only), else UTF-8; Latin-1 labels mean windows-1252 (WHATWG), an unknown
   charset falls back to UTF-8, and bad bytes are replaced.
+- ``meta_refresh`` finds a ``<meta http-equiv="refresh" content="N; url=...">`` with
+  a target and a delay of at most ``META_REFRESH_MAX_DELAY`` seconds (the engine
+  follows it as one more redirect hop); it reads only the first 64 KiB of the page.
 """
 
 from __future__ import annotations
 
+import html
 import re
 
 from pagesift.shared.errors import ErrorCode, PageError
 
-__all__ = ["HTML_TYPES", "decode", "is_text", "sniff"]
+__all__ = ["HTML_TYPES", "META_REFRESH_MAX_DELAY", "decode", "is_text", "meta_refresh", "sniff"]
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _TEXT_TYPES = frozenset(
@@ -87,3 +91,35 @@ def decode(body: bytes, charset: str | None, *, html: bool) -> str:
         return body.decode(charset, errors="replace")
     except LookupError:
         return body.decode("utf-8", errors="replace")
+
+
+# A refresh slower than this is a page that reloads itself (a live score, a
+# dashboard), not a redirect: its own content is the page.
+META_REFRESH_MAX_DELAY = 10.0
+_META_TAG = re.compile(r"<meta\b[^>]{0,1000}>", re.I)
+_ATTR = re.compile(r"""([A-Za-z][A-Za-z0-9_:-]*)\s*=\s*("[^"]*"|'[^']*'|[^\s"'>]+)""")
+_REFRESH = re.compile(
+    r"""\s*(\d+(?:\.\d*)?)?\s*(?:[;,]\s*(?:url\s*=\s*)?(["']?)(.*?)\2?\s*)?$""",
+    re.I | re.S,
+)
+
+
+def meta_refresh(text: str) -> str | None:
+    """The target of the page's first ``<meta http-equiv="refresh">`` whose delay is at
+    most ``META_REFRESH_MAX_DELAY`` seconds, as written (relative or absolute,
+    entities decoded); None when there is none, it has no target, or it is slower."""
+    head = text[:65536]
+    if "efresh" not in head:
+        return None
+    for tag in _META_TAG.finditer(head):
+        attrs = {k.lower(): html.unescape(v.strip("\"'")) for k, v in _ATTR.findall(tag.group(0))}
+        if attrs.get("http-equiv", "").strip().lower() != "refresh":
+            continue
+        m = _REFRESH.match(attrs.get("content", ""))
+        if m is None or m.group(1) is None:
+            return None
+        if float(m.group(1)) > META_REFRESH_MAX_DELAY:
+            return None
+        target = (m.group(3) or "").strip()
+        return target or None
+    return None

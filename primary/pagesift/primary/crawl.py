@@ -9,7 +9,17 @@ which is how most sites redirect. Nothing else crosses: not another port of the 
 host (another service), not ``https`` on an ``http`` root's explicit port, never a
 downgrade to ``http``. ``allow_subdomains`` widens the host to its subdomains under the
 same scheme and port rules; ``allow_external_links`` lifts the origin rule entirely.
-Sitemap URLs go through the same ``admit`` as links found on pages.
+Sitemap URLs go through the same ``admit`` as links found on pages. Hosts are
+compared in their ``urls.canonical_host`` form (UTS 46, A-labels), the one spelling
+the fetcher connects to, so ``bücher.test`` and ``xn--bcher-kva.test`` are one host.
+
+URL identity (``Scope.key``): a page's key is ``urls.page_key`` under the job's
+options (``ignore_query_parameters``, ``strip_tracking_parameters``,
+``dedupe_similar_urls``); a queued entry's URL loses its tracking parameters too
+when they are stripped. ``Scope.aliases`` names the other keys a fetched page is
+known by (its final URL after redirects and meta refreshes; its rel=canonical
+with ``follow_canonical``, when in scope); the job runtime marks them seen and done
+in the page's write group, so a page reached by many URLs is stored once.
 
 Regex matching (``pagesift.shared.patterns``) is linear-time RE2 and runs on a
 dedicated thread pool (``admit``), so a caller's pattern never holds the event loop.
@@ -56,7 +66,7 @@ def _origin(scheme: str, netloc: str) -> Origin | None:
     if default is None:
         return None
     parts = urlsplit(f"{scheme}://{netloc}/")
-    host = (parts.hostname or "").rstrip(".")
+    host = urls.host_of(f"{scheme}://{netloc}/")  # canonical: UTS 46, A-labels, IPv4
     if not host:
         return None
     port = parts.port  # ValueError for a bad port, caught by origin_of
@@ -126,6 +136,9 @@ class Scope:
     allow_subdomains: bool
     allow_external: bool
     ignore_query: bool
+    strip_tracking: bool = False
+    similar: bool = False
+    follow_canonical: bool = False
     origin: Origin | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -150,11 +163,44 @@ class Scope:
             allow_subdomains=req.allow_subdomains,
             allow_external=req.allow_external_links,
             ignore_query=req.ignore_query_parameters,
+            strip_tracking=req.strip_tracking_parameters,
+            similar=req.dedupe_similar_urls,
+            follow_canonical=req.follow_canonical,
         )
 
     def key(self, url: str) -> str:
-        """The crawl's identity for a URL (normalized, query dropped if asked)."""
-        return urls.normalize(url, ignore_query=self.ignore_query)
+        """The crawl's identity for a URL (``urls.page_key`` under the job's options)."""
+        return urls.page_key(
+            url,
+            ignore_query=self.ignore_query,
+            strip_tracking_params=self.strip_tracking,
+            similar=self.similar,
+        )
+
+    def fetch_form(self, url: str) -> str:
+        """The URL a queued entry fetches: as written, tracking parameters stripped
+        when the job asks."""
+        return urls.strip_tracking(url) if self.strip_tracking else url
+
+    async def aliases(self, key: str, final_url: str, canonical: str) -> list[str]:
+        """The other keys of a page fetched for ``key``: its final URL's, and (with
+        ``follow_canonical``) its rel=canonical's when that is in scope (origin and
+        path rules, any depth; regexes on the pattern pool); unparsable ones are
+        skipped. Never ``key`` itself."""
+        out: list[str] = []
+        for url, check in ((final_url, False), (canonical, True)):
+            if not url or (check and not self.follow_canonical):
+                continue
+            try:
+                alias = self.key(url)
+            except ValueError:
+                continue
+            if alias == key or alias in out:
+                continue
+            if check and not (self.reaches(url, 0) and (await self.paths.allowed([alias]))[0]):
+                continue
+            out.append(alias)
+        return out
 
     def reaches(self, url: str, depth: int) -> bool:
         """Depth and origin rules only (cheap, no regex)."""
@@ -172,6 +218,10 @@ class Scope:
     async def admit(self, found: dict[str, str], depth: int) -> list[Entry]:
         """Entries for the ``{key: url}`` links admitted at ``depth``, in order; the
         regexes run on the pattern pool, off the event loop."""
-        near = [(key, url) for key, url in found.items() if self.reaches(key, depth)]
+        near = [(key, url) for key, url in found.items() if self.reaches(url, depth)]
         allowed = await self.paths.allowed([key for key, _ in near])
-        return [Entry(depth, key, url) for (key, url), ok in zip(near, allowed, strict=True) if ok]
+        return [
+            Entry(depth, key, self.fetch_form(url))
+            for (key, url), ok in zip(near, allowed, strict=True)
+            if ok
+        ]

@@ -10,6 +10,11 @@ is the real one; any other engine obeys the same contract:
   too). Robots.txt, per-host politeness (concurrency and delay, shared by every
   job) and the address guard are the engine's business, applied inside ``scrape``:
   a caller that awaits ``scrape`` has already waited its turn.
+- the ``Page`` also says what the page says about its identity, for the job runtime
+  to judge: ``document.final_url`` (after HTTP redirects and short meta refreshes,
+  followed like redirects), ``canonical`` (its rel=canonical, absolute, or ""),
+  and ``noindex``/``nofollow`` (meta robots and X-Robots-Tag, see
+  ``robots.page_directives``). The engine itself never drops a page for them.
 - ``sitemap_urls(url)`` returns the page URLs the site's sitemap(s) list, or an
   empty list; it never raises for a missing or broken sitemap.
 """
@@ -37,10 +42,14 @@ class FetchPolicy:
 
 @dataclass
 class Page:
-    """A scraped page: its document (formats as requested) and its outgoing links."""
+    """A scraped page: its document (formats as requested), its outgoing links, and
+    what it says about its identity (rel=canonical, robots meta directives)."""
 
     document: jobs_pb2.Document
     links: list[str] = field(default_factory=list)
+    canonical: str = ""  # the page's rel=canonical URL, absolute ("" when none)
+    noindex: bool = False  # meta robots / X-Robots-Tag said noindex (or none)
+    nofollow: bool = False  # ... said nofollow (or none)
 
 
 class Engine(Protocol):

@@ -15,6 +15,10 @@ Owns the one HTML parse per page. The guarantees:
   ``only_main_content``, nav/header/footer/aside/[role=navigation], keeping the page's
   ``<main>``, else its only ``<article>``, else ``<body>``); markdown is rendered
   from exactly that cleaned HTML, with links made absolute.
+- ``canonical`` is the page's first ``<link rel="canonical" href>`` made absolute
+  (http(s) only, fragment dropped), and ``robots_meta`` the contents of its
+  ``<meta name="robots">`` and ``<meta name="pagesift">`` tags; the engine and the
+  job runtime decide what they mean (``fetch``, ``jobs``).
 
 Nothing here does I/O; ``extract`` is safe to run in a worker thread.
 """
@@ -84,6 +88,8 @@ class Extracted:
     html: str = ""
     cleaned: str = ""
     base_url: str = ""
+    canonical: str = ""
+    robots_meta: list[str] = field(default_factory=list)
 
 
 def _head_meta(tree: LexborHTMLParser) -> tuple[str, str, str]:
@@ -107,6 +113,28 @@ def _head_meta(tree: LexborHTMLParser) -> tuple[str, str, str]:
     if base_node is not None:
         base = (base_node.attributes.get("href") or "").strip()
     return title or og_title, description or og_description, base
+
+
+_ROBOTS_NAMES = frozenset({"robots", "pagesift"})
+
+
+def _identity(tree: LexborHTMLParser, base_url: str) -> tuple[str, list[str]]:
+    """(absolute rel=canonical URL or "", meta robots contents)."""
+    canonical = ""
+    for node in tree.css("link[rel][href]"):
+        rels = (node.attributes.get("rel") or "").lower().split()
+        if "canonical" in rels:
+            href = (node.attributes.get("href") or "").strip()
+            joined = urljoin(base_url, href).partition("#")[0] if href else ""
+            if joined.startswith(("http://", "https://")):
+                canonical = urls.strip_userinfo(joined)
+            break
+    robots = [
+        (m.attributes.get("content") or "")
+        for m in tree.css("meta[name][content]")
+        if (m.attributes.get("name") or "").strip().lower() in _ROBOTS_NAMES
+    ]
+    return canonical, robots
 
 
 def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
@@ -217,6 +245,7 @@ def extract(
         links=_links(tree, base_url),
         base_url=base_url,
     )
+    out.canonical, out.robots_meta = _identity(tree, base_url)
     if want.markdown or want.html:
         root = _content_root(tree, only_main_content)
         out.cleaned = _clean(root, only_main_content) if root is not None else ""

@@ -13,11 +13,26 @@ The guarantees (see ``engine.py`` for the contract):
   DNS answer reaches loopback/private space), robots.txt (when
   both the server and the job respect it), and the per-host politeness slot (shared
   by all jobs); redirects are followed by hand, at most ``max_redirects`` hops, and a
-  revisited URL or one hop too many is ``REDIRECT_LOOP``;
+  revisited URL or one hop too many is ``REDIRECT_LOOP``; a page's
+  ``<meta http-equiv="refresh">`` with a delay of at most 10 s
+  (``content.meta_refresh``) is one more hop of the same budget, through the same
+  checks, so ``document.final_url`` is the page a refresh chain ends on;
+- ``Page.canonical``/``noindex``/``nofollow`` report rel=canonical, meta robots and
+  X-Robots-Tag (``robots.page_directives``); the job runtime applies them;
 - no body is read past ``max_body_bytes`` (declared or streamed, after decompression),
   and no body is read at all for error statuses or unsupported content types;
 - every failure is a ``PageError`` with one ``ErrorCode``; nothing else escapes
-  ``scrape`` (but ``CancelledError``), and ``sitemap_urls`` never raises.
+  ``scrape`` (but ``CancelledError``), and ``sitemap_urls`` never raises;
+- rate limits and adaptive politeness (decisions in ``retrypolicy``): a 429 or 503
+  with ``Retry-After`` pauses the host in the shared slots (every job of the node)
+  before the slot is released, so no later request to it starts before the time
+  passes; one beyond ``max_retry_after`` is ``RETRY_AFTER_TOO_LONG`` (the host is
+  still paused for ``max_retry_after``). Every 429/503 slows the host's adaptive
+  delay (``HostThrottle``), every success feeds it the latency; the delay used is
+  the larger of the configured one and the adaptive one. ``scrape`` itself makes
+  ONE attempt: retrying a page is the job runtime's (``jobs``: durable attempt
+  counts); sitemap files are retried here (``max_retries``, full jitter), since
+  seeding is redone whole after a crash anyway.
 
 Body classification and decoding live in ``content``; sitemap walking and parsing in
 ``sitemaps``, whose every file is fetched through this engine's ``_fetch``.
@@ -27,18 +42,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 
-from pagesift.primary import content, crawl, extract, sitemaps, workers
+from pagesift.primary import content, crawl, extract, retrypolicy, sitemaps, workers
 from pagesift.primary.engine import FetchPolicy, Page
 from pagesift.primary.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.primary.politeness import HostSlots, effective_delay
-from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache
+from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache, page_directives
 from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
@@ -49,6 +66,8 @@ __all__ = ["HttpEngine"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+# Hosts whose delay ``pagesift_host_delay_seconds`` shows at most (the most recent).
+HOST_DELAY_SERIES = 50
 # Pages at least this long are extracted in the worker processes (``workers``); smaller
 # ones inline, where the round trip would cost more than the work.
 _OFFLOAD_MIN_CHARS = 8192
@@ -65,6 +84,8 @@ class _Response:
     charset: str | None
     kind: str  # what the accept callback said ("html", "text", "any", ...)
     body: bytes
+    robots_tag: tuple[str, ...] = ()  # X-Robots-Tag header values
+    hops: int = 0  # redirects followed to get here
 
 
 # Called on the final (non-redirect) response before its body is read; raises PageError
@@ -76,6 +97,33 @@ def _accept_any(resp: aiohttp.ClientResponse) -> str:
     return "any"
 
 
+def _accept_sitemap(resp: aiohttp.ClientResponse) -> str:
+    if resp.status >= 400:
+        raise _status_error(resp)  # so that 429/503 pause the host and are retried
+    return "any"
+
+
+def _status_error(resp: aiohttp.ClientResponse) -> PageError:
+    """The HTTP_STATUS error of a response, with its status and (429/503) Retry-After."""
+    retry_after = None
+    if resp.status in retrypolicy.SLOW_DOWN_STATUSES:
+        retry_after = retrypolicy.parse_retry_after(resp.headers.get("Retry-After"), time.time())
+    return PageError(
+        ErrorCode.HTTP_STATUS,
+        f"HTTP {resp.status} {resp.reason or ''}".rstrip(),
+        status=resp.status,
+        retry_after=retry_after,
+    )
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class HttpEngine:
     """The Engine over HTTP(S). Construct with the server config; call ``close()`` at exit."""
 
@@ -85,9 +133,12 @@ class HttpEngine:
         *,
         metrics: Metrics | None = None,
         guard: AddressGuard | None = None,
+        resolver: AbstractResolver | None = None,
     ) -> None:
         """``guard`` is the address policy when ``config.allow_private_networks`` is off
-        (default: block every address ``urls.block_class`` names, exempt nothing)."""
+        (default: block every address ``urls.block_class`` names, exempt nothing);
+        ``resolver`` the name resolver under it (default: aiohttp's)."""
+        self._resolver = resolver
         self.config = config
         self.metrics = metrics
         self._guard = None if config.allow_private_networks else (guard or AddressGuard())
@@ -95,6 +146,12 @@ class HttpEngine:
         count = workers.worker_count(config.extract_processes)
         self._workers = workers.WorkerPool(count) if count > 0 else None
         self._slots = HostSlots(config.per_host_concurrency, config.per_host_delay)
+        self._throttle = retrypolicy.HostThrottle(
+            concurrency=config.per_host_concurrency, max_delay=config.throttle_max_delay
+        )
+        self._random = random.Random()
+        if metrics is not None:
+            metrics.host_delays = self.host_delays
         self._robots = RobotsCache(self._fetch_robots, config.user_agent)
         self._timeout = aiohttp.ClientTimeout(
             total=config.connect_timeout + 4 * config.read_timeout,
@@ -120,9 +177,7 @@ class HttpEngine:
 
         def accept(resp: aiohttp.ClientResponse) -> str:
             if resp.status >= 400:
-                raise PageError(
-                    ErrorCode.HTTP_STATUS, f"HTTP {resp.status} {resp.reason or ''}".rstrip()
-                )
+                raise _status_error(resp)
             if "Content-Type" not in resp.headers:
                 return "sniff"
             mimetype = resp.content_type
@@ -137,20 +192,33 @@ class HttpEngine:
                 )
             raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"content type {mimetype} is binary")
 
+        async def get(target: str, budget: int) -> _Response:
+            return await self._fetch(
+                target,
+                accept=accept,
+                robots=self.config.respect_robots and policy.respect_robots,
+                job_delay=policy.delay,
+                max_redirects=budget,
+                max_bytes=self.config.max_body_bytes,
+            )
+
         started = time.monotonic()
-        resp = await self._fetch(
-            url,
-            accept=accept,
-            robots=self.config.respect_robots and policy.respect_robots,
-            job_delay=policy.delay,
-            max_redirects=self.config.max_redirects,
-            max_bytes=self.config.max_body_bytes,
-        )
+        max_hops = self.config.max_redirects
+        resp = await get(url, max_hops)
+        hops, visited = resp.hops, {resp.url}
+        while True:  # meta refresh: one more redirect hop each, same budget (bounded)
+            kind = resp.kind
+            if kind == "sniff":
+                kind = content.sniff(resp.body, allow_non_html)
+            target = content.meta_refresh(content.decode(resp.body, resp.charset, html=True))
+            if kind != "html" or target is None:
+                break
+            hops += 1
+            nxt = _next_hop(resp.url, target, visited, hops, max_hops, "refresh")
+            resp = await get(nxt, max_hops - hops)
+            hops += resp.hops
         if self.metrics is not None:
             self.metrics.fetched(time.monotonic() - started, len(resp.body))
-        kind = resp.kind
-        if kind == "sniff":
-            kind = content.sniff(resp.body, allow_non_html)
         doc = jobs_pb2.Document(
             url=url,
             final_url=resp.url,
@@ -161,20 +229,25 @@ class HttpEngine:
         text = content.decode(resp.body, resp.charset, html=kind == "html")
         if kind == "html":
             try:
-                links = await self._extract(doc, text, resp.url, options)
+                got = await self._extract(doc, text, resp.url, options)
             except Exception as exc:  # the parsers are lenient; keep the contract anyway
                 raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"cannot extract: {exc}") from exc
-            return Page(document=doc, links=links)
+            noindex, nofollow = page_directives(
+                got.robots_meta, list(resp.robots_tag), self._robots.agent
+            )
+            return Page(document=doc, links=got.links, canonical=got.canonical,
+                        noindex=noindex, nofollow=nofollow)  # fmt: skip
+        noindex, nofollow = page_directives([], list(resp.robots_tag), self._robots.agent)
         want = extract.wanted(options)
         if want.markdown:
             doc.markdown = text
         if want.raw_html:
             doc.raw_html = text
-        return Page(document=doc, links=[])
+        return Page(document=doc, links=[], noindex=noindex, nofollow=nofollow)
 
     async def _extract(
         self, doc: jobs_pb2.Document, text: str, base_url: str, options: jobs_pb2.ScrapeOptions
-    ) -> list[str]:
+    ) -> extract.Extracted:
         """Extract the page: inline when small, else in a worker process.
 
         Parsing, cleaning and link extraction hold the GIL and Markdown conversion
@@ -193,7 +266,7 @@ class HttpEngine:
             except workers.WorkerLost:
                 got = extract.extract(text, base_url, want=want, only_main_content=only_main)
         extract.apply(doc, got, want, text)
-        return got.links
+        return got
 
     async def sitemap_urls(self, url: str) -> list[str]:
         """Page URLs from the origin's sitemaps (robots.txt Sitemap: lines, else
@@ -222,6 +295,18 @@ class HttpEngine:
             pass
         return list(found)[: sitemaps.SITEMAP_MAX_URLS]
 
+    def host_delays(self) -> dict[str, float]:
+        """The current delay of the ``HOST_DELAY_SERIES`` most recently slowed hosts:
+        the adaptive delay, or what is left of a Retry-After pause when longer."""
+        now = asyncio.get_running_loop().time() if _loop_running() else None
+        out = dict(list(self._throttle.delays().items())[-HOST_DELAY_SERIES:])
+        if now is not None:
+            for host, left in self._slots.paused_hosts(now).items():
+                out[host] = max(out.get(host, 0.0), left)
+        if len(out) > HOST_DELAY_SERIES:
+            out = dict(sorted(out.items(), key=lambda kv: kv[1])[-HOST_DELAY_SERIES:])
+        return out
+
     async def close(self) -> None:
         await self._robots.close()
         if self._session is not None:
@@ -236,6 +321,7 @@ class HttpEngine:
         if self._session is None or self._session.closed:
             connector = guarded_connector(
                 self._guard,
+                self._resolver,
                 limit=256,
                 limit_per_host=self.config.per_host_concurrency,
                 ttl_dns_cache=300,
@@ -297,31 +383,49 @@ class HttpEngine:
             location: str | None = None
             try:
                 if job_delay is None:
+                    await self._slots.unpaused(host)  # robots.txt honours Retry-After too
                     resp = await self._get(session, current, accept, max_bytes, truncate)
                 else:
                     delay = effective_delay(self.config.per_host_delay, job_delay, crawl_delay)
+                    if self.config.adaptive_throttle:
+                        delay = max(delay, self._throttle.delay(host))
                     async with self._slots.slot(host, delay):
-                        resp = await self._get(session, current, accept, max_bytes, truncate)
+                        sent = time.monotonic()
+                        try:
+                            resp = await self._get(session, current, accept, max_bytes, truncate)
+                        except PageError as err:
+                            self._slowed(host, err)  # inside the slot: before anyone else
+                            raise
+                        if self.config.adaptive_throttle:
+                            self._throttle.success(host, time.monotonic() - sent)
             except _Redirect as redirect:
                 location = redirect.location
             else:
+                resp.hops = hops
                 return resp
-            nxt = urljoin(current, location).split("#", 1)[0]
-            if not nxt.startswith(("http://", "https://")):
-                raise PageError(ErrorCode.INVALID_URL, f"redirect to a non-http URL: {nxt}")
-            try:
-                nxt = urls.fetch_url(nxt)
-            except ValueError as exc:
-                raise PageError(
-                    ErrorCode.INVALID_URL, f"redirect to an invalid URL: {exc}"
-                ) from None
             hops += 1
-            if nxt in seen:
-                raise PageError(ErrorCode.REDIRECT_LOOP, f"redirect loop: {current} -> {nxt}")
-            if hops > max_redirects:
-                raise PageError(ErrorCode.REDIRECT_LOOP, f"more than {max_redirects} redirects")
-            seen.add(nxt)
-            current = nxt
+            current = _next_hop(current, location, seen, hops, max_redirects, "redirect")
+
+    def _slowed(self, host: str, err: PageError) -> None:
+        """A failed hop: pause the host for its Retry-After, slow its adaptive delay on
+        429/503; a Retry-After beyond ``max_retry_after`` becomes the page's error."""
+        if err.code != ErrorCode.HTTP_STATUS or err.status not in retrypolicy.SLOW_DOWN_STATUSES:
+            return
+        if self.config.adaptive_throttle:
+            self._throttle.slow_down(host, time.monotonic())
+        wait = err.retry_after
+        if wait is None or wait <= 0:
+            return
+        limit = self.config.max_retry_after
+        self._slots.pause(host, asyncio.get_running_loop().time() + min(wait, limit))
+        if wait > limit:
+            raise PageError(
+                ErrorCode.RETRY_AFTER_TOO_LONG,
+                f"HTTP {err.status} asks to retry after {wait:g} s, over the server's "
+                f"max_retry_after of {limit:g} s",
+                status=err.status,
+                retry_after=wait,
+            ) from err
 
     async def _get(
         self,
@@ -356,6 +460,7 @@ class HttpEngine:
                     charset=resp.charset,
                     kind=kind,
                     body=body,
+                    robots_tag=tuple(resp.headers.getall("X-Robots-Tag", ())),
                 )
         except (PageError, _Redirect):
             raise
@@ -383,17 +488,43 @@ class HttpEngine:
 
     async def _fetch_sitemap(self, sitemap_url: str) -> tuple[str, int, bytes]:
         """One sitemap file for ``sitemaps.walk``: no robots check, no politeness
-        delay, the body truncated at ``SITEMAP_MAX_BYTES``; raises PageError."""
-        resp = await self._fetch(
-            sitemap_url,
-            accept=_accept_any,
-            robots=False,
-            job_delay=0.0,
-            max_redirects=self.config.max_redirects,
-            max_bytes=sitemaps.SITEMAP_MAX_BYTES,
-            truncate=True,
+        delay (but the host's pauses and adaptive delay), the body truncated at
+        ``SITEMAP_MAX_BYTES``; transient failures retried up to ``max_retries``
+        times with full jitter (at least the Retry-After); raises PageError."""
+        retries = max(0, self.config.max_retries)
+        for retry in range(retries + 1):
+            try:
+                resp = await self._fetch(
+                    sitemap_url,
+                    accept=_accept_sitemap,
+                    robots=False,
+                    job_delay=0.0,
+                    max_redirects=self.config.max_redirects,
+                    max_bytes=sitemaps.SITEMAP_MAX_BYTES,
+                    truncate=True,
+                )
+            except PageError as err:
+                if retry >= retries or not retrypolicy.is_transient(err):
+                    if err.code == ErrorCode.HTTP_STATUS and err.status is not None:
+                        return sitemap_url, err.status, b""  # walk() skips error statuses
+                    raise
+                if self.metrics is not None:
+                    self.metrics.fetch_retry(retrypolicy.cause_of(err))
+                await asyncio.sleep(self.retry_wait(retry, err))
+                continue
+            return resp.url, resp.status, resp.body
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def retry_wait(self, retry: int, err: PageError) -> float:
+        """Seconds before retry ``retry`` (0-based) after ``err``: full jitter, at
+        least the Retry-After the server asked for."""
+        cfg = self.config
+        wait = retrypolicy.retry_delay(
+            retry, base=cfg.retry_base_delay, cap=cfg.retry_max_delay, draw=self._random.random()
         )
-        return resp.url, resp.status, resp.body
+        if err.retry_after is not None and err.retry_after > wait:
+            wait = err.retry_after
+        return wait
 
 
 class _Redirect(Exception):  # control flow inside _fetch, never escapes
@@ -462,3 +593,23 @@ def _page_error(exc: BaseException, config: ServerConfig) -> PageError:
     if isinstance(exc, aiohttp.ClientError | OSError):
         return PageError(ErrorCode.CONNECT, f"{type(exc).__name__}: {exc}")
     return PageError(ErrorCode.CONNECT, f"unexpected {type(exc).__name__}: {exc}")
+
+
+def _next_hop(current: str, location: str, seen: set[str], hops: int, limit: int, what: str) -> str:
+    """Where a hop (``what``: "redirect" or "refresh") from ``current`` to ``location``
+    leads, once it passed every hop's checks: an http(s) URL in the form the address
+    guard reads, new on this chain, and hop number ``hops`` within ``limit``. Adds it
+    to ``seen``."""
+    nxt = urljoin(current, location).split("#", 1)[0]
+    if not nxt.startswith(("http://", "https://")):
+        raise PageError(ErrorCode.INVALID_URL, f"{what} to a non-http URL: {nxt}")
+    try:
+        nxt = urls.fetch_url(nxt)
+    except ValueError as exc:
+        raise PageError(ErrorCode.INVALID_URL, f"{what} to an invalid URL: {exc}") from None
+    if nxt in seen:
+        raise PageError(ErrorCode.REDIRECT_LOOP, f"{what} loop: {current} -> {nxt}")
+    if hops > limit:
+        raise PageError(ErrorCode.REDIRECT_LOOP, f"more than {limit} redirects")
+    seen.add(nxt)
+    return nxt

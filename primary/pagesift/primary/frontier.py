@@ -6,6 +6,9 @@ Owns the ``frontier``/``seen``/``seeded`` keys of a crawl job (layout in
 - ``admit`` queues an entry only if its key was never seen, and never grows the
   frontier past the crawl limit; it writes inside the caller's ``WriteGroup``, so
   admission commits atomically with the page that found the links;
+- ``claim_aliases`` marks the other keys of a fetched page (final URL, canonical:
+  ``Scope.aliases``) seen and done in the caller's group, or names the key the page
+  duplicates when one of them is done already (then nothing is claimed);
 - ``seed`` queues the start URL and the sitemap's in-scope URLs in one group that
   also writes the ``seeded`` mark, so a resumed crawl never seeds twice;
 - ``Frontier`` hands workers every entry not done yet, in enqueue order, reading the
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine
@@ -24,7 +27,7 @@ from pagesift.shared import jobrecords as jr
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["Frontier", "admit", "seed"]
+__all__ = ["Frontier", "admit", "claim_aliases", "seed"]
 
 
 def admit(g: WriteGroup, job_id: str, entries: list[Entry], limit: int) -> None:
@@ -40,6 +43,28 @@ def admit(g: WriteGroup, job_id: str, entries: list[Entry], limit: int) -> None:
             size += 1
 
 
+def claim_aliases(
+    g: WriteGroup, job_id: str, aliases: Sequence[str]
+) -> tuple[str | None, list[str]]:
+    """Inside a page's write group: ``(done_alias, [])`` when an alias is done already
+    (the page duplicates the one recorded under it; nothing written); else
+    ``(None, queued)`` after marking every alias seen (never queued from now on) and
+    done (a queued entry for it is skipped), where ``queued`` are the aliases that
+    were in the frontier and not done: the caller records them as duplicates, so
+    every frontier entry still ends as exactly one document or one error."""
+    keys = jr.JobKeys(job_id)
+    for alias in aliases:
+        if g.contains(keys.done, alias.encode()):
+            return alias, []
+    queued: list[str] = []
+    for alias in aliases:
+        raw = alias.encode()
+        if not g.insert(keys.seen, raw):
+            queued.append(alias)  # seen and not done: an entry waits in the frontier
+        g.insert(keys.done, raw)
+    return None, queued
+
+
 async def seed(
     store: Store, engine: Engine, job_id: str, req: jobs_pb2.StartCrawlRequest, scope: Scope
 ) -> None:
@@ -49,7 +74,8 @@ async def seed(
         found = await engine.sitemap_urls(scope.root)
         entries = await scope.admit({scope.key(u): u for u in found}, 1)  # same scope
     if req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY or not entries:
-        entries.insert(0, Entry(0, scope.root, req.url.partition("#")[0]))
+        start = scope.fetch_form(req.url.partition("#")[0])
+        entries.insert(0, Entry(0, scope.key(req.url), start))
 
     def group(g: WriteGroup) -> None:
         admit(g, job_id, entries, scope.limit)

@@ -9,7 +9,27 @@ over the layout of ``pagesift.shared.jobrecords``:
   link pushed to ``frontier`` with its ``seen`` mark, ONE group. A crash before
   the commit loses only the fetch in flight (it is redone on resume); a crash after
   it loses nothing. No page can be recorded twice: the group re-checks ``done``.
+- URL identity (crawl): the same group marks the page's aliases (its final URL after
+  redirects and meta refreshes, its in-scope rel=canonical with ``follow_canonical``:
+  ``Scope.aliases``) seen and done (``frontier.claim_aliases``). When one of them is
+  done already, the page is recorded instead as a ``duplicate`` page error naming
+  that key (no document, no link admitted); an alias still waiting in the frontier
+  is recorded as a ``duplicate`` of this page, so it is never fetched and every
+  frontier entry ends as one document or one error. A page meta robots or
+  X-Robots-Tag marks ``noindex`` is a ``robots_noindex`` error (its links still
+  admitted), and a ``nofollow`` page admits no links, unless the crawl has
+  ``ignore_robots_meta``. All of it commits or is lost with the page, so a resumed
+  crawl stores every page exactly once whatever URLs lead to it.
 - a page error: error pushed to ``errors`` + done mark, one group.
+- a retry (a transient failure, ``retrypolicy.is_transient``, with retries left):
+  ``attempts`` gets "retry n of this page" in one group BEFORE the retry sleeps, so
+  a crash never hands a page its spent retries back; the retry sleeps (full jitter,
+  at least the Retry-After) in a task of its own that holds none of the job's
+  ``max_concurrency`` permits, then takes one for its attempt. After a restart the
+  page is simply not done: it is fetched again in frontier/batch order and its
+  count read back (``jr.retries_used``), so a page makes at most ``1 + max_retries``
+  attempts plus one per crash that cut an attempt short. The page error of the
+  last attempt says how many attempts were made.
 - finish / cancel: meta rewritten with state, times and note.
 - expiry: every key of the job deleted in one group (lists dropped, sets cleared).
 
@@ -32,20 +52,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from pagesift.primary import frontier, webhooks
+from pagesift.primary import frontier, retrypolicy, webhooks
 from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import patterns, quota, validate
 from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
-from pagesift.shared.errors import PageError
+from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.shared.identity import NotWritable
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store, WriteGroup
@@ -56,6 +77,36 @@ logger = logging.getLogger("pagesift.jobs")
 # Sync replication: wait until the standby applied the given offset (None: everything
 # committed so far); True when acknowledged, False when it timed out (degraded to async).
 WaitReplicated = Callable[[int | None], Awaitable[bool]]
+
+
+class _Run:
+    """One job's run: its concurrency permits and its sleeping retries.
+
+    ``on_change(delta)`` tells the caller a retry was scheduled (+1) or finished (-1)
+    (the crawl counts them as in flight so its workers wait for what they admit).
+    """
+
+    def __init__(
+        self, concurrency: int, max_retries: int, on_change: Callable[[int], None]
+    ) -> None:
+        self.permits = asyncio.Semaphore(concurrency)
+        self.max_retries = max_retries
+        self.on_change = on_change
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.error: BaseException | None = None
+
+    async def drain(self) -> None:
+        """Wait for every retry (new ones included); re-raise the first failure."""
+        for _ in range(1_000_000):  # each pass awaits at least one task: bounded
+            if not self.tasks:
+                break
+            await asyncio.wait(set(self.tasks))
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        for t in self.tasks:
+            t.cancel()
 
 
 @dataclass
@@ -91,6 +142,7 @@ class Jobs:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
+        self._random = random.Random()
 
     # life cycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -292,6 +344,83 @@ class Jobs:
         n = asked or self.config.default_concurrency
         return max(1, min(n, self.config.max_concurrency))
 
+    def _max_retries(
+        self, req: jobs_pb2.StartBatchScrapeRequest | jobs_pb2.StartCrawlRequest
+    ) -> int:
+        n = req.max_retries if req.HasField("max_retries") else self.config.max_retries
+        return max(0, min(n, self.config.max_retries_limit))
+
+    async def _attempt(
+        self,
+        run: _Run,
+        job_id: str,
+        mark: bytes,
+        url: str,
+        fetch: Callable[[], Awaitable[Page]],
+        record: Callable[[Page], Awaitable[None]],
+    ) -> None:
+        """One attempt at a page inside one of the job's permits; a transient failure
+        with retries left is scheduled again (module docstring), else recorded."""
+        async with run.permits:
+            try:
+                page = await fetch()
+            except PageError as e:
+                used = jr.retries_used(self.store, job_id, mark, run.max_retries)
+                if used < run.max_retries and retrypolicy.is_transient(e):
+                    self._retry_later(run, job_id, mark, url, e, used, fetch, record)
+                    return
+                if used:
+                    e = PageError(
+                        e.code,
+                        f"{e.message} (after {used + 1} attempts; last cause: "
+                        f"{retrypolicy.cause_of(e)})",
+                        status=e.status,
+                        retry_after=e.retry_after,
+                    )
+                self._record_error(job_id, mark, url, e)
+                return
+            await record(page)
+
+    def _retry_later(
+        self,
+        run: _Run,
+        job_id: str,
+        mark: bytes,
+        url: str,
+        err: PageError,
+        used: int,
+        fetch: Callable[[], Awaitable[Page]],
+        record: Callable[[Page], Awaitable[None]],
+    ) -> None:
+        n = used + 1
+        if not self.store.write(partial(jr.mark_retry, job_id=job_id, mark=mark, n=n)).result:
+            return  # done meanwhile, or the job is gone
+        if self.metrics is not None:
+            self.metrics.fetch_retry(retrypolicy.cause_of(err))
+        cfg = self.config
+        wait = retrypolicy.retry_delay(
+            used, base=cfg.retry_base_delay, cap=cfg.retry_max_delay, draw=self._random.random()
+        )
+        if err.retry_after is not None and err.retry_after > wait:
+            wait = err.retry_after  # the host is paused until then anyway
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(wait)  # holding no permit
+                await self._attempt(run, job_id, mark, url, fetch, record)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # surfaces from drain(), at the job's end
+                if run.error is None:
+                    run.error = e
+            finally:
+                run.on_change(-1)
+
+        run.on_change(+1)
+        task = asyncio.create_task(later())
+        run.tasks.add(task)
+        task.add_done_callback(run.tasks.discard)
+
     async def _run_batch(self, meta: jr.JobMeta, req: jobs_pb2.StartBatchScrapeRequest) -> None:
         done = jr.JobKeys(meta.id).done
         pending: Iterator[tuple[int, str]] = (
@@ -300,17 +429,24 @@ class Jobs:
             if not self.store.set_contains(done, str(i).encode())
         )
 
+        concurrency = self._concurrency(req.max_concurrency)
+        run = _Run(concurrency, self._max_retries(req), lambda delta: None)
+
         async def worker() -> None:
             for i, url in pending:
                 mark = str(i).encode()
-                try:
-                    page = await self.engine.scrape(url, req.options)
-                except PageError as e:
-                    self._record_error(meta.id, mark, url, e)
-                    continue
-                await self._record_page(meta.id, mark, page, [])
 
-        await asyncio.gather(*(worker() for _ in range(self._concurrency(req.max_concurrency))))
+                async def record(page: Page, mark: bytes = mark) -> None:
+                    await self._record_page(meta.id, mark, page, [])
+
+                fetch = partial(self.engine.scrape, url, req.options)
+                await self._attempt(run, meta.id, mark, url, fetch, record)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await run.drain()
+        finally:
+            run.cancel()
         self._finish(meta.id, "completed", "")
 
     async def _run_crawl(self, meta: jr.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
@@ -326,20 +462,40 @@ class Jobs:
         follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
         queue = frontier.Frontier(self.store, meta.id)
 
+        def retries_in_flight(delta: int) -> None:
+            # a sleeping retry counts as in flight: the workers wait for what it admits
+            queue.in_flight += delta
+            queue.changed.set()
+
+        concurrency = self._concurrency(req.max_concurrency)
+        run = _Run(concurrency, self._max_retries(req), retries_in_flight)
+
         async def worker() -> None:
             async for entry in queue.entries():
                 mark = entry.key.encode()
-                try:
-                    page = await self.engine.scrape(entry.url, req.options, policy)
-                except PageError as e:
-                    self._record_error(meta.id, mark, entry.url, e)
-                    continue
-                depth = entry.depth + 1
-                found = {scope.key(link): link for link in (page.links if follow else [])}
-                admitted = await scope.admit(found, depth)  # regexes off the event loop
-                await self._record_page(meta.id, mark, page, admitted)
 
-        await asyncio.gather(*(worker() for _ in range(self._concurrency(req.max_concurrency))))
+                async def record(page: Page, entry: Entry = entry, mark: bytes = mark) -> None:
+                    depth = entry.depth + 1
+                    robots_meta = not req.ignore_robots_meta
+                    links = page.links if follow and not (robots_meta and page.nofollow) else []
+                    found = {scope.key(link): link for link in links}
+                    admitted = await scope.admit(found, depth)  # regexes off the event loop
+                    aliases = await scope.aliases(
+                        entry.key, page.document.final_url, page.canonical
+                    )
+                    skip = None
+                    if robots_meta and page.noindex:
+                        skip = PageError(ErrorCode.ROBOTS_NOINDEX, "meta robots or X-Robots-Tag")
+                    await self._record_page(meta.id, mark, page, admitted, aliases, skip)
+
+                fetch = partial(self.engine.scrape, entry.url, req.options, policy)
+                await self._attempt(run, meta.id, mark, entry.url, fetch, record)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await run.drain()
+        finally:
+            run.cancel()
         pages = self.store.list_len(jr.JobKeys(meta.id).pages)
         if pages == 0:
             errors, _ = jr.read_errors(self.store, meta.id)
@@ -350,13 +506,33 @@ class Jobs:
 
     # recording ------------------------------------------------------------------------
     async def _record_page(
-        self, job_id: str, mark: bytes, page: Page, admitted: list[Entry]
+        self,
+        job_id: str,
+        mark: bytes,
+        page: Page,
+        admitted: list[Entry],
+        aliases: Sequence[str] = (),
+        skip: PageError | None = None,
     ) -> None:
+        """Store the page, or (crawl) a ``duplicate``/``skip`` error in its place."""
         doc = page.document
         raw = doc.SerializeToString()
         now = time.time()
         keys = jr.JobKeys(job_id)
         kind = ""
+        not_stored: str = ""  # the error code recorded instead of the page
+
+        def error(g: WriteGroup, url: str, err: PageError) -> None:
+            item = jobs_pb2.PageError(
+                url=url, code=str(err.code), message=err.message, time=jr.timestamp(jr.now_ms())
+            )
+            g.push(keys.errors, item.SerializeToString())
+            webhooks.enqueue(
+                g,
+                job_id,
+                "page_failed",
+                {"url": url, "code": str(err.code), "message": err.message},
+            )
 
         def group(g: WriteGroup) -> tuple[int | None, quota.LimitExceeded | None]:
             nonlocal kind
@@ -367,6 +543,22 @@ class Jobs:
             kind = meta.kind
             if meta.terminal:
                 return None, None  # cancelled or stopped while this page was in flight
+            nonlocal not_stored
+            original, queued = frontier.claim_aliases(g, job_id, aliases)
+            if original is not None or skip is not None:
+                if original is not None:  # nothing claimed: the original's links are in
+                    err = PageError(ErrorCode.DUPLICATE, f"same page as {original}")
+                else:
+                    assert skip is not None
+                    err = skip
+                    if admitted:
+                        frontier.admit(g, job_id, admitted, meta.limit)
+                error(g, doc.url, err)
+                g.insert(keys.done, mark)
+                not_stored = str(err.code)
+                for alias in queued:
+                    error(g, alias, PageError(ErrorCode.DUPLICATE, f"same page as {doc.url}"))
+                return None, None
             account = self.accounts.get(meta.owner)
             if account is not None and account.pages_per_day is not None:
                 hit = quota.page_limit_hit(g, account, now)
@@ -377,6 +569,8 @@ class Jobs:
             g.insert(keys.done, mark)
             if admitted:
                 frontier.admit(g, job_id, admitted, meta.limit)
+            for alias in queued:
+                error(g, alias, PageError(ErrorCode.DUPLICATE, f"same page as {doc.url}"))
             webhooks.enqueue(
                 g,
                 job_id,
@@ -390,6 +584,11 @@ class Jobs:
         seq, hit = commit.result
         if hit is not None:
             self._stop_on_quota(job_id, hit)
+            return
+        if not_stored:
+            if self.metrics is not None:
+                self.metrics.page_failed(not_stored)
+            self._wake(job_id)
             return
         if seq is None:
             return

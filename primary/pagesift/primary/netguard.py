@@ -120,13 +120,18 @@ class GuardedResolver(AbstractResolver):
         await self._inner.close()
 
 
-def guarded_connector(guard: AddressGuard | None, **options: Any) -> aiohttp.TCPConnector:
+def guarded_connector(
+    guard: AddressGuard | None, resolver: AbstractResolver | None = None, **options: Any
+) -> aiohttp.TCPConnector:
     """A ``TCPConnector`` (``options`` passed on) enforcing ``guard`` in its resolver and
-    in its socket factory; ``guard=None`` (private networks allowed) enforces nothing."""
+    in its socket factory; ``guard=None`` (private networks allowed) enforces nothing.
+    ``resolver`` is the name resolver the guard wraps (default: aiohttp's); tests give
+    one that maps test names to loopback."""
+    inner = resolver or DefaultResolver()
     if guard is None:
-        return aiohttp.TCPConnector(resolver=DefaultResolver(), **options)
+        return aiohttp.TCPConnector(resolver=inner, **options)
     return aiohttp.TCPConnector(
-        resolver=GuardedResolver(DefaultResolver(), guard),
+        resolver=GuardedResolver(inner, guard),
         socket_factory=guard.socket_factory,
         **options,
     )

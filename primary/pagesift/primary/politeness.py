@@ -8,8 +8,11 @@ Owns the politeness state of each host. The guarantees, per host name:
   apart, where ``delay`` is the later request's (the caller computes it with
   ``effective_delay``: the job's delay, the server's, robots Crawl-delay capped at
   ``MAX_CRAWL_DELAY``);
-- a host's state is dropped as soon as it has no user and its delay window has
-  passed, so idle hosts cost no memory;
+- ``pause(host, until)`` (a 429/503 with Retry-After, for every job of the node): no
+  request to the host starts before ``until`` -- also one that was already waiting
+  for its turn when the pause came (it re-checks after its sleep);
+- a host's state is dropped as soon as it has no user and its delay window (or
+  pause) has passed, so idle hosts cost no memory;
 - cancellation at any point (waiting for a permit, waiting for the start time, inside
   the block) releases what was taken.
 """
@@ -24,6 +27,8 @@ from types import TracebackType
 __all__ = ["MAX_CRAWL_DELAY", "HostSlots", "effective_delay"]
 
 MAX_CRAWL_DELAY = 60.0
+#: A request that met this many new pauses while it waited goes ahead after the last.
+MAX_PAUSE_RECHECKS = 100
 
 
 def effective_delay(server_delay: float, job_delay: float, crawl_delay: float | None) -> float:
@@ -36,7 +41,15 @@ def effective_delay(server_delay: float, job_delay: float, crawl_delay: float | 
 
 
 class _Host:
-    __slots__ = ("active", "drop_handle", "hold_until", "last_start", "users", "waiters")
+    __slots__ = (
+        "active",
+        "drop_handle",
+        "hold_until",
+        "last_start",
+        "paused_until",
+        "users",
+        "waiters",
+    )
 
     def __init__(self) -> None:
         self.active = 0  # permits held
@@ -44,6 +57,7 @@ class _Host:
         self.waiters: deque[asyncio.Future[None]] = deque()
         self.last_start = float("-inf")
         self.hold_until = float("-inf")  # the state must live until then (delay window)
+        self.paused_until = float("-inf")  # no request starts before (Retry-After)
         self.drop_handle: asyncio.TimerHandle | None = None
 
 
@@ -60,6 +74,40 @@ class HostSlots:
     def __len__(self) -> int:
         """Hosts with live state (busy, or inside their delay window)."""
         return len(self._hosts)
+
+    def pause(self, host: str, until: float) -> None:
+        """No request to ``host`` starts before ``until`` (the event loop's clock)."""
+        st = self._hosts.get(host)
+        if st is None:
+            st = self._hosts[host] = _Host()
+        if until > st.paused_until:
+            st.paused_until = until
+        if until > st.hold_until:
+            st.hold_until = until
+        if st.users == 0:
+            if st.drop_handle is not None:
+                st.drop_handle.cancel()
+            loop = asyncio.get_running_loop()
+            st.drop_handle = loop.call_at(st.hold_until, self._drop_if_idle, host, st)
+
+    async def unpaused(self, host: str) -> None:
+        """Returns once ``host`` is not paused (for requests outside the slots:
+        robots.txt). Bounded: every pause has an end, and the loop re-checks it."""
+        loop = asyncio.get_running_loop()
+        for _ in range(1000):
+            left = self.paused_for(host, loop.time())
+            if left <= 0:
+                return
+            await asyncio.sleep(left)
+
+    def paused_for(self, host: str, now: float) -> float:
+        """Seconds left of the host's pause (0: none)."""
+        st = self._hosts.get(host)
+        return 0.0 if st is None else max(0.0, st.paused_until - now)
+
+    def paused_hosts(self, now: float) -> dict[str, float]:
+        """Every host still paused, with the seconds left."""
+        return {h: st.paused_until - now for h, st in self._hosts.items() if st.paused_until > now}
 
     def slot(self, host: str, delay: float = 0.0) -> _Slot:
         """``async with slots.slot(host, delay):`` -- one request to ``host``."""
@@ -110,21 +158,30 @@ class HostSlots:
 
     async def _wait_turn(self, st: _Host, delay: float) -> None:
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        start = st.last_start + delay
-        if start < now:
-            start = now
-        previous = st.last_start
-        st.last_start = start
-        if start + delay > st.hold_until:
-            st.hold_until = start + delay
-        if start > now:
+        for _ in range(MAX_PAUSE_RECHECKS):  # each pass sleeps until a pause's end
+            now = loop.time()
+            start = st.last_start + delay
+            if start < now:
+                start = now
+            if start < st.paused_until:
+                start = st.paused_until
+            previous = st.last_start
+            st.last_start = start
+            if start + delay > st.hold_until:
+                st.hold_until = start + delay
+            if start <= now:
+                return
             try:
                 await asyncio.sleep(start - now)
             except BaseException:
                 if st.last_start == start:
                     st.last_start = previous  # give the unused turn back
                 raise
+            if st.paused_until <= loop.time():
+                return
+            # a pause came while this request waited for its turn: wait it out too
+            if st.last_start == start:
+                st.last_start = previous
 
     def _release(self, st: _Host) -> None:
         while st.waiters:

@@ -14,6 +14,12 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
   space, e.g. ``pagesift``), falling back to ``*``; ``Crawl-delay`` and ``Sitemap:``
   lines are exposed.
 - Memory is bounded: at most ``max_origins`` entries, oldest dropped first.
+
+``page_directives`` (pure) reads the page-level robots rules: ``<meta name="robots">``
+(or ``name=<our token>``) contents and ``X-Robots-Tag`` header values, where a value
+may be scoped to one agent (``googlebot: noindex``, ignored unless it is our token).
+``none`` means both ``noindex`` and ``nofollow``. The job runtime applies them to
+crawls (see ``jobs``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,15 @@ from urllib.parse import urlsplit
 
 from protego import Protego
 
-__all__ = ["ALLOW_ALL", "DISALLOW_ALL", "RobotsCache", "RobotsFetcher", "Rules", "agent_token"]
+__all__ = [
+    "ALLOW_ALL",
+    "DISALLOW_ALL",
+    "RobotsCache",
+    "RobotsFetcher",
+    "Rules",
+    "agent_token",
+    "page_directives",
+]
 
 MAX_ROBOTS_BYTES = 512 * 1024  # RFC 9309 asks parsers to read at least 500 KiB
 
@@ -39,6 +53,28 @@ def agent_token(user_agent: str) -> str:
     """The product token robots.txt groups are matched with: "pagesift/0.1 (...)" -> "pagesift"."""
     token = user_agent.strip().split("/", 1)[0].split(None, 1)
     return (token[0] if token else "*").lower()
+
+
+def page_directives(meta: list[str], headers: list[str], agent: str) -> tuple[bool, bool]:
+    """(noindex, nofollow) from meta robots contents and X-Robots-Tag header values.
+
+    ``meta`` holds the contents of ``<meta name="robots">`` and ``<meta name=agent>``;
+    a header value ``"bot: a, b"`` applies only when ``bot`` is ``agent`` (or ``*``)."""
+    words: set[str] = set()
+    for value in meta:
+        words.update(w.strip().lower() for w in value.split(","))
+    for value in headers:
+        first, colon, rest = value.partition(":")
+        scope = first.strip().lower()
+        if colon and scope and " " not in scope and "," not in scope and scope not in (
+            "unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"
+        ):  # fmt: skip
+            if scope not in (agent, "*"):
+                continue
+            value = rest
+        words.update(w.strip().lower() for w in value.split(","))
+    none = "none" in words
+    return none or "noindex" in words, none or "nofollow" in words
 
 
 @dataclass(frozen=True, slots=True)

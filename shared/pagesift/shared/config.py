@@ -51,6 +51,14 @@ class ServerConfig:
     max_redirects: int = 10
     respect_robots: bool = True
     extract_processes: int = -1  # HTML extraction workers: -1 = one per CPU, 0 = inline
+    # retries of transient page failures (pagesift.primary.retrypolicy)
+    max_retries: int = 3  # per page, when the job does not ask (0 = no retry)
+    max_retries_limit: int = 10  # the most a job may ask for
+    retry_base_delay: float = 0.5  # full-jitter window of the first retry, doubled per retry
+    retry_max_delay: float = 30.0  # the window's cap
+    max_retry_after: float = 120.0  # a longer Retry-After fails the page (retry_after_too_long)
+    adaptive_throttle: bool = True  # per-host delay that follows 429/503 and latency
+    throttle_max_delay: float = 10.0  # the adaptive delay's cap
     # store
     fsync: bool = False
     # replication

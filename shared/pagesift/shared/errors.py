@@ -3,6 +3,14 @@
 The primary's engine raises ``PageError``; ``JobService`` (shared by both roles) turns
 it into a status for a Scrape call; the job runtime stores it as a page error whose
 ``code`` ``GetJobErrors`` returns. The codes are part of the API (see the README).
+``status`` and ``retry_after`` carry what the retry policy
+(``pagesift.primary.retrypolicy``) needs to decide on another attempt.
+
+``duplicate`` and ``robots_noindex`` are not fetch failures but outcomes of a crawl's
+URL identity rules, recorded by the job runtime (never raised by the engine): the
+page is one already recorded under another URL (a redirect's final URL or its
+rel=canonical was done; the message names it), or meta robots / X-Robots-Tag said
+noindex (not stored; GetJobErrors lists it among the robots-blocked URLs too).
 """
 
 from __future__ import annotations
@@ -23,12 +31,25 @@ class ErrorCode(enum.StrEnum):
     REDIRECT_LOOP = "redirect_loop"
     BLOCKED_ADDRESS = "blocked_address"
     INVALID_URL = "invalid_url"
+    DUPLICATE = "duplicate"
+    ROBOTS_NOINDEX = "robots_noindex"
+    # a 429/503 asked for a pause beyond the server's ``max_retry_after``
+    RETRY_AFTER_TOO_LONG = "retry_after_too_long"
 
 
 class PageError(Exception):
     """A page that could not be scraped, with a code a client can act on."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.status = status  # the HTTP status, for HTTP_STATUS errors
+        self.retry_after = retry_after  # seconds the server asked to wait (Retry-After)

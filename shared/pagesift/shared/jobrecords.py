@@ -13,8 +13,10 @@ expiry, watchers, tests) asks it:
     list job/{id}/errors          PageError protobufs (page errors)
     list job/{id}/notes           PageError protobufs without URL (job-level notes)
     list job/{id}/frontier        "{depth} {url}" crawl entries in enqueue order (never popped)
-    set  job/{id}/seen            normalized URLs ever queued (crawl dedup)
-    set  job/{id}/done            finished URLs (crawl) or indices (batch)
+    set  job/{id}/seen            page keys ever queued, and aliases claimed (crawl dedup)
+    set  job/{id}/done            finished page keys and aliases (crawl) or indices (batch)
+    set  job/{id}/attempts        "{n} {mark}": retry n of the page ``mark`` (its done
+                                  mark) was scheduled (``retries_used``/``mark_retry``)
     KV   job/{id}/webhook         the job's webhook config (``pagesift.primary.webhooks``)
     list job/{id}/outbox          webhook events not yet delivered
     KV   job/{id}/webhook_ack     the webhook delivery cursor
@@ -111,6 +113,10 @@ class JobKeys:
         return self._part("done")
 
     @property
+    def attempts(self) -> str:
+        return self._part("attempts")
+
+    @property
     def webhook(self) -> str:
         return self._part("webhook")
 
@@ -133,6 +139,7 @@ class JobKeys:
             ("list", self.frontier),
             ("set", self.seen),
             ("set", self.done),
+            ("set", self.attempts),
             ("kv", self.request),
             ("kv", self.seeded),
             ("list", self.outbox),
@@ -140,6 +147,30 @@ class JobKeys:
             ("kv", self.webhook_ack),
             ("kv", self.meta),
         ]
+
+
+def _attempt_member(mark: bytes, n: int) -> bytes:
+    return f"{n} ".encode() + mark
+
+
+def retries_used(store: Store, job_id: str, mark: bytes, limit: int) -> int:
+    """How many retries of page ``mark`` were scheduled (at most ``limit`` looked up:
+    retry n is only ever marked after retry n - 1)."""
+    name = JobKeys(job_id).attempts
+    n = 0
+    while n < limit and store.set_contains(name, _attempt_member(mark, n + 1)):
+        n += 1
+    return n
+
+
+def mark_retry(g: WriteGroup, job_id: str, mark: bytes, n: int) -> bool:
+    """Inside a group: record that retry ``n`` of page ``mark`` is scheduled; False
+    (nothing written) when the page is done or the job gone."""
+    keys = JobKeys(job_id)
+    if g.get(keys.meta) is None or g.contains(keys.done, mark):
+        return False
+    g.insert(keys.attempts, _attempt_member(mark, n))
+    return True
 
 
 def delete_job(g: WriteGroup, job_id: str, meta: JobMeta | None) -> None:
@@ -261,10 +292,11 @@ def read_documents(
 
 
 def read_errors(store: Store, job_id: str) -> tuple[list[jobs_pb2.PageError], list[str]]:
-    """Page errors then job notes, and the robots-blocked URLs among the errors."""
+    """Page errors then job notes, and the robots-blocked URLs among the errors
+    (robots.txt disallowed, or skipped for a noindex meta robots / X-Robots-Tag)."""
     keys = JobKeys(job_id)
     errors = [jobs_pb2.PageError.FromString(r) for r in store.list_range(keys.errors)]
-    robots = [e.url for e in errors if e.code == "robots_disallowed"]
+    robots = [e.url for e in errors if e.code in ("robots_disallowed", "robots_noindex")]
     errors += [jobs_pb2.PageError.FromString(r) for r in store.list_range(keys.notes)]
     return errors, robots
 

@@ -21,6 +21,13 @@ pagesift_page_errors_total                  counter    code: page errors recorde
 pagesift_fetch_seconds                      histogram  one HTTP fetch (all hops)
 pagesift_fetched_bytes_total                counter    body bytes fetched
 pagesift_robots_blocked_total               counter    URLs refused by robots.txt
+pagesift_fetch_retries_total                counter    cause: transient failures retried
+                                                       (http_429, http_503, ..., connect,
+                                                       timeout: a bounded set)
+pagesift_host_delay_seconds                 gauge      host: the current adaptive delay or
+                                                       Retry-After pause left, for at most
+                                                       the 50 most recently slowed hosts
+                                                       (bounded label cardinality)
 pagesift_limit_rejections_total             counter    limit: RESOURCE_EXHAUSTED by limit
 pagesift_watch_streams                      gauge      WatchJob streams open now
 pagesift_watch_documents_read_total         counter    documents WatchJob read from the store
@@ -156,6 +163,12 @@ class Metrics:
             "URLs not fetched because robots.txt disallows them.",
             registry=r,
         )
+        self.fetch_retries = Counter(
+            "pagesift_fetch_retries",
+            "Transient fetch failures retried, by cause (http_<status>, connect, timeout).",
+            ["cause"],
+            registry=r,
+        )
         self.limit_rejections = Counter(
             "pagesift_limit_rejections",
             "Requests refused or jobs stopped by an account limit, by limit.",
@@ -195,6 +208,7 @@ class Metrics:
         self.webhook_queue_depth: Callable[[], int] | None = None
         self.replication: Callable[[], ReplicationFigures | None] | None = None
         self.witness: Callable[[], WitnessGauges | None] | None = None
+        self.host_delays: Callable[[], dict[str, float]] | None = None  # set by the engine
         r.register(_ScrapeTime(self))
 
     # recording helpers -------------------------------------------------------------------
@@ -210,6 +224,9 @@ class Metrics:
         self.fetch_seconds.observe(seconds)
         if nbytes > 0:
             self.fetched_bytes.inc(nbytes)
+
+    def fetch_retry(self, cause: str) -> None:
+        self.fetch_retries.labels(cause).inc()
 
     def limit_hit(self, limit_name: str) -> None:
         self.limit_rejections.labels(limit_name).inc()
@@ -234,6 +251,7 @@ class _ScrapeTime(Collector):
             ("webhooks", self._webhooks),
             ("replication", self._replication),
             ("witness", self._witness),
+            ("hosts", self._hosts),
         ):
             try:
                 families = list(fn())
@@ -278,6 +296,20 @@ class _ScrapeTime(Collector):
             "Webhook events enqueued and not yet acknowledged (or given up), all jobs.",
             value=fn(),
         )
+
+    def _hosts(self) -> Iterable[Metric]:
+        fn = self._m.host_delays
+        if fn is None:
+            return
+        fam = GaugeMetricFamily(
+            "pagesift_host_delay_seconds",
+            "Current per-host delay: adaptive (429/503, latency) or a Retry-After pause "
+            "left; the most recently slowed hosts only.",
+            labels=["host"],
+        )
+        for host, seconds in sorted(fn().items()):
+            fam.add_metric([host], seconds)
+        yield fam
 
     def _witness(self) -> Iterable[Metric]:
         fn = self._m.witness

@@ -28,6 +28,13 @@ host name. The guarantees:
   ``/docs``. Query parameters keep their order (or are dropped with ``ignore_query``).
   Fetching a key whose server wants a trailing slash costs one redirect hop; the
   engine follows it and resolves links against the final URL, so nothing is lost.
+- ``page_key`` is a crawl's identity of a URL: ``normalize`` plus, per job, the
+  optional ``strip_tracking`` (tracking query parameters dropped: ``utm_*`` and the
+  click ids in ``TRACKING_PARAMETERS``) and ``similar_key`` (Firecrawl's permutations
+  made one: ``www.`` prefixes dropped, ``http`` and ``https`` one scheme when the port
+  is the default, any ``/index.<ext>`` dropped, on top of what ``normalize`` already
+  folds: trailing slash, ``index.html``). All three are pure and idempotent, and a
+  key is always a fixed point of ``normalize`` (tests/test_url_identity.py, hypothesis).
 - ``validate`` accepts only absolute http(s) URLs with a host ``canonical_host`` can
   parse and no userinfo (credentials in a URL are refused: they belong in request
   headers), within a length limit. Links and redirects met while crawling are not
@@ -59,6 +66,9 @@ __all__ = [
     "is_blocked_ip",
     "is_loopback_name",
     "normalize",
+    "page_key",
+    "similar_key",
+    "strip_tracking",
     "strip_userinfo",
     "validate",
 ]
@@ -336,6 +346,85 @@ def _normalize_slow(url: str, ignore_query: bool) -> str:
     scheme = parts.scheme.lower()
     query = "" if ignore_query else _encode(parts.query, _QUERY_SAFE, _CLEAN_QUERY)
     return urlunsplit((scheme, _netloc(parts, scheme), _normalize_path(parts.path), query, ""))
+
+
+# Query parameters that only say where a click came from (names compared lowercase).
+TRACKING_PARAMETERS = frozenset(
+    {
+        "gclid", "gclsrc", "dclid", "gbraid", "wbraid", "fbclid", "msclkid", "yclid",
+        "twclid", "ttclid", "li_fat_id", "igshid", "mc_cid", "mc_eid", "_ga", "_gl",
+        "_hsenc", "_hsmi", "mkt_tok", "vero_id", "oly_anon_id", "oly_enc_id",
+        "rb_clickid", "s_cid", "srsltid", "ref_src",
+    }
+)  # fmt: skip
+_TRACKING_PREFIXES = ("utm_",)
+
+
+def _is_tracking(param: str) -> bool:
+    name = param.partition("=")[0]
+    if "%" in name or "+" in name:
+        name = unquote_to_bytes(name.replace("+", " ")).decode("utf-8", "replace")
+    name = name.strip().lower()
+    return name in TRACKING_PARAMETERS or name.startswith(_TRACKING_PREFIXES)
+
+
+def strip_tracking(url: str) -> str:
+    """``url`` without its tracking query parameters (``utm_*``, ``TRACKING_PARAMETERS``);
+    every other parameter kept in its order and spelling, the fragment kept. Idempotent."""
+    base, sep, rest = url.partition("?")
+    if not sep:
+        return url
+    query, hash_sep, fragment = rest.partition("#")
+    params = query.split("&")
+    kept = [p for p in params if not _is_tracking(p)]
+    if len(kept) == len(params):
+        return url
+    query = "&".join(kept)
+    return base + ("?" + query if query else "") + hash_sep + fragment
+
+
+_INDEX_ANY = re.compile(r"/index\.[A-Za-z0-9]{1,8}$")
+
+
+def similar_key(key: str) -> str:
+    """The key every "similar" spelling of a page shares (``dedupe_similar_urls``):
+    ``key`` (a ``normalize`` result) with its leading ``www.`` labels dropped, scheme
+    ``https`` when the port is the default one, and any trailing ``/index.<ext>``
+    (``index.php``, ``index.asp``...) dropped like ``index.html``. Still a URL, and a
+    fixed point of ``normalize``; idempotent."""
+    scheme, sep, rest = key.partition("://")
+    if not sep or scheme not in _DEFAULT_PORTS:
+        return key
+    end = len(rest)
+    for c in "/?":
+        i = rest.find(c)
+        if i != -1 and i < end:
+            end = i
+    netloc, tail = rest[:end], rest[end:]
+    path, qsep, query = tail.partition("?")
+    while netloc.startswith("www.") and "." in netloc[4:].partition(":")[0].strip("."):
+        netloc = netloc[4:]
+    if not netloc.startswith("[") and ":" not in netloc:
+        scheme = "https"  # no port in a key = the scheme's default port
+    elif netloc.startswith("[") and "]:" not in netloc:
+        scheme = "https"
+    while (m := _INDEX_ANY.search(path)) is not None:
+        path = path[: m.start()] or "/"
+        if len(path) > 1:
+            path = path.rstrip("/") or "/"
+    return f"{scheme}://{netloc}{path or '/'}{qsep}{query}"
+
+
+def page_key(
+    url: str, *, ignore_query: bool = False, strip_tracking_params: bool = False,
+    similar: bool = False,
+) -> str:  # fmt: skip
+    """A crawl's identity of ``url``: ``normalize``, after ``strip_tracking`` when
+    asked, then ``similar_key`` when asked. ``ValueError`` as ``normalize``."""
+    if strip_tracking_params:
+        url = strip_tracking(url)
+    key = normalize(url, ignore_query=ignore_query)
+    return similar_key(key) if similar else key
 
 
 USERINFO_REFUSED = "credentials in the URL are not accepted; send them as request headers"

@@ -61,6 +61,16 @@ def concurrency(value: int, config: ServerConfig) -> None:
         )
 
 
+def max_retries(
+    req: jobs_pb2.StartBatchScrapeRequest | jobs_pb2.StartCrawlRequest, config: ServerConfig
+) -> None:
+    if req.HasField("max_retries") and not 0 <= req.max_retries <= config.max_retries_limit:
+        raise InvalidArgument(
+            "max_retries",
+            f"{req.max_retries} is outside 0..{config.max_retries_limit} (unset = server default)",
+        )
+
+
 @dataclass
 class BatchPlan:
     urls: list[str]
@@ -76,6 +86,7 @@ async def batch(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> 
         )
     options(req.options)
     concurrency(req.max_concurrency, config)
+    max_retries(req, config)
     bad: list[int] = []
     problems: dict[int, str] = {}
     checked_hosts: dict[str, str | None] = {}
@@ -124,6 +135,7 @@ async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> None:
     if req.sitemap not in jobs_pb2.SitemapMode.values():
         raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")
     concurrency(req.max_concurrency, config)
+    max_retries(req, config)
     if not 0 <= req.delay <= 60:
         raise InvalidArgument("delay", f"{req.delay} is outside 0..60 seconds")
     options(req.options)

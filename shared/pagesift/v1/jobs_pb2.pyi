@@ -280,12 +280,17 @@ class StartBatchScrapeRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     IGNORE_INVALID_URLS_FIELD_NUMBER: _builtins.int
     WEBHOOK_FIELD_NUMBER: _builtins.int
+    MAX_RETRIES_FIELD_NUMBER: _builtins.int
     max_concurrency: _builtins.int
     """Pages fetched at once by this job; 0 means the server default."""
     idempotency_key: _builtins.str
     """The same key from the same caller returns the same job."""
     ignore_invalid_urls: _builtins.bool
     """Skip invalid URLs (listed back in the response) instead of rejecting the request."""
+    max_retries: _builtins.int
+    """Retries of a page's transient failures (connect, timeout, 408/425/429/5xx);
+    unset means the server default (max_retries), 0 means none.
+    """
     @_builtins.property
     def urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -301,12 +306,15 @@ class StartBatchScrapeRequest(_message.Message):
         idempotency_key: _builtins.str = ...,
         ignore_invalid_urls: _builtins.bool = ...,
         webhook: Global___Webhook | None = ...,
+        max_retries: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "webhook", b"webhook"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "max_retries", b"max_retries", "options", b"options", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "ignore_invalid_urls", b"ignore_invalid_urls", "max_concurrency", b"max_concurrency", "options", b"options", "urls", b"urls", "webhook", b"webhook"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "idempotency_key", b"idempotency_key", "ignore_invalid_urls", b"ignore_invalid_urls", "max_concurrency", b"max_concurrency", "max_retries", b"max_retries", "options", b"options", "urls", b"urls", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_retries: _TypeAlias = _typing.Literal["max_retries"]  # noqa: Y015
+    _WhichOneofArgType__max_retries: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_retries) -> _WhichOneofReturnType__max_retries | None: ...
 
 Global___StartBatchScrapeRequest: _TypeAlias = StartBatchScrapeRequest  # noqa: Y015
 
@@ -357,6 +365,11 @@ class StartCrawlRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     WEBHOOK_FIELD_NUMBER: _builtins.int
+    DEDUPE_SIMILAR_URLS_FIELD_NUMBER: _builtins.int
+    STRIP_TRACKING_PARAMETERS_FIELD_NUMBER: _builtins.int
+    FOLLOW_CANONICAL_FIELD_NUMBER: _builtins.int
+    IGNORE_ROBOTS_META_FIELD_NUMBER: _builtins.int
+    MAX_RETRIES_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     limit: _builtins.int
     """Most pages to fetch; 0 means the server default."""
@@ -371,6 +384,26 @@ class StartCrawlRequest(_message.Message):
     delay: _builtins.float
     """Seconds between requests to one host, at least; robots.txt Crawl-delay may raise it."""
     idempotency_key: _builtins.str
+    dedupe_similar_urls: _builtins.bool
+    """URL identity (see the README): treat www/non-www, http/https (default ports),
+    index.* and trailing-slash spellings of a URL as one page.
+    """
+    strip_tracking_parameters: _builtins.bool
+    """Drop tracking query parameters (utm_*, gclid, fbclid, ...) from every URL the
+    crawl queues, so they neither fetch a page twice nor show in documents.
+    """
+    follow_canonical: _builtins.bool
+    """A page's in-scope <link rel="canonical"> names the page too: when that URL was
+    already recorded the page is a duplicate, else it is never fetched again.
+    """
+    ignore_robots_meta: _builtins.bool
+    """Store noindex pages and follow nofollow pages' links anyway (meta robots and
+    X-Robots-Tag are honoured by default).
+    """
+    max_retries: _builtins.int
+    """Retries of a page's transient failures (connect, timeout, 408/425/429/5xx);
+    unset means the server default (max_retries), 0 means none.
+    """
     @_builtins.property
     def include_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Regexes over the URL path; a page must match one (when any are given)."""
@@ -400,12 +433,19 @@ class StartCrawlRequest(_message.Message):
         options: Global___ScrapeOptions | None = ...,
         idempotency_key: _builtins.str = ...,
         webhook: Global___Webhook | None = ...,
+        dedupe_similar_urls: _builtins.bool = ...,
+        strip_tracking_parameters: _builtins.bool = ...,
+        follow_canonical: _builtins.bool = ...,
+        ignore_robots_meta: _builtins.bool = ...,
+        max_retries: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "webhook", b"webhook"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "max_retries", b"max_retries", "options", b"options", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_external_links", b"allow_external_links", "allow_subdomains", b"allow_subdomains", "delay", b"delay", "exclude_paths", b"exclude_paths", "idempotency_key", b"idempotency_key", "ignore_query_parameters", b"ignore_query_parameters", "include_paths", b"include_paths", "limit", b"limit", "max_concurrency", b"max_concurrency", "max_depth", b"max_depth", "options", b"options", "sitemap", b"sitemap", "url", b"url", "webhook", b"webhook"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "allow_external_links", b"allow_external_links", "allow_subdomains", b"allow_subdomains", "dedupe_similar_urls", b"dedupe_similar_urls", "delay", b"delay", "exclude_paths", b"exclude_paths", "follow_canonical", b"follow_canonical", "idempotency_key", b"idempotency_key", "ignore_query_parameters", b"ignore_query_parameters", "ignore_robots_meta", b"ignore_robots_meta", "include_paths", b"include_paths", "limit", b"limit", "max_concurrency", b"max_concurrency", "max_depth", b"max_depth", "max_retries", b"max_retries", "options", b"options", "sitemap", b"sitemap", "strip_tracking_parameters", b"strip_tracking_parameters", "url", b"url", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_retries: _TypeAlias = _typing.Literal["max_retries"]  # noqa: Y015
+    _WhichOneofArgType__max_retries: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_retries) -> _WhichOneofReturnType__max_retries | None: ...
 
 Global___StartCrawlRequest: _TypeAlias = StartCrawlRequest  # noqa: Y015
 
