@@ -97,6 +97,27 @@ def test_crawl_flags_build_the_request() -> None:
     assert args.wait and args.json
 
 
+def test_request_control_flags_build_the_options() -> None:
+    args = build_parser().parse_args(
+        [
+            "batch", "http://example.com/a", "--header", "X-Team: data", "--header",
+            "Authorization: Bearer t", "--cookie", "sid=1", "--user-agent", "acme/1.0",
+            "--timeout", "2.5", "--skip-tls-verification", "--proxy", "pool",
+            "--proxy-url", "http://u:p@proxy.example:3128", "--ignore-robots-txt",
+        ]
+    )  # fmt: skip
+    options = batch_request(args).options
+    assert dict(options.headers) == {"X-Team": "data", "Authorization": "Bearer t"}
+    assert dict(options.cookies) == {"sid": "1"}
+    assert options.user_agent == "acme/1.0"
+    assert options.timeout.ToNanoseconds() == 2_500_000_000
+    assert options.skip_tls_verification and options.ignore_robots_txt
+    assert (options.proxy, options.proxy_url) == ("pool", "http://u:p@proxy.example:3128")
+    assert not crawl_request(build_parser().parse_args(["crawl", "http://x/"])).options.headers
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["scrape", "http://x/", "--header", "no-colon"])
+
+
 def test_crawl_defaults() -> None:
     req = crawl_request(build_parser().parse_args(["crawl", "http://x/"]))
     assert req.sitemap == jobs_pb2.SITEMAP_MODE_INCLUDE
@@ -217,6 +238,8 @@ def test_serve_overrides_are_none_when_not_given() -> None:
         ("[server]\nno_such_key = 1\n", [], "unknown config keys: no_such_key"),
         ("[server\n", [], "error: config:"),
         ("", ["--role", "standby"], "needs --primary"),
+        ('[server]\ndefault_proxy = "eu"\n', [], "config: default_proxy: 'eu' is not a proxy"),
+        ('[server.proxies]\neu = "ftp://p.example"\n', [], "proxies.eu: scheme must be"),
     ],
 )
 def test_serve_bad_config_exits_2(

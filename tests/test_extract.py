@@ -128,10 +128,10 @@ def test_links_only_skips_markdown_and_html() -> None:
 
 
 def _doc(
-    formats: list[jobs_pb2.Format.ValueType], **kw: bool
+    formats: list[jobs_pb2.Format.ValueType], *, only_main_content: bool = False
 ) -> tuple[jobs_pb2.Document, list[str]]:
     doc = jobs_pb2.Document(url=BASE)
-    options = jobs_pb2.ScrapeOptions(formats=formats, **kw)
+    options = jobs_pb2.ScrapeOptions(formats=formats, only_main_content=only_main_content)
     links = extract.fill_document(doc, PAGE, BASE, options)
     return doc, links
 

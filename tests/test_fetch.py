@@ -26,6 +26,7 @@ from pagesift.primary.engine import Engine, FetchPolicy
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.netguard import BlockedAddressError, GuardedResolver
 from pagesift.primary.politeness import HostSlots, effective_delay
+from pagesift.primary.reqprofile import RequestProfile
 from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
@@ -356,7 +357,9 @@ async def test_compressed_bodies_are_decoded(
 
 
 async def test_a_large_page_is_rendered_completely(site: Site) -> None:
-    engine = HttpEngine(replace(CONFIG, max_body_bytes=1 << 20))
+    # three at once, extracted in workers: a loaded machine must not hit the 0.3 s read
+    # timeout that the slow-page test relies on
+    engine = HttpEngine(replace(CONFIG, max_body_bytes=1 << 20, read_timeout=5.0))
     try:
         pages = await asyncio.gather(*(engine.scrape(site.url("/large"), OPTS) for _ in range(3)))
     finally:
@@ -414,7 +417,7 @@ async def test_robots_can_be_ignored_by_the_job_or_the_server(site: Site) -> Non
     site.robots = "User-agent: *\nDisallow: /\n"
     engine = HttpEngine(CONFIG)
     try:
-        policy = FetchPolicy(respect_robots=False)
+        policy = FetchPolicy(request=RequestProfile(respect_robots=False))
         page = await engine.scrape(site.url("/page"), OPTS, policy)
         assert page.document.title == "Hello"
     finally:

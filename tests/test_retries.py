@@ -69,6 +69,7 @@ def test_connect_errors_and_timeouts_are_retried_but_not_permanent_failures() ->
         ErrorCode.UNSUPPORTED_CONTENT,
         ErrorCode.INVALID_URL,
         ErrorCode.RETRY_AFTER_TOO_LONG,
+        ErrorCode.TLS,
     ):
         assert not retrypolicy.is_transient(PageError(code, "x"))
 

@@ -9,11 +9,13 @@ real ``HttpEngine`` whose resolver maps a test name to loopback. Every wait is b
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -22,11 +24,22 @@ from hypothesis import strategies as st
 
 from pagesift.primary.crawl import in_scope
 from pagesift.primary.fetch import HttpEngine
+from pagesift.primary.jobs import Jobs
 from pagesift.primary.netguard import AddressGuard
 from pagesift.primary.robots import page_directives
+from pagesift.shared import jobrecords as jr
 from pagesift.shared import urls
-from pagesift.v1 import jobs_pb2
-from tests.helpers import all_documents, in_process_node, node_config, serve_handler, wait_terminal
+from pagesift.shared.store import Store
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.helpers import (
+    ServeProc,
+    all_documents,
+    eventually,
+    in_process_node,
+    node_config,
+    serve_handler,
+    wait_terminal,
+)
 
 # --- the pure key functions ---------------------------------------------------------------
 
@@ -291,7 +304,9 @@ def canonical_site(other_port: list[int]) -> Callable[[web.Request], Awaitable[w
     async def site(request: web.Request) -> web.Response:
         p = request.path
         if p == "/":
-            return html(links("/a", "/b?sort=1", "/c", "/d", "/e"))
+            return html(links("/a", "/b?sort=1", "/c", "/d", "/e", "/h"))
+        if p == "/h":  # the header form (what a PDF would send)
+            return html("h", Link='</c>; rel="canonical"')
         if p in ("/a", "/b"):
             return html(p, '<link rel="canonical" href="/c#x">')
         if p == "/d":  # off-site canonical: ignored
@@ -312,12 +327,13 @@ async def test_rel_canonical_names_one_page_only_when_asked(tmp_path: Path, foll
         )
     got = paths([d.url for d in docs])
     if follow:
-        # /a is stored first and claims /c; /b and the queued /c are its duplicates
+        # /a is stored first and claims /c; /b, /h (by its Link header) and the queued
+        # /c are its duplicates
         assert got == ["", "a", "d", "e"]
-        assert sorted(paths([e.url for e in errors])) == ["b?sort=1", "c"]
+        assert sorted(paths([e.url for e in errors])) == ["b?sort=1", "c", "h"]
         assert {e.code for e in errors} == {"duplicate"}
     else:
-        assert got == ["", "a", "b?sort=1", "c", "d", "e"]
+        assert got == ["", "a", "b?sort=1", "c", "d", "e", "h"]
         assert errors == []
 
 
@@ -458,3 +474,105 @@ async def test_a_non_ascii_host_is_fetched_by_its_uts46_a_label(tmp_path: Path) 
     assert page.document.final_url == f"http://xn--bcher-kva.test:{port}/"
     assert urls.normalize(page.links[0]) == f"http://xn--bcher-kva.test:{port}/b"
     assert linked.document.final_url == f"http://xn--bcher-kva.test:{port}/b"
+
+
+async def test_www_and_bare_host_links_are_one_page_in_a_live_crawl_with_dedupe(
+    tmp_path: Path,
+) -> None:
+    fetched: list[str] = []
+
+    async def site(request: web.Request) -> web.Response:
+        fetched.append(f"{request.host}{request.path}")
+        port = request.url.port
+        if request.path == "/":
+            return html(
+                links(f"http://www.site.test:{port}/a", f"http://site.test:{port}/a", "/b")
+                + links(f"http://WWW.Site.Test:{port}/b/", f"http://www.site.test:{port}/")
+            )
+        return html(request.path)
+
+    async with serve_handler(site) as port:
+        resolver = MapResolver({"site.test": "127.0.0.1", "www.site.test": "127.0.0.1"})
+        config = node_config(tmp_path, allow_private_networks=False, respect_robots=False)
+        engine = HttpEngine(
+            config, guard=AddressGuard(exempt=frozenset({("127.0.0.1", port)})), resolver=resolver
+        )
+        store = Store(tmp_path / "db")
+        jobs = Jobs(store, engine, config)
+        try:
+            await jobs.start()
+            request = jobs_pb2.StartCrawlRequest(
+                url=f"http://site.test:{port}/",
+                dedupe_similar_urls=True,
+                sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
+            )
+            reg = await jobs.register(
+                "crawl", "anonymous", request.SerializeToString(), "", limit=50
+            )
+
+            async def finished() -> jr.JobMeta | None:
+                meta = jr.load_meta(store, reg.id)
+                return meta if meta is not None and meta.terminal else None
+
+            meta = await eventually(finished, "the crawl's end", timeout=30)
+            docs = jr.read_documents(store, reg.id, 0, 100)
+        finally:
+            await jobs.close()
+            await engine.close()
+            store.close()
+    assert meta.state == "completed", meta.note
+    assert sorted(p.rstrip("/") for p in paths([d.url for d in docs])) == ["", "a", "b"]
+    assert len(fetched) == 3  # one request per page, whichever spelling came first
+    assert {f.split(":", 1)[0] for f in fetched} <= {"site.test", "www.site.test"}
+
+
+async def test_a_sigkill_mid_maze_keeps_one_document_per_page_and_one_entry_per_url(
+    tmp_path: Path,
+) -> None:
+    requests: list[str] = []
+
+    async def site(request: web.Request) -> web.StreamResponse:
+        requests.append(request.path)
+        p = request.path
+        if p == "/robots.txt":
+            raise web.HTTPNotFound()
+        await asyncio.sleep(0.02)
+        if p == "/":
+            return html(links(*(f"/r{i}" for i in range(60)), *(f"/f{i}" for i in range(10))))
+        if p.startswith("/r"):  # sixty ways into ten pages
+            return web.Response(status=301, headers={"Location": f"/f{int(p[2:]) % 10}"})
+        return html(p)
+
+    async with serve_handler(site) as port:
+        server = ServeProc(tmp_path, "server", config={"extract_processes": 0})
+        try:
+            await server.start()
+            async with grpc.aio.insecure_channel(server.address) as ch:
+                job = await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(
+                    jobs_pb2.StartCrawlRequest(
+                        url=f"http://127.0.0.1:{port}/",
+                        max_concurrency=4,
+                        sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
+                    )
+                )
+
+            async def mid_maze() -> bool | None:
+                return True if len(requests) >= 40 else None
+
+            await eventually(mid_maze, "forty requests", timeout=30)
+            server.kill()
+            await server.start()
+            async with grpc.aio.insecure_channel(server.address) as ch:
+                stub = jobs_pb2_grpc.JobServiceStub(ch)
+                final = await wait_terminal(stub, job.id, timeout=60)
+                docs = await all_documents(stub, job.id)
+                errors = (await stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=job.id))).errors
+        finally:
+            server.stop()
+    assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
+    assert final.completed + final.failed == final.total == 71
+    finals = [urls.normalize(d.final_url) for d in docs]
+    assert len(finals) == len(set(finals)) == 11  # the root and ten pages, once each
+    assert {e.code for e in errors} == {"duplicate"}
+    entries = [urls.normalize(d.url) for d in docs] + [urls.normalize(e.url) for e in errors]
+    assert len(entries) == len(set(entries)) == 71  # every URL: one document or one note

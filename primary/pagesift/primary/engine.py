@@ -15,8 +15,11 @@ is the real one; any other engine obeys the same contract:
   followed like redirects), ``canonical`` (its rel=canonical, absolute, or ""),
   and ``noindex``/``nofollow`` (meta robots and X-Robots-Tag, see
   ``robots.page_directives``). The engine itself never drops a page for them.
-- ``sitemap_urls(url)`` returns the page URLs the site's sitemap(s) list, or an
-  empty list; it never raises for a missing or broken sitemap.
+- ``sitemap_urls(url, policy)`` returns the page URLs the site's sitemap(s) list,
+  or an empty list; it never raises for a missing or broken sitemap.
+- every request of a scrape, its redirects and its sitemaps sends what the policy's
+  ``RequestProfile`` says (``reqprofile``); robots.txt is fetched with the server's
+  own user agent and read for the profile's.
 """
 
 from __future__ import annotations
@@ -24,20 +27,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pagesift.primary.reqprofile import RequestProfile
 from pagesift.v1 import jobs_pb2
 
 
 @dataclass(frozen=True)
 class FetchPolicy:
-    """Per-request knobs a job passes down to the engine.
+    """Per-job knobs the job runtime passes down to the engine.
 
     ``delay`` is the job's minimum seconds between two requests to one host
-    (robots.txt Crawl-delay raises it); ``respect_robots`` is on unless an
-    operator turned it off for the whole server.
+    (robots.txt Crawl-delay raises it); ``request`` is what each request sends
+    (headers, cookie jar, user agent, timeout, TLS, proxy, robots: ``reqprofile``),
+    None for a one-off scrape whose options say it all (the engine builds one).
     """
 
     delay: float = 0.0
-    respect_robots: bool = True
+    request: RequestProfile | None = None
 
 
 @dataclass
@@ -60,6 +65,6 @@ class Engine(Protocol):
         policy: FetchPolicy = FetchPolicy(),
     ) -> Page: ...
 
-    async def sitemap_urls(self, url: str) -> list[str]: ...
+    async def sitemap_urls(self, url: str, policy: FetchPolicy = FetchPolicy()) -> list[str]: ...
 
     async def close(self) -> None: ...

@@ -17,7 +17,8 @@ The guarantees (see ``engine.py`` for the contract):
   ``<meta http-equiv="refresh">`` with a delay of at most 10 s
   (``content.meta_refresh``) is one more hop of the same budget, through the same
   checks, so ``document.final_url`` is the page a refresh chain ends on;
-- ``Page.canonical``/``noindex``/``nofollow`` report rel=canonical, meta robots and
+- ``Page.canonical``/``noindex``/``nofollow`` report rel=canonical (the page's
+  ``<link>``, else a ``Link:`` response header, the form PDFs use), meta robots and
   X-Robots-Tag (``robots.page_directives``); the job runtime applies them;
 - no body is read past ``max_body_bytes`` (declared or streamed, after decompression),
   and no body is read at all for error statuses or unsupported content types;
@@ -34,6 +35,19 @@ The guarantees (see ``engine.py`` for the contract):
   counts); sitemap files are retried here (``max_retries``, full jitter), since
   seeding is redone whole after a crash anyway.
 
+- request control (``reqprofile``): each hop of a page or sitemap request sends the
+  profile's headers (Authorization only to the origin the request was made for),
+  its user agent, its cookie jar's Cookie header, timeout and TLS choice, and every
+  response's Set-Cookie joins the jar before anything else happens to it. Proxies:
+  a job's own ``proxy_url`` goes through the direct session (the full guard: it
+  must be a public address); the server's pool goes through a second session whose
+  guard also lets the pool's literal-address endpoints through, and which never
+  sends a request without a pool proxy, so no page reaches them directly. Behind
+  any proxy the target's name is resolved and judged here too (the proxy resolves
+  it again: a name that changes its answer in between is the residual risk, as for
+  DNS rebinding without a proxy). robots.txt is fetched with the server's user
+  agent and default proxy, and read for the job's agent token.
+
 Body classification and decoding live in ``content``; sitemap walking and parsing in
 ``sitemaps``, whose every file is fetched through this engine's ``_fetch``.
 """
@@ -42,20 +56,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
 
 from pagesift.primary import content, crawl, extract, retrypolicy, sitemaps, workers
 from pagesift.primary.engine import FetchPolicy, Page
-from pagesift.primary.netguard import AddressGuard, BlockedAddressError, guarded_connector
+from pagesift.primary.netguard import (
+    AddressGuard,
+    BlockedAddressError,
+    GuardedResolver,
+    guarded_connector,
+)
 from pagesift.primary.politeness import HostSlots, effective_delay
-from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache, page_directives
+from pagesift.primary.reqprofile import ProxyPool, RequestProfile
+from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache, origin_of, page_directives
 from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
@@ -85,7 +108,19 @@ class _Response:
     kind: str  # what the accept callback said ("html", "text", "any", ...)
     body: bytes
     robots_tag: tuple[str, ...] = ()  # X-Robots-Tag header values
+    canonical: str = ""  # a Link: <...>; rel="canonical" header, absolute
     hops: int = 0  # redirects followed to get here
+
+
+@dataclass(slots=True)
+class _Hop:
+    """How one hop is sent: the session (direct, or the pool's) and the request's
+    keyword arguments for ``ClientSession.get``."""
+
+    session: aiohttp.ClientSession
+    kwargs: dict[str, Any]
+    profile: RequestProfile | None
+    proxied: bool
 
 
 # Called on the final (non-redirect) response before its body is read; raises PageError
@@ -143,6 +178,15 @@ class HttpEngine:
         self.metrics = metrics
         self._guard = None if config.allow_private_networks else (guard or AddressGuard())
         self._session: aiohttp.ClientSession | None = None
+        self._pool = ProxyPool.from_config(config)
+        self._pool_session: aiohttp.ClientSession | None = None
+        self._turns = itertools.count()  # per_request proxy rotation
+        # Judges a target's name before it is handed to a proxy (which resolves it).
+        self._target_names = (
+            None
+            if self._guard is None
+            else GuardedResolver(resolver or DefaultResolver(), self._guard)
+        )
         count = workers.worker_count(config.extract_processes)
         self._workers = workers.WorkerPool(count) if count > 0 else None
         self._slots = HostSlots(config.per_host_concurrency, config.per_host_delay)
@@ -174,6 +218,12 @@ class HttpEngine:
         if problem is not None:
             raise PageError(ErrorCode.INVALID_URL, problem)
         allow_non_html = options.allow_non_html
+        profile = policy.request
+        if profile is None:  # a one-off scrape: validation checked its permissions
+            profile = RequestProfile.build(
+                options, [url], may_ignore_robots=True, may_use_proxy_url=True
+            )
+        home = origin_of(urls.fetch_url(url))
 
         def accept(resp: aiohttp.ClientResponse) -> str:
             if resp.status >= 400:
@@ -196,10 +246,12 @@ class HttpEngine:
             return await self._fetch(
                 target,
                 accept=accept,
-                robots=self.config.respect_robots and policy.respect_robots,
+                robots=self.config.respect_robots and profile.respect_robots,
                 job_delay=policy.delay,
                 max_redirects=budget,
                 max_bytes=self.config.max_body_bytes,
+                profile=profile,
+                home=home,
             )
 
         started = time.monotonic()
@@ -227,23 +279,24 @@ class HttpEngine:
         )
         doc.fetched_at.FromNanoseconds(time.time_ns())
         text = content.decode(resp.body, resp.charset, html=kind == "html")
+        agent = profile.robots_agent(self.config.user_agent)
         if kind == "html":
             try:
                 got = await self._extract(doc, text, resp.url, options)
             except Exception as exc:  # the parsers are lenient; keep the contract anyway
                 raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"cannot extract: {exc}") from exc
-            noindex, nofollow = page_directives(
-                got.robots_meta, list(resp.robots_tag), self._robots.agent
-            )
-            return Page(document=doc, links=got.links, canonical=got.canonical,
+            noindex, nofollow = page_directives(got.robots_meta, list(resp.robots_tag), agent)
+            return Page(document=doc, links=got.links, canonical=got.canonical or resp.canonical,
                         noindex=noindex, nofollow=nofollow)  # fmt: skip
-        noindex, nofollow = page_directives([], list(resp.robots_tag), self._robots.agent)
+        noindex, nofollow = page_directives([], list(resp.robots_tag), agent)
         want = extract.wanted(options)
         if want.markdown:
             doc.markdown = text
         if want.raw_html:
             doc.raw_html = text
-        return Page(document=doc, links=[], noindex=noindex, nofollow=nofollow)
+        return Page(
+            document=doc, links=[], canonical=resp.canonical, noindex=noindex, nofollow=nofollow
+        )
 
     async def _extract(
         self, doc: jobs_pb2.Document, text: str, base_url: str, options: jobs_pb2.ScrapeOptions
@@ -268,7 +321,11 @@ class HttpEngine:
         extract.apply(doc, got, want, text)
         return got
 
-    async def sitemap_urls(self, url: str) -> list[str]:
+    async def sitemap_urls(
+        self,
+        url: str,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> list[str]:
         """Page URLs from the origin's sitemaps (robots.txt Sitemap: lines, else
         /sitemap.xml): indexes followed to depth 3, gzip accepted, at most 50,000
         normalized unique URLs. Never raises (a broken sitemap yields what was read).
@@ -276,7 +333,8 @@ class HttpEngine:
         Only sitemap files on the crawl's own site (``crawl.in_scope``: its origin) are
         fetched: a Sitemap: line or an index entry naming another port or host is
         skipped, so robots.txt cannot send the crawl to another service. The URLs a
-        sitemap lists are the caller's to scope."""
+        sitemap lists are the caller's to scope. Every file is fetched with the
+        policy's request profile (its headers, cookies and proxy)."""
         found: dict[str, None] = {}
         try:
             parts = urlsplit(urls.fetch_url(url))
@@ -288,7 +346,11 @@ class HttpEngine:
             if not roots:
                 roots = [origin + "/sitemap.xml"]
             site = crawl.origin_of(origin + "/")
-            await sitemaps.walk(roots, found, site, self._fetch_sitemap)
+
+            async def fetch(sitemap_url: str) -> tuple[str, int, bytes]:
+                return await self._fetch_sitemap(sitemap_url, policy.request, origin)
+
+            await sitemaps.walk(roots, found, site, fetch)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -309,38 +371,105 @@ class HttpEngine:
 
     async def close(self) -> None:
         await self._robots.close()
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        for session in (self._session, self._pool_session):
+            if session is not None:
+                await session.close()
+        self._session = self._pool_session = None
         if self._workers is not None:
             self._workers.close()
 
     # --- HTTP ------------------------------------------------------------------------------
 
     def _session_now(self) -> aiohttp.ClientSession:
+        """The session of direct connections (and of a job's own ``proxy_url``)."""
         if self._session is None or self._session.closed:
-            connector = guarded_connector(
-                self._guard,
-                self._resolver,
-                limit=256,
-                limit_per_host=self.config.per_host_concurrency,
-                ttl_dns_cache=300,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=self._timeout,
-                headers={
-                    "User-Agent": self.config.user_agent,
-                    "Accept": _ACCEPT,
-                    "Accept-Encoding": "gzip, deflate, br",
-                },
-                cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=True,
-                trust_env=False,
-                max_line_size=16384,  # real sites send long status lines and cookies
-                max_field_size=32768,
-            )
+            self._session = self._new_session(self._guard)
         return self._session
+
+    def _pool_session_now(self) -> aiohttp.ClientSession:
+        """The session of requests through the server's proxy pool. Every request it
+        sends goes through a pool proxy, so its guard may let exactly the pool's
+        literal-address endpoints through (an operator's proxy on a private network)
+        without letting any page reach them directly."""
+        if self._pool_session is None or self._pool_session.closed:
+            guard = self._guard
+            if guard is not None:
+                guard = AddressGuard(exempt=guard.exempt | _literal_endpoints(self._pool))
+            self._pool_session = self._new_session(guard)
+        return self._pool_session
+
+    def _new_session(self, guard: AddressGuard | None) -> aiohttp.ClientSession:
+        connector = guarded_connector(
+            guard,
+            self._resolver,
+            limit=256,
+            limit_per_host=self.config.per_host_concurrency,
+            ttl_dns_cache=300,
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            headers={
+                "User-Agent": self.config.user_agent,
+                "Accept": _ACCEPT,
+                "Accept-Encoding": "gzip, deflate, br",
+            },
+            cookie_jar=aiohttp.DummyCookieJar(),  # cookies are per job (reqprofile)
+            auto_decompress=True,
+            trust_env=False,
+            max_line_size=16384,  # real sites send long status lines and cookies
+            max_field_size=32768,
+        )
+
+    async def _hop(self, url: str, host: str, profile: RequestProfile | None, home: str) -> _Hop:
+        """How to send one hop to ``url`` under ``profile`` (None: the server's own
+        request, e.g. robots.txt: default headers, the default proxy). Credentials
+        (the job's Authorization header) go only to ``home``, the origin the request
+        was made for: a redirect elsewhere drops them, as browsers and curl do."""
+        kwargs: dict[str, Any] = {"allow_redirects": False}
+        proxy: str | None
+        session: aiohttp.ClientSession | None = None
+        if profile is not None and profile.proxy_url:
+            proxy = profile.proxy_url
+        else:
+            proxy = self._pool.choose(profile.proxy if profile else "", host, next(self._turns))
+            if proxy is not None:
+                session = self._pool_session_now()
+        if proxy is not None:
+            kwargs["proxy"] = proxy
+            await self._check_target_name(url, host)
+        if profile is not None:
+            headers = dict(profile.headers)
+            if home and origin_of(url) != home:
+                headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            if profile.user_agent:
+                headers["User-Agent"] = profile.user_agent
+            cookie = profile.cookies.header(url)
+            if cookie is not None:
+                headers["Cookie"] = cookie
+            kwargs["headers"] = headers
+            if not profile.verify_tls:
+                kwargs["ssl"] = False
+            if profile.timeout is not None:
+                t = profile.timeout
+                kwargs["timeout"] = aiohttp.ClientTimeout(
+                    total=t, sock_connect=min(t, self.config.connect_timeout), sock_read=t
+                )
+        return _Hop(session or self._session_now(), kwargs, profile, proxy is not None)
+
+    async def _check_target_name(self, url: str, host: str) -> None:
+        """A proxy resolves the target's name itself, out of the connector's reach:
+        resolve it here too and refuse it when the guard would (``refusal_for_url``
+        has judged literal addresses and loopback names already)."""
+        if self._target_names is None or host[:1].isdigit() or ":" in host:
+            return
+        port = urlsplit(url).port or (443 if url.startswith("https:") else 80)
+        try:
+            await self._target_names.resolve(host, port)
+        except BlockedAddressError as exc:
+            raise PageError(ErrorCode.BLOCKED_ADDRESS, str(exc)) from None
+        except OSError as exc:
+            raise PageError(ErrorCode.DNS, f"cannot resolve {host}: {exc}") from None
 
     async def _fetch(
         self,
@@ -352,12 +481,15 @@ class HttpEngine:
         max_redirects: int,
         max_bytes: int,
         truncate: bool = False,
+        profile: RequestProfile | None = None,
+        home: str = "",
     ) -> _Response:
         """GET ``url`` following redirects by hand; every hop guarded, robots-checked
-        (when ``robots``) and run in the host's politeness slot (unless ``job_delay``
-        is None). Returns the final response with its body; raises PageError."""
-        session = self._session_now()
+        (when ``robots``, for the profile's agent) and run in the host's politeness
+        slot (unless ``job_delay`` is None), sent as ``profile`` says (``_hop``).
+        Returns the final response with its body; raises PageError."""
         guard = self._guard
+        agent = None if profile is None else profile.robots_agent(self.config.user_agent)
         try:
             current = urls.fetch_url(url)
         except ValueError as exc:
@@ -372,7 +504,7 @@ class HttpEngine:
                     raise PageError(ErrorCode.BLOCKED_ADDRESS, reason)
             crawl_delay: float | None = None
             if robots:
-                rules = await self._robots.rules(current)
+                rules = await self._robots.rules(current, agent)
                 if not rules.allowed(current):
                     if isinstance(rules.error, PageError):
                         raise PageError(
@@ -381,10 +513,11 @@ class HttpEngine:
                     raise PageError(ErrorCode.ROBOTS_DISALLOWED, f"robots.txt disallows {current}")
                 crawl_delay = rules.crawl_delay
             location: str | None = None
+            hop = await self._hop(current, host, profile, home)
             try:
                 if job_delay is None:
                     await self._slots.unpaused(host)  # robots.txt honours Retry-After too
-                    resp = await self._get(session, current, accept, max_bytes, truncate)
+                    resp = await self._get(hop, current, accept, max_bytes, truncate)
                 else:
                     delay = effective_delay(self.config.per_host_delay, job_delay, crawl_delay)
                     if self.config.adaptive_throttle:
@@ -392,7 +525,7 @@ class HttpEngine:
                     async with self._slots.slot(host, delay):
                         sent = time.monotonic()
                         try:
-                            resp = await self._get(session, current, accept, max_bytes, truncate)
+                            resp = await self._get(hop, current, accept, max_bytes, truncate)
                         except PageError as err:
                             self._slowed(host, err)  # inside the slot: before anyone else
                             raise
@@ -428,16 +561,14 @@ class HttpEngine:
             ) from err
 
     async def _get(
-        self,
-        session: aiohttp.ClientSession,
-        url: str,
-        accept: _Accept,
-        max_bytes: int,
-        truncate: bool,
+        self, hop: _Hop, url: str, accept: _Accept, max_bytes: int, truncate: bool
     ) -> _Response:
-        """One hop. Raises _Redirect for a redirect, PageError for any failure."""
+        """One hop. Raises _Redirect for a redirect, PageError for any failure. The
+        response's Set-Cookie lines join the profile's jar first, whatever follows."""
         try:
-            async with session.get(url, allow_redirects=False) as resp:
+            async with hop.session.get(url, **hop.kwargs) as resp:
+                if hop.profile is not None:
+                    hop.profile.cookies.absorb(url, resp.headers.getall("Set-Cookie", ()))
                 status = resp.status
                 if status in _REDIRECTS:
                     location = resp.headers.get("Location")
@@ -461,11 +592,13 @@ class HttpEngine:
                     kind=kind,
                     body=body,
                     robots_tag=tuple(resp.headers.getall("X-Robots-Tag", ())),
+                    canonical=_link_canonical(resp, url),
                 )
         except (PageError, _Redirect):
             raise
         except Exception as exc:
-            raise _page_error(exc, self.config) from exc
+            timeout = hop.kwargs.get("timeout", self._timeout)
+            raise _page_error(exc, timeout, hop.proxied) from exc
 
     async def _fetch_robots(self, robots_url: str) -> tuple[int, bytes]:
         try:
@@ -486,7 +619,9 @@ class HttpEngine:
 
     # --- sitemaps --------------------------------------------------------------------------
 
-    async def _fetch_sitemap(self, sitemap_url: str) -> tuple[str, int, bytes]:
+    async def _fetch_sitemap(
+        self, sitemap_url: str, profile: RequestProfile | None, home: str
+    ) -> tuple[str, int, bytes]:
         """One sitemap file for ``sitemaps.walk``: no robots check, no politeness
         delay (but the host's pauses and adaptive delay), the body truncated at
         ``SITEMAP_MAX_BYTES``; transient failures retried up to ``max_retries``
@@ -502,6 +637,8 @@ class HttpEngine:
                     max_redirects=self.config.max_redirects,
                     max_bytes=sitemaps.SITEMAP_MAX_BYTES,
                     truncate=True,
+                    profile=profile,
+                    home=home,
                 )
             except PageError as err:
                 if retry >= retries or not retrypolicy.is_transient(err):
@@ -566,21 +703,54 @@ async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, truncate: b
     return b"".join(chunks)
 
 
-def _page_error(exc: BaseException, config: ServerConfig) -> PageError:
+def _link_canonical(resp: aiohttp.ClientResponse, url: str) -> str:
+    """The ``Link: <...>; rel="canonical"`` of a response (RFC 6596 5), absolute, or ""."""
+    try:
+        link = resp.links.get("canonical")
+    except ValueError:
+        return ""
+    target = link.get("url") if link is not None else None
+    if target is None:
+        return ""
+    return urljoin(url, str(target)).split("#", 1)[0]
+
+
+def _literal_endpoints(pool: ProxyPool) -> frozenset[tuple[str, int]]:
+    """The (address, port) of every pool proxy named by a literal address."""
+    out: set[tuple[str, int]] = set()
+    for proxy in pool.endpoints():
+        host = urls.host_of(proxy)
+        if host and (host[0].isdigit() or ":" in host):
+            parts = urlsplit(proxy)
+            out.add((host, parts.port or (443 if parts.scheme == "https" else 80)))
+    return frozenset(out)
+
+
+def _page_error(exc: BaseException, timeout: aiohttp.ClientTimeout, proxied: bool) -> PageError:
     """The PageError for an aiohttp/OS failure of one hop."""
     if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
         exc.os_error, BlockedAddressError
     ):  # refused by the resolver or by the socket factory: nothing was sent
         return PageError(ErrorCode.BLOCKED_ADDRESS, str(exc.os_error))
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return PageError(
+            ErrorCode.TLS,
+            f"TLS with {exc.host}:{exc.port} failed: {exc} "
+            "(options.skip_tls_verification accepts any certificate)",
+        )
+    if proxied and isinstance(
+        exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError
+    ):
+        return PageError(ErrorCode.CONNECT, f"the proxy failed: {exc}")
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         reason = exc.os_error.strerror or str(exc.os_error)
         return PageError(ErrorCode.DNS, f"cannot resolve {exc.host}: {reason}")
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return PageError(ErrorCode.TIMEOUT, f"connect timed out after {config.connect_timeout}s")
+        return PageError(ErrorCode.TIMEOUT, f"connect timed out after {timeout.sock_connect:g}s")
     if isinstance(exc, aiohttp.SocketTimeoutError):
-        return PageError(ErrorCode.TIMEOUT, f"no data for {config.read_timeout}s")
+        return PageError(ErrorCode.TIMEOUT, f"no data for {timeout.sock_read:g}s")
     if isinstance(exc, TimeoutError):
-        return PageError(ErrorCode.TIMEOUT, "response took too long")
+        return PageError(ErrorCode.TIMEOUT, f"response took longer than {timeout.total:g}s")
     if isinstance(exc, aiohttp.ClientConnectorError):
         where = f"{exc.host}:{exc.port}"
         return PageError(ErrorCode.CONNECT, f"cannot connect to {where}: {exc.strerror}")

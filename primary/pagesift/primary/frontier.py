@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 
 from pagesift.primary.crawl import Entry, Scope
-from pagesift.primary.engine import Engine
+from pagesift.primary.engine import Engine, FetchPolicy
 from pagesift.shared import jobrecords as jr
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
@@ -66,12 +66,18 @@ def claim_aliases(
 
 
 async def seed(
-    store: Store, engine: Engine, job_id: str, req: jobs_pb2.StartCrawlRequest, scope: Scope
+    store: Store,
+    engine: Engine,
+    job_id: str,
+    req: jobs_pb2.StartCrawlRequest,
+    scope: Scope,
+    policy: FetchPolicy,
 ) -> None:
-    """Queue the start URL and the sitemap's URLs, once (``seeded`` marks it)."""
+    """Queue the start URL and the sitemap's URLs, once (``seeded`` marks it); the
+    sitemaps are fetched under the job's ``policy`` (its headers, cookies, proxy)."""
     entries: list[Entry] = []
     if req.sitemap != jobs_pb2.SITEMAP_MODE_SKIP:
-        found = await engine.sitemap_urls(scope.root)
+        found = await engine.sitemap_urls(scope.root, policy)
         entries = await scope.admit({scope.key(u): u for u in found}, 1)  # same scope
     if req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY or not entries:
         start = scope.fetch_form(req.url.partition("#")[0])

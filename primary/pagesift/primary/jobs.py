@@ -21,6 +21,11 @@ over the layout of ``pagesift.shared.jobrecords``:
   ``ignore_robots_meta``. All of it commits or is lost with the page, so a resumed
   crawl stores every page exactly once whatever URLs lead to it.
 - a page error: error pushed to ``errors`` + done mark, one group.
+- the job's cookie jar (``reqprofile.JobCookies``): when a response's Set-Cookie
+  changed it, the next page or page error group also rewrites ``cookies`` with the
+  jar's snapshot; a resumed job (restart or failover) rebuilds its request profile
+  from the stored request and replays that snapshot, so it sends what it sent
+  before (a login session included) plus at most what the lost fetch learnt.
 - a retry (a transient failure, ``retrypolicy.is_transient``, with retries left):
   ``attempts`` gets "retry n of this page" in one group BEFORE the retry sleeps, so
   a crash never hands a page its spent retries back; the retry sleeps (full jitter,
@@ -62,6 +67,7 @@ from functools import partial
 from pagesift.primary import frontier, retrypolicy, webhooks
 from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page
+from pagesift.primary.reqprofile import RequestProfile
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import patterns, quota, validate
 from pagesift.shared.accounts import Accounts
@@ -140,6 +146,7 @@ class Jobs:
         self._readable = asyncio.Event()  # sync mode: the start-up state is replicated
         self._confirming: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._profiles: dict[str, RequestProfile] = {}  # of the jobs running here
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
         self._random = random.Random()
@@ -204,10 +211,50 @@ class Jobs:
         """
         return self._visible.get(job_id)
 
-    async def scrape(self, url: str, options: jobs_pb2.ScrapeOptions) -> jobs_pb2.Document:
-        """One page, synchronously (the Scrape call); raises ``PageError``."""
-        page = await self.engine.scrape(url, options)
+    async def scrape(
+        self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
+    ) -> jobs_pb2.Document:
+        """One page, synchronously (the Scrape call) for account ``owner``; raises
+        ``PageError`` (``PermissionError`` for options the account may not use)."""
+        policy = FetchPolicy(request=self._profile(owner, options, [url]))
+        page = await self.engine.scrape(url, options, policy)
         return page.document
+
+    def _profile(
+        self, owner: str, options: jobs_pb2.ScrapeOptions, targets: Sequence[str]
+    ) -> RequestProfile:
+        """The request profile of ``owner``'s scrape or job (``reqprofile``), with the
+        permissions today's accounts file gives it."""
+        account = self.accounts.get(owner)
+        return RequestProfile.build(
+            options,
+            targets,
+            may_ignore_robots=account is not None and account.allow_ignore_robots,
+            may_use_proxy_url=account is not None and account.allow_proxy_url,
+        )
+
+    def _job_profile(
+        self, meta: jr.JobMeta, options: jobs_pb2.ScrapeOptions, targets: Sequence[str]
+    ) -> RequestProfile | None:
+        """A job's profile, its cookie jar restored from the store; None (the job
+        failed) when its options use what the owner may no longer use."""
+        try:
+            profile = self._profile(meta.owner, options, targets)
+        except PermissionError as e:
+            self._finish(meta.id, "failed", str(e))
+            return None
+        raw = self.store.get(jr.JobKeys(meta.id).cookies)
+        if raw is not None:
+            profile.cookies.restore(raw)
+        self._profiles[meta.id] = profile
+        return profile
+
+    def _save_cookies(self, g: WriteGroup, job_id: str) -> None:
+        """Inside a page's group: the job's jar, when it learnt something since."""
+        profile = self._profiles.get(job_id)
+        if profile is not None and profile.cookies.dirty:
+            g.put(jr.JobKeys(job_id).cookies, profile.cookies.snapshot())
+            profile.cookies.dirty = False
 
     # registration ---------------------------------------------------------------
     async def register(
@@ -339,6 +386,7 @@ class Jobs:
             self._finish(job_id, "failed", f"internal error: {e}")
         finally:
             self._tasks.pop(job_id, None)
+            self._profiles.pop(job_id, None)
 
     def _concurrency(self, asked: int) -> int:
         n = asked or self.config.default_concurrency
@@ -429,6 +477,10 @@ class Jobs:
             if not self.store.set_contains(done, str(i).encode())
         )
 
+        profile = self._job_profile(meta, req.options, req.urls)
+        if profile is None:
+            return
+        policy = FetchPolicy(request=profile)
         concurrency = self._concurrency(req.max_concurrency)
         run = _Run(concurrency, self._max_retries(req), lambda delta: None)
 
@@ -439,7 +491,7 @@ class Jobs:
                 async def record(page: Page, mark: bytes = mark) -> None:
                     await self._record_page(meta.id, mark, page, [])
 
-                fetch = partial(self.engine.scrape, url, req.options)
+                fetch = partial(self.engine.scrape, url, req.options, policy)
                 await self._attempt(run, meta.id, mark, url, fetch, record)
 
         try:
@@ -456,9 +508,12 @@ class Jobs:
             field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
             self._finish(meta.id, "failed", f"{field}: {e.reason}")
             return
+        profile = self._job_profile(meta, req.options, [req.url])
+        if profile is None:
+            return
+        policy = FetchPolicy(delay=req.delay, request=profile)
         if self.store.get(jr.JobKeys(meta.id).seeded) is None:
-            await frontier.seed(self.store, self.engine, meta.id, req, scope)
-        policy = FetchPolicy(delay=req.delay)
+            await frontier.seed(self.store, self.engine, meta.id, req, scope, policy)
         follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
         queue = frontier.Frontier(self.store, meta.id)
 
@@ -543,6 +598,7 @@ class Jobs:
             kind = meta.kind
             if meta.terminal:
                 return None, None  # cancelled or stopped while this page was in flight
+            self._save_cookies(g, job_id)
             nonlocal not_stored
             original, queued = frontier.claim_aliases(g, job_id, aliases)
             if original is not None or skip is not None:
@@ -625,6 +681,7 @@ class Jobs:
             keys = jr.JobKeys(job_id)
             if g.contains(keys.done, mark) or g.get(keys.meta) is None:
                 return False
+            self._save_cookies(g, job_id)
             g.push(keys.errors, item)
             g.insert(keys.done, mark)
             webhooks.enqueue(

@@ -10,9 +10,11 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
   cached only for ``error_ttl`` seconds so the site is asked again soon, with the
   fetch error kept in ``Rules.error``. Following redirects (at most five hops, as the
   RFC asks) is the fetcher's business.
-- Groups are matched with our product token (the user agent up to its first "/" or
-  space, e.g. ``pagesift``), falling back to ``*``; ``Crawl-delay`` and ``Sitemap:``
-  lines are exposed.
+- Groups are matched with a product token (the user agent up to its first "/" or
+  space, e.g. ``pagesift``), falling back to ``*``: the server's, or a job's own
+  (``rules(url, agent)``: one cached file, read for each agent); ``Crawl-delay`` and
+  ``Sitemap:`` lines are exposed. robots.txt itself is always fetched with the
+  server's user agent, so one cached copy serves every job.
 - Memory is bounded: at most ``max_origins`` entries, oldest dropped first.
 
 ``page_directives`` (pure) reads the page-level robots rules: ``<meta name="robots">``
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from protego import Protego
@@ -95,6 +97,17 @@ class Rules:
             return self.allow_all
         return bool(self.parser.can_fetch(url, self.agent))
 
+    def for_agent(self, agent: str) -> Rules:
+        """The same robots.txt read for another agent token (a job's own user agent)."""
+        if agent == self.agent or self.parser is None:
+            return self
+        delay = self.parser.crawl_delay(agent)
+        return replace(
+            self,
+            agent=agent,
+            crawl_delay=float(delay) if delay is not None and delay >= 0 else None,
+        )
+
 
 ALLOW_ALL = Rules(allow_all=True)
 DISALLOW_ALL = Rules(allow_all=False)
@@ -140,17 +153,20 @@ class RobotsCache:
         self._cache: dict[str, tuple[float, Rules]] = {}
         self._inflight: dict[str, asyncio.Task[Rules]] = {}
 
-    async def rules(self, url: str) -> Rules:
-        """The rules for ``url``'s origin (fetching robots.txt when not cached)."""
+    async def rules(self, url: str, agent: str | None = None) -> Rules:
+        """The rules for ``url``'s origin (fetching robots.txt when not cached), read
+        for ``agent`` (a product token; default: the server's)."""
         origin = origin_of(url)
         hit = self._cache.get(origin)
         if hit is not None and hit[0] > time.monotonic():
-            return hit[1]
-        task = self._inflight.get(origin)
-        if task is None:
-            task = asyncio.ensure_future(self._load(origin))
-            self._inflight[origin] = task
-        return await asyncio.shield(task)
+            rules = hit[1]
+        else:
+            task = self._inflight.get(origin)
+            if task is None:
+                task = asyncio.ensure_future(self._load(origin))
+                self._inflight[origin] = task
+            rules = await asyncio.shield(task)
+        return rules if agent is None else rules.for_agent(agent)
 
     async def allowed(self, url: str) -> bool:
         return (await self.rules(url)).allowed(url)

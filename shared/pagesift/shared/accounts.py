@@ -24,6 +24,8 @@ The file::
     max_concurrent_streams = 16                      # open WatchJob streams (absent: the
                                                      # server's max_concurrent_streams)
     webhook_secret = "<random string>"               # signs this account's webhooks
+    allow_ignore_robots = false                      # may set options.ignore_robots_txt
+    allow_proxy_url = false                          # may set options.proxy_url (own proxy)
 
     [anonymous]                                      # only without [[account]] tables:
     pages_per_day = 1000                             # limits and webhook secret of the
@@ -67,6 +69,7 @@ from typing import Any
 __all__ = [
     "ANONYMOUS",
     "LIMIT_FIELDS",
+    "PERMISSION_FIELDS",
     "Account",
     "Accounts",
     "AccountsError",
@@ -88,8 +91,9 @@ LIMIT_FIELDS = (
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_ACCOUNT_FIELDS = {"name", "key_sha256", "key", "webhook_secret", *LIMIT_FIELDS}
-_ANONYMOUS_FIELDS = {"webhook_secret", *LIMIT_FIELDS}
+PERMISSION_FIELDS = ("allow_ignore_robots", "allow_proxy_url")
+_ACCOUNT_FIELDS = {"name", "key_sha256", "key", "webhook_secret", *LIMIT_FIELDS, *PERMISSION_FIELDS}
+_ANONYMOUS_FIELDS = {"webhook_secret", *LIMIT_FIELDS, *PERMISSION_FIELDS}
 _ADMIN_FIELDS = {"key_sha256", "key"}
 _TOP_LEVEL = {"account", "admin", "anonymous"}
 
@@ -120,6 +124,10 @@ class Account:
     max_crawl_limit: int | None = None
     max_concurrent_streams: int | None = None
     webhook_secret: str = ""
+    # Permissions (both off unless the accounts file grants them): ignoring robots.txt
+    # and sending the account's requests through a proxy URL of its own choosing.
+    allow_ignore_robots: bool = False
+    allow_proxy_url: bool = False
 
     def limit(self, name: str) -> int | None:
         """The value of the limit called ``name`` (one of ``LIMIT_FIELDS``)."""
@@ -384,6 +392,12 @@ def _account(name: str, table: dict[str, Any], where: str) -> Account:
         if value is not None and value <= 0:
             raise AccountsError(f"{where}.{field}: must be a positive integer (omit it: unlimited)")
         limits[field] = value
+    allowed: dict[str, bool] = {}
+    for field in PERMISSION_FIELDS:
+        value = table.get(field, False)
+        if not isinstance(value, bool):
+            raise AccountsError(f"{where}.{field}: must be true or false")
+        allowed[field] = value
     secret = table.get("webhook_secret", "")
     if not isinstance(secret, str):
         raise AccountsError(f"{where}.webhook_secret: must be a string")
@@ -397,6 +411,8 @@ def _account(name: str, table: dict[str, Any], where: str) -> Account:
         max_crawl_limit=limits["max_crawl_limit"],
         max_concurrent_streams=limits["max_concurrent_streams"],
         webhook_secret=secret,
+        allow_ignore_robots=allowed["allow_ignore_robots"],
+        allow_proxy_url=allowed["allow_proxy_url"],
     )
 
 

@@ -7,7 +7,7 @@ request can hit is named here so that error messages can quote it.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,12 @@ class ServerConfig:
     max_retry_after: float = 120.0  # a longer Retry-After fails the page (retry_after_too_long)
     adaptive_throttle: bool = True  # per-host delay that follows 429/503 and latency
     throttle_max_delay: float = 10.0  # the adaptive delay's cap
+    # request control per job (pagesift.primary.reqprofile)
+    max_request_timeout: float = 120.0  # the longest options.timeout a job may ask for
+    # the proxy pool: name -> http(s)://[user:password@]host:port ([server.proxies] table)
+    proxies: dict[str, str] = field(default_factory=dict)
+    proxy_rotation: str = "per_host"  # per_host (sticky) | per_request, for proxy "pool"
+    default_proxy: str = ""  # a job's proxy when it names none: "" direct | "pool" | a name
     # store
     fsync: bool = False
     # replication

@@ -35,6 +35,8 @@ class ErrorCode(enum.StrEnum):
     ROBOTS_NOINDEX = "robots_noindex"
     # a 429/503 asked for a pause beyond the server's ``max_retry_after``
     RETRY_AFTER_TOO_LONG = "retry_after_too_long"
+    # the site's TLS certificate was not accepted (options.skip_tls_verification accepts it)
+    TLS = "tls"
 
 
 class PageError(Exception):

@@ -17,6 +17,8 @@ expiry, watchers, tests) asks it:
     set  job/{id}/done            finished page keys and aliases (crawl) or indices (batch)
     set  job/{id}/attempts        "{n} {mark}": retry n of the page ``mark`` (its done
                                   mark) was scheduled (``retries_used``/``mark_retry``)
+    KV   job/{id}/cookies         what the job's cookie jar learnt from Set-Cookie
+                                  (``pagesift.primary.reqprofile.JobCookies.snapshot``)
     KV   job/{id}/webhook         the job's webhook config (``pagesift.primary.webhooks``)
     list job/{id}/outbox          webhook events not yet delivered
     KV   job/{id}/webhook_ack     the webhook delivery cursor
@@ -117,6 +119,10 @@ class JobKeys:
         return self._part("attempts")
 
     @property
+    def cookies(self) -> str:
+        return self._part("cookies")
+
+    @property
     def webhook(self) -> str:
         return self._part("webhook")
 
@@ -142,6 +148,7 @@ class JobKeys:
             ("set", self.attempts),
             ("kv", self.request),
             ("kv", self.seeded),
+            ("kv", self.cookies),
             ("list", self.outbox),
             ("kv", self.webhook),
             ("kv", self.webhook_ack),

@@ -92,7 +92,9 @@ class JobRuntime(Protocol):
 
     async def readable(self) -> None: ...
 
-    async def scrape(self, url: str, options: jobs_pb2.ScrapeOptions) -> jobs_pb2.Document: ...
+    async def scrape(
+        self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
+    ) -> jobs_pb2.Document: ...
 
 
 class Node(Protocol):
@@ -234,6 +236,18 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if md:
             context.set_trailing_metadata(tuple(md))
 
+    async def _request_control(
+        self, context: Context, caller: Account, options: jobs_pb2.ScrapeOptions
+    ) -> None:
+        """INVALID_ARGUMENT or PERMISSION_DENIED, naming the field, for request-control
+        options (headers, cookies, proxy, robots...) the caller may not send."""
+        try:
+            await validate.request_control(options, caller, self.node.config)
+        except validate.InvalidArgument as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except validate.PermissionDenied as e:
+            await _abort(context, grpc.StatusCode.PERMISSION_DENIED, str(e))
+
     # writes -------------------------------------------------------------------------
     def _limits(
         self, caller: Account, kind: str, *, batch_urls: int = 0, limit: int = 0
@@ -295,12 +309,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             validate.options(request.options)
         except validate.InvalidArgument as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self._request_control(context, caller, request.options)
         try:
             self._limits(caller, "scrape")()
         except quota.LimitExceeded as e:
             await self._refuse_limit(context, e)
         try:
-            doc = await runtime.scrape(request.url, request.options)
+            doc = await runtime.scrape(request.url, request.options, caller.name)
         except PageError as e:
             context.set_trailing_metadata((("pagesift-error-code", str(e.code)),))
             status = _PAGE_STATUS.get(str(e.code), grpc.StatusCode.FAILED_PRECONDITION)
@@ -321,6 +336,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             plan = await validate.batch(request, self.node.config)
         except validate.InvalidArgument as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self._request_control(context, caller, request.options)
         hook = await self._webhook(context, caller, request.webhook)
         total = len(plan.urls)
         stored = _stored_batch(request, plan)  # serialized once; no copy of the request
@@ -353,6 +369,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await validate.crawl(request, self.node.config)
         except validate.InvalidArgument as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self._request_control(context, caller, request.options)
         hook = await self._webhook(context, caller, request.webhook)
         limit = quota.crawl_limit_for(caller, request.limit, self.node.config.default_crawl_limit)
         check = self._limits(caller, "crawl", limit=limit)

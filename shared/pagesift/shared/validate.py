@@ -7,17 +7,27 @@ resolves host names) are async; the rest are pure.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pagesift.shared import patterns, urls
+from pagesift.shared.accounts import Account
 from pagesift.shared.config import ServerConfig
 from pagesift.v1 import jobs_pb2
 
 
 class InvalidArgument(ValueError):
     """A request field that cannot be accepted; ``str()`` names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class PermissionDenied(Exception):
+    """A request field the caller's account may not use; ``str()`` names the field."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -52,6 +62,96 @@ def options(opts: jobs_pb2.ScrapeOptions, field: str = "options") -> None:
     for i, f in enumerate(opts.formats):
         if f not in jobs_pb2.Format.values() or f == jobs_pb2.FORMAT_UNSPECIFIED:
             raise InvalidArgument(f"{field}.formats[{i}]", f"unknown format {f}")
+
+
+# Request headers a job may not set (lowercase): hop-by-hop and framing headers (RFC 9110
+# 7.6.1, RFC 9112) and what the proxy layer owns; Accept-Encoding (the engine decodes
+# only what it announces); and two with a field of their own.
+DENIED_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive",
+    "proxy-connection", "proxy-authorization", "proxy-authenticate", "te", "trailer",
+    "upgrade", "expect", "accept-encoding", "http2-settings", "cookie", "user-agent",
+})  # fmt: skip
+_HEADER_FIELDS = {"cookie": "cookies", "user-agent": "user_agent"}
+MAX_HEADERS = 50
+MAX_HEADER_BYTES = 16 * 1024  # every name and value together
+MAX_COOKIES = 50
+MAX_USER_AGENT = 512
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+_COOKIE_VALUE = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")  # RFC 6265 cookie-octet
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")  # no CR, LF, NUL or other controls
+
+
+async def request_control(
+    opts: jobs_pb2.ScrapeOptions, account: Account, config: ServerConfig, field: str = "options"
+) -> None:
+    """The request-control options of ``opts`` (headers, cookies, user agent, timeout,
+    proxy, robots): INVALID_ARGUMENT naming the field for a bad value,
+    ``PermissionDenied`` for what ``account`` may not use."""
+    if len(opts.headers) > MAX_HEADERS:
+        raise InvalidArgument(
+            f"{field}.headers", f"{len(opts.headers)} headers, at most {MAX_HEADERS}"
+        )
+    size = 0
+    for name, value in sorted(opts.headers.items()):
+        where = f"{field}.headers[{name[:64]!r}]"
+        if not _TOKEN.fullmatch(name):
+            raise InvalidArgument(where, "not a valid header name")
+        if name.lower() in DENIED_HEADERS:
+            instead = _HEADER_FIELDS.get(name.lower())
+            hint = f"use {field}.{instead}" if instead else "a hop-by-hop or framing header"
+            raise InvalidArgument(where, f"{name} may not be set by a job ({hint})")
+        if not _FIELD_VALUE.fullmatch(value):
+            raise InvalidArgument(where, "the value holds a control character (CR, LF, NUL...)")
+        size += len(name) + len(value.encode())
+    if size > MAX_HEADER_BYTES:
+        raise InvalidArgument(f"{field}.headers", f"{size} bytes, at most {MAX_HEADER_BYTES}")
+    if len(opts.cookies) > MAX_COOKIES:
+        raise InvalidArgument(
+            f"{field}.cookies", f"{len(opts.cookies)} cookies, at most {MAX_COOKIES}"
+        )
+    for name, value in sorted(opts.cookies.items()):
+        where = f"{field}.cookies[{name[:64]!r}]"
+        if not _TOKEN.fullmatch(name):
+            raise InvalidArgument(where, "not a valid cookie name")
+        if len(value) > 4096 or not _COOKIE_VALUE.fullmatch(value):
+            raise InvalidArgument(
+                where, "not a valid cookie value (RFC 6265 cookie-octets, <= 4096)"
+            )
+    agent = opts.user_agent
+    if len(agent) > MAX_USER_AGENT or not _FIELD_VALUE.fullmatch(agent) or agent != agent.strip():
+        raise InvalidArgument(
+            f"{field}.user_agent", f"at most {MAX_USER_AGENT} printable characters, no edge spaces"
+        )
+    if opts.HasField("timeout"):
+        seconds = opts.timeout.seconds + opts.timeout.nanos / 1e9
+        if not 0 < seconds <= config.max_request_timeout:
+            raise InvalidArgument(
+                f"{field}.timeout",
+                f"{seconds:g} s is outside (0, {config.max_request_timeout:g}] "
+                "(max_request_timeout; unset = the server's timeouts)",
+            )
+    if opts.proxy and opts.proxy != "pool" and opts.proxy not in config.proxies:
+        known = ", ".join(sorted(config.proxies)) or "none"
+        raise InvalidArgument(
+            f"{field}.proxy", f"no proxy {opts.proxy[:64]!r} (the server has: {known})"
+        )
+    if opts.proxy == "pool" and not config.proxies:
+        raise InvalidArgument(f"{field}.proxy", "the server has no proxy pool")
+    if opts.proxy_url:
+        if not account.allow_proxy_url:
+            raise PermissionDenied(
+                f"{field}.proxy_url", f"account {account.name!r} may not use its own proxy"
+            )
+        bare = urls.strip_userinfo(opts.proxy_url)  # credentials are the proxy's own
+        problem = urls.validate(bare, config.max_url_length)
+        if problem is not None:
+            raise InvalidArgument(f"{field}.proxy_url", problem)
+        await _guard(bare, f"{field}.proxy_url", config)
+    if opts.ignore_robots_txt and not account.allow_ignore_robots:
+        raise PermissionDenied(
+            f"{field}.ignore_robots_txt", f"account {account.name!r} may not ignore robots.txt"
+        )
 
 
 def concurrency(value: int, config: ServerConfig) -> None:

@@ -7,6 +7,7 @@ jobs, page through their results, watch them live, cancel and list them.
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -112,16 +113,106 @@ class ScrapeOptions(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class CookiesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     FORMATS_FIELD_NUMBER: _builtins.int
     ONLY_MAIN_CONTENT_FIELD_NUMBER: _builtins.int
     ALLOW_NON_HTML_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    COOKIES_FIELD_NUMBER: _builtins.int
+    USER_AGENT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    SKIP_TLS_VERIFICATION_FIELD_NUMBER: _builtins.int
+    PROXY_FIELD_NUMBER: _builtins.int
+    PROXY_URL_FIELD_NUMBER: _builtins.int
+    IGNORE_ROBOTS_TXT_FIELD_NUMBER: _builtins.int
     only_main_content: _builtins.bool
     """Keep only the main content (drop nav, header, footer, aside, scripts)."""
     allow_non_html: _builtins.bool
     """Keep non-HTML bodies (as raw text) instead of failing them as unsupported_content."""
+    user_agent: _builtins.str
+    """The User-Agent of this job's requests (default: the server's); robots.txt
+    groups are matched with its product token (the text before the first "/").
+    """
+    skip_tls_verification: _builtins.bool
+    """Accept any TLS certificate (self-signed, expired, another name)."""
+    proxy: _builtins.str
+    """A proxy from the server's pool: "" means the server's default_proxy, "pool"
+    rotates over the whole pool (per request or sticky per host, as configured),
+    any other value names one proxy of the pool.
+    """
+    proxy_url: _builtins.str
+    """A proxy of the caller's own (http:// or https://, credentials allowed); only
+    for accounts with allow_proxy_url. Overrides proxy.
+    """
+    ignore_robots_txt: _builtins.bool
+    """Do not fetch or obey robots.txt; only for accounts with allow_ignore_robots."""
     @_builtins.property
     def formats(self) -> _containers.RepeatedScalarFieldContainer[Global___Format.ValueType]:
         """Formats to produce; empty means markdown only."""
+
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Request control: what every request of the scrape or job sends (README,
+        "Request control per job"). Stored with the job's request, so a resumed or
+        failed-over job sends the same requests.
+
+        Headers added to every page and sitemap request. Hop-by-hop and framing headers
+        (Host, Connection, Content-Length, Transfer-Encoding, ...), Cookie (use cookies)
+        and Accept-Encoding are refused with INVALID_ARGUMENT naming the header.
+        Authorization is dropped on a redirect to another origin.
+        """
+
+    @_builtins.property
+    def cookies(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Cookies sent from the first request on, host-only for the host of each URL the
+        request names. Set-Cookie answers join the job's own cookie jar (RFC 6265
+        scoping), which lasts the job's life and survives a restart or a failover.
+        """
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """Time limit of one request (connect to last byte); unset means the server's
+        connect and read timeouts; at most the server's max_request_timeout.
+        """
 
     def __init__(
         self,
@@ -129,10 +220,18 @@ class ScrapeOptions(_message.Message):
         formats: _abc.Iterable[Global___Format.ValueType] | None = ...,
         only_main_content: _builtins.bool = ...,
         allow_non_html: _builtins.bool = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        cookies: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        user_agent: _builtins.str = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+        skip_tls_verification: _builtins.bool = ...,
+        proxy: _builtins.str = ...,
+        proxy_url: _builtins.str = ...,
+        ignore_robots_txt: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_non_html", b"allow_non_html", "formats", b"formats", "only_main_content", b"only_main_content"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_non_html", b"allow_non_html", "cookies", b"cookies", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "user_agent", b"user_agent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

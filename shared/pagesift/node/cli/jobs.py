@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pagesift.node.cli.args import client_parent, nonneg_float, nonneg_int
@@ -65,12 +65,34 @@ def parse_formats(values: Sequence[str] | None) -> list[jobs_pb2.Format.ValueTyp
     return out
 
 
+def _pair(sep: str) -> Callable[[str], tuple[str, str]]:
+    """An argparse type: ``NAME<sep>VALUE`` as a pair (the server validates both)."""
+
+    def parse(value: str) -> tuple[str, str]:
+        name, found, rest = value.partition(sep)
+        if not found or not name.strip():
+            raise argparse.ArgumentTypeError(f"{value!r} is not NAME{sep}VALUE")
+        return name.strip(), rest.strip()
+
+    return parse
+
+
 def scrape_options(args: argparse.Namespace) -> jobs_pb2.ScrapeOptions:
-    return jobs_pb2.ScrapeOptions(
+    options = jobs_pb2.ScrapeOptions(
         formats=parse_formats(args.format),
         only_main_content=args.only_main_content,
         allow_non_html=args.allow_non_html,
+        headers=dict(args.header),
+        cookies=dict(args.cookie),
+        user_agent=args.user_agent,
+        skip_tls_verification=args.skip_tls_verification,
+        proxy=args.proxy,
+        proxy_url=args.proxy_url,
+        ignore_robots_txt=args.ignore_robots_txt,
     )
+    if args.timeout is not None:
+        options.timeout.FromNanoseconds(int(args.timeout * 1e9))
+    return options
 
 
 def batch_request(args: argparse.Namespace) -> jobs_pb2.StartBatchScrapeRequest:
@@ -245,6 +267,32 @@ def _scrape_options_parent() -> argparse.ArgumentParser:
     )
     parent.add_argument(
         "--allow-non-html", action="store_true", help="keep non-HTML bodies as raw text"
+    )
+    parent.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        type=_pair(":"),
+        metavar="'NAME: VALUE'",
+        help="send a header (repeat)",
+    )
+    parent.add_argument(
+        "--cookie",
+        action="append",
+        default=[],
+        type=_pair("="),
+        metavar="NAME=VALUE",
+        help="send a cookie (repeat)",
+    )
+    parent.add_argument("--user-agent", default="", metavar="UA", help="the job's User-Agent")
+    parent.add_argument(
+        "--timeout", type=nonneg_float, default=None, metavar="S", help="per request, seconds"
+    )
+    parent.add_argument("--skip-tls-verification", action="store_true")
+    parent.add_argument("--proxy", default="", metavar="NAME", help="a server proxy, or 'pool'")
+    parent.add_argument("--proxy-url", default="", metavar="URL", help="your own proxy")
+    parent.add_argument(
+        "--ignore-robots-txt", action="store_true", help="needs the account's permission"
     )
     return parent
 

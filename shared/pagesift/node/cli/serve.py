@@ -77,7 +77,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # imported here: the server pulls in both roles, the store and replication, which
     # the client subcommands do without
     from pagesift.node.grpcserver import serve
+    from pagesift.primary.reqprofile import ProxyPool
 
+    try:  # checked on a standby too: it may be promoted
+        ProxyPool.from_config(config)
+    except ValueError as err:
+        return fail(f"config: {err}")
     code: int = serve(config)
     return code
 
