@@ -610,7 +610,9 @@ async def test_a_crawl_stores_no_credentials_and_sends_none(
         with pytest.raises(Exception, match="credentials"):
             await node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=cred_site.url("/landing")))
         root = cred_site.url("/landing", "")
-        started = await node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=root, limit=10))
+        started = await node.stub.StartCrawl(
+            jobs_pb2.StartCrawlRequest(url=root, limit=10, crawl_entire_domain=True)
+        )
         final = await wait_terminal(node.stub, started.id)
         assert final.state == jobs_pb2.JOB_STATE_COMPLETED
         docs = await all_documents(node.stub, started.id)

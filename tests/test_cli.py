@@ -78,9 +78,11 @@ def test_crawl_flags_build_the_request() -> None:
             "--allow-subdomains", "--allow-external", "--ignore-query", "--sitemap", "skip",
             "--concurrency", "4", "--delay", "0.5", "--format", "markdown,links",
             "--format", "html", "--only-main-content", "--wait", "--json",
+            "--crawl-entire-domain", "--regex-on-full-url",
         ]
     )  # fmt: skip
     req = crawl_request(args)
+    assert req.crawl_entire_domain and req.regex_on_full_url
     assert req.url == "http://example.com/"
     assert (req.limit, req.max_depth, req.max_concurrency, req.delay) == (50, 3, 4, 0.5)
     assert list(req.include_paths) == ["^/docs/", "^/blog/"]
@@ -123,6 +125,7 @@ def test_crawl_defaults() -> None:
     assert req.sitemap == jobs_pb2.SITEMAP_MODE_INCLUDE
     assert (req.limit, req.max_depth, req.max_concurrency, req.delay) == (0, 0, 0, 0.0)
     assert not req.include_paths and not req.exclude_paths
+    assert not req.crawl_entire_domain and not req.regex_on_full_url
     assert list(req.options.formats) == []
 
 

@@ -65,8 +65,10 @@ async def test_a_crawl_stops_at_its_limit_and_depth_even_in_a_calendar_trap(
 ) -> None:
     s, root = site
     async with in_process_node(tmp_path) as node:
-        limited = await node.stub.StartCrawl(
-            jobs_pb2.StartCrawlRequest(url=root + "calendar/2026/11", limit=25)
+        limited = await node.stub.StartCrawl(  # the trap spans years: not just /calendar/2026/
+            jobs_pb2.StartCrawlRequest(
+                url=root + "calendar/2026/11", limit=25, crawl_entire_domain=True
+            )
         )
         final = await wait_terminal(node.stub, limited.id)
         assert final.total == 25

@@ -1,4 +1,5 @@
-"""Crawl scope by origin, and a crawl whose caller regex would backtrack forever.
+"""Crawl scope by origin and by path, regexes over the path or the whole URL, and a
+crawl whose caller regex would backtrack forever.
 
 Real aiohttp sites on loopback ports, a real in-process node; every wait is bounded.
 """
@@ -15,7 +16,8 @@ import pytest
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pagesift.primary.crawl import in_scope
+from pagesift.primary.crawl import Scope, in_scope, path_prefix
+from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import TERMINAL, all_documents, in_process_node, serve_handler, wait_terminal
 
@@ -55,6 +57,169 @@ def test_scope_is_the_origin_with_www_upgrade_and_subdomains(
     url: str, root: str, subdomains: bool, inside: bool
 ) -> None:
     assert in_scope(url, root, allow_subdomains=subdomains) is inside
+
+
+# --- path scope: a crawl stays under its start URL's directory -------------------------
+
+
+@pytest.mark.parametrize(
+    ("start", "prefix"),
+    [
+        ("https://h/docs/intro", "/docs/intro/"),  # a page: itself and its subpages
+        ("https://h/docs/", "/docs/"),
+        ("https://h/docs", "/docs/"),  # a section, with or without its slash
+        ("https://h/", "/"),
+        ("https://h", "/"),
+        ("https://h/docs/index.html", "/docs/"),  # a file stands for its directory
+        ("https://h/guide/page.php?x=1", "/guide/"),
+        ("https://h/docs/api/v2/intro?lang=en#top", "/docs/api/v2/intro/"),
+        ("https://h/docs/?page=2", "/docs/"),
+        ("https://h/a/./b/../docs/x", "/a/docs/x/"),
+        ("https://h/a/b/..", "/a/"),
+        ("https://h/%7euser/x", "/~user/x/"),  # normalized like page keys
+    ],
+)
+def test_the_path_prefix_is_the_start_path_as_a_directory(start: str, prefix: str) -> None:
+    assert path_prefix(start) == prefix
+
+
+async def _scope(url: str, **kw: object) -> Scope:
+    return await Scope.build(jobs_pb2.StartCrawlRequest(url=url, **kw), 100)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("url", "inside"),
+    [
+        ("https://h/docs/intro", True),  # the start URL itself
+        ("https://h/docs/intro?x=1", True),
+        ("https://h/docs", True),  # the directory itself, either spelling
+        ("https://h/docs/", True),
+        ("https://h/docs/index.html", True),
+        ("https://h/docs?tab=2", True),
+        ("https://h/docs/a/b/c/d/e.html", True),  # any path depth below it
+        ("https://www.h/docs/x", True),  # the origin rule's tolerances still hold
+        ("https://h/docs/../blog/x", False),  # dot segments resolved first
+        ("https://h/docsX", False),
+        ("https://h/docsX/a", False),
+        ("https://h/doc", False),
+        ("https://h/", False),
+        ("https://h/blog/docs/x", False),
+        ("https://h/?next=/docs/", False),  # the query is not the path
+        ("https://h/DOCS/x", False),  # paths are case-sensitive
+        ("https://other.example/docs/x", False),  # and the origin rule first
+    ],
+)
+async def test_the_default_scope_is_the_start_section(url: str, inside: bool) -> None:
+    scope = await _scope("https://h/docs/")
+    assert scope.prefix == "/docs/"
+    assert scope.reaches(url, 1) is inside
+    assert scope.admits(url, 1) is inside
+    entire = await _scope("https://h/docs/", crawl_entire_domain=True)
+    assert entire.prefix == "/"
+    assert entire.reaches(url, 1) is (url != "https://other.example/docs/x")
+
+
+async def test_a_start_page_scopes_itself_and_its_subpages_with_or_without_a_slash() -> None:
+    for start in ("https://h/docs", "https://h/docs/"):
+        scope = await _scope(start)
+        assert scope.reaches("https://h/docs/x", 1) and scope.reaches("https://h/docs", 1)
+        assert not scope.reaches("https://h/blog/x", 1)
+        assert not scope.reaches("https://h/docsX", 1)
+    page = await _scope("https://h/docs/intro")
+    assert page.reaches("https://h/docs/intro", 1) and page.reaches("https://h/docs/intro/2", 1)
+    assert not page.reaches("https://h/docs/other", 1)
+    file = await _scope("https://h/docs/index.html")  # a file: its directory
+    assert file.reaches("https://h/docs/other", 1) and not file.reaches("https://h/blog", 1)
+
+
+async def test_other_hosts_admitted_by_subdomains_or_external_links_are_not_path_limited() -> None:
+    sub = await _scope("https://h.test/docs/intro", allow_subdomains=True)
+    assert sub.reaches("https://blog.h.test/anything", 1)
+    assert not sub.reaches("https://h.test/anything", 1)
+    ext = await _scope("https://h.test/docs/intro", allow_external_links=True)
+    assert ext.reaches("https://other.example/x", 1)
+    assert not ext.reaches("https://h.test/x", 1)
+
+
+async def test_sitemap_urls_outside_the_path_are_dropped_like_links() -> None:
+    scope = await _scope("https://h/docs/")
+    sitemap = [
+        "https://h/",
+        "https://h/docs/",
+        "https://h/docs/a.html",
+        "https://h/docsX.html",
+        "https://h/blog/b.html",
+        "https://h/docs/deep/c.html?v=1",
+    ]
+    entries = await scope.admit({scope.key(u): u for u in sitemap}, 1)  # as frontier.seed
+    assert [e.url for e in entries] == [
+        "https://h/docs/",
+        "https://h/docs/a.html",
+        "https://h/docs/deep/c.html?v=1",
+    ]
+
+
+async def test_link_depth_is_clicks_not_path_segments() -> None:
+    scope = await _scope("https://h/docs/", max_depth=1)
+    deep_path = "https://h/docs/a/b/c/d/e/f.html"
+    assert scope.reaches(deep_path, 1)  # one click away, six segments deep
+    assert not scope.reaches("https://h/docs/x", 2)  # two clicks away, two segments
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude", "full", "url", "allowed"),
+    [
+        ([r"^/docs/"], [], False, "https://h/docs/a", True),
+        ([r"^https://h/docs/"], [], False, "https://h/docs/a", False),  # path only
+        ([r"^https://h/docs/"], [], True, "https://h/docs/a", True),
+        ([r"^/docs/"], [], True, "https://h/docs/a", False),  # anchored at the scheme
+        ([], [r"^https://blog\."], True, "https://blog.h/x", False),
+        ([], [r"^https://blog\."], True, "https://h/x", True),
+        ([r"lang=en$"], [], True, "https://h/docs/a?lang=en", True),
+        ([r"^https://h/docs/a$"], [], True, "HTTPS://H:443/docs/./a#x", True),  # normalized
+    ],
+)
+async def test_regexes_match_the_path_or_the_whole_normalized_url(
+    include: list[str], exclude: list[str], full: bool, url: str, allowed: bool
+) -> None:
+    scope = await _scope(
+        "https://h/",
+        include_paths=include,
+        exclude_paths=exclude,
+        regex_on_full_url=full,
+        allow_subdomains=True,
+    )
+    key = scope.key(url)
+    assert [e.key for e in await scope.admit({key: url}, 1)] == ([key] if allowed else [])
+
+
+async def test_a_crawl_from_a_section_stays_in_it_unless_the_whole_domain_is_asked(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    s, root = site
+    start = root + "docs/"  # the sitemap lists every section: its others are dropped too
+
+    def under_docs(url: str) -> bool:
+        path = normalize_url(url)[len(root) - 1 :]
+        return path == "/docs" or path.startswith("/docs/")
+
+    async with in_process_node(tmp_path) as node:
+        scoped = await node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=start))
+        assert (await wait_terminal(node.stub, scoped.id)).state == jobs_pb2.JOB_STATE_COMPLETED
+        inside = {normalize_url(d.url) for d in await all_documents(node.stub, scoped.id)}
+        fetched = [p for p in s.hits if p not in ("/robots.txt", "/sitemap.xml")]
+        assert fetched and all(p.startswith("/docs/") for p in fetched), fetched
+        entire = await node.stub.StartCrawl(
+            jobs_pb2.StartCrawlRequest(
+                url=start, crawl_entire_domain=True, exclude_paths=[CALENDAR_EXCLUDE]
+            )
+        )
+        assert (await wait_terminal(node.stub, entire.id)).state == jobs_pb2.JOB_STATE_COMPLETED
+        everything = {normalize_url(d.url) for d in await all_documents(node.stub, entire.id)}
+    assert len(inside) > 3 and all(under_docs(u) for u in inside), inside
+    assert inside == {u for u in everything if under_docs(u)}
+    assert normalize_url(root) in everything
+    assert {u for u in everything if not under_docs(u)}, "crawl_entire_domain should leave /docs/"
 
 
 # --- two services on two ports of one host ----------------------------------------------

@@ -1,17 +1,33 @@
 """Crawl scope: which discovered links a crawl admits to its frontier.
 
-Functions over a ``StartCrawlRequest``: origin, include/exclude regexes over the
-path and query, depth. The origin rule (``in_scope``): a link is on the crawl's site
-when it has the root's scheme, host and port (default ports made explicit, so
-``http://h`` is ``http://h:80``), with two tolerances: a leading ``www.`` on either
-host, and the upgrade of a default-port ``http://h`` root to ``https://h`` (port 443),
-which is how most sites redirect. Nothing else crosses: not another port of the same
-host (another service), not ``https`` on an ``http`` root's explicit port, never a
-downgrade to ``http``. ``allow_subdomains`` widens the host to its subdomains under the
-same scheme and port rules; ``allow_external_links`` lifts the origin rule entirely.
-Sitemap URLs go through the same ``admit`` as links found on pages. Hosts are
-compared in their ``urls.canonical_host`` form (UTS 46, A-labels), the one spelling
-the fetcher connects to, so ``bücher.test`` and ``xn--bcher-kva.test`` are one host.
+Functions over a ``StartCrawlRequest``: origin, path scope, include/exclude regexes over
+the path and query (or the whole URL), depth. The origin rule (``in_scope``): a link is
+on the crawl's site when it has the root's scheme, host and port (default ports made
+explicit, so ``http://h`` is ``http://h:80``), with two tolerances: a leading ``www.``
+on either host, and the upgrade of a default-port ``http://h`` root to ``https://h``
+(port 443), which is how most sites redirect. Nothing else crosses: not another port of
+the same host (another service), not ``https`` on an ``http`` root's explicit port,
+never a downgrade to ``http``. ``allow_subdomains`` widens the host to its subdomains
+under the same scheme and port rules; ``allow_external_links`` lifts the origin rule
+entirely. Sitemap URLs go through the same ``admit`` as links found on pages. Hosts are
+compared in their ``urls.canonical_host`` form (UTS 46, A-labels), the one spelling the
+fetcher connects to, so ``bücher.test`` and ``xn--bcher-kva.test`` are one host.
+
+The path rule (``path_prefix``, ``under_prefix``): unless the request sets
+``crawl_entire_domain``, a URL on the start URL's own site (the origin rule without
+``allow_subdomains``) must lie under the start URL's path, Firecrawl's rule: the
+start page and its subpages. The prefix is the start path as a directory (start
+``/docs`` or ``/docs/``: prefix ``/docs/``; ``/docs/intro``: ``/docs/intro/``),
+except that a last segment naming a file (it has a dot: ``/docs/index.html``,
+``/guide/page.php``) stands for its directory (``/docs/``, ``/guide/``). Under it
+means the normalized path is the prefix's page itself (``/docs``, ``/docs/``,
+``/docs/index.html``) or starts with the prefix (``/docs/a``); ``/docsX`` is not. Hosts reached through ``allow_subdomains`` or
+``allow_external_links`` are not path-limited: the start path says nothing of their
+layout. This is path depth, not link depth: ``max_depth`` counts clicks from the
+start URL, whatever the paths.
+
+Regexes (``include_paths``/``exclude_paths``) match a URL's path and query, or, with
+``regex_on_full_url``, its whole page key (``scheme://host[:port]/path?query``).
 
 URL identity (``Scope.key``): a page's key is ``urls.page_key`` under the job's
 options (``ignore_query_parameters``, ``strip_tracking_parameters``,
@@ -36,7 +52,7 @@ import functools
 import ipaddress
 from dataclasses import dataclass, field
 from typing import NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pagesift.shared import patterns, urls
 from pagesift.v1 import jobs_pb2
@@ -104,6 +120,34 @@ def in_scope(url: str, root: str | Origin | None, *, allow_subdomains: bool) -> 
     return allow_subdomains and not _is_ip(site) and host.endswith("." + site)
 
 
+def path_prefix(url: str) -> str:
+    """The path scope of a crawl starting at ``url``, normalized, ending in ``/``
+    (module docstring): ``/docs/`` for ``http://h/docs``, ``http://h/docs/`` and
+    ``http://h/docs/index.html``; ``/docs/intro/`` for ``http://h/docs/intro``.
+    ``ValueError`` as ``urls.normalize``."""
+    parts = urlsplit(url.strip())
+    path = parts.path or "/"
+    last = path.rsplit("/", 1)[-1]
+    if last in (".", "..") or (last and "." not in last):
+        path += "/"  # a section (or "/a/b/..", the directory "/a/"): its subpages
+    directory = path[: path.rfind("/") + 1] or "/"
+    key = urls.normalize(urlunsplit((parts.scheme, parts.netloc, directory, "", "")))
+    norm = urlsplit(key).path or "/"
+    return norm if norm.endswith("/") else norm + "/"
+
+
+def under_prefix(url: str, prefix: str) -> bool:
+    """Whether ``url``'s normalized path is the directory ``prefix`` (which ends in
+    ``/``) itself or lies under it; unparsable URLs are not."""
+    if prefix == "/":
+        return True
+    try:
+        path = urlsplit(urls.normalize(url)).path or "/"
+    except ValueError:
+        return False
+    return path == prefix[:-1] or path.startswith(prefix)
+
+
 @dataclass(frozen=True)
 class Entry:
     """A frontier entry: link depth, page key (dedup, done marks) and the URL to fetch.
@@ -139,6 +183,9 @@ class Scope:
     strip_tracking: bool = False
     similar: bool = False
     follow_canonical: bool = False
+    # The start URL's directory (``path_prefix``); "/" = the whole site
+    # (``crawl_entire_domain``).
+    prefix: str = "/"
     origin: Origin | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -159,13 +206,16 @@ class Scope:
             root=urls.normalize(req.url, ignore_query=req.ignore_query_parameters),
             limit=limit,
             max_depth=req.max_depth,
-            paths=await patterns.compile_filter(req.include_paths, req.exclude_paths, limits),
+            paths=await patterns.compile_filter(
+                req.include_paths, req.exclude_paths, limits, full_url=req.regex_on_full_url
+            ),
             allow_subdomains=req.allow_subdomains,
             allow_external=req.allow_external_links,
             ignore_query=req.ignore_query_parameters,
             strip_tracking=req.strip_tracking_parameters,
             similar=req.dedupe_similar_urls,
             follow_canonical=req.follow_canonical,
+            prefix="/" if req.crawl_entire_domain else path_prefix(req.url),
         )
 
     def key(self, url: str) -> str:
@@ -203,9 +253,11 @@ class Scope:
         return out
 
     def reaches(self, url: str, depth: int) -> bool:
-        """Depth and origin rules only (cheap, no regex)."""
+        """Depth, origin and path rules only (cheap, no regex)."""
         if self.max_depth and depth > self.max_depth:
             return False
+        if self.prefix != "/" and in_scope(url, self.origin, allow_subdomains=False):
+            return under_prefix(url, self.prefix)  # the start URL's own site
         return self.allow_external or in_scope(
             url, self.origin, allow_subdomains=self.allow_subdomains
         )

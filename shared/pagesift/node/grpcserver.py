@@ -38,7 +38,7 @@ from pagesift.shared import tls
 from pagesift.shared.accounts import bearer_token
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.interceptors import MalformedRequests
-from pagesift.shared.jobservice import JobService
+from pagesift.shared.jobservice import MAX_SEND_MESSAGE_BYTES, JobService
 from pagesift.shared.metrics import start_http
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
@@ -47,7 +47,7 @@ logger = logging.getLogger("pagesift.server")
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_MESSAGE_BYTES),  # JobService refuses above it
 )
 
 REPLICATION_METHODS = "/pagesift.v1.ReplicationService/"

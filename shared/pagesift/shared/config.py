@@ -38,6 +38,11 @@ class ServerConfig:
     # RE2 max_mem per pattern (program + DFA cache): 1 MiB fits any realistic path
     # filter; bounds a job's regex memory to 2 x max_regexes x this.
     max_regex_memory: int = 1 << 20
+    # result paging by size (pagesift.shared.jobservice): a GetJob response (documents
+    # plus status) is at most this many serialized bytes, whatever its limit; one
+    # document larger than this still comes alone. 4 MiB: what a stock gRPC client
+    # receives by default, well under the server's 64 MiB send limit.
+    max_response_bytes: int = 4 * 1024 * 1024
     # WatchJob streams (see pagesift.shared.streams)
     max_concurrent_streams: int = 64  # per account (its accounts-file value wins); 0 = none
     max_total_streams: int = 1_024  # every account together on this node; 0 = none

@@ -20,6 +20,13 @@ job a small window at a time: the next documents are read from the store only on
 gRPC has taken the previous ones, so a client that does not read holds the server
 to one window, not the whole job.
 
+GetJob pages by count and by size: a response holds at most ``limit`` documents and
+at most ``max_response_bytes`` serialized bytes (documents plus status), ``next_skip``
+following the last document it holds; a document larger than that comes alone. One
+whose message would pass the server's send limit (``MAX_SEND_MESSAGE_BYTES``) is
+refused with RESOURCE_EXHAUSTED naming its index (in GetJob and in a WatchJob
+stream alike), never a transport error; the caller can skip past it.
+
 Statuses: a bad field is INVALID_ARGUMENT naming it; an unknown (or someone
 else's, or expired) job is NOT_FOUND; a page that cannot be scraped by ``Scrape``
 maps its error code to a status (see ``_PAGE_STATUS``) and carries the code in
@@ -51,6 +58,10 @@ from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 WATCH_POLL_SECONDS = 1.0  # a watcher re-reads at least this often, even without a wake-up
 TRIM_AFTER_BYTES = 4 * 1024 * 1024  # a batch request this large is followed by malloc_trim
 TRIM_DELAY_SECONDS = 1.0  # ... this long after its handler returned
+# The server's grpc.max_send_message_length (pagesift.node.grpcserver uses this): a
+# response above it is refused here, naming the document, not failed by the transport.
+MAX_SEND_MESSAGE_BYTES = 64 * 1024 * 1024
+_MAX_INT32 = 2**31 - 1
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -168,6 +179,49 @@ def _window(store: Store, job_id: str, index: int, count: int, visible: int | No
     if visible is not None:
         count = min(count, visible - index)
     return store.list_range(jr.JobKeys(job_id).pages, index, count) if count > 0 else []
+
+
+def _field_bytes(size: int) -> int:
+    """What a length-delimited field of ``size`` bytes (numbers below 16) adds to its message."""
+    length = 1
+    while size >= 1 << (7 * length):
+        length += 1
+    return 1 + length + size
+
+
+def _sized_window(
+    store: Store, job_id: str, index: int, count: int, visible: int | None, budget: int
+) -> list[bytes]:
+    """Stored documents from ``index`` on, as bytes: at most ``count`` (capped at
+    ``visible``) and at most ``budget`` bytes as message fields, but at least one (a
+    larger document comes alone). Read a few at a time, so a page of big documents
+    holds about ``budget`` in memory, not ``count`` of them."""
+    if visible is not None:
+        count = min(count, visible - index)
+    key = jr.JobKeys(job_id).pages
+    out: list[bytes] = []
+    used = 0
+    chunk = min(WINDOW_DOCS, count)
+    while len(out) < count:
+        raws = store.list_range(key, index + len(out), min(chunk, count - len(out)))
+        if not raws:
+            break
+        for raw in raws:
+            size = _field_bytes(len(raw))
+            if out and used + size > budget:
+                return out
+            out.append(raw)
+            used += size
+        average = max(1, used // len(out))
+        chunk = max(1, min(4 * WINDOW_DOCS, (budget - used) // average + 1))
+    return out
+
+
+def _too_large(index: int, size: int, resume: str) -> str:
+    return (
+        f"document {index} is {size} bytes, over the {MAX_SEND_MESSAGE_BYTES}-byte "
+        f"message limit; it cannot be sent ({resume}={index + 1} continues past it)"
+    )
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -424,12 +478,6 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 grpc.StatusCode.OUT_OF_RANGE,
                 f"skip: {request.skip} is beyond the last document ({p.completed})",
             )
-        docs = (
-            []
-            if request.status_only
-            else jr.read_documents(store, meta.id, request.skip, limit, visible)
-        )
-        end = request.skip + len(docs)
         resp = jobs_pb2.GetJobResponse(
             id=meta.id,
             kind=jr.KIND_TO_PB[meta.kind],
@@ -439,9 +487,28 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             failed=p.failed,
             created_at=jr.timestamp(meta.created_ms),
             expires_at=jr.timestamp(meta.expires_ms),
-            documents=docs,
             note=meta.note,
+            next_skip=min(request.skip + limit, _MAX_INT32),  # sized at its largest
         )
+        base = resp.ByteSize()
+        resp.ClearField("next_skip")
+        raws = (
+            []
+            if request.status_only
+            else _sized_window(
+                store, meta.id, request.skip, limit, visible,
+                self.node.config.max_response_bytes - base,
+            )
+        )  # fmt: skip
+        if len(raws) == 1 and base + _field_bytes(len(raws[0])) > MAX_SEND_MESSAGE_BYTES:
+            await _abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                _too_large(request.skip, len(raws[0]), "skip"),
+            )
+        resp.documents.extend(jobs_pb2.Document.FromString(raw) for raw in raws)
+        end = request.skip + len(raws)
+        del raws
         if not request.status_only and (end < p.completed or not meta.terminal):
             resp.next_skip = end
         self._read_md(context)
@@ -478,15 +545,22 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 visible = self._visible(meta.id)
                 raws = _window(store, meta.id, index, batch, visible)
                 if raws:
-                    batch = max(
-                        1, min(WINDOW_DOCS, WINDOW_BYTES * len(raws) // sum(map(len, raws)))
-                    )
+                    window = min(WINDOW_BYTES, self.node.config.max_response_bytes)
+                    batch = max(1, min(WINDOW_DOCS, window * len(raws) // sum(map(len, raws))))
                     held = len(raws)
                     metrics.watch_documents_read.inc(held)
                     metrics.watch_documents_buffered.inc(held)
                     raws.reverse()  # pop from the end: each raw document is dropped as sent
                     while raws:
-                        doc = jobs_pb2.Document.FromString(raws.pop())
+                        raw = raws.pop()
+                        if _field_bytes(len(raw)) + 16 > MAX_SEND_MESSAGE_BYTES:  # + index
+                            await _abort(
+                                context,
+                                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                _too_large(index, len(raw), "from_index"),
+                            )
+                        doc = jobs_pb2.Document.FromString(raw)
+                        del raw
                         yield jobs_pb2.WatchJobResponse(
                             document=jobs_pb2.IndexedDocument(index=index, document=doc)
                         )  # resumes once the transport took it (flow control holds it back)

@@ -223,22 +223,27 @@ def _target(url: str) -> str:
 
 
 class PathFilter:
-    """Include/exclude RE2 patterns over a URL's path (plus ``?query`` when there is one).
+    """Include/exclude RE2 patterns over a URL's path (plus ``?query`` when there is one),
+    or over the whole URL as given (a crawl's ``regex_on_full_url``: callers pass
+    normalized page keys) with ``full_url``.
 
     A URL passes when it matches (search, anywhere in the target) at least one include
     pattern (or there are none) and no exclude pattern.
     """
 
-    __slots__ = ("_memo", "_thread", "exclude", "include")
+    __slots__ = ("_memo", "_thread", "exclude", "full_url", "include")
 
     def __init__(
         self,
         include: Iterable[str] = (),
         exclude: Iterable[str] = (),
         limits: Limits = DEFAULT_LIMITS,
+        *,
+        full_url: bool = False,
     ) -> None:
         self.include = _compile_side("include", include, limits)
         self.exclude = _compile_side("exclude", exclude, limits)
+        self.full_url = full_url
         self._memo: dict[str, bool] = {}  # url -> answer: navigation links repeat
         self._thread: ThreadPoolExecutor | None = None  # this filter's own matcher
 
@@ -253,7 +258,7 @@ class PathFilter:
         known = self._memo.get(url)
         if known is not None:
             return known
-        target = _target(url)
+        target = url if self.full_url else _target(url)
         # RE2 matches UTF-8 bytes; handing it bytes skips the wrapper's per-call
         # character-offset bookkeeping for str (2.5x cheaper, same yes/no answer).
         data = target.encode("utf-8", "replace")
@@ -292,11 +297,15 @@ def _pool() -> ThreadPoolExecutor:
 
 
 async def compile_filter(
-    include: Sequence[str], exclude: Sequence[str], limits: Limits = DEFAULT_LIMITS
+    include: Sequence[str],
+    exclude: Sequence[str],
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    full_url: bool = False,
 ) -> PathFilter:
     """A ``PathFilter`` compiled on the pattern pool; ``PatternError`` as ``compile_patterns``."""
     if not include and not exclude:
-        return PathFilter()
+        return PathFilter(full_url=full_url)
     return await asyncio.get_running_loop().run_in_executor(
-        _pool(), lambda: PathFilter(include, exclude, limits)
+        _pool(), lambda: PathFilter(include, exclude, limits, full_url=full_url)
     )

@@ -469,11 +469,17 @@ class StartCrawlRequest(_message.Message):
     FOLLOW_CANONICAL_FIELD_NUMBER: _builtins.int
     IGNORE_ROBOTS_META_FIELD_NUMBER: _builtins.int
     MAX_RETRIES_FIELD_NUMBER: _builtins.int
+    CRAWL_ENTIRE_DOMAIN_FIELD_NUMBER: _builtins.int
+    REGEX_ON_FULL_URL_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     limit: _builtins.int
     """Most pages to fetch; 0 means the server default."""
     max_depth: _builtins.int
-    """Deepest link depth from the start URL; 0 means unlimited."""
+    """Deepest link depth: clicks from the start URL (the start URL is depth 0, the
+    pages it links to depth 1, ...); 0 means unlimited. Not the path depth (the
+    segments of a URL's path: /docs/api/v2 has 3), which only crawl_entire_domain
+    and include_paths/exclude_paths look at.
+    """
     allow_subdomains: _builtins.bool
     allow_external_links: _builtins.bool
     ignore_query_parameters: _builtins.bool
@@ -503,13 +509,29 @@ class StartCrawlRequest(_message.Message):
     """Retries of a page's transient failures (connect, timeout, 408/425/429/5xx);
     unset means the server default (max_retries), 0 means none.
     """
+    crawl_entire_domain: _builtins.bool
+    """Path scope. False (the default) keeps the crawl under the start URL's path: the
+    start page and its subpages (start /docs or /docs/: every page whose path is
+    /docs or starts with /docs/; start /docs/intro: /docs/intro and below; a last
+    segment with a dot, /docs/index.html, stands for its directory /docs/). Links
+    and sitemap URLs outside it are dropped. It applies to the start URL's own host;
+    hosts admitted by allow_subdomains or allow_external_links are not path-limited.
+    True crawls the whole site (every path of the start URL's origin and the hosts
+    the origin rule admits).
+    """
+    regex_on_full_url: _builtins.bool
+    """include_paths/exclude_paths match the whole normalized URL
+    (scheme://host[:port]/path?query) instead of its path and query.
+    """
     @_builtins.property
     def include_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Regexes over the URL path; a page must match one (when any are given)."""
+        """Regexes over the URL path (plus ?query when there is one; the whole URL with
+        regex_on_full_url); a page must match one (when any are given).
+        """
 
     @_builtins.property
     def exclude_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Regexes over the URL path; a page matching one is skipped."""
+        """Regexes over the URL path (as include_paths); a page matching one is skipped."""
 
     @_builtins.property
     def options(self) -> Global___ScrapeOptions: ...
@@ -537,10 +559,12 @@ class StartCrawlRequest(_message.Message):
         follow_canonical: _builtins.bool = ...,
         ignore_robots_meta: _builtins.bool = ...,
         max_retries: _builtins.int | None = ...,
+        crawl_entire_domain: _builtins.bool = ...,
+        regex_on_full_url: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "max_retries", b"max_retries", "options", b"options", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "allow_external_links", b"allow_external_links", "allow_subdomains", b"allow_subdomains", "dedupe_similar_urls", b"dedupe_similar_urls", "delay", b"delay", "exclude_paths", b"exclude_paths", "follow_canonical", b"follow_canonical", "idempotency_key", b"idempotency_key", "ignore_query_parameters", b"ignore_query_parameters", "ignore_robots_meta", b"ignore_robots_meta", "include_paths", b"include_paths", "limit", b"limit", "max_concurrency", b"max_concurrency", "max_depth", b"max_depth", "max_retries", b"max_retries", "options", b"options", "sitemap", b"sitemap", "strip_tracking_parameters", b"strip_tracking_parameters", "url", b"url", "webhook", b"webhook"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "allow_external_links", b"allow_external_links", "allow_subdomains", b"allow_subdomains", "crawl_entire_domain", b"crawl_entire_domain", "dedupe_similar_urls", b"dedupe_similar_urls", "delay", b"delay", "exclude_paths", b"exclude_paths", "follow_canonical", b"follow_canonical", "idempotency_key", b"idempotency_key", "ignore_query_parameters", b"ignore_query_parameters", "ignore_robots_meta", b"ignore_robots_meta", "include_paths", b"include_paths", "limit", b"limit", "max_concurrency", b"max_concurrency", "max_depth", b"max_depth", "max_retries", b"max_retries", "options", b"options", "regex_on_full_url", b"regex_on_full_url", "sitemap", b"sitemap", "strip_tracking_parameters", b"strip_tracking_parameters", "url", b"url", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_retries: _TypeAlias = _typing.Literal["max_retries"]  # noqa: Y015
     _WhichOneofArgType__max_retries: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries"]  # noqa: Y015

@@ -115,6 +115,8 @@ def crawl_request(args: argparse.Namespace) -> jobs_pb2.StartCrawlRequest:
         allow_subdomains=args.allow_subdomains,
         allow_external_links=args.allow_external,
         ignore_query_parameters=args.ignore_query,
+        crawl_entire_domain=args.crawl_entire_domain,
+        regex_on_full_url=args.regex_on_full_url,
         sitemap=SITEMAP_MODES[args.sitemap],
         max_concurrency=args.concurrency,
         delay=args.delay,
@@ -322,6 +324,16 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("--max-depth", type=nonneg_int, default=0, metavar="D")
     p.add_argument("--include", action="append", default=[], metavar="RE")
     p.add_argument("--exclude", action="append", default=[], metavar="RE")
+    p.add_argument(
+        "--regex-on-full-url",
+        action="store_true",
+        help="--include/--exclude match the whole URL, not its path",
+    )
+    p.add_argument(
+        "--crawl-entire-domain",
+        action="store_true",
+        help="crawl the whole site (default: stay under the start URL's path)",
+    )
     p.add_argument("--allow-subdomains", action="store_true")
     p.add_argument("--allow-external", action="store_true")
     p.add_argument("--ignore-query", action="store_true")
