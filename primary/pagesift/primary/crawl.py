@@ -21,10 +21,10 @@ start page and its subpages. The prefix is the start path as a directory (start
 except that a last segment naming a file (it has a dot: ``/docs/index.html``,
 ``/guide/page.php``) stands for its directory (``/docs/``, ``/guide/``). Under it
 means the normalized path is the prefix's page itself (``/docs``, ``/docs/``,
-``/docs/index.html``) or starts with the prefix (``/docs/a``); ``/docsX`` is not. Hosts reached through ``allow_subdomains`` or
-``allow_external_links`` are not path-limited: the start path says nothing of their
-layout. This is path depth, not link depth: ``max_depth`` counts clicks from the
-start URL, whatever the paths.
+``/docs/index.html``) or starts with the prefix (``/docs/a``); ``/docsX`` is not.
+Hosts reached through ``allow_subdomains`` or ``allow_external_links`` are not
+path-limited: the start path says nothing of their layout. This is path depth, not
+link depth: ``max_depth`` counts clicks from the start URL, whatever the paths.
 
 Regexes (``include_paths``/``exclude_paths``) match a URL's path and query, or, with
 ``regex_on_full_url``, its whole page key (``scheme://host[:port]/path?query``).
