@@ -74,6 +74,7 @@ test: check-proto lint typecheck buf-lint pytest
 
 ## make bench: crawl throughput vs Scrapy, replication figures (see BENCHMARKS.md).
 bench: $(BIN)/.installed
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.run
 
 clean:

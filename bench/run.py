@@ -21,7 +21,8 @@ from typing import cast
 
 from bench.common import say
 
-SECTIONS = ("crawl", "replication", "streams", "failover", "misbehaving")  # the NAMEs, in order
+# the NAMEs, in order
+SECTIONS = ("crawl", "replication", "streams", "failover", "misbehaving", "documents")
 
 
 def _load(name: str) -> ModuleType | None:

@@ -99,7 +99,7 @@ async def test_a_batch_scrape_returns_each_url_and_reports_failures(
         docs = await all_documents(node.stub, started.id)
         assert sorted(normalize_url(d.url) for d in docs) == good
         errs = await node.stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=started.id))
-        assert sorted(e.code for e in errs.errors) == ["http_status", "unsupported_content"]
+        assert sorted(e.code for e in errs.errors) == ["http_status", "parse_failed"]
 
 
 async def test_paging_walks_every_document_and_next_skip_is_absent_at_the_end(

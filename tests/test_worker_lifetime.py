@@ -6,7 +6,8 @@ descendants (forkserver, workers, resource tracker) are recorded by walking
 ``/proc`` while it runs, each held by a pidfd (exact: no pid reuse can fool the
 check), then the node is killed with SIGKILL (or stopped with SIGTERM) mid-crawl
 and every recorded process must be gone within a bounded wait. A lower-level test
-kills a node while its worker is in the middle of a task. Every process a test
+kills a node while its worker is in the middle of a task. A pool call past its timeout
+kills its stuck worker and the pool starts afresh. Every process a test
 starts is SIGKILLed through its pidfd at the end, whatever happened.
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from pagesift.primary.workers import WorkerPool, WorkerTimeout
 from pagesift.shared.demosite import Site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import TERMINAL, NodeFactory, ServeProc, SiteSpec
@@ -284,3 +286,24 @@ def test_a_node_that_closes_its_pool_and_exits_leaves_nothing() -> None:
                 node.wait(10)
             assert node.stdout is not None
             node.stdout.close()
+
+
+async def test_a_call_past_its_timeout_kills_its_stuck_worker_and_the_pool_starts_afresh() -> None:
+    pool = WorkerPool(1)
+    try:
+        stuck = await pool.run(os.getpid)
+        pidfd = os.pidfd_open(stuck)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(WorkerTimeout):
+                await pool.run(time.sleep, 120, timeout=0.5)  # C code that does not return
+            assert time.monotonic() - t0 < 5
+            ready, _, _ = select.select([pidfd], [], [], GONE_WITHIN)
+            assert ready, f"worker {stuck} still alive after its call timed out"
+        finally:
+            os.close(pidfd)
+        fresh = await pool.run(os.getpid, timeout=30)
+        assert fresh != stuck
+        assert await pool.run(sum, [1, 2, 3], timeout=30) == 6  # in time: a plain result
+    finally:
+        pool.close()

@@ -48,6 +48,11 @@ The guarantees (see ``engine.py`` for the contract):
   DNS rebinding without a proxy). robots.txt is fetched with the server's user
   agent and default proxy, and read for the job's agent token.
 
+Documents (PDF, DOCX, PPTX, XLSX, ODT, EPUB: ``documents.kind_of`` by content type,
+magic bytes, or a generic type plus the URL's extension) are converted in a worker
+process bounded by ``document_timeout`` (``_convert``); whatever goes wrong there is
+the page error ``parse_failed``.
+
 Body classification and decoding live in ``content``; sitemap walking and parsing in
 ``sitemaps``, whose every file is fetched through this engine's ``_fetch``.
 """
@@ -68,7 +73,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
-from pagesift.primary import content, crawl, extract, retrypolicy, sitemaps, workers
+from pagesift.primary import content, crawl, documents, extract, retrypolicy, sitemaps, workers
 from pagesift.primary.engine import FetchPolicy, Page
 from pagesift.primary.netguard import (
     AddressGuard,
@@ -233,6 +238,8 @@ class HttpEngine:
             mimetype = resp.content_type
             if mimetype in content.HTML_TYPES:
                 return "html"
+            if documents.kind_of(mimetype, str(resp.url), b"") is not None:
+                return "document"  # by its type, or a generic type and its extension
             if content.is_text(mimetype):
                 if allow_non_html:
                     return "text"
@@ -261,9 +268,13 @@ class HttpEngine:
         while True:  # meta refresh: one more redirect hop each, same budget (bounded)
             kind = resp.kind
             if kind == "sniff":
-                kind = content.sniff(resp.body, allow_non_html)
+                head = resp.body[:4096]
+                is_document = documents.kind_of("", resp.url, head) is not None
+                kind = "document" if is_document else content.sniff(resp.body, allow_non_html)
+            if kind != "html":
+                break
             target = content.meta_refresh(content.decode(resp.body, resp.charset, html=True))
-            if kind != "html" or target is None:
+            if target is None:
                 break
             hops += 1
             nxt = _next_hop(resp.url, target, visited, hops, max_hops, "refresh")
@@ -278,8 +289,12 @@ class HttpEngine:
             content_type=resp.content_type or resp.mimetype,
         )
         doc.fetched_at.FromNanoseconds(time.time_ns())
-        text = content.decode(resp.body, resp.charset, html=kind == "html")
         agent = profile.robots_agent(self.config.user_agent)
+        if kind == "document":
+            await self._convert(doc, resp, options)
+            noindex, nofollow = page_directives([], list(resp.robots_tag), agent)
+            return Page(document=doc, canonical=resp.canonical, noindex=noindex, nofollow=nofollow)
+        text = content.decode(resp.body, resp.charset, html=kind == "html")
         if kind == "html":
             try:
                 got = await self._extract(doc, text, resp.url, options)
@@ -297,6 +312,42 @@ class HttpEngine:
         return Page(
             document=doc, links=[], canonical=resp.canonical, noindex=noindex, nofollow=nofollow
         )
+
+    async def _convert(
+        self, doc: jobs_pb2.Document, resp: _Response, options: jobs_pb2.ScrapeOptions
+    ) -> None:
+        """A PDF or office document into ``doc`` (``documents``), in a worker process
+        bounded by ``document_timeout`` (inline, in a thread, without workers). A file
+        that cannot be read, a conversion that times out and a worker that dies on it
+        (a crash in the parser) are all ``parse_failed``: never redone inline, where a
+        crash would take the node down."""
+        cap = self.config.max_document_pages
+        max_pages = min(options.max_pages or cap, cap)
+        args = (resp.body, resp.mimetype, resp.url, max_pages, documents.MAX_MARKDOWN_CHARS)
+        timeout = self.config.document_timeout
+        try:
+            if self._workers is None:
+                conv = await asyncio.to_thread(documents.convert_compact, *args)
+            else:
+                conv = await self._workers.run(documents.convert_compact, *args, timeout=timeout)
+        except documents.DocumentError as exc:
+            raise PageError(ErrorCode.PARSE_FAILED, exc.reason) from None
+        except workers.WorkerTimeout:
+            raise PageError(ErrorCode.PARSE_FAILED, f"conversion took over {timeout:g}s") from None
+        except workers.WorkerLost:
+            raise PageError(ErrorCode.PARSE_FAILED, "the converter crashed on it") from None
+        want = extract.wanted(options)
+        if want.markdown:
+            doc.markdown = conv.markdown
+        doc.title = conv.title
+        doc.num_pages = conv.num_pages
+        meta = {**conv.metadata, "source": conv.kind}
+        for key, value in (("author", conv.author), ("created", conv.created)):
+            if value:
+                meta[key] = value
+        if conv.modified:
+            meta["modified"] = conv.modified
+        doc.metadata.update(meta)
 
     async def _extract(
         self, doc: jobs_pb2.Document, text: str, base_url: str, options: jobs_pb2.ScrapeOptions

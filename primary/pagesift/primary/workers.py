@@ -1,9 +1,10 @@
 """The node's pool of extraction worker processes, and their lifetime.
 
 Owns the one ``ProcessPoolExecutor`` a node uses for CPU-heavy work (HTML
-extraction): its creation (lazy: no process starts until the first call), the
-initializer every worker runs, the replacement of a pool a dead worker broke,
-and its shutdown. ``fetch.HttpEngine`` only calls ``WorkerPool.run``.
+extraction, document conversion): its creation (lazy: no process starts until
+the first call), the initializer every worker runs, the replacement of a pool a
+dead worker broke, the kill of a pool a call outlived, and its shutdown.
+``fetch.HttpEngine`` only calls ``WorkerPool.run``.
 
 Guarantees:
 
@@ -18,6 +19,13 @@ Guarantees:
 - A worker that dies mid-task breaks only that call: ``run`` raises
   ``WorkerLost`` (the caller does the work inline) and the next call gets a
   fresh pool. After ``close`` no process is started again.
+- ``run(..., timeout=T)`` returns or raises within about ``T`` seconds even when
+  the worker is stuck (in C code that never returns, say): on timeout every
+  process of the pool is SIGKILLed (the executor cannot tell which worker holds
+  which call), the pool is dropped, and ``run`` raises ``WorkerTimeout``; other
+  calls in flight on that pool raise ``WorkerLost``, and the next call gets a
+  fresh pool. ``WorkerTimeout`` is not a ``WorkerLost``: work that timed out must
+  not be redone inline.
 
 Why processes used to outlive a SIGKILLed node (CPython 3.11's multiprocessing):
 the forkserver exits when every holder of the write end of its "alive" pipe is
@@ -49,6 +57,7 @@ group, and the node, which handles it, decides when its workers stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -58,7 +67,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
-__all__ = ["WorkerLost", "WorkerPool", "worker_count"]
+__all__ = ["WorkerLost", "WorkerPool", "WorkerTimeout", "worker_count"]
 
 T = TypeVar("T")
 
@@ -69,6 +78,10 @@ _DRAIN_MAX_READS = 1 << 20  # the node writes no more than the worker's start da
 
 class WorkerLost(Exception):
     """A worker process died during the call (or the pool is closed)."""
+
+
+class WorkerTimeout(Exception):
+    """The call outlived its timeout; the pool's workers were killed."""
 
 
 def worker_count(setting: int) -> int:
@@ -130,18 +143,38 @@ class WorkerPool:
             )
         return self._executor
 
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
+    async def run(self, fn: Callable[..., T], *args: object, timeout: float | None = None) -> T:
         """``fn(*args)`` in a worker process (``fn`` and the arguments are pickled:
         a module-level function). Raises ``WorkerLost`` if the worker died first;
-        the broken pool is dropped and the next call starts a new one."""
+        the broken pool is dropped and the next call starts a new one. With
+        ``timeout`` (seconds, counted from the call, queueing included), a call not
+        done in time kills the pool's workers and raises ``WorkerTimeout``."""
         executor = self._executor_now()
+        future = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+            if timeout is None:
+                return await future
+            return await asyncio.wait_for(future, timeout)
         except BrokenProcessPool as exc:
-            if self._executor is executor:
-                self._executor = None
-                executor.shutdown(wait=False, cancel_futures=True)
+            self._drop(executor)
             raise WorkerLost(str(exc) or "a worker process died") from exc
+        except TimeoutError as exc:
+            self._drop(executor, kill=True)
+            raise WorkerTimeout(f"{getattr(fn, '__name__', fn)!s} took over {timeout} s") from exc
+
+    def _drop(self, executor: ProcessPoolExecutor, *, kill: bool = False) -> None:
+        """Forget ``executor`` (if it is still the pool's) and shut it down; with
+        ``kill``, SIGKILL its workers first (a stuck worker never reads a stop)."""
+        if kill:
+            # ProcessPoolExecutor has no public kill; its worker map is stable CPython API
+            # since 3.2 (and typeshed's). The executor's manager thread sees the deaths
+            # and fails the pool's other calls with BrokenProcessPool.
+            for proc in list((executor._processes or {}).values()):
+                with contextlib.suppress(OSError, ValueError):
+                    proc.kill()
+        if self._executor is executor:
+            self._executor = None
+        executor.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the workers (calls in flight are cancelled; an idle worker exits at

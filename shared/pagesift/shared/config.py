@@ -56,6 +56,10 @@ class ServerConfig:
     max_redirects: int = 10
     respect_robots: bool = True
     extract_processes: int = -1  # HTML extraction workers: -1 = one per CPU, 0 = inline
+    # documents (pagesift.primary.documents): the most pages a job's max_pages may ask
+    # for (and its default), and how long one conversion may run in a worker
+    max_document_pages: int = 1_000
+    document_timeout: float = 60.0
     # retries of transient page failures (pagesift.primary.retrypolicy)
     max_retries: int = 3  # per page, when the job does not ask (0 = no retry)
     max_retries_limit: int = 10  # the most a job may ask for

@@ -47,7 +47,7 @@ SPECIAL_ERRORS: dict[str, str] = {
     SERVER_ERROR_PATH: "http_status",
     SLOW_PATH: "timeout",
     BIG_PATH: "too_large",
-    PDF_PATH: "unsupported_content",
+    PDF_PATH: "parse_failed",  # a PDF without pages (a document the converter refuses)
     JSON_PATH: "unsupported_content",
     LOOP_PATH: "redirect_loop",
 }

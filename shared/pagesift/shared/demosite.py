@@ -58,7 +58,8 @@ The crawl contract (``Site.expected_documents`` / ``Site.expected_errors``):
 - They assume the crawler's read timeout is below ``slow_seconds`` and its body
   cap below ``big_bytes`` (``slow_times_out``/``big_too_large`` say otherwise:
   the page is then a document), that it fetches links whatever their extension
-  (so ``.pdf``/``.json`` fail as ``unsupported_content``), and that it respects
+  (so ``.json`` fails as ``unsupported_content`` and the page-less ``.pdf`` as
+  ``parse_failed``, whatever ``allow_non_html`` says), and that it respects
   robots.txt: each linked ``/private/`` URL is an error ``robots_disallowed``
   (``robots_disallowed_urls`` lists them, the ``robots_blocked`` of
   GetJobErrors). A 404/500 is ``http_status``, the loop ``redirect_loop``.

@@ -37,6 +37,9 @@ class ErrorCode(enum.StrEnum):
     RETRY_AFTER_TOO_LONG = "retry_after_too_long"
     # the site's TLS certificate was not accepted (options.skip_tls_verification accepts it)
     TLS = "tls"
+    # a PDF or office document that could not be read: broken, truncated, encrypted,
+    # unsupported inside, or its conversion outlived ``document_timeout``
+    PARSE_FAILED = "parse_failed"
 
 
 class PageError(Exception):

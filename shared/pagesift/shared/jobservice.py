@@ -360,7 +360,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         runtime = await self._runtime(context)
         try:
             await validate.url(request.url, "url", self.node.config)
-            validate.options(request.options)
+            validate.options(request.options, self.node.config)
         except validate.InvalidArgument as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         await self._request_control(context, caller, request.options)

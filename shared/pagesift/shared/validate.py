@@ -58,10 +58,17 @@ async def url(value: str, field: str, config: ServerConfig) -> str:
     return value
 
 
-def options(opts: jobs_pb2.ScrapeOptions, field: str = "options") -> None:
+def options(opts: jobs_pb2.ScrapeOptions, config: ServerConfig, field: str = "options") -> None:
+    """What shapes the document (formats, max_pages); request control is
+    ``request_control``'s."""
     for i, f in enumerate(opts.formats):
         if f not in jobs_pb2.Format.values() or f == jobs_pb2.FORMAT_UNSPECIFIED:
             raise InvalidArgument(f"{field}.formats[{i}]", f"unknown format {f}")
+    if not 0 <= opts.max_pages <= config.max_document_pages:
+        raise InvalidArgument(
+            f"{field}.max_pages",
+            f"{opts.max_pages} is outside 0..{config.max_document_pages} (0 = the server's max)",
+        )
 
 
 # Request headers a job may not set (lowercase): hop-by-hop and framing headers (RFC 9110
@@ -184,7 +191,7 @@ async def batch(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> 
         raise InvalidArgument(
             "urls", f"{len(req.urls)} URLs exceed the cap of {config.max_batch_urls}"
         )
-    options(req.options)
+    options(req.options, config)
     concurrency(req.max_concurrency, config)
     max_retries(req, config)
     bad: list[int] = []
@@ -238,7 +245,7 @@ async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> None:
     max_retries(req, config)
     if not 0 <= req.delay <= 60:
         raise InvalidArgument("delay", f"{req.delay} is outside 0..60 seconds")
-    options(req.options)
+    options(req.options, config)
 
 
 def page(skip: int, limit: int, config: ServerConfig) -> int:

@@ -164,6 +164,7 @@ class ScrapeOptions(_message.Message):
     PROXY_FIELD_NUMBER: _builtins.int
     PROXY_URL_FIELD_NUMBER: _builtins.int
     IGNORE_ROBOTS_TXT_FIELD_NUMBER: _builtins.int
+    MAX_PAGES_FIELD_NUMBER: _builtins.int
     only_main_content: _builtins.bool
     """Keep only the main content (drop nav, header, footer, aside, scripts)."""
     allow_non_html: _builtins.bool
@@ -185,6 +186,10 @@ class ScrapeOptions(_message.Message):
     """
     ignore_robots_txt: _builtins.bool
     """Do not fetch or obey robots.txt; only for accounts with allow_ignore_robots."""
+    max_pages: _builtins.int
+    """Documents (PDF, DOCX, PPTX, XLSX, ODT, EPUB): convert at most this many pages
+    (slides, sheets, chapters); 0 means the server's max_document_pages.
+    """
     @_builtins.property
     def formats(self) -> _containers.RepeatedScalarFieldContainer[Global___Format.ValueType]:
         """Formats to produce; empty means markdown only."""
@@ -228,10 +233,11 @@ class ScrapeOptions(_message.Message):
         proxy: _builtins.str = ...,
         proxy_url: _builtins.str = ...,
         ignore_robots_txt: _builtins.bool = ...,
+        max_pages: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_non_html", b"allow_non_html", "cookies", b"cookies", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "user_agent", b"user_agent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_non_html", b"allow_non_html", "cookies", b"cookies", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "max_pages", b"max_pages", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "user_agent", b"user_agent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -242,6 +248,26 @@ class Document(_message.Message):
     """Document is one scraped page."""
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     URL_FIELD_NUMBER: _builtins.int
     FINAL_URL_FIELD_NUMBER: _builtins.int
@@ -255,6 +281,8 @@ class Document(_message.Message):
     RAW_HTML_FIELD_NUMBER: _builtins.int
     LINKS_FIELD_NUMBER: _builtins.int
     FETCHED_AT_FIELD_NUMBER: _builtins.int
+    NUM_PAGES_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     final_url: _builtins.str
     status_code: _builtins.int
@@ -265,10 +293,22 @@ class Document(_message.Message):
     markdown: _builtins.str
     html: _builtins.str
     raw_html: _builtins.str
+    num_pages: _builtins.int
+    """Pages (slides, sheets, chapters) of a document converted from PDF or an office
+    format; 0 for HTML and text.
+    """
     @_builtins.property
     def links(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def fetched_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What the page or document says about itself beyond the fields above. For a
+        converted document: "source" (pdf, docx, pptx, xlsx, odt, epub), "author",
+        "created", "modified" (ISO 8601), "truncated" (max_pages or max_chars) when the
+        text was cut, and whatever else the file records (e.g. "producer").
+        """
+
     def __init__(
         self,
         *,
@@ -284,10 +324,12 @@ class Document(_message.Message):
         raw_html: _builtins.str = ...,
         links: _abc.Iterable[_builtins.str] | None = ...,
         fetched_at: _timestamp_pb2.Timestamp | None = ...,
+        num_pages: _builtins.int = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["fetched_at", b"fetched_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "description", b"description", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "language", b"language", "links", b"links", "markdown", b"markdown", "raw_html", b"raw_html", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "description", b"description", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "language", b"language", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "num_pages", b"num_pages", "raw_html", b"raw_html", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
