@@ -424,9 +424,7 @@ def test_contract_arguments() -> None:
     assert site.sitemap_urls(root) <= depth1  # sitemap URLs are depth 1
     assert site.expected_documents(root, sitemap="skip", max_depth=1) < depth1
     loose = site.expected_documents(root, allow_non_html=True, slow_times_out=False)
-    assert loose - docs == {
-        site.url(root, p) for p in ("/data.json", SLOW_PATH)
-    }
+    assert loose - docs == {site.url(root, p) for p in ("/data.json", SLOW_PATH)}
     errors = site.expected_errors(root, big_too_large=False)
     assert site.url(root, BIG_PATH) not in errors
     assert set(site.expected_errors(root).values()) == {
