@@ -106,9 +106,12 @@ def test_request_control_flags_build_the_options() -> None:
             "Authorization: Bearer t", "--cookie", "sid=1", "--user-agent", "acme/1.0",
             "--timeout", "2.5", "--skip-tls-verification", "--proxy", "pool",
             "--proxy-url", "http://u:p@proxy.example:3128", "--ignore-robots-txt",
+            "--max-age", "600", "--format", "markdown,change_tracking", "--diff",
         ]
     )  # fmt: skip
     options = batch_request(args).options
+    assert options.max_age.seconds == 600 and options.change_tracking_diff
+    assert jobs_pb2.FORMAT_CHANGE_TRACKING in options.formats
     assert dict(options.headers) == {"X-Team": "data", "Authorization": "Bearer t"}
     assert dict(options.cookies) == {"sid": "1"}
     assert options.user_agent == "acme/1.0"
@@ -612,6 +615,15 @@ class FakeJobs(jobs_pb2_grpc.JobServiceServicer):
             errors=[jobs_pb2.PageError(url="http://site/x", code="http_status", message="404")]
         )
 
+    async def Map(
+        self,
+        request: jobs_pb2.MapRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> AsyncIterator[jobs_pb2.MapResponse]:
+        await self._write("Map", context)
+        yield jobs_pb2.MapResponse(urls=[request.url, request.url + "a"])
+        yield jobs_pb2.MapResponse(urls=[request.url + "b"])
+
     async def ListJobs(
         self,
         request: jobs_pb2.ListJobsRequest,
@@ -886,3 +898,13 @@ async def test_crawl_wait_shows_progress_then_a_summary(
         "failed": 2,
         "invalid_urls": ["nope"],
     }
+
+
+async def test_map_goes_to_the_primary_and_joins_every_batch(
+    pair: tuple[FakeJobs, str, FakeJobs, str],
+) -> None:
+    standby, s_addr, primary, p_addr = pair
+    async with JobClient([s_addr, p_addr], retry_budget=0) as client:
+        got = await client.map("http://h/", search="x")
+    assert got == ["http://h/", "http://h/a", "http://h/b"]
+    assert standby.calls == ["Map"] and primary.calls == ["Map"]

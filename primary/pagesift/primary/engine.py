@@ -15,6 +15,9 @@ is the real one; any other engine obeys the same contract:
   followed like redirects), ``canonical`` (its rel=canonical, absolute, or ""),
   and ``noindex``/``nofollow`` (meta robots and X-Robots-Tag, see
   ``robots.page_directives``). The engine itself never drops a page for them.
+- a conditional request (``FetchPolicy.validators``) answered ``304 Not Modified``
+  returns a ``Page`` with ``not_modified`` set and an empty document: the caller
+  holds the copy it revalidated.
 - ``sitemap_urls(url, policy)`` returns the page URLs the site's sitemap(s) list,
   or an empty list; it never raises for a missing or broken sitemap.
 - every request of a scrape, its redirects and its sitemaps sends what the policy's
@@ -39,10 +42,13 @@ class FetchPolicy:
     (robots.txt Crawl-delay raises it); ``request`` is what each request sends
     (headers, cookie jar, user agent, timeout, TLS, proxy, robots: ``reqprofile``),
     None for a one-off scrape whose options say it all (the engine builds one).
+    ``validators`` (ETag, Last-Modified) of a cached copy make the request
+    conditional (``pagecache``): a 304 comes back as ``Page.not_modified``.
     """
 
     delay: float = 0.0
     request: RequestProfile | None = None
+    validators: tuple[str, str] | None = None
 
 
 @dataclass
@@ -55,6 +61,9 @@ class Page:
     canonical: str = ""  # the page's rel=canonical URL, absolute ("" when none)
     noindex: bool = False  # meta robots / X-Robots-Tag said noindex (or none)
     nofollow: bool = False  # ... said nofollow (or none)
+    validators: tuple[str, str] = ("", "")  # the response's ETag and Last-Modified
+    not_modified: bool = False  # a conditional request got 304: no document
+    cache: str = ""  # "hit" / "revalidated" when it came from the page cache
 
 
 class Engine(Protocol):

@@ -19,12 +19,30 @@ Owns the one HTML parse per page. The guarantees:
   (http(s) only, fragment dropped), and ``robots_meta`` the contents of its
   ``<meta name="robots">`` and ``<meta name="pagesift">`` tags; the engine and the
   job runtime decide what they mean (``fetch``, ``jobs``).
+- ``metadata`` (always, one pass over the page's title/base/meta/link tags, shared
+  with the fields above): every ``og:*``/``twitter:*`` meta tag (key as written,
+  first one wins), ``canonical``, ``keywords``, ``author``, ``published`` and
+  ``modified`` (the best-ranked of ``_PUBLISHED``/``_MODIFIED``), ``favicon`` (the
+  best ``<link rel=icon>``, absolute, else the origin's ``/favicon.ico``) and
+  ``robots``; at most ``MAX_METADATA_KEYS`` keys of at most ``MAX_METADATA_KEY``
+  characters, values cut at ``MAX_METADATA_VALUE`` characters (``add_metadata``
+  applies the same bounds to the response headers of ``response_metadata``).
+- Extraction controls (``Wanted``): ``include_tags`` keeps only the top-most elements
+  the selectors match (their subtrees, in document order) as the content,
+  ``exclude_tags`` then removes every match, ``remove_base64_images`` every
+  ``<img src="data:...">``; all before cleaning and conversion, so they shape
+  ``html`` and ``markdown`` only (links, images and metadata read the whole page).
+- ``images`` (only with ``FORMAT_IMAGES``): ``img`` src and srcset and ``picture
+  source`` srcset, absolute, ``urls.normalize``d, once each, in document order;
+  never ``data:``. ``link_texts`` (only with ``FORMAT_LINKS``) is parallel to
+  ``links``: the text of the first anchor of each link.
 
 Nothing here does I/O; ``extract`` is safe to run in a worker thread.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
@@ -34,7 +52,19 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 from pagesift.shared import urls
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["Extracted", "Wanted", "apply", "extract", "fill_document", "to_markdown", "wanted"]
+__all__ = [
+    "MAX_METADATA_KEYS",
+    "MAX_METADATA_VALUE",
+    "Extracted",
+    "Wanted",
+    "add_metadata",
+    "apply",
+    "extract",
+    "fill_document",
+    "response_metadata",
+    "to_markdown",
+    "wanted",
+]
 
 _ALWAYS_DROP = ["script", "style", "noscript", "template", "iframe", "svg"]
 _MAIN_DROP = ["nav", "header", "footer", "aside"]
@@ -43,28 +73,43 @@ _SKIP_PREFIXES = ("#", "javascript:", "mailto:", "tel:", "data:")
 
 @dataclass(frozen=True, slots=True)
 class Wanted:
-    """Which document formats to produce."""
+    """Which document formats to produce, and the extraction controls that shape them
+    (small and picklable: it travels to the worker processes)."""
 
     markdown: bool = True
     html: bool = False
     raw_html: bool = False
     links: bool = False
+    images: bool = False
+    include_tags: tuple[str, ...] = ()
+    exclude_tags: tuple[str, ...] = ()
+    remove_base64_images: bool = False
 
 
-_WANTED_CACHE: dict[tuple[int, ...], Wanted] = {}
+_WantedKey = tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], bool]
+_WANTED_CACHE: dict[_WantedKey, Wanted] = {}
 
 
 def wanted(options: jobs_pb2.ScrapeOptions) -> Wanted:
-    """The formats ``options`` asks for (an empty list means markdown only)."""
-    key = tuple(options.formats)
+    """What ``options`` asks for (an empty format list means markdown only)."""
+    key = (
+        tuple(options.formats),
+        tuple(options.include_tags),
+        tuple(options.exclude_tags),
+        options.remove_base64_images,
+    )
     got = _WANTED_CACHE.get(key)
     if got is None:
-        fmts = set(key)
+        fmts = set(key[0])
         got = Wanted(
             markdown=not fmts or jobs_pb2.FORMAT_MARKDOWN in fmts,
             html=jobs_pb2.FORMAT_HTML in fmts,
             raw_html=jobs_pb2.FORMAT_RAW_HTML in fmts,
             links=jobs_pb2.FORMAT_LINKS in fmts,
+            images=jobs_pb2.FORMAT_IMAGES in fmts,
+            include_tags=key[1],
+            exclude_tags=key[2],
+            remove_base64_images=key[3],
         )
         if len(_WANTED_CACHE) < 256:
             _WANTED_CACHE[key] = got
@@ -90,59 +135,273 @@ class Extracted:
     base_url: str = ""
     canonical: str = ""
     robots_meta: list[str] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)
+    link_texts: list[str] = field(default_factory=list)  # parallel to links (FORMAT_LINKS)
 
 
-def _head_meta(tree: LexborHTMLParser) -> tuple[str, str, str]:
-    """(title, description, base href) from the head; og: values as fallbacks."""
-    title = ""
-    node = tree.css_first("title")
-    if node is not None:
-        title = node.text(strip=True)
-    description = og_description = og_title = ""
-    for meta in tree.css("meta[content]"):
-        attrs = meta.attributes
-        name = (attrs.get("name") or attrs.get("property") or "").lower()
-        if name == "description" and not description:
-            description = (attrs.get("content") or "").strip()
-        elif name == "og:description" and not og_description:
-            og_description = (attrs.get("content") or "").strip()
-        elif name == "og:title" and not og_title:
-            og_title = (attrs.get("content") or "").strip()
-    base = ""
-    base_node = tree.css_first("base[href]")
-    if base_node is not None:
-        base = (base_node.attributes.get("href") or "").strip()
-    return title or og_title, description or og_description, base
+MAX_METADATA_KEYS = 100
+MAX_METADATA_VALUE = 1024  # characters
+MAX_METADATA_KEY = 128  # characters; a longer key is dropped
+MAX_LINK_TEXT = 500  # characters
 
-
+# Meta names (lowercase) of a page's publication and modification time, best first.
+_PUBLISHED = {
+    name: rank
+    for rank, name in enumerate((
+        "article:published_time", "datepublished", "og:published_time", "published_time",
+        "pubdate", "publishdate", "publish-date", "publish_date", "date", "dc.date.issued",
+        "dcterms.issued", "dc.date", "dcterms.created", "dcterms.date", "citation_publication_date",
+        "citation_date", "sailthru.date", "parsely-pub-date",
+    ))
+}  # fmt: skip
+_MODIFIED = {
+    name: rank
+    for rank, name in enumerate((
+        "article:modified_time", "datemodified", "og:updated_time", "modified_time",
+        "last-modified", "dcterms.modified", "dc.date.modified", "revised",
+    ))
+}  # fmt: skip
 _ROBOTS_NAMES = frozenset({"robots", "pagesift"})
+_HEAD_SELECTOR = "title, base[href], meta[content], link[rel][href]"
+_ICON_RELS = frozenset({"icon", "apple-touch-icon", "apple-touch-icon-precomposed"})
 
 
-def _identity(tree: LexborHTMLParser, base_url: str) -> tuple[str, list[str]]:
-    """(absolute rel=canonical URL or "", meta robots contents)."""
-    canonical = ""
-    for node in tree.css("link[rel][href]"):
-        rels = (node.attributes.get("rel") or "").lower().split()
-        if "canonical" in rels:
-            href = (node.attributes.get("href") or "").strip()
-            joined = urljoin(base_url, href).partition("#")[0] if href else ""
-            if joined.startswith(("http://", "https://")):
-                canonical = urls.strip_userinfo(joined)
+@dataclass(slots=True)
+class _Head:
+    title: str = ""
+    description: str = ""
+    base_href: str = ""
+    canonical_href: str = ""
+    robots: list[str] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    icon_href: str = ""
+
+
+def _bounded(value: str) -> str:
+    return value if len(value) <= MAX_METADATA_VALUE else value[:MAX_METADATA_VALUE]
+
+
+def _icon_rank(rels: list[str], sizes: str) -> tuple[int, int]:
+    """(rel=icon over apple-touch-icon, largest declared size; "any" is the largest)."""
+    best = 0
+    for size in sizes.lower().split():
+        if size == "any":
+            return ("icon" in rels, 1 << 30)
+        w, _, h = size.partition("x")
+        if w.isdigit() and h.isdigit():
+            best = max(best, int(w) * int(h))
+    return ("icon" in rels, best)
+
+
+def _head(tree: LexborHTMLParser) -> _Head:
+    """Title, description, base href, rel=canonical, meta robots and the metadata
+    keys, in ONE pass over the page's title/base/meta/link tags; og: values are the
+    fallback title and description."""
+    out = _Head()
+    meta = out.metadata
+    title_seen = False
+    description = og_description = og_title = ""
+    published = modified = ""
+    published_rank = modified_rank = len(_PUBLISHED)
+    robots: list[str] = []
+    icon_rank: tuple[int, int] = (-1, -1)
+    for node in tree.css(_HEAD_SELECTOR):
+        tag = node.tag
+        if tag == "meta":
+            attrs = node.attributes
+            written = attrs.get("name") or attrs.get("property") or attrs.get("itemprop") or ""
+            written = written.strip()
+            name = written.lower()
+            if not name:
+                continue
+            content = (attrs.get("content") or "").strip()
+            if name.startswith(("og:", "twitter:")):
+                if (
+                    content
+                    and written not in meta
+                    and len(meta) < MAX_METADATA_KEYS
+                    and len(written) <= MAX_METADATA_KEY
+                ):
+                    meta[written] = _bounded(content)
+                if name == "og:description" and not og_description:
+                    og_description = content
+                elif name == "og:title" and not og_title:
+                    og_title = content
+            elif name == "description":
+                if not description:
+                    description = content
+            elif name in _ROBOTS_NAMES:
+                if "name" in attrs:
+                    out.robots.append(attrs.get("content") or "")
+                    if name == "robots" and content:
+                        robots.append(content)
+                continue
+            elif name in ("keywords", "author"):
+                if content and name not in meta and len(meta) < MAX_METADATA_KEYS:
+                    meta[name] = _bounded(content)
+                continue
+            rank = _PUBLISHED.get(name)
+            if rank is not None and rank < published_rank and content:
+                published, published_rank = content, rank
+            rank = _MODIFIED.get(name)
+            if rank is not None and rank < modified_rank and content:
+                modified, modified_rank = content, rank
+        elif tag == "link":
+            attrs = node.attributes
+            rels = (attrs.get("rel") or "").lower().split()
+            if "canonical" in rels and not out.canonical_href:
+                out.canonical_href = (attrs.get("href") or "").strip() or " "
+            elif not _ICON_RELS.isdisjoint(rels):
+                href = (attrs.get("href") or "").strip()
+                if href and not href.lower().startswith("data:"):
+                    rank2 = _icon_rank(rels, attrs.get("sizes") or "")
+                    if rank2 > icon_rank:
+                        out.icon_href, icon_rank = href, rank2
+        elif tag == "title":
+            if not title_seen:
+                title_seen = True
+                out.title = node.text(strip=True)
+        elif tag == "base" and not out.base_href:
+            out.base_href = (node.attributes.get("href") or "").strip()
+    out.title = out.title or og_title
+    out.description = description or og_description
+    for key, value in (
+        ("published", published),
+        ("modified", modified),
+        ("robots", ", ".join(robots)),
+    ):
+        if value and len(meta) < MAX_METADATA_KEYS:
+            meta[key] = _bounded(value)
+    return out
+
+
+def _absolute(base_url: str, href: str) -> str:
+    """``href`` made absolute, fragment dropped; "" unless http(s)."""
+    joined = urljoin(base_url, href).partition("#")[0] if href else ""
+    return joined if joined.startswith(("http://", "https://")) else ""
+
+
+def _finish_metadata(head: _Head, page_url: str, base_url: str, canonical: str) -> None:
+    meta = head.metadata
+    if canonical and len(meta) < MAX_METADATA_KEYS:
+        meta["canonical"] = _bounded(canonical)
+    icon = _absolute(base_url, head.icon_href) if head.icon_href else ""
+    if not icon and page_url.startswith(("http://", "https://")):
+        parts = urlsplit(page_url)
+        icon = f"{parts.scheme}://{parts.netloc}/favicon.ico"
+    if icon and len(meta) < MAX_METADATA_KEYS:
+        meta["favicon"] = _bounded(urls.strip_userinfo(icon) if "@" in icon else icon)
+
+
+# Response headers kept as metadata: header name -> metadata key.
+_HEADER_KEYS = (
+    ("ETag", "etag"),
+    ("Last-Modified", "last-modified"),
+    ("Content-Language", "content-language"),
+    ("Cache-Control", "cache-control"),
+)
+
+
+def response_metadata(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The metadata entries of a response's headers (``etag``, ``last-modified``,
+    ``content-language``, ``cache-control``: the ones it has), values bounded."""
+    out = []
+    for header, key in _HEADER_KEYS:
+        value = headers.get(header)
+        if value:
+            out.append((key, _bounded(value.strip())))
+    return tuple(out)
+
+
+def add_metadata(target: MutableMapping[str, str], items: Iterable[tuple[str, str]]) -> None:
+    """Add ``items`` to ``target`` (a ``Document.metadata``) within the bounds: keys
+    already there are kept, no more than ``MAX_METADATA_KEYS`` in all, values cut."""
+    for key, value in items:
+        if key in target or len(key) > MAX_METADATA_KEY:
+            continue
+        if len(target) >= MAX_METADATA_KEYS:
+            return
+        target[key] = _bounded(value)
+
+
+def _srcset_urls(value: str) -> list[str]:
+    """The URLs of a ``srcset`` (HTML's candidate parsing: a URL is a run of
+    non-space characters, trailing commas are separators; descriptors skipped)."""
+    out: list[str] = []
+    i, n = 0, len(value)
+    while i < n:
+        while i < n and (value[i].isspace() or value[i] == ","):
+            i += 1
+        if i >= n:
             break
-    robots = [
-        (m.attributes.get("content") or "")
-        for m in tree.css("meta[name][content]")
-        if (m.attributes.get("name") or "").strip().lower() in _ROBOTS_NAMES
-    ]
-    return canonical, robots
+        j = i
+        while j < n and not value[j].isspace():
+            j += 1
+        url = value[i:j]
+        if url.endswith(","):
+            url = url.rstrip(",")
+            i = j
+        else:
+            k = value.find(",", j)
+            i = n if k < 0 else k + 1
+        if url:
+            out.append(url)
+    return out
 
 
-def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
+def _images(tree: LexborHTMLParser, base_url: str) -> list[str]:
+    """Absolute, normalized image URLs (img src/srcset, picture source srcset), once
+    each, in document order; data: URIs and non-http(s) URLs skipped."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for node in tree.css("img, picture source"):
+        attrs = node.attrs
+        found = []
+        if node.tag == "img":
+            src = attrs.get("src")
+            if src:
+                found.append(src.strip())
+        srcset = attrs.get("srcset")
+        if srcset:
+            found.extend(_srcset_urls(srcset))
+        for ref in found:
+            if not ref or ref[:5].lower() == "data:":
+                continue
+            absolute = _absolute(base_url, ref)
+            if not absolute:
+                continue
+            try:
+                key = urls.normalize(absolute)
+            except ValueError:
+                continue
+            if key not in seen:
+                seen.add(key)
+                out.append(key)
+    return out
+
+
+def _anchor_text(node: LexborNode) -> str:
+    """An anchor's text, whitespace collapsed; else its title, aria-label or image alt."""
+    text = " ".join((node.text(deep=True, separator=" ") or "").split())
+    if not text:
+        attrs = node.attrs
+        text = (attrs.get("title") or attrs.get("aria-label") or "").strip()
+        if not text:
+            img = node.css_first("img[alt]")
+            if img is not None:
+                text = (img.attrs.get("alt") or "").strip()
+        text = " ".join(text.split())
+    return text[:MAX_LINK_TEXT]
+
+
+def _links(tree: LexborHTMLParser, base_url: str, texts: list[str] | None = None) -> list[str]:
     """Absolute http(s) links without fragments, one per page key, in document order.
 
     Links keep the form the page wrote (``/docs/`` stays ``/docs/``), so fetching
     one costs no redirect; callers key them with ``urls.normalize`` (cached). A
     ``user:password@`` in a link is dropped: credentials are never stored or sent.
+    With ``texts``, the text of each link's first anchor is appended to it.
     """
     parts = urlsplit(base_url)
     origin = f"{parts.scheme}://{parts.netloc}"
@@ -181,6 +440,8 @@ def _links(tree: LexborHTMLParser, base_url: str) -> list[str]:
             seen.add(key)
             link = absolute.partition("#")[0]
             out.append(urls.strip_userinfo(link) if "@" in link else link)  # never kept
+            if texts is not None:
+                texts.append(_anchor_text(node))
     return out
 
 
@@ -193,6 +454,48 @@ def _content_root(tree: LexborHTMLParser, only_main: bool) -> LexborNode | None:
         if len(articles) == 1:
             return articles[0]
     return tree.body or tree.root
+
+
+def _topmost(nodes: list[LexborNode]) -> list[LexborNode]:
+    """``nodes`` (document order) without those inside another of them."""
+    if len(nodes) < 2:
+        return nodes
+    ids = {n.mem_id for n in nodes}
+    out = []
+    for node in nodes:
+        parent = node.parent
+        while parent is not None and parent.mem_id not in ids:
+            parent = parent.parent
+        if parent is None:
+            out.append(node)
+    return out
+
+
+def _controlled_root(
+    tree: LexborHTMLParser, want: Wanted, only_main: bool
+) -> tuple[LexborNode | None, LexborHTMLParser | None]:
+    """The content root once ``want``'s extraction controls are applied, and the
+    parser that owns it when it is not ``tree`` (the include_tags fragment)."""
+    owner: LexborHTMLParser | None = None
+    if want.include_tags:
+        whole = tree.body or tree.root
+        matched = [] if whole is None else _topmost(whole.css(", ".join(want.include_tags)))
+        owner = LexborHTMLParser(
+            "<html><body>" + "".join(n.html or "" for n in matched) + "</body></html>"
+        )
+        root = owner.body
+    else:
+        root = _content_root(tree, only_main)
+    if root is None:
+        return None, owner
+    if want.exclude_tags:
+        for node in _topmost(root.css(", ".join(want.exclude_tags))):
+            node.decompose()
+    if want.remove_base64_images:
+        for img in root.css("img[src]"):
+            if (img.attrs.get("src") or "").lstrip()[:5].lower() == "data:":
+                img.decompose()
+    return root, owner
 
 
 def _clean(root: LexborNode, only_main: bool) -> str:
@@ -230,24 +533,35 @@ def extract(
     ``<base href>`` in the page overrides it.
     """
     tree = LexborHTMLParser(html)
-    title, description, base_href = _head_meta(tree)
-    if base_href:
-        joined = urljoin(base_url, base_href)
+    head = _head(tree)
+    page_url = base_url
+    if head.base_href:
+        joined = urljoin(base_url, head.base_href)
         if joined.startswith(("http://", "https://")):
             base_url = joined
     language = ""
     if tree.root is not None:
         language = (tree.root.attrs.get("lang") or "").strip()
     out = Extracted(
-        title=title,
-        description=description,
+        title=head.title,
+        description=head.description,
         language=language,
-        links=_links(tree, base_url),
         base_url=base_url,
+        robots_meta=head.robots,
+        metadata=head.metadata,
     )
-    out.canonical, out.robots_meta = _identity(tree, base_url)
+    out.links = _links(tree, base_url, out.link_texts if want.links else None)
+    if head.canonical_href:
+        canonical = _absolute(base_url, head.canonical_href.strip())
+        out.canonical = urls.strip_userinfo(canonical) if canonical else ""
+    _finish_metadata(head, page_url, base_url, out.canonical)
+    if want.images:
+        out.images = _images(tree, base_url)
     if want.markdown or want.html:
-        root = _content_root(tree, only_main_content)
+        if want.include_tags or want.exclude_tags or want.remove_base64_images:
+            root, _owner = _controlled_root(tree, want, only_main_content)
+        else:
+            root = _content_root(tree, only_main_content)
         out.cleaned = _clean(root, only_main_content) if root is not None else ""
         if want.html:
             out.html = out.cleaned
@@ -265,8 +579,15 @@ def extract_compact(html: str, base_url: str, want: Wanted, only_main_content: b
     return out
 
 
-def apply(doc: jobs_pb2.Document, got: Extracted, want: Wanted, raw_html: str) -> None:
-    """Copy an extraction into ``doc``: metadata always, formats as ``want`` says."""
+def apply(
+    doc: jobs_pb2.Document,
+    got: Extracted,
+    want: Wanted,
+    raw_html: str,
+    headers: Iterable[tuple[str, str]] = (),
+) -> None:
+    """Copy an extraction into ``doc``: metadata always (``headers``, the
+    ``response_metadata`` of the response, first), formats as ``want`` says."""
     doc.title = got.title
     doc.description = got.description
     doc.language = got.language
@@ -278,6 +599,14 @@ def apply(doc: jobs_pb2.Document, got: Extracted, want: Wanted, raw_html: str) -
         doc.raw_html = raw_html
     if want.links:
         doc.links.extend(got.links)
+        doc.link_details.extend(
+            jobs_pb2.Link(url=url, text=text)
+            for url, text in zip(got.links, got.link_texts, strict=True)
+        )
+    if want.images:
+        doc.images.extend(got.images)
+    add_metadata(doc.metadata, headers)
+    add_metadata(doc.metadata, got.metadata.items())
 
 
 def fill_document(

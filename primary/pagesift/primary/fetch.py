@@ -64,7 +64,7 @@ import contextlib
 import itertools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -114,6 +114,8 @@ class _Response:
     body: bytes
     robots_tag: tuple[str, ...] = ()  # X-Robots-Tag header values
     canonical: str = ""  # a Link: <...>; rel="canonical" header, absolute
+    validators: tuple[str, str] = ("", "")  # its ETag and Last-Modified headers
+    meta_headers: tuple[tuple[str, str], ...] = ()  # extract.response_metadata(headers)
     hops: int = 0  # redirects followed to get here
 
 
@@ -126,6 +128,7 @@ class _Hop:
     kwargs: dict[str, Any]
     profile: RequestProfile | None
     proxied: bool
+    conditional: bool = False  # sent If-None-Match / If-Modified-Since
 
 
 # Called on the final (non-redirect) response before its body is read; raises PageError
@@ -249,7 +252,7 @@ class HttpEngine:
                 )
             raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"content type {mimetype} is binary")
 
-        async def get(target: str, budget: int) -> _Response:
+        async def get(target: str, budget: int, validators: tuple[str, str] | None) -> _Response:
             return await self._fetch(
                 target,
                 accept=accept,
@@ -259,11 +262,15 @@ class HttpEngine:
                 max_bytes=self.config.max_body_bytes,
                 profile=profile,
                 home=home,
+                validators=validators,
             )
 
         started = time.monotonic()
         max_hops = self.config.max_redirects
-        resp = await get(url, max_hops)
+        resp = await get(url, max_hops, policy.validators)
+        if resp.kind == "not_modified":
+            unchanged = jobs_pb2.Document(url=url, final_url=resp.url, status_code=resp.status)
+            return Page(document=unchanged, validators=resp.validators, not_modified=True)
         hops, visited = resp.hops, {resp.url}
         while True:  # meta refresh: one more redirect hop each, same budget (bounded)
             kind = resp.kind
@@ -278,7 +285,7 @@ class HttpEngine:
                 break
             hops += 1
             nxt = _next_hop(resp.url, target, visited, hops, max_hops, "refresh")
-            resp = await get(nxt, max_hops - hops)
+            resp = await get(nxt, max_hops - hops, None)
             hops += resp.hops
         if self.metrics is not None:
             self.metrics.fetched(time.monotonic() - started, len(resp.body))
@@ -293,16 +300,17 @@ class HttpEngine:
         if kind == "document":
             await self._convert(doc, resp, options)
             noindex, nofollow = page_directives([], list(resp.robots_tag), agent)
-            return Page(document=doc, canonical=resp.canonical, noindex=noindex, nofollow=nofollow)
+            return Page(document=doc, canonical=resp.canonical, noindex=noindex,
+                        nofollow=nofollow, validators=resp.validators)  # fmt: skip
         text = content.decode(resp.body, resp.charset, html=kind == "html")
         if kind == "html":
             try:
-                got = await self._extract(doc, text, resp.url, options)
+                got = await self._extract(doc, text, resp.url, options, resp.meta_headers)
             except Exception as exc:  # the parsers are lenient; keep the contract anyway
                 raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"cannot extract: {exc}") from exc
             noindex, nofollow = page_directives(got.robots_meta, list(resp.robots_tag), agent)
             return Page(document=doc, links=got.links, canonical=got.canonical or resp.canonical,
-                        noindex=noindex, nofollow=nofollow)  # fmt: skip
+                        noindex=noindex, nofollow=nofollow, validators=resp.validators)  # fmt: skip
         noindex, nofollow = page_directives([], list(resp.robots_tag), agent)
         want = extract.wanted(options)
         if want.markdown:
@@ -310,7 +318,11 @@ class HttpEngine:
         if want.raw_html:
             doc.raw_html = text
         return Page(
-            document=doc, links=[], canonical=resp.canonical, noindex=noindex, nofollow=nofollow
+            document=doc,
+            canonical=resp.canonical,
+            noindex=noindex,
+            nofollow=nofollow,
+            validators=resp.validators,
         )
 
     async def _convert(
@@ -347,12 +359,19 @@ class HttpEngine:
                 meta[key] = value
         if conv.modified:
             meta["modified"] = conv.modified
-        doc.metadata.update(meta)
+        extract.add_metadata(doc.metadata, resp.meta_headers)  # bounded, headers first
+        extract.add_metadata(doc.metadata, meta.items())
 
     async def _extract(
-        self, doc: jobs_pb2.Document, text: str, base_url: str, options: jobs_pb2.ScrapeOptions
+        self,
+        doc: jobs_pb2.Document,
+        text: str,
+        base_url: str,
+        options: jobs_pb2.ScrapeOptions,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> extract.Extracted:
-        """Extract the page: inline when small, else in a worker process.
+        """Extract the page: inline when small, else in a worker process; ``headers``
+        (the response's ``extract.response_metadata``) join ``doc.metadata``.
 
         Parsing, cleaning and link extraction hold the GIL and Markdown conversion
         holds it partly, so threads cannot use the second core; processes can (the
@@ -369,7 +388,7 @@ class HttpEngine:
                 got = await pool.run(extract.extract_compact, text, base_url, want, only_main)
             except workers.WorkerLost:
                 got = extract.extract(text, base_url, want=want, only_main_content=only_main)
-        extract.apply(doc, got, want, text)
+        extract.apply(doc, got, want, text, headers)
         return got
 
     async def sitemap_urls(
@@ -407,6 +426,32 @@ class HttpEngine:
         except Exception:
             pass
         return list(found)[: sitemaps.SITEMAP_MAX_URLS]
+
+    async def robots_allowed(
+        self,
+        targets: Sequence[str],
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> list[bool]:
+        """Whether robots.txt lets ``policy``'s agent fetch each of ``targets``, without
+        fetching them (the Map call lists only such URLs): the rules ``scrape`` obeys,
+        from the same cache (one robots.txt per origin); all True when the server or
+        the profile does not respect robots. An unparsable URL is False."""
+        profile = policy.request
+        if not self.config.respect_robots or (profile is not None and not profile.respect_robots):
+            return [True] * len(targets)
+        agent = (profile or RequestProfile()).robots_agent(self.config.user_agent)
+        out: list[bool] = []
+        for target in targets:
+            try:
+                current = urls.fetch_url(target)
+                rules = await self._robots.rules(current, agent)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                out.append(False)
+                continue
+            out.append(rules.allowed(current))
+        return out
 
     def host_delays(self) -> dict[str, float]:
         """The current delay of the ``HOST_DELAY_SERIES`` most recently slowed hosts:
@@ -472,11 +517,19 @@ class HttpEngine:
             max_field_size=32768,
         )
 
-    async def _hop(self, url: str, host: str, profile: RequestProfile | None, home: str) -> _Hop:
+    async def _hop(
+        self,
+        url: str,
+        host: str,
+        profile: RequestProfile | None,
+        home: str,
+        validators: tuple[str, str] | None = None,
+    ) -> _Hop:
         """How to send one hop to ``url`` under ``profile`` (None: the server's own
         request, e.g. robots.txt: default headers, the default proxy). Credentials
         (the job's Authorization header) go only to ``home``, the origin the request
-        was made for: a redirect elsewhere drops them, as browsers and curl do."""
+        was made for: a redirect elsewhere drops them, as browsers and curl do.
+        ``validators`` (a cached copy's ETag, Last-Modified) make it conditional."""
         kwargs: dict[str, Any] = {"allow_redirects": False}
         proxy: str | None
         session: aiohttp.ClientSession | None = None
@@ -506,7 +559,16 @@ class HttpEngine:
                 kwargs["timeout"] = aiohttp.ClientTimeout(
                     total=t, sock_connect=min(t, self.config.connect_timeout), sock_read=t
                 )
-        return _Hop(session or self._session_now(), kwargs, profile, proxy is not None)
+        conditional = False
+        if validators is not None and any(validators):
+            headers = kwargs.setdefault("headers", {})
+            etag, last_modified = validators
+            if etag:
+                headers["If-None-Match"] = etag
+            if last_modified:
+                headers["If-Modified-Since"] = last_modified
+            conditional = True
+        return _Hop(session or self._session_now(), kwargs, profile, proxy is not None, conditional)
 
     async def _check_target_name(self, url: str, host: str) -> None:
         """A proxy resolves the target's name itself, out of the connector's reach:
@@ -534,6 +596,7 @@ class HttpEngine:
         truncate: bool = False,
         profile: RequestProfile | None = None,
         home: str = "",
+        validators: tuple[str, str] | None = None,
     ) -> _Response:
         """GET ``url`` following redirects by hand; every hop guarded, robots-checked
         (when ``robots``, for the profile's agent) and run in the host's politeness
@@ -564,7 +627,7 @@ class HttpEngine:
                     raise PageError(ErrorCode.ROBOTS_DISALLOWED, f"robots.txt disallows {current}")
                 crawl_delay = rules.crawl_delay
             location: str | None = None
-            hop = await self._hop(current, host, profile, home)
+            hop = await self._hop(current, host, profile, home, validators if hops == 0 else None)
             try:
                 if job_delay is None:
                     await self._slots.unpaused(host)  # robots.txt honours Retry-After too
@@ -621,6 +684,13 @@ class HttpEngine:
                 if hop.profile is not None:
                     hop.profile.cookies.absorb(url, resp.headers.getall("Set-Cookie", ()))
                 status = resp.status
+                validators = (resp.headers.get("ETag", ""), resp.headers.get("Last-Modified", ""))
+                if status == 304 and hop.conditional:
+                    await _drain(resp)
+                    return _Response(
+                        url=url, status=status, content_type="", mimetype="", charset=None,
+                        kind="not_modified", body=b"", validators=validators,
+                    )  # fmt: skip
                 if status in _REDIRECTS:
                     location = resp.headers.get("Location")
                     if location:
@@ -644,6 +714,8 @@ class HttpEngine:
                     body=body,
                     robots_tag=tuple(resp.headers.getall("X-Robots-Tag", ())),
                     canonical=_link_canonical(resp, url),
+                    validators=validators,
+                    meta_headers=extract.response_metadata(resp.headers),
                 )
         except (PageError, _Redirect):
             raise

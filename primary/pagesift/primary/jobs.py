@@ -20,6 +20,10 @@ over the layout of ``pagesift.shared.jobrecords``:
   admitted), and a ``nofollow`` page admits no links, unless the crawl has
   ``ignore_robots_meta``. All of it commits or is lost with the page, so a resumed
   crawl stores every page exactly once whatever URLs lead to it.
+- freshness (``pagecache``): a page answered from the account's page cache costs no
+  fetch; a fetched or revalidated page of a request with ``max_age`` is cached, and a
+  change-tracked page compared and recorded, in the page's own group. A finished
+  change-tracked crawl writes its ``removed`` URLs in one group before it finishes.
 - a page error: error pushed to ``errors`` + done mark, one group.
 - the job's cookie jar (``reqprofile.JobCookies``): when a response's Set-Cookie
   changed it, the next page or page error group also rewrites ``cookies`` with the
@@ -61,10 +65,10 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
-from pagesift.primary import frontier, retrypolicy, webhooks
+from pagesift.primary import frontier, mapper, pagecache, retrypolicy, webhooks
 from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page
 from pagesift.primary.reqprofile import RequestProfile
@@ -217,8 +221,56 @@ class Jobs:
         """One page, synchronously (the Scrape call) for account ``owner``; raises
         ``PageError`` (``PermissionError`` for options the account may not use)."""
         policy = FetchPolicy(request=self._profile(owner, options, [url]))
-        page = await self.engine.scrape(url, options, policy)
+        page = await self._fetch_page(owner, url, options, policy)
+        if pagecache.max_age_ms(options) > 0 or pagecache.tracks_changes(options):
+            now = jr.now_ms()
+
+            def group(g: WriteGroup) -> None:
+                self._remember(g, owner, url, options, page, now)
+
+            self.store.write(group)
         return page.document
+
+    async def _fetch_page(
+        self, owner: str, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy
+    ) -> Page:
+        """The page at ``url``: from ``owner``'s page cache when a copy is fresh
+        within the request's ``max_age``, else fetched, conditionally when an older
+        copy has validators (a 304 returns that copy, revalidated; ``pagecache``)."""
+        max_age = pagecache.max_age_ms(options)
+        if max_age <= 0:
+            return await self.engine.scrape(url, options, policy)
+        entry = pagecache.lookup(self.store, pagecache.cache_key(owner, url, options))
+        if entry is not None and pagecache.fresh(entry, max_age, jr.now_ms()):
+            return pagecache.page_of(entry, url, "hit")
+        if entry is not None:
+            policy = replace(policy, validators=(entry.etag, entry.last_modified))
+        page = await self.engine.scrape(url, options, policy)
+        if page.not_modified and entry is not None:
+            fresh = pagecache.page_of(entry, url, "revalidated")
+            fresh.validators = page.validators if any(page.validators) else fresh.validators
+            return fresh
+        return page
+
+    @staticmethod
+    def _remember(
+        g: WriteGroup,
+        owner: str,
+        url: str,
+        options: jobs_pb2.ScrapeOptions,
+        page: Page,
+        now: int,
+    ) -> None:
+        """Inside the page's group: the page cache and change tracking (``pagecache``)."""
+        pagecache.remember(g, owner, url, options, page, now)
+        if pagecache.tracks_changes(options):
+            pagecache.track(g, owner, page.document, options.change_tracking_diff, now)
+
+    async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]:
+        """The Map call for account ``owner``: the site's URLs (``mapper``), fetched
+        with the server's request defaults; nothing is stored."""
+        policy = FetchPolicy(request=self._profile(owner, jobs_pb2.ScrapeOptions(), [request.url]))
+        return await mapper.map_site(self.engine, request, self.config, policy)
 
     def _profile(
         self, owner: str, options: jobs_pb2.ScrapeOptions, targets: Sequence[str]
@@ -356,6 +408,12 @@ class Jobs:
                 self._visible.pop(job_id, None)
                 removed += 1
         quota.prune_all(self.store, time.time())
+        pagecache.sweep(
+            self.store,
+            now,
+            int(self.config.page_cache_ttl * 1000),
+            int(self.config.change_tracking_ttl * 1000),
+        )
         return removed
 
     async def _sweep_loop(self) -> None:
@@ -488,10 +546,10 @@ class Jobs:
             for i, url in pending:
                 mark = str(i).encode()
 
-                async def record(page: Page, mark: bytes = mark) -> None:
-                    await self._record_page(meta.id, mark, page, [])
+                async def record(page: Page, mark: bytes = mark, url: str = url) -> None:
+                    await self._record_page(meta.id, mark, page, [], source=(url, req.options))
 
-                fetch = partial(self.engine.scrape, url, req.options, policy)
+                fetch = partial(self._fetch_page, meta.owner, url, req.options, policy)
                 await self._attempt(run, meta.id, mark, url, fetch, record)
 
         try:
@@ -541,9 +599,11 @@ class Jobs:
                     skip = None
                     if robots_meta and page.noindex:
                         skip = PageError(ErrorCode.ROBOTS_NOINDEX, "meta robots or X-Robots-Tag")
-                    await self._record_page(meta.id, mark, page, admitted, aliases, skip)
+                    await self._record_page(
+                        meta.id, mark, page, admitted, aliases, skip, (entry.url, req.options)
+                    )
 
-                fetch = partial(self.engine.scrape, entry.url, req.options, policy)
+                fetch = partial(self._fetch_page, meta.owner, entry.url, req.options, policy)
                 await self._attempt(run, meta.id, mark, entry.url, fetch, record)
 
         try:
@@ -552,6 +612,8 @@ class Jobs:
         finally:
             run.cancel()
         pages = self.store.list_len(jr.JobKeys(meta.id).pages)
+        if pages and pagecache.tracks_changes(req.options):
+            self._record_removed(meta, req.url)
         if pages == 0:
             errors, _ = jr.read_errors(self.store, meta.id)
             why = f"{errors[0].code}: {errors[0].message}" if errors else "nothing to crawl"
@@ -568,11 +630,15 @@ class Jobs:
         admitted: list[Entry],
         aliases: Sequence[str] = (),
         skip: PageError | None = None,
+        source: tuple[str, jobs_pb2.ScrapeOptions] | None = None,
     ) -> None:
-        """Store the page, or (crawl) a ``duplicate``/``skip`` error in its place."""
+        """Store the page, or (crawl) a ``duplicate``/``skip`` error in its place;
+        ``source`` (the URL asked for, the job's options) feeds the page cache and
+        change tracking in the same group (``pagecache``)."""
         doc = page.document
         raw = doc.SerializeToString()
         now = time.time()
+        now_ms = jr.now_ms()
         keys = jr.JobKeys(job_id)
         kind = ""
         not_stored: str = ""  # the error code recorded instead of the page
@@ -621,7 +687,12 @@ class Jobs:
                 if hit is not None:
                     return None, hit
                 quota.charge(g, meta.owner, 1, now)
-            seq = g.push(keys.pages, raw)
+            stored = raw
+            if source is not None:
+                self._remember(g, meta.owner, source[0], source[1], page, now_ms)
+                if pagecache.tracks_changes(source[1]):
+                    stored = doc.SerializeToString()  # with its change status
+            seq = g.push(keys.pages, stored)
             g.insert(keys.done, mark)
             if admitted:
                 frontier.admit(g, job_id, admitted, meta.limit)
@@ -658,6 +729,21 @@ class Jobs:
             if self._on_visible is not None:
                 self._on_visible(job_id)
         self._wake(job_id)
+
+    def _record_removed(self, meta: jr.JobMeta, start_url: str) -> None:
+        """A change-tracked crawl's end: which pages of the account's previous such
+        crawl from this start URL are gone (``pagecache.crawl_removed``)."""
+        keys = jr.JobKeys(meta.id)
+        stored: list[str] = []
+        for start in range(0, self.store.list_len(keys.pages), 256):
+            for raw in self.store.list_range(keys.pages, start, 256):
+                stored.append(jobs_pb2.Document.FromString(raw).url)
+
+        def group(g: WriteGroup) -> None:
+            removed = pagecache.crawl_removed(g, meta.owner, start_url, stored)
+            g.put(keys.removed, "\n".join(removed).encode())
+
+        self.store.write(group)
 
     def _stop_on_quota(self, job_id: str, hit: quota.LimitExceeded) -> None:
         """The account's daily pages ran out mid-job: stop it, keeping its pages."""

@@ -535,6 +535,41 @@ class JobClient:
         )
         return resp.state
 
+    async def map(
+        self,
+        url: str,
+        *,
+        limit: int = 0,
+        search: str = "",
+        sitemap: jobs_pb2.SitemapMode.ValueType = jobs_pb2.SITEMAP_MODE_INCLUDE,
+        include_paths: Sequence[str] = (),
+        exclude_paths: Sequence[str] = (),
+        allow_subdomains: bool = False,
+        ignore_query_parameters: bool = False,
+    ) -> list[str]:
+        """The site's URLs (``JobService.Map``), every batch of the stream, in rank
+        order. Map stores nothing, so a call broken by UNAVAILABLE (or refused by a
+        standby) is simply sent again whole, like a read; bounded by ``scrape_timeout``."""
+        req = jobs_pb2.MapRequest(
+            url=url,
+            limit=limit,
+            search=search,
+            sitemap=sitemap,
+            include_paths=include_paths,
+            exclude_paths=exclude_paths,
+            allow_subdomains=allow_subdomains,
+            ignore_query_parameters=ignore_query_parameters,
+        )
+
+        async def collect(stub: JobServiceAsyncStub) -> list[str]:
+            call = stub.Map(req, timeout=self.scrape_timeout)
+            try:
+                return [u async for batch in call for u in batch.urls]
+            finally:
+                call.cancel()
+
+        return await self.call(collect, retryable=True)
+
     async def list_jobs(self, *, active_only: bool = False) -> list[jobs_pb2.JobSummary]:
         req = jobs_pb2.ListJobsRequest(active_only=active_only)
         resp = await self.call(lambda s: s.ListJobs(req, timeout=self.timeout), retryable=True)

@@ -60,6 +60,10 @@ class ServerConfig:
     # for (and its default), and how long one conversion may run in a worker
     max_document_pages: int = 1_000
     document_timeout: float = 60.0
+    # freshness (pagesift.primary.pagecache): how long a cached page and a change-
+    # tracking record live; a request's max_age may not exceed page_cache_ttl
+    page_cache_ttl: float = 7 * 24 * 3600.0
+    change_tracking_ttl: float = 90 * 24 * 3600.0
     # retries of transient page failures (pagesift.primary.retrypolicy)
     max_retries: int = 3  # per page, when the job does not ask (0 = no retry)
     max_retries_limit: int = 10  # the most a job may ask for
@@ -106,6 +110,14 @@ class ServerConfig:
     replication_token_file: str = ""  # shared token (both nodes) when not using mTLS
     # logging
     log_format: str = "text"  # text | json
+    # Map (pagesift.primary.mapper): a site's URLs from its sitemaps and a shallow
+    # link walk, nothing stored
+    max_map_urls: int = 100_000  # the most URLs one Map call may return
+    default_map_limit: int = 5_000  # a Map call's limit when it asks for 0
+    map_max_depth: int = 2  # link depth the walk lists URLs to (pages below it are fetched)
+    map_max_pages: int = 500  # pages one Map call fetches at most (its link walk)
+    map_concurrency: int = 16  # pages one Map call fetches at once (per-host slots still apply)
+    map_timeout: float = 60.0  # seconds of link walk at most; the URLs found so far are returned
 
     @classmethod
     def load(cls, file: Path | None, overrides: dict[str, Any]) -> ServerConfig:

@@ -19,6 +19,8 @@ expiry, watchers, tests) asks it:
                                   mark) was scheduled (``retries_used``/``mark_retry``)
     KV   job/{id}/cookies         what the job's cookie jar learnt from Set-Cookie
                                   (``pagesift.primary.reqprofile.JobCookies.snapshot``)
+    KV   job/{id}/removed         a finished change-tracked crawl: the URLs of the previous
+                                  one it did not find again, one per line (``pagecache``)
     KV   job/{id}/webhook         the job's webhook config (``pagesift.primary.webhooks``)
     list job/{id}/outbox          webhook events not yet delivered
     KV   job/{id}/webhook_ack     the webhook delivery cursor
@@ -123,6 +125,10 @@ class JobKeys:
         return self._part("cookies")
 
     @property
+    def removed(self) -> str:
+        return self._part("removed")
+
+    @property
     def webhook(self) -> str:
         return self._part("webhook")
 
@@ -149,6 +155,7 @@ class JobKeys:
             ("kv", self.request),
             ("kv", self.seeded),
             ("kv", self.cookies),
+            ("kv", self.removed),
             ("list", self.outbox),
             ("kv", self.webhook),
             ("kv", self.webhook_ack),
@@ -296,6 +303,12 @@ def read_documents(
         jobs_pb2.Document.FromString(raw)
         for raw in store.list_range(JobKeys(job_id).pages, skip, limit)
     ]
+
+
+def read_removed(store: Store, job_id: str) -> list[str]:
+    """A finished change-tracked crawl's removed URLs (``JobKeys.removed``)."""
+    raw = store.get(JobKeys(job_id).removed)
+    return [u for u in raw.decode().split("\n") if u] if raw else []
 
 
 def read_errors(store: Store, job_id: str) -> tuple[list[jobs_pb2.PageError], list[str]]:

@@ -107,6 +107,8 @@ class JobRuntime(Protocol):
         self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
     ) -> jobs_pb2.Document: ...
 
+    async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]: ...
+
 
 class Node(Protocol):
     """The running node as the API sees it; its role may change while it runs."""
@@ -222,6 +224,28 @@ def _too_large(index: int, size: int, resume: str) -> str:
         f"document {index} is {size} bytes, over the {MAX_SEND_MESSAGE_BYTES}-byte "
         f"message limit; it cannot be sent ({resume}={index + 1} continues past it)"
     )
+
+
+MAP_BATCH_URLS = 1_000  # URLs in one MapResponse at most
+MAP_BATCH_BYTES = 1024 * 1024  # ... and about this many bytes (a long URL comes alone)
+
+
+def _url_batches(found: list[str]) -> list[list[str]]:
+    """``found`` cut into MapResponse batches: in order, at most ``MAP_BATCH_URLS``
+    URLs and about ``MAP_BATCH_BYTES`` each (at least one URL a batch)."""
+    out: list[list[str]] = []
+    batch: list[str] = []
+    size = 0
+    for url in found:
+        cost = _field_bytes(len(url.encode()))
+        if batch and (len(batch) >= MAP_BATCH_URLS or size + cost > MAP_BATCH_BYTES):
+            out.append(batch)
+            batch, size = [], 0
+        batch.append(url)
+        size += cost
+    if batch:
+        out.append(batch)
+    return out
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -489,6 +513,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             expires_at=jr.timestamp(meta.expires_ms),
             note=meta.note,
             next_skip=min(request.skip + limit, _MAX_INT32),  # sized at its largest
+            removed_urls=jr.read_removed(store, meta.id) if meta.terminal else (),
         )
         base = resp.ByteSize()
         resp.ClearField("next_skip")
@@ -616,3 +641,24 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.ListJobsResponse(
             jobs=[jr.summary(store, m, self._visible(m.id)) for m in metas]
         )
+
+    # Map ------------------------------------------------------------------------------
+    async def Map(
+        self,
+        request: jobs_pb2.MapRequest,
+        context: Context,
+    ) -> AsyncIterator[jobs_pb2.MapResponse]:
+        """A site's URLs (``pagesift.primary.mapper``), streamed in batches once all
+        are found and ranked; nothing is stored or charged. Primary only."""
+        caller = await self._caller(context)
+        runtime = await self._runtime(context)
+        try:
+            await validate.map_request(request, self.node.config)
+        except validate.InvalidArgument as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        try:
+            found = await runtime.map(request, caller.name)
+        except PermissionError as e:  # request control the account may no longer use
+            await _abort(context, grpc.StatusCode.PERMISSION_DENIED, str(e))
+        for batch in _url_batches(found):
+            yield jobs_pb2.MapResponse(urls=batch)

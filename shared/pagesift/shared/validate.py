@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from selectolax.lexbor import LexborHTMLParser
+
 from pagesift.shared import patterns, urls
 from pagesift.shared.accounts import Account
 from pagesift.shared.config import ServerConfig
@@ -64,11 +66,53 @@ def options(opts: jobs_pb2.ScrapeOptions, config: ServerConfig, field: str = "op
     for i, f in enumerate(opts.formats):
         if f not in jobs_pb2.Format.values() or f == jobs_pb2.FORMAT_UNSPECIFIED:
             raise InvalidArgument(f"{field}.formats[{i}]", f"unknown format {f}")
+    tag_selectors(opts, field)
+    if opts.HasField("max_age"):
+        age = opts.max_age.seconds + opts.max_age.nanos / 1e9
+        if not 0 <= age <= config.page_cache_ttl:
+            raise InvalidArgument(
+                f"{field}.max_age",
+                f"{age:g} s is outside 0..{config.page_cache_ttl:g} (page_cache_ttl)",
+            )
+    if opts.change_tracking_diff and jobs_pb2.FORMAT_CHANGE_TRACKING not in opts.formats:
+        raise InvalidArgument(
+            f"{field}.change_tracking_diff", "needs FORMAT_CHANGE_TRACKING in formats"
+        )
     if not 0 <= opts.max_pages <= config.max_document_pages:
         raise InvalidArgument(
             f"{field}.max_pages",
             f"{opts.max_pages} is outside 0..{config.max_document_pages} (0 = the server's max)",
         )
+
+
+MAX_TAG_SELECTORS = 50  # per list (include_tags, exclude_tags)
+MAX_TAG_SELECTOR_LENGTH = 256  # characters
+_SELECTOR_PROBE = LexborHTMLParser("<p></p>")
+
+
+def tag_selectors(opts: jobs_pb2.ScrapeOptions, field: str = "options") -> None:
+    """``include_tags``/``exclude_tags``: bounded in count and length, and each a CSS
+    selector selectolax (the extractor's parser) can parse."""
+    for name, selectors in (
+        ("include_tags", opts.include_tags),
+        ("exclude_tags", opts.exclude_tags),
+    ):
+        if len(selectors) > MAX_TAG_SELECTORS:
+            raise InvalidArgument(
+                f"{field}.{name}", f"{len(selectors)} selectors, at most {MAX_TAG_SELECTORS}"
+            )
+        for i, selector in enumerate(selectors):
+            where = f"{field}.{name}[{i}]"
+            if len(selector) > MAX_TAG_SELECTOR_LENGTH:
+                raise InvalidArgument(
+                    where, f"{len(selector)} characters, at most {MAX_TAG_SELECTOR_LENGTH}"
+                )
+            try:
+                _SELECTOR_PROBE.css(selector)
+            except Exception:  # selectolax raises SelectolaxError (a ValueError) today
+                raise InvalidArgument(
+                    where, f"{selector[:64]!r} is not a CSS selector selectolax can parse"
+                ) from None
 
 
 # Request headers a job may not set (lowercase): hop-by-hop and framing headers (RFC 9110
@@ -254,3 +298,27 @@ def page(skip: int, limit: int, config: ServerConfig) -> int:
     if limit < 0 or limit > config.max_page_size:
         raise InvalidArgument("limit", f"{limit} is outside 0..{config.max_page_size}")
     return limit or config.default_page_size
+
+
+MAX_MAP_SEARCH = 1_000  # characters of a Map call's search text
+
+
+async def map_request(req: jobs_pb2.MapRequest, config: ServerConfig) -> None:
+    """Validates a Map request: the URL (and the address guard), the limit, the search
+    text, the regexes (as a crawl's) and the sitemap mode."""
+    await url(req.url, "url", config)
+    if not 0 <= req.limit <= config.max_map_urls:
+        raise InvalidArgument(
+            "limit", f"{req.limit} is outside 0..{config.max_map_urls} (0 = default)"
+        )
+    if len(req.search) > MAX_MAP_SEARCH:
+        raise InvalidArgument("search", f"{len(req.search)} characters, at most {MAX_MAP_SEARCH}")
+    if not req.search.isprintable():
+        raise InvalidArgument("search", "holds a control character")
+    try:  # bounded, then compiled by RE2 on the pattern pool (off the event loop)
+        await patterns.compile_filter(req.include_paths, req.exclude_paths, regex_limits(config))
+    except patterns.PatternError as e:
+        field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
+        raise InvalidArgument(field, e.reason) from None
+    if req.sitemap not in jobs_pb2.SitemapMode.values():
+        raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")

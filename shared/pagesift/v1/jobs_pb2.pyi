@@ -34,6 +34,15 @@ class _FormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Format.ValueTy
     FORMAT_HTML: _Format.ValueType  # 2
     FORMAT_RAW_HTML: _Format.ValueType  # 3
     FORMAT_LINKS: _Format.ValueType  # 4
+    FORMAT_IMAGES: _Format.ValueType  # 5
+    """Document.images: the page's image URLs (img src and srcset, picture source
+    srcset), absolute and normalized, once each, in document order; never data: URIs.
+    """
+    FORMAT_CHANGE_TRACKING: _Format.ValueType  # 6
+    """Whether the page is new, the same or changed since this account last scraped
+    the URL with change tracking (Document.change_status, and change_diff with
+    ScrapeOptions.change_tracking_diff).
+    """
 
 class Format(_Format, metaclass=_FormatEnumTypeWrapper):
     """Format is an output format of a document."""
@@ -43,6 +52,15 @@ FORMAT_MARKDOWN: Format.ValueType  # 1
 FORMAT_HTML: Format.ValueType  # 2
 FORMAT_RAW_HTML: Format.ValueType  # 3
 FORMAT_LINKS: Format.ValueType  # 4
+FORMAT_IMAGES: Format.ValueType  # 5
+"""Document.images: the page's image URLs (img src and srcset, picture source
+srcset), absolute and normalized, once each, in document order; never data: URIs.
+"""
+FORMAT_CHANGE_TRACKING: Format.ValueType  # 6
+"""Whether the page is new, the same or changed since this account last scraped
+the URL with change tracking (Document.change_status, and change_diff with
+ScrapeOptions.change_tracking_diff).
+"""
 Global___Format: _TypeAlias = Format  # noqa: Y015
 
 class _JobKind:
@@ -107,6 +125,28 @@ SITEMAP_MODE_SKIP: SitemapMode.ValueType  # 2
 SITEMAP_MODE_ONLY: SitemapMode.ValueType  # 3
 Global___SitemapMode: _TypeAlias = SitemapMode  # noqa: Y015
 
+class _ChangeStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ChangeStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChangeStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CHANGE_STATUS_UNSPECIFIED: _ChangeStatus.ValueType  # 0
+    """change tracking was not asked for"""
+    CHANGE_STATUS_NEW: _ChangeStatus.ValueType  # 1
+    CHANGE_STATUS_SAME: _ChangeStatus.ValueType  # 2
+    CHANGE_STATUS_CHANGED: _ChangeStatus.ValueType  # 3
+
+class ChangeStatus(_ChangeStatus, metaclass=_ChangeStatusEnumTypeWrapper):
+    """ChangeStatus compares a page with this account's previous scrape of its URL."""
+
+CHANGE_STATUS_UNSPECIFIED: ChangeStatus.ValueType  # 0
+"""change tracking was not asked for"""
+CHANGE_STATUS_NEW: ChangeStatus.ValueType  # 1
+CHANGE_STATUS_SAME: ChangeStatus.ValueType  # 2
+CHANGE_STATUS_CHANGED: ChangeStatus.ValueType  # 3
+Global___ChangeStatus: _TypeAlias = ChangeStatus  # noqa: Y015
+
 @_typing.final
 class ScrapeOptions(_message.Message):
     """ScrapeOptions shape the document of each page."""
@@ -165,6 +205,11 @@ class ScrapeOptions(_message.Message):
     PROXY_URL_FIELD_NUMBER: _builtins.int
     IGNORE_ROBOTS_TXT_FIELD_NUMBER: _builtins.int
     MAX_PAGES_FIELD_NUMBER: _builtins.int
+    INCLUDE_TAGS_FIELD_NUMBER: _builtins.int
+    EXCLUDE_TAGS_FIELD_NUMBER: _builtins.int
+    REMOVE_BASE64_IMAGES_FIELD_NUMBER: _builtins.int
+    MAX_AGE_FIELD_NUMBER: _builtins.int
+    CHANGE_TRACKING_DIFF_FIELD_NUMBER: _builtins.int
     only_main_content: _builtins.bool
     """Keep only the main content (drop nav, header, footer, aside, scripts)."""
     allow_non_html: _builtins.bool
@@ -189,6 +234,14 @@ class ScrapeOptions(_message.Message):
     max_pages: _builtins.int
     """Documents (PDF, DOCX, PPTX, XLSX, ODT, EPUB): convert at most this many pages
     (slides, sheets, chapters); 0 means the server's max_document_pages.
+    """
+    remove_base64_images: _builtins.bool
+    """Drop <img src="data:..."> images before conversion (off by default: inline
+    images can make the markdown very large).
+    """
+    change_tracking_diff: _builtins.bool
+    """With FORMAT_CHANGE_TRACKING: a unified diff of the markdown against the
+    previous scrape, in Document.change_diff.
     """
     @_builtins.property
     def formats(self) -> _containers.RepeatedScalarFieldContainer[Global___Format.ValueType]:
@@ -219,6 +272,25 @@ class ScrapeOptions(_message.Message):
         connect and read timeouts; at most the server's max_request_timeout.
         """
 
+    @_builtins.property
+    def include_tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """CSS selectors (at most 50, each at most 256 characters; one selectolax cannot
+        parse is INVALID_ARGUMENT naming it). Applied to the page before conversion to
+        markdown and html: with include_tags only the matched elements (and their
+        subtrees) are kept, in document order; exclude_tags then removes every matched
+        element. Links, images and metadata are read from the whole page regardless.
+        """
+
+    @_builtins.property
+    def exclude_tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def max_age(self) -> _duration_pb2.Duration:
+        """Freshness (README, "Freshness and change tracking"): a copy of the page in this
+        account's page cache younger than max_age is returned without a fetch (an
+        older one is revalidated with If-None-Match / If-Modified-Since). Setting it
+        also stores the page in the cache. Unset or zero: always fetch, no cache.
+        """
+
     def __init__(
         self,
         *,
@@ -234,10 +306,15 @@ class ScrapeOptions(_message.Message):
         proxy_url: _builtins.str = ...,
         ignore_robots_txt: _builtins.bool = ...,
         max_pages: _builtins.int = ...,
+        include_tags: _abc.Iterable[_builtins.str] | None = ...,
+        exclude_tags: _abc.Iterable[_builtins.str] | None = ...,
+        remove_base64_images: _builtins.bool = ...,
+        max_age: _duration_pb2.Duration | None = ...,
+        change_tracking_diff: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["max_age", b"max_age", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_non_html", b"allow_non_html", "cookies", b"cookies", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "max_pages", b"max_pages", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "user_agent", b"user_agent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_non_html", b"allow_non_html", "change_tracking_diff", b"change_tracking_diff", "cookies", b"cookies", "exclude_tags", b"exclude_tags", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "include_tags", b"include_tags", "max_age", b"max_age", "max_pages", b"max_pages", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "remove_base64_images", b"remove_base64_images", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "user_agent", b"user_agent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -283,6 +360,11 @@ class Document(_message.Message):
     FETCHED_AT_FIELD_NUMBER: _builtins.int
     NUM_PAGES_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    CACHE_HIT_FIELD_NUMBER: _builtins.int
+    CHANGE_STATUS_FIELD_NUMBER: _builtins.int
+    CHANGE_DIFF_FIELD_NUMBER: _builtins.int
+    IMAGES_FIELD_NUMBER: _builtins.int
+    LINK_DETAILS_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     final_url: _builtins.str
     status_code: _builtins.int
@@ -297,6 +379,14 @@ class Document(_message.Message):
     """Pages (slides, sheets, chapters) of a document converted from PDF or an office
     format; 0 for HTML and text.
     """
+    cache_hit: _builtins.bool
+    """The page came from the account's page cache (fresh within max_age, or
+    revalidated by a 304 Not Modified); fetched_at is when it was fetched.
+    """
+    change_status: Global___ChangeStatus.ValueType
+    """With FORMAT_CHANGE_TRACKING: new, same or changed since the previous scrape."""
+    change_diff: _builtins.str
+    """With change_tracking_diff and a changed page: the unified diff of the markdown."""
     @_builtins.property
     def links(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -307,7 +397,23 @@ class Document(_message.Message):
         converted document: "source" (pdf, docx, pptx, xlsx, odt, epub), "author",
         "created", "modified" (ISO 8601), "truncated" (max_pages or max_chars) when the
         text was cut, and whatever else the file records (e.g. "producer").
+
+        For an HTML page: every og:* and twitter:* meta tag (keys as written, e.g.
+        "og:title"), "canonical", "keywords", "author", "published" and "modified" (as
+        the page writes them: article:published_time, article:modified_time and common
+        meta names), "favicon" (absolute: the best <link rel=icon>, else /favicon.ico)
+        and "robots" (the meta robots content). For pages and documents alike, the
+        response headers "etag", "last-modified", "content-language" and
+        "cache-control". At most 100 keys; each value at most 1024 characters.
         """
+
+    @_builtins.property
+    def images(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With FORMAT_IMAGES: the page's image URLs (see FORMAT_IMAGES)."""
+
+    @_builtins.property
+    def link_details(self) -> _containers.RepeatedCompositeFieldContainer[Global___Link]:
+        """With FORMAT_LINKS: links (the same URLs, in the same order) with their text."""
 
     def __init__(
         self,
@@ -326,14 +432,46 @@ class Document(_message.Message):
         fetched_at: _timestamp_pb2.Timestamp | None = ...,
         num_pages: _builtins.int = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        cache_hit: _builtins.bool = ...,
+        change_status: Global___ChangeStatus.ValueType = ...,
+        change_diff: _builtins.str = ...,
+        images: _abc.Iterable[_builtins.str] | None = ...,
+        link_details: _abc.Iterable[Global___Link] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["fetched_at", b"fetched_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "description", b"description", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "language", b"language", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "num_pages", b"num_pages", "raw_html", b"raw_html", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hit", b"cache_hit", "change_diff", b"change_diff", "change_status", b"change_status", "content_type", b"content_type", "description", b"description", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "images", b"images", "language", b"language", "link_details", b"link_details", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "num_pages", b"num_pages", "raw_html", b"raw_html", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Document: _TypeAlias = Document  # noqa: Y015
+
+@_typing.final
+class Link(_message.Message):
+    """Link is one outgoing link of a page."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    text: _builtins.str
+    """The anchor's text, whitespace collapsed (else its title, aria-label or image
+    alt); at most 500 characters.
+    """
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Link: _TypeAlias = Link  # noqa: Y015
 
 @_typing.final
 class ScrapeRequest(_message.Message):
@@ -686,6 +824,7 @@ class GetJobResponse(_message.Message):
     NEXT_SKIP_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    REMOVED_URLS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: Global___JobKind.ValueType
     state: Global___JobState.ValueType
@@ -703,6 +842,12 @@ class GetJobResponse(_message.Message):
     def expires_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def documents(self) -> _containers.RepeatedCompositeFieldContainer[Global___Document]: ...
+    @_builtins.property
+    def removed_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A finished crawl with FORMAT_CHANGE_TRACKING: the pages this account's previous
+        change-tracked crawl from the same start URL stored, that this crawl did not.
+        """
+
     def __init__(
         self,
         *,
@@ -717,10 +862,11 @@ class GetJobResponse(_message.Message):
         next_skip: _builtins.int | None = ...,
         failed: _builtins.int = ...,
         note: _builtins.str = ...,
+        removed_urls: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "created_at", b"created_at", "expires_at", b"expires_at", "next_skip", b"next_skip"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "completed", b"completed", "created_at", b"created_at", "documents", b"documents", "expires_at", b"expires_at", "failed", b"failed", "id", b"id", "kind", b"kind", "next_skip", b"next_skip", "note", b"note", "state", b"state", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "completed", b"completed", "created_at", b"created_at", "documents", b"documents", "expires_at", b"expires_at", "failed", b"failed", "id", b"id", "kind", b"kind", "next_skip", b"next_skip", "note", b"note", "removed_urls", b"removed_urls", "state", b"state", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__next_skip: _TypeAlias = _typing.Literal["next_skip"]  # noqa: Y015
     _WhichOneofArgType__next_skip: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip"]  # noqa: Y015
@@ -1034,3 +1180,93 @@ class ListJobsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
+
+@_typing.final
+class MapRequest(_message.Message):
+    """MapRequest asks for the URLs of the site of url (README, "Map"). The walk covers
+    the whole site of url's origin (crawl_entire_domain semantics: no path rule); the
+    link walk follows links to link depth 2 within the server's page budget, and
+    fetches pages as a crawl does (robots.txt, the address guard, per-host politeness).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    SEARCH_FIELD_NUMBER: _builtins.int
+    SITEMAP_FIELD_NUMBER: _builtins.int
+    INCLUDE_PATHS_FIELD_NUMBER: _builtins.int
+    EXCLUDE_PATHS_FIELD_NUMBER: _builtins.int
+    ALLOW_SUBDOMAINS_FIELD_NUMBER: _builtins.int
+    IGNORE_QUERY_PARAMETERS_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    limit: _builtins.int
+    """Most URLs returned; 0 means the server default (default_map_limit), at most
+    the server's max_map_urls.
+    """
+    search: _builtins.str
+    """Rank: URLs containing this text (case-insensitive) come first; ties keep
+    discovery order (the start URL, sitemap order, then link-walk order). Nothing
+    is dropped for not matching.
+    """
+    sitemap: Global___SitemapMode.ValueType
+    """How sitemaps are used: include (sitemaps and the link walk), skip (the link
+    walk only) or only (sitemaps only, no page fetched).
+    """
+    allow_subdomains: _builtins.bool
+    """Subdomains of url's host are on the site too."""
+    ignore_query_parameters: _builtins.bool
+    """URLs that differ only in their query are one URL (listed without the query)."""
+    @_builtins.property
+    def include_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Regexes over the URL path (plus ?query); a listed URL must match one (when any
+        are given). The walk may pass through pages that do not match.
+        """
+
+    @_builtins.property
+    def exclude_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Regexes over the URL path (plus ?query); a matching URL is neither listed nor
+        fetched.
+        """
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        search: _builtins.str = ...,
+        sitemap: Global___SitemapMode.ValueType = ...,
+        include_paths: _abc.Iterable[_builtins.str] | None = ...,
+        exclude_paths: _abc.Iterable[_builtins.str] | None = ...,
+        allow_subdomains: _builtins.bool = ...,
+        ignore_query_parameters: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_subdomains", b"allow_subdomains", "exclude_paths", b"exclude_paths", "ignore_query_parameters", b"ignore_query_parameters", "include_paths", b"include_paths", "limit", b"limit", "search", b"search", "sitemap", b"sitemap", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MapRequest: _TypeAlias = MapRequest  # noqa: Y015
+
+@_typing.final
+class MapResponse(_message.Message):
+    """MapResponse is one batch of a Map call's URLs (normalized), in rank order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        urls: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["urls", b"urls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MapResponse: _TypeAlias = MapResponse  # noqa: Y015

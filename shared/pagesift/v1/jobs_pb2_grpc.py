@@ -77,6 +77,11 @@ class JobServiceStub:
                 request_serializer=pagesift_dot_v1_dot_jobs__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=pagesift_dot_v1_dot_jobs__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.Map = channel.unary_stream(
+                '/pagesift.v1.JobService/Map',
+                request_serializer=pagesift_dot_v1_dot_jobs__pb2.MapRequest.SerializeToString,
+                response_deserializer=pagesift_dot_v1_dot_jobs__pb2.MapResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -142,6 +147,16 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Map(self, request, context):
+        """Map lists a site's URLs, from its sitemaps and a shallow link walk, without
+        storing anything; primary only. The URLs come in batches (MapResponse), all
+        of one call, ranked, then sent: the stream keeps each message small however
+        many URLs there are, and needs no cursor kept on the server.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -184,6 +199,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=pagesift_dot_v1_dot_jobs__pb2.ListJobsRequest.FromString,
                     response_serializer=pagesift_dot_v1_dot_jobs__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'Map': grpc.unary_stream_rpc_method_handler(
+                    servicer.Map,
+                    request_deserializer=pagesift_dot_v1_dot_jobs__pb2.MapRequest.FromString,
+                    response_serializer=pagesift_dot_v1_dot_jobs__pb2.MapResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -405,6 +425,33 @@ class JobService:
             '/pagesift.v1.JobService/ListJobs',
             pagesift_dot_v1_dot_jobs__pb2.ListJobsRequest.SerializeToString,
             pagesift_dot_v1_dot_jobs__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Map(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pagesift.v1.JobService/Map',
+            pagesift_dot_v1_dot_jobs__pb2.MapRequest.SerializeToString,
+            pagesift_dot_v1_dot_jobs__pb2.MapResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,12 @@ class JobServiceStub:
     """CancelJob stops a running job; its documents so far stay queryable."""
     ListJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]
     """ListJobs lists the caller's jobs."""
+    Map: _grpc.UnaryStreamMultiCallable[_jobs_pb2.MapRequest, _jobs_pb2.MapResponse]
+    """Map lists a site's URLs, from its sitemaps and a shallow link walk, without
+    storing anything; primary only. The URLs come in batches (MapResponse), all
+    of one call, ranked, then sent: the stream keeps each message small however
+    many URLs there are, and needs no cursor kept on the server.
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -83,6 +89,12 @@ class JobServiceAsyncStub(JobServiceStub):
     """CancelJob stops a running job; its documents so far stay queryable."""
     ListJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]  # type: ignore[assignment]
     """ListJobs lists the caller's jobs."""
+    Map: _aio.UnaryStreamMultiCallable[_jobs_pb2.MapRequest, _jobs_pb2.MapResponse]  # type: ignore[assignment]
+    """Map lists a site's URLs, from its sitemaps and a shallow link walk, without
+    storing anything; primary only. The URLs come in batches (MapResponse), all
+    of one call, ranked, then sent: the stream keeps each message small however
+    many URLs there are, and needs no cursor kept on the server.
+    """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     """JobService is served by the primary. A standby answers the read calls
@@ -155,5 +167,17 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.ListJobsResponse, _abc.Awaitable[_jobs_pb2.ListJobsResponse]]:
         """ListJobs lists the caller's jobs."""
+
+    @_abc_1.abstractmethod
+    def Map(
+        self,
+        request: _jobs_pb2.MapRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_jobs_pb2.MapResponse], _abc.AsyncIterator[_jobs_pb2.MapResponse]]:
+        """Map lists a site's URLs, from its sitemaps and a shallow link walk, without
+        storing anything; primary only. The URLs come in batches (MapResponse), all
+        of one call, ranked, then sent: the stream keeps each message small however
+        many URLs there are, and needs no cursor kept on the server.
+        """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -22,33 +22,38 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from pagesift.v1 import jobs_pb2 as pagesift_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pagesift/v1/store.proto\x12\x0bpagesift.v1\"\xf3\x02\n\x02Op\x12$\n\x06kv_put\x18\x01 \x01(\x0b\x32\x12.pagesift.v1.KvPutH\x00\x12*\n\tkv_delete\x18\x02 \x01(\x0b\x32\x15.pagesift.v1.KvDeleteH\x00\x12*\n\tlist_push\x18\x03 \x01(\x0b\x32\x15.pagesift.v1.ListPushH\x00\x12\x33\n\x0elist_pop_front\x18\x04 \x01(\x0b\x32\x19.pagesift.v1.ListPopFrontH\x00\x12,\n\nlist_clear\x18\x05 \x01(\x0b\x32\x16.pagesift.v1.ListClearH\x00\x12,\n\nset_insert\x18\x06 \x01(\x0b\x32\x16.pagesift.v1.SetInsertH\x00\x12,\n\nset_remove\x18\x07 \x01(\x0b\x32\x16.pagesift.v1.SetRemoveH\x00\x12*\n\tset_clear\x18\x08 \x01(\x0b\x32\x15.pagesift.v1.SetClearH\x00\x42\x04\n\x02op\"#\n\x05KvPut\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x17\n\x08KvDelete\x12\x0b\n\x03key\x18\x01 \x01(\t\"3\n\x08ListPush\x12\x0c\n\x04list\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04item\x18\x03 \x01(\x0c\")\n\x0cListPopFront\x12\x0c\n\x04list\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"5\n\tListClear\x12\x0c\n\x04list\x18\x01 \x01(\t\x12\x0c\n\x04upto\x18\x02 \x01(\x04\x12\x0c\n\x04\x64rop\x18\x03 \x01(\x08\"6\n\tSetInsert\x12\x0b\n\x03set\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\"6\n\tSetRemove\x12\x0b\n\x03set\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\"\x17\n\x08SetClear\x12\x0b\n\x03set\x18\x01 \x01(\t\"\'\n\x07OpGroup\x12\x1c\n\x03ops\x18\x01 \x03(\x0b\x32\x0f.pagesift.v1.Opb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pagesift/v1/store.proto\x12\x0bpagesift.v1\x1a\x16pagesift/v1/jobs.proto\"\xf3\x02\n\x02Op\x12$\n\x06kv_put\x18\x01 \x01(\x0b\x32\x12.pagesift.v1.KvPutH\x00\x12*\n\tkv_delete\x18\x02 \x01(\x0b\x32\x15.pagesift.v1.KvDeleteH\x00\x12*\n\tlist_push\x18\x03 \x01(\x0b\x32\x15.pagesift.v1.ListPushH\x00\x12\x33\n\x0elist_pop_front\x18\x04 \x01(\x0b\x32\x19.pagesift.v1.ListPopFrontH\x00\x12,\n\nlist_clear\x18\x05 \x01(\x0b\x32\x16.pagesift.v1.ListClearH\x00\x12,\n\nset_insert\x18\x06 \x01(\x0b\x32\x16.pagesift.v1.SetInsertH\x00\x12,\n\nset_remove\x18\x07 \x01(\x0b\x32\x16.pagesift.v1.SetRemoveH\x00\x12*\n\tset_clear\x18\x08 \x01(\x0b\x32\x15.pagesift.v1.SetClearH\x00\x42\x04\n\x02op\"#\n\x05KvPut\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x17\n\x08KvDelete\x12\x0b\n\x03key\x18\x01 \x01(\t\"3\n\x08ListPush\x12\x0c\n\x04list\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04item\x18\x03 \x01(\x0c\")\n\x0cListPopFront\x12\x0c\n\x04list\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"5\n\tListClear\x12\x0c\n\x04list\x18\x01 \x01(\t\x12\x0c\n\x04upto\x18\x02 \x01(\x04\x12\x0c\n\x04\x64rop\x18\x03 \x01(\x08\"6\n\tSetInsert\x12\x0b\n\x03set\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\"6\n\tSetRemove\x12\x0b\n\x03set\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\"\x17\n\x08SetClear\x12\x0b\n\x03set\x18\x01 \x01(\t\"\'\n\x07OpGroup\x12\x1c\n\x03ops\x18\x01 \x03(\x0b\x32\x0f.pagesift.v1.Op\"\xb2\x01\n\nCachedPage\x12\'\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x15.pagesift.v1.Document\x12\x11\n\tstored_ms\x18\x02 \x01(\x03\x12\x0c\n\x04\x65tag\x18\x03 \x01(\t\x12\x15\n\rlast_modified\x18\x04 \x01(\t\x12\r\n\x05links\x18\x05 \x03(\t\x12\x11\n\tcanonical\x18\x06 \x01(\t\x12\x0f\n\x07noindex\x18\x07 \x01(\x08\x12\x10\n\x08nofollow\x18\x08 \x01(\x08\"L\n\x0bTrackedPage\x12\x12\n\nscraped_ms\x18\x01 \x01(\x03\x12\x17\n\x0fmarkdown_sha256\x18\x02 \x01(\x0c\x12\x10\n\x08markdown\x18\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagesift.v1.store_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OP']._serialized_start=41
-  _globals['_OP']._serialized_end=412
-  _globals['_KVPUT']._serialized_start=414
-  _globals['_KVPUT']._serialized_end=449
-  _globals['_KVDELETE']._serialized_start=451
-  _globals['_KVDELETE']._serialized_end=474
-  _globals['_LISTPUSH']._serialized_start=476
-  _globals['_LISTPUSH']._serialized_end=527
-  _globals['_LISTPOPFRONT']._serialized_start=529
-  _globals['_LISTPOPFRONT']._serialized_end=570
-  _globals['_LISTCLEAR']._serialized_start=572
-  _globals['_LISTCLEAR']._serialized_end=625
-  _globals['_SETINSERT']._serialized_start=627
-  _globals['_SETINSERT']._serialized_end=681
-  _globals['_SETREMOVE']._serialized_start=683
-  _globals['_SETREMOVE']._serialized_end=737
-  _globals['_SETCLEAR']._serialized_start=739
-  _globals['_SETCLEAR']._serialized_end=762
-  _globals['_OPGROUP']._serialized_start=764
-  _globals['_OPGROUP']._serialized_end=803
+  _globals['_OP']._serialized_start=65
+  _globals['_OP']._serialized_end=436
+  _globals['_KVPUT']._serialized_start=438
+  _globals['_KVPUT']._serialized_end=473
+  _globals['_KVDELETE']._serialized_start=475
+  _globals['_KVDELETE']._serialized_end=498
+  _globals['_LISTPUSH']._serialized_start=500
+  _globals['_LISTPUSH']._serialized_end=551
+  _globals['_LISTPOPFRONT']._serialized_start=553
+  _globals['_LISTPOPFRONT']._serialized_end=594
+  _globals['_LISTCLEAR']._serialized_start=596
+  _globals['_LISTCLEAR']._serialized_end=649
+  _globals['_SETINSERT']._serialized_start=651
+  _globals['_SETINSERT']._serialized_end=705
+  _globals['_SETREMOVE']._serialized_start=707
+  _globals['_SETREMOVE']._serialized_end=761
+  _globals['_SETCLEAR']._serialized_start=763
+  _globals['_SETCLEAR']._serialized_end=786
+  _globals['_OPGROUP']._serialized_start=788
+  _globals['_OPGROUP']._serialized_end=827
+  _globals['_CACHEDPAGE']._serialized_start=830
+  _globals['_CACHEDPAGE']._serialized_end=1008
+  _globals['_TRACKEDPAGE']._serialized_start=1010
+  _globals['_TRACKEDPAGE']._serialized_end=1086
 # @@protoc_insertion_point(module_scope)

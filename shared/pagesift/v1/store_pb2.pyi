@@ -10,6 +10,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from pagesift.v1 import jobs_pb2 as _jobs_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -296,3 +297,77 @@ class OpGroup(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpGroup: _TypeAlias = OpGroup  # noqa: Y015
+
+@_typing.final
+class CachedPage(_message.Message):
+    """CachedPage is one entry of an account's page cache (pagesift.primary.pagecache):
+    the page as a job stored it, what a conditional request needs to revalidate it,
+    and what a crawl needs to go on from it without a fetch.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    STORED_MS_FIELD_NUMBER: _builtins.int
+    ETAG_FIELD_NUMBER: _builtins.int
+    LAST_MODIFIED_FIELD_NUMBER: _builtins.int
+    LINKS_FIELD_NUMBER: _builtins.int
+    CANONICAL_FIELD_NUMBER: _builtins.int
+    NOINDEX_FIELD_NUMBER: _builtins.int
+    NOFOLLOW_FIELD_NUMBER: _builtins.int
+    stored_ms: _builtins.int
+    etag: _builtins.str
+    last_modified: _builtins.str
+    canonical: _builtins.str
+    noindex: _builtins.bool
+    nofollow: _builtins.bool
+    @_builtins.property
+    def document(self) -> _jobs_pb2.Document: ...
+    @_builtins.property
+    def links(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        document: _jobs_pb2.Document | None = ...,
+        stored_ms: _builtins.int = ...,
+        etag: _builtins.str = ...,
+        last_modified: _builtins.str = ...,
+        links: _abc.Iterable[_builtins.str] | None = ...,
+        canonical: _builtins.str = ...,
+        noindex: _builtins.bool = ...,
+        nofollow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canonical", b"canonical", "document", b"document", "etag", b"etag", "last_modified", b"last_modified", "links", b"links", "nofollow", b"nofollow", "noindex", b"noindex", "stored_ms", b"stored_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CachedPage: _TypeAlias = CachedPage  # noqa: Y015
+
+@_typing.final
+class TrackedPage(_message.Message):
+    """TrackedPage is an account's last change-tracked scrape of one URL."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCRAPED_MS_FIELD_NUMBER: _builtins.int
+    MARKDOWN_SHA256_FIELD_NUMBER: _builtins.int
+    MARKDOWN_FIELD_NUMBER: _builtins.int
+    scraped_ms: _builtins.int
+    markdown_sha256: _builtins.bytes
+    markdown: _builtins.str
+    def __init__(
+        self,
+        *,
+        scraped_ms: _builtins.int = ...,
+        markdown_sha256: _builtins.bytes = ...,
+        markdown: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["markdown", b"markdown", "markdown_sha256", b"markdown_sha256", "scraped_ms", b"scraped_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrackedPage: _TypeAlias = TrackedPage  # noqa: Y015

@@ -1,5 +1,5 @@
 """The job subcommands: ``scrape``, ``batch``, ``crawl``, ``status``, ``watch``,
-``errors``, ``cancel`` and ``jobs``.
+``errors``, ``cancel``, ``jobs`` and ``map``.
 
 Owns their flags (``add_job_commands``), the requests built from those flags
 (``scrape_options``, ``batch_request``, ``crawl_request``; ``--format`` is checked
@@ -37,6 +37,8 @@ FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
     "html": jobs_pb2.FORMAT_HTML,
     "raw_html": jobs_pb2.FORMAT_RAW_HTML,
     "links": jobs_pb2.FORMAT_LINKS,
+    "images": jobs_pb2.FORMAT_IMAGES,
+    "change_tracking": jobs_pb2.FORMAT_CHANGE_TRACKING,
 }
 SITEMAP_MODES: dict[str, jobs_pb2.SitemapMode.ValueType] = {
     "include": jobs_pb2.SITEMAP_MODE_INCLUDE,
@@ -89,9 +91,15 @@ def scrape_options(args: argparse.Namespace) -> jobs_pb2.ScrapeOptions:
         proxy=args.proxy,
         proxy_url=args.proxy_url,
         ignore_robots_txt=args.ignore_robots_txt,
+        include_tags=args.include_tag,
+        exclude_tags=args.exclude_tag,
+        remove_base64_images=args.remove_base64_images,
+        change_tracking_diff=args.diff,
     )
     if args.timeout is not None:
         options.timeout.FromNanoseconds(int(args.timeout * 1e9))
+    if args.max_age is not None:
+        options.max_age.FromNanoseconds(int(args.max_age * 1e9))
     return options
 
 
@@ -141,6 +149,8 @@ async def _cmd_scrape(args: argparse.Namespace, client: JobClient) -> int:
             print(f"==> {name} <==")
         if fmt == jobs_pb2.FORMAT_LINKS:
             print("\n".join(doc.links))
+        elif fmt == jobs_pb2.FORMAT_IMAGES:
+            print("\n".join(doc.images))
         else:
             print(getattr(doc, name))
     return EXIT_OK
@@ -188,6 +198,28 @@ async def _cmd_crawl(args: argparse.Namespace, client: JobClient) -> int:
     if not args.json:
         print(job_id)
     return await _follow_started(args, client, job_id, {}, note_on_failure=True)
+
+
+async def _cmd_map(args: argparse.Namespace, client: JobClient) -> int:
+    """``map URL``: one URL a line, or ``{"url", "count", "urls"}`` with ``--json``."""
+    found = await client.map(
+        args.url,
+        limit=args.limit,
+        search=args.search,
+        sitemap=SITEMAP_MODES[args.sitemap],
+        include_paths=args.include,
+        exclude_paths=args.exclude,
+        allow_subdomains=args.allow_subdomains,
+        ignore_query_parameters=args.ignore_query,
+    )
+    if args.json:
+        dump({"url": args.url, "count": len(found), "urls": found})
+        return EXIT_OK
+    if found:
+        print("\n".join(found))
+    else:
+        print("no URLs found", file=sys.stderr)
+    return EXIT_OK
 
 
 async def _cmd_status(args: argparse.Namespace, client: JobClient) -> int:
@@ -296,6 +328,31 @@ def _scrape_options_parent() -> argparse.ArgumentParser:
     parent.add_argument(
         "--ignore-robots-txt", action="store_true", help="needs the account's permission"
     )
+    parent.add_argument(
+        "--include-tag",
+        action="append",
+        default=[],
+        metavar="SEL",
+        help="keep only elements matching this CSS selector (repeat)",
+    )
+    parent.add_argument(
+        "--exclude-tag",
+        action="append",
+        default=[],
+        metavar="SEL",
+        help="remove elements matching this CSS selector (repeat)",
+    )
+    parent.add_argument(
+        "--remove-base64-images",
+        action="store_true",
+        help='drop <img src="data:..."> before conversion',
+    )
+    parent.add_argument(
+        "--max-age", type=nonneg_float, default=None, metavar="S", help="a cached copy this fresh"
+    )
+    parent.add_argument(
+        "--diff", action="store_true", help="with --format change_tracking: the markdown diff"
+    )
     return parent
 
 
@@ -344,6 +401,18 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("--wait", action="store_true", help="follow the job to its end")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_cmd_crawl, uses_client=True)
+
+    p = sub.add_parser("map", parents=[client], help="list a site's URLs (nothing stored)")
+    p.add_argument("url")
+    p.add_argument("--limit", type=nonneg_int, default=0, metavar="N", help="0 = server default")
+    p.add_argument("--search", default="", metavar="S", help="URLs containing S come first")
+    p.add_argument("--sitemap", choices=list(SITEMAP_MODES), default="include")
+    p.add_argument("--include", action="append", default=[], metavar="RE")
+    p.add_argument("--exclude", action="append", default=[], metavar="RE")
+    p.add_argument("--allow-subdomains", action="store_true")
+    p.add_argument("--ignore-query", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_map, uses_client=True)
 
     p = sub.add_parser("status", parents=[client], help="a job's state and documents")
     p.add_argument("job")

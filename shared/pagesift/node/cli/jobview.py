@@ -55,6 +55,12 @@ def document_json(doc: jobs_pb2.Document, *, full: bool = False) -> dict[str, An
                 out[name] = getattr(doc, name)
         if doc.links:
             out["links"] = list(doc.links)
+        if doc.link_details:
+            out["link_details"] = [{"url": k.url, "text": k.text} for k in doc.link_details]
+        if doc.images:
+            out["images"] = list(doc.images)
+        if doc.metadata:
+            out["metadata"] = dict(sorted(doc.metadata.items()))
     return out
 
 
