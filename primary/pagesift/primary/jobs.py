@@ -354,7 +354,12 @@ class Jobs:
             g.put(keys.request, request)
             g.insert(jr.JOBS_SET, meta.id.encode())
             if webhook is not None and webhook.url:
-                webhooks.configure(g, meta.id, webhook.url, list(webhook.events), owner)
+                webhooks.configure(
+                    g, meta.id, webhook.url, list(webhook.events), owner,
+                    headers=dict(webhook.headers), metadata=dict(webhook.metadata),
+                    include_document=webhook.include_document,
+                    max_document_bytes=self.config.webhook_max_document_bytes,
+                )  # fmt: skip
                 webhooks.enqueue(
                     g, meta.id, "started", {"kind": kind, "total": total, "limit": limit}
                 )

@@ -3,9 +3,11 @@
 Storage layout (every key carries the job id, so job expiry removes them with the job)
 --------------------------------------------------------------------------------------
 
-    KV   job/{id}/webhook       the job's webhook, JSON: {"url", "events": [...], "account"}
-                                (the signing secret is NOT stored: ``account`` names it,
-                                and the accounts file on each node holds it)
+    KV   job/{id}/webhook       the job's webhook, JSON: {"url", "events": [...], "account",
+                                "headers", "metadata", "include_document",
+                                "max_document_bytes"} (the last four only when set; the
+                                signing secret is NOT stored: ``account`` names it, and
+                                the accounts file on each node holds it)
     list job/{id}/outbox        one item per event, JSON {"event", "data", "created_at"};
                                 the item's list sequence number is the event's ``seq``;
                                 items behind the cursor are dropped as it passes them
@@ -44,11 +46,34 @@ The guarantees, and why they hold
 
 The request
 -----------
-``POST url`` with body ``{"id": job, "seq": n, "event": e, "data": {...},
-"created_at": RFC 3339}`` and headers ``content-type: application/json``,
-``pagesift-event``, ``pagesift-delivery: {job}:{seq}``, ``pagesift-timestamp: <unix s>``,
-``pagesift-signature: v1=<hex HMAC-SHA256(secret, f"{timestamp}.{body}")>``. Receivers
-check it with ``verify_signature`` (or its ten lines, in any language).
+``POST url`` with body ``{"id": job, "seq": n, "event_id", "event": e, "data": {...},
+"metadata": {...}, "created_at": RFC 3339}`` (``metadata`` only when the job set some)
+and headers ``content-type: application/json``, ``pagesift-event``,
+``pagesift-delivery: {job}:{seq}``, ``pagesift-event-id``, ``pagesift-timestamp: <unix s>``,
+``pagesift-signature: v1=<hex HMAC-SHA256(secret, f"{timestamp}.{body}")>``, plus the
+job's own ``headers`` (validated at job start: none of these names). Receivers check it
+with ``verify_signature`` (or its ten lines, in any language).
+
+Payloads: headers, metadata and the document
+--------------------------------------------
+The job's ``headers`` and ``metadata`` live in its webhook config (``configure``, in the
+registration group), not in each outbox item: every event of the job, before or after a
+restart or a failover, is sent with the same ones, and an event costs no copy of them.
+
+``include_document``: a ``page`` event's outbox item holds only ``{"index", ...}``, NOT
+the document. The Deliverer reads the document at delivery time from the job's pages
+list (``job/{id}/pages``, item ``index``; that list is never trimmed while the job
+lives, and the page and its event are written in one group) and embeds its JSON
+(``MessageToDict`` with the proto field names, as the CLI's ``--json`` shows documents)
+as ``data.document``. So the store never holds a document twice: not while the event
+waits, and not after. A document whose JSON is larger than ``max_document_bytes`` is
+left out: ``data.document_omitted = "too_large"`` with ``data.document_bytes``; the
+receiver fetches it with ``GetJob(skip=index, limit=1)``. The cap is the server's
+``webhook_max_document_bytes`` WHEN THE JOB STARTED, stored in the job's config, so the
+body of an event is a function of stored, immutable data (the outbox item, the config,
+the page): a resumed or failed-over delivery sends the same bytes (each POST is signed
+with its own timestamp, so every delivery's signature verifies). The body is built once
+per event and kept across its retries; for a document it is built off the event loop.
 """
 
 from __future__ import annotations
@@ -62,12 +87,13 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
 import aiohttp
+from google.protobuf.json_format import MessageToDict
 
 from pagesift.primary.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.shared import jobrecords as jr
@@ -85,6 +111,7 @@ __all__ = [
     "check_url",
     "configure",
     "default_session_factory",
+    "document_json",
     "enqueue",
     "pending",
     "queue_depth",
@@ -102,6 +129,12 @@ class Reader(Protocol):
     def get(self, key: str) -> bytes | None: ...
 
 
+class PageReader(Reader, Protocol):
+    def list_items(
+        self, name: str, start: int = 0, count: int | None = None
+    ) -> list[tuple[int, bytes]]: ...
+
+
 # configuration ------------------------------------------------------------------------------
 
 
@@ -110,15 +143,38 @@ class WebhookConfig:
     url: str
     events: tuple[str, ...]
     account: str
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every delivery
+    metadata: tuple[tuple[str, str], ...] = ()  # echoed as "metadata" in every body
+    include_document: bool = False  # page events embed the document (up to the cap)
+    max_document_bytes: int = 0  # the cap on the document's JSON, fixed at job start
 
     def encode(self) -> bytes:
-        doc = {"url": self.url, "events": list(self.events), "account": self.account}
+        doc: dict[str, object] = {
+            "url": self.url,
+            "events": list(self.events),
+            "account": self.account,
+        }
+        if self.headers:
+            doc["headers"] = dict(self.headers)
+        if self.metadata:
+            doc["metadata"] = dict(self.metadata)
+        if self.include_document:
+            doc["include_document"] = True
+            doc["max_document_bytes"] = self.max_document_bytes
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> WebhookConfig:
         doc = json.loads(raw)
-        return cls(str(doc["url"]), tuple(doc["events"]), str(doc["account"]))
+        return cls(
+            str(doc["url"]),
+            tuple(doc["events"]),
+            str(doc["account"]),
+            tuple((str(k), str(v)) for k, v in doc.get("headers", {}).items()),
+            tuple((str(k), str(v)) for k, v in doc.get("metadata", {}).items()),
+            bool(doc.get("include_document", False)),
+            int(doc.get("max_document_bytes", 0)),
+        )
 
 
 async def check_url(
@@ -133,10 +189,31 @@ async def check_url(
     return None
 
 
-def configure(g: WriteGroup, job_id: str, url: str, events: Sequence[str], account: str) -> None:
+def configure(
+    g: WriteGroup,
+    job_id: str,
+    url: str,
+    events: Sequence[str],
+    account: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    metadata: Mapping[str, str] | None = None,
+    include_document: bool = False,
+    max_document_bytes: int = 0,
+) -> None:
     """Give the job a webhook; call it in the registration group, BEFORE ``enqueue``
-    of the ``started`` event (a group reads its own writes)."""
-    cfg = WebhookConfig(url, jr.webhook_events(events), account)
+    of the ``started`` event (a group reads its own writes). ``headers`` and
+    ``metadata`` (validated by the caller: ``validate.webhook_payload``) and the
+    document cap are stored with it, so every delivery of the job uses the same."""
+    cfg = WebhookConfig(
+        url,
+        jr.webhook_events(events),
+        account,
+        tuple(sorted((headers or {}).items())),
+        tuple(sorted((metadata or {}).items())),
+        include_document,
+        max_document_bytes if include_document else 0,
+    )
     g.put(jr.JobKeys(job_id).webhook, cfg.encode())
 
 
@@ -195,16 +272,62 @@ def queue_depth(store: Store) -> int:
 # signing ------------------------------------------------------------------------------------
 
 
-def build_body(job_id: str, seq: int, item: bytes) -> bytes:
+def document_json(doc: jobs_pb2.Document) -> dict[str, object]:
+    """A document as a webhook embeds it: the proto JSON mapping with the proto field
+    names (``final_url``, ``status_code``, ... as the CLI's ``--json``), empty fields
+    left out, timestamps in RFC 3339, enums by name."""
+    out: dict[str, object] = MessageToDict(doc, preserving_proto_field_name=True)
+    return out
+
+
+def page_of(pages: PageReader, job_id: str, item: bytes) -> bytes | None:
+    """The stored document a page event names (``data.index``), or None: not a page
+    event, or (never while the job lives) no such page."""
     doc = json.loads(item)
-    body = {
+    index = doc["data"].get("index") if doc["event"] == "page" else None
+    if not isinstance(index, int):
+        return None
+    items = pages.list_items(jr.JobKeys(job_id).pages, index, 1)
+    return items[0][1] if items and items[0][0] == index else None
+
+
+def _with_document(data: dict[str, object], page: bytes | None, cap: int) -> dict[str, object]:
+    """``data`` of a page event with the document ``page`` (or why it is left out)."""
+    if page is None:
+        return {**data, "document_omitted": "gone"}  # not while the job lives
+    doc = jobs_pb2.Document()
+    doc.ParseFromString(page)
+    as_json = document_json(doc)
+    size = len(json.dumps(as_json, separators=(",", ":")).encode())  # as embedded
+    if size > cap:
+        return {**data, "document_omitted": "too_large", "document_bytes": size}
+    return {**data, "document": as_json}
+
+
+def build_body(
+    job_id: str,
+    seq: int,
+    item: bytes,
+    cfg: WebhookConfig | None = None,
+    page: bytes | None = None,
+) -> bytes:
+    """The POST body of outbox ``item``: a function of the item, the job's config and
+    (``include_document``) the stored page it names (``page_of``), all written once
+    and never changed, so every delivery of the event sends the same bytes."""
+    doc = json.loads(item)
+    data = doc["data"]
+    if cfg is not None and cfg.include_document and doc["event"] == "page":
+        data = _with_document(data, page, cfg.max_document_bytes)
+    body: dict[str, object] = {
         "id": job_id,
         "seq": seq,
         "event_id": doc.get("event_id", ""),
         "event": doc["event"],
-        "data": doc["data"],
-        "created_at": doc["created_at"],
+        "data": data,
     }
+    if cfg is not None and cfg.metadata:
+        body["metadata"] = dict(cfg.metadata)
+    body["created_at"] = doc["created_at"]
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -433,11 +556,15 @@ class Deliverer:
             secret = self._secret_for(cfg.account)
             if not secret:
                 raise _GiveUp(f"account {cfg.account!r} has no webhook_secret", every_pending=True)
-            body = build_body(job_id, seq, item)
+            if cfg.include_document and event == "page":  # read here, decoded off the loop
+                page = page_of(self._store_getter(), job_id, item)
+                body = await asyncio.to_thread(build_body, job_id, seq, item, cfg, page)
+            else:
+                body = build_body(job_id, seq, item, cfg)
             last = ""
             for attempt in range(1, self.max_attempts + 1):
                 async with self._sem:
-                    ok, last = await self._post(cfg.url, job_id, seq, event, body, secret)
+                    ok, last = await self._post(cfg, job_id, seq, event, body, secret)
                 if ok:
                     self._count("ok")
                     self._advance(job_id, seq, None)
@@ -478,7 +605,7 @@ class Deliverer:
         self._advance(job_id, last_seq, message)
 
     async def _post(
-        self, url: str, job_id: str, seq: int, event: str, body: bytes, secret: str
+        self, cfg: WebhookConfig, job_id: str, seq: int, event: str, body: bytes, secret: str
     ) -> tuple[bool, str]:
         """One attempt: (True, "") on a 2xx, else (False, what went wrong). Raises
         ``BlockedAddressError`` when the address guard refused the connection (not an
@@ -486,8 +613,10 @@ class Deliverer:
         session = self._session
         if session is None:
             raise RuntimeError("Deliverer.start() was not awaited")
+        url = cfg.url
         timestamp = str(int(time.time()))
         headers = {
+            **dict(cfg.headers),  # the job's own first: none can replace the scheme's below
             "content-type": "application/json",
             "pagesift-event": event,
             "pagesift-delivery": f"{job_id}:{seq}",

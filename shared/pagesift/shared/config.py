@@ -100,6 +100,10 @@ class ServerConfig:
     webhook_base_delay: float = 0.5
     webhook_max_delay: float = 30.0
     webhook_timeout: float = 10.0
+    # a page event's document (include_document): the most bytes of its JSON embedded;
+    # a larger one is left out ("document_omitted": "too_large"). Fixed per job when
+    # the job starts, so every delivery of an event sends the same body.
+    webhook_max_document_bytes: int = 256 * 1024
     metrics_listen: str = ""  # e.g. 127.0.0.1:9464; "" = off
     tls_cert: str = ""  # public port TLS
     tls_key: str = ""

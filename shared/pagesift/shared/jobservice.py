@@ -358,11 +358,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, context: Context, caller: Account, hook: jobs_pb2.Webhook
     ) -> jobs_pb2.Webhook | None:
         if not hook.url:
-            if hook.events:
+            if hook.events or hook.headers or hook.metadata or hook.include_document:
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "webhook.url: missing")
             return None
         try:
             await validate.url(hook.url, "webhook.url", self.node.config)
+            validate.webhook_payload(hook)
         except validate.InvalidArgument as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:

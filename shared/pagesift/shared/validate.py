@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -133,30 +134,45 @@ _COOKIE_VALUE = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")  # RF
 _FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")  # no CR, LF, NUL or other controls
 
 
+def headers(
+    values: Mapping[str, str],
+    field: str,
+    *,
+    hints: Mapping[str, str] | None = None,
+    reserved: Callable[[str], str | None] | None = None,
+) -> None:
+    """Headers a job has sent (``field`` names the map, e.g. ``options.headers``): at
+    most ``MAX_HEADERS``, ``MAX_HEADER_BYTES`` together, RFC 9110 token names, values
+    without control characters, none of ``DENIED_HEADERS`` (``hints``: lowercase name
+    -> what to use instead) and none ``reserved(lowercase name)`` gives a reason for."""
+    if len(values) > MAX_HEADERS:
+        raise InvalidArgument(field, f"{len(values)} headers, at most {MAX_HEADERS}")
+    size = 0
+    for name, value in sorted(values.items()):
+        where = f"{field}[{name[:64]!r}]"
+        if not _TOKEN.fullmatch(name):
+            raise InvalidArgument(where, "not a valid header name")
+        if name.lower() in DENIED_HEADERS:
+            hint = (hints or {}).get(name.lower(), "a hop-by-hop or framing header")
+            raise InvalidArgument(where, f"{name} may not be set by a job ({hint})")
+        why = reserved(name.lower()) if reserved is not None else None
+        if why is not None:
+            raise InvalidArgument(where, f"{name} may not be set ({why})")
+        if not _FIELD_VALUE.fullmatch(value):
+            raise InvalidArgument(where, "the value holds a control character (CR, LF, NUL...)")
+        size += len(name) + len(value.encode())
+    if size > MAX_HEADER_BYTES:
+        raise InvalidArgument(field, f"{size} bytes, at most {MAX_HEADER_BYTES}")
+
+
 async def request_control(
     opts: jobs_pb2.ScrapeOptions, account: Account, config: ServerConfig, field: str = "options"
 ) -> None:
     """The request-control options of ``opts`` (headers, cookies, user agent, timeout,
     proxy, robots): INVALID_ARGUMENT naming the field for a bad value,
     ``PermissionDenied`` for what ``account`` may not use."""
-    if len(opts.headers) > MAX_HEADERS:
-        raise InvalidArgument(
-            f"{field}.headers", f"{len(opts.headers)} headers, at most {MAX_HEADERS}"
-        )
-    size = 0
-    for name, value in sorted(opts.headers.items()):
-        where = f"{field}.headers[{name[:64]!r}]"
-        if not _TOKEN.fullmatch(name):
-            raise InvalidArgument(where, "not a valid header name")
-        if name.lower() in DENIED_HEADERS:
-            instead = _HEADER_FIELDS.get(name.lower())
-            hint = f"use {field}.{instead}" if instead else "a hop-by-hop or framing header"
-            raise InvalidArgument(where, f"{name} may not be set by a job ({hint})")
-        if not _FIELD_VALUE.fullmatch(value):
-            raise InvalidArgument(where, "the value holds a control character (CR, LF, NUL...)")
-        size += len(name) + len(value.encode())
-    if size > MAX_HEADER_BYTES:
-        raise InvalidArgument(f"{field}.headers", f"{size} bytes, at most {MAX_HEADER_BYTES}")
+    hints = {name: f"use {field}.{instead}" for name, instead in _HEADER_FIELDS.items()}
+    headers(opts.headers, f"{field}.headers", hints=hints)
     if len(opts.cookies) > MAX_COOKIES:
         raise InvalidArgument(
             f"{field}.cookies", f"{len(opts.cookies)} cookies, at most {MAX_COOKIES}"
@@ -202,6 +218,52 @@ async def request_control(
     if opts.ignore_robots_txt and not account.allow_ignore_robots:
         raise PermissionDenied(
             f"{field}.ignore_robots_txt", f"account {account.name!r} may not ignore robots.txt"
+        )
+
+
+# Headers of a webhook delivery the signature scheme owns (lowercase); every
+# ``pagesift-`` header is the sender's too (event, delivery, event id, timestamp,
+# signature, and whatever comes next).
+WEBHOOK_OWNED_HEADERS = frozenset({"content-type"})
+WEBHOOK_HEADER_PREFIX = "pagesift-"
+MAX_WEBHOOK_METADATA = 50  # keys
+MAX_WEBHOOK_METADATA_KEY = 128  # characters
+MAX_WEBHOOK_METADATA_VALUE = 2048  # characters
+MAX_WEBHOOK_METADATA_BYTES = 16 * 1024  # every key and value together, UTF-8
+
+
+def _webhook_owned(name: str) -> str | None:
+    if name in WEBHOOK_OWNED_HEADERS or name.startswith(WEBHOOK_HEADER_PREFIX):
+        return "the webhook signature scheme sets it"
+    return None
+
+
+def webhook_payload(hook: jobs_pb2.Webhook, field: str = "webhook") -> None:
+    """A webhook's ``headers`` (``headers``' rules, and none the signature scheme owns:
+    Content-Type, pagesift-*) and ``metadata`` (bounded in keys, lengths and bytes;
+    keys without control characters): INVALID_ARGUMENT naming the field."""
+    hints = {"cookie": "not sent with deliveries", "user-agent": "the sender's own"}
+    headers(hook.headers, f"{field}.headers", hints=hints, reserved=_webhook_owned)
+    meta = hook.metadata
+    if len(meta) > MAX_WEBHOOK_METADATA:
+        raise InvalidArgument(
+            f"{field}.metadata", f"{len(meta)} keys, at most {MAX_WEBHOOK_METADATA}"
+        )
+    size = 0
+    for key, value in sorted(meta.items()):
+        where = f"{field}.metadata[{key[:64]!r}]"
+        if not 0 < len(key) <= MAX_WEBHOOK_METADATA_KEY or not key.isprintable():
+            raise InvalidArgument(
+                where, f"a key is 1..{MAX_WEBHOOK_METADATA_KEY} characters, none a control one"
+            )
+        if len(value) > MAX_WEBHOOK_METADATA_VALUE:
+            raise InvalidArgument(
+                where, f"{len(value)} characters, at most {MAX_WEBHOOK_METADATA_VALUE}"
+            )
+        size += len(key.encode()) + len(value.encode())
+    if size > MAX_WEBHOOK_METADATA_BYTES:
+        raise InvalidArgument(
+            f"{field}.metadata", f"{size} bytes, at most {MAX_WEBHOOK_METADATA_BYTES}"
         )
 
 

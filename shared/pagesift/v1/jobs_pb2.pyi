@@ -526,22 +526,90 @@ class Webhook(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     URL_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    INCLUDE_DOCUMENT_FIELD_NUMBER: _builtins.int
     url: _builtins.str
+    include_document: _builtins.bool
+    """page events carry the document ("document", the JSON mapping of Document with
+    its proto field names) when its JSON is at most the server's
+    webhook_max_document_bytes; a larger one is left out and the event says
+    "document_omitted": "too_large" with "document_bytes": fetch it with
+    GetJob(skip = the event's index, limit = 1).
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Events wanted: started, page, page_failed, completed, failed, cancelled; empty = all."""
+
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Headers sent with every delivery (e.g. the receiver's own auth token). The same
+        rules as ScrapeOptions.headers (at most 50, 16 KiB together, no hop-by-hop,
+        framing, Cookie or User-Agent), and none the signature scheme owns: Content-Type
+        and every pagesift-* header.
+        """
+
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Echoed as "metadata" in the body of every event of the job (e.g. the receiver's
+        own ids). At most 50 keys; a key 1..128 characters without control characters;
+        a value at most 2048 characters; 16 KiB of keys and values together.
+        """
 
     def __init__(
         self,
         *,
         url: _builtins.str = ...,
         events: _abc.Iterable[_builtins.str] | None = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        include_document: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "headers", b"headers", "include_document", b"include_document", "metadata", b"metadata", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
