@@ -22,7 +22,16 @@ from typing import cast
 from bench.common import say
 
 # the NAMEs, in order
-SECTIONS = ("crawl", "replication", "streams", "failover", "misbehaving", "documents")
+SECTIONS = (
+    "crawl",
+    "replication",
+    "streams",
+    "failover",
+    "misbehaving",
+    "documents",
+    "freshness",
+    "map",
+)
 
 
 def _load(name: str) -> ModuleType | None:
