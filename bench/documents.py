@@ -9,10 +9,11 @@ and the RSS growth over the child's baseline after the import. A library that is
 not installed is reported as such (pypdf and pdfminer.six are not project
 dependencies: ``.venv/bin/pip install pypdf pdfminer.six`` to compare).
 
-The PDFs: a generated text PDF of ``--doc-pages`` pages (``tests.pdfmaker``, 40 lines a
-page), plus any ``--doc-pdf PATH`` given, plus the Debian manuals found on this machine
-(``/usr/share/doc``; real pdfTeX output with fonts, ligatures and outlines). Writes
-``bench/out/documents.json`` and ``bench/out/documents.md``.
+The PDFs: a generated text PDF of ``--doc-pages`` pages (written by fpdf2, a ``dev``
+dependency, 40 lines a page; skipped with a note when fpdf2 is not installed:
+``.venv/bin/pip install -e '.[dev]'``), plus any ``--doc-pdf PATH`` given, plus the
+Debian manuals found on this machine (``/usr/share/doc``; real pdfTeX output with fonts,
+ligatures and outlines). Writes ``bench/out/documents.json`` and ``bench/out/documents.md``.
 """
 
 from __future__ import annotations
@@ -129,21 +130,35 @@ def _version(library: str) -> str:
         return ""
 
 
-def _corpus(args: argparse.Namespace) -> list[Path]:
-    sys.path.insert(0, str(REPO_DIR))
-    from tests.pdfmaker import text_pdf
+def _generated_pdf(pages: int) -> bytes:
+    """A text PDF of ``pages`` A4 pages of 40 Helvetica lines each, by fpdf2."""
+    from fpdf import FPDF
+    from fpdf.enums import XPos, YPos
 
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    generated = OUT_DIR / f"documents-generated-{args.doc_pages}p.pdf"
-    lines = [
-        [
-            f"Page {p} line {n}: the quick brown fox jumps over the lazy dog, {p * n}"
-            for n in range(40)
-        ]
-        for p in range(1, args.doc_pages + 1)
-    ]
-    generated.write_bytes(text_pdf(lines, title="pagesift bench"))
-    paths = [generated, *(Path(p) for p in args.doc_pdf)]
+    pdf = FPDF()
+    pdf.set_title("pagesift bench")
+    pdf.set_auto_page_break(False)
+    pdf.set_font("helvetica", size=10)
+    for p in range(1, pages + 1):
+        pdf.add_page()
+        for n in range(40):
+            line = f"Page {p} line {n}: the quick brown fox jumps over the lazy dog, {p * n}"
+            pdf.cell(h=6, text=line, new_x=XPos.LMARGIN, new_y=YPos.NEXT)
+    return bytes(pdf.output())
+
+
+def _corpus(args: argparse.Namespace) -> list[Path]:
+    paths = [Path(p) for p in args.doc_pdf]
+    if importlib.util.find_spec("fpdf") is None:
+        say(
+            "documents: fpdf2 is not installed (.venv/bin/pip install -e '.[dev]'), "
+            "no generated PDF"
+        )
+    else:
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        generated = OUT_DIR / f"documents-generated-{args.doc_pages}p.pdf"
+        generated.write_bytes(_generated_pdf(args.doc_pages))
+        paths.insert(0, generated)
     return paths + [p for p in SYSTEM_PDFS if p.exists()]
 
 

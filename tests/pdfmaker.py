@@ -1,4 +1,6 @@
-"""A tiny, dependency-free writer of real text PDFs for the document tests and benchmark.
+"""A tiny, dependency-free writer of real text PDFs, kept for what fpdf2 (the tests' PDF
+writer) cannot do: an Info ``/ModDate`` (tests/test_documents.py), and for
+tests/test_extraction_controls.py.
 
 ``text_pdf`` writes a valid PDF 1.4 file (catalog, page tree, one standard Helvetica
 font, one content stream per page, an Info dictionary and a byte-exact xref table), the

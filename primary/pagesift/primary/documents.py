@@ -121,6 +121,12 @@ _OOXML_MAIN: tuple[tuple[str, str], ...] = (
     ("ppt/presentation.xml", "pptx"),
     ("xl/workbook.xml", "xlsx"),
 )
+# A local header naming a part in one of these folders says the kind.
+_OOXML_FOLDERS: tuple[tuple[bytes, str], ...] = (
+    (b"word/", "docx"),
+    (b"ppt/", "pptx"),
+    (b"xl/", "xlsx"),
+)
 _ZIP_MAGIC = b"PK\x03\x04"
 _OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 
@@ -166,6 +172,12 @@ def _zip_kind(head: bytes) -> str | None:
         for name, kind in _OOXML_MAIN:
             if name.encode() in head:
                 return kind
+    # Writers put parts in any order (openpyxl writes the sheets first and
+    # [Content_Types].xml last), so a first few KiB may name only some part of the
+    # package: its folder says which kind it is.
+    for folder, kind in _OOXML_FOLDERS:
+        if folder in head:
+            return kind
     return None
 
 
