@@ -49,6 +49,10 @@ def _drill(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     if done.returncode not in (0, 1) or not done.stdout.strip():
         raise RuntimeError(f"drill {kind} exited {done.returncode}: {done.stderr[-2000:]}")
     doc: dict[str, Any] = json.loads(done.stdout)
+    # the witness kind is also the suite's check of ``drill --auto --kill primary`` (moved
+    # here from tests/test_drill.py): nobody but the witness made the survivor primary
+    if kind == "witness" and "promoted" in done.stderr:
+        raise RuntimeError(f"drill {kind}: a node was promoted by the drill, not the witness")
     return doc
 
 

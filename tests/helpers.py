@@ -238,8 +238,17 @@ def start_server_process(config_args: list[str], log: Path) -> subprocess.Popen[
         )
 
 
+#: Reconnect every 50-200 ms while a server starts: gRPC's default backoff (1 s, then
+#: growing) would make each wait up to a second or two longer than the startup itself.
+FAST_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 200),
+]
+
+
 async def wait_ready(address: str, timeout: float = 20.0) -> None:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(address, options=FAST_RECONNECT) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout)
 
 

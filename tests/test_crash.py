@@ -16,11 +16,18 @@ import pytest
 
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import ServeProc, SiteSpec, all_documents, wait_terminal
+from tests.helpers import QUICK_RETRIES, ServeProc, SiteSpec, all_documents, wait_terminal
 
 CONCURRENCY = 8
-# the whole [server] table (base={}: extract_processes stays at its default)
-CONFIG = {"read_timeout": 1.0, "connect_timeout": 1.0, "max_body_bytes": 1024 * 1024}
+# the whole [server] table (base={}: extract_processes stays at its default); one quick
+# retry of the slow and the failing page, as everywhere in the suite (the default three,
+# 0.5 s apart and doubling, would add seconds to every crawl's tail, after each restart)
+CONFIG = {
+    "read_timeout": 1.0,
+    "connect_timeout": 1.0,
+    "max_body_bytes": 1024 * 1024,
+    **QUICK_RETRIES,
+}
 
 
 @pytest.fixture

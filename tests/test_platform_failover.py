@@ -32,6 +32,7 @@ from tests.helpers import (
     ADMIN_MD,
     ALICE,
     PAIR_TOKEN_FILE,
+    QUICK_RETRIES,
     Hit,
     NodeFactory,
     Receiver,
@@ -59,6 +60,7 @@ PACE = 0.01  # the receiver answers each event after this long: delivery outlast
 def settings(accounts: Path) -> dict[str, Any]:
     """A node's whole ``[server]`` table (``base={}``), with its own metrics endpoint."""
     return {
+        **QUICK_RETRIES,  # the slow and the failing page: one quick retry each
         "read_timeout": 1.0,
         "connect_timeout": 1.0,
         "max_body_bytes": MiB,

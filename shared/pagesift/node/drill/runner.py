@@ -104,6 +104,7 @@ class DrillSettings:
     timeout: float = 180.0
     site: str = ""
     pace: float = 0.03
+    page_retries: int | None = None  # the crawl's max_retries (None: the server's default)
     concurrency: int = 8
     witness_ttl: float = 5.0
     primary: str = ""  # remote: the deployment's nodes and commands
@@ -174,7 +175,7 @@ class _Run:
 
     def _crawl_request(self) -> jobs_pb2.StartCrawlRequest:
         root = self.site.root if self.site is not None else self.s.site
-        return jobs_pb2.StartCrawlRequest(
+        req = jobs_pb2.StartCrawlRequest(
             url=root,
             exclude_paths=self.site.exclude if self.site is not None else [],
             limit=0 if self.site is not None else self.s.pages,
@@ -183,6 +184,9 @@ class _Run:
             webhook=jobs_pb2.Webhook(url=self.hook_url),
             idempotency_key=f"drill-{uuid.uuid4()}",
         )
+        if self.s.page_retries is not None:
+            req.max_retries = self.s.page_retries
+        return req
 
     async def observe(self) -> tuple[Observation, bool]:
         """The run's observation, and whether the pair is fit for another run."""
