@@ -213,3 +213,47 @@ async def test_the_interceptor_counts_requests_by_method_and_final_code() -> Non
     assert count(watch, "RESOURCE_EXHAUSTED") == 1
     assert count(watch, "CANCELLED") == 1
     assert count("unknown", "UNIMPLEMENTED") == 1
+
+
+async def test_handling_time_by_method_and_code_build_info_and_process_series() -> None:
+    m = Metrics()
+    server = grpc.aio.server(interceptors=[m.interceptor()])
+    health_pb2_grpc.add_HealthServicer_to_server(Health(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            await stub.Check(health_pb2.HealthCheckRequest())
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.Check(health_pb2.HealthCheckRequest(service="abort"))
+            assert len([r async for r in stub.Watch(health_pb2.HealthCheckRequest())]) == 3
+    finally:
+        await server.stop(None)
+    runner = await start_http(m, "127.0.0.1", 0)
+    try:
+        _, text = await scrape(bound_port(runner))
+    finally:
+        await runner.cleanup()
+    s = parse(text)
+    check, watch = "grpc.health.v1.Health/Check", "grpc.health.v1.Health/Watch"
+
+    def hist(suffix: str, method: str, code: str, **more: str) -> float:
+        labels = tuple(sorted({"method": method, "code": code, **more}.items()))
+        return s[(f"pagesift_grpc_server_handling_seconds_{suffix}", labels)]
+
+    assert hist("count", check, "OK") == 1
+    assert hist("count", check, "NOT_FOUND") == 1
+    assert hist("count", watch, "OK") == 1
+    assert hist("bucket", check, "OK", le="+Inf") == 1
+    assert hist("bucket", check, "OK", le="0.001") <= 1  # the stated buckets
+    assert 0 < hist("sum", check, "OK") < 5
+    assert s[("pagesift_grpc_server_started_total", (("method", check),))] == 2
+    assert s[("pagesift_grpc_server_started_total", (("method", watch),))] == 1
+    (build,) = [labels for name, labels in s if name == "pagesift_build_info"]
+    assert s[("pagesift_build_info", build)] == 1
+    assert {k for k, _ in build} == {"version", "python", "grpc"}
+    assert dict(build)["grpc"] == grpc.__version__
+    names = {name for name, _ in s}
+    assert {"process_resident_memory_bytes", "process_start_time_seconds", "python_info"} <= names
+    assert "python_gc_objects_collected_total" in names

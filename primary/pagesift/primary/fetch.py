@@ -84,7 +84,7 @@ from pagesift.primary.netguard import (
 from pagesift.primary.politeness import HostSlots, effective_delay
 from pagesift.primary.reqprofile import ProxyPool, RequestProfile
 from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache, origin_of, page_directives
-from pagesift.shared import urls
+from pagesift.shared import tracing, urls
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.shared.metrics import Metrics
@@ -167,6 +167,13 @@ def _loop_running() -> bool:
     return True
 
 
+def _host_of(url: str) -> str:
+    try:
+        return urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+
+
 class HttpEngine:
     """The Engine over HTTP(S). Construct with the server config; call ``close()`` at exit."""
 
@@ -219,6 +226,22 @@ class HttpEngine:
         options: jobs_pb2.ScrapeOptions,
         policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
     ) -> Page:
+        if not tracing.enabled():
+            return await self._scrape(url, options, policy)
+        with tracing.span("fetch", {"server.address": _host_of(url)}) as span:
+            try:
+                page = await self._scrape(url, options, policy)
+            except PageError as e:
+                if span is not None:
+                    span.set_attribute("error.type", e.code.value)
+                    if e.status is not None:
+                        span.set_attribute("http.response.status_code", e.status)
+                raise
+            if span is not None:
+                span.set_attribute("http.response.status_code", page.document.status_code)
+            return page
+
+    async def _scrape(self, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy) -> Page:
         # Requests with credentials are refused at validation; a crawled link has them
         # stripped here, so the stored url and every request go without them.
         url = urls.strip_userinfo(url)

@@ -11,9 +11,10 @@ a standby follows its primary. Interceptors count every call (metrics) and guard
 admin calls (admin key) and the replication stream (shared token; or mTLS on a port
 of its own, ``replication_listen``). The health service answers per role
 (``pagesift.node.health``: ``""``, ``pagesift.primary``, ``pagesift.replica``).
-Prometheus metrics are served on ``metrics_listen``. ``serve`` runs it until
-SIGTERM/SIGINT; SIGKILL at any instant is safe because every durable change is one
-atomic store group.
+Prometheus metrics are served on ``metrics_listen``; OpenTelemetry traces are exported
+when the standard ``OTEL_*`` environment asks for them (``pagesift.shared.tracing``).
+``serve`` runs it until SIGTERM/SIGINT; SIGKILL at any instant is safe because every
+durable change is one atomic store group.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pagesift.node.logs import setup_logging
 from pagesift.node.node import Node, StartRefused
 from pagesift.node.replication import ReplicationParts
 from pagesift.primary.replication import add_to_server
-from pagesift.shared import tls
+from pagesift.shared import tls, tracing
 from pagesift.shared.accounts import bearer_token
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.interceptors import MalformedRequests
@@ -235,6 +236,8 @@ async def run(
 def serve(config: ServerConfig) -> int:
     """Run a node until SIGTERM or SIGINT; returns the process exit status."""
     setup_logging(config.log_format)
+    if tracing.configure_from_env():  # OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_TRACES_EXPORTER
+        logger.info("tracing: spans are exported (OpenTelemetry)")
     if config.allow_private_networks:
         logger.warning(
             "--allow-private-networks: URLs on loopback and private networks are allowed"
@@ -252,4 +255,6 @@ def serve(config: ServerConfig) -> int:
     except StartRefused as e:
         logger.error("%s", e)
         return 2
+    finally:
+        tracing.shutdown()  # flushes the spans not yet exported
     return 0

@@ -50,16 +50,27 @@ pagesift_witness_up                         gauge      with a witness: 1 when it
                                                        succeeded
 pagesift_witness_lease_remaining_seconds    gauge      until the write deadline (0: no lease)
 pagesift_witness_takeover_behind_entries    gauge      entries behind at the last takeover
-pagesift_grpc_requests_total                counter    method, code: finished RPCs
+pagesift_grpc_requests_total                counter    method, code: finished RPCs (handled)
+pagesift_grpc_server_started_total          counter    method: RPCs started (started minus
+                                                       handled: in flight)
+pagesift_grpc_server_handling_seconds       histogram  method, code: from the handler's start
+                                                       to its end (a streaming RPC: to the
+                                                       stream's end), GRPC_BUCKETS
+pagesift_build_info                         gauge      version, python, grpc: always 1
 ==========================================  =========  ===================================
+
+The registry also carries prometheus-client's process (``process_*``: CPU, resident
+memory, open fds, start time), platform (``python_info``) and garbage collector
+(``python_gc_*``) series.
 
 Guarantees
 ----------
-- ``MetricsInterceptor`` counts every RPC exactly once, when it finishes, with its
+- ``MetricsInterceptor`` counts (and times) every RPC exactly once, when it finishes, with its
   final status code: OK, the code given to ``context.abort`` / ``context.set_code``,
   CANCELLED when the call is cancelled, UNKNOWN for an escaping exception, and
   UNIMPLEMENTED (method label ``unknown``, so label cardinality stays bounded) for a
-  method no service has. It works for unary and streaming handlers alike.
+  method no service has. It works for unary and streaming handlers alike. With
+  tracing on (``pagesift.shared.tracing``) it also opens each RPC's server span.
 - A failing scrape-time callback never breaks a scrape: its series are left out and
   ``pagesift_scrape_errors_total{source}`` is incremented.
 """
@@ -69,14 +80,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import platform
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import grpc
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -87,6 +104,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagesift.shared import jobrecords as jr
+from pagesift.shared import tracing
 from pagesift.shared.interceptors import Behavior, rewrap
 from pagesift.shared.roles import Role
 from pagesift.shared.store import Store
@@ -94,6 +112,7 @@ from pagesift.shared.tls import Handler, ServerInterceptor
 
 __all__ = [
     "FETCH_BUCKETS",
+    "GRPC_BUCKETS",
     "Metrics",
     "MetricsInterceptor",
     "ReplicationFigures",
@@ -104,6 +123,13 @@ __all__ = [
 logger = logging.getLogger("pagesift.metrics")
 
 FETCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# gRPC handling time: store reads (GetJob, ListJobs) take a millisecond or less, a
+# Scrape as long as its fetch (FETCH_BUCKETS' range, up to a minute), streams
+# (WatchJob, the replication stream) minutes to days: 1 ms .. 5 min, the longest in +Inf.
+GRPC_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+)  # fmt: skip
 KINDS = ("batch", "crawl")
 STATES = ("scraping", "completed", "failed", "cancelled")
 ROLES = tuple(r.value for r in Role)
@@ -202,6 +228,31 @@ class Metrics:
             ["method", "code"],
             registry=r,
         )
+        self.grpc_started = Counter(
+            "pagesift_grpc_server_started",
+            "gRPC requests started by method (started minus handled: in flight).",
+            ["method"],
+            registry=r,
+        )
+        self.grpc_handling_seconds = Histogram(
+            "pagesift_grpc_server_handling_seconds",
+            "gRPC request handling time by method and status code (streaming RPCs: to "
+            "the stream's end).",
+            ["method", "code"],
+            buckets=GRPC_BUCKETS,
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "pagesift_build_info",
+            "Always 1: the pagesift, Python and gRPC versions of this process.",
+            ["version", "python", "grpc"],
+            registry=r,
+        )
+        self.build_info.labels(_version(), platform.python_version(), grpc.__version__).set(1)
+        # process_*, python_info, python_gc_*: the same collectors as prometheus-client's
+        # global registry, registered here (they read the process when scraped)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
         self.scrape_errors: dict[str, int] = {}  # source -> failures (reported by _ScrapeTime)
         # scrape-time sources, set by the server (None: the series are left out)
         self.jobs_store: Callable[[], Store | None] | None = None
@@ -237,6 +288,13 @@ class Metrics:
     def exposition(self) -> bytes:
         """The text exposition format of every series (what /metrics serves)."""
         return generate_latest(self.registry)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pagesift")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class _ScrapeTime(Collector):
@@ -384,14 +442,20 @@ def _code_name(code: object) -> str:
 
 
 class MetricsInterceptor(ServerInterceptor):
-    """Counts ``pagesift_grpc_requests_total{method,code}`` for every finished RPC.
+    """Counts ``pagesift_grpc_requests_total{method,code}`` for every finished RPC, and
+    ``pagesift_grpc_server_started_total`` and ``pagesift_grpc_server_handling_seconds``.
 
     grpc.aio gives an interceptor the handler, not the outcome, so the handler's
     behavior is wrapped: after it returns, ``context.code()`` is None (OK) or what
     ``set_code`` set; ``context.abort`` raises ``grpc.aio.AbortError`` after setting
     the code, so ``context.code()`` is read then too; any other exception reaches
     the client as UNKNOWN, and cancellation as CANCELLED. Streaming responses wrap the
-    async generator and count when it ends.
+    async generator and count (and time) when it ends.
+
+    Our own rather than a library's: py-grpc-prometheus serves sync servers only (and
+    the global registry), grpc-interceptor has no metrics; this wrapper is where the
+    final code is known anyway. With tracing on, the wrapped behavior runs inside the
+    RPC's server span (``tracing.server_span``), which continues the caller's trace.
     """
 
     def __init__(self, metrics: Metrics) -> None:
@@ -399,6 +463,10 @@ class MetricsInterceptor(ServerInterceptor):
 
     def _count(self, method: str, code: str) -> None:
         self._m.grpc_requests.labels(method, code).inc()
+
+    def _finish(self, method: str, code: str, started: float) -> None:
+        self._m.grpc_requests.labels(method, code).inc()
+        self._m.grpc_handling_seconds.labels(method, code).observe(time.perf_counter() - started)
 
     def _outcome(self, context: Any, exc: BaseException | None) -> str:
         if exc is None or isinstance(exc, grpc.aio.AbortError):
@@ -417,38 +485,56 @@ class MetricsInterceptor(ServerInterceptor):
             self._count("unknown", "UNIMPLEMENTED")
             return handler
         method = handler_call_details.method.lstrip("/")
-        return rewrap(handler, lambda behavior: self._wrap(method, behavior))
+        md = handler_call_details.invocation_metadata
+        return rewrap(handler, lambda behavior: self._wrap(method, md, behavior))
 
-    def _wrap(self, method: str, behavior: Behavior) -> Behavior:
+    def _wrap(self, method: str, md: Any, behavior: Behavior) -> Behavior:
+        started_total = self._m.grpc_started.labels(method)
         if inspect.isasyncgenfunction(behavior):
 
             async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                started_total.inc()
+                started = time.perf_counter()
                 exc: BaseException | None = None
-                try:
-                    async for item in behavior(request, context):
-                        yield item
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    self._count(method, self._outcome(context, exc))
+                with tracing.server_span(method, md) as span:
+                    try:
+                        async for item in behavior(request, context):
+                            yield item
+                    except BaseException as e:
+                        exc = e
+                        raise
+                    finally:
+                        code = self._outcome(context, exc)
+                        self._finish(method, code, started)
+                        tracing.end_rpc(span, code, _code_value(code))
 
             return stream
 
         async def unary(request: Any, context: Any) -> Any:
+            started_total.inc()
+            started = time.perf_counter()
             exc: BaseException | None = None
-            try:
-                result = behavior(request, context)
-                if inspect.isawaitable(result):
-                    result = await result
-                return result
-            except BaseException as e:
-                exc = e
-                raise
-            finally:
-                self._count(method, self._outcome(context, exc))
+            with tracing.server_span(method, md) as span:
+                try:
+                    result = behavior(request, context)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    return result
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    code = self._outcome(context, exc)
+                    self._finish(method, code, started)
+                    tracing.end_rpc(span, code, _code_value(code))
 
         return unary
+
+
+def _code_value(name: str) -> int:
+    code = getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN)
+    value: int = code.value[0]
+    return value
 
 
 # HTTP ------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
+from pagesift.shared import tracing
 from pagesift.v1 import store_pb2
 
 Op = store_pb2.Op
@@ -451,13 +452,17 @@ class Store:
     def _commit(self, group: WriteGroup) -> None:
         if not group.ops and not group._pending and not group._ranges:
             return
-        if group.ops:
-            for obs in self._observers:
-                obs.stage(group)
-        self._db.write(group._batch(), self._wopts)
-        if group.ops:
-            for obs in self._observers:
-                obs.committed(group)
+        with tracing.span("store.commit") as span:  # a shared no-op when tracing is off
+            if group.ops:
+                for obs in self._observers:
+                    obs.stage(group)
+            self._db.write(group._batch(), self._wopts)
+            if group.ops:
+                for obs in self._observers:
+                    obs.committed(group)
+            if span is not None:
+                span.set_attribute("pagesift.store.ops", len(group.ops))
+                span.set_attribute("pagesift.log.offset", group.offset)
 
     # reads ----------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:

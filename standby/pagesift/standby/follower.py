@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from pagesift.shared import replfollower, replproto
+from pagesift.shared import replfollower, replproto, tracing
 from pagesift.shared.backoff import backoff_delay
 from pagesift.shared.channels import open_channel
 from pagesift.shared.framing import split_entries_message
@@ -450,11 +450,17 @@ class Follower:
             while end < n and size + sizes[end] <= APPLY_RUN_BYTES:
                 size += sizes[end]
                 end += 1
-            self._slot.log.append_replicated(
-                entries[start:end],
-                primary_epoch=primary_epoch,
-                raw=raws[start:end] if raws is not None else None,
-            )
+            # linked to the primary's store.commit spans by offset, not by trace context
+            with tracing.span("replication.apply") as span:
+                if span is not None:
+                    span.set_attribute("pagesift.log.first_offset", entries[start].offset)
+                    span.set_attribute("pagesift.log.last_offset", entries[end - 1].offset)
+                    span.set_attribute("pagesift.log.entries", end - start)
+                self._slot.log.append_replicated(
+                    entries[start:end],
+                    primary_epoch=primary_epoch,
+                    raw=raws[start:end] if raws is not None else None,
+                )
             start = end
             if start < n:
                 await asyncio.sleep(0)
