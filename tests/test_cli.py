@@ -241,7 +241,7 @@ def test_serve_overrides_are_none_when_not_given() -> None:
 @pytest.mark.parametrize(
     ("toml", "argv", "message"),
     [
-        ("[server]\nno_such_key = 1\n", [], "unknown config keys: no_such_key"),
+        ("[server]\nno_such_key = 1\n", [], "config: no_such_key (file "),
         ("[server\n", [], "error: config:"),
         ("", ["--role", "standby"], "needs --primary"),
         ('[server]\ndefault_proxy = "eu"\n', [], "config: default_proxy: 'eu' is not a proxy"),

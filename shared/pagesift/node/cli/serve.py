@@ -1,9 +1,10 @@
 """``pagesift serve``: run a node (primary or standby) in this process.
 
 Owns the ``serve`` flags and their mapping to ``ServerConfig`` (``serve_overrides``:
-every flag defaults to None, so a flag not given leaves ``--config FILE``, then the
-defaults, to decide). A bad config is reported as ``error: config: ...`` (exit 2)
-before anything starts. The server is imported lazily, by the handler only, so the
+every flag defaults to None, so a flag not given leaves ``PAGESIFT_*`` variables, then
+``--config FILE``, then the defaults, to decide; pagesift.shared.settings). A bad config
+is reported as one line, ``error: config: KEY (SOURCE): expected ...`` (exit 2), before
+anything starts. The server is imported lazily, by the handler only, so the
 client subcommands never load the engine, the store or replication.
 """
 
