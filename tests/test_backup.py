@@ -24,7 +24,7 @@ import pytest
 
 from pagesift.node import cli
 from pagesift.node.cli.backup import MANIFEST_FILE
-from pagesift.node.cli.common import EXIT_ERROR, EXIT_OK
+from pagesift.node.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from pagesift.shared.client import JobClient
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.shared.slot import open_slot
@@ -254,14 +254,14 @@ async def test_a_non_empty_out_and_a_wrong_admin_key_write_nothing(
         full.mkdir()
         (full / "keep.txt").write_text("mine")
         code = await cli.amain(["backup", *server, "--out", str(full), "--admin-key", ADMIN_KEY])
-        assert code == EXIT_ERROR
+        assert code == EXIT_USAGE
         assert "is not empty" in capsys.readouterr().err
         assert [p.name for p in full.iterdir()] == ["keep.txt"]
         # a wrong key (and the pair's token, once an [admin] key exists) is refused
         out = tmp_path / "copy"
         for key in ("psk_wrong_key_0123456789", PAIR_TOKEN):
             code = await cli.amain(["backup", *server, "--out", str(out), f"--admin-key={key}"])
-            assert code == EXIT_ERROR
+            assert code == EXIT_REFUSED
             err = capsys.readouterr().err
             assert "PERMISSION_DENIED" in err and "Backup needs the admin key" in err, err
             assert not out.exists()

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
+from pagesift.shared import rpcerrors
+from pagesift.shared.rpcerrors import Reason
 from pagesift.v1 import jobs_pb2
 from tests.helpers import RunningNode, in_process_node
 
@@ -143,6 +148,23 @@ async def call(node: RunningNode, request: object) -> None:
     await getattr(node.stub, METHOD[type(request)])(request)
 
 
+def detail_fields(err: grpc.aio.AioRpcError) -> tuple[str, list[str]]:
+    """The ErrorInfo reason and, for INVALID_ARGUMENT, the BadRequest's field paths (each
+    named in the message too); from_call also checks the details match the status."""
+    status = rpc_status.from_call(cast(Any, err))
+    assert status is not None, err.details()
+    (info,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+    assert info.domain == rpcerrors.DOMAIN
+    bad = rpcerrors.details_of(status, error_details_pb2.BadRequest)
+    if err.code() != C.INVALID_ARGUMENT:
+        return info.reason, []
+    (request,) = bad
+    fields = [v.field for v in request.field_violations]
+    assert fields and all(f in (err.details() or "") for f in fields), (fields, err.details())
+    assert info.metadata["field"] == fields[0]
+    return info.reason, fields
+
+
 async def test_every_bad_request_gets_its_status_and_names_its_field(tmp_path: Path) -> None:
     async with in_process_node(tmp_path, max_batch_urls=10) as node:
         for label, request, code, words in CASES:
@@ -150,6 +172,15 @@ async def test_every_bad_request_gets_its_status_and_names_its_field(tmp_path: P
                 await call(node, request)
             assert e.value.code() == code, label
             assert words in (e.value.details() or ""), (label, e.value.details())
+            reason, fields = detail_fields(e.value)
+            if code == C.NOT_FOUND:
+                assert reason == Reason.JOB_NOT_FOUND, label
+            else:
+                assert reason == Reason.INVALID_FIELD, label
+            if words == "indices [1, 2]":
+                assert fields == ["urls[1]", "urls[2]"]  # each bad URL its own violation
+            if words == "include_paths[1]":
+                assert fields == ["include_paths[1]"]
         assert list(node.node.store().replicated_items()) == [], "a rejected call wrote"
 
 
@@ -205,4 +236,5 @@ async def test_the_address_guard_refuses_private_targets_by_default(
                 await call(node, request)
             assert e.value.code() == C.INVALID_ARGUMENT, url
             assert "url" in (e.value.details() or "")
+            assert detail_fields(e.value)[1] in (["url"], ["urls"], ["urls[0]"])
         assert list(node.node.store().replicated_items()) == []

@@ -863,7 +863,7 @@ async def test_grpc_errors_print_code_and_details(
     pair: tuple[FakeJobs, str, FakeJobs, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, s_addr, _, _ = pair
-    assert await amain(["status", "missing", "--server", s_addr]) == 2
+    assert await amain(["status", "missing", "--server", s_addr]) == 3  # refused
     captured = capsys.readouterr()
     assert captured.err == "error: NOT_FOUND: no job missing\n"
     assert captured.out == ""
@@ -873,8 +873,9 @@ async def test_grpc_errors_print_code_and_details(
 def test_main_reports_unavailable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # --connect-timeout 0: no wait for a ready channel, the client's retries decide
     monkeypatch.setattr(cli, "JobClient", functools.partial(JobClient, retry_budget=0.2))
-    assert main(["jobs", "--json", "--server", _dead_address()]) == 2
+    assert main(["jobs", "--server", _dead_address(), "--connect-timeout", "0"]) == 4
     captured = capsys.readouterr()
     assert captured.err.startswith("error: UNAVAILABLE: ")
     assert captured.out == ""

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from pagesift.node import cli
-from pagesift.node.cli.common import EXIT_ERROR
+from pagesift.node.cli.common import EXIT_UNREACHABLE, EXIT_USAGE
 from pagesift.shared.client import JobClient, choose_primary
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, build_site, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
@@ -86,39 +86,47 @@ async def test_role_promote_and_verify_print_one_json_object_each_against_a_real
 
     offset = await eventually(caught_up, "the standby to catch up")
 
-    code, out = await run_json("role", "--server", P)
-    assert code == 0 and set(out) == ROLE_KEYS
-    assert (out["address"], out["role"], out["epoch"], out["applied_offset"]) == (
-        P, "primary", 1, offset,
-    )  # fmt: skip
-    assert out["connected"] is True and out["lag_offsets"] == 0 and len(out["history_id"]) == 32
-
-    code, out = await run_json("role", "--server", S)
-    assert code == 0 and set(out) == ROLE_KEYS
-    assert (out["role"], out["peer"], out["connected"], out["full_resyncs"]) == (
-        "standby", P, True, 1,
-    )  # fmt: skip
-
-    code, out = await run_json("role", "--server", S, "--server", P)
-    assert code == 0 and out["primary"] == P
-    assert [n["role"] for n in out["nodes"]] == ["standby", "primary"]
-
-    code, out = await run_json("verify", "--primary", P, "--standby", S)
-    assert code == 0, out
-    assert set(out) == {"equal", "offset", "primary", "standby"}
-    assert out["equal"] is True and out["offset"] == offset
-    assert out["primary"]["address"] == P and out["standby"]["address"] == S
-    assert out["primary"]["digest"] == out["standby"]["digest"]
-    assert len(out["primary"]["digest"]) == 64
-
-    code, text, _ = await asyncio.to_thread(pagesift, "verify", "--primary", P, "--standby", S)
+    # the read-only commands run side by side (each is a child process of its own)
+    on_p, on_s, on_both, verified, (code, text, _) = await asyncio.gather(
+        run_json("role", "--server", P),
+        run_json("role", "--server", S),
+        run_json("role", "--server", S, "--server", P),
+        run_json("verify", "--primary", P, "--standby", S),
+        asyncio.to_thread(pagesift, "verify", "--primary", P, "--standby", S),
+    )
     assert code == 0
+    code, out = verified
     assert text.splitlines() == [
         f"offset   {offset}",
         f"primary  {out['primary']['digest']}  {P}",
         f"standby  {out['standby']['digest']}  {S}",
         "equal",
     ]
+
+    code, out = on_p
+    assert code == 0 and set(out) == ROLE_KEYS
+    assert (out["address"], out["role"], out["epoch"], out["applied_offset"]) == (
+        P, "primary", 1, offset,
+    )  # fmt: skip
+    assert out["connected"] is True and out["lag_offsets"] == 0 and len(out["history_id"]) == 32
+
+    code, out = on_s
+    assert code == 0 and set(out) == ROLE_KEYS
+    assert (out["role"], out["peer"], out["connected"], out["full_resyncs"]) == (
+        "standby", P, True, 1,
+    )  # fmt: skip
+
+    code, out = on_both
+    assert code == 0 and out["primary"] == P
+    assert [n["role"] for n in out["nodes"]] == ["standby", "primary"]
+
+    code, out = verified
+    assert code == 0, out
+    assert set(out) == {"equal", "offset", "primary", "standby"}
+    assert out["equal"] is True and out["offset"] == offset
+    assert out["primary"]["address"] == P and out["standby"]["address"] == S
+    assert out["primary"]["digest"] == out["standby"]["digest"]
+    assert len(out["primary"]["digest"]) == 64
 
     # a primary reports its state
     code, out = await run_json("promote", "--server", P, *PROMOTE_KEY)
@@ -136,7 +144,7 @@ async def test_role_promote_and_verify_print_one_json_object_each_against_a_real
     assert again == {**out, "already_primary": True}
 
     code, out = await run_json("role", "--server", S, "--server", P)
-    assert code == EXIT_ERROR  # one node did not answer
+    assert code == EXIT_UNREACHABLE  # one node did not answer
     assert out["primary"] == S
     assert out["nodes"][0]["role"] == "primary" and out["nodes"][0]["epoch"] == 2
     assert out["nodes"][1]["address"] == P and "UNAVAILABLE" in out["nodes"][1]["error"]
@@ -144,7 +152,7 @@ async def test_role_promote_and_verify_print_one_json_object_each_against_a_real
 
 async def test_promote_takes_exactly_one_server(capsys: pytest.CaptureFixture[str]) -> None:
     code = await cli.amain(["promote", "--server", "127.0.0.1:1", "--server", "127.0.0.1:2"])
-    assert code == EXIT_ERROR
+    assert code == EXIT_USAGE
     assert "exactly one --server" in capsys.readouterr().err
 
 
@@ -229,13 +237,14 @@ async def test_verify_exits_1_and_prints_both_digests_when_they_differ(
     }
 
 
-async def test_verify_exits_2_when_a_node_is_unreachable(
+async def test_verify_exits_4_when_a_node_is_unreachable(
     fake_nodes: list[tuple[str, FakeAdmin, FakeJobs]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     (a, _, _), _ = fake_nodes
     dead = f"127.0.0.1:{free_port()}"
-    assert await cli.amain(["verify", "--primary", dead, "--standby", a]) == EXIT_ERROR
-    assert capsys.readouterr().err.startswith("error: UNAVAILABLE")
+    argv = ["verify", "--primary", dead, "--standby", a, "--connect-timeout", "0.5"]
+    assert await cli.amain(argv) == EXIT_UNREACHABLE
+    assert capsys.readouterr().err == f"error: cannot reach {dead} (connect timeout 0.5 s)\n"
 
 
 async def test_the_client_sends_writes_to_the_primary_of_the_highest_epoch(

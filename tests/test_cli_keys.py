@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pagesift.node import cli
-from pagesift.node.cli.common import EXIT_ERROR
+from pagesift.node.cli.common import EXIT_REFUSED
 from pagesift.shared.accounts import hash_key
 from tests.helpers import in_process_node
 
@@ -31,11 +31,11 @@ async def test_the_cli_sends_the_api_key_and_the_admin_key(
     accounts = accounts_file(tmp_path)
     async with in_process_node(tmp_path / "node", accounts_file=str(accounts)) as node:
         server = ["--server", node.address]
-        assert await cli.amain(["jobs", "--json", *server]) == EXIT_ERROR
-        assert "UNAUTHENTICATED" in capsys.readouterr().err
+        assert await cli.amain(["jobs", "--json", *server]) == EXIT_REFUSED
+        assert json.loads(capsys.readouterr().out)["error"]["code"] == "UNAUTHENTICATED"
         assert await cli.amain(["jobs", "--json", "--api-key", API_KEY, *server]) == 0
         assert json.loads(capsys.readouterr().out) == {"jobs": []}
-        assert await cli.amain(["role", "--json", "--api-key", API_KEY, *server]) != 0
-        assert "PERMISSION_DENIED" in capsys.readouterr().err
+        assert await cli.amain(["role", "--json", "--api-key", API_KEY, *server]) == EXIT_REFUSED
+        assert json.loads(capsys.readouterr().out)["error"]["code"] == "PERMISSION_DENIED"
         assert await cli.amain(["role", "--json", "--admin-key", ADMIN_KEY, *server]) == 0
         assert json.loads(capsys.readouterr().out)["role"] == "primary"

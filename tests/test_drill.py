@@ -7,10 +7,10 @@ are, the sync and async pass rules. The end-to-end tests run the real command as
 child process (``python -m pagesift.node.cli drill ... --json``) with ``TMPDIR`` inside
 the test's ``tmp_path``, so they can check afterwards that the drill left neither a
 directory nor a process behind: a local manual drill in async and in sync mode, a
-drill whose witness (etcd) promotes, a witness outage, a remote drill whose nodes are
-killed and started by shell commands acting on pid files, a remote drill whose start
-command fails (exit 2, the surviving node untouched), and a drill interrupted by
-SIGINT (everything it started is stopped). Every wait is bounded.
+witness (etcd) outage (the drill whose witness promotes runs in ``make bench``), a remote
+drill whose nodes are killed and started by shell commands acting on pid files, a
+remote drill whose start command fails (exit 2, the surviving node untouched), and a
+drill interrupted by SIGINT (everything it started is stopped). Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -348,7 +348,10 @@ def check_run(run: dict[str, Any], *, kill: str) -> None:
     assert isinstance(run["lag_at_kill"]["offsets"], int)
 
 
-LOCAL = ("--local", "--pages", "60", "--json")
+# One retry of a page's transient failure (the demo site's slow and failing pages): the
+# server's default three, 0.5 s apart and doubling, would add seconds to each crawl's end.
+RETRIES = ("--page-retries", "1")
+LOCAL = ("--local", "--pages", "60", *RETRIES, "--json")
 
 
 def test_a_local_async_drill_kills_the_primary_promotes_and_rejoins(drill_tmp: Path) -> None:
@@ -381,17 +384,12 @@ def test_a_local_sync_drill_loses_no_shown_page_and_resends_no_acknowledged_even
     _assert_clean(drill_tmp)
 
 
-def test_auto_drill_the_witness_elects_the_standby_and_the_killed_node_rejoins_alone(
-    drill_tmp: Path,
-) -> None:
-    code, out, err = drill(drill_tmp, *LOCAL, "--auto", "--witness-ttl", "2", "--seed", "3")
-    assert code == 0, err[-3000:]
-    (run,) = out["runs"]
-    check_run(run, kill="primary")
-    assert run["auto"] and run["resync"] in ("continue", "full")
-    assert run["rto_s"] < 2 * 2 + 5  # the lease's ttl, then an election
-    assert "promoted" not in err  # nobody but the witness made the survivor primary
-    _assert_clean(drill_tmp)
+# The drill whose witness elects the standby after a SIGKILL of the primary (``--auto
+# --kill primary``) runs in ``make bench`` (the failover section's witness kind: 20 runs
+# that must all pass the drill's checks, and "promoted" never in its stderr): the pair's
+# takeover and rejoin stay covered here by tests/test_witness.py's SIGKILL test, and the
+# drill's ``--auto`` pair (etcd, witness command lines, clean-up) by the dead-witness
+# drill below.
 
 
 def test_auto_drill_a_dead_witness_makes_the_primary_read_only_until_it_returns(
@@ -456,7 +454,7 @@ def remote_args(dep: dict[str, Any], start_cmd: str) -> list[str]:
         "--kill-cmd", f"sh {shlex.quote(str(d / 'kill.sh'))} {{node}}",
         "--start-cmd", start_cmd,
         "--api-key", ALICE.key, "--admin-key", ADMIN_KEY, "--webhook-secret", ALICE.secret,
-        "--pages", "60", "--json",
+        "--pages", "60", *RETRIES, "--json",
     ]  # fmt: skip
 
 
@@ -481,14 +479,15 @@ def test_a_remote_drill_kills_and_restarts_nodes_with_the_operators_commands(
     assert not list(drill_tmp.glob("pagesift-drill-*"))  # the deployment runs on: not ours
 
 
-def test_a_remote_drill_whose_start_command_fails_exits_2_and_leaves_the_survivor_alone(
+def test_a_remote_drill_whose_start_command_fails_exits_5_and_leaves_the_survivor_alone(
     deployment: dict[str, Any], drill_tmp: Path
 ) -> None:
     d = deployment["dir"]
     standby_pid = int((d / "standby.pid").read_text())
     code, out, err = drill(drill_tmp, *remote_args(deployment, "exit 3"), "--seed", "2")
-    assert code == 2 and out == {}
-    assert "start command (primary) exited with status 3" in err
+    assert code == 5, err[-3000:]  # EXIT_FAILED: the drill could not set up
+    assert out["error"]["code"] == "FAILED" and out["error"]["exit"] == 5  # --json
+    assert "start command (primary) exited with status 3" in out["error"]["message"]
     assert standby_pid in _ours(d)  # never touched but through the commands
     assert not list(drill_tmp.glob("pagesift-drill-*"))
 

@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from pagesift.shared import jobrecords as jr
+from pagesift.shared import rpcerrors
 from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
@@ -278,8 +279,13 @@ async def test_scrape_returns_one_document_with_the_asked_formats(
         assert doc.language
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await node.stub.Scrape(jobs_pb2.ScrapeRequest(url=root + "missing.html"))
-        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # the page said 404: NOT_FOUND (never FAILED_PRECONDITION, which means "send it
+        # to the primary"), reason PAGE_FETCH_FAILED with the page's code and HTTP status
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
         assert "http_status" in (e.value.details() or "")
+        info = rpcerrors.error_info_of(e.value)
+        assert info.reason == rpcerrors.Reason.PAGE_FETCH_FAILED
+        assert (info.metadata["code"], info.metadata["http_status"]) == ("http_status", "404")
 
 
 class _GroupRecorder:

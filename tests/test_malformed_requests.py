@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
+from pagesift.shared import rpcerrors
 from pagesift.shared.tls import token_metadata
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import PAIR_TOKEN, in_process_node
@@ -46,6 +49,12 @@ async def test_a_malformed_request_is_invalid_argument_on_every_kind_of_method(
                         await answer
                 assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert refused.value.details() == f"request: not a valid {message}"
+                status = rpc_status.from_call(cast(Any, refused.value))
+                (info,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+                assert info.reason == rpcerrors.Reason.MALFORMED_REQUEST
+                assert info.metadata["message"] == message
+                (bad,) = rpcerrors.details_of(status, error_details_pb2.BadRequest)
+                assert [v.field for v in bad.field_violations] == ["request"]
         # the node still answers well-formed calls
         stub = jobs_pb2_grpc.JobServiceStub(n.channel)
         await stub.ListJobs(jobs_pb2.ListJobsRequest(), timeout=5)

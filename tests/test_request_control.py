@@ -21,12 +21,13 @@ import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from google.protobuf.duration_pb2 import Duration
+from google.rpc import error_details_pb2
 
 from pagesift.primary.engine import FetchPolicy
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.netguard import AddressGuard
 from pagesift.primary.reqprofile import JobCookies, ProxyPool, RequestProfile
-from pagesift.shared import validate
+from pagesift.shared import rpcerrors, validate
 from pagesift.shared.accounts import Account, Accounts, AccountsError
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
@@ -556,6 +557,19 @@ async def test_the_api_names_the_refused_field_and_the_missing_permission(tmp_pa
                 await call()
             assert info.value.code() == code
             assert (info.value.details() or "").startswith(start)
+            # the details name the field too: a BadRequest for INVALID_ARGUMENT, the
+            # ErrorInfo (PERMISSION_DENIED_FIELD, field and account) for a permission
+            named = start.split(":", 1)[0]
+            status = rpcerrors.status_of(info.value)
+            (error,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+            assert error.metadata["field"] == named
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                assert error.reason == rpcerrors.Reason.INVALID_FIELD
+                (bad,) = rpcerrors.details_of(status, error_details_pb2.BadRequest)
+                assert [v.field for v in bad.field_violations] == [named]
+            else:
+                assert error.reason == rpcerrors.Reason.PERMISSION_DENIED_FIELD
+                assert error.metadata["account"] == "plain"
         listed = await node.stub.ListJobs(jobs_pb2.ListJobsRequest(), metadata=plain.md)
         assert not listed.jobs  # nothing was stored
 

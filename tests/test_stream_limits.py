@@ -13,8 +13,10 @@ from typing import cast
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
 
 from pagesift.shared import jobrecords as jr
+from pagesift.shared import rpcerrors
 from pagesift.shared.accounts import hash_key
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.shared.streams import WINDOW_DOCS
@@ -95,9 +97,18 @@ async def open_stream(
 
 
 def limit_of(err: grpc.aio.AioRpcError) -> str | None:
-    """The ``pagesift-limit`` trailing metadata of a refusal."""
+    """The ``pagesift-limit`` trailing metadata of a refusal, checked against its
+    details (ErrorInfo QUOTA_EXCEEDED and a QuotaFailure naming the same limit)."""
     pairs = cast(Iterable[tuple[str, str | bytes]], err.trailing_metadata() or ())
-    return next((str(v) for k, v in pairs if k == "pagesift-limit"), None)
+    limit = next((str(v) for k, v in pairs if k == "pagesift-limit"), None)
+    status = rpcerrors.status_of(err)
+    (info,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+    assert (info.reason, info.metadata["limit"]) == (rpcerrors.Reason.QUOTA_EXCEEDED, limit)
+    (failure,) = rpcerrors.details_of(status, error_details_pb2.QuotaFailure)
+    (violation,) = failure.violations
+    assert violation.quota_id == limit
+    assert violation.subject == ("node" if limit == "max_total_streams" else "account:acme")
+    return limit
 
 
 async def refused(node: RunningNode, job_id: str, key: str | None = None) -> grpc.aio.AioRpcError:

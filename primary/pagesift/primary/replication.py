@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from pagesift.shared import replproto, replsender
+from pagesift.shared import replproto, replsender, rpcerrors
 from pagesift.shared.backlog import BacklogLost
 from pagesift.shared.framing import entries_message, snapshot_messages
 from pagesift.shared.replog import Log
@@ -98,6 +98,7 @@ from pagesift.shared.replsender import (
     WaitForEntries,
     WaitStarted,
 )
+from pagesift.shared.rpcerrors import Reason
 from pagesift.shared.slot import StoreSlot
 from pagesift.v1 import replication_pb2 as pb
 
@@ -299,7 +300,11 @@ class ReplicationServicer:
         except (StopAsyncIteration, TimeoutError):
             return
         if first.WhichOneof("msg") != "hello":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be hello")
+            await rpcerrors.invalid_argument(
+                context,
+                "the first message must be hello",
+                [("hello", "the first message must be hello")],
+            )
         h = first.hello
         hello = replproto.Hello(h.node_id, h.history_id, h.applied_offset, h.epoch)
         log = self._slot.log
@@ -307,9 +312,20 @@ class ReplicationServicer:
         logger.info("standby %s (%s): %s", hello.node_id, context.peer(), decision)
         if isinstance(decision, replproto.StepDown):
             await self.step_down(decision.peer_epoch, by=h.address)
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, decision.reason)
+            await rpcerrors.abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                decision.reason,
+                Reason.STEPPED_DOWN,
+                {"epoch": decision.peer_epoch},
+            )
         if isinstance(decision, replproto.Refuse):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, decision.reason)
+            await rpcerrors.abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                decision.reason,
+                Reason.REPLICATION_REFUSED,
+            )
 
         # A full resync starts from nothing we share: the standby's old offset counts
         # for nothing (it may even be of a diverged history) until it acks.
@@ -374,7 +390,12 @@ class ReplicationServicer:
         while not closed.is_set():
             if log is not self._slot.log or not log.writable:
                 # Demoted (fenced) or replaced: the standby must re-ask whoever leads.
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "this node is no longer primary")
+                await rpcerrors.abort(
+                    context,
+                    grpc.StatusCode.UNAVAILABLE,
+                    "this node is no longer primary",
+                    Reason.NO_LONGER_PRIMARY,
+                )
             try:
                 # The entries' bytes, framed as they are: no parse, no copy per entry.
                 entries = log.read_raw(nxt, max_bytes=self.batch_bytes)
@@ -388,7 +409,12 @@ class ReplicationServicer:
                         await asyncio.sleep(send.until - time.monotonic())
                         entries = log.read_raw(nxt, max_bytes=self.batch_bytes)
             except BacklogLost as exc:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"standby too slow: {exc}")
+                await rpcerrors.abort(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"standby too slow: {exc}",
+                    Reason.STANDBY_TOO_SLOW,
+                )
             if entries:
                 nxt += len(entries)
                 yield entries_message(entries)

@@ -38,7 +38,9 @@ import grpc
 from pagesift.node.backup import BackupBusy, BackupSource
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import role_response
+from pagesift.shared import rpcerrors
 from pagesift.shared.cuts import OffsetPassed, view_digest
+from pagesift.shared.rpcerrors import Reason
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 
@@ -75,7 +77,12 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
                     switch_offset=log.switch_offset,
                     already_primary=True,
                 )
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this node cannot promote")
+            await rpcerrors.abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this node cannot promote",
+                Reason.CANNOT_PROMOTE,
+            )
         assert promoter is not None
         result = await promoter.promote()
         p = result.promotion
@@ -96,12 +103,21 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
         try:
             view = await slot.log.view_at(request.at_offset, within=timeout)
         except OffsetPassed as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except TimeoutError:
-            await context.abort(
+            await rpcerrors.abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                str(exc),
+                Reason.OFFSET_PASSED,
+                {"offset": request.at_offset},
+            )
+        except TimeoutError:  # the caller's own wait bound (timeout_seconds)
+            await rpcerrors.abort(
+                context,
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"offset {request.at_offset} not reached in {timeout:.1f}s "
                 f"(at {slot.log.last_offset})",
+                Reason.OFFSET_NOT_REACHED,
+                {"offset": request.at_offset, "at": slot.log.last_offset},
             )
         digest = await asyncio.to_thread(view_digest, view)
         return pb.DigestResponse(digest=digest, offset=view.offset)
@@ -117,6 +133,13 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
                 async for message in stream:
                     yield message
             except BackupBusy as exc:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                await rpcerrors.abort(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    str(exc),
+                    Reason.BACKUP_IN_PROGRESS,
+                )
             except Exception as exc:  # a RocksDB or file error: say what it was
-                await context.abort(grpc.StatusCode.INTERNAL, f"backup failed: {exc}")
+                await rpcerrors.abort(
+                    context, grpc.StatusCode.INTERNAL, f"backup failed: {exc}", Reason.BACKUP_FAILED
+                )

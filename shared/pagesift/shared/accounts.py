@@ -73,6 +73,7 @@ __all__ = [
     "Account",
     "Accounts",
     "AccountsError",
+    "NewKey",
     "Unauthenticated",
     "bearer_token",
     "hash_key",
@@ -145,6 +146,35 @@ def hash_key(key: str) -> str:
 def new_key() -> str:
     """A fresh random API key (256 bits, URL-safe)."""
     return "psk_" + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class NewKey:
+    """A new account's key, its hash and a webhook secret: what ``pagesift keys new``
+    (and ``python -m pagesift.shared.accounts new-key``) print."""
+
+    name: str
+    key: str
+    key_sha256: str
+    webhook_secret: str
+
+    @classmethod
+    def make(cls, name: str) -> NewKey:
+        key = new_key()
+        return cls(name, key, hash_key(key), secrets.token_urlsafe(32))
+
+    def text(self) -> str:
+        """The key, its sha256, then an accounts-file snippet that holds only the hash."""
+        return (
+            f"key:        {self.key}\n"
+            f"key_sha256: {self.key_sha256}\n"
+            "\n"
+            "# accounts file snippet (give the key to the caller, keep only the hash here)\n"
+            "[[account]]\n"
+            f'name = "{self.name}"\n'
+            f'key_sha256 = "{self.key_sha256}"\n'
+            f'webhook_secret = "{self.webhook_secret}"'
+        )
 
 
 def bearer_token(metadata: Metadata) -> str | None:
@@ -375,7 +405,7 @@ def _key_hashes(table: dict[str, Any], where: str, warnings: list[str]) -> list[
             raise AccountsError(f"{where}.key: a string of at least 8 characters")
         warnings.append(
             f"{where}: plain-text 'key' in the accounts file; use key_sha256 "
-            "(python -m pagesift.shared.accounts hash-key) outside local demos"
+            "(pagesift keys hash) outside local demos"
         )
         hashes.append(hash_key(plain))
     if len(set(hashes)) != len(hashes):
@@ -420,7 +450,9 @@ def _account(name: str, table: dict[str, Any], where: str) -> Account:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pagesift.shared.accounts new-key [--name N] | hash-key``."""
+    """``python -m pagesift.shared.accounts new-key [--name N] | hash-key``: kept for
+    scripts; ``pagesift keys new|hash`` is the command (both print ``NewKey.text`` and
+    ``hash_key``)."""
     parser = argparse.ArgumentParser(prog="python -m pagesift.shared.accounts")
     sub = parser.add_subparsers(dest="command", required=True)
     nk = sub.add_parser("new-key", help="print a random API key, its sha256 and a TOML snippet")
@@ -428,15 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("hash-key", help="read a key from stdin and print its sha256")
     args = parser.parse_args(argv)
     if args.command == "new-key":
-        key = new_key()
-        print(f"key:        {key}")
-        print(f"key_sha256: {hash_key(key)}")
-        print()
-        print("# accounts file snippet (give the key to the caller, keep only the hash here)")
-        print("[[account]]")
-        print(f'name = "{args.name}"')
-        print(f'key_sha256 = "{hash_key(key)}"')
-        print(f'webhook_secret = "{secrets.token_urlsafe(32)}"')
+        print(NewKey.make(args.name).text())
         return 0
     key = sys.stdin.readline().strip()
     if not key:

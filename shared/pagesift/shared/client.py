@@ -5,8 +5,13 @@ guarantees:
 
 - Every call goes to the address that last answered (the first one at start),
   then to the others in the order given. An address "answers" a call when it
-  returns anything but UNAVAILABLE or FAILED_PRECONDITION (a standby refuses
-  writes with FAILED_PRECONDITION); that address becomes the preferred one.
+  returns anything but a refusal whose error details say NOT_PRIMARY or FENCED
+  (``pagesift.shared.rpcerrors``: a standby, or a deposed primary, refusing a
+  write), or a transport UNAVAILABLE; that address becomes the preferred one. A
+  refusal names the primary (``ErrorInfo`` metadata ``primary``), which is tried
+  next, even if it was not given. Errors without details (a transport error, a
+  server older than the details) are judged by their code as before:
+  FAILED_PRECONDITION and (for a retryable call) UNAVAILABLE move on.
 - With more than one address the client asks each one's ``AdminService.Role``
   before its first call and after every failed round (``find_primary``): the
   writable primary of the highest epoch becomes the preferred address (a deposed
@@ -18,7 +23,10 @@ guarantees:
   seconds of sleep in all, ~10 s by default), looking the primary up again
   before each round; then the round's most telling error is raised (a
   standby's FAILED_PRECONDITION naming the primary beats UNAVAILABLE). A round
-  in which every address answered and refused is raised at once. Reads, Scrape
+  in which every address answered and refused is raised at once. (So a call to
+  addresses where nothing listens takes the whole budget, ~10.4 s by default:
+  ``wait_connected(timeout)`` first bounds that wait, raising ``Unreachable``; the
+  CLI's ``--connect-timeout``.) Reads, Scrape
   and CancelJob are retryable; StartCrawl and StartBatchScrape only with an
   idempotency key, and the client sets a fresh uuid4 key on any such request
   that has none, so one method call never registers two jobs: the key is stored
@@ -53,8 +61,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
+from pagesift.shared import rpcerrors
 from pagesift.shared.backoff import budgeted_delays
 from pagesift.shared.channels import open_channel
+from pagesift.shared.rpcerrors import SEND_ELSEWHERE
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
 if TYPE_CHECKING:
@@ -67,11 +77,14 @@ __all__ = [
     "ClientError",
     "Failover",
     "JobClient",
+    "Unreachable",
     "backoff_delays",
     "choose_primary",
+    "follow_primary",
     "is_retryable",
     "parse_addresses",
     "pick_error",
+    "primary_named",
     "should_try_next",
     "with_idempotency_key",
 ]
@@ -98,6 +111,15 @@ KeyedRequest = TypeVar("KeyedRequest", jobs_pb2.StartCrawlRequest, jobs_pb2.Star
 
 class ClientError(Exception):
     """The server answered, but broke the API contract (e.g. a non-advancing next_skip)."""
+
+
+class Unreachable(Exception):
+    """``JobClient.wait_connected``: no channel (or not every one) became ready in time."""
+
+    def __init__(self, addresses: Sequence[str], timeout: float) -> None:
+        self.addresses = list(addresses)
+        self.timeout = timeout
+        super().__init__(f"cannot reach {', '.join(addresses)} (connect timeout {timeout:g} s)")
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -128,31 +150,68 @@ def is_retryable(method: str, idempotency_key: str = "") -> bool:
     return method in KEYED_WRITES and bool(idempotency_key)
 
 
-def should_try_next(code: grpc.StatusCode, *, retryable: bool) -> bool:
-    """After ``code`` from one address, try the next one?
+def should_try_next(code: grpc.StatusCode, *, retryable: bool, reason: str | None = None) -> bool:
+    """After ``code`` (with the ``ErrorInfo`` ``reason``, if any) from one address, try
+    the next one?
 
-    FAILED_PRECONDITION (e.g. a standby refusing a write) means the call did
-    nothing, so moving on is always safe; UNAVAILABLE may come after the request
-    left, so only a retryable call moves on.
+    Keyed on the reason when the error carries one (``pagesift.shared.rpcerrors``): only
+    NOT_PRIMARY and FENCED (a standby, or a deposed primary, refusing a write: nothing
+    was done) move on; any other answer of a server is the answer, whatever its code (a
+    Scrape whose page timed out is UNAVAILABLE with reason PAGE_FETCH_FAILED: not
+    retried elsewhere).
+
+    Without a reason, by the code: a transport error (no server answered), or a server
+    older than the error details, which must still work during an upgrade.
+    FAILED_PRECONDITION (such a standby refusing a write) means the call did nothing,
+    so moving on is always safe; UNAVAILABLE may come after the request left, so only a
+    retryable call moves on.
     """
+    if reason is not None:
+        return reason in SEND_ELSEWHERE
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return True
     return code == grpc.StatusCode.UNAVAILABLE and retryable
 
 
-def pick_error(codes: Sequence[grpc.StatusCode]) -> int:
+def pick_error(
+    codes: Sequence[grpc.StatusCode], reasons: Sequence[str | None] | None = None
+) -> int:
     """Which of a round's failures (one per address, in order) to report: its index.
 
-    The first FAILED_PRECONDITION (a server that answered and names the
-    primary, or refused for a reason of its own) beats UNAVAILABLE; among
+    The first NOT_PRIMARY/FENCED refusal (``reasons``, from the error details), else the
+    first FAILED_PRECONDITION (a server without details that answered and names the
+    primary, or refused for a reason of its own), beats UNAVAILABLE; among
     UNAVAILABLEs the last one.
     """
     if not codes:
         raise ValueError("no errors to pick from")
+    for i, reason in enumerate(reasons or ()):
+        if reason in SEND_ELSEWHERE:
+            return i
     for i, code in enumerate(codes):
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             return i
     return len(codes) - 1
+
+
+def primary_named(err: grpc.aio.AioRpcError) -> str | None:
+    """The primary's address a NOT_PRIMARY/FENCED refusal names (its ``ErrorInfo``
+    metadata ``primary``), or None."""
+    info = rpcerrors.error_info_of(err)
+    if info is None or info.reason not in SEND_ELSEWHERE:
+        return None
+    address = str(info.metadata.get("primary", ""))
+    return address or None
+
+
+def follow_primary(order: list[str], tried: int, primary: str | None) -> None:
+    """Put ``primary`` next in ``order`` (right after its ``tried`` first addresses,
+    added if unknown), unless it was tried already this round."""
+    if not primary or primary in order[:tried]:
+        return
+    if primary in order:
+        order.remove(primary)
+    order.insert(tried, primary)
 
 
 def backoff_delays(
@@ -383,6 +442,28 @@ class JobClient:
             self.failover.prefer(primary)
         return primary
 
+    async def wait_connected(
+        self, timeout: float, addresses: Sequence[str] | None = None, *, every: bool = False
+    ) -> None:
+        """Wait at most ``timeout`` seconds for a ready channel to one of ``addresses``
+        (default: the client's), or to every one of them with ``every``; ``Unreachable``
+        names those not ready otherwise. The calls' failover and retries are unchanged:
+        this only bounds how long a caller waits for a server that is not there at all."""
+        targets = list(dict.fromkeys(addresses or self.failover.addresses))
+        waits = {asyncio.ensure_future(self._channel(a).channel_ready()): a for a in targets}
+        try:
+            done, _ = await asyncio.wait(
+                waits,
+                timeout=timeout,
+                return_when=asyncio.ALL_COMPLETED if every else asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for task in waits:
+                task.cancel()
+        ready = {waits[t] for t in done if not t.cancelled() and t.exception() is None}
+        if not ready or (every and len(ready) < len(targets)):
+            raise Unreachable([a for a in targets if a not in ready], timeout)
+
     async def _locate_once(self) -> None:
         if not self._located and len(self.failover.addresses) > 1:
             await self.find_primary()
@@ -395,16 +476,28 @@ class JobClient:
         await self._locate_once()
         while True:
             errors: list[grpc.aio.AioRpcError] = []
-            for address in self.failover.order():
+            known = set(self.failover.addresses)
+            order = self.failover.order()
+            tried = 0
+            while tried < len(order):
+                address = order[tried]
+                tried += 1
                 try:
                     result = await invoke(self.stub(address))
                 except grpc.aio.AioRpcError as err:
-                    if not should_try_next(err.code(), retryable=retryable):
-                        self.failover.answered(address)
+                    reason = rpcerrors.reason_of(err)
+                    if not should_try_next(err.code(), retryable=retryable, reason=reason):
+                        self.failover.prefer(address)
                         raise
-                    errors.append(err)
+                    # NOT_PRIMARY names the primary: try it next (even if not listed).
+                    follow_primary(order, tried, primary_named(err))
+                    if address in known or reason is not None:
+                        # a named primary that is not listed and cannot be reached
+                        # (e.g. an address only its standby can reach) does not turn
+                        # the round into a retry loop: it is simply not chosen
+                        errors.append(err)
                     continue
-                self.failover.answered(address)
+                self.failover.prefer(address)
                 return result
             await self._after_failed_round(errors, delays, retryable=retryable)
 
@@ -418,7 +511,7 @@ class JobClient:
         """Sleep before the next round (and look the primary up again), or raise the
         round's most telling error."""
         codes = [e.code() for e in errors]
-        err = errors[pick_error(codes)]
+        err = errors[pick_error(codes, [rpcerrors.reason_of(e) for e in errors])]
         if not retryable or grpc.StatusCode.UNAVAILABLE not in codes:
             raise err
         delay = next(delays, None)
@@ -510,9 +603,10 @@ class JobClient:
                         yield event
                     return
                 except grpc.aio.AioRpcError as err:
-                    if progressed and err.code() == grpc.StatusCode.UNAVAILABLE:
+                    reason = rpcerrors.reason_of(err)
+                    if progressed and err.code() == grpc.StatusCode.UNAVAILABLE and not reason:
                         break  # the server went away mid-stream: start a fresh round
-                    if not should_try_next(err.code(), retryable=True):
+                    if not should_try_next(err.code(), retryable=True, reason=reason):
                         self.failover.answered(address)
                         raise
                     errors.append(err)

@@ -6,7 +6,8 @@ What it owns
   behavior, and optionally its request deserializer, replaced. Every interceptor of
   the server (metrics, this guard) builds its handlers with it.
 - ``MalformedRequests``: bytes that do not parse as the method's request message
-  answer ``INVALID_ARGUMENT`` ("request: not a valid pagesift.v1.GetJobRequest"),
+  answer ``INVALID_ARGUMENT`` ("request: not a valid pagesift.v1.GetJobRequest"; reason
+  MALFORMED_REQUEST, a BadRequest naming the field ``request``),
   logged once per method, instead of gRPC's ``UNKNOWN`` carrying the parser's
   exception text.
 
@@ -29,6 +30,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from pagesift.shared import rpcerrors
 from pagesift.shared.tls import Handler, ServerInterceptor
 
 __all__ = ["Behavior", "Malformed", "MalformedRequests", "rewrap"]
@@ -96,7 +98,13 @@ class MalformedRequests(ServerInterceptor):
             if method not in self._logged:
                 self._logged.add(method)
                 logger.warning("%s: a request that is not a valid %s was refused", method, message)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {message}")
+            await rpcerrors.invalid_argument(
+                context,
+                f"request: not a valid {message}",
+                [("request", f"not a valid {message}")],
+                rpcerrors.Reason.MALFORMED_REQUEST,
+                {"message": message},
+            )
 
         streaming_requests = handler.request_streaming
 

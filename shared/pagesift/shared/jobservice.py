@@ -3,8 +3,8 @@
 Reads (GetJob, WatchJob, GetJobErrors, ListJobs) come from the store only, so a
 standby answers them from its replica exactly like the primary; the node adds its
 replication position to the response metadata. Writes (Scrape, StartBatchScrape,
-StartCrawl, CancelJob) need the job runtime, which only a primary has: a standby
-answers FAILED_PRECONDITION naming the primary's address.
+StartCrawl, CancelJob, Map) need the job runtime, which only a primary has: a standby
+answers FAILED_PRECONDITION with reason NOT_PRIMARY and the primary's address.
 
 Callers are accounts (``pagesift.shared.accounts``): a missing or unknown API key
 is UNAUTHENTICATED before anything else is looked at (the server's guard checks the
@@ -27,10 +27,13 @@ whose message would pass the server's send limit (``MAX_SEND_MESSAGE_BYTES``) is
 refused with RESOURCE_EXHAUSTED naming its index (in GetJob and in a WatchJob
 stream alike), never a transport error; the caller can skip past it.
 
-Statuses: a bad field is INVALID_ARGUMENT naming it; an unknown (or someone
-else's, or expired) job is NOT_FOUND; a page that cannot be scraped by ``Scrape``
-maps its error code to a status (see ``_PAGE_STATUS``) and carries the code in
-the ``pagesift-error-code`` trailing metadata.
+Statuses: every one is sent through ``pagesift.shared.rpcerrors`` and carries its
+``google.rpc`` details (an ``ErrorInfo`` reason, and a ``BadRequest``, ``QuotaFailure``
+or ``RetryInfo`` where they apply; the reasons table is that module's). A bad field is
+INVALID_ARGUMENT naming it; an unknown (or someone else's, or expired) job is
+NOT_FOUND (JOB_NOT_FOUND); a page that cannot be scraped by ``Scrape`` maps its error
+code to a status (``rpcerrors.page_status``; reason PAGE_FETCH_FAILED with the code)
+and carries the code in the ``pagesift-error-code`` trailing metadata too.
 """
 
 from __future__ import annotations
@@ -42,15 +45,17 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import NoReturn, Protocol
 
 import grpc
+from google.protobuf.message import Message
 
 from pagesift.shared import jobrecords as jr
-from pagesift.shared import quota, validate
+from pagesift.shared import quota, rpcerrors, validate
 from pagesift.shared.accounts import Account, Accounts, Unauthenticated
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.shared.events import JobEvents
-from pagesift.shared.identity import NotWritable
+from pagesift.shared.identity import Fenced, NotWritable
 from pagesift.shared.metrics import Metrics
+from pagesift.shared.rpcerrors import Reason
 from pagesift.shared.store import Store
 from pagesift.shared.streams import WINDOW_BYTES, WINDOW_DOCS, StreamSlots
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
@@ -124,26 +129,56 @@ class Node(Protocol):
         """The job runtime when this node is the primary, else None."""
 
     def primary_hint(self) -> str:
-        """Where the writes go, for a standby's FAILED_PRECONDITION message."""
+        """Where the writes go, for a standby's NOT_PRIMARY message (an address, or
+        an address followed by words, or "(unknown)")."""
 
     def read_metadata(self) -> Sequence[tuple[str, str]]:
         """Trailing metadata for reads (a standby's applied offset and lag)."""
 
 
-_PAGE_STATUS: dict[str, grpc.StatusCode] = {
-    ErrorCode.ROBOTS_DISALLOWED: grpc.StatusCode.PERMISSION_DENIED,
-    ErrorCode.BLOCKED_ADDRESS: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.INVALID_URL: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
-
 Context = grpc.aio.ServicerContext[object, object]
 
+# Page errors whose status is INVALID_ARGUMENT name the field ``url`` in a BadRequest.
+_URL_PAGE_ERRORS = frozenset({ErrorCode.BLOCKED_ADDRESS, ErrorCode.INVALID_URL})
 
-async def _abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
-    await context.abort(code, message)
-    raise AssertionError("unreachable")
+
+async def _invalid(context: Context, e: validate.InvalidArgument) -> NoReturn:
+    """INVALID_ARGUMENT naming the bad field(s) (reason INVALID_FIELD, BadRequest)."""
+    await rpcerrors.invalid_argument(context, str(e), e.violations)
+
+
+async def _no_job(context: Context, job_id: str, message: str) -> NoReturn:
+    await rpcerrors.abort(
+        context, grpc.StatusCode.NOT_FOUND, message, Reason.JOB_NOT_FOUND, {"id": job_id}
+    )
+
+
+def _primary_address(hint: str) -> str:
+    """The address in ``Node.primary_hint`` (its first word), or "" when it names none."""
+    word = hint.split(" ", 1)[0] if hint else ""
+    return "" if not word or word.startswith("(") or word == "the" else word
+
+
+async def _page_failed(context: Context, e: PageError, url: str) -> NoReturn:
+    """Scrape's status for a page error (``rpcerrors.page_status``): reason
+    PAGE_FETCH_FAILED with the code (and HTTP status), plus RetryInfo when the site
+    asked for a pause, BadRequest (field ``url``) when the URL itself is refused."""
+    code = str(e.code)
+    status = rpcerrors.page_status(code, e.status)
+    details: list[Message] = []
+    if e.retry_after is not None and status == grpc.StatusCode.UNAVAILABLE:
+        details.append(rpcerrors.retry_info(e.retry_after))
+    if status == grpc.StatusCode.INVALID_ARGUMENT or code in _URL_PAGE_ERRORS:
+        details.append(rpcerrors.bad_request([("url", e.message)]))
+    await rpcerrors.abort(
+        context,
+        status,
+        f"page error {e.code}: {e.message}",
+        Reason.PAGE_FETCH_FAILED,
+        {"code": code, "http_status": e.status, "url": url[:1024]},
+        details=details,
+        trailing=(("pagesift-error-code", code),),
+    )
 
 
 def _trim_heap_soon() -> None:
@@ -226,6 +261,16 @@ def _too_large(index: int, size: int, resume: str) -> str:
     )
 
 
+async def _refuse_too_large(context: Context, index: int, size: int, resume: str) -> NoReturn:
+    await rpcerrors.abort(
+        context,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        _too_large(index, size, resume),
+        Reason.DOCUMENT_TOO_LARGE,
+        {"index": index, "size": size, "max_bytes": MAX_SEND_MESSAGE_BYTES},
+    )
+
+
 MAP_BATCH_URLS = 1_000  # URLs in one MapResponse at most
 MAP_BATCH_BYTES = 1024 * 1024  # ... and about this many bytes (a long URL comes alone)
 
@@ -260,24 +305,34 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             metadata = [(k, v) for k, v in context.invocation_metadata() or ()]
             return self.node.accounts.authenticate(metadata)
         except Unauthenticated as e:
-            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, str(e))
+            await rpcerrors.abort(
+                context, grpc.StatusCode.UNAUTHENTICATED, str(e), Reason.UNAUTHENTICATED
+            )
 
     async def _runtime(self, context: Context) -> JobRuntime:
         runtime = self.node.runtime()
         if runtime is None:
-            await context.abort(
+            hint = self.node.primary_hint()
+            await rpcerrors.abort(
+                context,
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"this node is a standby; send writes to the primary at {self.node.primary_hint()}",
+                f"this node is a standby; send writes to the primary at {hint}",
+                Reason.NOT_PRIMARY,
+                {"primary": _primary_address(hint), "hint": hint},
             )
-            raise AssertionError("unreachable")
         return runtime
 
-    async def _not_writable(self, context: Context, err: NotWritable) -> None:
+    async def _not_writable(self, context: Context, err: NotWritable) -> NoReturn:
         """A write reached a node that stopped taking them after the call began
-        (fenced, or its witness lease lapsed): nothing was written."""
-        await context.abort(
+        (FENCED: it met a higher epoch; NOT_PRIMARY: its witness lease lapsed, or it is
+        a standby now): nothing was written."""
+        hint = self.node.primary_hint()
+        await rpcerrors.abort(
+            context,
             grpc.StatusCode.FAILED_PRECONDITION,
-            f"{err}; send writes to the primary at {self.node.primary_hint()}",
+            f"{err}; send writes to the primary at {hint}",
+            Reason.FENCED if isinstance(err, Fenced) else Reason.NOT_PRIMARY,
+            {"primary": _primary_address(hint), "hint": hint, "detail": str(err)},
         )
 
     async def _meta(self, job_id: str, context: Context) -> jr.JobMeta:
@@ -288,15 +343,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         try:
             validate.job_id(job_id)
         except validate.InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _invalid(context, e)
         meta = jr.load_meta(self.node.store(), job_id)
         if (
             meta is None
             or meta.owner != caller.name
             or (meta.terminal and meta.expires_ms <= jr.now_ms())
         ):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"id: no job {job_id}")
-            raise AssertionError("unreachable")
+            await _no_job(context, job_id, f"id: no job {job_id}")
         return meta
 
     def _visible(self, job_id: str) -> int | None:
@@ -322,9 +376,15 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         try:
             await validate.request_control(options, caller, self.node.config)
         except validate.InvalidArgument as e:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _invalid(context, e)
         except validate.PermissionDenied as e:
-            await _abort(context, grpc.StatusCode.PERMISSION_DENIED, str(e))
+            await rpcerrors.abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                str(e),
+                Reason.PERMISSION_DENIED_FIELD,
+                {"field": e.field, "account": caller.name},
+            )
 
     # writes -------------------------------------------------------------------------
     def _limits(
@@ -347,34 +407,54 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
         return check
 
-    async def _refuse_limit(self, context: Context, e: quota.LimitExceeded) -> NoReturn:
+    async def _refuse_limit(
+        self, context: Context, e: quota.LimitExceeded, caller: Account
+    ) -> NoReturn:
+        """RESOURCE_EXHAUSTED, reason QUOTA_EXCEEDED, with a QuotaFailure and (when the
+        limit resets at a known time) a RetryInfo. The ``pagesift-limit`` trailing
+        metadata is still sent alongside, for one release."""
         self.node.metrics.limit_hit(e.limit_name)
-        await context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED, e.message, trailing_metadata=e.trailing_metadata()
+        subject = "node" if e.limit_name == "max_total_streams" else f"account:{caller.name}"
+        details: list[Message] = [rpcerrors.quota_failure(subject, e.message, e.limit_name)]
+        if e.resets_at is not None:
+            details.append(rpcerrors.retry_info(e.resets_at - time.time()))
+        await rpcerrors.abort(
+            context,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            e.message,
+            Reason.QUOTA_EXCEEDED,
+            {
+                "limit": e.limit_name,
+                "resets_at": quota.rfc3339(e.resets_at) if e.resets_at is not None else None,
+            },
+            details=details,
+            trailing=e.trailing_metadata(),
         )
-        raise AssertionError("unreachable")
 
     async def _webhook(
         self, context: Context, caller: Account, hook: jobs_pb2.Webhook
     ) -> jobs_pb2.Webhook | None:
         if not hook.url:
             if hook.events or hook.headers or hook.metadata or hook.include_document:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "webhook.url: missing")
+                await _invalid(context, validate.InvalidArgument("webhook.url", "missing"))
             return None
         try:
             await validate.url(hook.url, "webhook.url", self.node.config)
             validate.webhook_payload(hook)
         except validate.InvalidArgument as e:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _invalid(context, e)
         try:
             jr.webhook_events(hook.events, "webhook.events")
         except ValueError as e:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            field = str(e).split(":", 1)[0] if str(e).startswith("webhook.events") else ""
+            await rpcerrors.invalid_argument(context, str(e), [(field or "webhook.events", str(e))])
         if self.node.accounts.webhook_secret(caller.name) is None:
-            await _abort(
+            await rpcerrors.abort(
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"webhook: account {caller.name!r} has no webhook_secret to sign with",
+                Reason.WEBHOOK_SECRET_MISSING,
+                {"account": caller.name},
             )
         return hook
 
@@ -387,18 +467,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await validate.url(request.url, "url", self.node.config)
             validate.options(request.options, self.node.config)
         except validate.InvalidArgument as e:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _invalid(context, e)
         await self._request_control(context, caller, request.options)
         try:
             self._limits(caller, "scrape")()
         except quota.LimitExceeded as e:
-            await self._refuse_limit(context, e)
+            await self._refuse_limit(context, e, caller)
         try:
             doc = await runtime.scrape(request.url, request.options, caller.name)
         except PageError as e:
-            context.set_trailing_metadata((("pagesift-error-code", str(e.code)),))
-            status = _PAGE_STATUS.get(str(e.code), grpc.StatusCode.FAILED_PRECONDITION)
-            await _abort(context, status, f"page error {e.code}: {e.message}")
+            await _page_failed(context, e, request.url)
         if caller.pages_per_day is not None:
             try:
                 self.node.store().write(lambda g: quota.charge(g, caller.name, 1, time.time()))
@@ -414,7 +492,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         try:
             plan = await validate.batch(request, self.node.config)
         except validate.InvalidArgument as e:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _invalid(context, e)
         await self._request_control(context, caller, request.options)
         hook = await self._webhook(context, caller, request.webhook)
         total = len(plan.urls)
@@ -432,7 +510,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 check=check,
             )
         except quota.LimitExceeded as e:
-            await self._refuse_limit(context, e)
+            await self._refuse_limit(context, e, caller)
         except NotWritable as e:
             await self._not_writable(context, e)
         if len(stored) >= TRIM_AFTER_BYTES:
@@ -447,7 +525,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         try:
             await validate.crawl(request, self.node.config)
         except validate.InvalidArgument as e:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _invalid(context, e)
         await self._request_control(context, caller, request.options)
         hook = await self._webhook(context, caller, request.webhook)
         limit = quota.crawl_limit_for(caller, request.limit, self.node.config.default_crawl_limit)
@@ -463,7 +541,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 check=check,
             )
         except quota.LimitExceeded as e:
-            await self._refuse_limit(context, e)
+            await self._refuse_limit(context, e, caller)
         except NotWritable as e:
             await self._not_writable(context, e)
         return jobs_pb2.StartCrawlResponse(id=reg.id)
@@ -478,7 +556,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         except NotWritable as e:
             await self._not_writable(context, e)
         if meta is None:
-            await _abort(context, grpc.StatusCode.NOT_FOUND, f"id: no job {request.id}")
+            await _no_job(context, request.id, f"id: no job {request.id}")
         return jobs_pb2.CancelJobResponse(state=jr.STATE_TO_PB[meta.state])
 
     # reads ----------------------------------------------------------------------------
@@ -491,17 +569,21 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         try:
             limit = validate.page(request.skip, request.limit, self.node.config)
         except validate.InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            raise AssertionError("unreachable") from None
+            await _invalid(context, e)
         meta = await self._owned(caller, request.id, context)
         await self._readable()
         store = self.node.store()
         visible = self._visible(meta.id)
         p = jr.progress(store, meta, visible)
         if request.skip > p.completed and meta.terminal:
-            await context.abort(
+            message = f"skip: {request.skip} is beyond the last document ({p.completed})"
+            await rpcerrors.abort(
+                context,
                 grpc.StatusCode.OUT_OF_RANGE,
-                f"skip: {request.skip} is beyond the last document ({p.completed})",
+                message,
+                Reason.SKIP_OUT_OF_RANGE,
+                {"skip": request.skip, "completed": p.completed},
+                details=[rpcerrors.bad_request([("skip", message)])],
             )
         resp = jobs_pb2.GetJobResponse(
             id=meta.id,
@@ -527,11 +609,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             )
         )  # fmt: skip
         if len(raws) == 1 and base + _field_bytes(len(raws[0])) > MAX_SEND_MESSAGE_BYTES:
-            await _abort(
-                context,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                _too_large(request.skip, len(raws[0]), "skip"),
-            )
+            await _refuse_too_large(context, request.skip, len(raws[0]), "skip")
         resp.documents.extend(jobs_pb2.Document.FromString(raw) for raw in raws)
         end = request.skip + len(raws)
         del raws
@@ -547,12 +625,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
         caller = await self._caller(context)
         if request.from_index < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "from_index: negative")
+            await _invalid(context, validate.InvalidArgument("from_index", "negative"))
         meta = await self._owned(caller, request.id, context)
         try:
             slot = self.streams.acquire(caller)
         except quota.LimitExceeded as e:
-            await self._refuse_limit(context, e)
+            await self._refuse_limit(context, e, caller)
         metrics = self.node.metrics
         held = 0  # documents read from the store that gRPC has not taken yet
         try:
@@ -566,8 +644,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 store = self.node.store()
                 fresh = jr.load_meta(store, meta.id)
                 if fresh is None:
-                    await context.abort(grpc.StatusCode.NOT_FOUND, f"id: job {meta.id} expired")
-                    return
+                    await _no_job(context, meta.id, f"id: job {meta.id} expired")
                 visible = self._visible(meta.id)
                 raws = _window(store, meta.id, index, batch, visible)
                 if raws:
@@ -580,11 +657,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                     while raws:
                         raw = raws.pop()
                         if _field_bytes(len(raw)) + 16 > MAX_SEND_MESSAGE_BYTES:  # + index
-                            await _abort(
-                                context,
-                                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                _too_large(index, len(raw), "from_index"),
-                            )
+                            await _refuse_too_large(context, index, len(raw), "from_index")
                         doc = jobs_pb2.Document.FromString(raw)
                         del raw
                         yield jobs_pb2.WatchJobResponse(
@@ -656,10 +729,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         try:
             await validate.map_request(request, self.node.config)
         except validate.InvalidArgument as e:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await _invalid(context, e)
         try:
             found = await runtime.map(request, caller.name)
         except PermissionError as e:  # request control the account may no longer use
-            await _abort(context, grpc.StatusCode.PERMISSION_DENIED, str(e))
+            await rpcerrors.abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                str(e),
+                Reason.PERMISSION_DENIED_FIELD,
+                {"field": str(e).split(":", 1)[0], "account": caller.name},
+            )
         for batch in _url_batches(found):
             yield jobs_pb2.MapResponse(urls=batch)

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from pagesift.shared import rpcerrors
+
 # Typing aliases for grpc.aio interceptors, shared with pagesift.shared.metrics.
 if TYPE_CHECKING:  # grpc-stubs makes these generic; at run time they are plain classes
     Handler = grpc.RpcMethodHandler[Any, Any]
@@ -187,6 +189,18 @@ class GuardRule:
     allowed: Callable[[Metadata], bool]
     message: str
     code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED
+    reason: str = ""  # the ErrorInfo reason; "" = by the service (``default_reason``)
+
+    def default_reason(self) -> str:
+        """``reason``, else REPLICATION_NOT_ALLOWED / ADMIN_KEY_REQUIRED by the
+        service the prefix names, else UNAUTHENTICATED."""
+        if self.reason:
+            return self.reason
+        if "ReplicationService" in self.prefix:
+            return rpcerrors.Reason.REPLICATION_NOT_ALLOWED
+        if "AdminService" in self.prefix:
+            return rpcerrors.Reason.ADMIN_KEY_REQUIRED
+        return rpcerrors.Reason.UNAUTHENTICATED
 
 
 class MetadataGuard(ServerInterceptor):
@@ -207,19 +221,24 @@ class MetadataGuard(ServerInterceptor):
             return handler
         if rule.allowed(handler_call_details.invocation_metadata):
             return handler
-        return _refusal(handler, rule.code, rule.message)
+        return _refusal(handler, rule.code, rule.message, rule.default_reason(), method)
 
 
 #: How long a refusal of a client-streaming call waits for the client's first message.
 FIRST_MESSAGE_WAIT = 1.0
 
 
-def _refusal(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
+def _refusal(
+    handler: Handler, code: grpc.StatusCode, message: str, reason: str, method: str
+) -> Handler:
+    async def refuse(context: Any) -> None:
+        await rpcerrors.abort(context, code, message, reason, {"method": method})
+
     async def deny(request: Any, context: Any) -> Any:
-        await context.abort(code, message)
+        await refuse(context)
 
     async def deny_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-        await context.abort(code, message)
+        await refuse(context)
         if False:  # an async generator, like the streaming method it replaces
             yield None
 
@@ -234,13 +253,13 @@ def _refusal(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
 
     async def deny_requests(requests: AsyncIterator[Any], context: Any) -> Any:
         await first_message(requests)
-        await context.abort(code, message)
+        await refuse(context)
 
     async def deny_requests_stream(
         requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
         await first_message(requests)
-        await context.abort(code, message)
+        await refuse(context)
         if False:  # an async generator, like the streaming method it replaces
             yield None
 

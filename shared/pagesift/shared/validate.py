@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -22,11 +22,17 @@ from pagesift.v1 import jobs_pb2
 
 
 class InvalidArgument(ValueError):
-    """A request field that cannot be accepted; ``str()`` names the field."""
+    """A request field that cannot be accepted; ``str()`` names the field.
 
-    def __init__(self, field: str, message: str) -> None:
+    ``violations`` are the ``(field path, description)`` pairs for the status's
+    ``BadRequest`` details: this one field, or each bad element (``urls[3]``...)."""
+
+    def __init__(
+        self, field: str, message: str, violations: Sequence[tuple[str, str]] = ()
+    ) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.violations: list[tuple[str, str]] = list(violations) or [(field, message)]
 
 
 class PermissionDenied(Exception):
@@ -317,7 +323,11 @@ async def batch(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> 
     if bad and not req.ignore_invalid_urls:
         shown = "; ".join(f"urls[{i}]: {problems[i]}" for i in bad[:10])
         more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
-        raise InvalidArgument("urls", f"invalid URLs at indices {bad[:50]}{more}: {shown}")
+        raise InvalidArgument(
+            "urls",
+            f"invalid URLs at indices {bad[:50]}{more}: {shown}",
+            [(f"urls[{i}]", problems[i]) for i in bad[:100]],
+        )
     keep = [u for i, u in enumerate(req.urls) if i not in problems]
     if not keep:
         raise InvalidArgument("urls", "no valid URL left after skipping the invalid ones")

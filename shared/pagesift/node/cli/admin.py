@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from pagesift.node.cli.args import (
+    add_connect_timeout,
     client_parent,
     credentials_parent,
     host_port,
@@ -24,10 +25,11 @@ from pagesift.node.cli.args import (
 )
 from pagesift.node.cli.common import (
     EXIT_DIGESTS_DIFFER,
-    EXIT_ERROR,
+    EXIT_FAILED,
     EXIT_OK,
     dump,
     enum_name,
+    exit_for_rpc,
     fail,
     format_rpc_error,
 )
@@ -125,7 +127,7 @@ async def _cmd_role(args: argparse.Namespace, client: JobClient) -> int:
     results = await asyncio.gather(*(client.role(a) for a in addresses), return_exceptions=True)
     nodes: list[dict[str, Any]] = []
     answers: list[tuple[str, replication_pb2.RoleResponse | None]] = []
-    failed = False
+    status = EXIT_OK  # a node that did not answer: unreachable beats refused
     for address, res in zip(addresses, results, strict=True):
         if isinstance(res, replication_pb2.RoleResponse):
             answers.append((address, res))
@@ -135,7 +137,7 @@ async def _cmd_role(args: argparse.Namespace, client: JobClient) -> int:
             continue
         if not isinstance(res, grpc.RpcError):
             raise res
-        failed = True
+        status = max(status, exit_for_rpc(res))
         answers.append((address, None))
         nodes.append({"address": address, "error": format_rpc_error(res)})
         if not args.json:
@@ -145,13 +147,11 @@ async def _cmd_role(args: argparse.Namespace, client: JobClient) -> int:
         dump({"primary": primary, "nodes": nodes})
     else:
         print(f"primary: {primary or 'none'}")
-    return EXIT_ERROR if failed else EXIT_OK
+    return status
 
 
 async def _cmd_promote(args: argparse.Namespace, client: JobClient) -> int:
-    addresses = server_addresses(args)
-    if len(addresses) != 1:
-        return fail("promote takes exactly one --server (the standby to promote)")
+    addresses = server_addresses(args)  # exactly one (single_server)
     resp = await client.promote(addresses[0])
     if args.json:
         dump(promote_json(addresses[0], resp))
@@ -173,7 +173,7 @@ async def _cmd_verify(args: argparse.Namespace, client: JobClient) -> int:
             per_call_seconds=args.timeout,
         )
     except TimeoutError as err:
-        return fail(str(err))
+        return fail(str(err), exit=EXIT_FAILED)
     if args.json:
         dump(
             verify_json(
@@ -207,7 +207,7 @@ def add_admin_commands(sub: Any) -> None:
 
     p = sub.add_parser("promote", parents=[client], help="promote a standby to primary")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=_cmd_promote, uses_client=True)
+    p.set_defaults(handler=_cmd_promote, uses_client=True, single_server="the standby to promote")
 
     p = sub.add_parser(
         "verify",
@@ -223,5 +223,8 @@ def add_admin_commands(sub: Any) -> None:
         metavar="S",
         help="seconds each digest may wait for its offset (default 5; six attempts at most)",
     )
+    add_connect_timeout(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=_cmd_verify, uses_client=True, server=None)
+    p.set_defaults(
+        handler=_cmd_verify, uses_client=True, server=None, connect_all=("primary", "standby")
+    )

@@ -3,7 +3,8 @@
 Owns the argparse ``type=`` validators (a bad value is a usage error, exit 2,
 before any handler runs), the ``--api-key``/``--admin-key``/``--tls-ca`` group every
 command that talks to a server takes, the repeatable ``--server`` group of the
-client commands, and ``server_addresses`` (those flags flattened, the default when
+client commands with ``--connect-timeout`` (``add_connect_timeout``), and
+``server_addresses`` (those flags flattened, the default when
 none were given).
 """
 
@@ -54,6 +55,23 @@ def nonneg_float(value: str) -> float:
     return x
 
 
+#: ``--connect-timeout``'s default, seconds
+DEFAULT_CONNECT_TIMEOUT = 3.0
+
+
+def add_connect_timeout(parser: argparse.ArgumentParser) -> None:
+    """``--connect-timeout S``: how long a command waits for a server to be reachable
+    (``JobClient.wait_connected``) before it fails with the unreachable exit status."""
+    parser.add_argument(
+        "--connect-timeout",
+        type=nonneg_float,
+        default=DEFAULT_CONNECT_TIMEOUT,
+        metavar="S",
+        help=f"seconds to wait for a server to be reachable (default {DEFAULT_CONNECT_TIMEOUT:g}; "
+        "0: no wait, the client's ~10 s retries decide)",
+    )
+
+
 def credentials_parent() -> argparse.ArgumentParser:
     """Keys and TLS, for every command that talks to a server."""
     parent = argparse.ArgumentParser(add_help=False)
@@ -74,8 +92,10 @@ def credentials_parent() -> argparse.ArgumentParser:
 
 
 def client_parent() -> argparse.ArgumentParser:
-    """``credentials_parent`` and ``--server`` (repeatable or comma-separated)."""
+    """``credentials_parent``, ``--server`` (repeatable or comma-separated) and
+    ``--connect-timeout``."""
     parent = credentials_parent()
+    add_connect_timeout(parent)
     parent.add_argument(
         "--server",
         action="append",

@@ -47,7 +47,7 @@ from typing import IO, Any
 
 from pagesift.node.cli.admin import role_name
 from pagesift.node.cli.args import client_parent, server_addresses
-from pagesift.node.cli.common import EXIT_OK, dump, fail
+from pagesift.node.cli.common import EXIT_FAILED, EXIT_OK, dump, fail
 from pagesift.shared.client import JobClient
 from pagesift.shared.fsync import fsync_dir
 from pagesift.v1 import replication_pb2 as pb
@@ -227,9 +227,7 @@ def backup_json(server: str, out: Path, m: pb.BackupManifest, seconds: float) ->
 
 
 async def _cmd_backup(args: argparse.Namespace, client: JobClient) -> int:
-    addresses = server_addresses(args)
-    if len(addresses) != 1:
-        return fail("backup takes exactly one --server (the node to copy)")
+    addresses = server_addresses(args)  # exactly one (single_server)
     server, out = addresses[0], Path(args.out)
     if problem := check_out(out):
         return fail(problem)
@@ -242,7 +240,7 @@ async def _cmd_backup(args: argparse.Namespace, client: JobClient) -> int:
         m = await write_backup(call, out, server=server)
     except BackupError as err:
         call.cancel()
-        return fail(f"backup failed, nothing written: {err}")
+        return fail(f"backup failed, nothing written: {err}", exit=EXIT_FAILED)
     except BaseException:
         call.cancel()
         raise
@@ -269,4 +267,4 @@ def add_backup_command(sub: Any) -> None:
         "--out", required=True, metavar="DIR", help="a new or empty directory for the copy"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=_cmd_backup, uses_client=True)
+    p.set_defaults(handler=_cmd_backup, uses_client=True, single_server="the node to copy")

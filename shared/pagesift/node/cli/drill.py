@@ -5,10 +5,11 @@ Owns the ``drill`` flags (``add_drill_command``), their mapping to ``DrillSettin
 handler, which runs ``pagesift.node.drill.runner.run_drill`` in its own event loop
 and prints the text report (per run, then a summary line) or, with ``--json``, exactly
 one object ``{"runs": [...], "summary": {...}}`` on stdout; progress goes to stderr.
-Exit 0 when every run passed, 1 when one failed, 2 when the drill could not set up
-(or was given something unusable), 130 when interrupted. SIGINT and SIGTERM cancel the
-drill, which stops everything it started and removes its working directory; any
-child still alive after the event loop is gone is SIGKILLed (``procs.kill_leftovers``).
+Exit 0 when every run passed, 1 when one failed, 2 when it was given something
+unusable, 5 when the drill could not set up, 130 when interrupted (``common``).
+SIGINT and SIGTERM cancel the drill, which stops everything it started and removes its
+working directory; any child still alive after the event loop is gone is SIGKILLed
+(``procs.kill_leftovers``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,14 @@ import signal
 import sys
 from typing import Any
 
-from pagesift.node.cli.args import credentials_parent, host_port, nonneg_float, positive_int
-from pagesift.node.cli.common import EXIT_INTERRUPTED, EXIT_OK, dump, fail
+from pagesift.node.cli.args import (
+    credentials_parent,
+    host_port,
+    nonneg_float,
+    nonneg_int,
+    positive_int,
+)
+from pagesift.node.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO, EXIT_OK, dump, fail
 from pagesift.node.drill.fixture import DrillKeys, SetupError
 from pagesift.node.drill.procs import kill_leftovers
 from pagesift.node.drill.remote import FIELDS, check_template
@@ -30,7 +37,7 @@ from pagesift.node.drill.report import drill_json, run_lines, summary_line
 from pagesift.node.drill.runner import DrillSettings, run_drill
 from pagesift.node.drill.verdict import KILL_TARGETS, MODES, summarize
 
-EXIT_RUN_FAILED = 1
+EXIT_RUN_FAILED = EXIT_NO
 
 DESCRIPTION = """\
 Run a failover drill and print a verdict.
@@ -58,7 +65,8 @@ the remote nodes must reach that host (and allow private networks if it is one).
 Nothing of the deployment is touched but through these commands and the API (one
 crawl and small probe jobs per run, under --api-key; Promote without --auto).
 
-Exit 0 when every run passed, 1 when one failed, 2 on a usage or setup error.
+Exit 0 when every run passed, 1 when one failed, 2 on a usage error, 5 on a setup
+error, 130 when interrupted.
 """
 
 
@@ -106,6 +114,7 @@ def drill_settings(args: argparse.Namespace) -> DrillSettings:
         timeout=args.timeout,
         site=args.site or "",
         pace=args.pace,
+        page_retries=args.page_retries,
         concurrency=args.concurrency,
         witness_ttl=args.witness_ttl,
         primary=args.primary or "",
@@ -143,9 +152,9 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     try:
         reports = asyncio.run(_drill(settings))
     except SetupError as err:
-        return fail(f"drill: {err}")
+        return fail(f"drill: {err}", exit=EXIT_FAILED)
     except asyncio.CancelledError:  # SIGTERM
-        return EXIT_INTERRUPTED
+        return fail("drill: interrupted", exit=EXIT_INTERRUPTED, code="INTERRUPTED")
     finally:
         kill_leftovers()
     summary = summarize(reports)
@@ -227,6 +236,12 @@ def add_drill_command(sub: Any) -> None:
         help="the crawl's delay between two requests (default 0.03)",
     )
     what.add_argument("--concurrency", type=positive_int, default=8, metavar="N")
+    what.add_argument(
+        "--page-retries",
+        type=nonneg_int,
+        metavar="N",
+        help="the crawl's retries of a page's transient failures (default: the server's)",
+    )
     what.add_argument(
         "--witness-ttl",
         type=nonneg_float,

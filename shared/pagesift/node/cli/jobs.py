@@ -26,6 +26,7 @@ from pagesift.node.cli.jobview import (
     jobs_line,
     state_name,
     status_lines,
+    watch_json,
     watch_line,
 )
 from pagesift.node.cli.progress import JobProgress, wait_for_job
@@ -247,7 +248,10 @@ async def _cmd_watch(args: argparse.Namespace, client: JobClient) -> int:
     progress = JobProgress(args.job)
     async for event in client.watch(args.job, from_index=args.from_index):
         progress.update(event)
-        print(watch_line(event), flush=True)
+        if args.json:
+            dump(watch_json(event))
+        else:
+            print(watch_line(event), flush=True)
     return progress.exit_code() if progress.terminal else EXIT_OK
 
 
@@ -265,6 +269,9 @@ async def _cmd_errors(args: argparse.Namespace, client: JobClient) -> int:
 
 async def _cmd_cancel(args: argparse.Namespace, client: JobClient) -> int:
     state = await client.cancel(args.job)
+    if args.json:
+        dump({"id": args.job, "state": state_name(state)})
+        return EXIT_OK
     print(f"{args.job}: {state_name(state)}")
     return EXIT_OK
 
@@ -423,6 +430,7 @@ def add_job_commands(sub: Any) -> None:
     p = sub.add_parser("watch", parents=[client], help="stream a job's documents live")
     p.add_argument("job")
     p.add_argument("--from", dest="from_index", type=nonneg_int, default=0, metavar="N")
+    p.add_argument("--json", action="store_true", help="one JSON object per event (JSON Lines)")
     p.set_defaults(handler=_cmd_watch, uses_client=True)
 
     p = sub.add_parser("errors", parents=[client], help="a job's page errors")
@@ -432,6 +440,7 @@ def add_job_commands(sub: Any) -> None:
 
     p = sub.add_parser("cancel", parents=[client], help="cancel a running job")
     p.add_argument("job")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_cmd_cancel, uses_client=True)
 
     p = sub.add_parser("jobs", parents=[client], help="list jobs, newest first")

@@ -97,6 +97,20 @@ def errors_json(job_id: str, resp: jobs_pb2.GetJobErrorsResponse) -> dict[str, A
     }
 
 
+def watch_json(event: jobs_pb2.WatchJobResponse) -> dict[str, Any]:
+    """One ``watch --json`` line: ``{"index", "document"}`` or ``{"state", "total",
+    "completed", "failed"}``."""
+    if event.WhichOneof("event") == "document":
+        return {"index": event.document.index, "document": document_json(event.document.document)}
+    st = event.state
+    return {
+        "state": state_name(st.state),
+        "total": st.total,
+        "completed": st.completed,
+        "failed": st.failed,
+    }
+
+
 def jobs_json(jobs: Iterable[jobs_pb2.JobSummary]) -> dict[str, Any]:
     return {
         "jobs": [

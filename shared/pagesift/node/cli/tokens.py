@@ -1,7 +1,8 @@
 """``pagesift token new FILE``: write a new replication token for a pair.
 
 Owns the ``token`` command. The file is written with mode 600 and an existing
-file is never replaced (a pair keeps its token; exit 2 instead).
+file is never replaced (a pair keeps its token: a usage error, exit 2; a file that
+cannot be written is exit 5). ``--json`` prints ``{"file", "mode"}``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pagesift.node.cli.common import EXIT_OK, fail
+from pagesift.node.cli.common import EXIT_FAILED, EXIT_OK, dump, fail
 from pagesift.shared import tls
 
 
@@ -20,7 +21,10 @@ def _cmd_token_new(args: argparse.Namespace) -> int:
     except FileExistsError:
         return fail(f"{args.file} exists; a pair keeps its token")
     except OSError as err:
-        return fail(f"{args.file}: {err.strerror or err}")
+        return fail(f"{args.file}: {err.strerror or err}", exit=EXIT_FAILED)
+    if args.json:
+        dump({"file": str(args.file), "mode": "600"})
+        return EXIT_OK
     print(
         f"wrote a new replication token to {args.file} (mode 600); give both nodes of the "
         f"pair the same file: --replication-token-file {args.file}"
@@ -33,4 +37,5 @@ def add_token_command(sub: Any) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     new = actions.add_parser("new", help="write a new random replication token to FILE")
     new.add_argument("file", type=Path, metavar="FILE")
+    new.add_argument("--json", action="store_true", help="print one JSON object")
     new.set_defaults(handler=_cmd_token_new, uses_client=False)
