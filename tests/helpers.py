@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import aiohttp
 import grpc
 from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.node import grpcserver
@@ -636,3 +637,31 @@ async def serve_handler(
         yield int(runner.addresses[0][1])
     finally:
         await runner.cleanup()
+
+
+# ---------------------------------------------------------------- a test resolver
+
+
+class MapResolver(AbstractResolver):
+    """Test DNS: resolves only the names it maps (name -> IPv4 address), and remembers
+    what it was asked; any other name fails like an unknown host."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+        self.asked: list[str] = []
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        self.asked.append(host)
+        if host not in self.names:
+            raise OSError(f"{host} is not a test name")
+        return [
+            ResolveResult(
+                hostname=host, host=self.names[host], port=port, family=socket.AF_INET,
+                proto=0, flags=socket.AI_NUMERICHOST,
+            )
+        ]  # fmt: skip
+
+    async def close(self) -> None:
+        return None

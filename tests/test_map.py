@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
 from aiohttp import web
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from pagesift.node.cli import amain
 from pagesift.primary import mapper
@@ -26,7 +24,7 @@ from pagesift.primary.netguard import AddressGuard
 from pagesift.shared import jobrecords as jr
 from pagesift.shared.jobservice import MAP_BATCH_URLS, _url_batches
 from pagesift.v1 import jobs_pb2
-from tests.helpers import RunningNode, in_process_node, node_config, serve_handler
+from tests.helpers import MapResolver, RunningNode, in_process_node, node_config, serve_handler
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -223,28 +221,6 @@ async def test_the_cli_prints_one_url_a_line_or_one_json_object(
 # ---------------------------------------------------------------- the address guard
 
 
-class _Names(AbstractResolver):
-    """Resolves only the names it maps."""
-
-    def __init__(self, names: dict[str, str]) -> None:
-        self.names = names
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        if host not in self.names:
-            raise OSError(f"{host} is not a test name")
-        return [
-            ResolveResult(
-                hostname=host, host=self.names[host], port=port, family=socket.AF_INET,
-                proto=0, flags=socket.AI_NUMERICHOST,
-            )
-        ]  # fmt: skip
-
-    async def close(self) -> None:
-        return None
-
-
 async def test_a_link_to_a_blocked_address_is_never_fetched_nor_listed(tmp_path: Path) -> None:
     secret_hits: list[str] = []
 
@@ -269,7 +245,7 @@ async def test_a_link_to_a_blocked_address_is_never_fetched_nor_listed(tmp_path:
         engine = HttpEngine(
             config,
             guard=AddressGuard(exempt=frozenset({("127.0.0.1", port)})),
-            resolver=_Names({"site.test": "127.0.0.1", "inner.site.test": "127.0.0.2"}),
+            resolver=MapResolver({"site.test": "127.0.0.1", "inner.site.test": "127.0.0.2"}),
         )
         try:
             req = jobs_pb2.MapRequest(

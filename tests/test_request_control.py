@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -19,7 +18,6 @@ from pathlib import Path
 import grpc
 import pytest
 from aiohttp import web
-from aiohttp.abc import AbstractResolver, ResolveResult
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 
@@ -34,6 +32,7 @@ from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     Acct,
+    MapResolver,
     ServeProc,
     eventually,
     in_process_node,
@@ -473,30 +472,8 @@ async def test_an_accounts_own_proxy_url_gets_its_credentials_as_proxy_authoriza
         RequestProfile.build(options, [], may_ignore_robots=False, may_use_proxy_url=False)
 
 
-class Names(AbstractResolver):
-    """Test DNS: the names it maps, nothing else."""
-
-    def __init__(self, names: dict[str, str]) -> None:
-        self.names = names
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        if host not in self.names:
-            raise OSError(f"{host} is not a test name")
-        return [
-            ResolveResult(
-                hostname=host, host=self.names[host], port=port, family=socket.AF_INET,
-                proto=0, flags=socket.AI_NUMERICHOST,
-            )
-        ]  # fmt: skip
-
-    async def close(self) -> None:
-        return None
-
-
 async def test_the_guard_judges_proxied_targets_and_no_page_reaches_a_pool_proxy_directly() -> None:
-    names = Names({"public.example": "93.184.216.34", "inside.example": "10.1.2.3"})
+    names = MapResolver({"public.example": "93.184.216.34", "inside.example": "10.1.2.3"})
     async with echo_sites() as (_, port, _, _), proxies(port, 1) as (proxy,):
         config = replace(
             CONFIG,

@@ -10,7 +10,6 @@ real ``HttpEngine`` whose resolver maps a test name to loopback. Every wait is b
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 import grpc
 import pytest
 from aiohttp import web
-from aiohttp.abc import AbstractResolver, ResolveResult
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,6 +30,7 @@ from pagesift.shared import urls
 from pagesift.shared.store import Store
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
+    MapResolver,
     ServeProc,
     all_documents,
     eventually,
@@ -418,31 +417,6 @@ async def test_noindex_and_nofollow_are_honoured_unless_ignored(
 
 
 # --- a non-ASCII host, resolved by a test resolver ------------------------------------------
-
-
-class MapResolver(AbstractResolver):
-    """Resolves only the names it maps (to loopback), and remembers what it was asked."""
-
-    def __init__(self, names: dict[str, str]) -> None:
-        self.names = names
-        self.asked: list[str] = []
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        self.asked.append(host)
-        if host not in self.names:
-            raise OSError(f"{host} is not a test name")
-        ip = self.names[host]
-        return [
-            ResolveResult(
-                hostname=host, host=ip, port=port, family=socket.AF_INET, proto=0,
-                flags=socket.AI_NUMERICHOST,
-            )
-        ]  # fmt: skip
-
-    async def close(self) -> None:
-        return None
 
 
 async def test_a_non_ascii_host_is_fetched_by_its_uts46_a_label(tmp_path: Path) -> None:
