@@ -20,6 +20,8 @@ from aiohttp import web
 from google.protobuf.duration_pb2 import Duration
 
 from pagesift.primary import pagecache
+from pagesift.primary.jobs import Jobs
+from pagesift.shared import jobrecords as jr
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, store_pb2
 from tests.helpers import (
     ALICE,
@@ -238,6 +240,13 @@ async def test_a_second_crawl_says_new_same_changed_and_lists_removed_pages(tmp_
         site.pages["/a"] = page("A", text="second text")
         site.pages["/new"] = page("New")
         second, docs = await crawl(node.stub, root)
+        # a crash between the removed list's write and the job's end replays it: no change
+        runtime = node.node.runtime()
+        meta = jr.load_meta(node.node.store(), second.id)
+        assert isinstance(runtime, Jobs) and meta is not None
+        runtime._record_removed(meta, root + "/")
+        replayed = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=second.id, status_only=True))
+        assert list(replayed.removed_urls) == [root + "/gone"]
     status = {p: d.change_status for p, d in docs.items()}
     assert status == {
         "/": jobs_pb2.CHANGE_STATUS_CHANGED,

@@ -745,6 +745,8 @@ class Jobs:
                 stored.append(jobs_pb2.Document.FromString(raw).url)
 
         def group(g: WriteGroup) -> None:
+            if g.get(keys.removed) is not None:
+                return  # written before a crash: the crawl set is this crawl's already
             removed = pagecache.crawl_removed(g, meta.owner, start_url, stored)
             g.put(keys.removed, "\n".join(removed).encode())
 
