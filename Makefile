@@ -10,10 +10,12 @@ CODE    := shared primary standby tests bench
 
 .PHONY: run test bench proto check-proto lint typecheck buf-lint pytest system-deps clean
 
-$(BIN)/.installed: pyproject.toml
+# Everything (the client, the node's `server` extra, the dev tools) at the exact versions
+# of constraints.txt; pyproject.toml itself only gives consumers compatible ranges.
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[server,dev]' -c constraints.txt
 	touch $@
 
 $(BUF):
@@ -74,7 +76,7 @@ test: check-proto lint typecheck buf-lint pytest
 
 ## make bench: crawl throughput vs Scrapy, replication figures (see BENCHMARKS.md).
 bench: $(BIN)/.installed
-	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/pip install -q -e '.[server,bench]' -c constraints.txt
 	$(BIN)/python -m bench.run
 
 clean:

@@ -337,7 +337,7 @@ def run_pagesift(
                     profile = _stop_py_spy(spy, profile_out)
                     spy = None
                     return {"crawler": "pagesift", "profile": profile, "pages": job.completed}
-                errors = stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=started.id), timeout=60)
+                errors = _all_errors(stub, started.id)
                 urls, markdown_bytes, empty_markdown = _job_documents(stub, started.id)
             finally:
                 if spy is not None:
@@ -424,6 +424,22 @@ def _job_documents(stub: Any, job_id: str) -> tuple[list[str], int, int]:
             break
         skip = resp.next_skip
     return urls, md_bytes, empty
+
+
+def _all_errors(stub: Any, job_id: str) -> Any:
+    """Every page of the job's errors (GetJobErrors pages them, AIP-158)."""
+    from pagesift.v1 import jobs_pb2
+
+    out = jobs_pb2.GetJobErrorsResponse()
+    token = ""
+    while True:
+        req = jobs_pb2.GetJobErrorsRequest(id=job_id, page_size=1000, page_token=token)
+        page = stub.GetJobErrors(req, timeout=60)
+        out.errors.extend(page.errors)
+        out.robots_blocked.extend(page.robots_blocked)
+        if not page.next_page_token:
+            return out
+        token = page.next_page_token
 
 
 def _error_examples(errors: Any, per_code: int = 5) -> list[str]:

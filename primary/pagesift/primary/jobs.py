@@ -157,7 +157,11 @@ class Jobs:
 
     # life cycle ---------------------------------------------------------------
     async def start(self) -> None:
-        """Resume every job that was running, and start the expiry sweeper."""
+        """Build the owner index of a store from before it (once), resume every job
+        that was running, and start the expiry sweeper."""
+        added = self.store.write(partial(jr.build_owner_index, store=self.store)).result
+        if added:
+            logger.info("owner index built: %d jobs", added)
         self.sweep()
         if self.deliverer is not None:
             await self.deliverer.start()  # resumes every outbox from its cursor
@@ -327,8 +331,14 @@ class Jobs:
 
         In sync mode the call returns once the standby holds the job (or the job an
         idempotency key names), so a retry after a failover finds the same job.
+
+        AIP-155: a key already used by ``owner`` returns its job when the request is
+        the same (``jr.request_hash`` of ``kind`` and ``request``, kept in the job's
+        meta); with another request it raises ``jr.IdempotencyKeyReused``, nothing
+        written. A key of a job stored before the hash was kept returns its job.
         """
         now = jr.now_ms()
+        digest = jr.request_hash(kind, request) if idempotency_key else ""
         meta = jr.JobMeta(
             id=str(uuid.uuid4()),
             kind=kind,
@@ -339,19 +349,26 @@ class Jobs:
             total=total,
             limit=limit,
             idempotency_key=idempotency_key,
+            extra={jr.REQUEST_HASH: digest} if digest else {},
         )
 
         def group(g: WriteGroup) -> Registered:
             if idempotency_key:
                 existing = g.get(jr.idem_key(owner, idempotency_key))
                 if existing is not None:
-                    return Registered(existing.decode(), created=False)
+                    job_id = existing.decode()
+                    raw = g.get(jr.JobKeys(job_id).meta)
+                    first = jr.JobMeta.decode(raw).extra.get(jr.REQUEST_HASH) if raw else None
+                    if first and first != digest:
+                        raise jr.IdempotencyKeyReused(job_id)
+                    return Registered(job_id, created=False)
                 g.put(jr.idem_key(owner, idempotency_key), meta.id.encode())
             if check is not None:
                 check()
             keys = jr.JobKeys(meta.id)
             g.put(keys.meta, meta.encode())
             g.put(keys.request, request)
+            jr.index_owner(g, meta)  # before the jobs set: it checks the store was empty
             g.insert(jr.JOBS_SET, meta.id.encode())
             if webhook is not None and webhook.url:
                 webhooks.configure(

@@ -2,7 +2,8 @@
 
 ``grpc_server`` is the one assembly of a node's gRPC server: the ``ReplicationService``
 and the ``AdminService`` over the node's ``ReplicationParts`` always; on the public port
-also the ``JobService``, the standard health service and server reflection. The server
+also the ``JobService``, the standard health service and server reflection (v1 and
+v1alpha, ``pagesift.node.reflection``). The server
 (``run``), the tests and the bench build their servers with it.
 
 ``run(config)`` starts a ``Node``, serves it on one gRPC port (TLS with ``tls_cert``)
@@ -27,8 +28,8 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
+from pagesift.node import reflection
 from pagesift.node.admin import AdminServicer
 from pagesift.node.health import HealthPublisher
 from pagesift.node.logs import setup_logging
@@ -84,7 +85,7 @@ def grpc_server(
     if health is not None:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-        reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
+        reflection.enable(names, server)  # grpc.reflection.v1 and v1alpha
     return server
 
 

@@ -19,8 +19,8 @@ guarantees:
   the AdminService, or unreachable, are simply not chosen.
 - When a round fails and some address was UNAVAILABLE (the primary may be down
   while its standby gets promoted), a retryable call is tried again with bounded,
-  jittered exponential backoff (``pagesift.shared.backoff``; ``retry_budget``
-  seconds of sleep in all, ~10 s by default), looking the primary up again
+  jittered exponential backoff (``RetryPolicy``: ``pagesift.shared.backoff``;
+  ``budget`` seconds of sleep in all, ~10 s by default), looking the primary up again
   before each round; then the round's most telling error is raised (a
   standby's FAILED_PRECONDITION naming the primary beats UNAVAILABLE). A round
   in which every address answered and refused is raised at once. (So a call to
@@ -39,6 +39,14 @@ guarantees:
 - ``iter_pages``/``iter_documents`` follow ``next_skip`` until it is absent.
 - Errors surface as ``grpc.aio.AioRpcError`` (``ClientError`` for a server that
   breaks the paging contract).
+- Deadlines: every unary attempt is bounded by ``timeout`` (Scrape and Map by
+  ``scrape_timeout``); retries add at most the ``RetryPolicy`` budget of sleep.
+- Transport: plaintext, or TLS with ``tls_ca`` (a CA to trust; the system roots
+  without one) and optionally a client certificate (``tls_cert`` + ``tls_key``,
+  mTLS), or any ``credentials`` given; ``channel_options`` are laid over the
+  client's own (message size, reconnect backoff) for every channel.
+- ``SyncJobClient`` is the same client for code without an event loop: it runs one
+  ``JobClient`` on a private event loop in a daemon thread and blocks on each call.
 
 The failover decisions are small pure functions (``should_try_next``,
 ``pick_error``, ``backoff_delays``, ``is_retryable``, ``choose_primary``) and one
@@ -51,12 +59,23 @@ them).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
+import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import grpc
 import grpc.aio
@@ -77,6 +96,8 @@ __all__ = [
     "ClientError",
     "Failover",
     "JobClient",
+    "RetryPolicy",
+    "SyncJobClient",
     "Unreachable",
     "backoff_delays",
     "choose_primary",
@@ -106,6 +127,7 @@ _CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 KeyedRequest = TypeVar("KeyedRequest", jobs_pb2.StartCrawlRequest, jobs_pb2.StartBatchScrapeRequest)
 
 
@@ -253,6 +275,24 @@ def with_idempotency_key(request: KeyedRequest) -> KeyedRequest:
     return keyed
 
 
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How a retryable call is tried again after a round in which some address was
+    UNAVAILABLE: sleeps of ``first`` seconds doubling up to ``cap``, each jittered
+    (between half and all of it, drawn from ``rng``), ``budget`` seconds of sleep in
+    all (0: no retry). The defaults are the client's (~10 s: enough for a standby to
+    be promoted)."""
+
+    budget: float = 10.0
+    first: float = 0.1
+    cap: float = 2.0
+    rng: Callable[[], float] = random.random
+
+    def delays(self) -> list[float]:
+        """One call's schedule of sleeps (a fresh jitter draw each time)."""
+        return backoff_delays(self.budget, first=self.first, cap=self.cap, rng=self.rng)
+
+
 class Failover:
     """Which address to try first, then the rest in their given order.
 
@@ -286,6 +326,22 @@ class Failover:
 
 
 # ---------------------------------------------------------------- the client
+
+
+def _tls_credentials(ca: str, cert: str, key: str) -> grpc.ChannelCredentials | None:
+    """TLS credentials from PEM files (None: plaintext, when none is given). A file
+    that cannot be read raises OSError naming it."""
+    if bool(cert) != bool(key):
+        raise ValueError(
+            "a client certificate (tls_cert) needs its key (tls_key), and a key its certificate"
+        )
+    if not (ca or cert):
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=Path(ca).read_bytes() if ca else None,
+        private_key=Path(key).read_bytes() if key else None,
+        certificate_chain=Path(cert).read_bytes() if cert else None,
+    )
 
 
 class _BearerAuth(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
@@ -329,27 +385,40 @@ class JobClient:
         *,
         timeout: float | None = 60.0,
         scrape_timeout: float | None = 300.0,
-        retry_budget: float = 10.0,
+        retry_budget: float | None = None,
         api_key: str = "",
         admin_key: str = "",
         tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
+        retry: RetryPolicy | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        """``timeout`` bounds each unary call (``scrape_timeout`` a Scrape); streams are
-        unbounded. ``retry_budget`` is the most seconds spent sleeping between retries.
-        ``api_key`` / ``admin_key`` are sent as bearer tokens; ``tls_ca`` (a PEM file)
-        turns on TLS and names the CA to trust."""
+        """``timeout`` bounds each unary call (``scrape_timeout`` a Scrape and a Map);
+        WatchJob is unbounded. ``retry`` is the retry policy (``RetryPolicy()`` by
+        default); ``retry_budget``, when given, replaces its budget (the most seconds
+        spent sleeping between retries). ``api_key`` / ``admin_key`` are sent as bearer
+        tokens. ``tls_ca`` (a PEM file) turns on TLS and names the CA to trust;
+        ``tls_cert`` + ``tls_key`` (PEM files, both or neither; TLS on, trusting the
+        system roots without ``tls_ca``) are a client certificate to present (mTLS).
+        ``credentials`` (e.g. ``grpc.ssl_channel_credentials(...)``, or composite ones)
+        replaces all three. ``channel_options`` (``("grpc.keepalive_time_ms",
+        30000)``, ...) are passed to every channel, over the client's own defaults."""
         self._interceptors: list[Any] = (
             [_BearerAuth(api_key, admin_key), _BearerAuthStreams(api_key, admin_key)]
             if api_key or admin_key
             else []
         )
-        self._credentials = (
-            grpc.ssl_channel_credentials(Path(tls_ca).read_bytes()) if tls_ca else None
-        )
+        self._credentials = credentials or _tls_credentials(tls_ca, tls_cert, tls_key)
+        self._channel_options = list({**dict(_CHANNEL_OPTIONS), **dict(channel_options)}.items())
         self.failover = Failover(parse_addresses(addresses))
         self.timeout = timeout
         self.scrape_timeout = scrape_timeout
-        self.retry_budget = retry_budget
+        policy = retry or RetryPolicy()
+        if retry_budget is not None:
+            policy = dataclasses.replace(policy, budget=retry_budget)
+        self.retry = policy
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, JobServiceAsyncStub] = {}
         self._admin_stubs: dict[str, AdminServiceAsyncStub] = {}
@@ -378,13 +447,18 @@ class JobClient:
     def addresses(self) -> list[str]:
         return list(self.failover.addresses)
 
+    @property
+    def retry_budget(self) -> float:
+        """The retry policy's budget: the most seconds of sleep between retries."""
+        return self.retry.budget
+
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = open_channel(
                 address,
                 self._credentials,
-                options=_CHANNEL_OPTIONS,
+                options=self._channel_options,
                 interceptors=self._interceptors,
             )
             self._channels[address] = channel
@@ -472,7 +546,7 @@ class JobClient:
         self, invoke: Callable[[JobServiceAsyncStub], Awaitable[T]], *, retryable: bool
     ) -> T:
         """Run one unary call under the failover and retry rules of the module docstring."""
-        delays = iter(backoff_delays(self.retry_budget))
+        delays = iter(self.retry.delays())
         await self._locate_once()
         while True:
             errors: list[grpc.aio.AioRpcError] = []
@@ -585,7 +659,7 @@ class JobClient:
     ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
         """WatchJob's events; a stream broken by UNAVAILABLE resumes at the next index."""
         next_index = from_index
-        delays = iter(backoff_delays(self.retry_budget))
+        delays = iter(self.retry.delays())
         await self._locate_once()
         while True:
             errors: list[grpc.aio.AioRpcError] = []
@@ -613,13 +687,28 @@ class JobClient:
                 finally:
                     call.cancel()
             if progressed:
-                delays = iter(backoff_delays(self.retry_budget))
+                delays = iter(self.retry.delays())
                 continue
             await self._after_failed_round(errors, delays, retryable=True)
 
-    async def errors(self, job_id: str) -> jobs_pb2.GetJobErrorsResponse:
-        req = jobs_pb2.GetJobErrorsRequest(id=job_id)
+    async def errors_page(
+        self, job_id: str, *, page_size: int = 0, page_token: str = ""
+    ) -> jobs_pb2.GetJobErrorsResponse:
+        """One page of the job's errors (AIP-158: next_page_token empty at the end)."""
+        req = jobs_pb2.GetJobErrorsRequest(id=job_id, page_size=page_size, page_token=page_token)
         return await self.call(lambda s: s.GetJobErrors(req, timeout=self.timeout), retryable=True)
+
+    async def errors(self, job_id: str, *, page_size: int = 0) -> jobs_pb2.GetJobErrorsResponse:
+        """Every error of the job, all pages in one response (next_page_token empty)."""
+        out = jobs_pb2.GetJobErrorsResponse()
+        token = ""
+        while True:
+            page = await self.errors_page(job_id, page_size=page_size, page_token=token)
+            out.errors.extend(page.errors)
+            out.robots_blocked.extend(page.robots_blocked)
+            if not page.next_page_token or page.next_page_token == token:
+                return out
+            token = page.next_page_token
 
     async def cancel(self, job_id: str) -> jobs_pb2.JobState.ValueType:
         req = jobs_pb2.CancelJobRequest(id=job_id)
@@ -664,7 +753,186 @@ class JobClient:
 
         return await self.call(collect, retryable=True)
 
-    async def list_jobs(self, *, active_only: bool = False) -> list[jobs_pb2.JobSummary]:
-        req = jobs_pb2.ListJobsRequest(active_only=active_only)
-        resp = await self.call(lambda s: s.ListJobs(req, timeout=self.timeout), retryable=True)
-        return list(resp.jobs)
+    async def list_jobs_page(
+        self,
+        *,
+        active_only: bool = False,
+        states: Sequence[jobs_pb2.JobState.ValueType] = (),
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> jobs_pb2.ListJobsResponse:
+        """One page of the caller's jobs, newest first (AIP-158: send next_page_token
+        back with the same filter; empty at the end)."""
+        req = jobs_pb2.ListJobsRequest(
+            active_only=active_only, states=states, page_size=page_size, page_token=page_token
+        )
+        return await self.call(lambda s: s.ListJobs(req, timeout=self.timeout), retryable=True)
+
+    async def list_jobs(
+        self,
+        *,
+        active_only: bool = False,
+        states: Sequence[jobs_pb2.JobState.ValueType] = (),
+        page_size: int = 0,
+    ) -> list[jobs_pb2.JobSummary]:
+        """Every job of the caller (newest first), page after page."""
+        jobs: list[jobs_pb2.JobSummary] = []
+        token = ""
+        while True:
+            page = await self.list_jobs_page(
+                active_only=active_only, states=states, page_size=page_size, page_token=token
+            )
+            jobs.extend(page.jobs)
+            if not page.next_page_token or page.next_page_token == token:
+                return jobs
+            token = page.next_page_token
+
+
+# ---------------------------------------------------------------- the sync client
+
+
+def _blocking(
+    method: Callable[Concatenate[JobClient, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[SyncJobClient, P], T]:
+    """``JobClient.method`` as a blocking ``SyncJobClient`` method (same arguments)."""
+
+    def run(self: SyncJobClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.run(lambda client: method(client, *args, **kwargs))
+
+    run.__name__ = method.__name__
+    run.__doc__ = method.__doc__
+    return run
+
+
+def _blocking_iter(
+    method: Callable[Concatenate[JobClient, P], AsyncIterator[T]],
+) -> Callable[Concatenate[SyncJobClient, P], Iterator[T]]:
+    """``JobClient.method`` (an async iterator) as a ``SyncJobClient`` generator."""
+
+    def run(self: SyncJobClient, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+        return self._iterate(lambda client: method(client, *args, **kwargs))
+
+    run.__name__ = method.__name__
+    run.__doc__ = method.__doc__
+    return run
+
+
+class SyncJobClient:
+    """``JobClient`` for code without an event loop: every method blocks until the
+    call (with its failover and retries) is done, and the iterators are plain ones.
+
+    It runs one ``JobClient`` on a private event loop in a daemon thread
+    (``pagesift-client``), so it works in threads, in scripts and next to another
+    event loop alike, and may be shared by threads (calls run on that one loop). The
+    keyword arguments are ``JobClient``'s. Use ``with SyncJobClient([...]) as c`` or
+    ``close()``. ``run(lambda c: c.some_call(...))`` runs any ``JobClient`` coroutine.
+    """
+
+    def __init__(self, addresses: str | Sequence[str] | None = None, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pagesift-client", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._client: JobClient = self._submit(self._make(addresses, dict(options)))
+        except BaseException:
+            self._stop()
+            raise
+
+    @staticmethod
+    async def _make(addresses: str | Sequence[str] | None, options: Mapping[str, Any]) -> JobClient:
+        return JobClient(addresses, **options)  # made on its loop, as its channels will be
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coro.close()
+            raise RuntimeError("SyncJobClient is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. Ctrl-C while waiting: the call is cancelled too
+            raise
+
+    def _stop(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    @property
+    def client(self) -> JobClient:
+        """The wrapped ``JobClient`` (use it only through ``run``: it lives on another loop)."""
+        return self._client
+
+    @property
+    def addresses(self) -> list[str]:
+        return self._client.addresses
+
+    def run(self, call: Callable[[JobClient], Awaitable[T]]) -> T:
+        """Run ``call(client)`` on the client's loop and return its result."""
+
+        async def invoke() -> T:
+            return await call(self._client)
+
+        return self._submit(invoke())
+
+    def _iterate(self, make: Callable[[JobClient], AsyncIterator[T]]) -> Iterator[T]:
+        iterator = make(self._client)
+
+        async def step() -> tuple[bool, T | None]:
+            try:
+                return True, await anext(iterator)
+            except StopAsyncIteration:
+                return False, None
+
+        try:
+            while True:
+                more, item = self._submit(step())
+                if not more:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            close = getattr(iterator, "aclose", None)
+            if close is not None and not self._loop.is_closed():
+                self._submit(close())
+
+    def close(self) -> None:
+        """Close the channels and stop the loop's thread (idempotent)."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._submit(self._client.close())
+        finally:
+            self._stop()
+
+    def __enter__(self) -> SyncJobClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    scrape = _blocking(JobClient.scrape)
+    start_batch = _blocking(JobClient.start_batch)
+    start_crawl = _blocking(JobClient.start_crawl)
+    get_job = _blocking(JobClient.get_job)
+    errors_page = _blocking(JobClient.errors_page)
+    errors = _blocking(JobClient.errors)
+    cancel = _blocking(JobClient.cancel)
+    map = _blocking(JobClient.map)
+    list_jobs_page = _blocking(JobClient.list_jobs_page)
+    list_jobs = _blocking(JobClient.list_jobs)
+    role = _blocking(JobClient.role)
+    promote = _blocking(JobClient.promote)
+    find_primary = _blocking(JobClient.find_primary)
+    wait_connected = _blocking(JobClient.wait_connected)
+    iter_pages = _blocking_iter(JobClient.iter_pages)
+    iter_documents = _blocking_iter(JobClient.iter_documents)
+    watch = _blocking_iter(JobClient.watch)

@@ -4,11 +4,24 @@ Layout (every key of a job carries its id, so expiry can delete them all). ``Job
 is the one place that spells these names; everything else (the runtime, webhooks,
 expiry, watchers, tests) asks it:
 
-    set  jobs                     ids of every stored job (ListJobs, expiry sweep)
+    set  jobs                     ids of every stored job (expiry sweep, resume)
+    set  owner/{account}/jobs     "{created_ms:016d} {id}" of each of the account's jobs:
+                                  byte order is creation order (ListJobs pages it newest
+                                  first, ``Store.set_range``); written with the job,
+                                  removed with it (``owner_member``)
+    KV   owner_index              "1": every job is in its owner's set. Written by the
+                                  start-up migration of a store with jobs from before
+                                  the index (``build_owner_index``), or by the first
+                                  registration into an empty store; deleted with the
+                                  last job (an empty store has no key). Absent while
+                                  jobs exist: ListJobs scans the jobs set as before
     KV   job/{id}                 JobMeta as JSON: kind, state, owner, times, note, counters
     KV   job/{id}/request         the Start*Request protobuf, as sent (resume re-reads it)
     KV   job/{id}/seeded          present once a crawl's start URL and sitemap are queued
-    KV   idem/{owner}/{sha(key)}  the job id an idempotency key created
+    KV   idem/{owner}/{sha(key)}  the job id an idempotency key created (the hash of the
+                                  request it came with is the job's meta
+                                  ``extra["request_sha256"]``; a key of a job from before
+                                  has none and returns its job whatever the request)
     list job/{id}/pages           Document protobufs in completion order; seq = paging index
     list job/{id}/errors          PageError protobufs (page errors)
     list job/{id}/notes           PageError protobufs without URL (job-level notes)
@@ -189,7 +202,8 @@ def mark_retry(g: WriteGroup, job_id: str, mark: bytes, n: int) -> bool:
 
 def delete_job(g: WriteGroup, job_id: str, meta: JobMeta | None) -> None:
     """Expiry, in one group: every name ``JobKeys.all`` lists (the webhook's too), the
-    owner's idempotency key for the job, and the job's place in the jobs set."""
+    owner's idempotency key for the job, the job's place in its owner's index and in
+    the jobs set."""
     keys = JobKeys(job_id)
     for kind, name in keys.all():
         if name == keys.meta and meta is not None and meta.idempotency_key:
@@ -201,6 +215,10 @@ def delete_job(g: WriteGroup, job_id: str, meta: JobMeta | None) -> None:
         else:
             g.delete(name)
     g.remove(JOBS_SET, job_id.encode())
+    if meta is not None:
+        g.remove(owner_set(meta.owner), owner_member(meta.created_ms, job_id))
+    if g.set_len(JOBS_SET) == 0 and g.get(OWNER_INDEX_DONE) is not None:
+        g.delete(OWNER_INDEX_DONE)  # an empty store's index is complete without it
 
 
 def job_of(name: str) -> str | None:
@@ -215,9 +233,103 @@ def idem_key(owner: str, key: str) -> str:
     return f"idem/{owner}/{hashlib.sha256(key.encode()).hexdigest()[:32]}"
 
 
+class IdempotencyKeyReused(Exception):
+    """AIP-155: an idempotency key already used with another request (``job_id`` is
+    the job it created)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+
+
+REQUEST_HASH = (
+    "request_sha256"  # JobMeta.extra: the hash of the request an idempotency key came with
+)
+
+
+def request_hash(kind: str, request: bytes) -> str:
+    """What identifies a registration's request for AIP-155: its kind and its stored
+    (deterministically serialized) request."""
+    h = hashlib.sha256(kind.encode() + b"\x00")
+    h.update(request)
+    return h.hexdigest()
+
+
+# the owner index (ListJobs) ----------------------------------------------------------
+
+OWNER_INDEX_DONE = "owner_index"
+
+
+def owner_set(owner: str) -> str:
+    return f"owner/{owner}/jobs"
+
+
+def owner_member(created_ms: int, job_id: str) -> bytes:
+    return f"{created_ms:016d} {job_id}".encode()
+
+
+def member_job(member: bytes) -> str:
+    """The job id of an owner-index member."""
+    return member.decode().split(" ", 1)[1]
+
+
+def build_owner_index(g: WriteGroup, store: Store) -> int:
+    """The start-up migration, as one group: every stored job into its owner's set,
+    then the ``owner_index`` marker. Returns how many members were added (0, and no
+    op, once the marker is there or when there is no job)."""
+    if g.get(OWNER_INDEX_DONE) is not None or g.set_len(JOBS_SET) == 0:
+        return 0
+    added = 0
+    for job_id in all_job_ids(store):
+        meta = load_meta(store, job_id)
+        if meta is not None and g.insert(
+            owner_set(meta.owner), owner_member(meta.created_ms, job_id)
+        ):
+            added += 1
+    g.put(OWNER_INDEX_DONE, b"1")
+    return added
+
+
+def index_owner(g: WriteGroup, meta: JobMeta) -> None:
+    """Inside the registration's group: the new job into its owner's set (and the
+    marker, when this is the first job of an empty store)."""
+    if g.get(OWNER_INDEX_DONE) is None and g.set_len(JOBS_SET) == 0:
+        g.put(OWNER_INDEX_DONE, b"1")
+    g.insert(owner_set(meta.owner), owner_member(meta.created_ms, meta.id))
+
+
+def has_owner_index(store: Store) -> bool:
+    """Whether ListJobs may read the owner index (complete, or no job at all)."""
+    return store.get(OWNER_INDEX_DONE) is not None or store.set_len(JOBS_SET) == 0
+
+
+# page error codes: the closed set -----------------------------------------------------
+
+
+def code_enum(code: str) -> jobs_pb2.PageErrorCode.ValueType:
+    """``PageError.code_enum`` of a code string (UNSPECIFIED for one this version does
+    not know)."""
+    if not code:
+        return jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
+    try:
+        return jobs_pb2.PageErrorCode.Value(f"PAGE_ERROR_CODE_{code.upper()}")
+    except ValueError:
+        return jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
+
+
 # webhook events: the one list, and the one validator (job start, webhooks.configure) ----
 
 WEBHOOK_EVENTS = ("started", "page", "page_failed", "completed", "failed", "cancelled")
+
+
+def event_name(event: jobs_pb2.WebhookEvent.ValueType) -> str:
+    """The string form of a ``WebhookEvent`` ("" for UNSPECIFIED or an unknown number)."""
+    if event == jobs_pb2.WEBHOOK_EVENT_UNSPECIFIED:
+        return ""
+    try:
+        return jobs_pb2.WebhookEvent.Name(event)[len("WEBHOOK_EVENT_") :].lower()
+    except ValueError:
+        return ""
 
 
 def webhook_events(events: Sequence[str], field: str = "webhook.events") -> tuple[str, ...]:
@@ -311,14 +423,56 @@ def read_removed(store: Store, job_id: str) -> list[str]:
     return [u for u in raw.decode().split("\n") if u] if raw else []
 
 
+ROBOTS_CODES = ("robots_disallowed", "robots_noindex")
+
+
+def _page_error(raw: bytes) -> jobs_pb2.PageError:
+    e = jobs_pb2.PageError.FromString(raw)
+    e.code_enum = code_enum(e.code)
+    return e
+
+
 def read_errors(store: Store, job_id: str) -> tuple[list[jobs_pb2.PageError], list[str]]:
     """Page errors then job notes, and the robots-blocked URLs among the errors
     (robots.txt disallowed, or skipped for a noindex meta robots / X-Robots-Tag)."""
     keys = JobKeys(job_id)
-    errors = [jobs_pb2.PageError.FromString(r) for r in store.list_range(keys.errors)]
-    robots = [e.url for e in errors if e.code in ("robots_disallowed", "robots_noindex")]
-    errors += [jobs_pb2.PageError.FromString(r) for r in store.list_range(keys.notes)]
+    errors = [_page_error(r) for r in store.list_range(keys.errors)]
+    robots = [e.url for e in errors if e.code in ROBOTS_CODES]
+    errors += [_page_error(r) for r in store.list_range(keys.notes)]
     return errors, robots
+
+
+@dataclass
+class ErrorsPage:
+    errors: list[jobs_pb2.PageError]
+    robots_blocked: list[str]
+    next: tuple[str, int] | None  # where the next page starts: ("errors"|"notes", seq)
+
+
+def read_errors_page(store: Store, job_id: str, start: tuple[str, int], count: int) -> ErrorsPage:
+    """At most ``count`` errors from ``start`` (a list, "errors" then "notes", and a
+    sequence number in it) on: page errors in record order, then job notes; the
+    robots-blocked URLs among them; where the next page starts (None at the end)."""
+    keys = JobKeys(job_id)
+    names = {"errors": keys.errors, "notes": keys.notes}
+    which, seq = start
+    out: list[jobs_pb2.PageError] = []
+    robots: list[str] = []
+    while True:
+        items = store.list_items(names[which], seq, count - len(out) + 1)
+        for item_seq, raw in items:
+            if len(out) == count:
+                return ErrorsPage(out, robots, (which, item_seq))
+            e = _page_error(raw)
+            out.append(e)
+            if which == "errors" and e.code in ROBOTS_CODES:
+                robots.append(e.url)
+        if which == "notes":
+            return ErrorsPage(out, robots, None)
+        which, seq = "notes", 0
+        if len(out) == count:
+            nxt = store.list_items(keys.notes, 0, 1)
+            return ErrorsPage(out, robots, ("notes", nxt[0][0]) if nxt else None)
 
 
 def all_job_ids(store: Store) -> list[str]:

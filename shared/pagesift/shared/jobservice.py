@@ -39,7 +39,10 @@ and carries the code in the ``pagesift-error-code`` trailing metadata too.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import ctypes
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import NoReturn, Protocol
@@ -153,6 +156,93 @@ async def _no_job(context: Context, job_id: str, message: str) -> NoReturn:
     )
 
 
+async def _key_reused(context: Context, e: jr.IdempotencyKeyReused) -> NoReturn:
+    """AIP-155: the key names a job of another request (INVALID_ARGUMENT naming it)."""
+    message = (
+        f"idempotency_key: already used for job {e.job_id} with a different request "
+        "(AIP-155: a key identifies one request; use a fresh key for a new one)"
+    )
+    await rpcerrors.invalid_argument(
+        context,
+        message,
+        [("idempotency_key", message)],
+        Reason.IDEMPOTENCY_KEY_REUSED,
+        {"field": "idempotency_key", "id": e.job_id},
+    )
+
+
+# paging (AIP-158) ----------------------------------------------------------------------
+
+LIST_SCAN_FACTOR = 10  # ListJobs reads at most this many index members per wanted job
+LIST_SCAN_MIN = 1_000  # ... and at least this many, before it returns a short page
+_JOBS_TOKEN = b"jobs1"
+_ERRORS_TOKEN = b"errors1"
+
+
+def _page_size(size: int, config: ServerConfig) -> int:
+    """AIP-158: 0 is the default, above the maximum is cut to it, negative is refused."""
+    if size < 0:
+        raise validate.InvalidArgument("page_size", f"{size} is negative")
+    return min(size or config.default_page_size, config.max_page_size) or 1
+
+
+def _token(*parts: bytes) -> str:
+    return base64.urlsafe_b64encode(b"\x00".join(parts)).decode()
+
+
+def _untoken(token: str, kind: bytes, n: int) -> list[bytes]:
+    """The ``n`` parts after ``kind`` of a page token, or InvalidArgument naming it."""
+    try:
+        parts = base64.urlsafe_b64decode(token.encode("ascii")).split(b"\x00")
+    except (ValueError, binascii.Error, UnicodeEncodeError):
+        parts = []
+    if len(parts) != n + 1 or parts[0] != kind:
+        raise validate.InvalidArgument("page_token", "not a page token of this call")
+    return parts[1:]
+
+
+_MEMBER = re.compile(rb"\d{16} [0-9A-Za-z_-]{1,64}")
+_STATE_OF_PB = {pb: name for name, pb in jr.STATE_TO_PB.items()}
+
+
+def _list_filter(request: jobs_pb2.ListJobsRequest) -> tuple[frozenset[str] | None, bytes]:
+    """The states ListJobs keeps (None: every one) and the filter's tag in its tokens."""
+    wanted: set[str] | None = None
+    for i, state in enumerate(request.states):
+        name = _STATE_OF_PB.get(state)
+        if name is None:
+            raise validate.InvalidArgument(f"states[{i}]", f"not a job state: {state}")
+        wanted = (wanted or set()) | {name}
+    if request.active_only:
+        wanted = {"scraping"} & wanted if wanted is not None else {"scraping"}
+    tag = b"all" if wanted is None else ",".join(sorted(wanted)).encode()
+    return (frozenset(wanted) if wanted is not None else None), tag
+
+
+def _list_after(token: str, tag: bytes) -> bytes | None:
+    if not token:
+        return None
+    got_tag, member = _untoken(token, _JOBS_TOKEN, 2)
+    if got_tag != tag:
+        raise validate.InvalidArgument(
+            "page_token", "issued for another filter (active_only, states): start again"
+        )
+    if not _MEMBER.fullmatch(member):
+        raise validate.InvalidArgument("page_token", "not a page token of this call")
+    return member
+
+
+def _errors_start(token: str, job_id: str) -> tuple[str, int]:
+    if not token:
+        return "errors", 0
+    got_id, which, seq = _untoken(token, _ERRORS_TOKEN, 3)
+    if got_id != job_id.encode():
+        raise validate.InvalidArgument("page_token", "issued for another job")
+    if which not in (b"errors", b"notes") or not seq.isdigit() or len(seq) > 19:
+        raise validate.InvalidArgument("page_token", "not a page token of this call")
+    return which.decode(), int(seq)
+
+
 def _primary_address(hint: str) -> str:
     """The address in ``Node.primary_hint`` (its first word), or "" when it names none."""
     word = hint.split(" ", 1)[0] if hint else ""
@@ -196,7 +286,7 @@ def _stored_batch(request: jobs_pb2.StartBatchScrapeRequest, plan: validate.Batc
     request with only the valid URLs, built without copying the sent URLs first
     (protobuf merges concatenated encodings, repeated fields appended in order)."""
     if not plan.invalid:
-        return request.SerializeToString()
+        return request.SerializeToString(deterministic=True)
     rest = jobs_pb2.StartBatchScrapeRequest()
     for field, value in request.ListFields():
         if field.name == "urls":
@@ -208,7 +298,7 @@ def _stored_batch(request: jobs_pb2.StartBatchScrapeRequest, plan: validate.Batc
         else:
             setattr(rest, field.name, value)
     urls = jobs_pb2.StartBatchScrapeRequest(urls=plan.urls)
-    return rest.SerializeToString() + urls.SerializeToString()
+    return rest.SerializeToString(deterministic=True) + urls.SerializeToString()
 
 
 def _window(store: Store, job_id: str, index: int, count: int, visible: int | None) -> list[bytes]:
@@ -291,6 +381,28 @@ def _url_batches(found: list[str]) -> list[list[str]]:
     if batch:
         out.append(batch)
     return out
+
+
+def _index_reader(store: Store, owner: str) -> Callable[[bytes | None, int], list[bytes]]:
+    """``(after, count) -> members`` of the owner's jobs, newest first: the owner index,
+    or (before the start-up migration built it) the same members from the jobs set."""
+    if jr.has_owner_index(store):
+        name = jr.owner_set(owner)
+        return lambda after, count: store.set_range(name, after, count, reverse=True)
+    members = sorted(
+        (
+            jr.owner_member(m.created_ms, m.id)
+            for i in jr.all_job_ids(store)
+            if (m := jr.load_meta(store, i)) is not None and m.owner == owner
+        ),
+        reverse=True,
+    )
+
+    def fallback(after: bytes | None, count: int) -> list[bytes]:
+        rest = members if after is None else [m for m in members if m < after]
+        return rest[:count]
+
+    return fallback
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -435,7 +547,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, context: Context, caller: Account, hook: jobs_pb2.Webhook
     ) -> jobs_pb2.Webhook | None:
         if not hook.url:
-            if hook.events or hook.headers or hook.metadata or hook.include_document:
+            if (
+                hook.events
+                or hook.event_types
+                or hook.headers
+                or hook.metadata
+                or hook.include_document
+            ):
                 await _invalid(context, validate.InvalidArgument("webhook.url", "missing"))
             return None
         try:
@@ -448,6 +566,23 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         except ValueError as e:
             field = str(e).split(":", 1)[0] if str(e).startswith("webhook.events") else ""
             await rpcerrors.invalid_argument(context, str(e), [(field or "webhook.events", str(e))])
+        if hook.event_types:
+            names: list[str] = []
+            for i, event in enumerate(hook.event_types):
+                name = jr.event_name(event)
+                if not name:
+                    await _invalid(
+                        context,
+                        validate.InvalidArgument(
+                            f"webhook.event_types[{i}]", f"not a webhook event: {event}"
+                        ),
+                    )
+                names.append(name)
+            merged = jobs_pb2.Webhook()
+            merged.CopyFrom(hook)
+            merged.ClearField("event_types")
+            merged.events[:] = list(jr.webhook_events([*hook.events, *names]))
+            hook = merged
         if self.node.accounts.webhook_secret(caller.name) is None:
             await rpcerrors.abort(
                 context,
@@ -513,6 +648,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await self._refuse_limit(context, e, caller)
         except NotWritable as e:
             await self._not_writable(context, e)
+        except jr.IdempotencyKeyReused as e:
+            await _key_reused(context, e)
         if len(stored) >= TRIM_AFTER_BYTES:
             _trim_heap_soon()
         return jobs_pb2.StartBatchScrapeResponse(id=reg.id, invalid_urls=plan.invalid)
@@ -534,7 +671,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             reg = await runtime.register(
                 "crawl",
                 caller.name,
-                request.SerializeToString(),
+                request.SerializeToString(deterministic=True),  # AIP-155 hashes it
                 request.idempotency_key,
                 limit=limit,
                 webhook=hook,
@@ -544,6 +681,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await self._refuse_limit(context, e, caller)
         except NotWritable as e:
             await self._not_writable(context, e)
+        except jr.IdempotencyKeyReused as e:
+            await _key_reused(context, e)
         return jobs_pb2.StartCrawlResponse(id=reg.id)
 
     async def CancelJob(
@@ -688,32 +827,79 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.GetJobErrorsRequest,
         context: Context,
     ) -> jobs_pb2.GetJobErrorsResponse:
-        meta = await self._meta(request.id, context)
+        caller = await self._caller(context)
+        try:
+            size = _page_size(request.page_size, self.node.config)
+        except validate.InvalidArgument as e:
+            await _invalid(context, e)
+        meta = await self._owned(caller, request.id, context)
+        try:
+            start = _errors_start(request.page_token, meta.id)
+        except validate.InvalidArgument as e:
+            await _invalid(context, e)
         await self._readable()
-        errors, robots = jr.read_errors(self.node.store(), meta.id)
+        page = jr.read_errors_page(self.node.store(), meta.id, start, size)
         self._read_md(context)
-        return jobs_pb2.GetJobErrorsResponse(errors=errors, robots_blocked=robots)
+        nxt = page.next
+        return jobs_pb2.GetJobErrorsResponse(
+            errors=page.errors,
+            robots_blocked=page.robots_blocked,
+            next_page_token=(
+                _token(_ERRORS_TOKEN, meta.id.encode(), nxt[0].encode(), str(nxt[1]).encode())
+                if nxt is not None
+                else ""
+            ),
+        )
 
     async def ListJobs(
         self,
         request: jobs_pb2.ListJobsRequest,
         context: Context,
     ) -> jobs_pb2.ListJobsResponse:
-        owner, now = (await self._caller(context)).name, jr.now_ms()
+        """One page of the caller's jobs, newest first (AIP-158), read through the
+        owner index (``owner/{account}/jobs``): never another account's job. A store
+        whose index is not built yet (a standby of a primary that has not migrated)
+        pages the same members computed from the jobs set."""
+        owner = (await self._caller(context)).name
+        try:
+            size = _page_size(request.page_size, self.node.config)
+            wanted, tag = _list_filter(request)
+            after = _list_after(request.page_token, tag)
+        except validate.InvalidArgument as e:
+            await _invalid(context, e)
         await self._readable()
         store = self.node.store()
-        metas = [m for i in jr.all_job_ids(store) if (m := jr.load_meta(store, i)) is not None]
-        metas = [
-            m
-            for m in metas
-            if m.owner == owner
-            and not (m.terminal and m.expires_ms <= now)
-            and not (request.active_only and m.terminal)
-        ]
-        metas.sort(key=lambda m: m.created_ms, reverse=True)
+        now = jr.now_ms()
+        fetch = _index_reader(store, owner)
+
+        def keep(member: bytes) -> jr.JobMeta | None:
+            m = jr.load_meta(store, jr.member_job(member))
+            if m is None or m.owner != owner or (m.terminal and m.expires_ms <= now):
+                return None
+            return m if wanted is None or m.state in wanted else None
+
+        metas: list[jr.JobMeta] = []
+        last = after
+        budget = max(LIST_SCAN_MIN, LIST_SCAN_FACTOR * size)
+        scanned = 0
+        more = True
+        while len(metas) < size and scanned < budget:
+            batch = fetch(last, max(16, size - len(metas)))
+            if not batch:
+                more = False
+                break
+            for member in batch:
+                last, scanned = member, scanned + 1
+                if (m := keep(member)) is not None:
+                    metas.append(m)
+                if len(metas) >= size or scanned >= budget:
+                    break
+        if more and last is not None:
+            more = bool(fetch(last, 1))
         self._read_md(context)
         return jobs_pb2.ListJobsResponse(
-            jobs=[jr.summary(store, m, self._visible(m.id)) for m in metas]
+            jobs=[jr.summary(store, m, self._visible(m.id)) for m in metas],
+            next_page_token=_token(_JOBS_TOKEN, tag, last) if more and last else "",
         )
 
     # Map ------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ reason                     status               metadata keys
 =========================  ===================  ====================================
 INVALID_FIELD              INVALID_ARGUMENT     field (+ BadRequest)
 MALFORMED_REQUEST          INVALID_ARGUMENT     message (+ BadRequest, field request)
+IDEMPOTENCY_KEY_REUSED     INVALID_ARGUMENT     field, id (+ BadRequest, field
+                                                idempotency_key; AIP-155)
 UNAUTHENTICATED            UNAUTHENTICATED      method (when the guard refused)
 ADMIN_KEY_REQUIRED         PERMISSION_DENIED    method
 REPLICATION_NOT_ALLOWED    UNAUTHENTICATED /    method
@@ -117,6 +119,7 @@ class Reason(enum.StrEnum):
 
     INVALID_FIELD = "INVALID_FIELD"
     MALFORMED_REQUEST = "MALFORMED_REQUEST"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     ADMIN_KEY_REQUIRED = "ADMIN_KEY_REQUIRED"
     REPLICATION_NOT_ALLOWED = "REPLICATION_NOT_ALLOWED"

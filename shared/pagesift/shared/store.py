@@ -264,6 +264,10 @@ class WriteGroup:
     def contains(self, name: str, member: bytes) -> bool:
         return self._get(_member_prefix(name) + member) is not None
 
+    def set_len(self, name: str) -> int:
+        raw = self._get(_count(name))
+        return _U64.unpack(raw)[0] if raw else 0
+
     def remove(self, name: str, member: bytes) -> bool:
         key = _member_prefix(name) + member
         if self._get(key) is None:
@@ -526,6 +530,41 @@ class Store:
     def set_members(self, name: str) -> list[bytes]:
         prefix = _member_prefix(name)
         return [k[len(prefix) :] for k, _ in self._scan(prefix, prefix[:-1] + b"\x01")]
+
+    def set_range(
+        self, name: str, after: bytes | None = None, count: int = 100, *, reverse: bool = False
+    ) -> list[bytes]:
+        """At most ``count`` members of set ``name`` in byte order (``reverse``: from the
+        largest down), starting past ``after`` (None: from the first, or the last). A
+        cursor read for paging: a member removed since it was handed out still works
+        as ``after``."""
+        prefix = _member_prefix(name)
+        hi = prefix[:-1] + b"\x01"
+        out: list[bytes] = []
+        if count <= 0:
+            return out
+        it = self._db.iter()
+        if not reverse:
+            it.seek(prefix + after + b"\x00" if after is not None else prefix)
+            while it.valid() and len(out) < count:
+                key: bytes = it.key()
+                if key >= hi:
+                    break
+                out.append(key[len(prefix) :])
+                it.next()
+            return out
+        start = prefix + after if after is not None else hi
+        it.seek_for_prev(start)
+        while it.valid() and len(out) < count:
+            key = it.key()
+            if key >= start:  # ``after`` itself (or the end bound): not included
+                it.prev()
+                continue
+            if not key.startswith(prefix):
+                break
+            out.append(key[len(prefix) :])
+            it.prev()
+        return out
 
     # whole-store views (resync, verify) ------------------------------------------
     def iterator(self) -> Any:

@@ -147,6 +147,96 @@ CHANGE_STATUS_SAME: ChangeStatus.ValueType  # 2
 CHANGE_STATUS_CHANGED: ChangeStatus.ValueType  # 3
 Global___ChangeStatus: _TypeAlias = ChangeStatus  # noqa: Y015
 
+class _WebhookEvent:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WebhookEventEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WebhookEvent.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WEBHOOK_EVENT_UNSPECIFIED: _WebhookEvent.ValueType  # 0
+    WEBHOOK_EVENT_STARTED: _WebhookEvent.ValueType  # 1
+    WEBHOOK_EVENT_PAGE: _WebhookEvent.ValueType  # 2
+    WEBHOOK_EVENT_PAGE_FAILED: _WebhookEvent.ValueType  # 3
+    WEBHOOK_EVENT_COMPLETED: _WebhookEvent.ValueType  # 4
+    WEBHOOK_EVENT_FAILED: _WebhookEvent.ValueType  # 5
+    WEBHOOK_EVENT_CANCELLED: _WebhookEvent.ValueType  # 6
+
+class WebhookEvent(_WebhookEvent, metaclass=_WebhookEventEnumTypeWrapper):
+    """WebhookEvent is one kind of webhook delivery (the closed set of Webhook.events;
+    the lower-case name after WEBHOOK_EVENT_ is the string form).
+    """
+
+WEBHOOK_EVENT_UNSPECIFIED: WebhookEvent.ValueType  # 0
+WEBHOOK_EVENT_STARTED: WebhookEvent.ValueType  # 1
+WEBHOOK_EVENT_PAGE: WebhookEvent.ValueType  # 2
+WEBHOOK_EVENT_PAGE_FAILED: WebhookEvent.ValueType  # 3
+WEBHOOK_EVENT_COMPLETED: WebhookEvent.ValueType  # 4
+WEBHOOK_EVENT_FAILED: WebhookEvent.ValueType  # 5
+WEBHOOK_EVENT_CANCELLED: WebhookEvent.ValueType  # 6
+Global___WebhookEvent: _TypeAlias = WebhookEvent  # noqa: Y015
+
+class _PageErrorCode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PageErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PageErrorCode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PAGE_ERROR_CODE_UNSPECIFIED: _PageErrorCode.ValueType  # 0
+    """a code this server version does not know"""
+    PAGE_ERROR_CODE_ROBOTS_DISALLOWED: _PageErrorCode.ValueType  # 1
+    PAGE_ERROR_CODE_HTTP_STATUS: _PageErrorCode.ValueType  # 2
+    PAGE_ERROR_CODE_TIMEOUT: _PageErrorCode.ValueType  # 3
+    PAGE_ERROR_CODE_TOO_LARGE: _PageErrorCode.ValueType  # 4
+    PAGE_ERROR_CODE_UNSUPPORTED_CONTENT: _PageErrorCode.ValueType  # 5
+    PAGE_ERROR_CODE_CONNECT: _PageErrorCode.ValueType  # 6
+    PAGE_ERROR_CODE_DNS: _PageErrorCode.ValueType  # 7
+    PAGE_ERROR_CODE_REDIRECT_LOOP: _PageErrorCode.ValueType  # 8
+    PAGE_ERROR_CODE_BLOCKED_ADDRESS: _PageErrorCode.ValueType  # 9
+    PAGE_ERROR_CODE_INVALID_URL: _PageErrorCode.ValueType  # 10
+    PAGE_ERROR_CODE_DUPLICATE: _PageErrorCode.ValueType  # 11
+    PAGE_ERROR_CODE_ROBOTS_NOINDEX: _PageErrorCode.ValueType  # 12
+    PAGE_ERROR_CODE_RETRY_AFTER_TOO_LONG: _PageErrorCode.ValueType  # 13
+    PAGE_ERROR_CODE_TLS: _PageErrorCode.ValueType  # 14
+    PAGE_ERROR_CODE_PARSE_FAILED: _PageErrorCode.ValueType  # 15
+    PAGE_ERROR_CODE_FAILED: _PageErrorCode.ValueType  # 16
+    """job notes (url empty)
+    the job failed
+    """
+    PAGE_ERROR_CODE_COMPLETED: _PageErrorCode.ValueType  # 17
+    """the job completed early (limit, time budget)"""
+    PAGE_ERROR_CODE_WEBHOOK_UNDELIVERABLE: _PageErrorCode.ValueType  # 18
+
+class PageErrorCode(_PageErrorCode, metaclass=_PageErrorCodeEnumTypeWrapper):
+    """PageErrorCode is the closed set of PageError.code (the lower-case name after
+    PAGE_ERROR_CODE_ is the string form).
+    """
+
+PAGE_ERROR_CODE_UNSPECIFIED: PageErrorCode.ValueType  # 0
+"""a code this server version does not know"""
+PAGE_ERROR_CODE_ROBOTS_DISALLOWED: PageErrorCode.ValueType  # 1
+PAGE_ERROR_CODE_HTTP_STATUS: PageErrorCode.ValueType  # 2
+PAGE_ERROR_CODE_TIMEOUT: PageErrorCode.ValueType  # 3
+PAGE_ERROR_CODE_TOO_LARGE: PageErrorCode.ValueType  # 4
+PAGE_ERROR_CODE_UNSUPPORTED_CONTENT: PageErrorCode.ValueType  # 5
+PAGE_ERROR_CODE_CONNECT: PageErrorCode.ValueType  # 6
+PAGE_ERROR_CODE_DNS: PageErrorCode.ValueType  # 7
+PAGE_ERROR_CODE_REDIRECT_LOOP: PageErrorCode.ValueType  # 8
+PAGE_ERROR_CODE_BLOCKED_ADDRESS: PageErrorCode.ValueType  # 9
+PAGE_ERROR_CODE_INVALID_URL: PageErrorCode.ValueType  # 10
+PAGE_ERROR_CODE_DUPLICATE: PageErrorCode.ValueType  # 11
+PAGE_ERROR_CODE_ROBOTS_NOINDEX: PageErrorCode.ValueType  # 12
+PAGE_ERROR_CODE_RETRY_AFTER_TOO_LONG: PageErrorCode.ValueType  # 13
+PAGE_ERROR_CODE_TLS: PageErrorCode.ValueType  # 14
+PAGE_ERROR_CODE_PARSE_FAILED: PageErrorCode.ValueType  # 15
+PAGE_ERROR_CODE_FAILED: PageErrorCode.ValueType  # 16
+"""job notes (url empty)
+the job failed
+"""
+PAGE_ERROR_CODE_COMPLETED: PageErrorCode.ValueType  # 17
+"""the job completed early (limit, time budget)"""
+PAGE_ERROR_CODE_WEBHOOK_UNDELIVERABLE: PageErrorCode.ValueType  # 18
+Global___PageErrorCode: _TypeAlias = PageErrorCode  # noqa: Y015
+
 @_typing.final
 class ScrapeOptions(_message.Message):
     """ScrapeOptions shape the document of each page."""
@@ -571,6 +661,7 @@ class Webhook(_message.Message):
     HEADERS_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     INCLUDE_DOCUMENT_FIELD_NUMBER: _builtins.int
+    EVENT_TYPES_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     include_document: _builtins.bool
     """page events carry the document ("document", the JSON mapping of Document with
@@ -581,7 +672,11 @@ class Webhook(_message.Message):
     """
     @_builtins.property
     def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Events wanted: started, page, page_failed, completed, failed, cancelled; empty = all."""
+        """Events wanted: started, page, page_failed, completed, failed, cancelled; empty = all.
+        A closed set: an unknown name is INVALID_ARGUMENT naming events[i]. Kept for
+        compatibility; event_types says the same with the enum, and both may be given
+        (the union is wanted).
+        """
 
     @_builtins.property
     def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -598,6 +693,12 @@ class Webhook(_message.Message):
         a value at most 2048 characters; 16 KiB of keys and values together.
         """
 
+    @_builtins.property
+    def event_types(self) -> _containers.RepeatedScalarFieldContainer[Global___WebhookEvent.ValueType]:
+        """Events wanted, as the enum (WEBHOOK_EVENT_UNSPECIFIED is INVALID_ARGUMENT naming
+        event_types[i]); together with events, empty both = all.
+        """
+
     def __init__(
         self,
         *,
@@ -606,10 +707,11 @@ class Webhook(_message.Message):
         headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         include_document: _builtins.bool = ...,
+        event_types: _abc.Iterable[Global___WebhookEvent.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "headers", b"headers", "include_document", b"include_document", "metadata", b"metadata", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_types", b"event_types", "events", b"events", "headers", b"headers", "include_document", b"include_document", "metadata", b"metadata", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -631,7 +733,10 @@ class StartBatchScrapeRequest(_message.Message):
     max_concurrency: _builtins.int
     """Pages fetched at once by this job; 0 means the server default."""
     idempotency_key: _builtins.str
-    """The same key from the same caller returns the same job."""
+    """AIP-155: the same key from the same caller with the same request returns the same
+    job (for as long as the job is kept); the same key with a different request is
+    INVALID_ARGUMENT (reason IDEMPOTENCY_KEY_REUSED) naming idempotency_key.
+    """
     ignore_invalid_urls: _builtins.bool
     """Skip invalid URLs (listed back in the response) instead of rejecting the request."""
     max_retries: _builtins.int
@@ -737,6 +842,7 @@ class StartCrawlRequest(_message.Message):
     delay: _builtins.float
     """Seconds between requests to one host, at least; robots.txt Crawl-delay may raise it."""
     idempotency_key: _builtins.str
+    """As StartBatchScrapeRequest.idempotency_key (AIP-155)."""
     dedupe_similar_urls: _builtins.bool
     """URL identity (see the README): treat www/non-www, http/https (default ports),
     index.* and trailing-slash spellings of a URL as one page.
@@ -1051,20 +1157,33 @@ Global___StateChange: _TypeAlias = StateChange  # noqa: Y015
 
 @_typing.final
 class GetJobErrorsRequest(_message.Message):
-    """GetJobErrorsRequest names a job."""
+    """GetJobErrorsRequest names a job and one page of its errors (AIP-158)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    page_size: _builtins.int
+    """Errors per page; 0 means the server's default_page_size, larger than
+    max_page_size is cut to it, negative is INVALID_ARGUMENT.
+    """
+    page_token: _builtins.str
+    """next_page_token of the previous page of the same job; "" starts at the first.
+    Opaque; one of another job, or not issued by the server, is INVALID_ARGUMENT
+    naming page_token.
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1080,9 +1199,12 @@ class PageError(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
+    CODE_ENUM_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     code: _builtins.str
     message: _builtins.str
+    code_enum: Global___PageErrorCode.ValueType
+    """code as the enum (set by the server on every PageError it returns)."""
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -1092,10 +1214,11 @@ class PageError(_message.Message):
         code: _builtins.str = ...,
         message: _builtins.str = ...,
         time: _timestamp_pb2.Timestamp | None = ...,
+        code_enum: Global___PageErrorCode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "time", b"time", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "code_enum", b"code_enum", "message", b"message", "time", b"time", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1103,12 +1226,17 @@ Global___PageError: _TypeAlias = PageError  # noqa: Y015
 
 @_typing.final
 class GetJobErrorsResponse(_message.Message):
-    """GetJobErrorsResponse lists a job's errors and robots-blocked URLs."""
+    """GetJobErrorsResponse lists one page of a job's errors (page errors, then job
+    notes, in the order they were recorded) and the robots-blocked URLs among them.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ERRORS_FIELD_NUMBER: _builtins.int
     ROBOTS_BLOCKED_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """The page_token of the next page; empty on the last page."""
     @_builtins.property
     def errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___PageError]: ...
     @_builtins.property
@@ -1118,10 +1246,11 @@ class GetJobErrorsResponse(_message.Message):
         *,
         errors: _abc.Iterable[Global___PageError] | None = ...,
         robots_blocked: _abc.Iterable[_builtins.str] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors", "robots_blocked", b"robots_blocked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors", "next_page_token", b"next_page_token", "robots_blocked", b"robots_blocked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1171,20 +1300,43 @@ Global___CancelJobResponse: _TypeAlias = CancelJobResponse  # noqa: Y015
 
 @_typing.final
 class ListJobsRequest(_message.Message):
-    """ListJobsRequest filters the list."""
+    """ListJobsRequest asks for one page of the caller's jobs (AIP-158), newest first."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ACTIVE_ONLY_FIELD_NUMBER: _builtins.int
+    STATES_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     active_only: _builtins.bool
+    """Only running jobs (the same as states = [JOB_STATE_SCRAPING])."""
+    page_size: _builtins.int
+    """Jobs per page; 0 means the server's default_page_size, larger than max_page_size
+    is cut to it, negative is INVALID_ARGUMENT. A page may hold fewer jobs while more
+    follow: only an empty next_page_token ends the list.
+    """
+    page_token: _builtins.str
+    """next_page_token of the previous page, sent with the same filter (active_only,
+    states); "" starts at the newest job. Opaque; a token not issued by the server,
+    or sent with another filter, is INVALID_ARGUMENT naming page_token.
+    """
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[Global___JobState.ValueType]:
+        """Only jobs in one of these states; empty means every state. Applied together with
+        active_only. JOB_STATE_UNSPECIFIED is INVALID_ARGUMENT naming states[i].
+        """
+
     def __init__(
         self,
         *,
         active_only: _builtins.bool = ...,
+        states: _abc.Iterable[Global___JobState.ValueType] | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_only", b"active_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_only", b"active_only", "page_size", b"page_size", "page_token", b"page_token", "states", b"states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1229,21 +1381,25 @@ Global___JobSummary: _TypeAlias = JobSummary  # noqa: Y015
 
 @_typing.final
 class ListJobsResponse(_message.Message):
-    """ListJobsResponse lists jobs, newest first."""
+    """ListJobsResponse is one page of jobs, newest first."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """The page_token of the next page; empty on the last page."""
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSummary]: ...
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[Global___JobSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

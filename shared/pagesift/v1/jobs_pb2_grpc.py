@@ -127,7 +127,8 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJobErrors(self, request, context):
-        """GetJobErrors returns a job's page errors, job notes and robots-blocked URLs.
+        """GetJobErrors returns one page of a job's page errors and job notes, and the
+        robots-blocked URLs among them (AIP-158 paging).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,7 +142,8 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """ListJobs lists the caller's jobs.
+        """ListJobs returns one page of the caller's jobs, newest first (AIP-158 paging,
+        AIP-132 state filter).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

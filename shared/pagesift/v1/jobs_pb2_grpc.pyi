@@ -51,11 +51,15 @@ class JobServiceStub:
     then state changes, and ends after the terminal state.
     """
     GetJobErrors: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetJobErrorsRequest, _jobs_pb2.GetJobErrorsResponse]
-    """GetJobErrors returns a job's page errors, job notes and robots-blocked URLs."""
+    """GetJobErrors returns one page of a job's page errors and job notes, and the
+    robots-blocked URLs among them (AIP-158 paging).
+    """
     CancelJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.CancelJobRequest, _jobs_pb2.CancelJobResponse]
     """CancelJob stops a running job; its documents so far stay queryable."""
     ListJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]
-    """ListJobs lists the caller's jobs."""
+    """ListJobs returns one page of the caller's jobs, newest first (AIP-158 paging,
+    AIP-132 state filter).
+    """
     Map: _grpc.UnaryStreamMultiCallable[_jobs_pb2.MapRequest, _jobs_pb2.MapResponse]
     """Map lists a site's URLs, from its sitemaps and a shallow link walk, without
     storing anything; primary only. The URLs come in batches (MapResponse), all
@@ -84,11 +88,15 @@ class JobServiceAsyncStub(JobServiceStub):
     then state changes, and ends after the terminal state.
     """
     GetJobErrors: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetJobErrorsRequest, _jobs_pb2.GetJobErrorsResponse]  # type: ignore[assignment]
-    """GetJobErrors returns a job's page errors, job notes and robots-blocked URLs."""
+    """GetJobErrors returns one page of a job's page errors and job notes, and the
+    robots-blocked URLs among them (AIP-158 paging).
+    """
     CancelJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.CancelJobRequest, _jobs_pb2.CancelJobResponse]  # type: ignore[assignment]
     """CancelJob stops a running job; its documents so far stay queryable."""
     ListJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]  # type: ignore[assignment]
-    """ListJobs lists the caller's jobs."""
+    """ListJobs returns one page of the caller's jobs, newest first (AIP-158 paging,
+    AIP-132 state filter).
+    """
     Map: _aio.UnaryStreamMultiCallable[_jobs_pb2.MapRequest, _jobs_pb2.MapResponse]  # type: ignore[assignment]
     """Map lists a site's URLs, from its sitemaps and a shallow link walk, without
     storing anything; primary only. The URLs come in batches (MapResponse), all
@@ -150,7 +158,9 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _jobs_pb2.GetJobErrorsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.GetJobErrorsResponse, _abc.Awaitable[_jobs_pb2.GetJobErrorsResponse]]:
-        """GetJobErrors returns a job's page errors, job notes and robots-blocked URLs."""
+        """GetJobErrors returns one page of a job's page errors and job notes, and the
+        robots-blocked URLs among them (AIP-158 paging).
+        """
 
     @_abc_1.abstractmethod
     def CancelJob(
@@ -166,7 +176,9 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _jobs_pb2.ListJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.ListJobsResponse, _abc.Awaitable[_jobs_pb2.ListJobsResponse]]:
-        """ListJobs lists the caller's jobs."""
+        """ListJobs returns one page of the caller's jobs, newest first (AIP-158 paging,
+        AIP-132 state filter).
+        """
 
     @_abc_1.abstractmethod
     def Map(

@@ -167,11 +167,15 @@ async def _run_client(args: argparse.Namespace) -> int:
     if why_one and len(addresses) != 1:
         return fail(f"{args.command} takes exactly one --server ({why_one})")
     must_all: tuple[str, ...] | None = getattr(args, "connect_all", None)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return fail("--tls-cert and --tls-key go together")
     async with JobClient(
         addresses,
         api_key=args.api_key,
         admin_key=args.admin_key,
         tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     ) as client:
         if args.connect_timeout > 0:
             if must_all:

@@ -1,11 +1,11 @@
 """Argument types and the option groups shared by the ``pagesift`` subcommands.
 
 Owns the argparse ``type=`` validators (a bad value is a usage error, exit 2,
-before any handler runs), the ``--api-key``/``--admin-key``/``--tls-ca`` group every
-command that talks to a server takes, the repeatable ``--server`` group of the
-client commands with ``--connect-timeout`` (``add_connect_timeout``), and
-``server_addresses`` (those flags flattened, the default when
-none were given).
+before any handler runs), the ``--api-key``/``--admin-key``/``--tls-ca``/
+``--tls-cert``/``--tls-key`` group every command that talks to a server takes, the
+repeatable ``--server`` group of the client commands with ``--connect-timeout``
+(``add_connect_timeout``), and ``server_addresses`` (those flags flattened, the
+default when none were given).
 """
 
 from __future__ import annotations
@@ -87,6 +87,19 @@ def credentials_parent() -> argparse.ArgumentParser:
     )
     parent.add_argument(
         "--tls-ca", default="", metavar="PEM", help="use TLS, trusting this CA certificate"
+    )
+    # pagesift's public port verifies no client certificate (only the replication port,
+    # --replication-listen, does: mTLS); these are for a TLS proxy or mesh in front of
+    # it that requires one
+    parent.add_argument(
+        "--tls-cert",
+        default="",
+        metavar="PEM",
+        help="present this client certificate (mTLS; with --tls-key; TLS on, trusting "
+        "the system roots without --tls-ca)",
+    )
+    parent.add_argument(
+        "--tls-key", default="", metavar="PEM", help="the client certificate's private key"
     )
     return parent
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import contextvars
 import json
+import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import grpc
@@ -158,6 +160,34 @@ def fail(message: str, *, exit: int = EXIT_USAGE, code: str = "") -> int:
     default). ``code`` defaults to USAGE for ``EXIT_USAGE`` and FAILED otherwise."""
     name = code or ("USAGE" if exit == EXIT_USAGE else "FAILED")
     return emit(Failure(name, message, exit))
+
+
+def server_extra_missing(command: str) -> str | None:
+    """Why ``command`` (serve, drill: a node) cannot run here: the distributions of
+    pagesift's ``server`` extra that are not installed (a client-only ``pip install
+    pagesift``), as an error message; None when all are (or pagesift is not installed
+    as a distribution: a source tree)."""
+    try:
+        requires = metadata.requires("pagesift") or []
+    except metadata.PackageNotFoundError:
+        return None
+    missing = []
+    for requirement in requires:
+        if not re.search(r"""extra\s*==\s*["']server["']""", requirement):
+            continue
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        if name is None:
+            continue
+        try:
+            metadata.version(name.group(0))
+        except metadata.PackageNotFoundError:
+            missing.append(name.group(0))
+    if not missing:
+        return None
+    return (
+        f"{command} runs a node, which needs the server extra "
+        f"(missing {', '.join(missing)}): pip install 'pagesift[server]'"
+    )
 
 
 def report(err: BaseException) -> int:

@@ -20,7 +20,7 @@ import os
 import secrets
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagesift.node.cli.args import (
     credentials_parent,
@@ -29,13 +29,22 @@ from pagesift.node.cli.args import (
     nonneg_int,
     positive_int,
 )
-from pagesift.node.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO, EXIT_OK, dump, fail
-from pagesift.node.drill.fixture import DrillKeys, SetupError
-from pagesift.node.drill.procs import kill_leftovers
-from pagesift.node.drill.remote import FIELDS, check_template
-from pagesift.node.drill.report import drill_json, run_lines, summary_line
-from pagesift.node.drill.runner import DrillSettings, run_drill
-from pagesift.node.drill.verdict import KILL_TARGETS, MODES, summarize
+from pagesift.node.cli.common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NO,
+    EXIT_OK,
+    dump,
+    fail,
+    server_extra_missing,
+)
+from pagesift.node.drill.choices import FIELDS, KILL_TARGETS, MODES
+
+# The drill itself (pagesift.node.drill's runner, fixture, ...) needs the server extra
+# (aiohttp, the store): imported by the handler only, so that the pagesift command of
+# a client-only install (pip install pagesift) builds its parser without it.
+if TYPE_CHECKING:
+    from pagesift.node.drill.runner import DrillSettings
 
 EXIT_RUN_FAILED = EXIT_NO
 
@@ -72,6 +81,10 @@ error, 130 when interrupted.
 
 def drill_settings(args: argparse.Namespace) -> DrillSettings:
     """The settings ``args`` ask for; ValueError names what is wrong with them."""
+    from pagesift.node.drill.fixture import DrillKeys, SetupError
+    from pagesift.node.drill.remote import check_template
+    from pagesift.node.drill.runner import DrillSettings
+
     local = bool(args.local)
     if local == bool(args.primary or args.standby):
         raise ValueError("give either --local or --primary P --standby S")
@@ -134,6 +147,8 @@ def _say(line: str) -> None:
 
 
 async def _drill(settings: DrillSettings) -> list[Any]:
+    from pagesift.node.drill.runner import run_drill
+
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     if task is not None:
@@ -145,6 +160,14 @@ async def _drill(settings: DrillSettings) -> list[Any]:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
+    missing = server_extra_missing("drill")
+    if missing:
+        return fail(missing, exit=EXIT_FAILED)
+    from pagesift.node.drill.fixture import SetupError
+    from pagesift.node.drill.procs import kill_leftovers
+    from pagesift.node.drill.report import drill_json, run_lines, summary_line
+    from pagesift.node.drill.verdict import summarize
+
     try:
         settings = drill_settings(args)
     except ValueError as err:

@@ -277,12 +277,26 @@ async def _cmd_cancel(args: argparse.Namespace, client: JobClient) -> int:
 
 
 async def _cmd_jobs(args: argparse.Namespace, client: JobClient) -> int:
-    jobs = await client.list_jobs(active_only=args.active)
+    """Every page of the caller's jobs; with --page-token only the page it names (the
+    next page's token then goes to stderr, or into the JSON as next_page_token)."""
+    next_token: str | None = None
+    if args.page_token is not None:
+        page = await client.list_jobs_page(
+            active_only=args.active, page_size=args.page_size, page_token=args.page_token
+        )
+        jobs, next_token = list(page.jobs), page.next_page_token
+    else:
+        jobs = await client.list_jobs(active_only=args.active, page_size=args.page_size)
     if args.json:
-        dump(jobs_json(jobs))
+        out = jobs_json(jobs)
+        if next_token is not None:
+            out["next_page_token"] = next_token
+        dump(out)
         return EXIT_OK
     for j in jobs:
         print(jobs_line(j))
+    if next_token:
+        print(f"next page: --page-token {next_token}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -446,4 +460,11 @@ def add_job_commands(sub: Any) -> None:
     p = sub.add_parser("jobs", parents=[client], help="list jobs, newest first")
     p.add_argument("--active", action="store_true", help="only running jobs")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--page-size", type=nonneg_int, default=0, metavar="N", help="jobs per request")
+    p.add_argument(
+        "--page-token",
+        default=None,
+        metavar="TOKEN",
+        help='print only this page ("" for the first); the next token goes to stderr',
+    )
     p.set_defaults(handler=_cmd_jobs, uses_client=True)

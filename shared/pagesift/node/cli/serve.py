@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pagesift.node.cli.args import host_port, nonneg_float
-from pagesift.node.cli.common import fail
+from pagesift.node.cli.common import EXIT_FAILED, fail, server_extra_missing
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.election import MIN_TTL, parse_witness
 from pagesift.shared.roles import Role
@@ -56,6 +56,9 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    missing = server_extra_missing("serve")
+    if missing:  # a client-only install (pip install pagesift): no node here
+        return fail(missing, exit=EXIT_FAILED)
     try:
         config = ServerConfig.load(args.config, serve_overrides(args))
     except (OSError, ValueError, TypeError) as err:

@@ -36,10 +36,9 @@ import shlex
 import string
 from pathlib import Path
 
+from pagesift.node.drill.choices import FIELDS as FIELDS
 from pagesift.node.drill.fixture import WITNESS, SetupError
 from pagesift.node.drill.procs import Child
-
-FIELDS = frozenset({"node", "address", "host", "port", "role", "primary"})
 
 
 def placeholders(template: str) -> set[str]:

@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+# the kill targets and modes live in choices (the drill's parser reads them from there)
+from pagesift.node.drill.choices import KILL_TARGETS as KILL_TARGETS
+from pagesift.node.drill.choices import MODES as MODES
 from pagesift.shared.urls import normalize
 
-#: the kill targets
-KILL_TARGETS = ("primary", "standby", "witness")
-MODES = ("async", "sync")
 TERMINAL_EVENTS = ("completed", "failed", "cancelled")
 
 
