@@ -22,7 +22,7 @@ from pagesift.node.logs import JsonLogFormatter
 from pagesift.shared import tracing
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
-from tests.helpers import in_process_node, serve_handler
+from tests.helpers import eventually, in_process_node, serve_handler
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -144,3 +144,55 @@ def test_json_log_lines_carry_the_current_trace_and_span(spans: InMemorySpanExpo
     assert line["span_id"] == format(ctx.span_id, "016x")
     outside = json.loads(JsonLogFormatter().format(record))
     assert "trace_id" not in outside
+
+
+async def page(request: web.Request) -> web.Response:
+    return web.Response(text="<html><title>A</title><p>a</p></html>", content_type="text/html")
+
+
+async def test_a_standby_applies_the_primarys_commits_in_spans_matched_by_offset(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async with (
+        serve_handler(page) as port,
+        in_process_node(tmp_path / "p", respect_robots=False) as p,
+        in_process_node(tmp_path / "s", role="standby", primary=p.address) as s,
+    ):
+        await p.stub.StartBatchScrape(
+            jobs_pb2.StartBatchScrapeRequest(urls=[f"http://127.0.0.1:{port}/a"])
+        )
+
+        async def applied() -> list[ReadableSpan] | None:
+            done = spans.get_finished_spans()
+            commits = [c for c in by_name(done, "store.commit") if offset_of(c) > 0]
+            applies = by_name(done, "replication.apply")
+            last = max((offset_of(c) for c in commits), default=0)
+            reached = any(last_offset(a) >= last > 0 for a in applies)
+            return applies if reached and s.node.follower is not None else None
+
+        applies = await eventually(applied, "the standby to apply the primary's commits")
+    commits = [c for c in by_name(spans.get_finished_spans(), "store.commit") if offset_of(c)]
+    for commit in commits:  # every primary commit lies inside one apply span's offsets
+        assert any(first_offset(a) <= offset_of(commit) <= last_offset(a) for a in applies), (
+            offset_of(commit)
+        )
+    for apply in applies:
+        assert _attr(apply, "pagesift.log.entries") >= 1
+
+
+def _attr(span: ReadableSpan, key: str) -> int:
+    value = (span.attributes or {}).get(key, 0)
+    assert isinstance(value, int), (key, value)
+    return value
+
+
+def offset_of(span: ReadableSpan) -> int:
+    return _attr(span, "pagesift.log.offset")
+
+
+def first_offset(span: ReadableSpan) -> int:
+    return _attr(span, "pagesift.log.first_offset")
+
+
+def last_offset(span: ReadableSpan) -> int:
+    return _attr(span, "pagesift.log.last_offset")
