@@ -341,6 +341,20 @@ def regex_limits(config: ServerConfig) -> patterns.Limits:
     )
 
 
+async def path_filters_and_sitemap(
+    req: jobs_pb2.StartCrawlRequest | jobs_pb2.MapRequest, config: ServerConfig
+) -> None:
+    """``include_paths``/``exclude_paths`` (bounded, then compiled by RE2 on the pattern
+    pool, off the event loop) and the ``sitemap`` mode of a crawl or a Map call."""
+    try:
+        await patterns.compile_filter(req.include_paths, req.exclude_paths, regex_limits(config))
+    except patterns.PatternError as e:
+        field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
+        raise InvalidArgument(field, e.reason) from None
+    if req.sitemap not in jobs_pb2.SitemapMode.values():
+        raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")
+
+
 async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> None:
     """Validates a crawl request (the effective limit is the account's business)."""
     await url(req.url, "url", config)
@@ -350,13 +364,7 @@ async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> None:
         )
     if req.max_depth < 0 or req.max_depth > 10_000:
         raise InvalidArgument("max_depth", f"{req.max_depth} is outside 0..10000 (0 = unlimited)")
-    try:  # bounded, then compiled by RE2 on the pattern pool (off the event loop)
-        await patterns.compile_filter(req.include_paths, req.exclude_paths, regex_limits(config))
-    except patterns.PatternError as e:
-        field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
-        raise InvalidArgument(field, e.reason) from None
-    if req.sitemap not in jobs_pb2.SitemapMode.values():
-        raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")
+    await path_filters_and_sitemap(req, config)
     concurrency(req.max_concurrency, config)
     max_retries(req, config)
     if not 0 <= req.delay <= 60:
@@ -387,10 +395,4 @@ async def map_request(req: jobs_pb2.MapRequest, config: ServerConfig) -> None:
         raise InvalidArgument("search", f"{len(req.search)} characters, at most {MAX_MAP_SEARCH}")
     if not req.search.isprintable():
         raise InvalidArgument("search", "holds a control character")
-    try:  # bounded, then compiled by RE2 on the pattern pool (off the event loop)
-        await patterns.compile_filter(req.include_paths, req.exclude_paths, regex_limits(config))
-    except patterns.PatternError as e:
-        field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
-        raise InvalidArgument(field, e.reason) from None
-    if req.sitemap not in jobs_pb2.SitemapMode.values():
-        raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")
+    await path_filters_and_sitemap(req, config)
