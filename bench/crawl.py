@@ -37,7 +37,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -264,21 +265,28 @@ def _server_config(tmp: Path, concurrency: int) -> Path:
     return conf
 
 
-def run_pagesift(
-    site: Nginx, args: argparse.Namespace, profile_out: Path | None = None
-) -> dict[str, Any]:
+@dataclass
+class Server:
+    """A running ``pagesift serve`` child and a sync stub on it."""
+
+    proc: subprocess.Popen[bytes]
+    stub: Any  # jobs_pb2_grpc.JobServiceStub
+    target: str
+    command: str
+    ready_s: float
+    exit_code: int | None = None  # set once the server has stopped
+
+
+@contextlib.contextmanager
+def pagesift_server(concurrency: int, log_path: Path) -> Iterator[Server]:
+    """``pagesift serve --role primary`` on a free loopback port with a fresh data
+    directory and the crawl section's config (``per_host_concurrency`` = ``concurrency``),
+    stopped (SIGTERM, then SIGKILL after 20 s) on exit."""
     from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
-    terminal = {
-        jobs_pb2.JOB_STATE_COMPLETED,
-        jobs_pb2.JOB_STATE_FAILED,
-        jobs_pb2.JOB_STATE_CANCELLED,
-    }
-    log_path = OUT_DIR / ("pagesift-profile-server.log" if profile_out else "pagesift-server.log")
     with tempfile.TemporaryDirectory(prefix="bench-pagesift-") as tmpname:
         tmp = Path(tmpname)
-        port = free_port()
-        target = f"{LOOPBACK}:{port}"
+        target = f"{LOOPBACK}:{free_port()}"
         cmd = [
             sys.executable,
             "-m",
@@ -292,7 +300,7 @@ def run_pagesift(
             str(tmp / "data"),
             "--allow-private-networks",
             "--config",
-            str(_server_config(tmp, args.concurrency)),
+            str(_server_config(tmp, concurrency)),
         ]
         say("$ " + shlex.join(cmd))
         with log_path.open("wb") as log:
@@ -300,7 +308,6 @@ def run_pagesift(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_DIR
             )
             channel = grpc.insecure_channel(target, options=GRPC_OPTIONS)
-            spy: subprocess.Popen[bytes] | None = None
             try:
                 stub = jobs_pb2_grpc.JobServiceStub(channel)
                 ready_s = wait_for_grpc(
@@ -309,42 +316,62 @@ def run_pagesift(
                     SERVER_READY_TIMEOUT,
                     proc,
                 )
-                if profile_out is not None:
-                    spy = _start_py_spy(proc.pid, profile_out)
-                progress = [0]
-                sampler = ProcessSampler(proc.pid, progress=lambda: progress[0])
-                _, idle_hwm = memory_bytes(proc.pid)
-                nginx_cpu0 = site.cpu_seconds()
-                cpu0 = subtree_cpu_seconds(proc.pid)  # + extraction workers
-                sampler.start()
-                t0 = time.monotonic()
-                started = stub.StartCrawl(
-                    jobs_pb2.StartCrawlRequest(
-                        url=site.url,
-                        limit=args.limit,
-                        max_concurrency=args.concurrency,
-                        options=jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_MARKDOWN]),
-                    ),
-                    timeout=30,
-                )
-                job = _poll_job(stub, started.id, terminal, progress, args.timeout)
-                wall = time.monotonic() - t0
-                cpu = subtree_cpu_seconds(proc.pid) - cpu0
-                nginx_cpu = site.cpu_seconds() - nginx_cpu0
-                sampler.stop()
-                hwm = subtree_peak_rss(proc.pid)  # + extraction workers
-                if spy is not None and profile_out is not None:
-                    profile = _stop_py_spy(spy, profile_out)
-                    spy = None
-                    return {"crawler": "pagesift", "profile": profile, "pages": job.completed}
-                errors = _all_errors(stub, started.id)
-                urls, markdown_bytes, empty_markdown = _job_documents(stub, started.id)
+                server = Server(proc, stub, target, shlex.join(cmd), ready_s)
+                yield server
             finally:
-                if spy is not None:
-                    stop_process(spy)
                 channel.close()
-                code = stop_process(proc, grace=20)
-                say(f"pagesift server stopped (exit {code})")
+                server.exit_code = stop_process(proc, grace=20)
+                say(f"pagesift server stopped (exit {server.exit_code})")
+
+
+def run_pagesift(
+    site: Nginx, args: argparse.Namespace, profile_out: Path | None = None
+) -> dict[str, Any]:
+    from pagesift.v1 import jobs_pb2
+
+    terminal = {
+        jobs_pb2.JOB_STATE_COMPLETED,
+        jobs_pb2.JOB_STATE_FAILED,
+        jobs_pb2.JOB_STATE_CANCELLED,
+    }
+    log_path = OUT_DIR / ("pagesift-profile-server.log" if profile_out else "pagesift-server.log")
+    with pagesift_server(args.concurrency, log_path) as server:
+        proc, stub = server.proc, server.stub
+        spy: subprocess.Popen[bytes] | None = None
+        try:
+            if profile_out is not None:
+                spy = _start_py_spy(proc.pid, profile_out)
+            progress = [0]
+            sampler = ProcessSampler(proc.pid, progress=lambda: progress[0])
+            _, idle_hwm = memory_bytes(proc.pid)
+            nginx_cpu0 = site.cpu_seconds()
+            cpu0 = subtree_cpu_seconds(proc.pid)  # + extraction workers
+            sampler.start()
+            t0 = time.monotonic()
+            started = stub.StartCrawl(
+                jobs_pb2.StartCrawlRequest(
+                    url=site.url,
+                    limit=args.limit,
+                    max_concurrency=args.concurrency,
+                    options=jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_MARKDOWN]),
+                ),
+                timeout=30,
+            )
+            job = _poll_job(stub, started.id, terminal, progress, args.timeout)
+            wall = time.monotonic() - t0
+            cpu = subtree_cpu_seconds(proc.pid) - cpu0
+            nginx_cpu = site.cpu_seconds() - nginx_cpu0
+            sampler.stop()
+            hwm = subtree_peak_rss(proc.pid)  # + extraction workers
+            if spy is not None and profile_out is not None:
+                profile = _stop_py_spy(spy, profile_out)
+                spy = None
+                return {"crawler": "pagesift", "profile": profile, "pages": job.completed}
+            errors = _all_errors(stub, started.id)
+            urls, markdown_bytes, empty_markdown = _job_documents(stub, started.id)
+        finally:
+            if spy is not None:
+                stop_process(spy)
     pages = int(job.completed)
     codes = Counter(e.code for e in errors.errors)
     result: dict[str, Any] = {
@@ -360,13 +387,13 @@ def run_pagesift(
         "pages_per_s": pages / wall if wall > 0 else 0.0,
         "cpu_s": cpu,
         "cpu_s_per_page": cpu / pages if pages else 0.0,
-        "server_ready_s": ready_s,
+        "server_ready_s": server.ready_s,
         "idle_rss_mb": idle_hwm / MB,
         "peak_rss_mb": max(hwm, sampler.peak_rss_bytes) / MB,
         "rss_at_progress": sampler.at_progress(PROGRESS_POINTS),
         "nginx_cpu_s": nginx_cpu,
-        "server_exit_code": code,
-        "command": shlex.join(cmd),
+        "server_exit_code": server.exit_code,
+        "command": server.command,
         "log": str(log_path),
         "document_urls": len(urls),
         "markdown_mb": markdown_bytes / MB,

@@ -38,42 +38,27 @@ flags. Results: ``bench/out/freshness.json`` and ``bench/out/freshness.md``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import os
-import shlex
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import grpc
 
 from bench.common import (
     LOOPBACK,
     MB,
     OUT_DIR,
-    REPO_DIR,
-    free_port,
     machine_facts,
     markdown_table,
     say,
-    stop_process,
     subtree_cpu_seconds,
-    wait_for_grpc,
     write_json,
 )
 from bench.crawl import (
-    GRPC_OPTIONS,
-    SERVER_READY_TIMEOUT,
+    Server,
     _poll_job,
-    _server_config,
     pagesift_missing,
+    pagesift_server,
     warm_page_cache,
 )
 from bench.nginx import LoggedRequest, Nginx
@@ -97,63 +82,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------- the server
-
-
-@dataclass
-class Server:
-    """A running ``pagesift serve`` child and a sync stub on it."""
-
-    proc: subprocess.Popen[bytes]
-    stub: Any  # jobs_pb2_grpc.JobServiceStub
-    target: str
-    command: str
-    ready_s: float
-
-
-@contextlib.contextmanager
-def pagesift_server(concurrency: int, log_path: Path) -> Iterator[Server]:
-    """``pagesift serve --role primary`` on a free loopback port with a fresh data
-    directory and the crawl section's config (``per_host_concurrency`` = ``concurrency``),
-    stopped (SIGTERM, then SIGKILL after 20 s) on exit."""
-    from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-
-    with tempfile.TemporaryDirectory(prefix="bench-pagesift-") as tmpname:
-        tmp = Path(tmpname)
-        target = f"{LOOPBACK}:{free_port()}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "pagesift.node.cli",
-            "serve",
-            "--role",
-            "primary",
-            "--listen",
-            target,
-            "--data",
-            str(tmp / "data"),
-            "--allow-private-networks",
-            "--config",
-            str(_server_config(tmp, concurrency)),
-        ]
-        say("$ " + shlex.join(cmd))
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_DIR
-            )
-            channel = grpc.insecure_channel(target, options=GRPC_OPTIONS)
-            try:
-                stub = jobs_pb2_grpc.JobServiceStub(channel)
-                ready_s = wait_for_grpc(
-                    channel,
-                    lambda: stub.ListJobs(jobs_pb2.ListJobsRequest(), timeout=2),
-                    SERVER_READY_TIMEOUT,
-                    proc,
-                )
-                yield Server(proc, stub, target, shlex.join(cmd), ready_s)
-            finally:
-                channel.close()
-                code = stop_process(proc, grace=20)
-                say(f"pagesift server stopped (exit {code})")
 
 
 def request_summary(reqs: list[LoggedRequest]) -> dict[str, Any]:

@@ -41,8 +41,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from bench.common import MB, OUT_DIR, machine_facts, markdown_table, say, write_json
-from bench.crawl import pagesift_missing, warm_page_cache
-from bench.freshness import Server, pagesift_server
+from bench.crawl import Server, pagesift_missing, pagesift_server, warm_page_cache
 from bench.nginx import LoggedRequest, Nginx
 from bench.tools import DJANGO_DOC_PACKAGE, django_docs_root, ensure_apt
 
