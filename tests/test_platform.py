@@ -634,7 +634,15 @@ async def test_the_metrics_endpoint_serves_every_series_and_they_move_with_a_cra
             await refused(
                 stub.GetJob(jobs_pb2.GetJobRequest(id="00000000-0000-4000-8000-000000000000"))
             )
-        after = await scrape_metrics(address)
+
+        async def counted() -> Samples | None:
+            # the interceptor counts a call once its handler has ended, which can be just
+            # after the caller already has the status
+            samples = await scrape_metrics(address)
+            name, labels = "pagesift_grpc_requests_total", "pagesift.v1.JobService/GetJob"
+            return samples if metric(samples, name, method=labels, code="NOT_FOUND") else None
+
+        after = await eventually(counted, "the refused GetJob to be counted", timeout=10)
     missing = EXPECTED_SERIES - metric_names(after)
     assert not missing, missing
     assert metric(after, "pagesift_replication_role", role="primary") == 1
