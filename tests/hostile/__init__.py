@@ -44,7 +44,5 @@ async def serve(routes: Iterable[tuple[str, Handler]]) -> tuple[web.AppRunner, s
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    server = site._server
-    assert server is not None and server.sockets  # started just above
-    port = server.sockets[0].getsockname()[1]
+    port = runner.addresses[0][1]
     return runner, f"http://127.0.0.1:{port}/"
