@@ -52,9 +52,13 @@ class PageError(Exception):
         *,
         status: int | None = None,
         retry_after: float | None = None,
+        worker_lost: bool = False,
     ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.status = status  # the HTTP status, for HTTP_STATUS errors
         self.retry_after = retry_after  # seconds the server asked to wait (Retry-After)
+        # the page's own extraction worker died or was killed on it (a crash, its memory
+        # cap, its deadline): the job runtime counts these to quarantine a poison job
+        self.worker_lost = worker_lost
