@@ -92,6 +92,10 @@ class _JobStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobState.Val
     JOB_STATE_COMPLETED: _JobState.ValueType  # 2
     JOB_STATE_FAILED: _JobState.ValueType  # 3
     JOB_STATE_CANCELLED: _JobState.ValueType  # 4
+    JOB_STATE_PAUSED: _JobState.ValueType  # 5
+    """The job is stopped but not finished: the server quarantined it (PauseInfo says
+    why, with the evidence). ResumeJob runs it again; CancelJob ends it.
+    """
 
 class JobState(_JobState, metaclass=_JobStateEnumTypeWrapper):
     """JobState is where a job is in its life."""
@@ -101,7 +105,47 @@ JOB_STATE_SCRAPING: JobState.ValueType  # 1
 JOB_STATE_COMPLETED: JobState.ValueType  # 2
 JOB_STATE_FAILED: JobState.ValueType  # 3
 JOB_STATE_CANCELLED: JobState.ValueType  # 4
+JOB_STATE_PAUSED: JobState.ValueType  # 5
+"""The job is stopped but not finished: the server quarantined it (PauseInfo says
+why, with the evidence). ResumeJob runs it again; CancelJob ends it.
+"""
 Global___JobState: _TypeAlias = JobState  # noqa: Y015
+
+class _PauseReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PauseReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PauseReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PAUSE_REASON_UNSPECIFIED: _PauseReason.ValueType  # 0
+    PAUSE_REASON_POISONED: _PauseReason.ValueType  # 1
+    """The job was running each time the node serving it crashed, froze past its
+    witness lease, or lost an extraction worker on one of its pages, too often
+    without progress in between (server settings poison_threshold,
+    poison_worker_losses, poison_progress_pages): it is not resumed again until
+    its owner or an admin calls ResumeJob.
+    """
+    PAUSE_REASON_STORAGE_UNAVAILABLE: _PauseReason.ValueType  # 2
+    """The node's store refuses writes (disk full, an I/O error); the job resumes by
+    itself once writes succeed again.
+    """
+
+class PauseReason(_PauseReason, metaclass=_PauseReasonEnumTypeWrapper):
+    """PauseReason is why a job is JOB_STATE_PAUSED."""
+
+PAUSE_REASON_UNSPECIFIED: PauseReason.ValueType  # 0
+PAUSE_REASON_POISONED: PauseReason.ValueType  # 1
+"""The job was running each time the node serving it crashed, froze past its
+witness lease, or lost an extraction worker on one of its pages, too often
+without progress in between (server settings poison_threshold,
+poison_worker_losses, poison_progress_pages): it is not resumed again until
+its owner or an admin calls ResumeJob.
+"""
+PAUSE_REASON_STORAGE_UNAVAILABLE: PauseReason.ValueType  # 2
+"""The node's store refuses writes (disk full, an I/O error); the job resumes by
+itself once writes succeed again.
+"""
+Global___PauseReason: _TypeAlias = PauseReason  # noqa: Y015
 
 class _SitemapMode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -236,6 +280,57 @@ PAGE_ERROR_CODE_COMPLETED: PageErrorCode.ValueType  # 17
 """the job completed early (limit, time budget)"""
 PAGE_ERROR_CODE_WEBHOOK_UNDELIVERABLE: PageErrorCode.ValueType  # 18
 Global___PageErrorCode: _TypeAlias = PageErrorCode  # noqa: Y015
+
+@_typing.final
+class PauseInfo(_message.Message):
+    """PauseInfo says why a paused job is paused (set only in JOB_STATE_PAUSED)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_URLS_FIELD_NUMBER: _builtins.int
+    INTERRUPTIONS_FIELD_NUMBER: _builtins.int
+    WORKER_LOSSES_FIELD_NUMBER: _builtins.int
+    PAUSED_AT_FIELD_NUMBER: _builtins.int
+    reason: Global___PauseReason.ValueType
+    evidence: _builtins.str
+    """What happened, in words: each counted interruption or worker loss (when, which
+    node and epoch ran the job) and the pages that were in flight.
+    """
+    interruptions: _builtins.int
+    """Interruptions (crash, freeze past the lease) counted since the job last made
+    progress.
+    """
+    worker_losses: _builtins.int
+    """Extraction workers lost on the job's pages since it last made progress."""
+    @_builtins.property
+    def in_flight_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The pages in flight at the last counted interruption or worker loss. After a
+        node crash or freeze these are the job's first unfinished pages in queue order
+        (at most its concurrency): every page that was being fetched or parsed is among
+        them. A worker loss names exactly the page its worker died on.
+        """
+
+    @_builtins.property
+    def paused_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        reason: Global___PauseReason.ValueType = ...,
+        evidence: _builtins.str = ...,
+        in_flight_urls: _abc.Iterable[_builtins.str] | None = ...,
+        interruptions: _builtins.int = ...,
+        worker_losses: _builtins.int = ...,
+        paused_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["paused_at", b"paused_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evidence", b"evidence", "in_flight_urls", b"in_flight_urls", "interruptions", b"interruptions", "paused_at", b"paused_at", "reason", b"reason", "worker_losses", b"worker_losses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseInfo: _TypeAlias = PauseInfo  # noqa: Y015
 
 @_typing.final
 class ScrapeOptions(_message.Message):
@@ -999,6 +1094,7 @@ class GetJobResponse(_message.Message):
     FAILED_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
     REMOVED_URLS_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: Global___JobKind.ValueType
     state: Global___JobState.ValueType
@@ -1009,7 +1105,7 @@ class GetJobResponse(_message.Message):
     failed: _builtins.int
     """Pages that failed (see GetJobErrors)."""
     note: _builtins.str
-    """Why the job failed or stopped early, if it did."""
+    """Why the job failed or stopped early, or why it is paused, if it did or is."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1021,6 +1117,10 @@ class GetJobResponse(_message.Message):
         """A finished crawl with FORMAT_CHANGE_TRACKING: the pages this account's previous
         change-tracked crawl from the same start URL stored, that this crawl did not.
         """
+
+    @_builtins.property
+    def paused(self) -> Global___PauseInfo:
+        """Why the job is paused (state JOB_STATE_PAUSED only)."""
 
     def __init__(
         self,
@@ -1037,10 +1137,11 @@ class GetJobResponse(_message.Message):
         failed: _builtins.int = ...,
         note: _builtins.str = ...,
         removed_urls: _abc.Iterable[_builtins.str] | None = ...,
+        paused: Global___PauseInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "created_at", b"created_at", "expires_at", b"expires_at", "next_skip", b"next_skip"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "created_at", b"created_at", "expires_at", b"expires_at", "next_skip", b"next_skip", "paused", b"paused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "completed", b"completed", "created_at", b"created_at", "documents", b"documents", "expires_at", b"expires_at", "failed", b"failed", "id", b"id", "kind", b"kind", "next_skip", b"next_skip", "note", b"note", "removed_urls", b"removed_urls", "state", b"state", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "completed", b"completed", "created_at", b"created_at", "documents", b"documents", "expires_at", b"expires_at", "failed", b"failed", "id", b"id", "kind", b"kind", "next_skip", b"next_skip", "note", b"note", "paused", b"paused", "removed_urls", b"removed_urls", "state", b"state", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__next_skip: _TypeAlias = _typing.Literal["next_skip"]  # noqa: Y015
     _WhichOneofArgType__next_skip: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip"]  # noqa: Y015
@@ -1135,10 +1236,15 @@ class StateChange(_message.Message):
     TOTAL_FIELD_NUMBER: _builtins.int
     COMPLETED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
     state: Global___JobState.ValueType
     total: _builtins.int
     completed: _builtins.int
     failed: _builtins.int
+    @_builtins.property
+    def paused(self) -> Global___PauseInfo:
+        """Why the job is paused (state JOB_STATE_PAUSED only)."""
+
     def __init__(
         self,
         *,
@@ -1146,10 +1252,11 @@ class StateChange(_message.Message):
         total: _builtins.int = ...,
         completed: _builtins.int = ...,
         failed: _builtins.int = ...,
+        paused: Global___PauseInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["paused", b"paused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "failed", b"failed", "state", b"state", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "failed", b"failed", "paused", b"paused", "state", b"state", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1299,6 +1406,50 @@ class CancelJobResponse(_message.Message):
 Global___CancelJobResponse: _TypeAlias = CancelJobResponse  # noqa: Y015
 
 @_typing.final
+class ResumeJobRequest(_message.Message):
+    """ResumeJobRequest names a paused job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeJobRequest: _TypeAlias = ResumeJobRequest  # noqa: Y015
+
+@_typing.final
+class ResumeJobResponse(_message.Message):
+    """ResumeJobResponse is the job's state after the call (JOB_STATE_SCRAPING once
+    resumed; a finished job's own state).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    state: Global___JobState.ValueType
+    def __init__(
+        self,
+        *,
+        state: Global___JobState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeJobResponse: _TypeAlias = ResumeJobResponse  # noqa: Y015
+
+@_typing.final
 class ListJobsRequest(_message.Message):
     """ListJobsRequest asks for one page of the caller's jobs (AIP-158), newest first."""
 
@@ -1354,6 +1505,7 @@ class JobSummary(_message.Message):
     TOTAL_FIELD_NUMBER: _builtins.int
     COMPLETED_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: Global___JobKind.ValueType
     state: Global___JobState.ValueType
@@ -1361,6 +1513,10 @@ class JobSummary(_message.Message):
     completed: _builtins.int
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def paused(self) -> Global___PauseInfo:
+        """Why the job is paused (state JOB_STATE_PAUSED only)."""
+
     def __init__(
         self,
         *,
@@ -1370,10 +1526,11 @@ class JobSummary(_message.Message):
         total: _builtins.int = ...,
         completed: _builtins.int = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        paused: Global___PauseInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "paused", b"paused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "created_at", b"created_at", "id", b"id", "kind", b"kind", "state", b"state", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "created_at", b"created_at", "id", b"id", "kind", b"kind", "paused", b"paused", "state", b"state", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -72,6 +72,11 @@ class JobServiceStub:
                 request_serializer=pagesift_dot_v1_dot_jobs__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=pagesift_dot_v1_dot_jobs__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
+        self.ResumeJob = channel.unary_unary(
+                '/pagesift.v1.JobService/ResumeJob',
+                request_serializer=pagesift_dot_v1_dot_jobs__pb2.ResumeJobRequest.SerializeToString,
+                response_deserializer=pagesift_dot_v1_dot_jobs__pb2.ResumeJobResponse.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/pagesift.v1.JobService/ListJobs',
                 request_serializer=pagesift_dot_v1_dot_jobs__pb2.ListJobsRequest.SerializeToString,
@@ -135,7 +140,17 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelJob(self, request, context):
-        """CancelJob stops a running job; its documents so far stay queryable.
+        """CancelJob stops a running or paused job; its documents so far stay queryable.
+        Cancelling a finished job changes nothing and returns its state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeJob(self, request, context):
+        """ResumeJob resumes a paused job (JOB_STATE_PAUSED): its quarantine budget is
+        reset and it runs again from where it stopped. The job's owner, or the admin
+        key, may call it; a job already running or finished is returned as it is.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +211,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=pagesift_dot_v1_dot_jobs__pb2.CancelJobRequest.FromString,
                     response_serializer=pagesift_dot_v1_dot_jobs__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'ResumeJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeJob,
+                    request_deserializer=pagesift_dot_v1_dot_jobs__pb2.ResumeJobRequest.FromString,
+                    response_serializer=pagesift_dot_v1_dot_jobs__pb2.ResumeJobResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
@@ -400,6 +420,33 @@ class JobService:
             '/pagesift.v1.JobService/CancelJob',
             pagesift_dot_v1_dot_jobs__pb2.CancelJobRequest.SerializeToString,
             pagesift_dot_v1_dot_jobs__pb2.CancelJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagesift.v1.JobService/ResumeJob',
+            pagesift_dot_v1_dot_jobs__pb2.ResumeJobRequest.SerializeToString,
+            pagesift_dot_v1_dot_jobs__pb2.ResumeJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

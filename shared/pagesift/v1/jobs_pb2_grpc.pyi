@@ -55,7 +55,14 @@ class JobServiceStub:
     robots-blocked URLs among them (AIP-158 paging).
     """
     CancelJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.CancelJobRequest, _jobs_pb2.CancelJobResponse]
-    """CancelJob stops a running job; its documents so far stay queryable."""
+    """CancelJob stops a running or paused job; its documents so far stay queryable.
+    Cancelling a finished job changes nothing and returns its state.
+    """
+    ResumeJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ResumeJobRequest, _jobs_pb2.ResumeJobResponse]
+    """ResumeJob resumes a paused job (JOB_STATE_PAUSED): its quarantine budget is
+    reset and it runs again from where it stopped. The job's owner, or the admin
+    key, may call it; a job already running or finished is returned as it is.
+    """
     ListJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]
     """ListJobs returns one page of the caller's jobs, newest first (AIP-158 paging,
     AIP-132 state filter).
@@ -92,7 +99,14 @@ class JobServiceAsyncStub(JobServiceStub):
     robots-blocked URLs among them (AIP-158 paging).
     """
     CancelJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.CancelJobRequest, _jobs_pb2.CancelJobResponse]  # type: ignore[assignment]
-    """CancelJob stops a running job; its documents so far stay queryable."""
+    """CancelJob stops a running or paused job; its documents so far stay queryable.
+    Cancelling a finished job changes nothing and returns its state.
+    """
+    ResumeJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ResumeJobRequest, _jobs_pb2.ResumeJobResponse]  # type: ignore[assignment]
+    """ResumeJob resumes a paused job (JOB_STATE_PAUSED): its quarantine budget is
+    reset and it runs again from where it stopped. The job's owner, or the admin
+    key, may call it; a job already running or finished is returned as it is.
+    """
     ListJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]  # type: ignore[assignment]
     """ListJobs returns one page of the caller's jobs, newest first (AIP-158 paging,
     AIP-132 state filter).
@@ -168,7 +182,20 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _jobs_pb2.CancelJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.CancelJobResponse, _abc.Awaitable[_jobs_pb2.CancelJobResponse]]:
-        """CancelJob stops a running job; its documents so far stay queryable."""
+        """CancelJob stops a running or paused job; its documents so far stay queryable.
+        Cancelling a finished job changes nothing and returns its state.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeJob(
+        self,
+        request: _jobs_pb2.ResumeJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.ResumeJobResponse, _abc.Awaitable[_jobs_pb2.ResumeJobResponse]]:
+        """ResumeJob resumes a paused job (JOB_STATE_PAUSED): its quarantine budget is
+        reset and it runs again from where it stopped. The job's owner, or the admin
+        key, may call it; a job already running or finished is returned as it is.
+        """
 
     @_abc_1.abstractmethod
     def ListJobs(
