@@ -16,6 +16,23 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
   ``Sitemap:`` lines are exposed. robots.txt itself is always fetched with the
   server's user agent, so one cached copy serves every job.
 - Memory is bounded: at most ``max_origins`` entries, oldest dropped first.
+- Matching is compiled once per origin and agent, and bounded (issue 19, finding 3):
+  Protego parses the file (in a thread: it is pure Python, so the loop keeps getting
+  the GIL) and picks the group, exactly as before; ``Matcher`` then compiles that
+  group's rules, also in a thread, into a form whose cost per URL does not grow with
+  the rule count: plain prefixes by length (a dict lookup per distinct length),
+  ``$``-anchored literals in a dict, and wildcard rules behind an RE2 set of one
+  literal "atom" per rule (its longest literal part: a rule whose atom is not in the
+  URL cannot match), so only candidate rules are tried, highest priority first, and
+  the first that matches decides. The verdict is Protego's (Google's): the longest
+  matching rule wins, ``Allow`` on ties, ``*`` any run of characters, a trailing
+  ``$`` the end, percent-encoding normalized; ``test_hostile_discovery`` checks it
+  against Protego on thousands of random rules and URLs. The work is capped: a URL
+  longer than ``MAX_MATCH_CHARS`` or one that would need wildcard rules to scan more
+  than ``MAX_MATCH_WORK`` characters is not allowed (a robots.txt built to be
+  expensive cannot cost more than that per URL; refusing is the polite answer).
+  ``RobotsCache.allowed_many`` checks a batch (Map) on the loop in slices of at most
+  ``SLICE_SECONDS``, yielding to the loop between slices.
 
 ``page_directives`` (pure) reads the page-level robots rules: ``<meta name="robots">``
 (or ``name=<our token>``) contents and ``X-Robots-Tag`` header values, where a value
@@ -28,15 +45,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from urllib.parse import urlsplit
+from urllib.parse import urlparse, urlsplit
 
+import re2
 from protego import Protego
+from protego._utils import _quote_path
 
 __all__ = [
     "ALLOW_ALL",
     "DISALLOW_ALL",
+    "Matcher",
     "RobotsCache",
     "RobotsFetcher",
     "Rules",
@@ -45,6 +65,9 @@ __all__ = [
 ]
 
 MAX_ROBOTS_BYTES = 512 * 1024  # RFC 9309 asks parsers to read at least 500 KiB
+MAX_MATCH_CHARS = 16_384  # a longer URL is not allowed (the node's max_url_length is 8,192)
+MAX_MATCH_WORK = 1_000_000  # characters wildcard rules may scan for one URL
+SLICE_SECONDS = 0.01  # allowed_many checks URLs for at most this long between yields
 
 # Fetch robots.txt: (status, body). Raise OSError/TimeoutError (or anything) when the
 # server cannot be reached; status 0 also means unreachable.
@@ -79,6 +102,121 @@ def page_directives(meta: list[str], headers: list[str], agent: str) -> tuple[bo
     return none or "noindex" in words, none or "nofollow" in words
 
 
+class Matcher:
+    """The rules of one robots.txt group, compiled for matching (module docstring).
+
+    Built from Protego's rule set for the group (its quoted patterns, priorities and
+    fields, so parsing and quoting stay Protego's); ``allowed`` is Protego's
+    ``can_fetch`` verdict for that group, within the work caps. Immutable once built;
+    building costs one pass over the rules plus an RE2 set compile (run it off the
+    loop: ``RobotsCache.rules`` does)."""
+
+    __slots__ = ("_always", "_atom_rules", "_atoms", "_exact", "_lengths", "_plain", "_wild")
+
+    def __init__(self, rules: Sequence[tuple[str, int, bool, object]]) -> None:
+        """``rules``: (quoted pattern, priority, is allow, Protego's _URLPattern)."""
+        plain: dict[str, bool] = {}
+        exact: dict[str, tuple[int, bool]] = {}
+        wild: list[tuple[int, bool, object, str]] = []
+        for pattern, priority, allow, url_pattern in rules:
+            if "*" in pattern:
+                parts = [p for p in pattern.rstrip("$").split("*") if p]
+                atom = max(parts, key=len) if parts else ""
+                wild.append((priority, allow, url_pattern, atom))
+            elif pattern.endswith("$"):
+                key = pattern[:-1]
+                exact[key] = max(exact.get(key, (priority, allow)), (priority, allow))
+            else:
+                plain[pattern] = plain.get(pattern, False) or allow
+        self._plain = plain
+        self._lengths = sorted({len(p) for p in plain}, reverse=True)
+        self._exact = exact
+        wild.sort(key=lambda w: (w[0], w[1]), reverse=True)  # rank 0: the strongest
+        self._wild = [(w[0], w[1], w[2]) for w in wild]
+        always: list[int] = []
+        atom_index: dict[str, int] = {}
+        atom_rules: list[list[int]] = []
+        for rank, (_, _, _, atom) in enumerate(wild):
+            if not atom:
+                always.append(rank)
+                continue
+            index = atom_index.setdefault(atom, len(atom_index))
+            if index == len(atom_rules):
+                atom_rules.append([])
+            atom_rules[index].append(rank)
+        self._atom_rules = atom_rules
+        self._atoms = _atom_set(list(atom_index)) if atom_index else None
+        if atom_index and self._atoms is None:  # RE2 refused it: every rule a candidate
+            always = list(range(len(wild)))
+        self._always = always
+
+    @classmethod
+    def of(cls, parser: Protego, agent: str) -> Matcher | None:
+        """The matcher of the group ``parser`` applies to ``agent``; None: no group."""
+        rule_set = parser._get_matching_rule_set(agent)
+        if rule_set is None:
+            return None
+        return cls(
+            [
+                (r.value._pattern, r.value.priority, r.field == "allow", r.value)
+                for r in rule_set._rules
+            ]
+        )
+
+    def allowed(self, url: str) -> bool:
+        if "/robots.txt" in url and urlparse(url).path == "/robots.txt":
+            return True  # as Protego: robots.txt itself is always allowed
+        if len(url) > MAX_MATCH_CHARS:
+            return False
+        path = _quote_path(url)
+        best = (-1, True)  # (priority, allow) of the strongest match; none: allowed
+        for length in self._lengths:  # plain prefixes, longest first
+            if length <= len(path):
+                allow = self._plain.get(path[:length])
+                if allow is not None:
+                    best = (length, allow)
+                    break
+        hit = self._exact.get(path)
+        if hit is not None and hit > best:
+            best = hit
+        if not self._wild:
+            return best[1]
+        ranks = list(self._always)
+        found = self._atoms.Match(path) if self._atoms is not None else None
+        if isinstance(found, list):  # None: no atom in the URL
+            for index in found:
+                ranks.extend(self._atom_rules[index])
+        ranks.sort()
+        work = 0
+        for rank in ranks:
+            priority, allow, url_pattern = self._wild[rank]
+            if (priority, allow) <= best:
+                break  # no weaker candidate can change the verdict
+            work += len(path)
+            if work > MAX_MATCH_WORK:
+                return False
+            if url_pattern.match(path):  # type: ignore[attr-defined]
+                return allow
+        return best[1]
+
+
+def _atom_set(atoms: list[str]) -> re2.Set | None:
+    """An RE2 set searching for the literal ``atoms`` (one DFA pass over a URL);
+    None when RE2 cannot build it within its memory budget."""
+    options = re2.Options()
+    options.literal = True  # type: ignore[attr-defined]  # (the stubs lack it)
+    options.log_errors = False
+    options.max_mem = min(64 << 20, (4 << 20) + 64 * sum(len(a) for a in atoms))
+    atom_set = re2.Set.SearchSet(options)
+    try:
+        for atom in atoms:
+            atom_set.Add(atom)
+        atom_set.Compile()
+    except re2.error:
+        return None
+    return atom_set
+
+
 @dataclass(frozen=True, slots=True)
 class Rules:
     """The robots.txt verdicts for one origin and one agent token."""
@@ -91,11 +229,27 @@ class Rules:
     # Why robots.txt could not be fetched (the fetcher's exception), when that is why
     # everything is disallowed; lets the engine report the real cause (dns, connect...).
     error: BaseException | None = None
+    # Each agent's compiled group (None: no group applies), shared by the copies
+    # ``for_agent`` makes of one cached file; filled by ``compile`` (off the loop).
+    matchers: dict[str, Matcher | None] = field(default_factory=dict, compare=False, repr=False)
 
     def allowed(self, url: str) -> bool:
         if self.parser is None:
             return self.allow_all
-        return bool(self.parser.can_fetch(url, self.agent))
+        if self.agent not in self.matchers:
+            self.compile()  # a caller that skipped RobotsCache.rules: compile here
+        matcher = self.matchers[self.agent]
+        return True if matcher is None else matcher.allowed(url)
+
+    @property
+    def compiled(self) -> bool:
+        return self.parser is None or self.agent in self.matchers
+
+    def compile(self) -> None:
+        """Compile this agent's group (once; thread-safe enough: a race compiles twice
+        and keeps one)."""
+        if self.parser is not None and self.agent not in self.matchers:
+            self.matchers[self.agent] = Matcher.of(self.parser, self.agent)
 
     def for_agent(self, agent: str) -> Rules:
         """The same robots.txt read for another agent token (a job's own user agent)."""
@@ -126,6 +280,13 @@ def parse(body: bytes, agent: str) -> Rules:
     )
 
 
+def _compiled(body: bytes, agent: str) -> Rules:
+    """``parse`` with ``agent``'s group compiled (for a worker thread)."""
+    rules = parse(body, agent)
+    rules.compile()
+    return rules
+
+
 def origin_of(url: str) -> str:
     """``scheme://host[:port]`` of ``url``, lowercase, never with userinfo (robots.txt is
     fetched from, and cached under, the origin alone)."""
@@ -152,6 +313,7 @@ class RobotsCache:
         self._max = max_origins
         self._cache: dict[str, tuple[float, Rules]] = {}
         self._inflight: dict[str, asyncio.Task[Rules]] = {}
+        self._compiling: dict[tuple[int, str], asyncio.Future[None]] = {}
 
     async def rules(self, url: str, agent: str | None = None) -> Rules:
         """The rules for ``url``'s origin (fetching robots.txt when not cached), read
@@ -166,7 +328,21 @@ class RobotsCache:
                 task = asyncio.ensure_future(self._load(origin))
                 self._inflight[origin] = task
             rules = await asyncio.shield(task)
-        return rules if agent is None else rules.for_agent(agent)
+        if agent is not None:
+            rules = rules.for_agent(agent)
+        if not rules.compiled:
+            await self._compile(rules)
+        return rules
+
+    async def _compile(self, rules: Rules) -> None:
+        """Compile ``rules`` for its agent in a thread, once for concurrent callers."""
+        key = (id(rules.matchers), rules.agent)
+        pending = self._compiling.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(asyncio.to_thread(rules.compile))
+            self._compiling[key] = pending
+            pending.add_done_callback(lambda _: self._compiling.pop(key, None))
+        await asyncio.shield(pending)
 
     async def allowed(self, url: str) -> bool:
         return (await self.rules(url)).allowed(url)
@@ -197,8 +373,8 @@ class RobotsCache:
         except Exception as exc:
             return Rules(allow_all=False, agent=self.agent, error=exc), self._error_ttl
         if 200 <= status < 300:
-            try:
-                return parse(body, self.agent), self._ttl
+            try:  # Protego is pure Python: in a thread, the loop keeps its turns
+                return await asyncio.to_thread(_compiled, body, self.agent), self._ttl
             except Exception:  # protego is lenient; be safe anyway: a broken file allows
                 return ALLOW_ALL, self._ttl
         if 300 <= status < 500 and status != 429:  # 3xx here = more than 5 redirects
