@@ -14,7 +14,7 @@ Formats taken, and how:
   not invent headings, trivial to split on). No OCR: a scanned page yields only its
   separator.
 - **DOCX, PPTX, XLSX** (OOXML) and **ODT** (ODF text) are read with the stdlib
-  (``zipfile`` + an ``xml.etree`` pull parser): the text lives in a few well-specified
+  (``zipfile`` + defusedxml's hardened expat, streamed): the text lives in a few well-specified
   XML parts, so no dependency (python-docx/-pptx/openpyxl build a whole object model
   and parse styles we do not need). DOCX: paragraphs, ``#`` headings from
   ``Heading N``/``Title`` styles, tables as markdown tables. PPTX: slide text in slide
@@ -33,20 +33,36 @@ machinery).
 Guarantees:
 
 - ``convert`` returns a ``Converted`` or raises ``DocumentError(reason)`` (the caller
-  maps it to the page error ``parse_failed``): broken, truncated (a PDF without
-  ``%%EOF`` in its last KiB), encrypted (password) and unsupported files all raise;
-  no other exception escapes for bad input.
-- Bounded output and memory: at most ``max_pages`` pages/slides/sheets/chapters are
-  read (the rest are never parsed; DOCX and ODT have no pages in the file, only the
-  character cap bounds them), at most ``max_chars`` characters of markdown
-  (``MAX_MARKDOWN_CHARS``, 5 M by default); when either cap cut the text,
-  ``metadata["truncated"]`` says which. A PDF page is loaded, read and closed one at a
-  time. Zip formats: at most ``MAX_ZIP_MEMBERS`` members, ``MAX_MEMBER_BYTES`` per
-  member and ``MAX_UNZIPPED_BYTES`` in all are decompressed, counted on the bytes
-  actually inflated (a lying header does not help a zip bomb); XML with a DOCTYPE or
-  ENTITY declaration is refused before parsing (no entity expansion, no external
-  entities: defusedxml's ``forbid_dtd``), and parts are streamed with a pull parser and
-  cleared as they are read.
+  maps it to the page error ``parse_failed``; its subclass ``DocumentTooLarge``, a file
+  past one of the caps below, whose reason names the cap, to ``too_large``): broken,
+  truncated (a PDF without ``%%EOF`` in its last KiB), encrypted (password) and
+  unsupported files all raise; no other exception escapes for bad input.
+- Bounded output: at most ``max_pages`` pages/slides/sheets/chapters are read (the rest
+  are never parsed; DOCX and ODT have no pages in the file, only the character cap
+  bounds them), at most ``max_chars`` characters of markdown (``MAX_MARKDOWN_CHARS``,
+  5 M by default), counted with a table's padding (every row as wide as the widest);
+  when either cap cut the text, ``metadata["truncated"]`` says which. A PDF page is
+  loaded, read and closed one at a time.
+- Bounded memory, whatever the file says. Zip formats: at most ``MAX_ZIP_MEMBERS``
+  members, ``MAX_MEMBER_BYTES`` per member and ``MAX_UNZIPPED_BYTES`` in all are
+  decompressed, counted on the bytes actually inflated (a lying header does not help a
+  zip bomb), and large parts are streamed from the zip, never held whole. Every XML
+  part goes through defusedxml's expat parser, which refuses a DTD, an entity
+  declaration or an external reference in any encoding (expat reports them after
+  decoding: a UTF-16 ``<!DOCTYPE`` is caught like a UTF-8 one), under caps counted as
+  the parse goes: ``MAX_XML_DEPTH`` nesting, ``MAX_PART_ELEMENTS`` per part,
+  ``MAX_DOCUMENT_ELEMENTS`` per document, and ``MAX_HELD_ELEMENTS`` held at once (an
+  element is dropped from the tree once read, unless it is inside the paragraph, cell
+  or string being read, so memory follows that, not the part). XLSX: rows are kept
+  sparse (a cell in a far column costs one entry), ``MAX_SHEET_COLUMNS`` columns and
+  ``MAX_SHEET_CELLS`` cells (and shared strings) at most; slide ids, sheets and spine
+  items at most ``MAX_SLIDES`` (each names a part of its own). PDF: before PDFium
+  opens the file, a pre-scan inflates (and drops) each FlateDecode stream PDFium may
+  decode to read text, refusing one past ``MAX_PDF_STREAM_BYTES`` or all past
+  ``MAX_PDF_INFLATED_BYTES``; PDFium decodes a whole content stream in memory, so this
+  is what keeps an inflating page out. The pre-scan cannot see a stream behind another
+  filter or encryption, or labelled an image: those, and whatever else PDFium does in
+  C, are bounded by the worker's memory cap (``workers``), not here.
 - Bounded time: the work per byte is bounded by the caps above, and the hard bound is
   the caller's: it runs ``convert_compact`` in a worker with
   ``WorkerPool.run(..., timeout=)``, which kills the worker (even one stuck in PDFium's
@@ -64,19 +80,23 @@ import posixpath
 import re
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 from xml.etree import ElementTree as ET
 
+import defusedxml.ElementTree as _SAFE_ET
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
+from defusedxml import DefusedXmlException
 
 __all__ = [
     "KINDS",
     "MAX_MARKDOWN_CHARS",
     "Converted",
     "DocumentError",
+    "DocumentTooLarge",
     "convert",
     "convert_compact",
     "kind_of",
@@ -87,6 +107,20 @@ MAX_ZIP_MEMBERS = 10_000
 MAX_MEMBER_BYTES = 32 * 1024 * 1024
 MAX_UNZIPPED_BYTES = 128 * 1024 * 1024
 MAX_SHEET_COLUMNS = 512  # XLSX/ODS cells right of this are dropped (a far "XFD1" cell)
+# XML parts (every zip format): caps on the parse itself, so that memory follows what
+# is kept, not what the file says. Real documents stay far below each.
+MAX_XML_DEPTH = 256  # elements nested in one part (Word nests tables ~10 per level)
+MAX_PART_ELEMENTS = 4_000_000  # elements in one part (a 32 MiB sheet holds ~2.5 M)
+MAX_DOCUMENT_ELEMENTS = 8_000_000  # elements across the parts of one document
+MAX_HELD_ELEMENTS = 100_000  # elements held at once: one paragraph/cell/string, or a
+# part read whole (metadata, relationships, manifests)
+MAX_SLIDES = MAX_ZIP_MEMBERS  # slide ids (PPTX), sheets (XLSX), spine items (EPUB): each
+# names a part of its own, and a zip has at most MAX_ZIP_MEMBERS parts
+MAX_SHEET_CELLS = 2_000_000  # cells read from one workbook (and shared strings)
+# PDF: streams inflated by a pre-scan before PDFium sees the file (images and embedded
+# files excepted: PDFium decodes neither to read text)
+MAX_PDF_STREAM_BYTES = 64 * 1024 * 1024  # one FlateDecode stream, inflated
+MAX_PDF_INFLATED_BYTES = 512 * 1024 * 1024  # all of them together
 _PDF_EOF_WINDOW = 1024  # %%EOF must be in the last KiB (what Acrobat accepts)
 
 _MIMETYPES = {
@@ -139,6 +173,11 @@ class DocumentError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class DocumentTooLarge(DocumentError):
+    """The document is past one of the module's caps (its ``reason`` names the cap:
+    ``MAX_XML_DEPTH``, ``MAX_MEMBER_BYTES``, ...): the page error ``too_large``."""
 
 
 @dataclass(slots=True)
@@ -278,6 +317,7 @@ def _pdf(body: bytes, max_pages: int | None, budget: _Budget) -> Converted:
         raise DocumentError("truncated PDF: no %%EOF marker at its end")
     if b"%%EOF" not in body:
         raise DocumentError("truncated PDF: no %%EOF marker")
+    _pdf_inflation(body)
     with _PDFIUM_LOCK:
         try:
             doc = pdfium.PdfDocument(body)
@@ -291,6 +331,63 @@ def _pdf(body: bytes, max_pages: int | None, budget: _Budget) -> Converted:
             raise DocumentError(f"unreadable PDF: {exc}") from exc
         finally:
             doc.close()
+
+
+_PDF_STREAM = re.compile(rb"stream\r?\n")
+_PDF_FLATE = re.compile(rb"/FlateDecode\b")
+# streams PDFium does not decode to read text: images (and their soft masks), attachments
+_PDF_NOT_READ = re.compile(rb"/Subtype\s*/Image\b|/Type\s*/EmbeddedFile\b")
+_PDF_DICT_WINDOW = 4096  # bytes before "stream" searched for its dictionary
+
+
+def _pdf_inflation(body: bytes) -> None:
+    """Inflate, and count, every FlateDecode stream PDFium may decode to read text
+    (content streams, object streams, fonts, forms): past ``MAX_PDF_STREAM_BYTES`` in
+    one or ``MAX_PDF_INFLATED_BYTES`` in all, ``DocumentTooLarge`` before PDFium (which
+    decodes a whole content stream in memory) sees the file. Output is counted in 1 MiB
+    steps and never kept. A stream it cannot inflate (another filter first, encrypted)
+    is left to PDFium and to the worker's memory cap."""
+    total = 0
+    view = memoryview(body)
+    for m in _PDF_STREAM.finditer(body):
+        start = m.start()
+        if body[max(start - 3, 0) : start] == b"end":
+            continue
+        window = body[max(start - _PDF_DICT_WINDOW, 0) : start]
+        at = window.rfind(b"obj")
+        head = window[at:] if at >= 0 else window
+        if not _PDF_FLATE.search(head) or _PDF_NOT_READ.search(head):
+            continue
+        inflater = zlib.decompressobj()
+        offset = m.end()
+        size = 0
+        pending: bytes | memoryview = view[offset : offset + (1 << 16)]
+        offset += 1 << 16
+        try:
+            while True:
+                size += len(inflater.decompress(pending, 1 << 20))
+                if size > MAX_PDF_STREAM_BYTES:
+                    raise DocumentTooLarge(
+                        f"pdf: a stream inflates past {MAX_PDF_STREAM_BYTES} bytes "
+                        "(MAX_PDF_STREAM_BYTES)"
+                    )
+                if total + size > MAX_PDF_INFLATED_BYTES:
+                    raise DocumentTooLarge(
+                        f"pdf: its streams inflate past {MAX_PDF_INFLATED_BYTES} bytes "
+                        "(MAX_PDF_INFLATED_BYTES)"
+                    )
+                if inflater.eof:
+                    break
+                if inflater.unconsumed_tail:
+                    pending = inflater.unconsumed_tail
+                elif offset < len(body):
+                    pending = view[offset : offset + (1 << 16)]
+                    offset += 1 << 16
+                else:
+                    break
+        except zlib.error:
+            pass  # not a zlib stream from here: PDFium will say what it is
+        total += size
 
 
 def _pdf_read(doc: pdfium.PdfDocument, max_pages: int | None, budget: _Budget) -> Converted:
@@ -334,11 +431,10 @@ def _pdf_read(doc: pdfium.PdfDocument, max_pages: int | None, budget: _Budget) -
 
 # -- zip containers -----------------------------------------------------------------
 
-_DTD = re.compile(rb"<!\s*(?:DOCTYPE|ENTITY)", re.IGNORECASE)
-
 
 class _Zip:
-    """A zip read under caps on member count, member size and total inflated bytes."""
+    """A zip read under caps on member count, member size and total inflated bytes,
+    whose XML parts go through the hardened parser under the element caps."""
 
     def __init__(self, body: bytes, kind: str) -> None:
         if body.startswith(_OLE_MAGIC):
@@ -349,66 +445,190 @@ class _Zip:
         except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
             raise DocumentError(f"{kind}: not a readable zip file: {exc}") from exc
         if len(infos) > MAX_ZIP_MEMBERS:
-            raise DocumentError(f"{kind}: more than {MAX_ZIP_MEMBERS} zip members")
+            raise DocumentTooLarge(
+                f"{kind}: more than {MAX_ZIP_MEMBERS} zip members (MAX_ZIP_MEMBERS)"
+            )
         self.kind = kind
         self.members = {info.filename: info for info in infos}
         self.inflated = 0
+        self.elements = 0  # XML elements parsed, all parts together
 
     def has(self, name: str) -> bool:
         return name in self.members
 
-    def read(self, name: str) -> bytes:
+    def _info(self, name: str) -> zipfile.ZipInfo:
         info = self.members.get(name)
         if info is None:
             raise DocumentError(f"{self.kind}: the part {name} is missing")
         if info.flag_bits & 0x1:
             raise DocumentError(f"{self.kind}: the part {name} is encrypted")
         if info.file_size > MAX_MEMBER_BYTES:
-            raise DocumentError(f"{self.kind}: the part {name} inflates past the size cap")
+            raise self._past_member_cap(name)
+        return info
+
+    def _past_member_cap(self, name: str) -> DocumentTooLarge:
+        return DocumentTooLarge(
+            f"{self.kind}: the part {name} inflates past the size cap "
+            f"(MAX_MEMBER_BYTES={MAX_MEMBER_BYTES})"
+        )
+
+    def _count(self, name: str, got: int, part_total: int) -> None:
+        if part_total > MAX_MEMBER_BYTES:
+            raise self._past_member_cap(name)
+        self.inflated += got
+        if self.inflated > MAX_UNZIPPED_BYTES:
+            raise DocumentTooLarge(
+                f"{self.kind}: the file inflates past the total size cap "
+                f"(MAX_UNZIPPED_BYTES={MAX_UNZIPPED_BYTES})"
+            )
+
+    def _broken(self, name: str, exc: Exception) -> DocumentError:
+        if isinstance(exc, (zipfile.BadZipFile, ValueError, EOFError, OSError)):
+            return DocumentError(f"{self.kind}: the part {name} is unreadable: {exc}")
+        if isinstance(exc, NotImplementedError):
+            return DocumentError(f"{self.kind}: the part {name} is unreadable: {exc}")
+        # zlib.error, bz2/lzma errors: a corrupt stream
+        return DocumentError(f"{self.kind}: the part {name} is corrupt: {exc}")
+
+    def read(self, name: str) -> bytes:
+        info = self._info(name)
         try:
             with self.zf.open(info) as f:
                 data = f.read(MAX_MEMBER_BYTES + 1)
-        except (zipfile.BadZipFile, ValueError, EOFError, OSError, NotImplementedError) as exc:
-            raise DocumentError(f"{self.kind}: the part {name} is unreadable: {exc}") from exc
-        except Exception as exc:  # zlib.error, bz2/lzma errors: a corrupt stream
-            raise DocumentError(f"{self.kind}: the part {name} is corrupt: {exc}") from exc
-        if len(data) > MAX_MEMBER_BYTES:
-            raise DocumentError(f"{self.kind}: the part {name} inflates past the size cap")
-        self.inflated += len(data)
-        if self.inflated > MAX_UNZIPPED_BYTES:
-            raise DocumentError(f"{self.kind}: the file inflates past the total size cap")
+        except Exception as exc:  # see _broken: every failure of a bad stream
+            raise self._broken(name, exc) from exc
+        self._count(name, len(data), len(data))
         return data
 
-    def xml(self, name: str) -> ET.Element:
-        """A small part parsed whole (metadata, relationships, manifests)."""
-        return _parse(self.read(name), self.kind, name)
-
-    def events(self, name: str) -> Iterator[tuple[str, ET.Element]]:
-        """("start"|"end", element) of a large part, streamed."""
-        data = self.read(name)
-        _refuse_dtd(data, self.kind, name)
-        parser: ET.XMLPullParser[ET.Element] = ET.XMLPullParser(events=("start", "end"))
+    def _chunks(self, name: str) -> Iterator[bytes]:
+        """The part's inflated bytes in chunks of 64 KiB, counted against the size caps
+        as they come (never the whole part in memory)."""
+        info = self._info(name)
+        total = 0
         try:
-            for offset in range(0, len(data), 1 << 16):
-                parser.feed(data[offset : offset + (1 << 16)])
-                yield from parser.read_events()  # type: ignore[misc]
-            parser.close()
-            yield from parser.read_events()  # type: ignore[misc]
+            f = self.zf.open(info)
+        except Exception as exc:
+            raise self._broken(name, exc) from exc
+        with f:
+            while True:
+                try:
+                    chunk = f.read(1 << 16)
+                except Exception as exc:
+                    raise self._broken(name, exc) from exc
+                if not chunk:
+                    return
+                total += len(chunk)
+                self._count(name, len(chunk), total)
+                yield chunk
+
+    def xml(self, name: str) -> ET.Element:
+        """A small part parsed whole (metadata, relationships, manifests): at most
+        ``MAX_HELD_ELEMENTS`` elements."""
+        root: ET.Element | None = None
+        for event, el in self.events(name, hold=True):
+            if root is None and event == "start":
+                root = el
+        if root is None:  # pragma: no cover - a well-formed part has a root
+            raise DocumentError(f"{self.kind}: the part {name} is empty")
+        return root
+
+    def events(
+        self, name: str, keep: frozenset[str] = frozenset(), *, hold: bool = False
+    ) -> Iterator[tuple[str, ET.Element]]:
+        """("start"|"end", element) of a part, streamed through the hardened parser.
+
+        Once the caller has seen an element's "end", the element is detached from the
+        tree unless it lies inside an element whose local name is in ``keep`` (the
+        caller reads those subtrees at their end) or ``hold`` is set (the whole part is
+        kept): memory holds the open elements and the kept subtree, no more. Raises
+        ``DocumentTooLarge`` past ``MAX_XML_DEPTH``, ``MAX_PART_ELEMENTS``,
+        ``MAX_DOCUMENT_ELEMENTS`` or ``MAX_HELD_ELEMENTS``, and ``DocumentError`` for a
+        DTD, an entity declaration or XML that is not well-formed."""
+        stack: list[ET.Element] = []
+        kept = 0  # kept elements open on the stack
+        held = 0  # elements inside the outermost kept element (or the part, with hold)
+        count = 0
+        source = _ChunkReader(self._chunks(name))
+        parse = _SAFE_ET.iterparse(
+            source,
+            events=("start", "end"),
+            forbid_dtd=True,
+            forbid_entities=True,
+            forbid_external=True,
+        )
+        try:
+            for event, el in parse:
+                if event == "start":
+                    count += 1
+                    self.elements += 1
+                    stack.append(el)
+                    if kept or hold:
+                        held += 1
+                    if keep and _local(el.tag) in keep:
+                        kept += 1
+                    self._caps(name, count, len(stack), held, hold)
+                    yield event, el
+                    continue
+                yield event, el
+                stack.pop()
+                if kept and _local(el.tag) in keep:
+                    kept -= 1
+                    if not kept:
+                        held = 0
+                if stack and not (kept or hold):
+                    # earlier siblings are gone already: el is the parent's first child
+                    stack[-1].remove(el)
         except ET.ParseError as exc:
             raise DocumentError(f"{self.kind}: the part {name} is not well-formed XML") from exc
+        except DefusedXmlException as exc:
+            raise DocumentError(
+                f"{self.kind}: the part {name} declares a DTD or entities ({type(exc).__name__})"
+            ) from exc
+        finally:
+            source.close()
+
+    def _caps(self, name: str, count: int, depth: int, held: int, hold: bool) -> None:
+        where = f"{self.kind}: the part {name}"
+        if depth > MAX_XML_DEPTH:
+            raise DocumentTooLarge(
+                f"{where} nests XML elements deeper than {MAX_XML_DEPTH} (MAX_XML_DEPTH)"
+            )
+        if count > MAX_PART_ELEMENTS:
+            raise DocumentTooLarge(
+                f"{where} has more than {MAX_PART_ELEMENTS} XML elements (MAX_PART_ELEMENTS)"
+            )
+        if self.elements > MAX_DOCUMENT_ELEMENTS:
+            raise DocumentTooLarge(
+                f"{self.kind}: more than {MAX_DOCUMENT_ELEMENTS} XML elements in all "
+                "(MAX_DOCUMENT_ELEMENTS)"
+            )
+        if held > MAX_HELD_ELEMENTS:
+            what = "in the part" if hold else "in one of its paragraphs, cells or strings"
+            raise DocumentTooLarge(
+                f"{where} has more than {MAX_HELD_ELEMENTS} XML elements {what} (MAX_HELD_ELEMENTS)"
+            )
 
 
-def _refuse_dtd(data: bytes, kind: str, name: str) -> None:
-    if _DTD.search(data):
-        raise DocumentError(f"{kind}: the part {name} declares a DTD or entities")
+class _ChunkReader:
+    """A read()-able view of an iterator of byte chunks (what ``iterparse`` reads)."""
 
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._rest = b""
 
-def _parse(data: bytes, kind: str, name: str) -> ET.Element:
-    _refuse_dtd(data, kind, name)
-    try:
-        return ET.fromstring(data)
-    except ET.ParseError as exc:
-        raise DocumentError(f"{kind}: the part {name} is not well-formed XML") from exc
+    def read(self, size: int = -1) -> bytes:
+        if not self._rest:
+            self._rest = next(self._chunks, b"")
+        if size < 0 or size >= len(self._rest):
+            out, self._rest = self._rest, b""
+        else:
+            out, self._rest = self._rest[:size], self._rest[size:]
+        return out
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def _local(tag: str) -> str:
@@ -442,18 +662,24 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _table(rows: list[list[str]]) -> str:
+def _table(rows: list[list[str]], max_chars: int) -> str:
+    """``rows`` as a markdown table (rows padded to the widest), cut after the row that
+    passes ``max_chars``: padding cannot make it bigger than the budget."""
     if not rows:
         return ""
     width = max(len(r) for r in rows)
     if width == 0:
         return ""
     lines = []
+    size = 0
     for i, row in enumerate(rows):
         cells = [_cell(c) for c in row] + [""] * (width - len(row))
         lines.append("| " + " | ".join(cells) + " |")
         if i == 0:
             lines.append("|" + " --- |" * width)
+        size += len(lines[-1]) + 1
+        if size > max_chars:
+            break
     return "\n".join(lines)
 
 
@@ -492,6 +718,7 @@ def _main_part(z: _Zip, default: str) -> str:
 # -- DOCX ---------------------------------------------------------------------------
 
 _HEADING = re.compile(r"^heading\s*(\d)$", re.IGNORECASE)
+_DOCX_KEEP = frozenset({"p"})  # read whole at its end (_docx_paragraph)
 
 
 def _docx(body: bytes, budget: _Budget) -> Converted:
@@ -503,9 +730,11 @@ def _docx(body: bytes, budget: _Budget) -> Converted:
     table: list[list[list[str]]] = []  # nested tables: a stack of row lists
     row: list[list[str]] = []
     cell: list[list[str]] = []
-    for event, el in z.events(_main_part(z, "word/document.xml")):
-        if budget.full:
+    pending = 0  # characters held in open tables, not yet in the budget
+    for event, el in z.events(_main_part(z, "word/document.xml"), _DOCX_KEEP):
+        if budget.full or pending > budget.left:
             budget.add("")
+            budget.truncated = budget.truncated or "max_chars"
             break
         name = _local(el.tag)
         if event == "start":
@@ -520,9 +749,9 @@ def _docx(body: bytes, budget: _Budget) -> Converted:
             text = _docx_paragraph(el)
             if cell:
                 cell[-1].append(text)
+                pending += len(text) + 1
             elif text:
                 budget.add(text)
-            el.clear()
         elif name == "tc" and cell:
             done = " ".join(t for t in cell.pop() if t)
             if row:
@@ -532,12 +761,14 @@ def _docx(body: bytes, budget: _Budget) -> Converted:
             if table:
                 table[-1].append(done_row)
         elif name == "tbl" and table:
-            rendered = _table(table.pop())
+            rendered = _table(table.pop(), budget.left)
             if cell:  # a table inside a cell: flatten into that cell
                 cell[-1].append(rendered.replace("\n", " "))
-            elif rendered:
-                budget.add(rendered)
-            el.clear()
+                pending += len(rendered)
+            else:
+                pending = 0
+                if rendered:
+                    budget.add(rendered)
     return _finish(conv, budget)
 
 
@@ -579,12 +810,7 @@ def _pptx(body: bytes, max_pages: int | None, budget: _Budget) -> Converted:
     _ooxml_props(z, conv)
     main = _main_part(z, "ppt/presentation.xml")
     rels = _rels(z, main)
-    slides = []
-    for el in z.xml(main).iter():
-        if _local(el.tag) == "sldId":
-            rid = next((v for k, v in el.attrib.items() if _local(k) == "id" and "}" in k), "")
-            if rels.get(rid):
-                slides.append(rels[rid])
+    slides = [target for _, target in _listed(z, main, "sldId", "slide ids", rels)]
     conv.num_pages = len(slides)
     limit = len(slides) if max_pages is None else min(len(slides), max(max_pages, 0))
     for number, part in enumerate(slides[:limit], start=1):
@@ -592,14 +818,41 @@ def _pptx(body: bytes, max_pages: int | None, budget: _Budget) -> Converted:
             budget.add("")
             break
         paragraphs: list[str] = []
-        for event, el in z.events(part):
+        size = 0
+        for event, el in z.events(part, _PPTX_KEEP):
             if event == "end" and _local(el.tag) == "p":
                 text = "".join(t.text or "" for t in el.iter() if _local(t.tag) == "t").strip()
                 if text:
                     paragraphs.append(text)
-                el.clear()
+                    size += len(text) + 2
+                    if size > budget.left:  # the budget would cut it anyway
+                        break
         budget.add(f"<!-- slide {number} -->\n\n" + "\n\n".join(paragraphs))
     return _finish(conv, budget, "max_pages" if limit < len(slides) else "")
+
+
+_PPTX_KEEP = frozenset({"p"})
+
+
+def _listed(
+    z: _Zip, part: str, local: str, what: str, rels: dict[str, str]
+) -> list[tuple[str, str]]:
+    """(name attribute, target) of the ``local`` elements of ``part`` whose ``r:id`` is
+    in ``rels``, streamed, at most ``MAX_SLIDES`` of them (slide ids, sheets)."""
+    out: list[tuple[str, str]] = []
+    seen = 0
+    for event, el in z.events(part):
+        if event != "end" or _local(el.tag) != local:
+            continue
+        seen += 1
+        if seen > MAX_SLIDES:
+            raise DocumentTooLarge(
+                f"{z.kind}: the part {part} lists more than {MAX_SLIDES} {what} (MAX_SLIDES)"
+            )
+        rid = next((v for k, v in el.attrib.items() if _local(k) == "id" and "}" in k), "")
+        if rels.get(rid):
+            out.append((el.get("name", ""), rels[rid]))
+    return out
 
 
 # -- XLSX ---------------------------------------------------------------------------
@@ -626,37 +879,65 @@ def _xlsx(body: bytes, max_pages: int | None, budget: _Budget) -> Converted:
     shared: list[str] = []
     strings = next((t for t in rels.values() if t.endswith("sharedStrings.xml")), "")
     if strings and z.has(strings):
-        for event, el in z.events(strings):
+        for event, el in z.events(strings, _XLSX_STRING_KEEP):
             if event == "end" and _local(el.tag) == "si":
+                if len(shared) >= MAX_SHEET_CELLS:
+                    raise DocumentTooLarge(
+                        f"xlsx: more than {MAX_SHEET_CELLS} shared strings (MAX_SHEET_CELLS)"
+                    )
                 shared.append("".join(t.text or "" for t in el.iter() if _local(t.tag) == "t"))
-                el.clear()
-    sheets: list[tuple[str, str]] = []
-    for el in z.xml(main).iter():
-        if _local(el.tag) == "sheet":
-            rid = next((v for k, v in el.attrib.items() if _local(k) == "id" and "}" in k), "")
-            if rels.get(rid):
-                sheets.append((el.get("name", ""), rels[rid]))
+    sheets = _listed(z, main, "sheet", "sheets", rels)
     conv.num_pages = len(sheets)
     conv.metadata["sheets"] = ", ".join(name for name, _ in sheets)
     limit = len(sheets) if max_pages is None else min(len(sheets), max(max_pages, 0))
+    cells = _CellCount()
     for name, part in sheets[:limit]:
         if budget.full:
             budget.add("")
             break
-        rows = _xlsx_rows(z, part, shared, budget.left)
-        budget.add(f"## {name}\n\n{_table(rows)}".strip())
+        rows, cut = _xlsx_rows(z, part, shared, budget.left, cells)
+        budget.add(f"## {name}\n\n{_sparse_table(rows, budget.left)}".strip())
+        if cut:
+            budget.truncated = budget.truncated or "max_chars"
     return _finish(conv, budget, "max_pages" if limit < len(sheets) else "")
 
 
-def _xlsx_rows(z: _Zip, part: str, shared: list[str], max_chars: int) -> list[list[str]]:
-    rows: list[list[str]] = []
-    row: list[str] = []
-    size = 0
-    for event, el in z.events(part):
+_XLSX_STRING_KEEP = frozenset({"si"})
+_XLSX_CELL_KEEP = frozenset({"c"})
+
+
+class _CellCount:
+    """Cells read from one workbook, against ``MAX_SHEET_CELLS``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self) -> None:
+        self.n += 1
+        if self.n > MAX_SHEET_CELLS:
+            raise DocumentTooLarge(f"xlsx: more than {MAX_SHEET_CELLS} cells (MAX_SHEET_CELLS)")
+
+
+_Row = list[tuple[int, str]]  # (column, value) of the cells that hold something
+
+
+def _xlsx_rows(
+    z: _Zip, part: str, shared: list[str], max_chars: int, cells: _CellCount
+) -> tuple[list[_Row], bool]:
+    """The sheet's rows, sparse (a far column costs one entry, not the empties before
+    it), and whether reading stopped because the table would pass ``max_chars``: the
+    rendered size is counted with its padding (every row as wide as the widest)."""
+    rows: list[_Row] = []
+    row: _Row = []
+    next_col = 0
+    width = 0
+    text = 0  # characters of cell values
+    for event, el in z.events(part, _XLSX_CELL_KEEP):
         if event != "end":
             continue
         name = _local(el.tag)
         if name == "c":
+            cells.add()
             kind = el.get("t", "")
             value = ""
             for sub in el:
@@ -668,24 +949,49 @@ def _xlsx_rows(z: _Zip, part: str, shared: list[str], max_chars: int) -> list[li
                 value = shared[int(value)] if value.isdigit() and int(value) < len(shared) else ""
             elif kind == "b":
                 value = "TRUE" if value == "1" else "FALSE"
-            col = _column(el.get("r", "")) if el.get("r") else len(row)
-            if 0 <= col < MAX_SHEET_COLUMNS:
-                row.extend([""] * (col - len(row)))
-                if col == len(row):
-                    row.append(value)
-                    size += len(value) + 3
-            el.clear()
+            col = _column(el.get("r", "")) if el.get("r") else next_col
+            if next_col <= col < MAX_SHEET_COLUMNS:
+                next_col = col + 1
+                if value:
+                    row.append((col, value))
+                    text += len(value)
         elif name == "row":
-            while row and not row[-1]:
-                row.pop()
             rows.append(row)
+            if row:
+                width = max(width, row[-1][0] + 1)
             row = []
-            el.clear()
-            if size > max_chars:  # the budget would cut it anyway: stop reading
-                break
+            next_col = 0
+            # "| " + " | ".join(cells) + " |": 3 characters a cell and 2 a row at least
+            if text + len(rows) * (3 * width + 2) > max_chars:
+                return _trim(rows), True
+    return _trim(rows), False
+
+
+def _trim(rows: list[_Row]) -> list[_Row]:
     while rows and not rows[-1]:
         rows.pop()
     return rows
+
+
+def _sparse_table(rows: list[_Row], max_chars: int) -> str:
+    """Sparse rows as a markdown table, every row as wide as the widest, cut after the
+    row that passes ``max_chars``."""
+    width = max((r[-1][0] + 1 for r in rows if r), default=0)
+    if width == 0:
+        return ""
+    lines = []
+    size = 0
+    for i, row in enumerate(rows):
+        cells = [""] * width
+        for col, value in row:
+            cells[col] = _cell(value)
+        lines.append("| " + " | ".join(cells) + " |")
+        if i == 0:
+            lines.append("|" + " --- |" * width)
+        size += len(lines[-1]) + 1
+        if size > max_chars:
+            break
+    return "\n".join(lines)
 
 
 # -- ODT ----------------------------------------------------------------------------
@@ -709,6 +1015,9 @@ def _odf_text(el: ET.Element) -> str:
     return "".join(parts)
 
 
+_ODT_KEEP = frozenset({"p", "h"})  # read whole at their end (_odf_text)
+
+
 def _odt(body: bytes, budget: _Budget) -> Converted:
     z = _Zip(body, "odt")
     conv = Converted(kind="odt", markdown="")
@@ -728,7 +1037,7 @@ def _odt(body: bytes, budget: _Budget) -> Converted:
                     if _local(key) == "page-count" and value.isdigit():
                         conv.num_pages = int(value)
     depth = 0  # paragraphs inside paragraphs (frames, notes) are read with their parent
-    for event, el in z.events("content.xml"):
+    for event, el in z.events("content.xml", _ODT_KEEP):
         if budget.full:
             budget.add("")
             break
@@ -787,6 +1096,10 @@ def _epub(body: bytes, url: str, max_pages: int | None, budget: _Budget) -> Conv
         for el in opf.iter()
         if _local(el.tag) == "itemref" and el.get("idref", "") in manifest
     ]
+    if len(chapters) > MAX_SLIDES:
+        raise DocumentTooLarge(
+            f"epub: the spine lists more than {MAX_SLIDES} chapters (MAX_SLIDES)"
+        )
     conv.num_pages = len(chapters)
     limit = len(chapters) if max_pages is None else min(len(chapters), max(max_pages, 0))
     for number, part in enumerate(chapters[:limit], start=1):
