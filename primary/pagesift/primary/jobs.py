@@ -42,6 +42,19 @@ over the layout of ``pagesift.shared.jobrecords``:
 - finish / cancel: meta rewritten with state, times and note.
 - expiry: every key of the job deleted in one group (lists dropped, sets cleared).
 
+Quarantine (``pagesift.shared.quarantine`` states the rule): every run of a job
+writes its run marker (``job/{id}/run``, one group) before it starts; finishing,
+cancelling, pausing and a clean stop (``close``: SIGTERM, drain, stepping down) delete
+it. ``start`` counts a marker it finds as one interruption of that job (with the
+pages that were in flight, derived from the frontier or batch order) and deletes
+it, in one group; a job interrupted ``poison_threshold`` times without progress is
+paused (``poisoned``) instead of resumed, on whichever node starts. A page whose
+extraction worker died (``PageError.worker_lost``) counts on the worker budget.
+Jobs with an interruption counted (suspects) run one at a time until they make
+progress or ``poison_probation_seconds`` pass, so a crash is charged to the one
+suspect that was running. ``resume`` (ResumeJob) unpauses a job with its budget
+reset; ``cancel`` ends a paused job like a running one.
+
 Resume after a restart: jobs still ``scraping`` restart from their done set
 (batch: indices not done; crawl: frontier entries not done, in enqueue order). The
 frontier is read from the store in chunks, so memory stays flat however large
@@ -74,10 +87,11 @@ from pagesift.primary.engine import Engine, FetchPolicy, Page
 from pagesift.primary.reqprofile import RequestProfile
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import patterns, quota, validate
+from pagesift.shared import quarantine as q
 from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
-from pagesift.shared.identity import NotWritable
+from pagesift.shared.identity import Identity, NotWritable
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
@@ -154,6 +168,14 @@ class Jobs:
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
         self._random = random.Random()
+        self._run_id = uuid.uuid4().hex  # this runtime's run markers (quarantine)
+        self._suspects = q.Suspects()
+        self._needed: dict[str, int] = {}  # job -> pages that count as progress
+        self._limits = q.Limits(
+            interruptions=config.poison_threshold,
+            worker_losses=config.poison_worker_losses,
+            progress_pages=config.poison_progress_pages,
+        )
 
     # life cycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -168,7 +190,9 @@ class Jobs:
         resumed: list[str] = []
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
-            if meta is not None and not meta.terminal:
+            if meta is not None and not meta.terminal and not meta.paused:
+                meta = self._count_interruption(meta)
+            if meta is not None and not meta.terminal and not meta.paused:
                 logger.info(
                     "job %s resumed (%s, account %s)",
                     job_id,
@@ -179,6 +203,9 @@ class Jobs:
                 if self._wait_replicated is not None:
                     self._visible[job_id] = jr.progress(self.store, meta).completed
                 resumed.append(job_id)
+                if self._suspect(job_id) and not self._suspects.admit(job_id):
+                    logger.info("job %s waits: another interrupted job runs first", job_id)
+                    continue
                 self._spawn(meta)
         if self._wait_replicated is None:
             self._readable.set()
@@ -201,6 +228,7 @@ class Jobs:
 
     async def close(self) -> None:
         self._closing = True
+        running = list(self._tasks)
         tasks = list(self._tasks.values())
         tasks += [t for t in (self._sweeper, self._confirming) if t is not None]
         for t in tasks:
@@ -208,6 +236,9 @@ class Jobs:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        for job_id in running:  # a clean stop: these runs were not interrupted
+            with contextlib.suppress(Exception):  # not writable (fenced, lease lost)
+                self.store.write(partial(self._clear_marker, job_id=job_id))
         if self.deliverer is not None:
             await self.deliverer.close()
 
@@ -400,6 +431,8 @@ class Jobs:
         return reg
 
     async def cancel(self, job_id: str) -> jr.JobMeta | None:
+        """CancelJob: a running, waiting or paused job ends ``cancelled``; a finished
+        one is returned as it is."""
         meta = jr.load_meta(self.store, job_id)
         if meta is None:
             return None
@@ -408,9 +441,193 @@ class Jobs:
             task = self._tasks.pop(job_id, None)
             if task is not None:
                 task.cancel()
+            else:
+                self._release_suspect(job_id)  # a suspect waiting for its turn
             if self._wait_replicated is not None:
                 await self._wait_replicated(None)
         return meta
+
+    async def resume(self, job_id: str) -> jr.JobMeta | None:
+        """ResumeJob: a paused job runs again, its quarantine budget deleted (one
+        group); a running or finished job is returned as it is."""
+        meta = self.store.write(partial(jr.unpause, job_id=job_id)).result
+        if meta is None:
+            return None
+        if meta.state == "scraping" and job_id not in self._tasks:
+            waiting = job_id in self._suspects.waiting or self._suspects.running == job_id
+            if not waiting:
+                logger.info(
+                    "job %s resumed by the caller (account %s)",
+                    job_id,
+                    meta.owner,
+                    extra={"job": job_id, "account": meta.owner},
+                )
+                self._spawn(meta)
+        if self._wait_replicated is not None:
+            await self._wait_replicated(None)
+        return meta
+
+    # quarantine (pagesift.shared.quarantine) -----------------------------------------
+    def _clear_marker(self, g: WriteGroup, job_id: str) -> None:
+        """Inside a group: this runtime's marker of ``job_id`` deleted (a clean stop)."""
+        key = jr.JobKeys(job_id).run
+        raw = g.get(key)
+        if raw is not None and q.RunMarker.decode(raw).run == self._run_id:
+            g.delete(key)
+
+    def _suspect(self, job_id: str) -> bool:
+        return q.Budget.decode(self.store.get(jr.JobKeys(job_id).poison)).suspect
+
+    def _epoch(self) -> int:
+        with self.store.lock:
+            return Identity(self.store).epoch
+
+    def _node(self) -> str:
+        return self.config.advertise or self.config.listen
+
+    def _request(
+        self, meta: jr.JobMeta
+    ) -> jobs_pb2.StartBatchScrapeRequest | jobs_pb2.StartCrawlRequest:
+        raw = self.store.get(jr.JobKeys(meta.id).request) or b""
+        if meta.kind == "batch":
+            return jobs_pb2.StartBatchScrapeRequest.FromString(raw)
+        return jobs_pb2.StartCrawlRequest.FromString(raw)
+
+    def _in_flight(
+        self,
+        meta: jr.JobMeta,
+        req: jobs_pb2.StartBatchScrapeRequest | jobs_pb2.StartCrawlRequest,
+        count: int,
+    ) -> tuple[str, ...]:
+        """The job's first ``count`` unfinished pages in queue order (every page in
+        flight when a run stopped is among them: workers take them in this order)."""
+        keys = jr.JobKeys(meta.id)
+        count = max(1, min(count, q.MAX_IN_FLIGHT))
+        out: list[str] = []
+        if isinstance(req, jobs_pb2.StartBatchScrapeRequest):
+            for i, url in enumerate(req.urls):
+                if not self.store.set_contains(keys.done, str(i).encode()):
+                    out.append(url)
+                    if len(out) >= count:
+                        break
+            return tuple(out)
+        if self.store.get(keys.seeded) is None:
+            return (req.url,)  # still seeding: the start URL and its sitemaps
+        start = 0
+        while len(out) < count:
+            items = self.store.list_items(keys.frontier, start, frontier.Frontier.CHUNK)
+            if not items:
+                break
+            start = items[-1][0] + 1
+            for _, raw in items:
+                entry = Entry.decode(raw)
+                if not self.store.set_contains(keys.done, entry.key.encode()):
+                    out.append(entry.url)
+                    if len(out) >= count:
+                        break
+        return tuple(out)
+
+    def _count_interruption(self, meta: jr.JobMeta) -> jr.JobMeta | None:
+        """Start-up: a run marker of ``meta``'s job means its last run was cut short:
+        count it (and pause the job when that makes it poisoned), in one group."""
+        keys = jr.JobKeys(meta.id)
+        if self.store.get(keys.run) is None:
+            return meta
+        req = self._request(meta)
+        concurrency = self._concurrency(req.max_concurrency)
+        needed = q.progress_needed(self._limits, concurrency)
+        in_flight = self._in_flight(meta, req, concurrency)
+
+        def group(g: WriteGroup) -> tuple[jr.JobMeta | None, q.Verdict | None]:
+            raw = g.get(keys.run)
+            if raw is None:
+                return meta, None
+            event = q.Interrupted(
+                q.RunMarker.decode(raw), jr.done_count(g, meta.id), in_flight, jr.now_ms()
+            )
+            verdict = q.count(q.Budget.decode(g.get(keys.poison)), event, self._limits, needed)
+            g.put(keys.poison, verdict.budget.encode())
+            g.delete(keys.run)
+            if verdict.poisoned:
+                note = "\n".join((verdict.reason, *verdict.budget.evidence))
+                return jr.pause(g, meta.id, "poisoned", note), verdict
+            return meta, verdict
+
+        out, verdict = self.store.write(group).result
+        if verdict is not None:
+            logger.warning(
+                "job %s %s (account %s): %s",
+                meta.id,
+                "quarantined" if verdict.poisoned else "was interrupted",
+                meta.owner,
+                verdict.reason or verdict.budget.evidence[-1],
+                extra={"job": meta.id, "account": meta.owner},
+            )
+        return out
+
+    def _worker_lost(self, job_id: str, url: str) -> None:
+        """A page of the job lost its extraction worker: count it (one group); a job
+        poisoned by it is paused and its run stopped."""
+        keys = jr.JobKeys(job_id)
+        needed = self._needed.get(job_id, q.progress_needed(self._limits, 1))
+        node, epoch = self._node(), self._epoch()
+
+        def group(g: WriteGroup) -> q.Verdict | None:
+            raw = g.get(keys.meta)
+            if raw is None or jr.JobMeta.decode(raw).state != "scraping":
+                return None
+            event = q.WorkerLost(url, jr.done_count(g, job_id), node, epoch, jr.now_ms())
+            verdict = q.count(q.Budget.decode(g.get(keys.poison)), event, self._limits, needed)
+            g.put(keys.poison, verdict.budget.encode())
+            if verdict.poisoned:
+                jr.pause(
+                    g, job_id, "poisoned", "\n".join((verdict.reason, *verdict.budget.evidence))
+                )
+            return verdict
+
+        verdict = self.store.write(group).result
+        if verdict is None or not verdict.poisoned:
+            return
+        logger.warning("job %s quarantined: %s", job_id, verdict.reason, extra={"job": job_id})
+        self._wake(job_id)
+        task = self._tasks.pop(job_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _probation(self, job_id: str, started_at: int) -> None:
+        """A suspect's run: clear its interruptions once it made progress; stop holding
+        the other suspects back then, or after ``poison_probation_seconds``."""
+        keys = jr.JobKeys(job_id)
+        needed = self._needed.get(job_id, 1)
+        deadline = time.monotonic() + self.config.poison_probation_seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(0.25, self.config.poison_probation_seconds))
+            if jr.done_count(self.store, job_id) - started_at < needed:
+                continue
+
+            def group(g: WriteGroup) -> None:
+                budget = q.cleared(
+                    q.Budget.decode(g.get(keys.poison)),
+                    jr.done_count(g, job_id),
+                    started_at,
+                    needed,
+                )
+                if budget is not None:
+                    g.put(keys.poison, budget.encode())
+
+            self.store.write(group)
+            break
+        self._release_suspect(job_id)
+
+    def _release_suspect(self, job_id: str) -> None:
+        """``job_id`` no longer holds the suspects back: start the next that waits."""
+        nxt = self._suspects.release(job_id)
+        while nxt is not None and not self._closing:
+            meta = jr.load_meta(self.store, nxt)
+            if meta is not None and meta.state == "scraping" and nxt not in self._tasks:
+                self._spawn(meta)
+                return
+            nxt = self._suspects.release(nxt)
 
     # expiry -----------------------------------------------------------------------
     def sweep(self) -> int:
@@ -446,15 +663,41 @@ class Jobs:
 
     # running ------------------------------------------------------------------------
     def _spawn(self, meta: jr.JobMeta) -> None:
-        raw = self.store.get(jr.JobKeys(meta.id).request) or b""
-        if meta.kind == "batch":
-            coro = self._run_batch(meta, jobs_pb2.StartBatchScrapeRequest.FromString(raw))
+        """Run the job: its run marker first (one group), then its task."""
+        req = self._request(meta)
+        self._needed[meta.id] = q.progress_needed(
+            self._limits, self._concurrency(req.max_concurrency)
+        )
+        keys = jr.JobKeys(meta.id)
+        node, epoch = self._node(), self._epoch()
+
+        def mark(g: WriteGroup) -> int:
+            done = jr.done_count(g, meta.id)
+            g.put(keys.run, q.RunMarker(self._run_id, node, epoch, jr.now_ms(), done).encode())
+            return done
+
+        try:
+            started_at = self.store.write(mark).result
+        except NotWritable as e:  # fenced, or a lapsed lease: the job resumes elsewhere
+            logger.info("job %s not started here: %s", meta.id, e)
+            self._release_suspect(meta.id)
+            return
+        if isinstance(req, jobs_pb2.StartBatchScrapeRequest):
+            coro = self._run_batch(meta, req)
         else:
-            coro = self._run_crawl(meta, jobs_pb2.StartCrawlRequest.FromString(raw))
-        task = asyncio.create_task(self._guard(meta.id, coro))
+            coro = self._run_crawl(meta, req)
+        suspect = self._suspects.running == meta.id
+        task = asyncio.create_task(self._guard(meta.id, coro, started_at if suspect else None))
         self._tasks[meta.id] = task
 
-    async def _guard(self, job_id: str, coro: Awaitable[None]) -> None:
+    async def _guard(
+        self, job_id: str, coro: Awaitable[None], probation_from: int | None = None
+    ) -> None:
+        probation = (
+            asyncio.create_task(self._probation(job_id, probation_from))
+            if probation_from is not None
+            else None
+        )
         try:
             await coro
         except asyncio.CancelledError:
@@ -465,8 +708,13 @@ class Jobs:
             logger.exception("job %s failed", job_id)
             self._finish(job_id, "failed", f"internal error: {e}")
         finally:
-            self._tasks.pop(job_id, None)
+            if probation is not None:
+                probation.cancel()
+            if self._tasks.get(job_id) is asyncio.current_task():
+                self._tasks.pop(job_id, None)
             self._profiles.pop(job_id, None)
+            self._needed.pop(job_id, None)
+            self._release_suspect(job_id)
 
     def _concurrency(self, asked: int) -> int:
         n = asked or self.config.default_concurrency
@@ -493,6 +741,8 @@ class Jobs:
             try:
                 page = await fetch()
             except PageError as e:
+                if e.worker_lost:  # counted toward quarantine (module docstring)
+                    self._worker_lost(job_id, url)
                 used = jr.retries_used(self.store, job_id, mark, run.max_retries)
                 if used < run.max_retries and retrypolicy.is_transient(e):
                     self._retry_later(run, job_id, mark, url, e, used, fetch, record)
@@ -822,6 +1072,7 @@ class Jobs:
             meta.state, meta.note, meta.finished_ms = state, note, now
             meta.expires_ms = now + int(self.config.job_ttl_seconds * 1000)
             g.put(keys.meta, meta.encode())
+            g.delete(keys.run)  # the run ended cleanly (quarantine)
             if note and state != "cancelled":
                 g.push(
                     keys.notes,

@@ -103,6 +103,7 @@ def _guards(node: Node) -> tls.MetadataGuard:
     - ``AdminService`` reads: the admin key (open in anonymous mode without one).
     - ``JobService``: a valid API key, before the request is looked at (so a caller
       without one learns nothing from validation or from a standby's redirect).
+      ``CancelJob`` and ``ResumeJob`` take the admin key too (any job's owner's power).
     """
     cfg, accounts = node.config, node.accounts
     token = node.replication_token
@@ -150,6 +151,15 @@ def _guards(node: Node) -> tls.MetadataGuard:
         accounts.is_caller,
         "a valid API key is needed (metadata 'authorization: Bearer KEY')",
     )
+    # the admin key may also cancel or resume any job (pagesift.shared.jobservice)
+    job_control = [
+        tls.GuardRule(
+            f"/pagesift.v1.JobService/{method}",
+            lambda md: accounts.is_caller(md) or accounts.carries_admin_key(md),
+            "a valid API key (or the admin key) is needed (metadata 'authorization: Bearer KEY')",
+        )
+        for method in ("CancelJob", "ResumeJob")
+    ]
     backup = tls.GuardRule(
         BACKUP_METHOD,
         may_promote,
@@ -157,7 +167,7 @@ def _guards(node: Node) -> tls.MetadataGuard:
         "key, the pair's replication token is the admin key",
         grpc.StatusCode.PERMISSION_DENIED,
     )
-    return tls.MetadataGuard([promote, backup, admin, repl, jobs])
+    return tls.MetadataGuard([promote, backup, admin, repl, *job_control, jobs])
 
 
 def _bind(server: grpc.aio.Server, listen: str, creds: grpc.ServerCredentials | None) -> None:

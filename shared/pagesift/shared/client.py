@@ -32,6 +32,15 @@ guarantees:
   that has none, so one method call never registers two jobs: the key is stored
   with the job and replicated, so a promoted standby that has the registration
   answers a retry with the same job id.
+- CancelJob and ResumeJob (``CONTROL_WRITES``: idempotent, and the owner must be
+  able to stop a job while the pair fails over) keep trying through a failover:
+  each attempt is bounded by ``CONTROL_ATTEMPT_SECONDS`` (a frozen primary costs
+  that, not ``timeout``), a DEADLINE_EXCEEDED moves on to the next address like
+  UNAVAILABLE, and a round refused everywhere (NOT_PRIMARY/FENCED: a standby whose
+  primary is frozen, before the election promotes it) is tried again like one with
+  an unreachable address, within the ``RetryPolicy`` budget (``keeps_trying``).
+  So a cancel succeeds once a primary answers again, within about the witness
+  lease plus the budget.
 - Reads go to the preferred address (the primary once known) and fall back to
   the others, so a standby answers them while the primary is down.
 - ``watch`` resumes a broken stream at the next document index (from whichever
@@ -103,6 +112,7 @@ __all__ = [
     "choose_primary",
     "follow_primary",
     "is_retryable",
+    "keeps_trying",
     "parse_addresses",
     "pick_error",
     "primary_named",
@@ -115,6 +125,8 @@ FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_
 READ_METHODS = frozenset({"GetJob", "WatchJob", "GetJobErrors", "ListJobs"})
 IDEMPOTENT_WRITES = frozenset({"Scrape", "CancelJob"})
 KEYED_WRITES = frozenset({"StartCrawl", "StartBatchScrape"})
+CONTROL_WRITES = frozenset({"CancelJob", "ResumeJob"})
+CONTROL_ATTEMPT_SECONDS = 5.0  # one CancelJob/ResumeJob attempt at most (module docstring)
 
 ROLE_LOOKUP_SECONDS = 2.0  # bound on one round of Role calls
 
@@ -167,7 +179,7 @@ def parse_addresses(values: str | Iterable[str] | None) -> list[str]:
 
 def is_retryable(method: str, idempotency_key: str = "") -> bool:
     """May ``method`` be sent again (to this or another address) after UNAVAILABLE?"""
-    if method in READ_METHODS or method in IDEMPOTENT_WRITES:
+    if method in READ_METHODS or method in IDEMPOTENT_WRITES or method in CONTROL_WRITES:
         return True
     return method in KEYED_WRITES and bool(idempotency_key)
 
@@ -193,6 +205,31 @@ def should_try_next(code: grpc.StatusCode, *, retryable: bool, reason: str | Non
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return True
     return code == grpc.StatusCode.UNAVAILABLE and retryable
+
+
+def keeps_trying(
+    codes: Sequence[grpc.StatusCode],
+    reasons: Sequence[str | None],
+    *,
+    retryable: bool,
+    control: bool = False,
+) -> bool:
+    """After a failed round (one error per address), is the call tried again (after a
+    backoff sleep, while the budget lasts)? A retryable call when some address was
+    UNAVAILABLE (a promotion may be under way); a control write (CancelJob,
+    ResumeJob) also when every address either refused with NOT_PRIMARY/FENCED or did
+    not answer in time: the pair is failing over, and the call is idempotent."""
+    if not retryable:
+        return False
+    if grpc.StatusCode.UNAVAILABLE in codes:
+        return True
+    if not control or not codes:
+        return False
+    no_answer = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    return all(
+        r in SEND_ELSEWHERE or (r is None and c in no_answer)
+        for c, r in zip(codes, reasons, strict=True)
+    )
 
 
 def pick_error(
@@ -543,9 +580,14 @@ class JobClient:
             await self.find_primary()
 
     async def call(
-        self, invoke: Callable[[JobServiceAsyncStub], Awaitable[T]], *, retryable: bool
+        self,
+        invoke: Callable[[JobServiceAsyncStub], Awaitable[T]],
+        *,
+        retryable: bool,
+        control: bool = False,
     ) -> T:
-        """Run one unary call under the failover and retry rules of the module docstring."""
+        """Run one unary call under the failover and retry rules of the module docstring
+        (``control``: those of CancelJob and ResumeJob)."""
         delays = iter(self.retry.delays())
         await self._locate_once()
         while True:
@@ -560,7 +602,14 @@ class JobClient:
                     result = await invoke(self.stub(address))
                 except grpc.aio.AioRpcError as err:
                     reason = rpcerrors.reason_of(err)
-                    if not should_try_next(err.code(), retryable=retryable, reason=reason):
+                    timed_out = (
+                        control
+                        and reason is None
+                        and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                    )  # a frozen node: an idempotent control write moves on
+                    if not timed_out and not should_try_next(
+                        err.code(), retryable=retryable, reason=reason
+                    ):
                         self.failover.prefer(address)
                         raise
                     # NOT_PRIMARY names the primary: try it next (even if not listed).
@@ -573,7 +622,7 @@ class JobClient:
                     continue
                 self.failover.prefer(address)
                 return result
-            await self._after_failed_round(errors, delays, retryable=retryable)
+            await self._after_failed_round(errors, delays, retryable=retryable, control=control)
 
     async def _after_failed_round(
         self,
@@ -581,12 +630,14 @@ class JobClient:
         delays: Iterator[float],
         *,
         retryable: bool,
+        control: bool = False,
     ) -> None:
         """Sleep before the next round (and look the primary up again), or raise the
         round's most telling error."""
         codes = [e.code() for e in errors]
-        err = errors[pick_error(codes, [rpcerrors.reason_of(e) for e in errors])]
-        if not retryable or grpc.StatusCode.UNAVAILABLE not in codes:
+        reasons = [rpcerrors.reason_of(e) for e in errors]
+        err = errors[pick_error(codes, reasons)]
+        if not keeps_trying(codes, reasons, retryable=retryable, control=control):
             raise err
         delay = next(delays, None)
         if delay is None:
@@ -710,11 +761,30 @@ class JobClient:
                 return out
             token = page.next_page_token
 
+    def _control_timeout(self) -> float:
+        if self.timeout is None:
+            return CONTROL_ATTEMPT_SECONDS
+        return min(self.timeout, CONTROL_ATTEMPT_SECONDS)
+
     async def cancel(self, job_id: str) -> jobs_pb2.JobState.ValueType:
+        """CancelJob, tried through a failover (module docstring); the job's state
+        after it (cancelling a finished job returns its state)."""
         req = jobs_pb2.CancelJobRequest(id=job_id)
         resp = await self.call(
-            lambda s: s.CancelJob(req, timeout=self.timeout),
+            lambda s: s.CancelJob(req, timeout=self._control_timeout()),
             retryable=is_retryable("CancelJob"),
+            control=True,
+        )
+        return resp.state
+
+    async def resume(self, job_id: str) -> jobs_pb2.JobState.ValueType:
+        """ResumeJob (a paused job runs again), tried like ``cancel``; the job's state
+        after it."""
+        req = jobs_pb2.ResumeJobRequest(id=job_id)
+        resp = await self.call(
+            lambda s: s.ResumeJob(req, timeout=self._control_timeout()),
+            retryable=is_retryable("ResumeJob"),
+            control=True,
         )
         return resp.state
 
@@ -926,6 +996,7 @@ class SyncJobClient:
     errors_page = _blocking(JobClient.errors_page)
     errors = _blocking(JobClient.errors)
     cancel = _blocking(JobClient.cancel)
+    resume = _blocking(JobClient.resume)
     map = _blocking(JobClient.map)
     list_jobs_page = _blocking(JobClient.list_jobs_page)
     list_jobs = _blocking(JobClient.list_jobs)

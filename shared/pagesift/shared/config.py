@@ -125,6 +125,19 @@ class ServerConfig:
         float, Doc("seconds: full-jitter window of the first retry, doubled per retry", ge=0)
     ] = 0.5
     retry_max_delay: Annotated[float, Doc("seconds: the retry window's cap", ge=0)] = 30.0
+    # quarantine of poison jobs (pagesift.shared.quarantine)
+    poison_threshold: Annotated[
+        int, Doc("interruptions (crash, freeze) without progress that pause a job", ge=1)
+    ] = 2
+    poison_worker_losses: Annotated[
+        int, Doc("extraction workers lost without progress that pause a job", ge=1)
+    ] = 3
+    poison_progress_pages: Annotated[
+        int, Doc("pages done (at least 2 x the job's concurrency) that reset the counts", ge=1)
+    ] = 20
+    poison_probation_seconds: Annotated[
+        float, Doc("seconds an interrupted job runs alone before others may join it", ge=0)
+    ] = 60.0
     max_retry_after: Annotated[
         float, Doc("seconds: a longer Retry-After fails the page (retry_after_too_long)", ge=0)
     ] = 120.0

@@ -30,13 +30,33 @@ expiry, watchers, tests) asks it:
     set  job/{id}/done            finished page keys and aliases (crawl) or indices (batch)
     set  job/{id}/attempts        "{n} {mark}": retry n of the page ``mark`` (its done
                                   mark) was scheduled (``retries_used``/``mark_retry``)
-    KV   job/{id}/cookies         what the job's cookie jar learnt from Set-Cookie
-                                  (``pagesift.primary.reqprofile.JobCookies.snapshot``)
+    KV   job/{id}/cookie/{slot}   one cookie of the job's jar, as JSON
+                                  (``pagesift.primary.reqprofile.JobCookies.changes``):
+                                  a cookie keeps its slot while it lives, so a change
+                                  overwrites its record and its deletion deletes it;
+                                  written in the group of the page that changed it
+    KV   job/{id}/cookie_slots    how many slots were ever used (decimal): expiry deletes
+                                  ``cookie/0`` up to it (at most ``MAX_JOB_COOKIES`` + the
+                                  few reserved by a failed group), without a scan
+    KV   job/{id}/cookies         the jar of a job stored before records: its Set-Cookie
+                                  lines (read once on resume, deleted by the next page)
     KV   job/{id}/removed         a finished change-tracked crawl: the URLs of the previous
                                   one it did not find again, one per line (``pagecache``)
     KV   job/{id}/webhook         the job's webhook config (``pagesift.primary.webhooks``)
     list job/{id}/outbox          webhook events not yet delivered
     KV   job/{id}/webhook_ack     the webhook delivery cursor
+    KV   job/{id}/run             the run marker of the node running the job
+                                  (``pagesift.shared.quarantine.RunMarker``): present
+                                  while a run is in progress; found at start-up, it
+                                  means that run ended uncleanly
+    KV   job/{id}/poison          the job's quarantine budget (``quarantine.Budget``)
+
+A paused job (state ``paused``: quarantined, ``quarantine``; or stopped by the store)
+keeps its reason in its meta's ``extra["pause_reason"]`` (``poisoned`` or
+``storage_unavailable``) and ``extra["paused_ms"]``, its evidence in ``note`` and
+the poison budget; it is not resumed at start-up, is not terminal (it does not
+expire, and counts as one of its owner's active jobs) and ends by ``ResumeJob`` or
+``CancelJob``.
 
 Quota usage (``usage/{account}/{hour}``, ``pagesift.shared.quota``) belongs to the
 account, not the job, and outlives it.
@@ -59,6 +79,7 @@ from typing import Any, Literal
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from pagesift.shared.quarantine import Budget
 from pagesift.shared.store import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 
@@ -70,6 +91,11 @@ STATE_TO_PB = {
     "completed": jobs_pb2.JOB_STATE_COMPLETED,
     "failed": jobs_pb2.JOB_STATE_FAILED,
     "cancelled": jobs_pb2.JOB_STATE_CANCELLED,
+    "paused": jobs_pb2.JOB_STATE_PAUSED,
+}
+PAUSE_REASONS = {
+    "poisoned": jobs_pb2.PAUSE_REASON_POISONED,
+    "storage_unavailable": jobs_pb2.PAUSE_REASON_STORAGE_UNAVAILABLE,
 }
 KIND_TO_PB = {"batch": jobs_pb2.JOB_KIND_BATCH_SCRAPE, "crawl": jobs_pb2.JOB_KIND_CRAWL}
 
@@ -137,6 +163,17 @@ class JobKeys:
     def cookies(self) -> str:
         return self._part("cookies")
 
+    def cookie(self, slot: int) -> str:
+        return self._part(f"cookie/{slot}")
+
+    @property
+    def cookie_prefix(self) -> str:
+        return self._part("cookie/")
+
+    @property
+    def cookie_slots(self) -> str:
+        return self._part("cookie_slots")
+
     @property
     def removed(self) -> str:
         return self._part("removed")
@@ -153,6 +190,14 @@ class JobKeys:
     def webhook_ack(self) -> str:
         return self._part("webhook_ack")
 
+    @property
+    def run(self) -> str:
+        return self._part("run")
+
+    @property
+    def poison(self) -> str:
+        return self._part("poison")
+
     def all(self) -> list[tuple[KeyKind, str]]:
         """Every (kind, name) of the job, in the order expiry deletes them: its lists,
         sets and side KVs, the webhook's keys, and ``meta`` last (the job exists until
@@ -168,7 +213,10 @@ class JobKeys:
             ("kv", self.request),
             ("kv", self.seeded),
             ("kv", self.cookies),
+            ("kv", self.cookie_slots),
             ("kv", self.removed),
+            ("kv", self.run),
+            ("kv", self.poison),
             ("list", self.outbox),
             ("kv", self.webhook),
             ("kv", self.webhook_ack),
@@ -205,6 +253,9 @@ def delete_job(g: WriteGroup, job_id: str, meta: JobMeta | None) -> None:
     owner's idempotency key for the job, the job's place in its owner's index and in
     the jobs set."""
     keys = JobKeys(job_id)
+    slots = g.get(keys.cookie_slots)
+    for slot in range(int(slots) if slots is not None and slots.isdigit() else 0):
+        g.delete(keys.cookie(slot))  # the jar's records (``cookie_slots`` bounds them)
     for kind, name in keys.all():
         if name == keys.meta and meta is not None and meta.idempotency_key:
             g.delete(idem_key(meta.owner, meta.idempotency_key))  # the order it always had
@@ -219,6 +270,45 @@ def delete_job(g: WriteGroup, job_id: str, meta: JobMeta | None) -> None:
         g.remove(owner_set(meta.owner), owner_member(meta.created_ms, job_id))
     if g.set_len(JOBS_SET) == 0 and g.get(OWNER_INDEX_DONE) is not None:
         g.delete(OWNER_INDEX_DONE)  # an empty store's index is complete without it
+
+
+def read_cookies(store: Store, job_id: str) -> tuple[list[tuple[int, bytes]], int, bytes | None]:
+    """A job's cookie jar as stored: its ``(slot, record)`` pairs, its slot count and
+    the snapshot of a job stored before records (None: none)."""
+    keys = JobKeys(job_id)
+    prefix = keys.cookie_prefix
+    records: list[tuple[int, bytes]] = []
+    for name in store.keys(prefix):
+        slot, raw = name[len(prefix) :], store.get(name)
+        if slot.isdigit() and raw is not None:
+            records.append((int(slot), raw))
+    slots = store.get(keys.cookie_slots)
+    count = int(slots) if slots is not None and slots.isdigit() else 0
+    return records, count, store.get(keys.cookies)
+
+
+# The bound of one page's write group (``Jobs._record_page``; ``Store.write`` refuses a
+# bigger one with ``GroupTooLarge``, and the page gets a ``too_large`` error instead).
+# What a legitimate page's group holds, for a body of B = max_body_bytes:
+#   its Document: raw_html, html and markdown, each about the body's size      3 B
+#   the page cache's copy of it (a request with max_age)                       3 B
+#   change tracking: the markdown again, and a diff of at most both versions   3 B
+#   its links: in the Document, the cache copy, the frontier and seen set;
+#     an absolute link costs its own length in the body, so at most            4 B
+#   = 13 B; PAGE_GROUP_FACTOR = 16 leaves 3 B for text a decoder widens (a
+#   Latin-1 byte is two UTF-8 bytes) and Set-Cookie changes are bounded apart:
+#   the jar holds at most reqprofile.MAX_JOB_COOKIE_BYTES (1 MiB) of cookies, so
+#   its records in one group stay under PAGE_GROUP_JAR_BYTES.
+# Defaults: 16 x 10 MiB + 2 MiB = 162 MiB. What passes it comes from a hostile page,
+# e.g. 60 KB of relative links under a 2,000-character URL, each one stored as a
+# 2 KB absolute URL several times over.
+PAGE_GROUP_FACTOR = 16
+PAGE_GROUP_JAR_BYTES = 2 << 20
+
+
+def page_group_bytes(max_body_bytes: int) -> int:
+    """The most bytes (of ops) one page's write group may carry (see above)."""
+    return PAGE_GROUP_FACTOR * max_body_bytes + PAGE_GROUP_JAR_BYTES
 
 
 def job_of(name: str) -> str | None:
@@ -372,6 +462,10 @@ class JobMeta:
     def terminal(self) -> bool:
         return self.state in TERMINAL
 
+    @property
+    def paused(self) -> bool:
+        return self.state == "paused"
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -488,4 +582,68 @@ def summary(store: Store, meta: JobMeta, visible: int | None = None) -> jobs_pb2
         total=p.total,
         completed=p.completed,
         created_at=timestamp(meta.created_ms),
+        paused=pause_info(store, meta),
+    )
+
+
+# pausing (quarantine, storage) ------------------------------------------------------
+
+
+def done_count(store: Store | WriteGroup, job_id: str) -> int:
+    """Pages the job finished: documents plus page errors."""
+    keys = JobKeys(job_id)
+    return store.list_len(keys.pages) + store.list_len(keys.errors)
+
+
+def pause(g: WriteGroup, job_id: str, reason: str, note: str) -> JobMeta | None:
+    """Inside a group: a running job paused for ``reason`` (a ``PAUSE_REASONS`` key)
+    with ``note`` as its evidence; its run marker goes (the stop is clean). The meta
+    after the group (a finished or missing job: unchanged, or None)."""
+    if reason not in PAUSE_REASONS:
+        raise ValueError(f"not a pause reason: {reason!r}")
+    keys = JobKeys(job_id)
+    raw = g.get(keys.meta)
+    if raw is None:
+        return None
+    meta = JobMeta.decode(raw)
+    if meta.terminal:
+        return meta
+    meta.state, meta.note = "paused", note
+    meta.extra = {**meta.extra, "pause_reason": reason, "paused_ms": now_ms()}
+    g.put(keys.meta, meta.encode())
+    g.delete(keys.run)
+    return meta
+
+
+def unpause(g: WriteGroup, job_id: str) -> JobMeta | None:
+    """Inside a group: a paused job running again (``ResumeJob``), its quarantine
+    budget deleted. The meta after the group (unchanged unless it was paused)."""
+    keys = JobKeys(job_id)
+    raw = g.get(keys.meta)
+    if raw is None:
+        return None
+    meta = JobMeta.decode(raw)
+    if not meta.paused:
+        return meta
+    meta.state, meta.note = "scraping", ""
+    meta.extra = {k: v for k, v in meta.extra.items() if k not in ("pause_reason", "paused_ms")}
+    g.put(keys.meta, meta.encode())
+    g.delete(keys.poison)
+    return meta
+
+
+def pause_info(store: Store, meta: JobMeta) -> jobs_pb2.PauseInfo | None:
+    """Why a paused job is paused (None for a job that is not)."""
+    if not meta.paused:
+        return None
+    budget = Budget.decode(store.get(JobKeys(meta.id).poison))
+    return jobs_pb2.PauseInfo(
+        reason=PAUSE_REASONS.get(
+            str(meta.extra.get("pause_reason", "")), jobs_pb2.PAUSE_REASON_UNSPECIFIED
+        ),
+        evidence=meta.note,
+        in_flight_urls=budget.in_flight,
+        interruptions=budget.interruptions,
+        worker_losses=budget.worker_losses,
+        paused_at=timestamp(int(meta.extra.get("paused_ms", 0))),
     )

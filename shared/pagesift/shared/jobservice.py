@@ -3,8 +3,18 @@
 Reads (GetJob, WatchJob, GetJobErrors, ListJobs) come from the store only, so a
 standby answers them from its replica exactly like the primary; the node adds its
 replication position to the response metadata. Writes (Scrape, StartBatchScrape,
-StartCrawl, CancelJob, Map) need the job runtime, which only a primary has: a standby
-answers FAILED_PRECONDITION with reason NOT_PRIMARY and the primary's address.
+StartCrawl, CancelJob, ResumeJob, Map) need the job runtime, which only a primary
+has: a standby answers FAILED_PRECONDITION with reason NOT_PRIMARY and the primary's
+address.
+
+Paused jobs (``pagesift.shared.quarantine``): GetJob, ListJobs and WatchJob's state
+events carry ``PauseInfo`` (reason, evidence, in-flight URLs) for a job in
+``JOB_STATE_PAUSED``, read from the store like the rest (a standby shows it too).
+CancelJob and ResumeJob are the job owner's, or the admin key's (``[admin]`` in the
+accounts file; the server's guard lets that key through to these two calls only):
+CancelJob ends a running or paused job, ResumeJob runs a paused one again; both
+return the state after the call and are idempotent (a finished job is returned as
+it is).
 
 Callers are accounts (``pagesift.shared.accounts``): a missing or unknown API key
 is UNAUTHENTICATED before anything else is looked at (the server's guard checks the
@@ -106,6 +116,8 @@ class JobRuntime(Protocol):
     ) -> Registration: ...
 
     async def cancel(self, job_id: str) -> jr.JobMeta | None: ...
+
+    async def resume(self, job_id: str) -> jr.JobMeta | None: ...
 
     def visible(self, job_id: str) -> int | None: ...
 
@@ -450,6 +462,27 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def _meta(self, job_id: str, context: Context) -> jr.JobMeta:
         return await self._owned(await self._caller(context), job_id, context)
 
+    async def _control(self, job_id: str, context: Context) -> JobRuntime:
+        """CancelJob and ResumeJob: the caller (an account, or the admin key), then the
+        runtime (a standby answers NOT_PRIMARY before it looks the job up: its replica
+        may lag, and the client must go on to the primary), then the job, for its
+        owner or the admin key (NOT_FOUND when it is gone or someone else's)."""
+        metadata = [(k, v) for k, v in context.invocation_metadata() or ()]
+        admin = self.node.accounts.carries_admin_key(metadata)
+        caller = None if admin else await self._caller(context)
+        runtime = await self._runtime(context)
+        if caller is not None:
+            await self._owned(caller, job_id, context)
+            return runtime
+        try:
+            validate.job_id(job_id)
+        except validate.InvalidArgument as e:
+            await _invalid(context, e)
+        meta = jr.load_meta(self.node.store(), job_id)
+        if meta is None or (meta.terminal and meta.expires_ms <= jr.now_ms()):
+            await _no_job(context, job_id, f"id: no job {job_id}")
+        return runtime
+
     async def _owned(self, caller: Account, job_id: str, context: Context) -> jr.JobMeta:
         """The caller's job ``job_id``; NOT_FOUND when it is anyone else's or gone."""
         try:
@@ -688,8 +721,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def CancelJob(
         self, request: jobs_pb2.CancelJobRequest, context: Context
     ) -> jobs_pb2.CancelJobResponse:
-        await self._meta(request.id, context)
-        runtime = await self._runtime(context)
+        runtime = await self._control(request.id, context)
         try:
             meta = await runtime.cancel(request.id)
         except NotWritable as e:
@@ -697,6 +729,18 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if meta is None:
             await _no_job(context, request.id, f"id: no job {request.id}")
         return jobs_pb2.CancelJobResponse(state=jr.STATE_TO_PB[meta.state])
+
+    async def ResumeJob(
+        self, request: jobs_pb2.ResumeJobRequest, context: Context
+    ) -> jobs_pb2.ResumeJobResponse:
+        runtime = await self._control(request.id, context)
+        try:
+            meta = await runtime.resume(request.id)
+        except NotWritable as e:
+            await self._not_writable(context, e)
+        if meta is None:
+            await _no_job(context, request.id, f"id: no job {request.id}")
+        return jobs_pb2.ResumeJobResponse(state=jr.STATE_TO_PB[meta.state])
 
     # reads ----------------------------------------------------------------------------
     async def GetJob(
@@ -736,6 +780,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             note=meta.note,
             next_skip=min(request.skip + limit, _MAX_INT32),  # sized at its largest
             removed_urls=jr.read_removed(store, meta.id) if meta.terminal else (),
+            paused=jr.pause_info(store, meta),
         )
         base = resp.ByteSize()
         resp.ClearField("next_skip")
@@ -812,7 +857,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                     last = state
                     yield jobs_pb2.WatchJobResponse(
                         state=jobs_pb2.StateChange(
-                            state=state[0], total=p.total, completed=p.completed, failed=p.failed
+                            state=state[0],
+                            total=p.total,
+                            completed=p.completed,
+                            failed=p.failed,
+                            paused=jr.pause_info(store, fresh),
                         )
                     )
                 if fresh.terminal and index >= p.completed:

@@ -276,6 +276,16 @@ async def _cmd_cancel(args: argparse.Namespace, client: JobClient) -> int:
     return EXIT_OK
 
 
+async def _cmd_resume(args: argparse.Namespace, client: JobClient) -> int:
+    """ResumeJob: a paused job runs again (its quarantine budget reset)."""
+    state = await client.resume(args.job)
+    if args.json:
+        dump({"id": args.job, "state": state_name(state)})
+        return EXIT_OK
+    print(f"{args.job}: {state_name(state)}")
+    return EXIT_OK
+
+
 async def _cmd_jobs(args: argparse.Namespace, client: JobClient) -> int:
     """Every page of the caller's jobs; with --page-token only the page it names (the
     next page's token then goes to stderr, or into the JSON as next_page_token)."""
@@ -452,10 +462,15 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_cmd_errors, uses_client=True)
 
-    p = sub.add_parser("cancel", parents=[client], help="cancel a running job")
+    p = sub.add_parser("cancel", parents=[client], help="cancel a running or paused job")
     p.add_argument("job")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_cmd_cancel, uses_client=True)
+
+    p = sub.add_parser("resume", parents=[client], help="resume a paused job")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_resume, uses_client=True)
 
     p = sub.add_parser("jobs", parents=[client], help="list jobs, newest first")
     p.add_argument("--active", action="store_true", help="only running jobs")
