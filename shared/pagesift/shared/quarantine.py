@@ -42,9 +42,14 @@ The rule
   (default 3: the page is already charged a ``parse_failed`` each time; three in a
   row without progress means the job's content keeps killing workers).
 - A job with an interruption counted is a *suspect*: the runtime runs suspects one
-  at a time (others wait, their markers gone), so the next crash is charged to the
-  one suspect that was running, not to every job the node was running. A suspect
-  that makes ``needed`` pages of progress is cleared (``cleared``).
+  at a time (``Suspects``; others wait, their markers gone), so the next crash is
+  charged to the one suspect that was running, not to every job the node was
+  running. A suspect that makes ``needed`` pages of progress is cleared
+  (``cleared``) and lets the next one start; so does one that ran
+  ``poison_probation_seconds`` without crashing (it stays a suspect: a poison page
+  strikes within seconds of the resume, since it is first in line, and a slow but
+  healthy job must not hold the others back for ever). Jobs that were never
+  interrupted, and new jobs, run as usual meanwhile.
 - ``ResumeJob`` deletes the budget: the owner's decision starts it from zero.
 
 In-flight pages
@@ -59,6 +64,7 @@ concurrency 1, exactly the one). A worker loss names its page exactly.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -153,8 +159,6 @@ class Verdict:
 
 
 def _when(ms: int) -> str:
-    import datetime as dt
-
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
