@@ -14,22 +14,36 @@ succeeds within a bound. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from functools import partial
+from pathlib import Path
 
 import grpc
 import pytest
 from aiohttp import web
 
+from pagesift.node.cli import amain
 from pagesift.node.drill.fixture import Etcd
 from pagesift.shared import quarantine as q
 from pagesift.shared.client import JobClient, keeps_trying
 from pagesift.shared.rpcerrors import Reason
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
-from tests.helpers import NodeFactory, ServeProc, eventually, get_job, role
+from tests.helpers import (
+    ADMIN_KEY,
+    ALICE,
+    BOB,
+    Metadata,
+    NodeFactory,
+    ServeProc,
+    eventually,
+    get_job,
+    role,
+    write_accounts,
+)
 
 LIMITS = q.Limits(interruptions=2, worker_losses=3, progress_pages=20)
 NEEDED = q.progress_needed(LIMITS, 4)  # 20: more than 2 x concurrency 4
@@ -317,6 +331,80 @@ async def test_a_clean_restart_counts_no_interruption(nodes: NodeFactory) -> Non
         await eventually(
             lambda: state_is(node.address, a, jobs_pb2.JOB_STATE_COMPLETED), "a completes", 30
         )
+
+
+async def quarantined(node: ServeProc, site: PoisonSite, job_id: str, name: str) -> None:
+    """SIGKILL ``node`` each time ``name``'s poison page is in flight, restart it, until
+    ``job_id`` is paused (at most 3 crashes)."""
+    seen: dict[str, int] = {}
+    for _ in range(3):
+        await eventually(lambda: new_hit(site, seen), "the poison page in flight", 20)
+        node.kill()
+        await node.start()
+        paused = await state_is_md(node.address, job_id, jobs_pb2.JOB_STATE_PAUSED, ALICE.md)
+        if paused is not None:
+            return
+    pytest.fail(f"job {job_id} not quarantined after 3 crashes")
+
+
+async def state_is_md(
+    address: str, job_id: str, state: jobs_pb2.JobState.ValueType, md: Metadata
+) -> jobs_pb2.GetJobResponse | None:
+    async with grpc.aio.insecure_channel(address) as ch:
+        job = await jobs_pb2_grpc.JobServiceStub(ch).GetJob(
+            jobs_pb2.GetJobRequest(id=job_id, status_only=True), metadata=md, timeout=5
+        )
+    return job if job.state == state else None
+
+
+async def test_only_the_owner_or_the_admin_key_resumes_or_cancels_a_paused_job(
+    nodes: NodeFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another account sees no such job (NOT_FOUND for GetJob, ResumeJob, CancelJob);
+    the admin key resumes and cancels it (``pagesift resume --admin-key``); the CLI's
+    status names the reason and the page in flight."""
+    accounts = write_accounts(tmp_path / "accounts.toml", (ALICE, BOB))
+    async with poison_site() as site:
+        node = nodes("n", config={**NODE_CONFIG, "accounts_file": str(accounts)})
+        await node.start()
+        async with grpc.aio.insecure_channel(node.address) as ch:
+            stub = jobs_pb2_grpc.JobServiceStub(ch)
+            job = (await stub.StartBatchScrape(site.batch("a"), metadata=ALICE.md, timeout=5)).id
+        await quarantined(node, site, job, "a")
+
+        async with grpc.aio.insecure_channel(node.address) as ch:
+            stub = jobs_pb2_grpc.JobServiceStub(ch)
+            for call in (
+                stub.GetJob(jobs_pb2.GetJobRequest(id=job), metadata=BOB.md, timeout=5),
+                stub.ResumeJob(jobs_pb2.ResumeJobRequest(id=job), metadata=BOB.md, timeout=5),
+                stub.CancelJob(jobs_pb2.CancelJobRequest(id=job), metadata=BOB.md, timeout=5),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call
+                assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ResumeJob(jobs_pb2.ResumeJobRequest(id=job), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert (await stub.GetJob(jobs_pb2.GetJobRequest(id=job), metadata=ALICE.md)).state == (
+                jobs_pb2.JOB_STATE_PAUSED
+            )
+
+        server = ["--server", node.address]
+        assert await amain(["status", job, "--api-key", ALICE.key, *server]) == 0
+        out = capsys.readouterr().out
+        assert "state:     paused" in out and "paused:    poisoned" in out
+        assert f"in flight: {site.url('poison/a')}" in out
+        assert await amain(["status", job, "--json", "--api-key", ALICE.key, *server]) == 0
+        paused = json.loads(capsys.readouterr().out)["paused"]
+        assert paused["reason"] == "poisoned" and paused["interruptions"] == 2
+        assert paused["in_flight_urls"] == [site.url("poison/a")]
+        assert await amain(["resume", job, "--admin-key", ADMIN_KEY, *server]) == 0
+        assert capsys.readouterr().out.strip() == f"{job}: scraping"
+        before = dict(site.hits)
+        await eventually(lambda: new_hit(site, before), "the page fetched again", 20)
+        assert await amain(["cancel", job, "--admin-key", ADMIN_KEY, "--json", *server]) == 0
+        assert json.loads(capsys.readouterr().out) == {"id": job, "state": "cancelled"}
+        assert await state_is_md(node.address, job, jobs_pb2.JOB_STATE_CANCELLED, ALICE.md)
 
 
 # ---------------------------------------------------------------- a witness pair, SIGSTOP

@@ -383,7 +383,9 @@ def _tls_credentials(ca: str, cert: str, key: str) -> grpc.ChannelCredentials | 
 
 class _BearerAuth(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     """Adds ``authorization: Bearer KEY`` to every call: the admin key on AdminService
-    calls (when given), the account's API key on the others. grpc.aio files an
+    calls (when given), and on CancelJob/ResumeJob when no API key is given (an
+    admin stopping or resuming any account's job), the account's API key on the
+    others. grpc.aio files an
     interceptor under ONE call type (its first matching base), so streams get their
     own instance, ``_BearerAuthStreams``."""
 
@@ -393,7 +395,10 @@ class _BearerAuth(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-ar
 
     def _details(self, details: Any) -> Any:
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
-        key = self.admin_key if "AdminService" in method and self.admin_key else self.api_key
+        admin = "AdminService" in method or (
+            not self.api_key and method.rsplit("/", 1)[-1] in CONTROL_WRITES
+        )
+        key = self.admin_key if admin and self.admin_key else self.api_key
         if not key:
             return details
         metadata = [*(details.metadata or ()), ("authorization", f"Bearer {key}")]

@@ -83,6 +83,22 @@ def job_json(
         "note": job.note,
         "documents": [document_json(d) for d in documents],
         "next_skip": next_skip,
+        **({"paused": pause_json(job.paused)} if job.HasField("paused") else {}),
+    }
+
+
+def pause_reason_name(reason: jobs_pb2.PauseReason.ValueType) -> str:
+    """``PAUSE_REASON_POISONED`` -> ``"poisoned"``."""
+    return enum_name(jobs_pb2.PauseReason.DESCRIPTOR, reason, "PAUSE_REASON_")
+
+
+def pause_json(info: jobs_pb2.PauseInfo) -> dict[str, Any]:
+    return {
+        "reason": pause_reason_name(info.reason),
+        "in_flight_urls": list(info.in_flight_urls),
+        "interruptions": info.interruptions,
+        "worker_losses": info.worker_losses,
+        "paused_at": timestamp_json(info, "paused_at"),
     }
 
 
@@ -145,6 +161,11 @@ def status_lines(
     yield f"progress:  {job.completed}/{job.total} done, {job.failed} failed"
     yield f"created:   {timestamp_json(job, 'created_at') or '-'}"
     yield f"expires:   {timestamp_json(job, 'expires_at') or '-'}"
+    if job.HasField("paused"):
+        reason = pause_reason_name(job.paused.reason)
+        yield f"paused:    {reason} (pagesift resume {job.id}, or pagesift cancel {job.id})"
+        for url in job.paused.in_flight_urls:
+            yield f"in flight: {url}"
     if job.note:
         yield f"note:      {job.note}"
     if docs:
