@@ -42,6 +42,7 @@ Nothing here does I/O; ``extract`` is safe to run in a worker thread.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
@@ -53,12 +54,16 @@ from pagesift.shared import urls
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
+    "MAX_HTML_DEPTH",
+    "MAX_HTML_ELEMENTS",
     "MAX_METADATA_KEYS",
     "MAX_METADATA_VALUE",
     "Extracted",
+    "TooLarge",
     "Wanted",
     "add_metadata",
     "apply",
+    "check_shape",
     "extract",
     "fill_document",
     "response_metadata",
@@ -507,6 +512,136 @@ def _clean(root: LexborNode, only_main: bool) -> str:
     return root.html or ""
 
 
+# -- the shape check: linear, before lexbor sees the page -------------------------------
+
+MAX_HTML_DEPTH = 2_000  # elements open at once (Blink flattens past 512)
+MAX_HTML_ELEMENTS = 1_000_000  # elements in one page (a 10 MiB body of real HTML: ~200 K)
+
+
+class TooLarge(Exception):
+    """A page whose shape is past a cap (``reason`` names it): the page error
+    ``too_large``. Plain (one string argument), so it crosses a process boundary."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# A start tag's name, an end tag's name, or a comment's opening.
+_TAG = re.compile(r"<(?:(/?)([A-Za-z][^\t\n\f\r />]*)|!--)")
+_VOID = frozenset((
+    "area", "base", "basefont", "bgsound", "br", "col", "embed", "frame", "hr", "image", "img",
+    "input", "keygen", "link", "meta", "param", "source", "track", "wbr",
+))  # fmt: skip
+# Elements whose content is text up to their end tag (no tags inside).
+_RAW_END = {
+    name: re.compile(f"</{name}", re.IGNORECASE)
+    for name in (
+        "script", "style", "textarea", "title", "xmp", "iframe", "noembed", "noframes", "plaintext",
+    )
+}  # fmt: skip
+_BLOCKS = (
+    "address", "article", "aside", "blockquote", "center", "details", "dialog", "dir", "div", "dl",
+    "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6",
+    "header", "hgroup", "main", "menu", "nav", "ol", "p", "pre", "section", "summary", "table",
+    "ul",
+)  # fmt: skip
+# Open elements a start tag closes when they are the current node (HTML's implied end tags).
+_IMPLIED: dict[str, frozenset[str]] = {name: frozenset({"p"}) for name in _BLOCKS}
+_IMPLIED |= {
+    "li": frozenset({"li", "p"}),
+    "dt": frozenset({"dt", "dd", "p"}),
+    "dd": frozenset({"dt", "dd", "p"}),
+    "td": frozenset({"td", "th"}),
+    "th": frozenset({"td", "th"}),
+    "tr": frozenset({"tr", "td", "th"}),
+    "thead": frozenset({"thead", "tbody", "tfoot", "tr", "td", "th"}),
+    "tbody": frozenset({"thead", "tbody", "tfoot", "tr", "td", "th"}),
+    "tfoot": frozenset({"thead", "tbody", "tfoot", "tr", "td", "th"}),
+    "option": frozenset({"option"}),
+    "optgroup": frozenset({"option", "optgroup"}),
+    "rt": frozenset({"rt", "rp"}),
+    "rp": frozenset({"rt", "rp"}),
+}
+_FOREIGN = frozenset({"svg", "math"})  # inside them, <x/> closes itself
+_END_SEARCH = 64  # an end tag closes a match this near the current node, else is ignored
+
+
+def check_shape(html: str) -> None:
+    """Raise ``TooLarge`` when ``html`` nests elements deeper than ``MAX_HTML_DEPTH`` or
+    holds more than ``MAX_HTML_ELEMENTS``.
+
+    lexbor's tree builder searches its stack of open elements for every tag (HTML's
+    scope checks), so its time grows with tags x depth: 40,000 nested ``<div>`` take
+    1.4 s, 200,000 take minutes. This scan is one pass over the text, a few regex
+    steps per tag: it keeps a stack of open element names the way the tree builder
+    would for ordinary markup (void elements, implied end tags of ``p``/``li``/
+    ``td``/..., raw text of ``script``/``style``/..., comments, self-closing tags in
+    SVG and MathML, an end tag closing the nearest match among the last
+    ``_END_SEARCH`` open elements), so its depth is the parser's depth or an
+    overestimate for misnested markup. Under the cap, lexbor's work is at most
+    elements x ``MAX_HTML_DEPTH`` steps."""
+    if html.count("<") <= MAX_HTML_DEPTH:
+        return  # too few tags to nest deeper, or to be more elements
+    stack: list[str] = []
+    foreign = 0  # svg/math elements open
+    elements = 0
+    pos = 0
+    while True:  # one finditer per stretch of markup; comments and raw text restart it
+        for m in _TAG.finditer(html, pos):
+            slash, name = m.group(1, 2)
+            if name is None:  # a comment: skip to its end
+                pos = html.find("-->", m.end())
+                if pos < 0:
+                    return
+                pos += 3
+                break
+            name = name.lower()
+            if slash:  # an end tag: close the nearest open match, if near
+                if stack and stack[-1] == name:
+                    stack.pop()
+                    if name in _FOREIGN:
+                        foreign -= 1
+                    continue
+                for i in range(len(stack) - 2, max(len(stack) - _END_SEARCH, 0) - 1, -1):
+                    if stack[i] == name:
+                        foreign -= sum(1 for n in stack[i:] if n in _FOREIGN)
+                        del stack[i:]
+                        break
+                continue
+            elements += 1
+            if elements > MAX_HTML_ELEMENTS:
+                raise TooLarge(
+                    f"the page has more than {MAX_HTML_ELEMENTS} elements (MAX_HTML_ELEMENTS)"
+                )
+            if name in _VOID:
+                continue
+            raw = _RAW_END.get(name)
+            if raw is not None:  # text up to its end tag
+                end = raw.search(html, m.end())
+                if end is None:
+                    return
+                pos = end.start()
+                break
+            if foreign:
+                close = html.find(">", m.end())
+                if close > 0 and html[close - 1] == "/":
+                    continue  # <path/> in SVG: closed already
+            implied = _IMPLIED.get(name)
+            if implied is not None:
+                while stack and stack[-1] in implied:
+                    stack.pop()
+            stack.append(name)
+            if name in _FOREIGN:
+                foreign += 1
+            if len(stack) > MAX_HTML_DEPTH:
+                raise TooLarge(
+                    f"the page nests elements deeper than {MAX_HTML_DEPTH} (MAX_HTML_DEPTH)"
+                )
+        else:
+            return
+
+
 # Our cleaning is the only cleaning: html_to_markdown's own preprocessing (which drops
 # nav/header/forms even without only_main_content) is off, and so is its front matter.
 _NO_PREPROCESSING = html_to_markdown.PreprocessingOptions(enabled=False)
@@ -530,8 +665,10 @@ def extract(
     """Parse ``html`` once and produce what ``want`` asks for (links always).
 
     ``base_url`` is the URL the page was fetched from after redirects; a
-    ``<base href>`` in the page overrides it.
+    ``<base href>`` in the page overrides it. Raises ``TooLarge`` for a page past
+    ``MAX_HTML_DEPTH`` or ``MAX_HTML_ELEMENTS`` (``check_shape``), before parsing it.
     """
+    check_shape(html)
     tree = LexborHTMLParser(html)
     head = _head(tree)
     page_url = base_url
