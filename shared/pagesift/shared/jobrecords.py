@@ -616,8 +616,10 @@ def pause(g: WriteGroup, job_id: str, reason: str, note: str) -> JobMeta | None:
 
 
 def unpause(g: WriteGroup, job_id: str) -> JobMeta | None:
-    """Inside a group: a paused job running again (``ResumeJob``), its quarantine
-    budget deleted. The meta after the group (unchanged unless it was paused)."""
+    """Inside a group: a paused job running again (``ResumeJob``, or the store taking
+    writes again), its quarantine budget deleted when it was quarantined (a job
+    paused for storage keeps its counts). The meta after the group (unchanged unless
+    it was paused)."""
     keys = JobKeys(job_id)
     raw = g.get(keys.meta)
     if raw is None:
@@ -625,10 +627,12 @@ def unpause(g: WriteGroup, job_id: str) -> JobMeta | None:
     meta = JobMeta.decode(raw)
     if not meta.paused:
         return meta
+    poisoned = meta.extra.get("pause_reason") == "poisoned"
     meta.state, meta.note = "scraping", ""
     meta.extra = {k: v for k, v in meta.extra.items() if k not in ("pause_reason", "paused_ms")}
     g.put(keys.meta, meta.encode())
-    g.delete(keys.poison)
+    if poisoned:
+        g.delete(keys.poison)
     return meta
 
 
