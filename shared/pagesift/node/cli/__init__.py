@@ -39,7 +39,7 @@ The modules, by concern:
 
 - ``common``: exit statuses, handler signatures, the JSON line, error lines;
 - ``args``: argument types and the key/TLS/``--server`` option groups;
-- ``jobs``: scrape, batch, crawl, status, watch, errors, cancel, jobs (flags,
+- ``jobs``: scrape, batch, crawl, status, watch, errors, cancel, resume, jobs (flags,
   requests, handlers); ``jobview``: their JSON shapes and text lines;
   ``progress``: following a job to its end (``JobProgress``, the bar);
 - ``admin``: role, promote, verify, with their output;
