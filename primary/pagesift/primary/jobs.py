@@ -25,11 +25,19 @@ over the layout of ``pagesift.shared.jobrecords``:
   change-tracked page compared and recorded, in the page's own group. A finished
   change-tracked crawl writes its ``removed`` URLs in one group before it finishes.
 - a page error: error pushed to ``errors`` + done mark, one group.
-- the job's cookie jar (``reqprofile.JobCookies``): when a response's Set-Cookie
-  changed it, the next page or page error group also rewrites ``cookies`` with the
-  jar's snapshot; a resumed job (restart or failover) rebuilds its request profile
-  from the stored request and replays that snapshot, so it sends what it sent
-  before (a login session included) plus at most what the lost fetch learnt.
+- the job's cookie jar (``reqprofile.JobCookies``): the next page or page error group
+  after a response's Set-Cookie changed it also writes the changes, one record per
+  cookie whose value, attributes or expiry changed (``cookie/{slot}``, the cookie's
+  own key: a change overwrites it, a deletion or expiry deletes it), never the whole
+  jar, within RFC 6265's caps (4096 bytes a cookie, 50 a domain, 3000 and 1 MiB a
+  job); a resumed job (restart or failover) rebuilds its request profile from the
+  stored request and loads those records (or, for a job stored before them, replays
+  its old ``cookies`` snapshot once), so it sends what it sent before (a login
+  session included) plus at most what the lost fetch learnt.
+- bounded groups: a page's group is written with ``max_bytes`` =
+  ``jr.page_group_bytes(max_body_bytes)``; a bigger one (a hostile page whose links
+  expand to many megabytes) is refused whole by ``Store.write`` (``GroupTooLarge``)
+  and the page gets a ``too_large`` page error naming the bound instead.
 - a retry (a transient failure, ``retrypolicy.is_transient``, with retries left):
   ``attempts`` gets "retry n of this page" in one group BEFORE the retry sleeps, so
   a crash never hands a page its spent retries back; the retry sleeps (full jitter,
@@ -84,7 +92,7 @@ from functools import partial
 from pagesift.primary import frontier, mapper, pagecache, retrypolicy, webhooks
 from pagesift.primary.crawl import Entry, Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page
-from pagesift.primary.reqprofile import RequestProfile
+from pagesift.primary.reqprofile import JarChanges, RequestProfile
 from pagesift.shared import jobrecords as jr
 from pagesift.shared import patterns, quota, validate
 from pagesift.shared import quarantine as q
@@ -93,7 +101,7 @@ from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.shared.identity import Identity, NotWritable
 from pagesift.shared.metrics import Metrics
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.shared.store import GroupTooLarge, Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 
 logger = logging.getLogger("pagesift.jobs")
@@ -330,18 +338,33 @@ class Jobs:
         except PermissionError as e:
             self._finish(meta.id, "failed", str(e))
             return None
-        raw = self.store.get(jr.JobKeys(meta.id).cookies)
-        if raw is not None:
-            profile.cookies.restore(raw)
+        profile.cookies.load(*jr.read_cookies(self.store, meta.id))
         self._profiles[meta.id] = profile
         return profile
 
-    def _save_cookies(self, g: WriteGroup, job_id: str) -> None:
-        """Inside a page's group: the job's jar, when it learnt something since."""
+    def _save_cookies(self, g: WriteGroup, job_id: str) -> JarChanges | None:
+        """Inside a page's group: what the job's jar changed since it was stored
+        (``JobCookies.changes``); hand the result to ``_cookies_saved`` once the
+        group is committed (a refused or failed group leaves them to the next)."""
         profile = self._profiles.get(job_id)
-        if profile is not None and profile.cookies.dirty:
-            g.put(jr.JobKeys(job_id).cookies, profile.cookies.snapshot())
-            profile.cookies.dirty = False
+        changes = None if profile is None else profile.cookies.changes()
+        if changes is None:
+            return None
+        keys = jr.JobKeys(job_id)
+        for slot, record in changes.puts:
+            g.put(keys.cookie(slot), record)
+        for slot in changes.deletes:
+            g.delete(keys.cookie(slot))
+        if changes.slots is not None:
+            g.put(keys.cookie_slots, str(changes.slots).encode())
+        if changes.drop_legacy:
+            g.delete(keys.cookies)
+        return changes
+
+    def _cookies_saved(self, job_id: str, changes: JarChanges | None) -> None:
+        profile = self._profiles.get(job_id)
+        if changes is not None and profile is not None:
+            profile.cookies.committed(changes)
 
     # registration ---------------------------------------------------------------
     async def register(
@@ -914,6 +937,7 @@ class Jobs:
         keys = jr.JobKeys(job_id)
         kind = ""
         not_stored: str = ""  # the error code recorded instead of the page
+        saved: JarChanges | None = None  # the jar's changes in the group
 
         def error(g: WriteGroup, url: str, err: PageError) -> None:
             item = jobs_pb2.PageError(
@@ -936,8 +960,8 @@ class Jobs:
             kind = meta.kind
             if meta.terminal:
                 return None, None  # cancelled or stopped while this page was in flight
-            self._save_cookies(g, job_id)
-            nonlocal not_stored
+            nonlocal saved, not_stored
+            saved = self._save_cookies(g, job_id)
             original, queued = frontier.claim_aliases(g, job_id, aliases)
             if original is not None or skip is not None:
                 if original is not None:  # nothing claimed: the original's links are in
@@ -979,7 +1003,14 @@ class Jobs:
             )  # fmt: skip
             return seq, None
 
-        commit = self.store.write(group)
+        bound = jr.page_group_bytes(self.config.max_body_bytes)
+        try:
+            commit = self.store.write(group, max_bytes=bound)
+        except GroupTooLarge as e:  # nothing of it written: the page is an error instead
+            why = f"the page's write group is {e.size} bytes, over the {e.bound}-byte bound"
+            self._record_error(job_id, mark, doc.url, PageError(ErrorCode.TOO_LARGE, why))
+            return
+        self._cookies_saved(job_id, saved)
         seq, hit = commit.result
         if hit is not None:
             self._stop_on_quota(job_id, hit)
@@ -1037,11 +1068,14 @@ class Jobs:
             url=url, code=str(err.code), message=err.message, time=jr.timestamp(jr.now_ms())
         ).SerializeToString()
 
+        saved: JarChanges | None = None
+
         def group(g: WriteGroup) -> bool:
+            nonlocal saved
             keys = jr.JobKeys(job_id)
             if g.contains(keys.done, mark) or g.get(keys.meta) is None:
                 return False
-            self._save_cookies(g, job_id)
+            saved = self._save_cookies(g, job_id)
             g.push(keys.errors, item)
             g.insert(keys.done, mark)
             webhooks.enqueue(
@@ -1053,6 +1087,7 @@ class Jobs:
             return True
 
         recorded = self.store.write(group).result
+        self._cookies_saved(job_id, saved)
         if recorded:
             if self.metrics is not None:
                 self.metrics.page_failed(str(err.code))

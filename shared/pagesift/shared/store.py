@@ -33,6 +33,16 @@ log applies each entry once; this is the second line of defence):
   member and the size without reading either; replayed in log order, the last
   op leaves the size the source had. (A standby applies six of them per crawled
   page: the reads they used to need were a third of its apply time.)
+
+Bounded groups: ``write`` measures a group (``WriteGroup.size``: the serialized bytes
+of its ops, what its replication-log entry carries) after ``fn`` built it and before
+anything is staged or written, and raises ``GroupTooLarge`` past the bound: the
+caller's ``max_bytes`` (the job runtime passes a page's bound,
+``jobrecords.page_group_bytes``), else the store's ``max_group_bytes``
+(``DEFAULT_MAX_GROUP_BYTES``: a log entry is one protobuf message, which cannot pass
+2 GiB, and a standby receives it whole). Nothing of a refused group is written,
+logged or replicated. ``apply`` (replicated groups) is never bounded: the primary
+bounded them when it wrote them.
 """
 
 from __future__ import annotations
@@ -104,6 +114,19 @@ def digest_rows(rows: Iterable[tuple[bytes, bytes]]) -> str:
         h.update(_U64.pack(len(value)))
         h.update(value)
     return h.hexdigest()
+
+
+DEFAULT_MAX_GROUP_BYTES = 1 << 30  # a store's bound on one group (module docstring)
+
+
+class GroupTooLarge(Exception):
+    """``Store.write`` refused a group of ``size`` bytes of ops, over ``bound``;
+    nothing of it was written."""
+
+    def __init__(self, size: int, bound: int) -> None:
+        self.size = size
+        self.bound = bound
+        super().__init__(f"a write group of {size} bytes is over the {bound}-byte bound")
 
 
 @dataclass(frozen=True)
@@ -185,6 +208,10 @@ class WriteGroup:
 
     def get_local(self, key: bytes) -> bytes | None:
         return self._get(key)
+
+    def size(self) -> int:
+        """Bytes of the group's ops, serialized (what its log entry carries)."""
+        return sum(op.ByteSize() for op in self.ops)
 
     # KV ---------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
@@ -402,8 +429,15 @@ def rocksdb_options() -> Options:
 class Store:
     """An open RocksDB directory. Reads are lock-free; writes go through ``write``."""
 
-    def __init__(self, path: Path | str, *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        fsync: bool = False,
+        max_group_bytes: int = DEFAULT_MAX_GROUP_BYTES,
+    ) -> None:
         self.path = Path(path)
+        self.max_group_bytes = max_group_bytes  # 0: unbounded
         self.path.mkdir(parents=True, exist_ok=True)
         self._db = Rdict(str(self.path), rocksdb_options())
         self._wopts = WriteOptions()
@@ -427,16 +461,23 @@ class Store:
         return self._lock
 
     # the one write path ---------------------------------------------------------
-    def write(self, fn: Callable[[WriteGroup], T]) -> Commit[T]:
+    def write(self, fn: Callable[[WriteGroup], T], *, max_bytes: int | None = None) -> Commit[T]:
         """Run ``fn`` on a fresh group and commit it atomically.
 
         Returns the ``Commit``: ``fn``'s result, the group's ops in write order and
         its log offset (0 without a log). If ``fn`` raises, nothing is written. A
-        group without ops and without local keys writes nothing.
+        group without ops and without local keys writes nothing. A group of more
+        than ``max_bytes`` (None: the store's ``max_group_bytes``; 0: no bound)
+        raises ``GroupTooLarge`` and writes nothing.
         """
+        bound = self.max_group_bytes if max_bytes is None else max_bytes
         with self._lock:
             group = WriteGroup(self._db)
             result = fn(group)
+            if bound > 0 and group.ops:
+                size = group.size()
+                if size > bound:
+                    raise GroupTooLarge(size, bound)
             self._commit(group)
             return Commit(result, group.ops, group.offset)
 
@@ -451,7 +492,7 @@ class Store:
                 group.put_local(key, value)
             return group
 
-        return self.write(run).result
+        return self.write(run, max_bytes=0).result
 
     def _commit(self, group: WriteGroup) -> None:
         if not group.ops and not group._pending and not group._ranges:
