@@ -82,6 +82,17 @@ class ServerConfig:
         int, Doc("WatchJob streams per account (its accounts-file value wins); 0 = none", ge=0)
     ] = 64
     max_total_streams: Annotated[int, Doc("WatchJob streams on this node; 0 = none", ge=0)] = 1_024
+    # WatchJob memory (pagesift.shared.streams): documents read ahead and not yet taken
+    # by the transport, per stream and on the whole node (each byte costs ~3 in memory)
+    watch_stream_bytes: Annotated[
+        int, Doc("bytes one WatchJob stream reads ahead at most (a bigger document alone)", ge=1)
+    ] = 4 * 1024 * 1024
+    watch_total_bytes: Annotated[
+        int, Doc("bytes every WatchJob stream together holds; past it they wait; 0 = none", ge=0)
+    ] = 256 * 1024 * 1024
+    watch_account_bytes: Annotated[
+        int, Doc("bytes one account's WatchJob streams together hold; 0 = none", ge=0)
+    ] = 64 * 1024 * 1024
     # engine
     user_agent: Annotated[str, Doc("the User-Agent of every request (and robots.txt's)")] = (
         "pagesift/0.1 (+https://example.invalid/pagesift)"

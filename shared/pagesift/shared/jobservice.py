@@ -28,7 +28,11 @@ WatchJob streams are bounded (``pagesift.shared.streams``): each account may hol
 RESOURCE_EXHAUSTED naming the limit, like the other limits), and a stream reads the
 job a small window at a time: the next documents are read from the store only once
 gRPC has taken the previous ones, so a client that does not read holds the server
-to one window, not the whole job.
+to one window, not the whole job. Windows are bounded in bytes (``watch_stream_bytes``)
+and granted from the node's byte budget before they are read (``watch_total_bytes``,
+``watch_account_bytes``): past it, streams wait, holding nothing; a stream that held
+big documents is followed by ``malloc_trim`` when it ends, so the node's resident
+memory comes back down.
 
 GetJob pages by count and by size: a response holds at most ``limit`` documents and
 at most ``max_response_bytes`` serialized bytes (documents plus status), ``next_skip``
@@ -70,12 +74,13 @@ from pagesift.shared.identity import Fenced, NotWritable
 from pagesift.shared.metrics import Metrics
 from pagesift.shared.rpcerrors import Reason
 from pagesift.shared.store import Store
-from pagesift.shared.streams import WINDOW_BYTES, WINDOW_DOCS, StreamSlots
+from pagesift.shared.streams import WINDOW_DOCS, StreamBytes, StreamSlots, WatchBytes
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
 WATCH_POLL_SECONDS = 1.0  # a watcher re-reads at least this often, even without a wake-up
 TRIM_AFTER_BYTES = 4 * 1024 * 1024  # a batch request this large is followed by malloc_trim
 TRIM_DELAY_SECONDS = 1.0  # ... this long after its handler returned
+WATCH_TRIM_BYTES = 1024 * 1024  # ... and a WatchJob stream that held this much at once
 # The server's grpc.max_send_message_length (pagesift.node.grpcserver uses this): a
 # response above it is refused here, naming the document, not failed by the transport.
 MAX_SEND_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -286,11 +291,22 @@ async def _page_failed(context: Context, e: PageError, url: str) -> NoReturn:
 def _trim_heap_soon() -> None:
     """After a large request: once gRPC has dropped it, hand the freed heap back to the
     OS (glibc keeps freed memory in its arenas otherwise: ~35 MB after a 16 MB batch)."""
-    if _MALLOC_TRIM is None:
-        return
+    global _trim_pending
+    if _MALLOC_TRIM is None or _trim_pending:
+        return  # one trim covers every request that ended before it runs
     trim = _MALLOC_TRIM
     loop = asyncio.get_running_loop()
-    loop.call_later(TRIM_DELAY_SECONDS, lambda: loop.run_in_executor(None, trim, 0))
+
+    def run() -> None:
+        global _trim_pending
+        _trim_pending = False
+        loop.run_in_executor(None, trim, 0)
+
+    _trim_pending = True
+    loop.call_later(TRIM_DELAY_SECONDS, run)
+
+
+_trim_pending = False
 
 
 def _stored_batch(request: jobs_pb2.StartBatchScrapeRequest, plan: validate.BatchPlan) -> bytes:
@@ -318,6 +334,30 @@ def _window(store: Store, job_id: str, index: int, count: int, visible: int | No
     if visible is not None:
         count = min(count, visible - index)
     return store.list_range(jr.JobKeys(job_id).pages, index, count) if count > 0 else []
+
+
+def _watch_window(
+    store: Store, job_id: str, index: int, visible: int | None, budget: int
+) -> tuple[list[bytes], int]:
+    """A watcher's next documents from ``index`` on, and their size as message fields:
+    at most ``WINDOW_DOCS`` (capped at ``visible``) and at most ``budget`` bytes, read
+    one at a time so that no more is ever held; at least one (a bigger one alone)."""
+    count = WINDOW_DOCS if visible is None else min(WINDOW_DOCS, visible - index)
+    key = jr.JobKeys(job_id).pages
+    out: list[bytes] = []
+    used = 0
+    while len(out) < count:
+        got = store.list_range(key, index + len(out), 1)
+        if not got:
+            break
+        size = _field_bytes(len(got[0]))
+        if out and used + size > budget:
+            break  # read again by the next window
+        out.append(got[0])
+        used += size
+        if used >= budget:
+            break
+    return out, used
 
 
 def _field_bytes(size: int) -> int:
@@ -422,6 +462,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self.node = node
         cfg = node.config
         self.streams = StreamSlots(cfg.max_concurrent_streams, cfg.max_total_streams, node.metrics)
+        self.watch_bytes = WatchBytes(
+            cfg.watch_stream_bytes, cfg.watch_total_bytes, node.metrics, cfg.watch_account_bytes
+        )
 
     # helpers ----------------------------------------------------------------------
     async def _caller(self, context: Context) -> Account:
@@ -817,11 +860,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             await self._refuse_limit(context, e, caller)
         metrics = self.node.metrics
         held = 0  # documents read from the store that gRPC has not taken yet
+        inflight = self.watch_bytes.stream(caller.name)  # ... their bytes, in the budget
+        peak = 0  # the most bytes this stream held at once
         try:
             index = request.from_index
             last: tuple[int, int, int, int] | None = None
             events = self.node.events
-            batch = 1  # documents to read next: a window of about WINDOW_BYTES
             await self._readable()
             while True:
                 wake = events.current(meta.id)  # before reading: no change slips between
@@ -830,28 +874,30 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 if fresh is None:
                     await _no_job(context, meta.id, f"id: job {meta.id} expired")
                 visible = self._visible(meta.id)
-                raws = _window(store, meta.id, index, batch, visible)
-                if raws:
-                    window = min(WINDOW_BYTES, self.node.config.max_response_bytes)
-                    batch = max(1, min(WINDOW_DOCS, window * len(raws) // sum(map(len, raws))))
+                p = jr.progress(store, fresh, visible)
+                if index < p.completed:
+                    raws = await self._watch_read(inflight, meta.id, index, visible)
+                    peak = max(peak, inflight.held)
                     held = len(raws)
                     metrics.watch_documents_read.inc(held)
                     metrics.watch_documents_buffered.inc(held)
                     raws.reverse()  # pop from the end: each raw document is dropped as sent
                     while raws:
                         raw = raws.pop()
-                        if _field_bytes(len(raw)) + 16 > MAX_SEND_MESSAGE_BYTES:  # + index
+                        size = _field_bytes(len(raw))
+                        if size + 16 > MAX_SEND_MESSAGE_BYTES:  # + index
                             await _refuse_too_large(context, index, len(raw), "from_index")
-                        doc = jobs_pb2.Document.FromString(raw)
+                        resp = jobs_pb2.WatchJobResponse()
+                        resp.document.index = index
+                        resp.document.document.MergeFromString(raw)  # the one parsed copy
                         del raw
-                        yield jobs_pb2.WatchJobResponse(
-                            document=jobs_pb2.IndexedDocument(index=index, document=doc)
-                        )  # resumes once the transport took it (flow control holds it back)
+                        yield resp  # resumes once the transport took it (flow control)
+                        del resp
+                        inflight.give(size)
                         held -= 1
                         metrics.watch_documents_buffered.dec()
                         index += 1
                     continue
-                p = jr.progress(store, fresh, visible)
                 state = (jr.STATE_TO_PB[fresh.state], p.total, p.completed, p.failed)
                 if state != last:
                     last = state
@@ -869,7 +915,31 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 await events.wait(wake, WATCH_POLL_SECONDS)
         finally:  # ended, failed, or cancelled (the client went away)
             metrics.watch_documents_buffered.dec(held)
+            inflight.close()
             slot.release()
+            if peak >= WATCH_TRIM_BYTES:
+                _trim_heap_soon()  # big documents: give the freed pages back to the OS
+
+    async def _watch_read(
+        self, inflight: StreamBytes, job_id: str, index: int, visible: int | None
+    ) -> list[bytes]:
+        """A watcher's next window (``_watch_window``), its bytes granted by the node's
+        budget first: the stream waits (holding nothing) while the budget is spent. A
+        document bigger than the stream's window is put back and read again once the
+        budget has granted its whole size, so no stream holds bytes it was not granted."""
+        budget = self.watch_bytes.per_stream
+        await inflight.reserve(budget)
+        raws, size = _watch_window(self.node.store(), job_id, index, visible, budget)
+        if size <= budget:
+            inflight.give(budget - size)
+            return raws
+        del raws  # one document larger than a window: drop it, wait for its whole size
+        inflight.give(budget)
+        await inflight.reserve(size)
+        raws = _window(self.node.store(), job_id, index, 1, visible)
+        got = sum(_field_bytes(len(r)) for r in raws)
+        inflight.give(size - got)  # stored documents do not change: 0 unless it expired
+        return raws
 
     async def GetJobErrors(
         self,

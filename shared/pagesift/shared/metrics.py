@@ -33,6 +33,11 @@ pagesift_watch_streams                      gauge      WatchJob streams open now
 pagesift_watch_documents_read_total         counter    documents WatchJob read from the store
 pagesift_watch_documents_buffered           gauge      of those, read but not yet taken by
                                                        the transport (the streams' windows)
+pagesift_watch_bytes_in_flight              gauge      bytes of documents the streams read
+                                                       that the transport has not taken yet
+                                                       (bounded by watch_total_bytes)
+pagesift_watch_stream_bytes_max             gauge      the most bytes one open stream holds
+pagesift_watch_streams_waiting              gauge      streams waiting for the node's budget
 pagesift_webhook_deliveries_total           counter    result: ok | error | blocked (attempts),
                                                        undeliverable (events given up)
 pagesift_webhook_queue_depth                gauge      events enqueued, not yet acknowledged
@@ -213,6 +218,23 @@ class Metrics:
             "pagesift_watch_documents_buffered",
             "Documents WatchJob streams read from the store that the transport has not "
             "taken yet (the sum of the streams' windows).",
+            registry=r,
+        )
+        self.watch_bytes = Gauge(
+            "pagesift_watch_bytes_in_flight",
+            "Bytes of documents WatchJob streams read from the store that the transport "
+            "has not taken yet (bounded by watch_total_bytes).",
+            registry=r,
+        )
+        self.watch_stream_bytes_max = Gauge(
+            "pagesift_watch_stream_bytes_max",
+            "The most bytes in flight one open WatchJob stream holds now "
+            "(bounded by watch_stream_bytes, or one bigger document alone).",
+            registry=r,
+        )
+        self.watch_streams_waiting = Gauge(
+            "pagesift_watch_streams_waiting",
+            "WatchJob streams waiting for the node's watch_total_bytes budget.",
             registry=r,
         )
         self.webhook_deliveries = Counter(

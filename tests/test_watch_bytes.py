@@ -1,0 +1,274 @@
+"""WatchJob streams are bounded by bytes (issue 19, finding 11): per stream, per
+account and per node, with the memory back once they end.
+
+The regression: 60 unread WatchJob streams on a job of 4 MB documents held eight
+documents each (the window counted documents), and the node kept its resident
+memory after every stream was cancelled. Here a real ``pagesift serve`` child crawls
+the hostile site's big pages (``tests.hostile.watchers``), two dozen streams are
+opened and never read, and the node's VmRSS, its watcher gauges and another
+account's reader are watched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pagesift.shared import jobrecords as jr
+from pagesift.shared.metrics import Metrics
+from pagesift.shared.store import Store, WriteGroup
+from pagesift.shared.streams import WatchBytes, fits
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from tests import hostile
+from tests.helpers import (
+    ALICE,
+    BOB,
+    UNLIMITED,
+    NodeFactory,
+    Samples,
+    eventually,
+    free_port,
+    in_process_node,
+    metric,
+    scrape_metrics,
+    wait_done,
+    write_accounts,
+)
+from tests.hostile import watchers
+
+MiB = 1024 * 1024
+
+# ---------------------------------------------------------------- the budget itself
+
+
+def test_fits_under_the_budget_or_alone() -> None:
+    assert fits(0, 10, 5)  # nothing in flight: a bigger one goes alone
+    assert fits(3, 2, 5)
+    assert not fits(3, 3, 5)
+    assert fits(100, 100, 0)  # 0: no cap
+
+
+async def test_waiters_are_granted_in_order_and_a_cancelled_one_gives_back() -> None:
+    budget = WatchBytes(4, 10, Metrics())
+    a, b, c = budget.stream("x"), budget.stream("x"), budget.stream("x")
+    await a.reserve(8)
+    tb = asyncio.create_task(b.reserve(6))
+    tc = asyncio.create_task(c.reserve(1))  # would fit, but does not overtake b
+    await asyncio.sleep(0)
+    assert (budget.used, budget.waiting()) == (8, 2)
+    a.give(8)
+    await asyncio.wait_for(asyncio.gather(tb, tc), 1)
+    assert (b.held, c.held, budget.used) == (6, 1, 7)
+    td = asyncio.create_task(a.reserve(5))
+    await asyncio.sleep(0)
+    td.cancel()  # cancelled while waiting: nothing taken
+    with pytest.raises(asyncio.CancelledError):
+        await td
+    assert (a.held, budget.used, budget.waiting()) == (0, 7, 0)
+    for s in (b, c):
+        s.close()
+        s.close()  # idempotent
+    assert (budget.used, budget.largest()) == (0, 0.0)
+
+
+async def test_one_accounts_share_does_not_hold_back_another_account() -> None:
+    budget = WatchBytes(4, 100, Metrics(), per_account=10)
+    alice = [budget.stream("alice") for _ in range(3)]
+    await alice[0].reserve(6)
+    await alice[1].reserve(4)
+    waiting = asyncio.create_task(alice[2].reserve(4))  # alice's share is spent
+    await asyncio.sleep(0)
+    bob = budget.stream("bob")
+    await asyncio.wait_for(bob.reserve(9), 1)  # not behind alice's waiter
+    assert not waiting.done() and budget.held_by("alice") == 10
+    alice[0].close()
+    await asyncio.wait_for(waiting, 1)
+    assert budget.held_by("alice") == 8 and budget.used == 17
+
+
+# ---------------------------------------------------------------- one node in process
+
+
+def put_job(store: Store, docs: int, doc_bytes: int) -> str:
+    """A completed job of ``docs`` documents of about ``doc_bytes`` each."""
+    job_id = str(uuid.uuid4())
+    now = jr.now_ms()
+    meta = jr.JobMeta(
+        id=job_id,
+        kind="batch",
+        state="completed",
+        owner="anonymous",
+        created_ms=now,
+        expires_ms=now + 3_600_000,
+        total=docs,
+        finished_ms=now,
+    )
+
+    def group(g: WriteGroup) -> None:
+        g.put(jr.JobKeys(job_id).meta, meta.encode())
+        g.insert(jr.JOBS_SET, job_id.encode())
+        for i in range(docs):
+            md = os.urandom(doc_bytes // 2).hex()
+            doc = jobs_pb2.Document(url=f"http://127.0.0.1/{i}", markdown=md)
+            g.push(jr.JobKeys(job_id).pages, doc.SerializeToString())
+            g.insert(jr.JobKeys(job_id).done, str(i).encode())
+
+    store.write(group)
+    return job_id
+
+
+async def test_documents_bigger_than_a_window_come_alone_in_order(tmp_path: Path) -> None:
+    """A 64 KiB window and 200 KB documents: each is read alone once granted, none is
+    lost or repeated, and no stream holds more than one of them."""
+    async with in_process_node(
+        tmp_path / "n", watch_stream_bytes=64 * 1024, watch_total_bytes=256 * 1024
+    ) as node:
+        job = put_job(node.node.store(), 12, 200_000)
+        metrics = node.node.metrics
+        seen: list[float] = []
+        got: list[int] = []
+        async for ev in node.stub.WatchJob(jobs_pb2.WatchJobRequest(id=job)):
+            if ev.HasField("document"):
+                got.append(ev.document.index)
+                seen.append(
+                    metrics.registry.get_sample_value("pagesift_watch_stream_bytes_max") or 0
+                )
+        assert got == list(range(12))
+        assert max(seen) <= 210_000  # one document at a time
+        assert node.node.metrics.registry.get_sample_value("pagesift_watch_bytes_in_flight") == 0
+
+
+# ---------------------------------------------------------------- a real node process
+
+
+def vm_rss(pid: int) -> int:
+    """The resident memory of process ``pid``, in bytes (``/proc/PID/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+PAGES = 8  # big pages of ~4 MB: every job holds ~33 MB of documents
+STREAM_BYTES = 10 * MiB  # two big documents per stream
+ACCOUNT_BYTES = 40 * MiB
+TOTAL_BYTES = 64 * MiB
+UNREAD = 24
+
+
+async def crawl_big(
+    stub: jobs_pb2_grpc.JobServiceAsyncStub, root: str, md: tuple[tuple[str, str], ...]
+) -> str:
+    job = await stub.StartCrawl(
+        jobs_pb2.StartCrawlRequest(url=f"{root}watchers/?n={PAGES}", limit=PAGES + 1), metadata=md
+    )
+    done = await wait_done(stub, job.id, md, timeout=90)
+    assert (done.state, done.completed) == (jobs_pb2.JOB_STATE_COMPLETED, PAGES + 1)
+    job_id: str = job.id
+    return job_id
+
+
+async def read_all(address: str, job_id: str, md: tuple[tuple[str, str], ...]) -> list[int]:
+    """Every document index a WatchJob stream delivers, read promptly, to its end."""
+    async with grpc.aio.insecure_channel(address, options=UNLIMITED) as ch:
+        stub = jobs_pb2_grpc.JobServiceStub(ch)
+        call = stub.WatchJob(jobs_pb2.WatchJobRequest(id=job_id), metadata=md, timeout=60)
+        return [ev.document.index async for ev in call if ev.HasField("document")]
+
+
+async def test_unread_watchers_hold_at_most_the_byte_budget_and_give_the_memory_back(
+    nodes: NodeFactory, tmp_path: Path
+) -> None:
+    runner, root = await hostile.serve(watchers.ROUTES)
+    metrics_at = f"127.0.0.1:{free_port()}"
+    node = nodes(
+        "n",
+        config={
+            "max_body_bytes": 8 * MiB,
+            "metrics_listen": metrics_at,
+            "accounts_file": str(write_accounts(tmp_path / "accounts.toml", (ALICE, BOB))),
+            "watch_stream_bytes": STREAM_BYTES,
+            "watch_account_bytes": ACCOUNT_BYTES,
+            "watch_total_bytes": TOTAL_BYTES,
+        },
+    )
+    channels: list[grpc.aio.Channel] = []
+    try:
+        await node.start()
+        assert node.proc is not None
+        pid = node.proc.pid
+        async with grpc.aio.insecure_channel(node.address, options=UNLIMITED) as ch:
+            stub = jobs_pb2_grpc.JobServiceStub(ch)
+            alice_job = await crawl_big(stub, root, ALICE.md)
+            bob_job = await crawl_big(stub, root, BOB.md)
+        await asyncio.sleep(1.5)  # the crawls' own trims
+        baseline = vm_rss(pid)
+
+        async def gauges() -> Samples:
+            return await scrape_metrics(metrics_at)
+
+        # two dozen streams that never read (a fixed 64 KB receive window each: no BDP
+        # growth that would let the client take megabytes into its own buffers)
+        calls = []
+        for _ in range(UNREAD):
+            ch = grpc.aio.insecure_channel(
+                node.address, options=[*UNLIMITED, ("grpc.http2.bdp_probe", 0)]
+            )
+            channels.append(ch)
+            call = jobs_pb2_grpc.JobServiceStub(ch).WatchJob(
+                jobs_pb2.WatchJobRequest(id=alice_job), metadata=ALICE.md
+            )
+            calls.append(call)
+
+        async def settled() -> Samples | None:
+            s = await gauges()
+            ok = metric(s, "pagesift_watch_streams") == UNREAD
+            return s if ok and metric(s, "pagesift_watch_streams_waiting") >= 1 else None
+
+        s = await eventually(settled, "the unread streams to fill alice's share", 30)
+        await asyncio.sleep(1.0)  # nothing more is read: the budget holds
+        s = await gauges()
+        held = metric(s, "pagesift_watch_bytes_in_flight")
+        assert 2 * 4 * MiB * 0.9 <= held <= ACCOUNT_BYTES, held
+        assert metric(s, "pagesift_watch_stream_bytes_max") <= STREAM_BYTES
+        assert metric(s, "pagesift_watch_streams_waiting") >= UNREAD - ACCOUNT_BYTES // (8 * MiB)
+        peak = vm_rss(pid)
+        # each byte in flight costs ~3 in memory; the old window held 2 GB here
+        assert peak - baseline <= 3 * TOTAL_BYTES + 64 * MiB, (baseline, peak)
+
+        # another account is not held back by alice's unread streams: bob reads his
+        # job, every document in order, exactly once
+        got = await asyncio.wait_for(read_all(node.address, bob_job, BOB.md), 60)
+        assert got == list(range(PAGES + 1))
+
+        for call in calls:
+            call.cancel()
+
+        async def returned() -> Samples | None:
+            s = await gauges()
+            names = ("pagesift_watch_streams", "pagesift_watch_bytes_in_flight")
+            return s if all(metric(s, n) == 0 for n in names) else None
+
+        s = await eventually(returned, "the cancelled streams to give their bytes back", 15)
+        assert metric(s, "pagesift_watch_streams_waiting") == 0
+        assert metric(s, "pagesift_watch_stream_bytes_max") == 0
+
+        # the memory comes back (malloc_trim once the big streams ended)
+        async def trimmed() -> int | None:
+            rss = vm_rss(pid)
+            return rss if rss - baseline <= 48 * MiB else None
+
+        await eventually(trimmed, f"VmRSS back near {baseline} (peak {peak})", 15)
+
+        # and alice, reading now, gets every document in order exactly once
+        got = await asyncio.wait_for(read_all(node.address, alice_job, ALICE.md), 60)
+        assert got == list(range(PAGES + 1))
+    finally:
+        for ch in channels:
+            await ch.close(None)
+        await runner.cleanup()
