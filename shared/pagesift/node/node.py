@@ -28,6 +28,9 @@ carries out the actions it returns.
 The durable identity (epoch, history, fenced epoch, role last recorded) stays in the
 log (``pagesift.shared.identity``), written before it takes effect.
 
+The event-loop lag monitor (``pagesift.node.looplag``) runs on every role too, from
+``start`` to ``close``.
+
 The gRPC server around it is ``pagesift.node.grpcserver``.
 """
 
@@ -43,6 +46,7 @@ from pathlib import Path
 import grpc
 
 from pagesift.node.elector import CLOSED, Elector, ElectorHost
+from pagesift.node.looplag import LoopLagMonitor
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import RoleStatus, figures
 from pagesift.node.witness import EtcdWitness
@@ -126,6 +130,10 @@ class Node:
         self.metrics.webhook_queue_depth = lambda: webhooks.queue_depth(self.slot.store)
         self.metrics.replication = self._replication_figures
         self.metrics.witness = self._witness_gauges
+        # always on, whatever the role: how late the event loop runs what is due
+        self.looplag = LoopLagMonitor(
+            self.metrics, config.loop_lag_interval, config.loop_lag_warn_seconds
+        )
         self.parts = ReplicationParts(
             self.slot,
             node_id=self.node_id,
@@ -214,6 +222,7 @@ class Node:
         )
 
     async def start(self) -> None:
+        self.looplag.start()
         log = self.slot.log
         await self._carry_out(
             self._step(
@@ -460,6 +469,7 @@ class Node:
             await engine.close()
 
     async def close(self) -> None:
+        await self.looplag.stop()
         await self._carry_out(self._step(Stopping()))
         self.slot.close()
 

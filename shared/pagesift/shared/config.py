@@ -237,6 +237,13 @@ class ServerConfig:
     ] = ""
     # logging
     log_format: Annotated[str, Doc("text or json (one JSON object a line)")] = "text"
+    # the event-loop lag monitor (pagesift.node.looplag)
+    loop_lag_interval: Annotated[
+        float, Doc("seconds between the event-loop lag monitor's wake-ups", ge=0.01)
+    ] = 0.25
+    loop_lag_warn_seconds: Annotated[
+        float, Doc("event-loop lag past which a WARNING is logged (rate-limited)", ge=0)
+    ] = 0.5
     # Map (pagesift.primary.mapper): a site's URLs from its sitemaps and a shallow
     # link walk, nothing stored
     max_map_urls: Annotated[int, Doc("the most URLs one Map call may return", ge=0)] = 100_000
