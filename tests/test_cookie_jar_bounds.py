@@ -11,6 +11,7 @@ site on loopback and measure what the replication log grew by.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from pagesift.primary.reqprofile import (
 )
 from pagesift.shared import jobrecords as jr
 from pagesift.shared.replog import Log
+from pagesift.shared.slot import open_slot
 from pagesift.shared.store import GroupTooLarge, Store, WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import ServeProc, all_documents, eventually, in_process_node, wait_terminal
@@ -379,3 +381,74 @@ async def test_a_crawl_killed_mid_flood_resumes_sending_the_cookies_it_learnt(
         assert "sid=login" in doc.markdown, (n, doc.markdown[-300:])
         assert f"visit={n - 1}" in doc.markdown, (n, doc.markdown[-300:])
         assert "big" in doc.markdown
+
+
+async def test_a_job_stored_with_the_old_jar_snapshot_resumes_with_it_and_rewrites_it(
+    tmp_path: Path,
+) -> None:
+    served: list[str] = []
+
+    def counting(handler: Handler) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            served.append(request.path)
+            return await handler(request)
+
+        return handle
+
+    runner, root = await serve([(path, counting(h)) for path, h in cookies.ROUTES])
+    server = ServeProc(tmp_path, "server", config={"extract_processes": 0})
+    last = 20
+    try:
+        await server.start()
+        request = jobs_pb2.StartCrawlRequest(
+            url=f"{root}cookies/chain/0?last={last}&delay=100",
+            sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
+            crawl_entire_domain=True,
+            max_concurrency=1,
+        )
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            job = await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(request)
+
+        async def started() -> bool | None:
+            return True if len(served) >= 4 else None
+
+        await eventually(started, "four flooded pages", timeout=30)
+        server.kill()
+        # the job as the previous version stored it: its jar as one snapshot of lines
+        slot = open_slot(server.data)
+        slot.log.open_for_writes()
+        keys = jr.JobKeys(job.id)
+        records, slots, _ = jr.read_cookies(slot.store, job.id)
+        assert len(records) == MAX_DOMAIN_COOKIES  # the new layout, before the rewrite
+        legacy = json.dumps([
+            [f"{root}cookies/chain/0", "sid=legacy; Path=/cookies"],
+            [f"{root}cookies/chain/0", "visit=999; Path=/cookies"],
+        ]).encode()  # fmt: skip
+
+        def downgrade(g: WriteGroup) -> None:
+            for slot_no in range(slots):
+                g.delete(keys.cookie(slot_no))
+            g.delete(keys.cookie_slots)
+            g.put(keys.cookies, legacy)
+
+        slot.log.write(downgrade)
+        slot.close()
+        killed_at = len(served)
+        await server.start()
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            stub = jobs_pb2_grpc.JobServiceStub(ch)
+            final = await wait_terminal(stub, job.id, timeout=60)
+            docs = await all_documents(stub, job.id)
+    finally:
+        server.stop()
+        await runner.cleanup()
+    assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
+    assert len(served) > killed_at
+    resumed = [d for d in docs if "sid=legacy" in d.markdown]
+    assert len(resumed) == 1 and "visit=999" in resumed[0].markdown  # the first page after
+    slot = open_slot(server.data)
+    try:
+        records, slots, legacy_left = jr.read_cookies(slot.store, job.id)
+    finally:
+        slot.close()
+    assert legacy_left is None and len(records) == MAX_DOMAIN_COOKIES and slots >= len(records)
