@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -152,6 +153,41 @@ async def test_a_refreshed_max_age_is_not_rewritten_on_every_page() -> None:
     assert jar.changes() is None
     jar.absorb(f"{SITE}/", ["session=abc; Max-Age=60; Path=/"])  # an expiry that moved
     assert jar.changes() is not None
+
+
+async def test_an_expired_cookie_deletes_its_record() -> None:
+    jar = JobCookies()
+    jar.absorb(f"{SITE}/", ["short=1; Max-Age=30; Path=/", "long=2; Path=/"])
+    store = stored_jar(jar)
+    assert len(store) == 2
+    later = jar.changes(now=time.time() + 31)
+    assert later is not None and len(later.deletes) == 1 and not later.puts
+    jar.committed(later)
+    assert len(jar) == 1  # aiohttp's jar drops it by its own clock when the time comes
+
+
+async def test_more_touched_cookies_than_it_tracks_fall_back_to_a_full_diff() -> None:
+    jar = JobCookies()
+    jar.absorb(f"{SITE}/", ["keep=1; Path=/", "old=2; Path=/"])
+    store = stored_jar(jar)
+    jar.absorb(f"{SITE}/", ["old=; Max-Age=0; Path=/"])
+    for host in range(150):  # 150 domains x 50 cookies: 7,500 touched, 3,000 kept at most
+        jar.absorb(f"http://h{host}.example/", [f"c{i}=v; Path=/" for i in range(50)])
+    assert len(jar) == 3000 and jar.evicted > 0
+    changes = jar.changes()
+    assert changes is not None and changes.full
+    for slot, raw in changes.puts:
+        store[slot] = raw
+    for slot in changes.deletes:
+        del store[slot]
+    jar.committed(changes)
+    assert jar.changes() is None
+    assert len(store) == 3000  # the live cookies, "old" deleted, "keep" evicted (oldest)
+    rebuilt = JobCookies()
+    rebuilt.load(sorted(store.items()), changes.slots or 0)
+    assert len(rebuilt) == 3000 and rebuilt.changes() is None
+    for url in (f"{SITE}/", "http://h149.example/", "http://h90.example/x"):
+        assert rebuilt.header(url) == jar.header(url)
 
 
 async def test_a_changes_set_whose_group_failed_is_offered_again() -> None:
