@@ -38,7 +38,7 @@ def many_elements(count: int = 1_200_000) -> str:
     return _HEAD + "<i></i>" * count + "</body></html>"
 
 
-def deep_and_wide(depth: int = 1_990, count: int = 990_000) -> str:
+def deep_and_wide(depth: int = 990, count: int = 990_000) -> str:
     """``depth`` open ``<div>`` around ``count`` empty ``<i></i>``: the caps' worst case."""
     return _HEAD + "<div>" * depth + "<i></i>" * count + "</div>" * depth + "</body></html>"
 
