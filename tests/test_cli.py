@@ -404,7 +404,7 @@ def test_errors_and_jobs_json_shapes() -> None:
     }
 
 
-def test_document_json_full_keeps_only_present_formats() -> None:
+def test_document_json_full_is_every_field_of_the_message() -> None:
     doc = jobs_pb2.Document(
         url="http://s/a",
         final_url="http://s/a",
@@ -417,7 +417,11 @@ def test_document_json_full_keeps_only_present_formats() -> None:
     )
     got = document_json(doc, full=True)
     assert got["markdown"] == "# A" and got["links"] == ["http://s/b"]
-    assert "html" not in got and "raw_html" not in got
+    # every field, empty ones too (before: only the non-empty formats, and no cache_hit,
+    # change_status or change_diff at all)
+    assert (got["html"], got["raw_html"], got["change_diff"]) == ("", "", "")
+    assert got["cache_hit"] is False and got["change_status"] == "CHANGE_STATUS_UNSPECIFIED"
+    assert list(got) == [f.name for f in jobs_pb2.Document.DESCRIPTOR.fields]
     assert got["status_code"] == 200 and got["fetched_at"] is None
     assert document_json(doc) == {"url": "http://s/a", "final_url": "http://s/a", "title": "A"}
 
@@ -640,6 +644,15 @@ class FakeJobs(jobs_pb2_grpc.JobServiceServicer):
         await self._write("CancelJob", context)
         await self._job(request.id, context)
         return jobs_pb2.CancelJobResponse(state=jobs_pb2.JOB_STATE_CANCELLED)
+
+    async def ResumeJob(
+        self,
+        request: jobs_pb2.ResumeJobRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> jobs_pb2.ResumeJobResponse:
+        await self._write("ResumeJob", context)
+        await self._job(request.id, context)
+        return jobs_pb2.ResumeJobResponse(state=jobs_pb2.JOB_STATE_COMPLETED)  # finished: its own
 
 
 async def _serve(service: FakeJobs) -> tuple[grpc.aio.Server, str]:

@@ -1,24 +1,38 @@
 """The job subcommands: ``scrape``, ``batch``, ``crawl``, ``status``, ``watch``,
-``errors``, ``cancel``, ``jobs`` and ``map``.
+``errors``, ``cancel``, ``resume``, ``jobs`` and ``map`` (and ``export``, from ``export``).
 
 Owns their flags (``add_job_commands``), the requests built from those flags
 (``scrape_options``, ``batch_request``, ``crawl_request``; ``--format`` is checked
 while parsing), and their handlers. Each handler is ``async def (args, client) ->
 int`` and sends its calls through the ``JobClient`` it is given (which fails over);
 what it prints comes from ``jobview`` (and ``progress`` for ``--wait``).
+
+A document printed whole (``scrape --json``, ``status``/``watch --json --full``,
+``export``) is ``jobview.document_dict``: every field of the message. ``status
+--all`` prints page by page as GetJob returns them (its ``--json`` object is written
+as it goes), so it never holds the job's documents either.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pagesift.node.cli.args import client_parent, nonneg_float, nonneg_int
 from pagesift.node.cli.common import EXIT_OK, dump
+from pagesift.node.cli.export import (
+    ExportTarget,
+    add_export_command,
+    add_export_flags,
+    export_after_wait,
+    export_requested,
+)
 from pagesift.node.cli.jobview import (
     document_json,
+    document_line,
     errors_json,
     errors_lines,
     job_json,
@@ -162,43 +176,64 @@ async def _follow_started(
     client: JobClient,
     job_id: str,
     extra: dict[str, Any],
+    target: ExportTarget | None,
     *,
     note_on_failure: bool = False,
 ) -> int:
     """What ``batch`` and ``crawl`` do once their job started (its id already printed
     in text mode): without ``--wait``, the JSON id; with it, follow the job and print
-    its summary (or its JSON), ``extra`` added to either JSON object."""
-    if not args.wait:
+    its summary (or its JSON), ``extra`` added to either JSON object. With ``--export
+    DIR`` / ``--jsonl`` (which imply ``--wait``), export the ended job's documents too
+    (the JSON object gains ``"export"``)."""
+    if not args.wait and target is None:
         if args.json:
             dump({"id": job_id, **extra})
         return EXIT_OK
     progress = await wait_for_job(client, job_id, show_progress=not args.json)
+    if not args.json:
+        summary_out = sys.stderr if target is not None and target.to_stdout else sys.stdout
+        print(progress.summary(), file=summary_out)
+        if note_on_failure and progress.state == jobs_pb2.JOB_STATE_FAILED:
+            note = (await client.get_job(job_id, status_only=True)).note
+            if note:
+                print(f"note: {note}", file=summary_out)
+    if target is not None:
+        exported = await export_after_wait(args, client, job_id, target)
+        if isinstance(exported, int):
+            return exported
+        extra = {**extra, "export": exported}
     if args.json:
         dump({**progress.as_json(), **extra})
-        return progress.exit_code()
-    print(progress.summary())
-    if note_on_failure and progress.state == jobs_pb2.JOB_STATE_FAILED:
-        note = (await client.get_job(job_id, status_only=True)).note
-        if note:
-            print(f"note: {note}")
     return progress.exit_code()
 
 
+def _id_stream(args: argparse.Namespace) -> Any:
+    """Where ``batch``/``crawl`` print the new job's id: stdout, unless the documents
+    go there (``--jsonl`` without ``--out``)."""
+    return sys.stderr if args.jsonl and args.out is None else sys.stdout
+
+
 async def _cmd_batch(args: argparse.Namespace, client: JobClient) -> int:
+    target = export_requested(args)  # checked before the job starts
+    if isinstance(target, int):
+        return target
     resp = await client.start_batch(batch_request(args))
     invalid = list(resp.invalid_urls)
     if not args.json:
-        print(resp.id)
+        print(resp.id, file=_id_stream(args))
         for url in invalid:
             print(f"skipped invalid URL: {url}", file=sys.stderr)
-    return await _follow_started(args, client, resp.id, {"invalid_urls": invalid})
+    return await _follow_started(args, client, resp.id, {"invalid_urls": invalid}, target)
 
 
 async def _cmd_crawl(args: argparse.Namespace, client: JobClient) -> int:
+    target = export_requested(args)  # checked before the job starts
+    if isinstance(target, int):
+        return target
     job_id = await client.start_crawl(crawl_request(args))
     if not args.json:
-        print(job_id)
-    return await _follow_started(args, client, job_id, {}, note_on_failure=True)
+        print(job_id, file=_id_stream(args))
+    return await _follow_started(args, client, job_id, {}, target, note_on_failure=True)
 
 
 async def _cmd_map(args: argparse.Namespace, client: JobClient) -> int:
@@ -223,21 +258,45 @@ async def _cmd_map(args: argparse.Namespace, client: JobClient) -> int:
     return EXIT_OK
 
 
+async def _status_all(args: argparse.Namespace, client: JobClient) -> int:
+    """``status --all``: the job from its first page, then every page's documents as
+    they come (the ``--json`` object is written in pieces: the same object as
+    ``job_json`` with every document and ``next_skip`` null)."""
+    first = True
+    count = 0
+    async for page in client.iter_pages(args.job):
+        if first:
+            first = False
+            head = job_json(page, [], full=args.full)
+            del head["documents"], head["next_skip"]
+            if args.json:
+                text = json.dumps(head, ensure_ascii=False)
+                sys.stdout.write(text[:-1] + ', "documents": [')
+            else:
+                for line in status_lines(page, [], None):
+                    print(line)
+                print(f"documents: {page.completed}")
+        for doc in page.documents:
+            if args.json:
+                item = json.dumps(document_json(doc, full=args.full), ensure_ascii=False)
+                sys.stdout.write((", " if count else "") + item)
+            else:
+                print(document_line(doc))
+            count += 1
+    if args.json:
+        sys.stdout.write('], "next_skip": null}\n')
+        sys.stdout.flush()
+    return EXIT_OK
+
+
 async def _cmd_status(args: argparse.Namespace, client: JobClient) -> int:
     if args.all:
-        job: jobs_pb2.GetJobResponse | None = None
-        docs: list[jobs_pb2.Document] = []
-        async for page in client.iter_pages(args.job):
-            job = page
-            docs.extend(page.documents)
-        assert job is not None  # iter_pages yields at least one page
-        next_skip = None
-    else:
-        job = await client.get_job(args.job)
-        docs = list(job.documents)
-        next_skip = job.next_skip if job.HasField("next_skip") else None
+        return await _status_all(args, client)
+    job = await client.get_job(args.job)
+    docs = list(job.documents)
+    next_skip = job.next_skip if job.HasField("next_skip") else None
     if args.json:
-        dump(job_json(job, docs, next_skip=next_skip))
+        dump(job_json(job, docs, next_skip=next_skip, full=args.full))
         return EXIT_OK
     for line in status_lines(job, docs, next_skip):
         print(line)
@@ -249,7 +308,7 @@ async def _cmd_watch(args: argparse.Namespace, client: JobClient) -> int:
     async for event in client.watch(args.job, from_index=args.from_index):
         progress.update(event)
         if args.json:
-            dump(watch_json(event))
+            dump(watch_json(event, full=args.full))
         else:
             print(watch_line(event), flush=True)
     return progress.exit_code() if progress.terminal else EXIT_OK
@@ -394,7 +453,9 @@ def add_job_commands(sub: Any) -> None:
 
     p = sub.add_parser("scrape", parents=[client, opts], help="scrape one page now")
     p.add_argument("url")
-    p.add_argument("--json", action="store_true", help="print the document as JSON")
+    p.add_argument(
+        "--json", action="store_true", help="print the whole document as JSON (every field)"
+    )
     p.set_defaults(handler=_cmd_scrape, uses_client=True)
 
     p = sub.add_parser("batch", parents=[client, opts], help="start a batch-scrape job")
@@ -403,6 +464,7 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("--ignore-invalid", action="store_true", help="skip invalid URLs")
     p.add_argument("--idempotency-key", metavar="KEY", help="default: a fresh uuid4")
     p.add_argument("--wait", action="store_true", help="follow the job to its end")
+    add_export_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_cmd_batch, uses_client=True)
 
@@ -430,6 +492,7 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("--delay", type=nonneg_float, default=0.0, metavar="S")
     p.add_argument("--idempotency-key", metavar="KEY", help="default: a fresh uuid4")
     p.add_argument("--wait", action="store_true", help="follow the job to its end")
+    add_export_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_cmd_crawl, uses_client=True)
 
@@ -448,13 +511,32 @@ def add_job_commands(sub: Any) -> None:
     p = sub.add_parser("status", parents=[client], help="a job's state and documents")
     p.add_argument("job")
     p.add_argument("--all", action="store_true", help="every page of documents")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object: the job's fields and its documents, each by default only "
+        "url, final_url and title",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="with --json: each document whole, every field (markdown, html, links, "
+        "metadata, ...; pagesift export writes a job to files)",
+    )
     p.set_defaults(handler=_cmd_status, uses_client=True)
 
     p = sub.add_parser("watch", parents=[client], help="stream a job's documents live")
     p.add_argument("job")
     p.add_argument("--from", dest="from_index", type=nonneg_int, default=0, metavar="N")
-    p.add_argument("--json", action="store_true", help="one JSON object per event (JSON Lines)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per event (JSON Lines): {index, document} with the "
+        "document's url, final_url and title by default, or {state, total, completed, failed}",
+    )
+    p.add_argument(
+        "--full", action="store_true", help="with --json: each document whole, every field"
+    )
     p.set_defaults(handler=_cmd_watch, uses_client=True)
 
     p = sub.add_parser("errors", parents=[client], help="a job's page errors")
@@ -483,3 +565,5 @@ def add_job_commands(sub: Any) -> None:
         help='print only this page ("" for the first); the next token goes to stderr',
     )
     p.set_defaults(handler=_cmd_jobs, uses_client=True)
+
+    add_export_command(sub)

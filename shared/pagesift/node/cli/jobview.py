@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from pagesift.node.cli.common import enum_name
@@ -39,29 +40,26 @@ def timestamp_json(msg: Message, name: str) -> str | None:
 # ---------------------------------------------------------------- JSON shapes
 
 
+def document_dict(doc: jobs_pb2.Document) -> dict[str, Any]:
+    """The API's document as JSON, every field of ``Document``, from the message itself.
+
+    protobuf's JSON mapping (``MessageToDict``: timestamps in RFC 3339, enums by name,
+    maps as objects) with the proto's field names, every field printed even when it is
+    empty; a message field that is unset (``fetched_at``) is ``None``. The keys follow
+    the proto's declaration order, so a field added to the proto appears here by itself.
+    """
+    mapped = json_format.MessageToDict(
+        doc, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return {f.name: mapped.get(f.name) for f in doc.DESCRIPTOR.fields}
+
+
 def document_json(doc: jobs_pb2.Document, *, full: bool = False) -> dict[str, Any]:
-    """``{"url", "final_url", "title"}``; with ``full`` every non-empty field as well."""
-    out: dict[str, Any] = {"url": doc.url, "final_url": doc.final_url, "title": doc.title}
+    """``{"url", "final_url", "title"}``; with ``full`` the whole document
+    (``document_dict``: every field of the message)."""
     if full:
-        out.update(
-            status_code=doc.status_code,
-            content_type=doc.content_type,
-            description=doc.description,
-            language=doc.language,
-            fetched_at=timestamp_json(doc, "fetched_at"),
-        )
-        for name in ("markdown", "html", "raw_html"):
-            if getattr(doc, name):
-                out[name] = getattr(doc, name)
-        if doc.links:
-            out["links"] = list(doc.links)
-        if doc.link_details:
-            out["link_details"] = [{"url": k.url, "text": k.text} for k in doc.link_details]
-        if doc.images:
-            out["images"] = list(doc.images)
-        if doc.metadata:
-            out["metadata"] = dict(sorted(doc.metadata.items()))
-    return out
+        return document_dict(doc)
+    return {"url": doc.url, "final_url": doc.final_url, "title": doc.title}
 
 
 def job_json(
@@ -69,8 +67,10 @@ def job_json(
     documents: Iterable[jobs_pb2.Document],
     *,
     next_skip: int | None = None,
+    full: bool = False,
 ) -> dict[str, Any]:
-    """A job's fields, its documents (url, final_url, title) and where paging goes on."""
+    """A job's fields, its documents (url, final_url, title; with ``full`` every field)
+    and where paging goes on."""
     return {
         "id": job.id,
         "kind": kind_name(job.kind),
@@ -81,7 +81,7 @@ def job_json(
         "created_at": timestamp_json(job, "created_at"),
         "expires_at": timestamp_json(job, "expires_at"),
         "note": job.note,
-        "documents": [document_json(d) for d in documents],
+        "documents": [document_json(d, full=full) for d in documents],
         "next_skip": next_skip,
         **({"paused": pause_json(job.paused)} if job.HasField("paused") else {}),
     }
@@ -113,11 +113,13 @@ def errors_json(job_id: str, resp: jobs_pb2.GetJobErrorsResponse) -> dict[str, A
     }
 
 
-def watch_json(event: jobs_pb2.WatchJobResponse) -> dict[str, Any]:
-    """One ``watch --json`` line: ``{"index", "document"}`` or ``{"state", "total",
+def watch_json(event: jobs_pb2.WatchJobResponse, *, full: bool = False) -> dict[str, Any]:
+    """One ``watch --json`` line: ``{"index", "document"}`` (the document's url,
+    final_url and title; with ``full`` every field) or ``{"state", "total",
     "completed", "failed"}``."""
     if event.WhichOneof("event") == "document":
-        return {"index": event.document.index, "document": document_json(event.document.document)}
+        doc = document_json(event.document.document, full=full)
+        return {"index": event.document.index, "document": doc}
     st = event.state
     return {
         "state": state_name(st.state),
@@ -171,7 +173,12 @@ def status_lines(
     if docs:
         yield f"documents: {len(docs)}{'' if next_skip is None else ' (more: use --all)'}"
         for doc in docs:
-            yield f"  {doc.status_code:3d} {_document_tail(doc)}"
+            yield document_line(doc)
+
+
+def document_line(doc: jobs_pb2.Document) -> str:
+    """One document of ``status``: ``  200 URL -> FINAL  TITLE``."""
+    return f"  {doc.status_code:3d} {_document_tail(doc)}"
 
 
 def watch_line(event: jobs_pb2.WatchJobResponse) -> str:

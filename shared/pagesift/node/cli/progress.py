@@ -2,7 +2,8 @@
 
 Owns a job's counters as WatchJob events report them (``JobProgress``: its JSON,
 its one-line summary, and the exit status its final state means) and
-``wait_for_job``, which follows WatchJob to the job's terminal state. The bar is
+``wait_for_job``, which follows WatchJob to the job's terminal state, and
+``page_bar``, the bar of work counted in pages (``export``). The bar is
 drawn on stderr only, so stdout keeps the one JSON object or the summary; an
 interrupted wait leaves the job running and says how to cancel it.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -107,6 +109,19 @@ def _progress_bar() -> Progress:
         TextColumn("pages"),
         TextColumn("[red]{task.fields[failed]} errors"),
         TextColumn("{task.fields[rate]:.1f} pages/s"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+
+
+def page_bar(description: str) -> Progress:
+    """A bar for work counted in pages (``pagesift export``), on stderr."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn(f"[bold]{escape(description)}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("pages"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
     )
