@@ -106,7 +106,7 @@ HOSTILE: list[tuple[str, object, str, dict[str, int], str, str, int]] = [
     ),
     # 500,000 empty elements: the code of the finding kept them all (+45 MiB) and read
     # on; here they are dropped as read, and the part cap (lowered to keep the test
-    # short: the default is MAX_PART_ELEMENTS = 4 M) refuses the file
+    # short: the default is MAX_PART_ELEMENTS = 2 M) refuses the file
     (
         "empty-elements-docx",
         lambda: hostile_docs.empty_elements_docx(count=500_000),

@@ -13,15 +13,15 @@ Formats taken, and how:
   ``<!-- page N -->`` (an HTML comment: invisible when the markdown is rendered, does
   not invent headings, trivial to split on). No OCR: a scanned page yields only its
   separator.
-- **DOCX, PPTX, XLSX** (OOXML) and **ODT** (ODF text) are read with the stdlib
-  (``zipfile`` + defusedxml's hardened expat, streamed): the text lives in a few well-specified
-  XML parts, so no dependency (python-docx/-pptx/openpyxl build a whole object model
-  and parse styles we do not need). DOCX: paragraphs, ``#`` headings from
-  ``Heading N``/``Title`` styles, tables as markdown tables. PPTX: slide text in slide
-  order, each slide after ``<!-- slide N -->``. XLSX: each sheet under ``## name`` as a
-  markdown table (shared and inline strings, raw cell values; no formula evaluation).
-  ODT: headings and paragraphs. Metadata from ``docProps/core.xml``/``app.xml`` or
-  ``meta.xml``.
+- **DOCX, PPTX, XLSX** (OOXML) and **ODT** (ODF text) are read with ``zipfile`` and
+  the stdlib's expat behind defusedxml (a thin hardening layer), streamed: the text
+  lives in a few well-specified XML parts, so no office library (python-docx/-pptx/
+  openpyxl build a whole object model and parse styles we do not need). DOCX:
+  paragraphs, ``#`` headings from ``Heading N``/``Title`` styles, tables as markdown
+  tables. PPTX: slide text in slide order, each slide after ``<!-- slide N -->``.
+  XLSX: each sheet under ``## name`` as a markdown table (shared and inline strings,
+  raw cell values; no formula evaluation). ODT: headings and paragraphs. Metadata
+  from ``docProps/core.xml``/``app.xml`` or ``meta.xml``.
 - **EPUB**: the spine's XHTML chapters in spine order, each rendered by
   ``extract.to_markdown`` (the HTML path's renderer), after ``<!-- chapter N -->``.
 
@@ -110,8 +110,11 @@ MAX_SHEET_COLUMNS = 512  # XLSX/ODS cells right of this are dropped (a far "XFD1
 # XML parts (every zip format): caps on the parse itself, so that memory follows what
 # is kept, not what the file says. Real documents stay far below each.
 MAX_XML_DEPTH = 256  # elements nested in one part (Word nests tables ~10 per level)
-MAX_PART_ELEMENTS = 4_000_000  # elements in one part (a 32 MiB sheet holds ~2.5 M)
-MAX_DOCUMENT_ELEMENTS = 8_000_000  # elements across the parts of one document
+# Elements in one part, and across a document's parts: the character budget stops a
+# real document's reading first (2 M elements carry far more than 5 M characters of
+# text but in element-heavy, text-light parts, which are what these caps are for).
+MAX_PART_ELEMENTS = 2_000_000
+MAX_DOCUMENT_ELEMENTS = 4_000_000
 MAX_HELD_ELEMENTS = 100_000  # elements held at once: one paragraph/cell/string, or a
 # part read whole (metadata, relationships, manifests)
 MAX_SLIDES = MAX_ZIP_MEMBERS  # slide ids (PPTX), sheets (XLSX), spine items (EPUB): each
@@ -556,22 +559,31 @@ class _Zip:
             forbid_entities=True,
             forbid_external=True,
         )
+        # the caps, read once a part (tests lower them); "hold" counts from the root
+        max_depth, max_count, max_held = MAX_XML_DEPTH, MAX_PART_ELEMENTS, MAX_HELD_ELEMENTS
+        room = MAX_DOCUMENT_ELEMENTS - self.elements
+        local = _local
         try:
             for event, el in parse:
                 if event == "start":
                     count += 1
-                    self.elements += 1
                     stack.append(el)
                     if kept or hold:
                         held += 1
-                    if keep and _local(el.tag) in keep:
+                    if keep and local(el.tag) in keep:
                         kept += 1
-                    self._caps(name, count, len(stack), held, hold)
+                    if (
+                        len(stack) > max_depth
+                        or count > max_count
+                        or count > room
+                        or held > max_held
+                    ):
+                        self._caps(name, count, len(stack), held, hold)
                     yield event, el
                     continue
                 yield event, el
                 stack.pop()
-                if kept and _local(el.tag) in keep:
+                if kept and local(el.tag) in keep:
                     kept -= 1
                     if not kept:
                         held = 0
@@ -585,6 +597,7 @@ class _Zip:
                 f"{self.kind}: the part {name} declares a DTD or entities ({type(exc).__name__})"
             ) from exc
         finally:
+            self.elements += count
             source.close()
 
     def _caps(self, name: str, count: int, depth: int, held: int, hold: bool) -> None:
@@ -597,7 +610,7 @@ class _Zip:
             raise DocumentTooLarge(
                 f"{where} has more than {MAX_PART_ELEMENTS} XML elements (MAX_PART_ELEMENTS)"
             )
-        if self.elements > MAX_DOCUMENT_ELEMENTS:
+        if self.elements + count > MAX_DOCUMENT_ELEMENTS:
             raise DocumentTooLarge(
                 f"{self.kind}: more than {MAX_DOCUMENT_ELEMENTS} XML elements in all "
                 "(MAX_DOCUMENT_ELEMENTS)"
