@@ -38,7 +38,7 @@ from pagesift.node.cli.serve import serve_overrides
 from pagesift.shared.accounts import Accounts, AccountsError, hash_key, new_key
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.election import MIN_TTL, parse_witness
-from pagesift.shared.metrics import Metrics, ReplicationFigures, WitnessGauges
+from pagesift.shared.metrics import Metrics, ReplicationFigures, StorageFigures, WitnessGauges
 from pagesift.shared.store import Store
 from tests.helpers import free_port, start_server_process
 
@@ -314,6 +314,9 @@ def exported_metric_names(tmp: Path) -> set[str]:
         m.jobs_store = lambda: store
         m.webhook_queue_depth = lambda: 0
         m.witness = lambda: WitnessGauges(up=True, lease_remaining=5.0, takeover_behind=0)
+        m.storage = lambda: StorageFigures(
+            free_bytes=1 << 30, volume_bytes=1 << 32, reserve_bytes=1 << 26, refusing=False
+        )
         m.replication = lambda: ReplicationFigures(
             role="primary", epoch=1, applied_offset=0, primary_offset=0, acked_offset=0,
             lag_seconds=0.0, connected=False, backlog_bytes=0, full_resyncs=0, sync_degraded=0,
@@ -762,6 +765,8 @@ def test_alert_rules_cover_each_failure_and_use_only_exported_metrics(tmp_path: 
         "sync degraded": ("pagesift_replication_sync_degraded_total", "increase"),
         "fenced node": ('pagesift_replication_role{role="fenced"}', "== 1"),
         "witness unreachable": ("pagesift_witness_up", "== 0"),
+        "store refusing writes": ("pagesift_store_refusing_writes", "== 1"),
+        "data volume nearly full": ("pagesift_store_free_bytes", "<"),
     }
     for failure, (series, test) in by_metric.items():
         assert any(series in r["expr"] and test in r["expr"] for r in rules), failure

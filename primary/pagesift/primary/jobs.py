@@ -63,6 +63,14 @@ progress or ``poison_probation_seconds`` pass, so a crash is charged to the one
 suspect that was running. ``resume`` (ResumeJob) unpauses a job with its budget
 reset; ``cancel`` ends a paused job like a running one.
 
+Disk full (``pagesift.shared.store.StorageUnavailable``: the store refuses writes
+while its volume is full or failed): a job's page, page error, retry mark and finish
+wait in memory, their group not committed, until the node's storage watcher
+(``pagesift.node.storage``) lets the store take writes again, then commit it afresh
+(the group re-reads what it checks, so a page is recorded once, never lost). Nothing
+durable records the pause and no job ends: a run cut short elsewhere by the refusal
+(seeding, say) waits too and then runs again from its stored state.
+
 Resume after a restart: jobs still ``scraping`` restart from their done set
 (batch: indices not done; crawl: frontier entries not done, in enqueue order). The
 frontier is read from the store in chunks, so memory stays flat however large
@@ -88,6 +96,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import TypeVar
 
 from pagesift.primary import frontier, mapper, pagecache, retrypolicy, webhooks
 from pagesift.primary.crawl import Entry, Scope
@@ -101,10 +110,13 @@ from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.shared.identity import Identity, NotWritable
 from pagesift.shared.metrics import Metrics
-from pagesift.shared.store import GroupTooLarge, Store, WriteGroup
+from pagesift.shared.store import Commit, GroupTooLarge, StorageUnavailable, Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 
 logger = logging.getLogger("pagesift.jobs")
+T = TypeVar("T")
+#: how often a job paused by a refusing store looks whether it takes writes again
+STORAGE_POLL_SECONDS = 0.1
 
 # Sync replication: wait until the standby applied the given offset (None: everything
 # committed so far); True when acknowledged, False when it timed out (degraded to async).
@@ -682,7 +694,8 @@ class Jobs:
         interval = max(0.2, min(60.0, self.config.job_ttl_seconds / 4))
         while not self._closing:
             await asyncio.sleep(interval)
-            self.sweep()
+            with contextlib.suppress(StorageUnavailable):  # the next round, when it writes
+                self.sweep()
 
     # running ------------------------------------------------------------------------
     def _spawn(self, meta: jr.JobMeta) -> None:
@@ -716,6 +729,7 @@ class Jobs:
     async def _guard(
         self, job_id: str, coro: Awaitable[None], probation_from: int | None = None
     ) -> None:
+        rerun = False
         probation = (
             asyncio.create_task(self._probation(job_id, probation_from))
             if probation_from is not None
@@ -727,6 +741,10 @@ class Jobs:
             raise
         except NotWritable as e:  # fenced, or a lapsed lease: the job resumes elsewhere
             logger.info("job %s paused: %s", job_id, e)
+        except StorageUnavailable:  # the volume is full: wait, then run on from the store
+            logger.info("job %s waits for the store to take writes", job_id)
+            await self._storage_back()
+            rerun = not self._closing
         except Exception as e:  # a bug must not leave a job "scraping" forever
             logger.exception("job %s failed", job_id)
             self._finish(job_id, "failed", f"internal error: {e}")
@@ -738,6 +756,10 @@ class Jobs:
             self._profiles.pop(job_id, None)
             self._needed.pop(job_id, None)
             self._release_suspect(job_id)
+        if rerun and job_id not in self._tasks:
+            meta = jr.load_meta(self.store, job_id)
+            if meta is not None and meta.state == "scraping":
+                self._spawn(meta)
 
     def _concurrency(self, asked: int) -> int:
         n = asked or self.config.default_concurrency
@@ -768,7 +790,7 @@ class Jobs:
                     self._worker_lost(job_id, url)
                 used = jr.retries_used(self.store, job_id, mark, run.max_retries)
                 if used < run.max_retries and retrypolicy.is_transient(e):
-                    self._retry_later(run, job_id, mark, url, e, used, fetch, record)
+                    await self._retry_later(run, job_id, mark, url, e, used, fetch, record)
                     return
                 if used:
                     e = PageError(
@@ -778,11 +800,11 @@ class Jobs:
                         status=e.status,
                         retry_after=e.retry_after,
                     )
-                self._record_error(job_id, mark, url, e)
+                await self._record_error(job_id, mark, url, e)
                 return
             await record(page)
 
-    def _retry_later(
+    async def _retry_later(
         self,
         run: _Run,
         job_id: str,
@@ -794,7 +816,10 @@ class Jobs:
         record: Callable[[Page], Awaitable[None]],
     ) -> None:
         n = used + 1
-        if not self.store.write(partial(jr.mark_retry, job_id=job_id, mark=mark, n=n)).result:
+        marked = await self._write_when_writable(
+            partial(jr.mark_retry, job_id=job_id, mark=mark, n=n)
+        )
+        if not marked.result:
             return  # done meanwhile, or the job is gone
         if self.metrics is not None:
             self.metrics.fetch_retry(retrypolicy.cause_of(err))
@@ -852,7 +877,7 @@ class Jobs:
             await run.drain()
         finally:
             run.cancel()
-        self._finish(meta.id, "completed", "")
+        await self._finish_when_writable(meta.id, "completed", "")
 
     async def _run_crawl(self, meta: jr.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
         try:  # compiled again at every (re)start, on the pattern pool, within the bounds
@@ -908,15 +933,47 @@ class Jobs:
             run.cancel()
         pages = self.store.list_len(jr.JobKeys(meta.id).pages)
         if pages and pagecache.tracks_changes(req.options):
-            self._record_removed(meta, req.url)
+            await self._record_removed(meta, req.url)
         if pages == 0:
             errors, _ = jr.read_errors(self.store, meta.id)
             why = f"{errors[0].code}: {errors[0].message}" if errors else "nothing to crawl"
-            self._finish(meta.id, "failed", f"the crawl found no page ({why})")
+            await self._finish_when_writable(meta.id, "failed", f"the crawl found no page ({why})")
         else:
-            self._finish(meta.id, "completed", "")
+            await self._finish_when_writable(meta.id, "completed", "")
 
     # recording ------------------------------------------------------------------------
+    async def _storage_back(self) -> None:
+        """Returns once the store takes writes again (or the runtime closes): a job's
+        pause while the volume is full is this wait, in memory."""
+        while not self._closing:
+            if self.store.refusing is None:
+                return
+            await asyncio.sleep(STORAGE_POLL_SECONDS)
+
+    async def _write_when_writable(
+        self, fn: Callable[[WriteGroup], T], *, max_bytes: int | None = None
+    ) -> Commit[T]:
+        """``store.write(fn)``; while the store refuses writes, wait and run the group
+        again (it re-reads what it checks: nothing is recorded twice or lost)."""
+        while True:
+            try:
+                return self.store.write(fn, max_bytes=max_bytes)
+            except StorageUnavailable:
+                if self._closing:
+                    raise
+                await self._storage_back()
+
+    async def _finish_when_writable(self, job_id: str, state: str, note: str) -> None:
+        """``_finish`` at a run's end, waiting like ``_write_when_writable``."""
+        while True:
+            try:
+                self._finish(job_id, state, note)
+                return
+            except StorageUnavailable:
+                if self._closing:
+                    raise
+                await self._storage_back()
+
     async def _record_page(
         self,
         job_id: str,
@@ -1005,10 +1062,10 @@ class Jobs:
 
         bound = jr.page_group_bytes(self.config.max_body_bytes)
         try:
-            commit = self.store.write(group, max_bytes=bound)
+            commit = await self._write_when_writable(group, max_bytes=bound)
         except GroupTooLarge as e:  # nothing of it written: the page is an error instead
             why = f"the page's write group is {e.size} bytes, over the {e.bound}-byte bound"
-            self._record_error(job_id, mark, doc.url, PageError(ErrorCode.TOO_LARGE, why))
+            await self._record_error(job_id, mark, doc.url, PageError(ErrorCode.TOO_LARGE, why))
             return
         self._cookies_saved(job_id, saved)
         seq, hit = commit.result
@@ -1033,7 +1090,7 @@ class Jobs:
                 self._on_visible(job_id)
         self._wake(job_id)
 
-    def _record_removed(self, meta: jr.JobMeta, start_url: str) -> None:
+    async def _record_removed(self, meta: jr.JobMeta, start_url: str) -> None:
         """A change-tracked crawl's end: which pages of the account's previous such
         crawl from this start URL are gone (``pagecache.crawl_removed``)."""
         keys = jr.JobKeys(meta.id)
@@ -1048,7 +1105,7 @@ class Jobs:
             removed = pagecache.crawl_removed(g, meta.owner, start_url, stored)
             g.put(keys.removed, "\n".join(removed).encode())
 
-        self.store.write(group)
+        await self._write_when_writable(group)
 
     def _stop_on_quota(self, job_id: str, hit: quota.LimitExceeded) -> None:
         """The account's daily pages ran out mid-job: stop it, keeping its pages."""
@@ -1063,7 +1120,7 @@ class Jobs:
         if self.deliverer is not None:
             self.deliverer.wake(job_id)
 
-    def _record_error(self, job_id: str, mark: bytes, url: str, err: PageError) -> None:
+    async def _record_error(self, job_id: str, mark: bytes, url: str, err: PageError) -> None:
         item = jobs_pb2.PageError(
             url=url, code=str(err.code), message=err.message, time=jr.timestamp(jr.now_ms())
         ).SerializeToString()
@@ -1086,7 +1143,7 @@ class Jobs:
             )
             return True
 
-        recorded = self.store.write(group).result
+        recorded = (await self._write_when_writable(group)).result
         self._cookies_saved(job_id, saved)
         if recorded:
             if self.metrics is not None:

@@ -35,6 +35,7 @@ from pagesift.node.health import HealthPublisher
 from pagesift.node.logs import setup_logging
 from pagesift.node.node import Node, StartRefused
 from pagesift.node.replication import ReplicationParts
+from pagesift.node.storage import StorageErrors
 from pagesift.primary.replication import add_to_server
 from pagesift.shared import tls, tracing
 from pagesift.shared.accounts import bearer_token
@@ -192,7 +193,12 @@ async def run(
         node.parts,
         jobs=JobService(node),
         health=health_servicer,
-        interceptors=[node.metrics.interceptor(), _guards(node), MalformedRequests()],
+        interceptors=[
+            node.metrics.interceptor(),
+            _guards(node),
+            MalformedRequests(),
+            StorageErrors(),  # a full or failed volume: UNAVAILABLE, no path
+        ],
     )
     public_creds = None
     if config.tls_cert:
@@ -205,7 +211,7 @@ async def run(
         repl_server = grpc_server(
             node.parts,
             admin=False,
-            interceptors=[node.metrics.interceptor(), MalformedRequests()],
+            interceptors=[node.metrics.interceptor(), MalformedRequests(), StorageErrors()],
         )
         creds = tls.server_credentials(
             config.tls_cert, config.tls_key, client_ca_file=config.replication_ca

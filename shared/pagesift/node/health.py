@@ -4,8 +4,10 @@ Service names and what SERVING means (``health_statuses`` decides, a pure functi
 
 - ``""``: the process serves (liveness);
 - ``pagesift.primary``: this node takes writes now (NOT_SERVING on a standby, on a
-  fenced node, and on a primary whose witness lease has lapsed or is not yet
-  published: ``rolestate.takes_writes``);
+  fenced node, on a primary whose witness lease has lapsed or is not yet
+  published: ``rolestate.takes_writes``, and on a primary whose store refuses writes:
+  its volume is full or failed, ``pagesift.node.storage``; SERVING again once the
+  store takes writes);
 - ``pagesift.replica``: a standby that has synced with its primary and is within
   ``replica_max_lag`` seconds of it. A standby whose session dropped stays SERVING
   until the time since it last heard its primary (plus the lag it had then) passes
@@ -49,10 +51,16 @@ ServingStatus = Any
 
 
 def health_statuses(
-    role: Role, takes_writes: bool, connected: bool, lag_seconds: float, replica_max_lag: float
+    role: Role,
+    takes_writes: bool,
+    connected: bool,
+    lag_seconds: float,
+    replica_max_lag: float,
+    store_writable: bool = True,
 ) -> dict[str, ServingStatus]:
     """Every health service name's status for a node in ``role``; ``takes_writes``:
-    it is the primary and (with a witness) holds its lease.
+    it is the primary and (with a witness) holds its lease; ``store_writable``: its
+    store takes writes (False while the volume is full or failed).
 
     ``connected``: (standby) it has synced with its primary since it started following;
     ``lag_seconds``: how far behind the primary its data may be (``Freshness``).
@@ -65,7 +73,7 @@ def health_statuses(
     return {
         LIVENESS: SERVING,
         JOB_SERVICE: SERVING,
-        PRIMARY: status(takes_writes),
+        PRIMARY: status(takes_writes and store_writable),
         REPLICA: status(fresh_replica),
     }
 
@@ -106,6 +114,9 @@ class _Node(Protocol):
     @property
     def takes_writes(self) -> bool: ...
 
+    @property
+    def store_writable(self) -> bool: ...
+
     def role_status(self) -> RoleStatus: ...
 
 
@@ -131,7 +142,8 @@ class HealthPublisher:
             self._freshness = Freshness()  # a later standby life starts unsynced
             connected, lag = s.connected, s.lag_seconds
         takes_writes = self._node.takes_writes
-        return health_statuses(s.role, takes_writes, connected, lag, self._max_lag)
+        writable = self._node.store_writable
+        return health_statuses(s.role, takes_writes, connected, lag, self._max_lag, writable)
 
     async def publish(self) -> None:
         """Set every status that differs from the last one published."""

@@ -28,6 +28,11 @@ carries out the actions it returns.
 The durable identity (epoch, history, fenced epoch, role last recorded) stays in the
 log (``pagesift.shared.identity``), written before it takes effect.
 
+The node's storage watcher (``pagesift.node.storage``) runs on every role from
+``start`` to ``close``: it keeps the data volume's reserve, brings the store back
+after a disk-full or I/O error, and ``store_writable`` (health, the store series)
+says whether the store takes writes now.
+
 The event-loop lag monitor (``pagesift.node.looplag``) runs on every role too, from
 ``start`` to ``close``.
 
@@ -49,12 +54,13 @@ from pagesift.node.elector import CLOSED, Elector, ElectorHost
 from pagesift.node.looplag import LoopLagMonitor
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import RoleStatus, figures
+from pagesift.node.storage import StorageWatcher
 from pagesift.node.witness import EtcdWitness
 from pagesift.primary import webhooks
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.jobs import Jobs
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared import rolestate, tls
+from pagesift.shared import backlog, rolestate, tls
 from pagesift.shared.accounts import Accounts
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.election import Candidate, Holder, PairState
@@ -134,6 +140,14 @@ class Node:
         self.looplag = LoopLagMonitor(
             self.metrics, config.loop_lag_interval, config.loop_lag_warn_seconds
         )
+        self.storage = StorageWatcher(
+            lambda: self.slot.store,
+            config.data,
+            reserve_bytes=config.storage_reserve_bytes,
+            on_change=self.role_changed_set,
+            consistent=self._store_matches_log,
+        )
+        self.metrics.storage = self.storage.figures
         self.parts = ReplicationParts(
             self.slot,
             node_id=self.node_id,
@@ -177,6 +191,25 @@ class Node:
     def takes_writes(self) -> bool:
         """The primary, holding its witness lease when it has a witness."""
         return rolestate.takes_writes(self._state)
+
+    @property
+    def store_writable(self) -> bool:
+        """The store takes writes now (False while its volume is full or failed)."""
+        return self.storage.writable
+
+    def role_changed_set(self) -> None:
+        self.role_changed.set()
+
+    def _store_matches_log(self) -> str | None:
+        """After a reopen: does the store end where the log's memory says? (A group
+        whose commit raised yet turned out durable would not.)"""
+        store, log = self.slot.store, self.slot.log
+        ((key, _),) = backlog.tail_local(0, 0).items()
+        raw = store.get_local(key)
+        stored = int.from_bytes(raw[:8], "big") if raw else 0
+        if stored != log.last_offset:
+            return f"the store's log ends at {stored}, the log in memory at {log.last_offset}"
+        return None
 
     @property
     def deposed_by(self) -> str:
@@ -223,6 +256,7 @@ class Node:
 
     async def start(self) -> None:
         self.looplag.start()
+        await self.storage.start()
         log = self.slot.log
         await self._carry_out(
             self._step(
@@ -471,6 +505,7 @@ class Node:
     async def close(self) -> None:
         await self.looplag.stop()
         await self._carry_out(self._step(Stopping()))
+        await self.storage.stop()
         self.slot.close()
 
 

@@ -172,6 +172,10 @@ class ServerConfig:
     ] = ""
     # store
     fsync: Annotated[bool, Doc("every write group waits for fsync (power-loss safe)")] = False
+    # room kept for the node itself on the data volume (pagesift.node.storage)
+    storage_reserve_bytes: Annotated[
+        int, Doc("bytes of the reserve file released when the data volume fills; 0 = none", ge=0)
+    ] = 64 << 20
     # replication
     replication_mode: Annotated[
         str, Doc("async or sync (pages visible once the standby has them)")

@@ -65,6 +65,14 @@ pagesift_grpc_server_started_total          counter    method: RPCs started (sta
 pagesift_grpc_server_handling_seconds       histogram  method, code: from the handler's start
                                                        to its end (a streaming RPC: to the
                                                        stream's end), GRPC_BUCKETS
+pagesift_store_free_bytes                   gauge      free bytes on the data volume
+                                                       (os.statvfs, read at scrape time)
+pagesift_store_volume_bytes                 gauge      the data volume's size
+pagesift_store_reserve_bytes                gauge      the reserve file present (released
+                                                       when the volume fills;
+                                                       pagesift.node.storage)
+pagesift_store_refusing_writes              gauge      1 while the store refuses writes
+                                                       (disk full, I/O error): jobs paused
 pagesift_build_info                         gauge      version, python, grpc: always 1
 ==========================================  =========  ===================================
 
@@ -126,6 +134,7 @@ __all__ = [
     "Metrics",
     "MetricsInterceptor",
     "ReplicationFigures",
+    "StorageFigures",
     "bound_port",
     "start_http",
 ]
@@ -179,6 +188,16 @@ class WitnessGauges:
     up: bool
     lease_remaining: float
     takeover_behind: int
+
+
+@dataclass(frozen=True)
+class StorageFigures:
+    """What the store series show (``pagesift.node.storage`` reads them)."""
+
+    free_bytes: int
+    volume_bytes: int
+    reserve_bytes: int
+    refusing: bool
 
 
 class Metrics:
@@ -303,6 +322,7 @@ class Metrics:
         self.webhook_queue_depth: Callable[[], int] | None = None
         self.replication: Callable[[], ReplicationFigures | None] | None = None
         self.witness: Callable[[], WitnessGauges | None] | None = None
+        self.storage: Callable[[], StorageFigures | None] | None = None
         self.host_delays: Callable[[], dict[str, float]] | None = None  # set by the engine
         r.register(_ScrapeTime(self))
 
@@ -353,6 +373,7 @@ class _ScrapeTime(Collector):
             ("webhooks", self._webhooks),
             ("replication", self._replication),
             ("witness", self._witness),
+            ("storage", self._storage),
             ("hosts", self._hosts),
         ):
             try:
@@ -430,6 +451,30 @@ class _ScrapeTime(Collector):
             "pagesift_witness_takeover_behind_entries",
             "Log entries this node was behind the pair state when it last took over.",
             w.takeover_behind,
+        )
+
+    def _storage(self) -> Iterable[Metric]:
+        fn = self._m.storage
+        f = fn() if fn is not None else None
+        if f is None:
+            return
+        yield GaugeMetricFamily(
+            "pagesift_store_free_bytes",
+            "Free bytes on the data volume (statvfs: what the node may still write).",
+            value=f.free_bytes,
+        )
+        yield GaugeMetricFamily(
+            "pagesift_store_volume_bytes", "Size of the data volume in bytes.", value=f.volume_bytes
+        )
+        yield GaugeMetricFamily(
+            "pagesift_store_reserve_bytes",
+            "Bytes of the reserve file present (released when the volume fills).",
+            value=f.reserve_bytes,
+        )
+        yield GaugeMetricFamily(
+            "pagesift_store_refusing_writes",
+            "1 while the store refuses writes (volume full or an I/O error): jobs paused.",
+            value=1.0 if f.refusing else 0.0,
         )
 
     def _replication(self) -> Iterable[Metric]:

@@ -58,12 +58,21 @@ REPLICATION_REFUSED        FAILED_PRECONDITION  —
 STEPPED_DOWN               FAILED_PRECONDITION  epoch
 NO_LONGER_PRIMARY          UNAVAILABLE          —
 STANDBY_TOO_SLOW           RESOURCE_EXHAUSTED   —
+STORAGE_UNAVAILABLE        UNAVAILABLE          cause (``no_space`` | ``io_error``)
+                                                (+ RetryInfo)
 =========================  ===================  ====================================
 
 ``NOT_PRIMARY`` and ``FENCED`` (``SEND_ELSEWHERE``) are the only reasons that mean
 "nothing was done here, send it to the primary": the client (``pagesift.shared.client``)
 fails over on them, not on the status code. They keep FAILED_PRECONDITION so that
 clients older than the details still move on.
+
+``STORAGE_UNAVAILABLE``: the node's store refuses writes (its volume is full, or it
+reported an I/O error; ``pagesift.shared.store.StorageUnavailable``). Nothing was
+written; reads still answer; writes resume by themselves once the node can write
+again (``pagesift.node.storage``). The message never names a filesystem path. Any
+servicer that lets ``StorageUnavailable`` escape answers this (``storage_unavailable``,
+applied to every RPC by ``pagesift.node.storage.StorageErrors``).
 
 Statuses by page error code (``PAGE_STATUS``, Scrape): DEADLINE_EXCEEDED is only ever
 the caller's own deadline, and an upstream failure is never FAILED_PRECONDITION.
@@ -108,6 +117,7 @@ __all__ = [
     "retry_info",
     "rich_status",
     "status_of",
+    "storage_unavailable",
 ]
 
 DOMAIN = "pagesift.dev"
@@ -141,6 +151,7 @@ class Reason(enum.StrEnum):
     STEPPED_DOWN = "STEPPED_DOWN"
     NO_LONGER_PRIMARY = "NO_LONGER_PRIMARY"
     STANDBY_TOO_SLOW = "STANDBY_TOO_SLOW"
+    STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
 
 
 #: Reasons that mean "nothing was done here; the primary (metadata ``primary``) takes it".
@@ -259,6 +270,23 @@ async def abort(
     md.extend(rich.trailing_metadata)  # (DETAILS_KEY, the serialized Status)
     await context.abort(rich.code, rich.details, trailing_metadata=tuple(md))
     raise AssertionError("unreachable")  # abort raises
+
+
+#: how long a client asked to retry after STORAGE_UNAVAILABLE waits (seconds)
+STORAGE_RETRY_SECONDS = 5.0
+
+
+async def storage_unavailable(context: Any, cause: str, message: str) -> NoReturn:
+    """UNAVAILABLE / ``STORAGE_UNAVAILABLE``: the store refuses writes for ``cause``
+    (``no_space``, ``io_error``); ``message`` must name no path."""
+    await abort(
+        context,
+        grpc.StatusCode.UNAVAILABLE,
+        message,
+        Reason.STORAGE_UNAVAILABLE,
+        {"cause": cause},
+        details=[retry_info(STORAGE_RETRY_SECONDS)],
+    )
 
 
 async def invalid_argument(

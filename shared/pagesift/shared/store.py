@@ -43,25 +43,52 @@ caller's ``max_bytes`` (the job runtime passes a page's bound,
 2 GiB, and a standby receives it whole). Nothing of a refused group is written,
 logged or replicated. ``apply`` (replicated groups) is never bounded: the primary
 bounded them when it wrote them.
+
+Storage errors (disk full is a state, not an accident): RocksDB reports every I/O
+failure as a plain ``Exception`` whose text names the file ("IO error: No space left
+on device: While appending to file: /data/db/000009.log"). The write path turns each
+one into ``StorageUnavailable`` with a ``reason`` (``no_space`` / ``io_error``) and a
+message that names no path (the original is logged once, for the operator). After
+one, the store *refuses writes* (``refusing``): every group raises
+``StorageUnavailable`` at once, without touching RocksDB, until the node's storage
+watcher (``pagesift.node.storage``) has recovered it and calls ``accept_writes``.
+Recovery is ``reopen``: RocksDB keeps a failed WAL append as a sticky background
+error that only a reopen clears; a read-only instance serves reads meanwhile, so
+reads never stop. Nothing acknowledged is lost: a group is acknowledged only after
+its batch is in the WAL, and a batch whose append failed is torn at the WAL's end,
+which recovery drops whole (the group did not commit; its caller redoes it). The
+replication log's ``stage`` already tolerates a group whose commit failed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Checkpoint,
+    Options,
+    Rdict,
+    WriteBatch,
+    WriteOptions,
+)
 
 from pagesift.shared import tracing
 from pagesift.v1 import store_pb2
 
 Op = store_pb2.Op
 T = TypeVar("T")
+logger = logging.getLogger("pagesift.store")
 R = TypeVar("R", covariant=True)
 
 _U64 = struct.Struct(">Q")
@@ -97,6 +124,44 @@ def _check_name(name: str) -> str:
     if "\x00" in name:
         raise ValueError(f"store names cannot contain NUL: {name!r}")
     return name
+
+
+NO_SPACE = "no_space"
+IO_ERROR = "io_error"
+_REASON_TEXT = {
+    NO_SPACE: "the data volume is full",
+    IO_ERROR: "the data volume failed a read or a write",
+}
+_PROBE_KEY = LOCAL + b"storage_probe"
+
+
+class StorageUnavailable(Exception):
+    """The store refuses writes: ``reason`` is ``NO_SPACE`` or ``IO_ERROR``. The
+    message never names a path (clients see it: ``STORAGE_UNAVAILABLE``). Nothing of
+    the group that raised it was written."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            f"the store refuses writes: {_REASON_TEXT.get(reason, reason)}; "
+            "they resume by themselves once the node can write again"
+        )
+
+
+def storage_error(exc: BaseException) -> StorageUnavailable | None:
+    """The ``StorageUnavailable`` a RocksDB error stands for, or None when it is no
+    storage error. RocksDB's statuses are text: "IO error: ..." for every failed
+    file operation, with the errno's text after it ("No space left on device")."""
+    if isinstance(exc, StorageUnavailable):
+        return exc
+    text = str(exc)
+    if isinstance(exc, OSError):
+        return StorageUnavailable(NO_SPACE if exc.errno == errno.ENOSPC else IO_ERROR)
+    if "No space left on device" in text or "ENOSPC" in text:
+        return StorageUnavailable(NO_SPACE)
+    if text.startswith("IO error") or "IO error:" in text:
+        return StorageUnavailable(IO_ERROR)
+    return None
 
 
 def local_key(name: str) -> bytes:
@@ -444,10 +509,114 @@ class Store:
         self._wopts.sync = fsync
         self._lock = threading.RLock()
         self._observers: list[Observer] = []
+        # storage errors (module docstring): why writes are refused (None: they are
+        # not), and whether ``_db`` needs a reopen (a failed write, or read-only)
+        self._refusing: StorageUnavailable | None = None
+        self._broken = False
+        self._read_only = False
 
     def close(self) -> None:
+        """Close the instance. A full or failed volume is logged, not raised: what
+        was acknowledged is in the WAL (RocksDB's close-time flush may need room)."""
         with self._lock:
-            self._db.close()
+            try:
+                self._db.close()
+            except Exception as e:
+                if storage_error(e) is None:
+                    raise
+                logger.warning("store %s closed without its final flush: %s", self.path, e)
+
+    # storage errors -------------------------------------------------------------
+    @property
+    def refusing(self) -> StorageUnavailable | None:
+        """Why the store refuses writes now (None: it takes them)."""
+        return self._refusing
+
+    @property
+    def needs_reopen(self) -> bool:
+        """A write failed in RocksDB (its error is sticky) or reads come from the
+        read-only stand-in: only ``reopen`` makes the store writable again."""
+        return self._broken or self._read_only
+
+    def refuse_writes(self, reason: str) -> None:
+        """Refuse every group from now on (the storage watcher keeps the store shut
+        until the volume has room for its reserve again)."""
+        with self._lock:
+            if self._refusing is None or self._refusing.reason != reason:
+                self._refusing = StorageUnavailable(reason)
+
+    def accept_writes(self) -> None:
+        """Take groups again (the storage watcher, once a probe wrote)."""
+        with self._lock:
+            if not self.needs_reopen:
+                self._refusing = None
+
+    def _failed(self, exc: Exception) -> StorageUnavailable:
+        """Inside the write section: RocksDB refused a write. Map it, log the original
+        (with its path) once per episode, refuse from now on."""
+        err = storage_error(exc)
+        if err is None:
+            raise exc
+        if self._refusing is None:
+            logger.error("store %s refuses writes (%s): %s", self.path, err.reason, exc)
+        self._refusing = err
+        self._broken = True
+        return StorageUnavailable(err.reason)
+
+    def probe(self) -> None:
+        """Write one node-local key (never replicated or digested) through RocksDB even
+        while writes are refused: does the store take writes? Raises
+        ``StorageUnavailable`` (and refuses writes) when it does not."""
+        with self._lock:
+            if self.needs_reopen:
+                raise StorageUnavailable(self._refusing.reason if self._refusing else IO_ERROR)
+            group = WriteGroup(self._db)
+            group.put_local(_PROBE_KEY, _U64.pack(self._db.latest_sequence_number()))
+            self._commit(group, gate=False)
+
+    def reopen(self) -> None:
+        """Clear a sticky RocksDB error by reopening the directory, reads served all
+        along: a read-only instance (it needs no free space and takes no lock) stands
+        in while the broken one closes and a read-write one opens. When the read-write
+        open fails (recovery flushes the WAL into a table file, which needs room),
+        the stand-in stays and ``StorageUnavailable`` is raised; call again later.
+
+        The swap happens inside the write section, so no group sees it. A reader on
+        another thread that took the old instance just before may see one error; the
+        event loop's readers never do when this runs on the event loop thread."""
+        with self._lock:
+            if not self.needs_reopen:
+                return
+            started = time.monotonic()
+            if not self._read_only:
+                stand_in = Rdict(
+                    str(self.path), rocksdb_options(), access_type=AccessType.read_only()
+                )
+                old, self._db = self._db, stand_in
+                self._read_only = True
+                self._broken = False
+                try:
+                    old.close()
+                except Exception as e:  # the sticky error again: the instance is gone anyway
+                    logger.info("store %s: closing the failed instance: %s", self.path, e)
+                del old
+            try:
+                fresh = Rdict(str(self.path), rocksdb_options())
+            except Exception as e:
+                err = storage_error(e)
+                if err is None:
+                    raise
+                logger.info("store %s: reopen failed (%s): %s", self.path, err.reason, e)
+                self._refusing = StorageUnavailable(err.reason)
+                raise StorageUnavailable(err.reason) from None
+            stand_in, self._db = self._db, fresh
+            self._read_only = False
+            stand_in.close()
+            logger.info(
+                "store %s reopened after a storage error in %.3f s",
+                self.path,
+                time.monotonic() - started,
+            )
 
     def add_observer(self, observer: Observer) -> None:
         self._observers.append(observer)
@@ -494,14 +663,19 @@ class Store:
 
         return self.write(run, max_bytes=0).result
 
-    def _commit(self, group: WriteGroup) -> None:
+    def _commit(self, group: WriteGroup, *, gate: bool = True) -> None:
         if not group.ops and not group._pending and not group._ranges:
             return
+        if gate and self._refusing is not None:
+            raise StorageUnavailable(self._refusing.reason)
         with tracing.span("store.commit") as span:  # a shared no-op when tracing is off
             if group.ops:
                 for obs in self._observers:
                     obs.stage(group)
-            self._db.write(group._batch(), self._wopts)
+            try:
+                self._db.write(group._batch(), self._wopts)
+            except Exception as e:  # RocksDB raises plain Exception with a status text
+                raise self._failed(e) from None
             if group.ops:
                 for obs in self._observers:
                     obs.committed(group)
@@ -615,7 +789,11 @@ class Store:
 
     def sync_wal(self) -> None:
         """Make every committed group durable on disk now (promotion, resync switch)."""
-        self._db.flush_wal(True)
+        with self._lock:
+            try:
+                self._db.flush_wal(True)
+            except Exception as e:
+                raise self._failed(e) from None
 
     def checkpoint(self, path: Path) -> None:
         """A RocksDB checkpoint of the store in the new directory ``path`` (a backup):
