@@ -31,6 +31,7 @@ SECTIONS = (
     "documents",
     "freshness",
     "map",
+    "export",
 )
 
 

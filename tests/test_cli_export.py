@@ -191,6 +191,29 @@ def test_any_url_set_gets_safe_distinct_paths(urls: list[str], ext: str) -> None
     assert PurePosixPath(got[0]).parts[0] == got[0].split("/")[0]
 
 
+def test_resuming_reads_what_is_kept_one_line_at_a_time(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from pagesift.node.cli.export import ResumeError, keep_first_lines
+
+    big = tmp_path / "job.jsonl"
+    line = json.dumps({"markdown": "x" * 100_000}) + "\n"
+    with big.open("w") as f:
+        for _ in range(150):  # 15 MB of documents
+            f.write(line)
+        f.write('{"markdown": "torn')
+    tracemalloc.start()
+    try:
+        keep_first_lines(big, 120, "job.jsonl")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000, peak  # not the 12 MB kept
+    assert big.stat().st_size == 120 * len(line)
+    with pytest.raises(ResumeError, match="resume with --from-index 120"):
+        keep_first_lines(big, 121, "job.jsonl")
+
+
 # ---------------------------------------------------------------- one document JSON
 
 

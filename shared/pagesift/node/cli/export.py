@@ -302,30 +302,31 @@ def _complete_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes]]:
         yield offset, line
 
 
-def keep_first_lines(path: Path, count: int, what: str) -> list[bytes]:
-    """Truncate ``path`` after its first ``count`` complete lines and return them
-    (``count`` 0: the file is emptied or created)."""
+def keep_first_lines(
+    path: Path, count: int, what: str, each: Callable[[int, bytes], None] | None = None
+) -> None:
+    """Truncate ``path`` after its first ``count`` complete lines, calling ``each(n,
+    line)`` on each of them as it is read (one line in memory at a time: a JSON Lines
+    file of whole documents can be large); ``count`` 0 empties (or creates) it."""
     if count == 0:
         path.write_bytes(b"")
-        return []
-    kept: list[bytes] = []
-    end = 0
+        return
+    seen = end = 0
     try:
         with path.open("rb") as f:
             for offset, line in _complete_lines(f):
-                kept.append(line)
-                end = offset
-                if len(kept) == count:
+                if each is not None:
+                    each(seen, line)
+                seen, end = seen + 1, offset
+                if seen == count:
                     break
     except FileNotFoundError:
         pass
-    if len(kept) < count:
+    if seen < count:
         raise ResumeError(
-            f"{what} holds {len(kept)} complete documents, not {count}: "
-            f"resume with --from-index {len(kept)}"
+            f"{what} holds {seen} complete documents, not {count}: resume with --from-index {seen}"
         )
     os.truncate(path, end)
-    return kept
 
 
 # ---------------------------------------------------------------- sinks
@@ -371,11 +372,14 @@ class DirSink:
         root.mkdir(parents=True, exist_ok=True)
         self._root_real = os.path.realpath(root)
         index = root / INDEX_NAME
-        for n, line in enumerate(keep_first_lines(index, from_index, str(index))):
+
+        def reserve(n: int, line: bytes) -> None:
             entry = json.loads(line)
             if entry.get("index") != n or not isinstance(entry.get("path"), str):
                 raise ResumeError(f"{index}: line {n + 1} is not document {n}'s entry")
             self.allocator.reserve(entry["path"])
+
+        keep_first_lines(index, from_index, str(index), reserve)
         self.index = index.open("a", encoding="utf-8")
 
     def write(self, index: int, doc: jobs_pb2.Document) -> None:
