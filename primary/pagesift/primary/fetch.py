@@ -64,7 +64,7 @@ import contextlib
 import itertools
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -83,7 +83,13 @@ from pagesift.primary.netguard import (
 )
 from pagesift.primary.politeness import HostSlots, effective_delay
 from pagesift.primary.reqprofile import ProxyPool, RequestProfile
-from pagesift.primary.robots import MAX_ROBOTS_BYTES, RobotsCache, origin_of, page_directives
+from pagesift.primary.robots import (
+    MAX_ROBOTS_BYTES,
+    SLICE_SECONDS,
+    RobotsCache,
+    origin_of,
+    page_directives,
+)
 from pagesift.shared import tracing, urls
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
@@ -422,13 +428,27 @@ class HttpEngine:
         """Page URLs from the origin's sitemaps (robots.txt Sitemap: lines, else
         /sitemap.xml): indexes followed to depth 3, gzip accepted, at most 50,000
         normalized unique URLs. Never raises (a broken sitemap yields what was read).
+        ``sitemap_batches`` gives them as they are read (callers with a deadline).
 
         Only sitemap files on the crawl's own site (``crawl.in_scope``: its origin) are
         fetched: a Sitemap: line or an index entry naming another port or host is
         skipped, so robots.txt cannot send the crawl to another service. The URLs a
         sitemap lists are the caller's to scope. Every file is fetched with the
-        policy's request profile (its headers, cookies and proxy)."""
-        found: dict[str, None] = {}
+        policy's request profile (its headers, cookies and proxy), each attempt within
+        ``sitemap_file_timeout``."""
+        found: list[str] = []
+        async for batch in self.sitemap_batches(url, policy):
+            found.extend(batch)
+        return found[: sitemaps.SITEMAP_MAX_URLS]
+
+    async def sitemap_batches(
+        self,
+        url: str,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> AsyncGenerator[list[str], None]:
+        """``sitemap_urls``, in batches as the files are parsed (``sitemaps.batches``:
+        parsing in slices, the loop running in between), so a caller can stop at its
+        deadline and keep what it has. Never raises but ``CancelledError``."""
         try:
             parts = urlsplit(urls.fetch_url(url))
             origin = f"{parts.scheme}://{parts.netloc}"
@@ -443,12 +463,12 @@ class HttpEngine:
             async def fetch(sitemap_url: str) -> tuple[str, int, bytes]:
                 return await self._fetch_sitemap(sitemap_url, policy.request, origin)
 
-            await sitemaps.walk(roots, found, site, fetch)
+            async for batch in sitemaps.batches(roots, site, fetch):
+                yield batch
         except asyncio.CancelledError:
             raise
         except Exception:
-            pass
-        return list(found)[: sitemaps.SITEMAP_MAX_URLS]
+            return
 
     async def robots_allowed(
         self,
@@ -458,13 +478,21 @@ class HttpEngine:
         """Whether robots.txt lets ``policy``'s agent fetch each of ``targets``, without
         fetching them (the Map call lists only such URLs): the rules ``scrape`` obeys,
         from the same cache (one robots.txt per origin); all True when the server or
-        the profile does not respect robots. An unparsable URL is False."""
+        the profile does not respect robots. An unparsable URL is False.
+
+        Each check is bounded (``robots.Matcher``); the batch runs in slices of at
+        most ``robots.SLICE_SECONDS``, yielding to the event loop between slices."""
         profile = policy.request
         if not self.config.respect_robots or (profile is not None and not profile.respect_robots):
             return [True] * len(targets)
         agent = (profile or RequestProfile()).robots_agent(self.config.user_agent)
+        loop = asyncio.get_running_loop()
+        turn = loop.time() + SLICE_SECONDS
         out: list[bool] = []
         for target in targets:
+            if loop.time() > turn:
+                await asyncio.sleep(0)
+                turn = loop.time() + SLICE_SECONDS
             try:
                 current = urls.fetch_url(target)
                 rules = await self._robots.rules(current, agent)
@@ -768,24 +796,32 @@ class HttpEngine:
     async def _fetch_sitemap(
         self, sitemap_url: str, profile: RequestProfile | None, home: str
     ) -> tuple[str, int, bytes]:
-        """One sitemap file for ``sitemaps.walk``: no robots check, no politeness
+        """One sitemap file for ``sitemaps.batches``: no robots check, no politeness
         delay (but the host's pauses and adaptive delay), the body truncated at
-        ``SITEMAP_MAX_BYTES``; transient failures retried up to ``max_retries``
+        ``SITEMAP_MAX_BYTES``, each attempt within ``sitemap_file_timeout`` (a
+        ``timeout``); transient failures retried up to ``max_retries``
         times with full jitter (at least the Retry-After); raises PageError."""
         retries = max(0, self.config.max_retries)
+        limit = self.config.sitemap_file_timeout
         for retry in range(retries + 1):
             try:
-                resp = await self._fetch(
-                    sitemap_url,
-                    accept=_accept_sitemap,
-                    robots=False,
-                    job_delay=0.0,
-                    max_redirects=self.config.max_redirects,
-                    max_bytes=sitemaps.SITEMAP_MAX_BYTES,
-                    truncate=True,
-                    profile=profile,
-                    home=home,
-                )
+                try:
+                    async with asyncio.timeout(limit):
+                        resp = await self._fetch(
+                            sitemap_url,
+                            accept=_accept_sitemap,
+                            robots=False,
+                            job_delay=0.0,
+                            max_redirects=self.config.max_redirects,
+                            max_bytes=sitemaps.SITEMAP_MAX_BYTES,
+                            truncate=True,
+                            profile=profile,
+                            home=home,
+                        )
+                except TimeoutError:
+                    raise PageError(
+                        ErrorCode.TIMEOUT, f"sitemap took over sitemap_file_timeout ({limit:g}s)"
+                    ) from None
             except PageError as err:
                 if retry >= retries or not retrypolicy.is_transient(err):
                     if err.code == ErrorCode.HTTP_STATUS and err.status is not None:

@@ -890,8 +890,6 @@ class Jobs:
         if profile is None:
             return
         policy = FetchPolicy(delay=req.delay, request=profile)
-        if self.store.get(jr.JobKeys(meta.id).seeded) is None:
-            await frontier.seed(self.store, self.engine, meta.id, req, scope, policy)
         follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
         queue = frontier.Frontier(self.store, meta.id)
 
@@ -900,6 +898,14 @@ class Jobs:
             queue.in_flight += delta
             queue.changed.set()
 
+        # The start URL is queued now, durably, before any sitemap is fetched; the
+        # sitemaps are read meanwhile, bounded by crawl_seed_timeout (frontier).
+        seeding: asyncio.Task[None] | None = None
+        if frontier.seed_start(self.store, meta.id, req, scope):
+            retries_in_flight(1)  # the sitemap step holds the frontier open
+            seeding = asyncio.create_task(
+                self._seed_sitemaps(meta.id, req, scope, policy, queue, retries_in_flight)
+            )
         concurrency = self._concurrency(req.max_concurrency)
         run = _Run(concurrency, self._max_retries(req), retries_in_flight)
 
@@ -931,6 +937,8 @@ class Jobs:
             await run.drain()
         finally:
             run.cancel()
+            if seeding is not None:
+                seeding.cancel()
         pages = self.store.list_len(jr.JobKeys(meta.id).pages)
         if pages and pagecache.tracks_changes(req.options):
             await self._record_removed(meta, req.url)
@@ -940,6 +948,35 @@ class Jobs:
             await self._finish_when_writable(meta.id, "failed", f"the crawl found no page ({why})")
         else:
             await self._finish_when_writable(meta.id, "completed", "")
+
+    async def _seed_sitemaps(
+        self,
+        job_id: str,
+        req: jobs_pb2.StartCrawlRequest,
+        scope: Scope,
+        policy: FetchPolicy,
+        queue: frontier.Frontier,
+        in_flight: Callable[[int], None],
+    ) -> None:
+        """A crawl's sitemap step (``frontier.seed_sitemaps``) beside its workers; it
+        was counted in flight by the caller and is uncounted when it ends, however."""
+        try:
+            await frontier.seed_sitemaps(
+                self.store,
+                self.engine,
+                job_id,
+                req,
+                scope,
+                policy,
+                self.config.crawl_seed_timeout,
+                queue.wake,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # e.g. the store refusing writes: resumed later as SEEDING
+            logger.exception("job %s: reading its sitemaps failed", job_id)
+        finally:
+            in_flight(-1)
 
     # recording ------------------------------------------------------------------------
     async def _storage_back(self) -> None:

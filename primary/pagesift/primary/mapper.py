@@ -19,8 +19,12 @@ them. The guarantees:
 - the link walk is breadth-first from the start URL: links are listed to link depth
   ``Bounds.max_depth`` (2 by default) and only pages above that depth are fetched
   (a depth-2 page's links would be depth 3), at most ``Bounds.max_pages`` of them,
-  ``Bounds.concurrency`` at once, for at most ``Bounds.timeout`` seconds (then the
-  URLs found so far are returned); a ``nofollow`` page's links are not followed;
+  ``Bounds.concurrency`` at once; a ``nofollow`` page's links are not followed;
+- the whole call takes at most ``Bounds.timeout`` seconds (``map_timeout``), its
+  sitemaps included (issue 19, finding 10): the sitemap phase takes the URLs as they
+  are parsed (``frontier.sitemap_stream``) and stops at its own deadline, half the
+  budget when a link walk follows (all of it with ``SITEMAP_MODE_ONLY``), the link
+  walk stops at the call's deadline, and the URLs found until then are returned;
 - a listed URL is allowed by robots.txt for the server's agent (checked with the
   engine's cached rules when it offers ``robots_allowed``, else only for the pages
   fetched); a fetched page that fails for good (robots, blocked address, 4xx...,
@@ -36,7 +40,13 @@ them. The guarantees:
 Why it is safe to serve on the primary beside running jobs: the fetches are the
 engine's, so a Map call cannot exceed a host's politeness budget nor reach an
 address a crawl could not; it holds no store lock and writes nothing, so it cannot
-disturb a job or replication; and every loop in it is bounded.
+disturb a job or replication; and every loop in it is bounded. No step holds the
+event loop for long, whatever the site sends (issue 19, findings 1 and 3): the
+sitemaps are parsed in slices (``sitemaps``), the per-URL work on sitemap URLs and
+page links (page keys, scope) runs in slices of at most ``SLICE_SECONDS`` with a
+turn of the loop between them (``_sliced``), the regexes and ranking run in threads,
+and robots.txt checks are compiled and bounded per URL and sliced the same way
+(``robots``, ``HttpEngine.robots_allowed``).
 
 The pure parts (``rank``, ``Listing`` for the dedupe by page key, ``Bounds``) are
 separate from the I/O (``map_site``).
@@ -45,11 +55,12 @@ separate from the I/O (``map_site``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-from pagesift.primary import retrypolicy
+from pagesift.primary import frontier, retrypolicy
 from pagesift.primary.crawl import Scope
 from pagesift.primary.engine import Engine, FetchPolicy, Page
 from pagesift.shared import patterns, validate
@@ -61,6 +72,27 @@ __all__ = ["Bounds", "Listing", "RobotsAware", "map_site", "rank"]
 
 # What the walk fetches pages as: links only (no markdown conversion).
 _LINKS_ONLY = jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_LINKS])
+SLICE_SECONDS = 0.01  # per-URL work on the loop between two yields at most
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def _sliced(items: Iterable[T], fn: Callable[[T], R | None]) -> list[R]:
+    """``fn`` over ``items`` (None results dropped), yielding to the event loop every
+    ``SLICE_SECONDS``: a long list never holds the loop for longer than one slice
+    plus one item (each ``fn`` here is linear in one URL)."""
+    loop = asyncio.get_running_loop()
+    turn = loop.time() + SLICE_SECONDS
+    out: list[R] = []
+    for item in items:
+        got = fn(item)
+        if got is not None:
+            out.append(got)
+        if loop.time() > turn:
+            await asyncio.sleep(0)
+            turn = loop.time() + SLICE_SECONDS
+    return out
 
 
 @runtime_checkable
@@ -179,13 +211,19 @@ class _Walk:
         return len(self.listing) >= self.bounds.collect
 
     async def sitemap(self) -> None:
-        found = await self.engine.sitemap_urls(self.scope.root, self.policy)
-        keys: list[str] = []
-        for url in found:
-            key = self.listing.key_of(url)
-            if key is not None and self.scope.reaches(url, 0):
-                keys.append(key)
-        self.listing.add(await self.listable(keys))
+        """List the sitemaps' URLs as they are parsed (stop it when time is up: what
+        was listed stays)."""
+
+        def key(url: str) -> str | None:
+            k = self.listing.key_of(url)
+            return k if k is not None and self.scope.reaches(url, 0) else None
+
+        stream = frontier.sitemap_stream(self.engine, self.scope.root, self.policy)
+        async with contextlib.aclosing(stream) as batches:
+            async for batch in batches:
+                self.listing.add(await self.listable(await _sliced(batch, key)))
+                if self.full():
+                    return
 
     async def links(self, start: str) -> None:
         """Breadth-first from ``start``, level by level, within the bounds."""
@@ -232,7 +270,8 @@ class _Walk:
             if self.scope.reaches(page.document.final_url, 0):
                 self.listing.add(await self.listable([final]))
         links: dict[str, str] = {}
-        for link in [] if page.nofollow else page.links:
+
+        def take(link: str) -> None:
             link_key = self.listing.key_of(link)
             if (
                 link_key is not None
@@ -241,6 +280,8 @@ class _Walk:
                 and self.scope.reaches(link, depth)
             ):
                 links[link_key] = link
+
+        await _sliced([] if page.nofollow else page.links, take)
         if not links:
             return []
         walk = await self.walkable.allowed(list(links))
@@ -274,16 +315,21 @@ async def map_site(
     walkable = await patterns.compile_filter([], req.exclude_paths, limits)
     walk = _Walk(engine, policy, scope, walkable, bounds, Listing(scope.key))
     mode = req.sitemap
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bounds.timeout  # the whole call, sitemaps included
     start = req.url.partition("#")[0]
     start_key = walk.listing.key_of(start)
     if mode != jobs_pb2.SITEMAP_MODE_ONLY and start_key is not None:
         walk.listing.add(await walk.listable([start_key]))  # the start URL leads
     if mode != jobs_pb2.SITEMAP_MODE_SKIP:
-        await walk.sitemap()
+        share = 1.0 if mode == jobs_pb2.SITEMAP_MODE_ONLY else 0.5  # the rest: the links
+        with contextlib.suppress(TimeoutError):  # the URLs listed so far stay
+            async with asyncio.timeout_at(min(deadline, loop.time() + share * bounds.timeout)):
+                await walk.sitemap()
     if mode != jobs_pb2.SITEMAP_MODE_ONLY and not walk.full():
-        try:
-            async with asyncio.timeout(bounds.timeout):
+        with contextlib.suppress(TimeoutError):  # the URLs found so far
+            async with asyncio.timeout_at(deadline):
                 await walk.links(start)
-        except TimeoutError:
-            pass  # the URLs found so far
-    return rank(list(walk.listing.urls), req.search)[: bounds.limit]
+    found = list(walk.listing.urls)
+    ranked = await asyncio.to_thread(rank, found, req.search) if req.search else found
+    return ranked[: bounds.limit]

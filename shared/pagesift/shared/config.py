@@ -260,7 +260,16 @@ class ServerConfig:
         int, Doc("pages one Map call fetches at once (per-host slots still apply)", ge=0)
     ] = 16
     map_timeout: Annotated[
-        float, Doc("seconds of Map link walk at most; the URLs found so far are returned", ge=0)
+        float,
+        Doc("seconds one Map call takes at most, sitemaps included; it returns what it has", ge=0),
+    ] = 60.0
+    # discovery bounds (pagesift.primary.sitemaps, frontier.seed)
+    sitemap_file_timeout: Annotated[
+        float, Doc("seconds one sitemap file may take to arrive (each attempt)", ge=0)
+    ] = 30.0
+    crawl_seed_timeout: Annotated[
+        float,
+        Doc("seconds a crawl reads sitemaps at most (its pages are fetched meanwhile)", ge=0),
     ] = 60.0
 
     @classmethod
