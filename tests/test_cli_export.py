@@ -298,6 +298,11 @@ class OneDocument(jobs_pb2_grpc.JobServiceServicer):
             resp.next_skip = request.skip + limit
         return resp
 
+    async def StartBatchScrape(
+        self, request: Any, context: Any
+    ) -> jobs_pb2.StartBatchScrapeResponse:
+        return jobs_pb2.StartBatchScrapeResponse(id="j")
+
     async def WatchJob(
         self, request: Any, context: Any
     ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
@@ -365,6 +370,24 @@ async def test_every_document_json_of_the_cli_is_the_whole_message(
     assert await amain(["watch", "j", "--json", *server]) == 0
     first = json.loads(capsys.readouterr().out.splitlines()[0])
     assert set(first["document"]) == {"url", "final_url", "title"}
+
+
+async def test_batch_jsonl_prints_only_the_documents_on_stdout(
+    one_document: tuple[OneDocument, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    service, address = one_document
+    assert await amain(["batch", "http://h/page0", "--jsonl", "--server", address]) == 0
+    out = capsys.readouterr()
+    lines = [json.loads(line) for line in out.out.splitlines()]
+    assert len(lines) == 3  # the documents, nothing else (--jsonl implies --wait)
+    for line, doc in zip(lines, service.docs, strict=True):
+        assert_is_the_document(line, doc)
+    assert out.err.startswith("j\n") and "j: completed" in out.err  # the id and summary
+    argv = ["batch", "http://h/page0", "--export", str(tmp_path / "d"), "--json"]
+    assert await amain([*argv, "--server", address]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["state"] == "completed" and got["export"]["documents"] == 3
+    assert len(_index(tmp_path / "d")) == 3
 
 
 def test_status_and_watch_help_say_what_the_default_prints(
