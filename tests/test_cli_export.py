@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import string
+import sys
 import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
@@ -281,11 +282,16 @@ class OneDocument(jobs_pb2_grpc.JobServiceServicer):
             doc = full_document()
             doc.url = f"http://h/page{i}"
             self.docs.append(doc)
+        #: what the client had printed on stdout when each GetJob after the first came
+        self.printed_before: dict[int, str] = {}
 
     async def Scrape(self, request: Any, context: Any) -> jobs_pb2.ScrapeResponse:
         return jobs_pb2.ScrapeResponse(document=self.docs[0])
 
     async def GetJob(self, request: Any, context: Any) -> jobs_pb2.GetJobResponse:
+        getvalue = getattr(sys.stdout, "getvalue", None)  # capsys's buffer (same process)
+        if request.skip and getvalue is not None:
+            self.printed_before[request.skip] = getvalue()
         limit = request.limit or 2
         resp = jobs_pb2.GetJobResponse(
             id="j",
@@ -388,6 +394,24 @@ async def test_batch_jsonl_prints_only_the_documents_on_stdout(
     got = json.loads(capsys.readouterr().out)
     assert got["state"] == "completed" and got["export"]["documents"] == 3
     assert len(_index(tmp_path / "d")) == 3
+
+
+@pytest.mark.parametrize("full", [[], ["--full"]])
+async def test_status_all_prints_each_page_before_it_asks_for_the_next(
+    full: list[str], one_document: tuple[OneDocument, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    service, address = one_document
+    for json_flag in (["--json"], []):
+        service.printed_before.clear()
+        argv = ["status", "j", "--all", *json_flag, *full, "--server", address]
+        assert await amain(argv) == 0
+        out = capsys.readouterr().out
+        # when the second page was asked for, the first page's documents were out
+        before = service.printed_before[2]
+        assert "http://h/page0" in before and "http://h/page1" in before
+        assert "http://h/page2" not in before and "http://h/page2" in out
+        if json_flag:
+            assert len(json.loads(out)["documents"]) == 3
 
 
 def test_status_and_watch_help_say_what_the_default_prints(

@@ -3,7 +3,9 @@
 No image can be built on these machines (no base-image registry), so this module stands
 in for ``docker build -f deploy/Dockerfile``, and for every other place that tells
 someone how to install a node: each ``pip install`` line in README.md's shell blocks
-and in deploy/'s files (the systemd recipe, compose and Kubernetes notes).
+and in deploy/'s files (the systemd recipe in the README today). Compose builds its
+nodes from deploy/Dockerfile and the Kubernetes manifests run that image, so the
+Dockerfile's replay is theirs (``test_compose_and_kubernetes_run_the_dockerfiles_image``).
 
 - The Dockerfile is read, not copied: its ``WORKDIR``\\ s and ``COPY``\\ s up to the
   ``RUN`` that starts with ``pip install`` are applied to a scratch directory that
@@ -53,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import PAIR_TOKEN_FILE, free_port
 from tests.test_deploy_kit import Instruction, dockerfile
@@ -455,6 +458,28 @@ def test_the_replay_fails_the_dockerfile_that_installed_no_server_extra(
     assert old.pip_args == ["--no-cache-dir", "."]
     with pytest.raises(AssertionError, match="No module named 'grpc_health'"):
         replayer.replay(old)
+
+
+def test_compose_and_kubernetes_run_the_dockerfiles_image() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    builds = [s["build"] for s in compose["services"].values() if "build" in s]
+    builds += [compose["x-node"]["build"]] if "build" in compose.get("x-node", {}) else []
+    assert builds and all(b["dockerfile"] == "deploy/Dockerfile" for b in builds)
+    assert all((DEPLOY / b["context"]).resolve() == ROOT for b in builds)
+    pods = [
+        doc["spec"]["template"]["spec"]
+        for path in sorted((DEPLOY / "k8s").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "StatefulSet" and doc["metadata"]["name"] == "pagesift"
+    ]
+    (pod,) = pods
+    images = {c["image"].rsplit(":", 1)[0] for c in pod["containers"] if c["name"] == "pagesift"}
+    assert images and all("pagesift" in i for i in images)  # the image built from it
+    # neither installs anything itself
+    for path in [DEPLOY / "compose.yaml", *sorted((DEPLOY / "k8s").glob("*.yaml"))]:
+        assert "pip install" not in path.read_text() or any(
+            i.where.startswith(str(path.relative_to(ROOT))) for i in text_installs()
+        )
 
 
 @pytest.mark.parametrize("instruction", node_installs(), ids=lambda i: i.where)
