@@ -44,11 +44,14 @@ class FetchPolicy:
     None for a one-off scrape whose options say it all (the engine builds one).
     ``validators`` (ETag, Last-Modified) of a cached copy make the request
     conditional (``pagecache``): a 304 comes back as ``Page.not_modified``.
+    ``owner`` is the account the work is for: extraction workers are shared fairly
+    between owners (``workers.WorkerPool``); "" for work of no account.
     """
 
     delay: float = 0.0
     request: RequestProfile | None = None
     validators: tuple[str, str] | None = None
+    owner: str = ""
 
 
 @dataclass

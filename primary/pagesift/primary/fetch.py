@@ -50,8 +50,14 @@ The guarantees (see ``engine.py`` for the contract):
 
 Documents (PDF, DOCX, PPTX, XLSX, ODT, EPUB: ``documents.kind_of`` by content type,
 magic bytes, or a generic type plus the URL's extension) are converted in a worker
-process bounded by ``document_timeout`` (``_convert``); whatever goes wrong there is
-the page error ``parse_failed``.
+process bounded by ``document_timeout`` (``_convert``), and every HTML page is
+extracted in one bounded by ``extract_timeout`` (``_extract``), both under the
+workers' memory cap (``workers``): a worker that crashes, runs out of memory or is
+killed on its deadline fails that page alone (``parse_failed``, or ``too_large`` for
+memory and the parsers' own caps, with ``PageError.worker_lost``), and the page is
+never parsed on the event loop. What stays on the loop is linear and bounded:
+``content.decode``, ``content.sniff`` (the first KiB) and ``content.meta_refresh``
+(the first 64 KiB, each ``<meta`` tag at most 1,000 characters).
 
 Body classification and decoding live in ``content``; sitemap walking and parsing in
 ``sitemaps``, whose every file is fetched through this engine's ``_fetch``.
@@ -102,9 +108,8 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 # Hosts whose delay ``pagesift_host_delay_seconds`` shows at most (the most recent).
 HOST_DELAY_SERIES = 50
-# Pages at least this long are extracted in the worker processes (``workers``); smaller
-# ones inline, where the round trip would cost more than the work.
-_OFFLOAD_MIN_CHARS = 8192
+# Imported once in the workers' forkserver, so a fresh worker starts without imports.
+_WORKER_PRELOAD = ("pagesift.primary.extract", "pagesift.primary.documents")
 
 ROBOTS_MAX_REDIRECTS = 5  # RFC 9309 2.3.1.2
 
@@ -209,7 +214,12 @@ class HttpEngine:
             else GuardedResolver(resolver or DefaultResolver(), self._guard)
         )
         count = workers.worker_count(config.extract_processes)
-        self._workers = workers.WorkerPool(count) if count > 0 else None
+        limits = workers.Limits(
+            memory_bytes=config.worker_memory_limit, recycle_rss_bytes=config.worker_recycle_rss
+        )
+        self._workers = (
+            workers.WorkerPool(count, limits, preload=_WORKER_PRELOAD) if count > 0 else None
+        )
         self._slots = HostSlots(config.per_host_concurrency, config.per_host_delay)
         self._throttle = retrypolicy.HostThrottle(
             concurrency=config.per_host_concurrency, max_delay=config.throttle_max_delay
@@ -327,14 +337,18 @@ class HttpEngine:
         doc.fetched_at.FromNanoseconds(time.time_ns())
         agent = profile.robots_agent(self.config.user_agent)
         if kind == "document":
-            await self._convert(doc, resp, options)
+            await self._convert(doc, resp, options, policy.owner)
             noindex, nofollow = page_directives([], list(resp.robots_tag), agent)
             return Page(document=doc, canonical=resp.canonical, noindex=noindex,
                         nofollow=nofollow, validators=resp.validators)  # fmt: skip
         text = content.decode(resp.body, resp.charset, html=kind == "html")
         if kind == "html":
             try:
-                got = await self._extract(doc, text, resp.url, options, resp.meta_headers)
+                got = await self._extract(
+                    doc, text, resp.url, options, resp.meta_headers, policy.owner
+                )
+            except PageError:
+                raise
             except Exception as exc:  # the parsers are lenient; keep the contract anyway
                 raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"cannot extract: {exc}") from exc
             noindex, nofollow = page_directives(got.robots_meta, list(resp.robots_tag), agent)
@@ -355,13 +369,18 @@ class HttpEngine:
         )
 
     async def _convert(
-        self, doc: jobs_pb2.Document, resp: _Response, options: jobs_pb2.ScrapeOptions
+        self,
+        doc: jobs_pb2.Document,
+        resp: _Response,
+        options: jobs_pb2.ScrapeOptions,
+        owner: str = "",
     ) -> None:
         """A PDF or office document into ``doc`` (``documents``), in a worker process
-        bounded by ``document_timeout`` (inline, in a thread, without workers). A file
-        that cannot be read, a conversion that times out and a worker that dies on it
-        (a crash in the parser) are all ``parse_failed``: never redone inline, where a
-        crash would take the node down."""
+        bounded by ``document_timeout`` and the worker memory cap (in a thread, without
+        workers: ``extract_processes = 0``). A file that cannot be read, a conversion
+        that times out and a worker that dies on it (a crash in the parser) are
+        ``parse_failed``, one past the memory cap ``too_large``: never redone inline,
+        where a crash would take the node down."""
         cap = self.config.max_document_pages
         max_pages = min(options.max_pages or cap, cap)
         args = (resp.body, resp.mimetype, resp.url, max_pages, documents.MAX_MARKDOWN_CHARS)
@@ -370,13 +389,17 @@ class HttpEngine:
             if self._workers is None:
                 conv = await asyncio.to_thread(documents.convert_compact, *args)
             else:
-                conv = await self._workers.run(documents.convert_compact, *args, timeout=timeout)
+                out = await self._workers.call(
+                    documents.convert_compact, *args, timeout=timeout, owner=owner
+                )
+                self._worker_done(out)
+                conv = out.value
+        except documents.DocumentTooLarge as exc:  # past a cap of ``documents``: named
+            raise PageError(ErrorCode.TOO_LARGE, exc.reason) from None
         except documents.DocumentError as exc:
             raise PageError(ErrorCode.PARSE_FAILED, exc.reason) from None
-        except workers.WorkerTimeout:
-            raise PageError(ErrorCode.PARSE_FAILED, f"conversion took over {timeout:g}s") from None
-        except workers.WorkerLost:
-            raise PageError(ErrorCode.PARSE_FAILED, "the converter crashed on it") from None
+        except workers.WorkerLost as exc:
+            raise self._worker_error(exc, "the conversion", timeout) from None
         want = extract.wanted(options)
         if want.markdown:
             doc.markdown = conv.markdown
@@ -398,27 +421,62 @@ class HttpEngine:
         base_url: str,
         options: jobs_pb2.ScrapeOptions,
         headers: tuple[tuple[str, str], ...] = (),
+        owner: str = "",
     ) -> extract.Extracted:
-        """Extract the page: inline when small, else in a worker process; ``headers``
-        (the response's ``extract.response_metadata``) join ``doc.metadata``.
+        """Extract the page in a worker process, whatever its size, bounded by
+        ``extract_timeout`` and the worker memory cap; ``headers`` (the response's
+        ``extract.response_metadata``) join ``doc.metadata``.
 
-        Parsing, cleaning and link extraction hold the GIL and Markdown conversion
-        holds it partly, so threads cannot use the second core; processes can (the
-        event loop keeps networking and store writes). A worker that dies is
-        replaced and the page extracted inline, so a crash there costs no page.
+        Every parse of a page's HTML is off the event loop: lexbor's time grows
+        faster than linearly on hostile nesting, and parsing, cleaning and link
+        extraction hold the GIL, so a page parsed on the loop (or in a thread of the
+        node) stalls every other call. A worker that dies or is killed on the page
+        fails this page alone (``parse_failed``/``too_large``, ``worker_lost``); the
+        page is never redone inline. Without workers (``extract_processes = 0``, for
+        tests and tiny deployments) the extraction runs in a thread: the loop keeps
+        running between the extractor's Python steps, but a thread has no deadline
+        and no memory cap, so that mode is not for untrusted sites.
         """
         want = extract.wanted(options)
         only_main = options.only_main_content
-        pool = self._workers if len(text) >= _OFFLOAD_MIN_CHARS else None
-        if pool is None:
-            got = extract.extract(text, base_url, want=want, only_main_content=only_main)
-        else:
-            try:
-                got = await pool.run(extract.extract_compact, text, base_url, want, only_main)
-            except workers.WorkerLost:
-                got = extract.extract(text, base_url, want=want, only_main_content=only_main)
+        args = (text, base_url, want, only_main)
+        timeout = self.config.extract_timeout
+        try:
+            if self._workers is None:
+                got = await asyncio.to_thread(extract.extract_compact, *args)
+            else:
+                out = await self._workers.call(
+                    extract.extract_compact, *args, timeout=timeout, owner=owner
+                )
+                self._worker_done(out)
+                got = out.value
+        except extract.TooLarge as exc:  # past a shape cap of ``extract``: named
+            raise PageError(ErrorCode.TOO_LARGE, exc.reason) from None
+        except workers.WorkerLost as exc:
+            raise self._worker_error(exc, "the extraction", timeout) from None
         extract.apply(doc, got, want, text, headers)
         return got
+
+    def _worker_done(self, out: workers.Outcome[Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.worker_call(out.peak_rss_bytes)
+
+    def _worker_error(self, exc: workers.WorkerLost, what: str, timeout: float) -> PageError:
+        """The page error for a call whose worker was lost, naming the cause."""
+        if self.metrics is not None:
+            self.metrics.worker_lost(exc.cause)
+        if isinstance(exc, workers.WorkerTimeout):
+            msg = f"{what} took over {timeout:g}s (its worker was killed)"
+            return PageError(ErrorCode.PARSE_FAILED, msg, worker_lost=True)
+        if isinstance(exc, workers.WorkerOutOfMemory):
+            cap = workers.describe_bytes(self.config.worker_memory_limit)
+            msg = f"{what} needed more than the worker memory cap ({cap})"
+            return PageError(ErrorCode.TOO_LARGE, msg, worker_lost=True)
+        if isinstance(exc, workers.PoolClosed):  # the node is stopping: a transient failure
+            return PageError(ErrorCode.TIMEOUT, f"{what} was cut short: the node is stopping")
+        if exc.charged:
+            return PageError(ErrorCode.PARSE_FAILED, f"{what} crashed: {exc}", worker_lost=True)
+        return PageError(ErrorCode.PARSE_FAILED, f"no extraction worker could run it: {exc}")
 
     async def sitemap_urls(
         self,

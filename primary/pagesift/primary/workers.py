@@ -1,95 +1,215 @@
-"""The node's pool of extraction worker processes, and their lifetime.
+"""The node's pool of extraction worker processes: who runs what, for how long, in how much memory.
 
-Owns the one ``ProcessPoolExecutor`` a node uses for CPU-heavy work (HTML
-extraction, document conversion): its creation (lazy: no process starts until
-the first call), the initializer every worker runs, the replacement of a pool a
-dead worker broke, the kill of a pool a call outlived, and its shutdown.
-``fetch.HttpEngine`` only calls ``WorkerPool.run``.
+Owns the worker processes a node uses for CPU-heavy work on untrusted bytes (HTML
+extraction, document conversion): their start (lazy: no process starts until the
+first call), the limits each one runs under, which call each one runs, the order in
+which waiting calls get a worker, the kill of a worker a call outlived, the
+replacement of a worker that died or grew too big, and their shutdown.
+``fetch.HttpEngine`` only calls ``WorkerPool.call``/``run``.
+
+Layout and protocol. Each worker is a ``multiprocessing`` process of the
+``forkserver`` start method with one ``socketpair`` to the node, and runs one call
+at a time. Frames on the socket are an 8-byte big-endian length and a pickle:
+
+- worker -> node ``("ready", pid)`` once, after its limits are set;
+- node -> worker ``(fn, args, cpu_seconds)``; worker -> node ``("started",)`` once it
+  has the call, then one reply ``(kind, value, peak_rss_bytes)``: ``kind`` is
+  ``"ok"`` (``value`` the result), ``"error"`` (``value`` the exception ``fn`` raised)
+  or ``"memory"`` (``fn`` ran out of its address space: the worker exits after it);
+- the node closes its end (or the node dies): the worker reads EOF and exits.
 
 Guarantees:
 
-- **No worker outlives its node**, however the node ends (SIGKILL, SIGTERM,
-  a crash, a normal exit): a worker exits within moments of its node's death,
-  and with the workers gone the forkserver and the resource tracker exit too.
-  The bound is the current Python instruction: a worker busy in one long C call
-  that holds the GIL exits when that call returns (one page's extraction).
-- Workers are never forked from the node: the ``forkserver`` start method forks
-  them from a small single-threaded server process, never from a process with
-  gRPC/asyncio threads (forking those can deadlock the child).
-- A worker that dies mid-task breaks only that call: ``run`` raises
-  ``WorkerLost`` (the caller does the work inline) and the next call gets a
-  fresh pool. After ``close`` no process is started again.
-- ``run(..., timeout=T)`` returns or raises within about ``T`` seconds even when
-  the worker is stuck (in C code that never returns, say): on timeout every
-  process of the pool is SIGKILLed (the executor cannot tell which worker holds
-  which call), the pool is dropped, and ``run`` raises ``WorkerTimeout``; other
-  calls in flight on that pool raise ``WorkerLost``, and the next call gets a
-  fresh pool. ``WorkerTimeout`` is not a ``WorkerLost``: work that timed out must
-  not be redone inline.
+- **A call's failure is charged to that call only.** The pool knows which process
+  runs which call, so a crash, a memory exhaustion or a deadline kill ends one
+  worker and fails exactly the call it was running (``WorkerCrashed``,
+  ``WorkerOutOfMemory``, ``WorkerTimeout``: each a ``WorkerLost`` whose message names
+  the cause). Every other call goes on in its own worker. A worker that dies
+  *before* it acknowledged a call (``"started"``) did not die of that call's input:
+  the call is sent again, once, to a fresh worker, and fails (``WorkerCrashed``,
+  ``charged=False``) only if that one dies before starting too.
+- **Limits enforced by the operating system.** Each worker runs under
+  ``RLIMIT_AS`` (``Limits.memory_bytes``): an allocation past it fails inside the
+  worker (``MemoryError`` for Python and lxml: a clean ``WorkerOutOfMemory``, and the
+  worker is replaced; PDFium or another C library may instead abort, which is a
+  ``WorkerCrashed``). A call with a ``timeout`` is SIGKILLed by the node when it
+  outlives it (through a pidfd: no pid reuse), counted from the moment the call is
+  sent to its worker (queueing for a worker is not the call's fault); and, as a
+  backstop should the node's event loop itself be stuck, the worker's own
+  ``RLIMIT_CPU`` soft limit is set before every call to the CPU time it has used
+  plus ``timeout`` and a margin (SIGXCPU then ends it). After each call the worker
+  reports its peak resident memory *during that call* (``VmHWM``, reset before the
+  call through ``/proc/self/clear_refs``); a worker whose peak passed
+  ``Limits.recycle_rss_bytes`` is retired after the call, so no worker keeps the
+  memory a big page made it grow to.
+- **Fair between owners.** A call names its ``owner`` (an account); when every
+  worker is busy, waiting calls queue per owner and a freed worker goes to the
+  owners in turn (round robin, one call each), so one owner's many slow calls take
+  at most every other free worker while anyone else waits.
+- **No worker outlives its node**, however the node ends (SIGKILL, SIGTERM, a crash,
+  a normal exit): a worker exits within moments of its node's death, and with the
+  workers gone the forkserver and the resource tracker exit too. The bound is the
+  current Python instruction: a worker busy in one long C call that holds the GIL
+  exits when that call returns, or when its ``RLIMIT_CPU`` ends it.
+- Workers are never forked from the node: the ``forkserver`` start method forks them
+  from a small single-threaded server process, never from a process with
+  gRPC/asyncio threads (forking those can deadlock the child). The modules a pool is
+  told to ``preload`` are imported once in the forkserver, so a fresh worker (one
+  replacing a dead or retired worker) costs a fork, not a round of imports.
+- After ``close`` no process is started again; every worker is SIGKILLed and the
+  calls in flight or waiting raise ``PoolClosed``.
 
-Why processes used to outlive a SIGKILLed node (CPython 3.11's multiprocessing):
-the forkserver exits when every holder of the write end of its "alive" pipe is
-gone, but each worker it forks inherits that write end; the resource tracker
-exits when every holder of its pipe is gone, and each worker holds it too; and
-a worker idles in ``call_queue.get()`` on a queue whose write end it also holds,
-so it never sees EOF. Nothing told the workers that the node died, so all three
-kinds of process waited on each other forever.
+Why workers used to outlive a SIGKILLed node (CPython 3.11's multiprocessing,
+as ``ProcessPoolExecutor`` used it): the forkserver exits when every holder of the
+write end of its "alive" pipe is gone, but each worker it forks inherits that write
+end; the resource tracker exits when every holder of its pipe is gone, and each
+worker holds it too; and an executor worker idled on a queue whose write end it
+also held, so it never saw EOF. Nothing told the workers that the node died, so all
+three kinds of process waited on each other forever.
 
-The fix, and why it is safe: each worker runs a watcher thread (started by the
-pool's initializer) that blocks on ``multiprocessing.parent_process().sentinel``
+The fix, and why it is safe: each worker runs a watcher thread (started first
+thing in the worker) that blocks on ``multiprocessing.parent_process().sentinel``
 and ``os._exit``\\ s when it reads EOF. That sentinel is the read end of a pipe
-whose only write end is kept open by the node, for the worker's whole life,
-inside the node's ``Popen`` object; the kernel closes it when the node dies by
-any cause, so EOF means exactly "the node is gone": no pid is watched (no pid
-reuse race), nothing polls, and a node that died before the watcher started is
-seen at once. Once the workers are gone, the last holders of the forkserver's
-and the tracker's pipes are gone and both exit on their own. Alternatives
-considered: ``prctl(PR_SET_PDEATHSIG)`` fires on the death of the parent
-*thread*, and a forkserver worker's parent is the forkserver, not the node;
-``os.pidfd_open(node_pid)`` in the worker races with pid reuse if the node died
-before the worker started; the ``spawn`` start method plus PDEATHSIG would tie
-worker lifetime to whichever node thread spawned them.
+whose only write end is kept open by the node, for the worker's whole life, inside
+the node's ``Popen`` object (this pool keeps each worker's ``Process`` until the
+worker is gone); the kernel closes it when the node dies by any cause, so EOF means
+exactly "the node is gone": no pid is watched (no pid reuse race), nothing polls,
+and a node that died before the watcher started is seen at once. An idle worker
+also sees EOF on its socket, whose other end only the node holds. Once the workers
+are gone, the last holders of the forkserver's and the tracker's pipes are gone and
+both exit on their own. Alternatives considered: ``prctl(PR_SET_PDEATHSIG)`` fires on
+the death of the parent *thread*, and a forkserver worker's parent is the
+forkserver, not the node; ``os.pidfd_open(node_pid)`` in the worker races with pid
+reuse if the node died before the worker started; the ``spawn`` start method plus
+PDEATHSIG would tie worker lifetime to whichever node thread spawned them.
 
-Workers ignore SIGINT: a Ctrl-C on the terminal reaches the whole process
-group, and the node, which handles it, decides when its workers stop.
+Workers ignore SIGINT: a Ctrl-C on the terminal reaches the whole process group,
+and the node, which handles it, decides when its workers stop.
+
+Trust: replies are unpickled in the node. A worker runs only this package's code on
+untrusted *data*; a worker whose memory an exploit of a C parser had taken over
+could send a hostile pickle, as it could with ``ProcessPoolExecutor`` before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import contextlib
+import functools
+import math
 import multiprocessing
 import os
+import pickle
+import resource
 import signal
+import socket
+import struct
 import threading
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import TypeVar
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
-__all__ = ["WorkerLost", "WorkerPool", "WorkerTimeout", "worker_count"]
+__all__ = [
+    "Limits",
+    "Outcome",
+    "PoolClosed",
+    "WorkerCrashed",
+    "WorkerLost",
+    "WorkerOutOfMemory",
+    "WorkerPool",
+    "WorkerTimeout",
+    "worker_count",
+]
 
 T = TypeVar("T")
 
 # Exit status of a worker that saw its node die (no one reads it: the node is gone).
 NODE_GONE_EXIT = 70
 _DRAIN_MAX_READS = 1 << 20  # the node writes no more than the worker's start data
+_HEADER = struct.Struct("!Q")
+MAX_FRAME_BYTES = 1 << 30  # a reply longer than this is treated as a broken worker
+START_TIMEOUT = 60.0  # seconds a new worker may take to say "ready"
+CPU_MARGIN = 5  # seconds of CPU past a call's timeout before RLIMIT_CPU ends it
+REAP_TIMEOUT = 5.0  # seconds to wait for a dead worker's exit status
 
 
 class WorkerLost(Exception):
-    """A worker process died during the call (or the pool is closed)."""
+    """The call's worker died or was killed (or the pool is closed). ``charged``:
+    the death was the call's own doing (it had started in that worker)."""
+
+    cause = "lost"
+
+    def __init__(self, message: str, *, charged: bool = True) -> None:
+        super().__init__(message)
+        self.charged = charged
 
 
-class WorkerTimeout(Exception):
-    """The call outlived its timeout; the pool's workers were killed."""
+class WorkerCrashed(WorkerLost):
+    """The worker died during the call: a signal (SIGSEGV, SIGABRT, SIGXCPU, a
+    SIGKILL from outside such as the kernel's OOM killer) or an exit."""
+
+    cause = "crashed"
+
+
+class WorkerOutOfMemory(WorkerLost):
+    """The call ran out of the worker's address space (``RLIMIT_AS``)."""
+
+    cause = "memory"
+
+
+class WorkerTimeout(WorkerLost):
+    """The call outlived its timeout; its worker was killed."""
+
+    cause = "deadline"
+
+
+class PoolClosed(WorkerLost):
+    """The pool was closed before or during the call (the node is stopping)."""
+
+    cause = "closed"
+
+    def __init__(self, message: str = "the worker pool is closed") -> None:
+        super().__init__(message, charged=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What each worker may use. 0 turns a limit off."""
+
+    memory_bytes: int = 2 << 30  # RLIMIT_AS of each worker (config: worker_memory_limit)
+    recycle_rss_bytes: int = 384 << 20  # retire a worker whose peak RSS in a call passed it
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """A call's result and what it cost in its worker."""
+
+    value: T
+    peak_rss_bytes: int  # the worker's peak resident memory during the call
+    seconds: float  # wall time from sending the call to its reply
+    pid: int  # the worker that ran it
 
 
 def worker_count(setting: int) -> int:
     """Worker processes for an ``extract_processes`` setting: -1 (or any negative
-    number) means one per CPU, 0 means none (work is done inline)."""
+    number) means one per CPU, 0 means none (work is done in a thread)."""
     if setting < 0:
         return os.cpu_count() or 1
     return setting
+
+
+def describe_bytes(n: int) -> str:
+    """``n`` bytes for a message: 1 GiB, 384 MiB, 1000 bytes."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+# --- the worker side ---------------------------------------------------------------------
 
 
 def _exit_when_node_dies(sentinel: int) -> None:
@@ -122,64 +242,557 @@ def _init_worker() -> None:
     watcher.start()
 
 
-class WorkerPool:
-    """Up to ``processes`` worker processes (at least 1), started on first use."""
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    """``n`` bytes from ``sock``, or None at EOF."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            return None
+        got += k
+    return bytes(buf)
 
-    def __init__(self, processes: int) -> None:
+
+def _send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_HEADER.pack(len(payload)))
+    sock.sendall(payload)
+
+
+def _peak_rss_reset() -> None:
+    """Reset this process's VmHWM (Linux: ``clear_refs`` 5), so the next read is the
+    peak of what runs in between; without it the peak is the process's lifetime one."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss() -> int:
+    """This process's resident high-water mark in bytes (VmHWM)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _cpu_used() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _set_cpu_limit(seconds: float | None) -> None:
+    """RLIMIT_CPU's soft limit to the CPU time used so far plus ``seconds`` (None: no
+    limit); the hard limit stays where it is, so the worker can move it each call."""
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if seconds is None:
+        soft = hard
+    else:
+        soft = math.ceil(_cpu_used() + seconds)
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _worker_main(sock: socket.socket, limits: Limits) -> None:
+    """A worker's life: limits, "ready", then one call at a time until EOF."""
+    _init_worker()
+    with contextlib.suppress(ValueError, OSError):  # no core files of a crash or SIGXCPU
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limits.memory_bytes > 0:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        soft = limits.memory_bytes
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    _send_frame(sock, pickle.dumps(("ready", os.getpid())))
+    while True:
+        header = _recv_exactly(sock, _HEADER.size)
+        body = None if header is None else _recv_exactly(sock, _HEADER.unpack(header)[0])
+        if body is None:
+            break  # the node closed its end: retired, or the pool is closed
+        frame, kind = _run_one(sock, body)
+        _send_frame(sock, frame)
+        if kind == "memory":
+            break  # its heap may be left fragmented or half-built: a fresh worker follows
+    os._exit(0)
+
+
+def _run_one(sock: socket.socket, body: bytes) -> tuple[bytes, str]:
+    """Acknowledge and run one call; its reply frame and kind. Never raises (but for
+    the process's death)."""
+    kind: str
+    value: object
+    try:
+        fn, args, cpu_seconds = pickle.loads(body)
+    except Exception as exc:
+        fn, args, cpu_seconds = None, (), None
+        value, kind = exc, "error"
+    _set_cpu_limit(cpu_seconds)
+    _peak_rss_reset()
+    _send_frame(sock, pickle.dumps(("started",)))
+    if fn is not None:
+        try:
+            value, kind = fn(*args), "ok"
+        except MemoryError:
+            value, kind = None, "memory"
+        except BaseException as exc:
+            value, kind = exc, "error"
+    try:
+        frame = pickle.dumps((kind, value, _peak_rss()))
+        if kind == "error":
+            pickle.loads(frame)  # an exception that pickles but cannot be rebuilt
+        return frame, kind
+    except MemoryError:
+        return pickle.dumps(("memory", None, _peak_rss())), "memory"
+    except Exception as exc:
+        problem = RuntimeError(f"{type(value).__name__} could not be sent back: {exc}")
+        return pickle.dumps(("error", problem, _peak_rss())), "error"
+
+
+# --- the node side -----------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Worker:
+    proc: Any  # multiprocessing's ForkServerProcess (kept: it holds the node's sentinel end)
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    pid: int
+    pidfd: int
+    calls: int = 0
+    killed: str = ""  # why the node killed it ("" when it did not)
+    dead: bool = False  # its process is gone (or going)
+    forgotten: bool = False  # the pool dropped it
+
+    def kill(self, why: str) -> None:
+        """SIGKILL the process (through its pidfd), once; ``why`` names the cause."""
+        if not self.killed:
+            self.killed = why
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future[_Worker]
+    owner: str
+
+
+@dataclass
+class _Queues:
+    """Calls waiting for a worker, per owner, served round robin."""
+
+    by_owner: collections.OrderedDict[str, collections.deque[_Waiter]] = field(
+        default_factory=collections.OrderedDict
+    )
+
+    def push(self, waiter: _Waiter) -> None:
+        self.by_owner.setdefault(waiter.owner, collections.deque()).append(waiter)
+
+    def pop(self) -> _Waiter | None:
+        """The next waiter: the first owner in turn's oldest call; that owner goes to
+        the back of the turn."""
+        while self.by_owner:
+            owner, queue = next(iter(self.by_owner.items()))
+            waiter = queue.popleft()
+            if queue:
+                self.by_owner.move_to_end(owner)
+            else:
+                del self.by_owner[owner]
+            if not waiter.future.done():
+                return waiter
+        return None
+
+    def remove(self, waiter: _Waiter) -> None:
+        queue = self.by_owner.get(waiter.owner)
+        if queue is not None:
+            with contextlib.suppress(ValueError):
+                queue.remove(waiter)
+            if not queue:
+                del self.by_owner[waiter.owner]
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self.by_owner.values())
+
+
+class _NotStarted(Exception):
+    """The worker died before it acknowledged the call."""
+
+
+class WorkerPool:
+    """Up to ``processes`` worker processes (at least 1), started on first use, each
+    under ``limits``; ``preload`` names modules the forkserver imports once."""
+
+    def __init__(
+        self,
+        processes: int,
+        limits: Limits = Limits(),
+        *,
+        preload: Sequence[str] = (),
+    ) -> None:
         if processes < 1:
             raise ValueError("a worker pool needs at least one process")
         self.processes = processes
-        self._executor: ProcessPoolExecutor | None = None
+        self.limits = limits
+        self._preload = list(preload)
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._starting = 0  # workers being started (counted against ``processes``)
+        self._queues = _Queues()
         self._closed = False
+        # figures (read by metrics and tests)
+        self.deaths: collections.Counter[str] = collections.Counter()  # by cause
+        self.recycled = 0  # workers retired for their peak memory
+        self.started = 0  # worker processes started
 
-    def _executor_now(self) -> ProcessPoolExecutor:
-        if self._closed:
-            raise WorkerLost("the worker pool is closed")
-        if self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.processes,
-                mp_context=multiprocessing.get_context("forkserver"),
-                initializer=_init_worker,
-            )
-        return self._executor
+    # --- public ---------------------------------------------------------------------------
 
-    async def run(self, fn: Callable[..., T], *args: object, timeout: float | None = None) -> T:
-        """``fn(*args)`` in a worker process (``fn`` and the arguments are pickled:
-        a module-level function). Raises ``WorkerLost`` if the worker died first;
-        the broken pool is dropped and the next call starts a new one. With
-        ``timeout`` (seconds, counted from the call, queueing included), a call not
-        done in time kills the pool's workers and raises ``WorkerTimeout``."""
-        executor = self._executor_now()
-        future = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-        try:
-            if timeout is None:
-                return await future
-            return await asyncio.wait_for(future, timeout)
-        except BrokenProcessPool as exc:
-            self._drop(executor)
-            raise WorkerLost(str(exc) or "a worker process died") from exc
-        except TimeoutError as exc:
-            self._drop(executor, kill=True)
-            raise WorkerTimeout(f"{getattr(fn, '__name__', fn)!s} took over {timeout} s") from exc
+    async def run(
+        self, fn: Callable[..., T], *args: object, timeout: float | None = None, owner: str = ""
+    ) -> T:
+        """``fn(*args)`` in a worker process; its value (see ``call``)."""
+        return (await self.call(fn, *args, timeout=timeout, owner=owner)).value
 
-    def _drop(self, executor: ProcessPoolExecutor, *, kill: bool = False) -> None:
-        """Forget ``executor`` (if it is still the pool's) and shut it down; with
-        ``kill``, SIGKILL its workers first (a stuck worker never reads a stop)."""
-        if kill:
-            # ProcessPoolExecutor has no public kill; its worker map is stable CPython API
-            # since 3.2 (and typeshed's). The executor's manager thread sees the deaths
-            # and fails the pool's other calls with BrokenProcessPool.
-            for proc in list((executor._processes or {}).values()):
-                with contextlib.suppress(OSError, ValueError):
-                    proc.kill()
-        if self._executor is executor:
-            self._executor = None
-        executor.shutdown(wait=False, cancel_futures=True)
+    async def call(
+        self, fn: Callable[..., T], *args: object, timeout: float | None = None, owner: str = ""
+    ) -> Outcome[T]:
+        """``fn(*args)`` in a worker process (``fn`` and the arguments are pickled: a
+        module-level function), for ``owner`` (fair share between owners). An
+        exception ``fn`` raises is raised here. With ``timeout`` (seconds, counted
+        once the call reaches its worker), a call not done in time has its worker
+        killed and raises ``WorkerTimeout``. ``WorkerCrashed``/``WorkerOutOfMemory``:
+        the worker died of, or ran out of memory on, this call; ``PoolClosed``."""
+        payload = pickle.dumps((fn, args, None if timeout is None else timeout + CPU_MARGIN))
+        for attempt in range(2):
+            worker = await self._acquire(owner)
+            try:
+                return await self._exchange(worker, payload, timeout)
+            except _NotStarted as exc:
+                if self._closed:
+                    raise PoolClosed() from None
+                if attempt == 1:
+                    raise WorkerCrashed(
+                        f"two workers died before starting the call ({exc})", charged=False
+                    ) from None
+            finally:
+                self._release(worker)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def busy(self) -> int:
+        """Workers running a call now."""
+        return len(self._busy)
+
+    def waiting(self) -> int:
+        """Calls waiting for a worker now."""
+        return self._queues.waiting()
+
+    def pids(self) -> list[int]:
+        """The live workers' process ids (idle and busy)."""
+        return sorted(w.pid for w in (*self._idle, *self._busy) if not w.dead)
 
     def close(self) -> None:
-        """Stop the workers (calls in flight are cancelled; an idle worker exits at
-        once, a busy one after its call). Idempotent; the pool is not reopened."""
+        """Stop the pool: every worker is SIGKILLed, calls in flight and waiting raise
+        ``PoolClosed``. Idempotent; the pool is not reopened."""
         self._closed = True
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        for waiter in list(self._queues.by_owner.values()):
+            for w in waiter:
+                if not w.future.done():
+                    w.future.set_exception(PoolClosed())
+        self._queues.by_owner.clear()
+        for worker in [*self._idle, *self._busy]:
+            worker.kill("the pool is closed")
+            self._forget(worker, reap=False)  # the forkserver reaps; the loop may be ending
+        self._idle.clear()
+
+    # --- scheduling -----------------------------------------------------------------------
+
+    async def _acquire(self, owner: str) -> _Worker:
+        if self._closed:
+            raise PoolClosed()
+        if self._idle and not self._queues.by_owner:
+            worker = self._idle.pop()
+            self._busy.add(worker)
+            return worker
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), owner)
+        self._queues.push(waiter)
+        self._fill()
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                if waiter.future.exception() is None:
+                    self._release(waiter.future.result())
+            else:
+                self._queues.remove(waiter)
+            raise
+
+    def _fill(self) -> None:
+        """Hand idle workers to waiters in turn; start workers for the rest, up to
+        ``processes``."""
+        while self._idle and self._queues.by_owner:
+            waiter = self._queues.pop()
+            if waiter is None:
+                break
+            worker = self._idle.pop()
+            self._busy.add(worker)
+            waiter.future.set_result(worker)
+        live = len(self._idle) + len(self._busy) + self._starting
+        want = min(self._queues.waiting(), self.processes - live)
+        for _ in range(max(0, want)):
+            self._starting += 1
+            task = asyncio.get_running_loop().create_task(self._start_one())
+            task.add_done_callback(_retrieve)
+
+    def _release(self, worker: _Worker) -> None:
+        """The call on ``worker`` is over: back to the pool, or gone if it died,
+        was killed, or grew past the recycle threshold."""
+        self._busy.discard(worker)
+        if worker.dead or worker.killed or self._closed:
+            self._forget(worker)
+        else:
+            self._idle.append(worker)
+        if not self._closed:
+            self._fill()
+
+    async def _start_one(self) -> None:
+        try:
+            worker = await self._spawn()
+        except Exception as exc:
+            self._starting -= 1
+            self.deaths["start"] += 1
+            waiter = self._queues.pop()
+            if waiter is not None:
+                waiter.future.set_exception(
+                    WorkerCrashed(f"a worker could not start: {exc}", charged=False)
+                )
+            return
+        self._starting -= 1
+        if self._closed:
+            worker.kill("the pool is closed")
+            self._forget(worker)
+            return
+        self._idle.append(worker)
+        self._fill()
+
+    async def _spawn(self) -> _Worker:
+        ctx = multiprocessing.get_context("forkserver")
+        if self._preload:
+            ctx.set_forkserver_preload(self._preload)  # used if the forkserver starts now
+        ours, theirs = socket.socketpair()
+        try:
+            proc = ctx.Process(  # type: ignore[attr-defined]
+                target=_worker_main, args=(theirs, self.limits), name="pagesift-worker"
+            )
+            # Off the loop (the node's first start waits for the forkserver to import
+            # the preload modules), in the one thread that does all of this module's
+            # multiprocessing bookkeeping: Process.start polls every child's sentinel
+            # (multiprocessing's _cleanup), which must not race another poll of it.
+            await _in_mp_thread(proc.start)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.started += 1
+        pid = proc.pid
+        assert pid is not None  # started
+        pidfd = -1
+        try:
+            pidfd = os.pidfd_open(pid)
+            reader, writer = await asyncio.open_connection(sock=ours, limit=1 << 16)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            if pidfd >= 0:
+                os.close(pidfd)
+            ours.close()
+            raise
+        worker = _Worker(proc, reader, writer, pid, pidfd)
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                hello = pickle.loads(await _read_frame(reader))
+            if hello != ("ready", pid):
+                raise RuntimeError(f"unexpected greeting {hello!r:.80}")
+        except BaseException:
+            worker.kill("it did not start")
+            self._forget(worker)
+            raise
+        return worker
+
+    def _forget(self, worker: _Worker, *, reap: bool = True) -> None:
+        """Drop a worker for good: its socket closed (an idle worker exits on the EOF),
+        its exit status collected in the background (with ``reap``), its pidfd closed.
+        Its process is the forkserver's child: the forkserver reaps it either way."""
+        self._busy.discard(worker)
+        with contextlib.suppress(ValueError):
+            self._idle.remove(worker)
+        if worker.forgotten:
+            return
+        worker.forgotten = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to flush
+            worker.writer.close()
+        if reap:
+            with contextlib.suppress(RuntimeError):  # no running loop: the loop is gone
+                task = asyncio.get_running_loop().create_task(_reap(worker))
+                task.add_done_callback(_retrieve)
+                return
+        _close_pidfd(worker)
+
+    # --- one call ---------------------------------------------------------------------------
+
+    async def _exchange(
+        self, worker: _Worker, payload: bytes, timeout: float | None
+    ) -> Outcome[Any]:
+        started = time.monotonic()
+        stage = ["sending"]
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await _converse(worker, payload, stage)
+        except TimeoutError:
+            worker.kill("deadline")
+            self.deaths["deadline"] += 1
+            raise WorkerTimeout(f"it took over {timeout:g} s; its worker was killed") from None
+        except asyncio.CancelledError:
+            worker.kill("the call was cancelled")  # it may be anywhere in a long call
+            raise
+        except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
+            worker.dead = True
+            cause = await self._death(worker, exc)
+            if stage[0] != "running":
+                self.deaths["unstarted"] += 1
+                raise _NotStarted(cause) from None
+            if self._closed:
+                raise PoolClosed() from None
+            self.deaths["crashed"] += 1
+            raise WorkerCrashed(f"the worker died on it ({cause})") from None
+        seconds = time.monotonic() - started
+        try:
+            kind, value, peak = pickle.loads(reply)
+        except Exception as exc:
+            worker.kill("it sent an unreadable reply")
+            self.deaths["crashed"] += 1
+            raise WorkerCrashed(f"its worker sent an unreadable reply: {exc}") from None
+        worker.calls += 1
+        if kind == "memory":
+            worker.dead = True  # it exits after a MemoryError
+            self.deaths["memory"] += 1
+            cap = describe_bytes(self.limits.memory_bytes)
+            raise WorkerOutOfMemory(f"it needed more than the worker memory cap ({cap})")
+        if self.limits.recycle_rss_bytes and peak >= self.limits.recycle_rss_bytes:
+            self.recycled += 1
+            worker.kill("recycled")
+        if kind == "error":
+            raise value
+        return Outcome(value, int(peak), seconds, worker.pid)
+
+    async def _death(self, worker: _Worker, exc: BaseException) -> str:
+        """Why ``worker`` is gone, from its exit status (waited for, bounded)."""
+        code = await _exit_status(worker.proc, REAP_TIMEOUT)
+        if code is None:
+            return f"its connection broke: {type(exc).__name__}"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            if -code == signal.SIGXCPU:
+                return f"{name}: its CPU time limit"
+            if -code == signal.SIGKILL and worker.killed:
+                return f"{name}: {worker.killed}"
+            return name
+        return f"exit status {code}"
+
+
+async def _converse(worker: _Worker, payload: bytes, stage: list[str]) -> bytes:
+    """Send the call, read the acknowledgement (``stage[0]`` becomes "running") and
+    the reply frame. A dead worker surfaces as ConnectionError/IncompleteReadError."""
+    worker.writer.write(_HEADER.pack(len(payload)))
+    worker.writer.write(payload)
+    await worker.writer.drain()
+    if pickle.loads(await _read_frame(worker.reader)) != ("started",):
+        worker.kill("it broke the protocol")
+        raise ConnectionError("the worker broke the protocol")
+    stage[0] = "running"
+    return await _read_frame(worker.reader)
+
+
+_mp_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+async def _in_mp_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` in the one thread that starts worker processes and reads their exit
+    status (every ``multiprocessing`` call on a ``Process`` of this module goes there:
+    reads of a sentinel must not race each other, and a start can block)."""
+    global _mp_executor
+    if _mp_executor is None:
+        _mp_executor = concurrent.futures.ThreadPoolExecutor(1, "pagesift-workers")
+    return await asyncio.get_running_loop().run_in_executor(_mp_executor, fn)
+
+
+def _exitcode(proc: Any) -> int | None:
+    code = proc.exitcode
+    return None if code is None else int(code)
+
+
+async def _exit_status(proc: Any, timeout: float) -> int | None:
+    """``proc``'s exit status once its sentinel says it ended (None after ``timeout``):
+    waited for on the loop (the sentinel turns readable), read in the mp thread."""
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    fd = proc.sentinel
+
+    def readable() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        async with asyncio.timeout(timeout):
+            await ended
+    except TimeoutError:
+        return None
+    finally:
+        loop.remove_reader(fd)
+    return await _in_mp_thread(functools.partial(_exitcode, proc))
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    (n,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    if n > MAX_FRAME_BYTES:
+        raise ConnectionError(f"a frame of {n} bytes")
+    return await reader.readexactly(n)
+
+
+async def _reap(worker: _Worker) -> None:
+    """Collect a retired worker's exit status (SIGKILL it if it lingers), then let go
+    of its ``Process`` (its sentinel and the node's end of the parent pipe)."""
+    try:
+        if await _exit_status(worker.proc, REAP_TIMEOUT) is None:
+            worker.kill("it did not exit when retired")
+            await _exit_status(worker.proc, REAP_TIMEOUT)
+        await _in_mp_thread(functools.partial(_close_if_ended, worker.proc))
+    finally:
+        _close_pidfd(worker)
+
+
+def _close_if_ended(proc: Any) -> None:
+    """Let go of an ended ``Process`` (its sentinel, the node's end of its parent pipe)."""
+    if proc.exitcode is not None:
+        proc.close()
+
+
+def _close_pidfd(worker: _Worker) -> None:
+    if worker.pidfd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(worker.pidfd)
+        worker.pidfd = -1
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -119,6 +119,19 @@ class ServerConfig:
     document_timeout: Annotated[
         float, Doc("seconds one document conversion may take in a worker", ge=0)
     ] = 60.0
+    # extraction workers (pagesift.primary.workers): HTML extraction's deadline, each
+    # worker's address-space cap, and the peak memory after which a worker is replaced.
+    # A legitimate 10 MiB page (max_body_bytes) of table cells peaks at 1.1 GiB of
+    # address space (0.9 GiB resident) in lexbor + Markdown: the cap leaves room for it
+    extract_timeout: Annotated[
+        float, Doc("seconds one HTML page's extraction may take in a worker", ge=0)
+    ] = 30.0
+    worker_memory_limit: Annotated[
+        int, Doc("bytes of address space per extraction worker (RLIMIT_AS); 0 = none", ge=0)
+    ] = 2 << 30
+    worker_recycle_rss: Annotated[
+        int, Doc("a worker whose peak memory in one page passed this many bytes is replaced", ge=0)
+    ] = 384 << 20
     # freshness (pagesift.primary.pagecache): how long a cached page and a change-
     # tracking record live; a request's max_age may not exceed page_cache_ttl
     page_cache_ttl: Annotated[

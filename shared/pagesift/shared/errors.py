@@ -62,3 +62,14 @@ class PageError(Exception):
         # the page's own extraction worker died or was killed on it (a crash, its memory
         # cap, its deadline): the job runtime counts these to quarantine a poison job
         self.worker_lost = worker_lost
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickles whole (an extraction worker raises it across a process boundary)."""
+        return (_page_error, (self.code, self.message, self.status, self.retry_after,
+                              self.worker_lost))  # fmt: skip
+
+
+def _page_error(
+    code: ErrorCode, message: str, status: int | None, retry_after: float | None, lost: bool
+) -> PageError:
+    return PageError(code, message, status=status, retry_after=retry_after, worker_lost=lost)

@@ -131,6 +131,7 @@ __all__ = [
     "FETCH_BUCKETS",
     "GRPC_BUCKETS",
     "LAG_BUCKETS",
+    "WORKER_MEMORY_BUCKETS",
     "Metrics",
     "MetricsInterceptor",
     "ReplicationFigures",
@@ -142,6 +143,10 @@ __all__ = [
 logger = logging.getLogger("pagesift.metrics")
 
 FETCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# An extraction worker's peak memory in one page: 32 MiB (an idle worker) to 2 GiB.
+WORKER_MEMORY_BUCKETS = tuple(
+    float(mib << 20) for mib in (32, 64, 128, 256, 384, 512, 768, 1024, 2048)
+)
 # gRPC handling time: store reads (GetJob, ListJobs) take a millisecond or less, a
 # Scrape as long as its fetch (FETCH_BUCKETS' range, up to a minute), streams
 # (WatchJob, the replication stream) minutes to days: 1 ms .. 5 min, the longest in +Inf.
@@ -227,6 +232,19 @@ class Metrics:
         self.fetch_retries = Counter(
             "pagesift_fetch_retries",
             "Transient fetch failures retried, by cause (http_<status>, connect, timeout).",
+            ["cause"],
+            registry=r,
+        )
+        self.worker_peak_memory = Histogram(
+            "pagesift_worker_peak_memory_bytes",
+            "Peak resident memory of an extraction worker during one page (VmHWM).",
+            buckets=WORKER_MEMORY_BUCKETS,
+            registry=r,
+        )
+        self.worker_losses = Counter(
+            "pagesift_worker_losses",
+            "Extraction calls whose worker was lost, by cause (crashed, memory, deadline, "
+            "closed, lost).",
             ["cause"],
             registry=r,
         )
@@ -345,6 +363,12 @@ class Metrics:
 
     def limit_hit(self, limit_name: str) -> None:
         self.limit_rejections.labels(limit_name).inc()
+
+    def worker_call(self, peak_rss_bytes: int) -> None:
+        self.worker_peak_memory.observe(peak_rss_bytes)
+
+    def worker_lost(self, cause: str) -> None:
+        self.worker_losses.labels(cause).inc()
 
     def interceptor(self) -> MetricsInterceptor:
         return MetricsInterceptor(self)
