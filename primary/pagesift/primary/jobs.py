@@ -275,7 +275,7 @@ class Jobs:
     ) -> jobs_pb2.Document:
         """One page, synchronously (the Scrape call) for account ``owner``; raises
         ``PageError`` (``PermissionError`` for options the account may not use)."""
-        policy = FetchPolicy(request=self._profile(owner, options, [url]))
+        policy = FetchPolicy(request=self._profile(owner, options, [url]), owner=owner)
         page = await self._fetch_page(owner, url, options, policy)
         if pagecache.max_age_ms(options) > 0 or pagecache.tracks_changes(options):
             now = jr.now_ms()
@@ -324,7 +324,8 @@ class Jobs:
     async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]:
         """The Map call for account ``owner``: the site's URLs (``mapper``), fetched
         with the server's request defaults; nothing is stored."""
-        policy = FetchPolicy(request=self._profile(owner, jobs_pb2.ScrapeOptions(), [request.url]))
+        profile = self._profile(owner, jobs_pb2.ScrapeOptions(), [request.url])
+        policy = FetchPolicy(request=profile, owner=owner)
         return await mapper.map_site(self.engine, request, self.config, policy)
 
     def _profile(
@@ -858,7 +859,7 @@ class Jobs:
         profile = self._job_profile(meta, req.options, req.urls)
         if profile is None:
             return
-        policy = FetchPolicy(request=profile)
+        policy = FetchPolicy(request=profile, owner=meta.owner)
         concurrency = self._concurrency(req.max_concurrency)
         run = _Run(concurrency, self._max_retries(req), lambda delta: None)
 
@@ -889,7 +890,7 @@ class Jobs:
         profile = self._job_profile(meta, req.options, [req.url])
         if profile is None:
             return
-        policy = FetchPolicy(delay=req.delay, request=profile)
+        policy = FetchPolicy(delay=req.delay, request=profile, owner=meta.owner)
         follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
         queue = frontier.Frontier(self.store, meta.id)
 
