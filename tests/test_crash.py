@@ -27,6 +27,8 @@ CONFIG = {
     "connect_timeout": 1.0,
     "max_body_bytes": 1024 * 1024,
     **QUICK_RETRIES,
+    # kills 1 page apart are this test's, not the job's: no quarantine (test_quarantine)
+    "poison_threshold": 100,
 }
 
 

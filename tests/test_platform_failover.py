@@ -71,6 +71,8 @@ def settings(accounts: Path) -> dict[str, Any]:
         "webhook_max_attempts": 200,
         "metrics_listen": f"127.0.0.1:{free_port()}",
         "replication_token_file": str(PAIR_TOKEN_FILE),
+        # two kills of one crawl are this test's, not the job's: no quarantine
+        "poison_threshold": 100,
     }
 
 
