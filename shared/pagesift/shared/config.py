@@ -109,7 +109,7 @@ class ServerConfig:
     max_redirects: Annotated[int, Doc("redirects followed per page at most", ge=0)] = 10
     respect_robots: Annotated[bool, Doc("obey robots.txt and its Crawl-delay")] = True
     extract_processes: Annotated[
-        int, Doc("HTML extraction worker processes: -1 = one per CPU, 0 = inline")
+        int, Doc("extraction worker processes: -1 = one per CPU, 0 = none (in a thread)")
     ] = -1
     # documents (pagesift.primary.documents): the most pages a job's max_pages may ask
     # for (and its default), and how long one conversion may run in a worker

@@ -29,6 +29,11 @@ pagesift_host_delay_seconds                 gauge      host: the current adaptiv
                                                        the 50 most recently slowed hosts
                                                        (bounded label cardinality)
 pagesift_limit_rejections_total             counter    limit: RESOURCE_EXHAUSTED by limit
+pagesift_worker_peak_memory_bytes           histogram  an extraction worker's peak resident
+                                                       memory during one page (VmHWM),
+                                                       WORKER_MEMORY_BUCKETS
+pagesift_worker_losses_total                counter    cause: pages whose worker was lost
+                                                       (crashed, memory, deadline, closed)
 pagesift_watch_streams                      gauge      WatchJob streams open now
 pagesift_watch_documents_read_total         counter    documents WatchJob read from the store
 pagesift_watch_documents_buffered           gauge      of those, read but not yet taken by
