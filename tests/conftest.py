@@ -8,6 +8,7 @@ its own (a module-level fixture of the same name wins over this one). ``nodes`` 
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,6 +17,11 @@ import pytest
 from pagesift.node.drill.fixture import Etcd
 from pagesift.shared.demosite import Site, build_site, serve_site
 from tests.helpers import NodeFactory, SiteSpec, serve_procs
+
+# Every ``pagesift serve`` child of the suite inherits this: no 64 MiB reserve file
+# (``pagesift.node.storage``) in each of hundreds of data directories. The tests of the
+# reserve set it themselves (tests/test_disk_full.py).
+os.environ.setdefault("PAGESIFT_STORAGE_RESERVE_BYTES", "0")
 
 
 @pytest.fixture

@@ -132,6 +132,9 @@ def node_config(data: Path, **overrides: Any) -> ServerConfig:
         "connect_timeout": 1.0,
         "max_body_bytes": 1024 * 1024,
         "replication_token_file": str(PAIR_TOKEN_FILE),
+        # no 64 MiB reserve file in each of the suite's data directories (tests/conftest.py
+        # says the same to ``pagesift serve`` children; tests/test_disk_full.py sets one)
+        "storage_reserve_bytes": 0,
         **QUICK_RETRIES,
     }
     values.update(overrides)

@@ -13,6 +13,7 @@ pure parts (error mapping, the watcher's decisions, health) run everywhere.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -39,7 +40,7 @@ from pagesift.shared.store import (
     storage_error,
 )
 from pagesift.v1 import jobs_pb2
-from tests.helpers import all_documents, eventually, in_process_node, serve_handler
+from tests.helpers import all_documents, eventually, in_process_node, serve_handler, until
 
 MIB = 1 << 20
 
@@ -275,3 +276,112 @@ async def test_a_node_whose_volume_fills_pauses_its_crawl_and_resumes_it_when_sp
                 f"\ndisk full: {before.completed} of {PAGES} pages stored when the volume filled;"
                 f" free after recovery {free_bytes(vol) // MIB} MiB"
             )
+
+
+async def test_jobs_wait_while_the_store_refuses_writes_and_go_on_when_it_takes_them(
+    tmp_path: Path,
+) -> None:
+    """Without a full volume (no root needed): the store told to refuse writes while
+    the watcher is stopped. Pages fetched meanwhile wait unrecorded, writes answer
+    STORAGE_UNAVAILABLE, health is NOT_SERVING; the watcher, started again, probes and
+    lets the store take writes, and the crawl completes with every page once."""
+    n = 24
+    gate = asyncio.Event()
+    hits: dict[str, int] = {}
+
+    async def handler(request: web.Request) -> web.Response:
+        hits[request.path] = hits.get(request.path, 0) + 1
+        if request.path == "/":
+            links = "".join(f'<a href="/p{i}">{i}</a> ' for i in range(1, n))
+            return web.Response(text=f"<html><body>{links}</body></html>", content_type="text/html")
+        if request.path.startswith("/p") and request.path[2:].isdigit():
+            await gate.wait()
+            return web.Response(
+                text=f"<html><body>{request.path}</body></html>", content_type="text/html"
+            )
+        return web.Response(status=404)
+
+    async with (
+        serve_handler(handler) as port,
+        in_process_node(tmp_path / "data", storage_reserve_bytes=0) as node,
+    ):
+        root = f"http://127.0.0.1:{port}/"
+        job = await node.stub.StartCrawl(
+            jobs_pb2.StartCrawlRequest(url=root, sitemap=jobs_pb2.SITEMAP_MODE_SKIP)
+        )
+
+        async def status() -> jobs_pb2.GetJobResponse:
+            return await node.stub.GetJob(jobs_pb2.GetJobRequest(id=job.id, status_only=True))
+
+        async def root_done() -> bool | None:
+            return True if (await status()).completed == 1 else None
+
+        await eventually(root_done, "the start page recorded", 15)
+        await node.node.storage.stop()
+        node.node.store().refuse_writes(IO_ERROR)
+        gate.set()  # the other pages are fetched now, and cannot be recorded
+        await eventually(lambda: health_is(node.channel, NOT_SERVING), "NOT_SERVING", 5)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=root), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        info = rpcerrors.error_info_of(refused.value)
+        assert info is not None and info.reason == rpcerrors.Reason.STORAGE_UNAVAILABLE
+        assert info.metadata["cause"] == IO_ERROR
+        await asyncio.sleep(0.5)  # the fetches are done: nothing is recorded meanwhile
+        paused = await status()
+        assert paused.state == jobs_pb2.JOB_STATE_SCRAPING and paused.completed == 1
+        runtime = node.node.runtime()
+        assert runtime is not None and job.id in runtime._tasks  # type: ignore[attr-defined]
+
+        await node.node.storage.start()  # probes, then the store takes writes again
+
+        async def finished() -> jobs_pb2.GetJobResponse | None:
+            r = await status()
+            return r if r.state != jobs_pb2.JOB_STATE_SCRAPING else None
+
+        final = await eventually(finished, "the crawl to go on and complete", 20)
+        assert final.state == jobs_pb2.JOB_STATE_COMPLETED and final.completed == n
+        urls = [d.url for d in await all_documents(node.stub, job.id)]
+        assert sorted(urls) == sorted([root] + [f"{root}p{i}" for i in range(1, n)])
+        # each page fetched once: the page waited with its document, it was not fetched again
+        assert {path: k for path, k in hits.items() if k != 1} == {}
+        await eventually(lambda: health_is(node.channel, SERVING), "SERVING again", 5)
+
+
+async def test_a_node_restarted_on_a_full_volume_opens_by_releasing_its_reserve(
+    tmp_path: Path,
+) -> None:
+    """RocksDB's open writes (a new manifest and WAL, the old WAL as a table file): on a
+    volume filled while the node was down, the node starts by releasing its reserve,
+    answers reads, and makes the reserve again once space is freed."""
+    pages = {path(i): site_page(i) for i in range(12)}
+
+    async def handler(request: web.Request) -> web.Response:
+        body = pages.get(request.path)
+        if body is None:
+            return web.Response(status=404)
+        return web.Response(body=body, content_type="text/html")
+
+    with tmpfs(tmp_path / "vol", 32) as vol:
+        data = vol / "data"
+        async with serve_handler(handler) as port:
+            root = f"http://127.0.0.1:{port}/"
+            async with in_process_node(data, storage_reserve_bytes=8 * MIB) as node:
+                job = await node.stub.StartCrawl(
+                    jobs_pb2.StartCrawlRequest(url=root, sitemap=jobs_pb2.SITEMAP_MODE_SKIP)
+                )
+
+                async def done() -> bool | None:
+                    r = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=job.id, status_only=True))
+                    return True if r.state == jobs_pb2.JOB_STATE_COMPLETED else None
+
+                await eventually(done, "the crawl to complete", 20)
+            with contextlib.suppress(OSError):  # fill the volume to the last block
+                fill(vol / "filler", 64 * MIB)
+            assert free_bytes(vol) < MIB and (data / RESERVE_FILE).exists()
+            async with in_process_node(data, storage_reserve_bytes=8 * MIB) as node:
+                assert not (data / RESERVE_FILE).exists()  # released to open the store
+                got = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=job.id, status_only=True))
+                assert got.state == jobs_pb2.JOB_STATE_COMPLETED and got.completed == 12
+                (vol / "filler").unlink()
+                await until(lambda: (data / RESERVE_FILE).exists(), "the reserve made again", 5)

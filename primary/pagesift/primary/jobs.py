@@ -757,10 +757,15 @@ class Jobs:
             self._profiles.pop(job_id, None)
             self._needed.pop(job_id, None)
             self._release_suspect(job_id)
-        if rerun and job_id not in self._tasks:
+        while rerun and job_id not in self._tasks and not self._closing:
             meta = jr.load_meta(self.store, job_id)
-            if meta is not None and meta.state == "scraping":
-                self._spawn(meta)
+            if meta is None or meta.state != "scraping":
+                break
+            try:
+                self._spawn(meta)  # its run marker is a write: the store may refuse again
+                break
+            except StorageUnavailable:
+                await self._storage_back()
 
     def _concurrency(self, asked: int) -> int:
         n = asked or self.config.default_concurrency

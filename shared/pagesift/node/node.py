@@ -54,7 +54,7 @@ from pagesift.node.elector import CLOSED, Elector, ElectorHost
 from pagesift.node.looplag import LoopLagMonitor
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import RoleStatus, figures
-from pagesift.node.storage import StorageWatcher
+from pagesift.node.storage import StorageWatcher, release_reserve
 from pagesift.node.witness import EtcdWitness
 from pagesift.primary import webhooks
 from pagesift.primary.fetch import HttpEngine
@@ -96,8 +96,8 @@ from pagesift.shared.rolestate import (
     StopWatchdog,
     Tick,
 )
-from pagesift.shared.slot import open_slot
-from pagesift.shared.store import Store
+from pagesift.shared.slot import StoreSlot, open_slot
+from pagesift.shared.store import Store, storage_error
 from pagesift.shared.tasks import cancel_and_wait
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
@@ -123,7 +123,7 @@ class Node:
         for warning in self.accounts.warnings:
             logger.warning("%s", warning)
         self.replication_token = _read_token(config.replication_token_file)
-        self.slot = open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
+        self.slot = _open_slot(config)
         self.slot.store.add_observer(self.events)
         self.slot.add_listener(lambda store, _log: store.add_observer(self.events))
         # with a witness, no write before a lease is won (the elector moves it); the
@@ -507,6 +507,27 @@ class Node:
         await self._carry_out(self._step(Stopping()))
         await self.storage.stop()
         self.slot.close()
+
+
+def _open_slot(config: ServerConfig) -> StoreSlot:
+    """The node's store slot. Opening replays the WAL into a table file, which needs
+    room: on a full volume the reserve (``pagesift.node.storage``) is released and the
+    open tried once more."""
+    try:
+        return open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
+    except Exception as e:
+        err = storage_error(e)
+        if err is None:
+            raise
+        released = release_reserve(config.data)
+        if not released:
+            raise
+        logger.warning(
+            "the store did not open (%s): released the %d-byte reserve and tried again",
+            err.reason,
+            released,
+        )
+        return open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
 
 
 def replication_credential(config: ServerConfig) -> str:

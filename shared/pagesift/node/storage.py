@@ -10,7 +10,8 @@ What it owns
   UNAVAILABLE / ``STORAGE_UNAVAILABLE`` (``StorageErrors``) and reads answer as usual.
 - The reserve: a ballast file ``{data}/storage.reserve`` of ``storage_reserve_bytes``
   (fully allocated), made at start when the volume has room for it. It is the room
-  the node keeps for itself: when the volume fills, the watcher deletes it, so that
+  the node keeps for itself: when the volume fills, the watcher deletes it (and so
+  does a node whose store cannot open on a full volume, ``release_reserve``), so that
   RocksDB can reopen (a reopen after a failed WAL append replays the WAL into a table
   file: it needs about one write buffer of space, 64 MiB by default) and compact.
   The node takes writes again only once the volume has room for the reserve AND for
@@ -86,6 +87,7 @@ __all__ = [
     "StorageErrors",
     "StorageWatcher",
     "decide",
+    "release_reserve",
     "volume_bytes",
 ]
 
@@ -130,6 +132,18 @@ def decide(look: Look) -> Step:
     if missing:
         return Step.RESTORE if room else Step.WAIT_FOR_SPACE
     return Step.RESUME
+
+
+def release_reserve(data_dir: Path) -> int:
+    """Delete the reserve file of ``data_dir`` (a node whose store cannot open on a
+    full volume); returns the bytes it held (0: there was none)."""
+    path = Path(data_dir) / RESERVE_FILE
+    try:
+        size = path.stat().st_size
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return size
 
 
 def volume_bytes(path: Path) -> tuple[int, int]:
@@ -287,9 +301,7 @@ class StorageWatcher:
 
     # the reserve -----------------------------------------------------------------------
     def _release(self) -> None:
-        size = self.reserve_present()
-        with contextlib.suppress(FileNotFoundError):
-            self.reserve_path.unlink()
+        size = release_reserve(self.data_dir)
         logger.warning("storage: the volume is full: released the %d-byte reserve", size)
 
     def _remove_partial(self) -> None:
