@@ -32,6 +32,7 @@ from pagesift.shared.client import JobClient, keeps_trying
 from pagesift.shared.rpcerrors import Reason
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
+from tests import hostile
 from tests.helpers import (
     ADMIN_KEY,
     ALICE,
@@ -44,6 +45,7 @@ from tests.helpers import (
     role,
     write_accounts,
 )
+from tests.hostile import workers as hw
 
 LIMITS = q.Limits(interruptions=2, worker_losses=3, progress_pages=20)
 NEEDED = q.progress_needed(LIMITS, 4)  # 20: more than 2 x concurrency 4
@@ -405,6 +407,52 @@ async def test_only_the_owner_or_the_admin_key_resumes_or_cancels_a_paused_job(
         assert await amain(["cancel", job, "--admin-key", ADMIN_KEY, "--json", *server]) == 0
         assert json.loads(capsys.readouterr().out) == {"id": job, "state": "cancelled"}
         assert await state_is_md(node.address, job, jobs_pb2.JOB_STATE_CANCELLED, ALICE.md)
+
+
+# ---------------------------------------------------------------- extraction workers lost
+
+
+async def test_a_job_whose_documents_keep_killing_workers_is_paused_unless_it_progresses(
+    nodes: NodeFactory,
+) -> None:
+    """Every PDF conversion outlives its deadline (``document_timeout``), so its worker
+    is killed (``PageError.worker_lost``). Three in a row pause the job, naming the
+    third; the same three spread between ordinary pages are only page errors."""
+    runner, root = await hostile.serve(hw.ROUTES)
+    try:
+        node = nodes(
+            "n",
+            config={
+                "respect_robots": False,
+                "extract_processes": 1,
+                "document_timeout": 0.000_001,
+                "poison_progress_pages": 4,  # progress: 4 pages (concurrency 1)
+            },
+        )
+        await node.start()
+        pdfs = [f"{root}workers/doc/{i}.pdf" for i in range(4)]
+        pages = [f"{root}workers/page/{i}" for i in range(12)]
+        poison = jobs_pb2.StartBatchScrapeRequest(urls=[*pdfs, pages[0]], max_concurrency=1)
+        spread = jobs_pb2.StartBatchScrapeRequest(
+            urls=[pdfs[0], *pages[:4], pdfs[1], *pages[4:8], pdfs[2], *pages[8:]],
+            max_concurrency=1,
+        )
+        bad = await start_batch(node.address, poison)
+        fine = await start_batch(node.address, spread)
+        paused = await eventually(
+            lambda: state_is(node.address, bad, jobs_pb2.JOB_STATE_PAUSED), "the pause", 30
+        )
+        assert paused.paused.reason == jobs_pb2.PAUSE_REASON_POISONED
+        assert paused.paused.worker_losses == 3 and paused.paused.interruptions == 0
+        assert list(paused.paused.in_flight_urls) == [pdfs[2]]
+        assert "3 extraction workers lost" in paused.note
+        assert paused.failed == 3 and paused.completed == 0  # the 4th PDF never ran
+        done = await eventually(
+            lambda: state_is(node.address, fine, jobs_pb2.JOB_STATE_COMPLETED), "the end", 30
+        )
+        assert done.failed == 3 and done.completed == 12 and not done.HasField("paused")
+    finally:
+        await runner.cleanup()
 
 
 # ---------------------------------------------------------------- a witness pair, SIGSTOP
