@@ -5,7 +5,8 @@ Unit level (a real ``WorkerPool``, real forkserver processes, the callables of
 runs past the address-space cap fails alone while 60 calls of another owner all
 succeed (issue 19, finding 7: the old pool failed 4 of 60); the memory cap is a clean
 error and the next call works; a worker whose call peaked past the recycle threshold
-is replaced; an owner with a long queue cannot starve another; a worker that died
+is replaced; a spinning worker ends at its CPU limit even when the node's loop
+cannot kill it; an owner with a long queue cannot starve another; a worker that died
 idle costs no call; a cancelled call's worker is killed; ``close`` fails every call.
 
 Node level (a real node and the hostile site's ``/workers/`` pages): an HTML page
@@ -45,6 +46,9 @@ from tests.helpers import (
     BOB,
     TERMINAL,
     NodeFactory,
+    free_port,
+    metric,
+    scrape_metrics,
     until,
     wait_done,
     write_accounts,
@@ -154,6 +158,20 @@ async def test_an_owner_with_a_long_queue_cannot_starve_another() -> None:
         assert sorted(done) == list(range(20))
 
 
+async def test_a_worker_spinning_past_its_cpu_limit_ends_even_if_the_node_cannot_kill_it() -> None:
+    async with pool_of(1, Limits(cpu_margin_seconds=0)) as pool:
+        busy = await pool.run(hw.worker_pid, timeout=30)  # idle: the next call is sent at once
+        task = asyncio.create_task(pool.run(hw.spin, 60, timeout=0.5))
+        await until(lambda: pool.busy() == 1, "the call to start")
+        await asyncio.sleep(0.05)  # the call is on its way
+        # the node's loop is blocked from here (a blocking wait): its deadline cannot
+        # fire, and RLIMIT_CPU (the CPU used so far plus 0.5 s, whole seconds) ends it
+        assert exited_within(busy, GONE_WITHIN), "a spinning worker outlived its CPU limit"
+        with pytest.raises((WorkerCrashed, WorkerTimeout)):
+            await task
+        assert await pool.run(hw.echo, 1, timeout=30) == 1
+
+
 async def test_a_worker_that_died_idle_costs_no_call() -> None:
     async with pool_of(1) as pool:
         idle = await pool.run(hw.worker_pid, timeout=30)
@@ -254,7 +272,9 @@ async def errors_of(
 async def test_an_extraction_past_its_deadline_fails_that_page_alone(
     nodes: NodeFactory, tmp_path: Path
 ) -> None:
-    async with node_and_site(nodes, tmp_path, extract_timeout=1.0) as (stub, root):
+    metrics_at = f"127.0.0.1:{free_port()}"
+    config = {"extract_timeout": 1.0, "metrics_listen": metrics_at}
+    async with node_and_site(nodes, tmp_path, **config) as (stub, root):
         heavy = [f"{root}workers/heavy.html?links={n}" for n in (200_000, 199_999)]
         bobs = await stub.StartBatchScrape(
             jobs_pb2.StartBatchScrapeRequest(urls=heavy, max_concurrency=2), metadata=BOB.md
@@ -268,6 +288,7 @@ async def test_an_extraction_past_its_deadline_fails_that_page_alone(
         alice_job = await wait_done(stub, alices.id, ALICE.md, timeout=60)
         bob_errors = await errors_of(stub, bobs.id, BOB.md)
         alice_errors = await errors_of(stub, alices.id, ALICE.md)
+        samples = await scrape_metrics(metrics_at)
     assert slowest < LIVENESS, f"ListJobs took {slowest:.1f} s while the heavy pages ran"
     assert sorted(bob_errors) == sorted(u.rsplit("/workers/", 1)[-1] for u in heavy), bob_job
     for err in bob_errors.values():
@@ -276,6 +297,8 @@ async def test_an_extraction_past_its_deadline_fails_that_page_alone(
     assert not alice_errors, {k: v.message for k, v in alice_errors.items()}
     assert alice_job.state == jobs_pb2.JOB_STATE_COMPLETED
     assert alice_job.completed == 40
+    assert metric(samples, "pagesift_worker_losses_total", cause="deadline") == 2
+    assert metric(samples, "pagesift_worker_peak_memory_bytes_count") >= 40
 
 
 async def test_a_page_whose_worker_was_killed_is_never_redone_on_the_event_loop(

@@ -13,7 +13,7 @@
 
 Payloads are built on first request and cached per process; every handler answers
 in bounded time and size. The module also holds the callables the worker-pool tests
-run in a worker (``echo``, ``crash``, ``hang``, ``hog``): a worker imports them by name.
+run in a worker (``echo``, ``crash``, ``hang``, ``spin``, ``hog``): a worker imports them by name.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ __all__ = [
     "hog",
     "small_page",
     "small_pdf",
+    "spin",
     "worker_pid",
 ]
 
@@ -131,6 +132,14 @@ def crash(how: str) -> None:
 def hang(seconds: float) -> None:
     """Stay inside one C call (a sleep) for ``seconds``."""
     time.sleep(seconds)
+
+
+def spin(seconds: float) -> int:
+    """Burn CPU in Python for ``seconds`` of wall time; the iterations done."""
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += 1
+    return n
 
 
 def hog(nbytes: int) -> int:

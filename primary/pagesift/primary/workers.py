@@ -132,7 +132,6 @@ _DRAIN_MAX_READS = 1 << 20  # the node writes no more than the worker's start da
 _HEADER = struct.Struct("!Q")
 MAX_FRAME_BYTES = 1 << 30  # a reply longer than this is treated as a broken worker
 START_TIMEOUT = 60.0  # seconds a new worker may take to say "ready"
-CPU_MARGIN = 5  # seconds of CPU past a call's timeout before RLIMIT_CPU ends it
 REAP_TIMEOUT = 5.0  # seconds to wait for a dead worker's exit status
 
 
@@ -181,6 +180,9 @@ class Limits:
 
     memory_bytes: int = 2 << 30  # RLIMIT_AS of each worker (config: worker_memory_limit)
     recycle_rss_bytes: int = 384 << 20  # retire a worker whose peak RSS in a call passed it
+    # CPU seconds past a call's timeout after which RLIMIT_CPU ends the worker (the
+    # backstop for a node whose loop cannot kill it); the limit is whole seconds
+    cpu_margin_seconds: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,7 +469,8 @@ class WorkerPool:
         once the call reaches its worker), a call not done in time has its worker
         killed and raises ``WorkerTimeout``. ``WorkerCrashed``/``WorkerOutOfMemory``:
         the worker died of, or ran out of memory on, this call; ``PoolClosed``."""
-        payload = pickle.dumps((fn, args, None if timeout is None else timeout + CPU_MARGIN))
+        cpu = None if timeout is None else timeout + self.limits.cpu_margin_seconds
+        payload = pickle.dumps((fn, args, cpu))
         for attempt in range(2):
             worker = await self._acquire(owner)
             try:
