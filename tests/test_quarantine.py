@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 
 from pagesift.node.cli import amain
+from pagesift.node.cli.common import EXIT_JOB_NOT_COMPLETED
 from pagesift.node.drill.fixture import Etcd
 from pagesift.shared import quarantine as q
 from pagesift.shared.client import JobClient, keeps_trying
@@ -413,11 +414,12 @@ async def test_only_the_owner_or_the_admin_key_resumes_or_cancels_a_paused_job(
 
 
 async def test_a_job_whose_documents_keep_killing_workers_is_paused_unless_it_progresses(
-    nodes: NodeFactory,
+    nodes: NodeFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Every PDF conversion outlives its deadline (``document_timeout``), so its worker
     is killed (``PageError.worker_lost``). Three in a row pause the job, naming the
-    third; the same three spread between ordinary pages are only page errors."""
+    third; the same three spread between ordinary pages are only page errors. ``batch
+    --wait`` stops at the pause (it would wait for ever) with a not-completed status."""
     runner, root = await hostile.serve(hw.ROUTES)
     try:
         node = nodes(
@@ -451,6 +453,11 @@ async def test_a_job_whose_documents_keep_killing_workers_is_paused_unless_it_pr
             lambda: state_is(node.address, fine, jobs_pb2.JOB_STATE_COMPLETED), "the end", 30
         )
         assert done.failed == 3 and done.completed == 12 and not done.HasField("paused")
+
+        argv = ["batch", *pdfs, "--concurrency", "1", "--wait", "--server", node.address]
+        assert await asyncio.wait_for(amain(argv), 30) == EXIT_JOB_NOT_COMPLETED
+        out = capsys.readouterr().out
+        assert ": paused, 0 documents, 3 failed, 4 total (poisoned: pagesift resume" in out
     finally:
         await runner.cleanup()
 

@@ -28,7 +28,7 @@ from rich.progress import (
 )
 
 from pagesift.node.cli.common import EXIT_JOB_NOT_COMPLETED, EXIT_OK
-from pagesift.node.cli.jobview import state_name
+from pagesift.node.cli.jobview import pause_json, pause_reason_name, state_name
 from pagesift.shared.client import JobClient
 from pagesift.v1 import jobs_pb2
 
@@ -52,6 +52,7 @@ class JobProgress:
     failed: int = 0
     documents_seen: int = 0
     started: float = field(default_factory=time.monotonic)
+    pause: jobs_pb2.PauseInfo | None = None  # why a paused job is paused
 
     def update(self, event: jobs_pb2.WatchJobResponse) -> None:
         kind = event.WhichOneof("event")
@@ -62,11 +63,13 @@ class JobProgress:
             st = event.state
             self.state = st.state
             self.total, self.completed, self.failed = st.total, st.completed, st.failed
+            self.pause = st.paused if st.HasField("paused") else None
         self.total = max(self.total, self.completed + self.failed)
 
     def update_from_job(self, job: jobs_pb2.GetJobResponse) -> None:
         self.state = job.state
         self.total, self.completed, self.failed = job.total, job.completed, job.failed
+        self.pause = job.paused if job.HasField("paused") else None
 
     @property
     def done(self) -> int:
@@ -76,25 +79,40 @@ class JobProgress:
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    @property
+    def paused(self) -> bool:
+        """Quarantined (or stopped by the store): it will not end by itself, so a wait
+        stops here (``pagesift resume`` or ``cancel`` decide)."""
+        return self.state == jobs_pb2.JOB_STATE_PAUSED
+
     def rate(self, now: float | None = None) -> float:
         """Pages finished per second since the watch began."""
         elapsed = (time.monotonic() if now is None else now) - self.started
         return self.done / elapsed if elapsed > 0 else 0.0
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "id": self.job_id,
             "state": state_name(self.state),
             "completed": self.completed,
             "total": self.total,
             "failed": self.failed,
         }
+        if self.pause is not None:
+            out["paused"] = pause_json(self.pause)
+        return out
 
     def summary(self) -> str:
-        return (
+        line = (
             f"{self.job_id}: {state_name(self.state)}, {self.completed} documents, "
             f"{self.failed} failed, {self.total} total"
         )
+        if self.pause is not None:
+            line += (
+                f" ({pause_reason_name(self.pause.reason)}: pagesift resume {self.job_id}, "
+                f"or pagesift cancel {self.job_id})"
+            )
+        return line
 
     def exit_code(self) -> int:
         return EXIT_OK if self.state == jobs_pb2.JOB_STATE_COMPLETED else EXIT_JOB_NOT_COMPLETED
@@ -128,7 +146,8 @@ def page_bar(description: str) -> Progress:
 
 
 async def wait_for_job(client: JobClient, job_id: str, *, show_progress: bool) -> JobProgress:
-    """Follow WatchJob to the job's terminal state (a live bar on stderr if asked)."""
+    """Follow WatchJob to the job's terminal state, or until it is paused (a live bar
+    on stderr if asked)."""
     progress = JobProgress(job_id)
     try:
         if show_progress:
@@ -143,9 +162,13 @@ async def wait_for_job(client: JobClient, job_id: str, *, show_progress: bool) -
                         failed=progress.failed,
                         rate=progress.rate(),
                     )
+                    if progress.paused:
+                        break
         else:
             async for event in client.watch(job_id):
                 progress.update(event)
+                if progress.paused:
+                    break
     except asyncio.CancelledError:
         print(
             f"interrupted; job {job_id} keeps running (pagesift cancel {job_id})", file=sys.stderr
