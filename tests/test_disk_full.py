@@ -18,6 +18,7 @@ import contextlib
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -255,12 +256,20 @@ async def test_a_node_whose_volume_fills_pauses_its_crawl_and_resumes_it_when_sp
             assert job.id in node.node.runtime()._tasks  # type: ignore[union-attr]  # waiting
 
             (vol / "filler").unlink()  # the operator frees space
+            freed = time.monotonic()
+
+            async def writable() -> bool | None:
+                return True if node.node.store_writable else None
+
+            await eventually(writable, "the store to take writes again", 20)
+            resumed = time.monotonic() - freed
 
             async def done() -> jobs_pb2.GetJobResponse | None:
                 r = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=job.id, status_only=True))
                 return r if r.state != jobs_pb2.JOB_STATE_SCRAPING else None
 
             final = await eventually(done, "the crawl to resume and finish", 30)
+            finished = time.monotonic() - freed
             assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final
             await eventually(lambda: health_is(node.channel, SERVING), "SERVING again", 5)
             assert (vol / "data" / RESERVE_FILE).stat().st_size == 4 * MIB
@@ -274,7 +283,8 @@ async def test_a_node_whose_volume_fills_pauses_its_crawl_and_resumes_it_when_sp
             assert "pagesift_store_refusing_writes 0.0" in text
             print(
                 f"\ndisk full: {before.completed} of {PAGES} pages stored when the volume filled;"
-                f" free after recovery {free_bytes(vol) // MIB} MiB"
+                f" writes taken again {resumed:.2f} s after space was freed, crawl complete"
+                f" after {finished:.2f} s; free after recovery {free_bytes(vol) // MIB} MiB"
             )
 
 
