@@ -191,6 +191,7 @@ class Jobs:
         self._run_id = uuid.uuid4().hex  # this runtime's run markers (quarantine)
         self._suspects = q.Suspects()
         self._needed: dict[str, int] = {}  # job -> pages that count as progress
+        self._later: set[asyncio.Task[None]] = set()  # _resume_later's waits
         self._limits = q.Limits(
             interruptions=config.poison_threshold,
             worker_losses=config.poison_worker_losses,
@@ -210,23 +211,14 @@ class Jobs:
         resumed: list[str] = []
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
-            if meta is not None and not meta.terminal and not meta.paused:
-                meta = self._count_interruption(meta)
-            if meta is not None and not meta.terminal and not meta.paused:
-                logger.info(
-                    "job %s resumed (%s, account %s)",
-                    job_id,
-                    meta.kind,
-                    meta.owner,
-                    extra={"job": job_id, "account": meta.owner},
-                )
+            if meta is not None and meta.state == "scraping":
                 if self._wait_replicated is not None:
                     self._visible[job_id] = jr.progress(self.store, meta).completed
                 resumed.append(job_id)
-                if self._suspect(job_id) and not self._suspects.admit(job_id):
-                    logger.info("job %s waits: another interrupted job runs first", job_id)
-                    continue
-                self._spawn(meta)
+                try:
+                    self._resume_one(job_id)
+                except StorageUnavailable:  # counted and started once the store writes
+                    self._resume_later(job_id)
         if self._wait_replicated is None:
             self._readable.set()
         else:
@@ -249,7 +241,7 @@ class Jobs:
     async def close(self) -> None:
         self._closing = True
         running = list(self._tasks)
-        tasks = list(self._tasks.values())
+        tasks = list(self._tasks.values()) + list(self._later)
         tasks += [t for t in (self._sweeper, self._confirming) if t is not None]
         for t in tasks:
             t.cancel()
@@ -498,7 +490,10 @@ class Jobs:
                     meta.owner,
                     extra={"job": job_id, "account": meta.owner},
                 )
-                self._spawn(meta)
+                try:
+                    self._spawn(meta)
+                except StorageUnavailable:  # resumed: it runs once the store writes
+                    self._resume_later(job_id)
         if self._wait_replicated is not None:
             await self._wait_replicated(None)
         return meta
@@ -651,7 +646,8 @@ class Jobs:
                 if budget is not None:
                     g.put(keys.poison, budget.encode())
 
-            self.store.write(group)
+            with contextlib.suppress(StorageUnavailable):  # cleared next time it progresses
+                self.store.write(group)
             break
         self._release_suspect(job_id)
 
@@ -661,9 +657,52 @@ class Jobs:
         while nxt is not None and not self._closing:
             meta = jr.load_meta(self.store, nxt)
             if meta is not None and meta.state == "scraping" and nxt not in self._tasks:
-                self._spawn(meta)
+                try:
+                    self._spawn(meta)
+                except StorageUnavailable:  # its run marker is a write: once it writes
+                    self._resume_later(nxt)
                 return
             nxt = self._suspects.release(nxt)
+
+    def _resume_one(self, job_id: str) -> None:
+        """Start-up (or later, see ``_resume_later``): a ``scraping`` job not running
+        here is counted (an interruption when its marker is there: maybe paused
+        now), then run, or queued behind the running suspect."""
+        meta = jr.load_meta(self.store, job_id)
+        if meta is None or meta.state != "scraping" or job_id in self._tasks:
+            return
+        meta = self._count_interruption(meta)
+        if meta is None or meta.state != "scraping":
+            return
+        logger.info(
+            "job %s resumed (%s, account %s)",
+            job_id,
+            meta.kind,
+            meta.owner,
+            extra={"job": job_id, "account": meta.owner},
+        )
+        if self._suspect(job_id) and not self._suspects.admit(job_id):
+            logger.info("job %s waits: another interrupted job runs first", job_id)
+            return
+        self._spawn(meta)
+
+    def _resume_later(self, job_id: str) -> None:
+        """``_resume_one`` once the store takes writes again (it refused one)."""
+
+        async def later() -> None:
+            for _ in range(1_000_000):  # each round waits for the store: bounded
+                await self._storage_back()
+                if self._closing:
+                    return
+                try:
+                    self._resume_one(job_id)
+                    return
+                except StorageUnavailable:
+                    continue
+
+        task = asyncio.create_task(later())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
 
     # expiry -----------------------------------------------------------------------
     def sweep(self) -> int:
