@@ -29,9 +29,10 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
   ``$`` the end, percent-encoding normalized; ``test_hostile_discovery`` checks it
   against Protego on thousands of random rules and URLs. The work is capped: a URL
   longer than ``MAX_MATCH_CHARS`` or one that would need wildcard rules to scan more
-  than ``MAX_MATCH_WORK`` characters is not allowed (a robots.txt built to be
+  than ``MAX_MATCH_WORK`` characters (each rule tried is charged the URL's length
+  plus 200, so at most 5,000 rules are tried for one URL) is not allowed (a robots.txt built to be
   expensive cannot cost more than that per URL; refusing is the polite answer).
-  ``RobotsCache.allowed_many`` checks a batch (Map) on the loop in slices of at most
+  ``HttpEngine.robots_allowed`` checks a batch (Map) on the loop in slices of at most
   ``SLICE_SECONDS``, yielding to the loop between slices.
 
 ``page_directives`` (pure) reads the page-level robots rules: ``<meta name="robots">``
@@ -44,6 +45,7 @@ crawls (see ``jobs``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -67,7 +69,8 @@ __all__ = [
 MAX_ROBOTS_BYTES = 512 * 1024  # RFC 9309 asks parsers to read at least 500 KiB
 MAX_MATCH_CHARS = 16_384  # a longer URL is not allowed (the node's max_url_length is 8,192)
 MAX_MATCH_WORK = 1_000_000  # characters wildcard rules may scan for one URL
-SLICE_SECONDS = 0.01  # allowed_many checks URLs for at most this long between yields
+SLICE_SECONDS = 0.01  # a batch of checks holds the loop this long at most between yields
+_CANDIDATE_COST = 200  # MAX_MATCH_WORK charged per wildcard rule tried, beyond the URL
 
 # Fetch robots.txt: (status, body). Raise OSError/TimeoutError (or anything) when the
 # server cannot be reached; status 0 also means unreachable.
@@ -192,7 +195,7 @@ class Matcher:
             priority, allow, url_pattern = self._wild[rank]
             if (priority, allow) <= best:
                 break  # no weaker candidate can change the verdict
-            work += len(path)
+            work += len(path) + _CANDIDATE_COST
             if work > MAX_MATCH_WORK:
                 return False
             if url_pattern.match(path):  # type: ignore[attr-defined]
@@ -342,7 +345,8 @@ class RobotsCache:
             pending = asyncio.ensure_future(asyncio.to_thread(rules.compile))
             self._compiling[key] = pending
             pending.add_done_callback(lambda _: self._compiling.pop(key, None))
-        await asyncio.shield(pending)
+        with contextlib.suppress(Exception):  # never seen; ``allowed`` compiles inline then
+            await asyncio.shield(pending)
 
     async def allowed(self, url: str) -> bool:
         return (await self.rules(url)).allowed(url)
