@@ -29,6 +29,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.node.health import NOT_SERVING, PRIMARY, SERVING, health_statuses
+from pagesift.node.node import Node, StartRefused
 from pagesift.node.storage import RESERVE_FILE, Look, Step, decide
 from pagesift.shared import rpcerrors
 from pagesift.shared.roles import Role
@@ -41,7 +42,14 @@ from pagesift.shared.store import (
     storage_error,
 )
 from pagesift.v1 import jobs_pb2
-from tests.helpers import all_documents, eventually, in_process_node, serve_handler, until
+from tests.helpers import (
+    all_documents,
+    eventually,
+    in_process_node,
+    node_config,
+    serve_handler,
+    until,
+)
 
 MIB = 1 << 20
 
@@ -395,3 +403,51 @@ async def test_a_node_restarted_on_a_full_volume_opens_by_releasing_its_reserve(
                 assert got.state == jobs_pb2.JOB_STATE_COMPLETED and got.completed == 12
                 (vol / "filler").unlink()
                 await until(lambda: (data / RESERVE_FILE).exists(), "the reserve made again", 5)
+
+
+async def test_a_node_stopped_while_its_volume_is_full_refuses_to_start_then_resumes_its_crawl(
+    tmp_path: Path,
+) -> None:
+    """The operator's reflex, a restart, on a volume still full: the start is refused
+    with a message saying to free space (not a RocksDB traceback); once space is freed
+    the node starts, resumes the crawl, and completes it with every page once."""
+    pages = {path(i): site_page(i) for i in range(PAGES)}
+
+    async def handler(request: web.Request) -> web.Response:
+        body = pages.get(request.path)
+        if body is None:
+            return web.Response(status=404)
+        return web.Response(body=body, content_type="text/html")
+
+    with tmpfs(tmp_path / "vol", 64) as vol:
+        fill(vol / "filler", 30 * MIB)
+        data = vol / "data"
+        async with serve_handler(handler) as port:
+            root = f"http://127.0.0.1:{port}/"
+            async with in_process_node(data, storage_reserve_bytes=4 * MIB) as node:
+                job = await node.stub.StartCrawl(
+                    jobs_pb2.StartCrawlRequest(
+                        url=root, limit=PAGES, sitemap=jobs_pb2.SITEMAP_MODE_SKIP
+                    )
+                )
+
+                async def refusing() -> bool | None:
+                    return True if not node.node.store_writable else None
+
+                await eventually(refusing, "the store to refuse writes (the volume full)", 25)
+                stored = {d.url for d in await all_documents(node.stub, job.id)}
+            with pytest.raises(StartRefused, match="free space"):
+                Node(node_config(data, storage_reserve_bytes=4 * MIB))
+            (vol / "filler").unlink()
+            async with in_process_node(data, storage_reserve_bytes=4 * MIB) as node:
+
+                async def done() -> jobs_pb2.GetJobResponse | None:
+                    r = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=job.id, status_only=True))
+                    return r if r.state != jobs_pb2.JOB_STATE_SCRAPING else None
+
+                final = await eventually(done, "the resumed crawl to finish", 30)
+                assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final
+                urls = [d.url for d in await all_documents(node.stub, job.id)]
+        assert len(urls) == len(set(urls)), "a page stored twice"
+        assert set(urls) == {f"{root}{path(i)[1:]}" for i in range(PAGES)}
+        assert stored <= set(urls)

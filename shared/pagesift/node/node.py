@@ -97,7 +97,7 @@ from pagesift.shared.rolestate import (
     Tick,
 )
 from pagesift.shared.slot import StoreSlot, open_slot
-from pagesift.shared.store import Store, storage_error
+from pagesift.shared.store import NO_SPACE, Store, storage_error
 from pagesift.shared.tasks import cancel_and_wait
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
@@ -512,22 +512,30 @@ class Node:
 def _open_slot(config: ServerConfig) -> StoreSlot:
     """The node's store slot. Opening replays the WAL into a table file, which needs
     room: on a full volume the reserve (``pagesift.node.storage``) is released and the
-    open tried once more."""
+    open tried once more; a store that still cannot open refuses the start, saying so."""
     try:
         return open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
     except Exception as e:
         err = storage_error(e)
         if err is None:
             raise
-        released = release_reserve(config.data)
-        if not released:
-            raise
+        failure: Exception = e
+    released = release_reserve(config.data)
+    if released:
         logger.warning(
             "the store did not open (%s): released the %d-byte reserve and tried again",
             err.reason,
             released,
         )
-        return open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
+        try:
+            return open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
+        except Exception as e:
+            err = storage_error(e)
+            if err is None:
+                raise
+            failure = e
+    hint = "free space on its volume" if err.reason == NO_SPACE else "check its disk"
+    raise StartRefused(f"the store in {config.data} cannot open ({failure}): {hint}, then start")
 
 
 def replication_credential(config: ServerConfig) -> str:
