@@ -205,7 +205,8 @@ class Jobs:
         added = self.store.write(partial(jr.build_owner_index, store=self.store)).result
         if added:
             logger.info("owner index built: %d jobs", added)
-        self.sweep()
+        with contextlib.suppress(StorageUnavailable):  # a full volume: the sweeper's next round
+            self.sweep()
         if self.deliverer is not None:
             await self.deliverer.start()  # resumes every outbox from its cursor
         resumed: list[str] = []
