@@ -383,6 +383,7 @@ class _Worker:
 class _Waiter:
     future: asyncio.Future[_Worker]
     owner: str
+    payload: bytes  # the call, sent the moment a worker is assigned to it
 
 
 @dataclass
@@ -472,9 +473,9 @@ class WorkerPool:
         cpu = None if timeout is None else timeout + self.limits.cpu_margin_seconds
         payload = pickle.dumps((fn, args, cpu))
         for attempt in range(2):
-            worker = await self._acquire(owner)
+            worker = await self._acquire(owner, payload)
             try:
-                return await self._exchange(worker, payload, timeout)
+                return await self._exchange(worker, timeout)
             except _NotStarted as exc:
                 if self._closed:
                     raise PoolClosed() from None
@@ -514,14 +515,15 @@ class WorkerPool:
 
     # --- scheduling -----------------------------------------------------------------------
 
-    async def _acquire(self, owner: str) -> _Worker:
+    async def _acquire(self, owner: str, payload: bytes) -> _Worker:
+        """A worker for the call, which has been sent to it."""
         if self._closed:
             raise PoolClosed()
         if self._idle and not self._queues.by_owner:
             worker = self._idle.pop()
-            self._busy.add(worker)
+            self._assign(worker, payload)
             return worker
-        waiter = _Waiter(asyncio.get_running_loop().create_future(), owner)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), owner, payload)
         self._queues.push(waiter)
         self._fill()
         try:
@@ -529,10 +531,19 @@ class WorkerPool:
         except asyncio.CancelledError:
             if waiter.future.done() and not waiter.future.cancelled():
                 if waiter.future.exception() is None:
-                    self._release(waiter.future.result())
+                    worker = waiter.future.result()
+                    worker.kill("the call was cancelled")  # it was sent: it may be running
+                    self._release(worker)
             else:
                 self._queues.remove(waiter)
             raise
+
+    def _assign(self, worker: _Worker, payload: bytes) -> None:
+        """``worker`` is busy with the call ``payload``, written to it now (in the same
+        step that freed it: the worker does not wait for the caller's task to wake)."""
+        self._busy.add(worker)
+        worker.writer.write(_HEADER.pack(len(payload)))
+        worker.writer.write(payload)
 
     def _fill(self) -> None:
         """Hand idle workers to waiters in turn; start workers for the rest, up to
@@ -542,7 +553,7 @@ class WorkerPool:
             if waiter is None:
                 break
             worker = self._idle.pop()
-            self._busy.add(worker)
+            self._assign(worker, waiter.payload)
             waiter.future.set_result(worker)
         live = len(self._idle) + len(self._busy) + self._starting
         want = min(self._queues.waiting(), self.processes - live)
@@ -648,14 +659,12 @@ class WorkerPool:
 
     # --- one call ---------------------------------------------------------------------------
 
-    async def _exchange(
-        self, worker: _Worker, payload: bytes, timeout: float | None
-    ) -> Outcome[Any]:
+    async def _exchange(self, worker: _Worker, timeout: float | None) -> Outcome[Any]:
         started = time.monotonic()
         stage = ["sending"]
         try:
             async with asyncio.timeout(timeout):
-                reply = await _converse(worker, payload, stage)
+                reply = await _converse(worker, stage)
         except TimeoutError:
             worker.kill("deadline")
             self.deaths["deadline"] += 1
@@ -711,11 +720,10 @@ class WorkerPool:
         return f"exit status {code}"
 
 
-async def _converse(worker: _Worker, payload: bytes, stage: list[str]) -> bytes:
-    """Send the call, read the acknowledgement (``stage[0]`` becomes "running") and
-    the reply frame. A dead worker surfaces as ConnectionError/IncompleteReadError."""
-    worker.writer.write(_HEADER.pack(len(payload)))
-    worker.writer.write(payload)
+async def _converse(worker: _Worker, stage: list[str]) -> bytes:
+    """Finish sending the call (``_assign`` wrote it), read the acknowledgement
+    (``stage[0]`` becomes "running") and the reply frame. A dead worker surfaces as
+    ConnectionError/IncompleteReadError."""
     await worker.writer.drain()
     if pickle.loads(await _read_frame(worker.reader)) != ("started",):
         worker.kill("it broke the protocol")
