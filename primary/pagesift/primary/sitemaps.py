@@ -22,9 +22,11 @@ inflated and parsed in slices of ``CHUNK`` bytes with an ``await asyncio.sleep(0
 between slices, and the work per slice is linear in the slice: zlib inflates at most
 ``CHUNK`` bytes per call, the XML parser is a streaming one that never goes back over
 what it has read, and the URLs of one slice (at most ``CHUNK`` bytes of them) are
-joined and normalized before the next. So the loop waits at most one slice's work
-(well under 10 ms: ``tests/test_hostile_discovery.py`` measures it) and a walk parses
-at most ``SITEMAP_MAX_TOTAL_BYTES``.
+joined and normalized ``LOCS_PER_TURN`` at a time, a turn of the loop after each
+group. So the loop waits at most one slice's parse or one group's URLs (measured:
+at most 2 ms for 50,000 short URLs or 13,000 URLs of 4,000 characters, 0.5 ms for
+the 80 KB of unclosed tags, not counting the interpreter's garbage collections) and
+a walk parses at most ``SITEMAP_MAX_TOTAL_BYTES``.
 
 The XML parser (``SitemapParser``) is libxml2's push parser through
 ``lxml.etree.XMLPullParser`` rather than expat (stdlib or ``defusedxml``): the expat
@@ -77,6 +79,7 @@ SITEMAP_MAX_FILES = 1_000
 SITEMAP_MAX_BYTES = 50 * 1024 * 1024  # the sitemaps.org limit, uncompressed
 SITEMAP_MAX_TOTAL_BYTES = 200 * 1024 * 1024  # parsed in one walk, all files together
 CHUNK = 16 * 1024  # bytes inflated and parsed between two turns of the event loop
+LOCS_PER_TURN = 32  # locs joined and normalized between two turns of the loop
 MAX_LOC_CHARS = 16_384  # a longer <loc> (sitemaps.org: < 2,048) is no URL we fetch
 _MAX_TEXT_LINE = 16_384  # text sitemaps: a longer line is skipped, never buffered
 _SNIFF = 2048  # leading bytes that decide XML or text (as before: a "<" in them)
@@ -116,9 +119,8 @@ async def batches(
             if parser.is_index:
                 if depth < SITEMAP_MAX_DEPTH:
                     queue.extend((urljoin(final_url, loc), depth + 1) for loc in locs)
-            elif locs:
-                batch = _page_urls(final_url, locs, seen, max_urls)
-                if batch:
+            else:
+                async for batch in _page_urls(final_url, locs, seen, max_urls):
                     yield batch
                 if len(seen) >= max_urls:
                     return
@@ -129,9 +131,8 @@ async def batches(
         if parser.is_index:
             if depth < SITEMAP_MAX_DEPTH:
                 queue.extend((urljoin(final_url, loc), depth + 1) for loc in locs)
-        elif locs:
-            batch = _page_urls(final_url, locs, seen, max_urls)
-            if batch:
+        else:
+            async for batch in _page_urls(final_url, locs, seen, max_urls):
                 yield batch
 
 
@@ -146,27 +147,37 @@ async def walk(
             found[url] = None
 
 
-def _page_urls(base: str, locs: list[str], seen: set[str], max_urls: int) -> list[str]:
+async def _page_urls(
+    base: str, locs: list[str], seen: set[str], max_urls: int
+) -> AsyncIterator[list[str]]:
     """The new normalized http(s) URLs among ``locs`` (relative to ``base``), added to
-    ``seen``, stopping at ``max_urls`` in ``seen``."""
-    out: list[str] = []
-    for loc in locs:
-        if len(loc) > MAX_LOC_CHARS:
-            continue
-        absolute = urljoin(base, loc)
-        if not absolute.startswith(("http://", "https://")):
-            continue
-        try:
-            url = urls.normalize(absolute)
-        except ValueError:
-            continue
-        if url in seen:
-            continue
-        seen.add(url)
-        out.append(url)
+    ``seen`` (stopping at ``max_urls`` in it), in batches of at most ``LOCS_PER_TURN``
+    locs with a turn of the event loop after each (a slice's locs hold at most
+    ``CHUNK`` bytes of URL; joining and normalizing is linear in each)."""
+    for start in range(0, len(locs), LOCS_PER_TURN):
+        out: list[str] = []
+        for loc in locs[start : start + LOCS_PER_TURN]:
+            if len(loc) > MAX_LOC_CHARS:
+                continue
+            absolute = urljoin(base, loc)
+            if not absolute.startswith(("http://", "https://")):
+                continue
+            try:
+                url = urls.normalize(absolute)
+            except ValueError:
+                continue
+            if url in seen:
+                continue
+            seen.add(url)
+            out.append(url)
+            if len(seen) >= max_urls:
+                break
+        if out:
+            yield out
         if len(seen) >= max_urls:
-            break
-    return out
+            return
+        if start + LOCS_PER_TURN < len(locs):
+            await asyncio.sleep(0)
 
 
 def slices(body: bytes, cap: int) -> Iterator[bytes]:
