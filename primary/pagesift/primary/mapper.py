@@ -319,16 +319,17 @@ async def map_site(
     deadline = loop.time() + bounds.timeout  # the whole call, sitemaps included
     start = req.url.partition("#")[0]
     start_key = walk.listing.key_of(start)
-    if mode != jobs_pb2.SITEMAP_MODE_ONLY and start_key is not None:
-        walk.listing.add(await walk.listable([start_key]))  # the start URL leads
-    if mode != jobs_pb2.SITEMAP_MODE_SKIP:
-        share = 1.0 if mode == jobs_pb2.SITEMAP_MODE_ONLY else 0.5  # the rest: the links
-        with contextlib.suppress(TimeoutError):  # the URLs listed so far stay
-            async with asyncio.timeout_at(min(deadline, loop.time() + share * bounds.timeout)):
-                await walk.sitemap()
-    if mode != jobs_pb2.SITEMAP_MODE_ONLY and not walk.full():
-        with contextlib.suppress(TimeoutError):  # the URLs found so far
-            async with asyncio.timeout_at(deadline):
+    with contextlib.suppress(TimeoutError):  # at the deadline: the URLs found so far
+        async with asyncio.timeout_at(deadline):  # robots.txt's fetch included
+            if mode != jobs_pb2.SITEMAP_MODE_ONLY and start_key is not None:
+                walk.listing.add(await walk.listable([start_key]))  # the start URL leads
+            if mode != jobs_pb2.SITEMAP_MODE_SKIP:
+                share = 1.0 if mode == jobs_pb2.SITEMAP_MODE_ONLY else 0.5  # rest: links
+                ends = min(deadline, loop.time() + share * bounds.timeout)
+                with contextlib.suppress(TimeoutError):  # the URLs listed so far stay
+                    async with asyncio.timeout_at(ends):
+                        await walk.sitemap()
+            if mode != jobs_pb2.SITEMAP_MODE_ONLY and not walk.full():
                 await walk.links(start)
     found = list(walk.listing.urls)
     ranked = await asyncio.to_thread(rank, found, req.search) if req.search else found
