@@ -8,8 +8,9 @@ request still passes the engine's address guard. The guarantees of ``batches`` (
 
 - only sitemap files on ``site`` (``crawl.in_scope``, no subdomains) are fetched, each
   at most once; indexes are followed to depth ``SITEMAP_MAX_DEPTH``, at most
-  ``SITEMAP_MAX_FILES`` files are fetched, no body is read or inflated past
-  ``SITEMAP_MAX_BYTES``, and at most ``SITEMAP_MAX_TOTAL_BYTES`` are parsed in one walk;
+  ``SITEMAP_MAX_FILES`` files are fetched (and no more are ever queued), no body is
+  read or inflated past ``SITEMAP_MAX_BYTES``, and at most ``SITEMAP_MAX_TOTAL_BYTES``
+  are parsed in one walk;
 - only normalized http(s) URLs come out, each once, at most ``SITEMAP_MAX_URLS``; they
   come out as they are parsed (a batch per parsed chunk), so a caller that stops
   early (a deadline) keeps everything read until then;
@@ -117,8 +118,7 @@ async def batches(
             budget -= len(piece)
             locs = parser.feed(piece)
             if parser.is_index:
-                if depth < SITEMAP_MAX_DEPTH:
-                    queue.extend((urljoin(final_url, loc), depth + 1) for loc in locs)
+                _enqueue(queue, len(fetched), final_url, locs, depth)
             else:
                 async for batch in _page_urls(final_url, locs, seen, max_urls):
                     yield batch
@@ -129,11 +129,23 @@ async def batches(
                 break
         locs = parser.close()
         if parser.is_index:
-            if depth < SITEMAP_MAX_DEPTH:
-                queue.extend((urljoin(final_url, loc), depth + 1) for loc in locs)
+            _enqueue(queue, len(fetched), final_url, locs, depth)
         else:
             async for batch in _page_urls(final_url, locs, seen, max_urls):
                 yield batch
+
+
+def _enqueue(
+    queue: deque[tuple[str, int]], fetched: int, base: str, locs: list[str], depth: int
+) -> None:
+    """Queue an index's child sitemaps (``depth + 1``), while the queue and the files
+    fetched stay within ``SITEMAP_MAX_FILES``: a file that could never be fetched is
+    not kept in memory either."""
+    if depth >= SITEMAP_MAX_DEPTH:
+        return
+    room = SITEMAP_MAX_FILES - fetched - len(queue)
+    for loc in locs[: max(0, room)]:
+        queue.append((urljoin(base, loc), depth + 1))
 
 
 async def walk(
