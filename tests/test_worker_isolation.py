@@ -14,7 +14,8 @@ whose extraction outlives ``extract_timeout`` fails alone, naming the deadline, 
 another account's pages complete (finding 5); and while a heavy page is extracted
 and a document's worker is killed on its deadline, the node answers another account's
 ListJobs within 2 s -- the page is never re-extracted on the event loop (finding 6:
-the old fallback froze the node).
+the old fallback froze the node); and one account's queue of slow pages does not
+hold back another account's Scrape (the owner reaches the pool from the job runtime).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from tests.helpers import (
     BOB,
     TERMINAL,
     NodeFactory,
+    eventually,
     free_port,
     metric,
     scrape_metrics,
@@ -320,3 +322,33 @@ async def test_a_page_whose_worker_was_killed_is_never_redone_on_the_event_loop(
     assert errors["late.pdf?delay=1"].code == "parse_failed"
     assert "took over" in errors["late.pdf?delay=1"].message
     assert done.completed == 1  # heavy.html, extracted whole in its worker
+
+
+async def test_one_accounts_queue_of_slow_pages_does_not_hold_back_another_accounts_scrape(
+    nodes: NodeFactory, tmp_path: Path
+) -> None:
+    # One worker; bob's eight slow pages (about a second of extraction each) queue
+    # for it; alice's one page is served at the next turn, not after bob's queue.
+    async with node_and_site(nodes, tmp_path, extract_processes=1) as (stub, root):
+        urls = [f"{root}workers/heavy.html?links={40_000 + i}" for i in range(8)]
+        bobs = await stub.StartBatchScrape(
+            jobs_pb2.StartBatchScrapeRequest(urls=urls, max_concurrency=8), metadata=BOB.md
+        )
+
+        async def bob_started() -> bool | None:
+            req = jobs_pb2.GetJobRequest(id=bobs.id, status_only=True)
+            job = await stub.GetJob(req, metadata=BOB.md)
+            return True if job.completed >= 1 else None
+
+        await eventually(bob_started, "bob's first page", timeout=60)
+        page = await stub.Scrape(
+            jobs_pb2.ScrapeRequest(url=f"{root}workers/page/1"), metadata=ALICE.md, timeout=60
+        )
+        req = jobs_pb2.GetJobRequest(id=bobs.id, status_only=True)
+        bob_then = (await stub.GetJob(req, metadata=BOB.md)).completed
+        done = await wait_done(stub, bobs.id, BOB.md, timeout=120)
+    assert page.document.title == "page 1"
+    # FIFO would have served alice after bob's whole queue (7 or 8 done); her turn
+    # comes after at most the page running and the one served before her in turn
+    assert bob_then <= 4, f"alice's page waited for {bob_then} of bob's 8 pages"
+    assert done.completed == 8
