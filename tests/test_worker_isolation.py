@@ -63,8 +63,9 @@ LIVENESS = 2.0  # seconds another account's ListJobs may take while the node wor
 
 
 @contextlib.asynccontextmanager
-async def pool_of(processes: int, limits: Limits = Limits()) -> AsyncIterator[WorkerPool]:  # noqa: B008
-    pool = WorkerPool(processes, limits)
+async def pool_of(processes: int, limits: Limits | None = None) -> AsyncIterator[WorkerPool]:
+    """A pool of real workers, closed at the end whatever happened."""
+    pool = WorkerPool(processes, limits or Limits())
     try:
         yield pool
     finally:

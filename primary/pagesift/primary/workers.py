@@ -33,8 +33,8 @@ Guarantees:
   worker (``MemoryError`` for Python and lxml: a clean ``WorkerOutOfMemory``, and the
   worker is replaced; PDFium or another C library may instead abort, which is a
   ``WorkerCrashed``). A call with a ``timeout`` is SIGKILLed by the node when it
-  outlives it (through a pidfd: no pid reuse), counted from the moment the call is
-  sent to its worker (queueing for a worker is not the call's fault); and, as a
+  outlives it (through a pidfd: no pid reuse), counted once the call is on its
+  worker (queueing for a worker is not the call's fault); and, as a
   backstop should the node's event loop itself be stuck, the worker's own
   ``RLIMIT_CPU`` soft limit is set before every call to the CPU time it has used
   plus ``timeout`` and a margin (SIGXCPU then ends it). After each call the worker
@@ -45,7 +45,9 @@ Guarantees:
 - **Fair between owners.** A call names its ``owner`` (an account); when every
   worker is busy, waiting calls queue per owner and a freed worker goes to the
   owners in turn (round robin, one call each), so one owner's many slow calls take
-  at most every other free worker while anyone else waits.
+  at most every other free worker while anyone else waits. A freed worker is sent
+  the next call in the same step that frees it, so it does not idle while the
+  caller's task wakes up (a loop turn or more between two pages, otherwise).
 - **No worker outlives its node**, however the node ends (SIGKILL, SIGTERM, a crash,
   a normal exit): a worker exits within moments of its node's death, and with the
   workers gone the forkserver and the resource tracker exit too. The bound is the
