@@ -388,6 +388,8 @@ CRASH_CONFIG = {
     "extract_processes": 0,
     "retry_base_delay": 0.05,
     "retry_max_delay": 0.5,
+    # the test's two kills land before the job does much: no quarantine (test_quarantine)
+    "poison_threshold": 100,
 }
 
 
