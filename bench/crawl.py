@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,9 +256,9 @@ def run_scrapy(python: Path, site: Nginx, args: argparse.Namespace) -> dict[str,
 # ---------------------------------------------------------------------------- pagesift
 
 
-def _server_config(tmp: Path, concurrency: int) -> Path:
+def _server_config(tmp: Path, concurrency: int, extra: Sequence[str] = ()) -> Path:
     conf = tmp / "server.toml"
-    lines = ["[server]", f"per_host_concurrency = {concurrency}"]
+    lines = ["[server]", f"per_host_concurrency = {concurrency}", *extra]
     if concurrency > 64:  # ServerConfig.max_concurrency default
         lines.append(f"max_concurrency = {concurrency}")
     conf.write_text("\n".join(lines) + "\n")
@@ -278,10 +278,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def pagesift_server(concurrency: int, log_path: Path) -> Iterator[Server]:
+def pagesift_server(
+    concurrency: int, log_path: Path, extra_config: Sequence[str] = ()
+) -> Iterator[Server]:
     """``pagesift serve --role primary`` on a free loopback port with a fresh data
-    directory and the crawl section's config (``per_host_concurrency`` = ``concurrency``),
-    stopped (SIGTERM, then SIGKILL after 20 s) on exit."""
+    directory and the crawl section's config (``per_host_concurrency`` = ``concurrency``,
+    plus ``extra_config``: TOML lines of the ``[server]`` table), stopped (SIGTERM, then
+    SIGKILL after 20 s) on exit."""
     from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
     with tempfile.TemporaryDirectory(prefix="bench-pagesift-") as tmpname:
@@ -300,7 +303,7 @@ def pagesift_server(concurrency: int, log_path: Path) -> Iterator[Server]:
             str(tmp / "data"),
             "--allow-private-networks",
             "--config",
-            str(_server_config(tmp, concurrency)),
+            str(_server_config(tmp, concurrency, extra_config)),
         ]
         say("$ " + shlex.join(cmd))
         with log_path.open("wb") as log:

@@ -32,6 +32,7 @@ SECTIONS = (
     "freshness",
     "map",
     "export",
+    "hostile",
 )
 
 
