@@ -158,9 +158,15 @@ async def test_a_standby_applies_the_primarys_commits_in_spans_matched_by_offset
         in_process_node(tmp_path / "p", respect_robots=False) as p,
         in_process_node(tmp_path / "s", role="standby", primary=p.address) as s,
     ):
-        await p.stub.StartBatchScrape(
+        started = await p.stub.StartBatchScrape(
             jobs_pb2.StartBatchScrapeRequest(urls=[f"http://127.0.0.1:{port}/a"])
         )
+
+        async def finished() -> bool | None:  # the job writes nothing more after this
+            job = await p.stub.GetJob(jobs_pb2.GetJobRequest(id=started.id, limit=1))
+            return True if job.state == jobs_pb2.JOB_STATE_COMPLETED else None
+
+        await eventually(finished, "the job to complete")
 
         async def applied() -> list[ReadableSpan] | None:
             done = spans.get_finished_spans()
