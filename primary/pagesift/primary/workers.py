@@ -313,16 +313,19 @@ def _worker_main(sock: socket.socket, limits: Limits) -> None:
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    _send_frame(sock, pickle.dumps(("ready", os.getpid())))
-    while True:
-        header = _recv_exactly(sock, _HEADER.size)
-        body = None if header is None else _recv_exactly(sock, _HEADER.unpack(header)[0])
-        if body is None:
-            break  # the node closed its end: retired, or the pool is closed
-        frame, kind = _run_one(sock, body)
-        _send_frame(sock, frame)
-        if kind == "memory":
-            break  # its heap may be left fragmented or half-built: a fresh worker follows
+    try:
+        _send_frame(sock, pickle.dumps(("ready", os.getpid())))
+        while True:
+            header = _recv_exactly(sock, _HEADER.size)
+            body = None if header is None else _recv_exactly(sock, _HEADER.unpack(header)[0])
+            if body is None:
+                break  # the node closed its end: retired, or the pool is closed
+            frame, kind = _run_one(sock, body)
+            _send_frame(sock, frame)
+            if kind == "memory":
+                break  # its heap may be left fragmented or half-built: a fresh worker follows
+    except OSError:
+        pass  # the node's end closed mid-frame (a pool closed while this one started)
     os._exit(0)
 
 
