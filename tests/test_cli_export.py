@@ -32,7 +32,7 @@ import pytest
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pagesift.node.cli import amain, build_parser
@@ -179,6 +179,9 @@ _url = st.builds(
 
 @settings(max_examples=400, deadline=None)
 @given(urls=st.lists(_url, min_size=1, max_size=12), ext=st.sampled_from([".md", ".html", ".txt"]))
+# a lossy (already tagged) name taken twice: once tagged twice and past the name cap
+@example(urls=["http://h/?\x80/%F0%90%80%80/.//?\x80//..//../.././"] * 3, ext=".md")
+@example(urls=["http://h/" + "a" * 300] * 12, ext=".html")
 def test_any_url_set_gets_safe_distinct_paths(urls: list[str], ext: str) -> None:
     alloc = PathAllocator(ext)
     got = [alloc.allocate(u) for u in urls]

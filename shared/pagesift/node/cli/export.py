@@ -103,8 +103,9 @@ MAX_PATH_BYTES = 240  # below Windows' 260 (MAX_PATH) with a short --dir
 INDEX_NAME = "index.jsonl"
 _TMP_NAME = ".export-tmp"  # no page component starts with "." (it is escaped)
 _HASH_CHARS = 12
-#: room kept in a name and a path for what ``PathAllocator`` may add: ``~<hash>-NNN``
-_RESERVE = 1 + _HASH_CHARS + 4
+#: room kept in a name and a path for what ``PathAllocator`` may add: ``~<hash>-N``
+#: (N below 10**10: more pages than any job holds)
+_RESERVE = 1 + _HASH_CHARS + 11
 PROGRESS_EVERY = 10.0
 _UNSAFE = frozenset('%<>:"/\\|?*')
 _WINDOWS_DEVICES = frozenset(
@@ -250,15 +251,15 @@ class PathAllocator:
         path = page_path(url, self.ext)
         stem = path.removesuffix(self.ext)
         tag = "~" + url_hash(url)
-        candidates = [path] if stem.endswith(tag) else [path, stem + tag + self.ext]
-        for candidate in candidates:
+        tagged = stem if stem.endswith(tag) else stem + tag  # page_path tags a lossy name
+        for candidate in (path, tagged + self.ext):
             if _key(candidate) not in self.taken:
                 self.reserve(candidate)
                 return candidate
         n = 2
-        while _key(f"{stem}{tag}-{n}{self.ext}") in self.taken:
+        while _key(f"{tagged}-{n}{self.ext}") in self.taken:
             n += 1
-        chosen = f"{stem}{tag}-{n}{self.ext}"
+        chosen = f"{tagged}-{n}{self.ext}"
         self.reserve(chosen)
         return chosen
 
