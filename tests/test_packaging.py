@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the node's dependencies (the ``server`` extra), never needed by a client
 SERVER_ONLY = (
     "rocksdict",
+    "lxml",
+    "defusedxml",
     "aiohttp",
     "selectolax",
     "pypdfium2",
@@ -153,7 +155,7 @@ def test_the_cli_runs_and_serve_asks_for_the_server_extra(client_venv: ClientVen
     )
     assert serve.returncode == 5, serve
     error = json.loads(serve.stdout)["error"]
-    assert "pip install 'pagesift[server]'" in error["message"]
+    assert "pip install './pagesift[server]' -c pagesift/constraints.txt" in error["message"]
     assert "rocksdict" in error["message"]
 
 

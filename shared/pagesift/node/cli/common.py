@@ -186,7 +186,8 @@ def server_extra_missing(command: str) -> str | None:
         return None
     return (
         f"{command} runs a node, which needs the server extra "
-        f"(missing {', '.join(missing)}): pip install 'pagesift[server]'"
+        f"(missing {', '.join(missing)}): pip install './pagesift[server]' "
+        "-c pagesift/constraints.txt from a checkout (README, Install)"
     )
 
 
