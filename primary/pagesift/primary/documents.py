@@ -676,24 +676,9 @@ def _cell(text: str) -> str:
 
 
 def _table(rows: list[list[str]], max_chars: int) -> str:
-    """``rows`` as a markdown table (rows padded to the widest), cut after the row that
-    passes ``max_chars``: padding cannot make it bigger than the budget."""
-    if not rows:
-        return ""
-    width = max(len(r) for r in rows)
-    if width == 0:
-        return ""
-    lines = []
-    size = 0
-    for i, row in enumerate(rows):
-        cells = [_cell(c) for c in row] + [""] * (width - len(row))
-        lines.append("| " + " | ".join(cells) + " |")
-        if i == 0:
-            lines.append("|" + " --- |" * width)
-        size += len(lines[-1]) + 1
-        if size > max_chars:
-            break
-    return "\n".join(lines)
+    """``rows`` as a markdown table (``_sparse_table``: padded to the widest, cut after
+    the row that passes ``max_chars``)."""
+    return _sparse_table([list(enumerate(row)) for row in rows], max_chars)
 
 
 def _ooxml_props(z: _Zip, conv: Converted) -> None:
