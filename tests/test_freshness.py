@@ -8,6 +8,7 @@ real pair of ``pagesift serve`` processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator
@@ -171,6 +172,11 @@ async def test_a_fresh_copy_answers_without_a_fetch_and_only_for_its_own_account
         assert not shaped.cache_hit  # other options: another entry
 
 
+# sleep this long between two scrapes of a 1 ms max_age: a loopback round trip can take
+# less than 1 ms, and the copy must be older than max_age when the next scrape reads it
+OLDER = 0.01
+
+
 @pytest.mark.parametrize("etag", [True, False])
 async def test_an_older_copy_is_revalidated_and_a_304_returns_it_as_fresh(
     tmp_path: Path, etag: bool
@@ -180,6 +186,7 @@ async def test_an_older_copy_is_revalidated_and_a_304_returns_it_as_fresh(
         stale = opts(max_age=Duration(nanos=1_000_000))  # 1 ms: older at once
         anon = Acct("anonymous")
         first = await scrape(node.stub, root + "/a", stale, anon)
+        await asyncio.sleep(OLDER)
         again = await scrape(node.stub, root + "/a", stale, anon)
         assert not first.cache_hit and again.cache_hit
         assert again.markdown == first.markdown
@@ -187,6 +194,7 @@ async def test_an_older_copy_is_revalidated_and_a_304_returns_it_as_fresh(
         assert (bool(inm), ims) == (etag, "Mon, 30 Nov 2026 10:00:00 GMT")
         site.pages["/a"] = page("A2")  # changed: the validator no longer matches
         if etag:
+            await asyncio.sleep(OLDER)
             changed = await scrape(node.stub, root + "/a", stale, anon)
             assert not changed.cache_hit and changed.title == "A2"
 
