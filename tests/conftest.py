@@ -2,8 +2,9 @@
 
 ``site`` serves a demo site (``pagesift.shared.demosite``) on 127.0.0.1 for one test;
 its size and speed come from the ``site_spec`` fixture, which a module overrides with
-its own (a module-level fixture of the same name wins over this one). ``nodes`` makes
-``pagesift serve`` children; ``etcd`` runs a real etcd for the witness tests.
+its own (a module-level fixture of the same name wins over this one). ``store`` is a
+fresh RocksDB store under ``tmp_path``, closed at the end. ``nodes`` makes ``pagesift
+serve`` children; ``etcd`` runs a real etcd for the witness tests.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from pagesift.node.drill.fixture import Etcd
 from pagesift.shared.demosite import Site, build_site, serve_site
+from pagesift.shared.store import Store
 from tests.helpers import NodeFactory, SiteSpec, serve_procs
 
 # Every ``pagesift serve`` child of the suite inherits this: no 64 MiB reserve file
@@ -40,6 +42,16 @@ async def site(site_spec: SiteSpec) -> AsyncIterator[tuple[Site, str]]:
         yield s, root
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """An empty store in ``tmp_path / "store"``, closed when the test ends."""
+    s = Store(tmp_path / "store")
+    try:
+        yield s
+    finally:
+        s.close()
 
 
 @pytest.fixture

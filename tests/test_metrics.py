@@ -4,8 +4,7 @@ real store, and the gRPC interceptor on a real grpc.aio server (unary and stream
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import aiohttp
 import grpc
@@ -35,15 +34,6 @@ async def scrape(port: int) -> tuple[str, str]:
     ):
         assert resp.status == 200
         return resp.headers["Content-Type"], await resp.text()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "store")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def add_job(store: Store, job_id: str, kind: str, state: str) -> None:

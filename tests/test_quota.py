@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,6 @@ from pagesift.shared.store import Store, WriteGroup
 
 H = 3600
 T0 = 1_800_000_000.0 - (1_800_000_000 % H)  # an hour boundary
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "store")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def charge(store: Store, account: str, pages: int, now: float) -> None:

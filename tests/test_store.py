@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,6 @@ from hypothesis import strategies as st
 
 from pagesift.shared.store import Store, WriteGroup, local_key
 from pagesift.v1 import store_pb2
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "db")
-    yield s
-    s.close()
 
 
 def test_kv_lists_and_sets_read_back_what_a_group_wrote(store: Store) -> None:

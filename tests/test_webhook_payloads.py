@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,15 +223,6 @@ async def test_bad_webhook_headers_or_metadata_are_refused_naming_the_field(
 
 
 # ---------------------------------------------------------------- resumed delivery
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "store")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 async def test_a_resumed_delivery_sends_the_same_body_and_the_store_keeps_one_copy(

@@ -9,7 +9,7 @@ import json
 import re
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,15 +95,6 @@ async def receiver() -> AsyncIterator[Receiver]:
         yield r
     finally:
         await r.stop()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "store")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def make_job(
