@@ -32,6 +32,9 @@ from typing import Any
 
 import grpc
 
+# The drill's (the node ships it; bench sections run in the same venv as the node).
+from pagesift.node.drill.procs import free_port as free_port
+
 LOOPBACK = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -43,14 +46,6 @@ MB = 1024 * 1024
 def say(msg: str) -> None:
     """Progress line on stdout, flushed (make shows it as it happens)."""
     print(f"[bench] {msg}", flush=True)
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_for_port(

@@ -32,6 +32,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.node import grpcserver
+from pagesift.node.drill.procs import free_port as free_port
 from pagesift.node.node import Node
 from pagesift.primary import webhooks
 from pagesift.shared import tls
@@ -95,13 +96,6 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> N
 
 
 # ---------------------------------------------------------------- ports and nodes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 import sys
 import time
 import types
@@ -45,6 +44,7 @@ from pagesift.shared.client import (
 )
 from pagesift.shared.config import ServerConfig
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.helpers import free_port
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -61,10 +61,7 @@ def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 
 def _dead_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return f"127.0.0.1:{port}"
+    return f"127.0.0.1:{free_port()}"
 
 
 # ---------------------------------------------------------------- parsing

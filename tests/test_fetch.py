@@ -31,6 +31,7 @@ from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
 from pagesift.shared.errors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
+from tests.helpers import free_port
 
 HTML = """<!doctype html><html lang="en"><head><title>Hello</title>
 <meta name="description" content="A page"></head>
@@ -529,9 +530,7 @@ async def test_a_cancelled_waiter_gives_its_slot_back() -> None:
 
 
 async def test_a_refused_connection_is_connect(engine: HttpEngine) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     err = await _error(engine, f"http://127.0.0.1:{port}/page")
     assert err.code == ErrorCode.CONNECT
 
@@ -605,7 +604,5 @@ async def test_without_a_sitemap_line_sitemap_xml_is_read(site: Site, engine: Ht
 
 
 async def test_an_unreachable_sitemap_yields_no_urls(engine: HttpEngine) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     assert await engine.sitemap_urls(f"http://127.0.0.1:{port}/") == []
