@@ -148,7 +148,7 @@ def test_the_allocator_gives_each_page_its_own_file_deterministically() -> None:
     assert got[1].startswith("h/a~") and got[2].startswith("h/a~") and got[1] != got[2]
     for path in got:
         assert_safe(path, ".md")
-    # resuming: paths reserved from index.jsonl push the next page on as before
+    # resuming: paths reserved from index.jsonl push the next page on the same way
     resumed = PathAllocator(".md")
     for p in got[:5]:
         resumed.reserve(p)

@@ -155,7 +155,7 @@ def test_a_control_write_keeps_trying_while_the_pair_fails_over() -> None:
     dead, refused = grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION
     standby = [dead, refused], [None, Reason.NOT_PRIMARY]
     assert keeps_trying(*standby, retryable=True, control=True)
-    assert not keeps_trying(*standby, retryable=True)  # a read or Scrape: raised as before
+    assert not keeps_trying(*standby, retryable=True)  # a read or Scrape: raised, not retried
     assert not keeps_trying([refused], [Reason.QUOTA_EXCEEDED], retryable=True, control=True)
     assert not keeps_trying([grpc.StatusCode.NOT_FOUND], [None], retryable=True, control=True)
     assert keeps_trying([grpc.StatusCode.UNAVAILABLE], [None], retryable=True)

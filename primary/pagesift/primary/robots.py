@@ -16,10 +16,9 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
   ``Sitemap:`` lines are exposed. robots.txt itself is always fetched with the
   server's user agent, so one cached copy serves every job.
 - Memory is bounded: at most ``max_origins`` entries, oldest dropped first.
-- Matching is compiled once per origin and agent, and bounded (issue 19, finding 3):
-  Protego parses the file (in a thread: it is pure Python, so the loop keeps getting
-  the GIL) and picks the group, exactly as before; ``Matcher`` then compiles that
-  group's rules, also in a thread, into a form whose cost per URL does not grow with
+- Matching is compiled once per origin and agent, and bounded: Protego parses the
+  file (in a thread: it is pure Python, so the loop keeps getting the GIL) and picks
+  the group; ``Matcher`` then compiles that group's rules, also in a thread, into a form whose cost per URL does not grow with
   the rule count: plain prefixes by length (a dict lookup per distinct length),
   ``$``-anchored literals in a dict, and wildcard rules behind an RE2 set of one
   literal "atom" per rule (its longest literal part: a rule whose atom is not in the

@@ -83,7 +83,7 @@ CHUNK = 16 * 1024  # bytes inflated and parsed between two turns of the event lo
 LOCS_PER_TURN = 32  # locs joined and normalized between two turns of the loop
 MAX_LOC_CHARS = 16_384  # a longer <loc> (sitemaps.org: < 2,048) is no URL we fetch
 _MAX_TEXT_LINE = 16_384  # text sitemaps: a longer line is skipped, never buffered
-_SNIFF = 2048  # leading bytes that decide XML or text (as before: a "<" in them)
+_SNIFF = 2048  # leading bytes that decide XML or text (a "<" in them: XML)
 
 # GET one sitemap file (body capped at SITEMAP_MAX_BYTES): (final URL, status, body);
 # raises PageError when it cannot be fetched.
