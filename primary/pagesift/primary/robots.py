@@ -18,10 +18,11 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
 - Memory is bounded: at most ``max_origins`` entries, oldest dropped first.
 - Matching is compiled once per origin and agent, and bounded: Protego parses the
   file (in a thread: it is pure Python, so the loop keeps getting the GIL) and picks
-  the group; ``Matcher`` then compiles that group's rules, also in a thread, into a form whose cost per URL does not grow with
-  the rule count: plain prefixes by length (a dict lookup per distinct length),
-  ``$``-anchored literals in a dict, and wildcard rules behind an RE2 set of one
-  literal "atom" per rule (its longest literal part: a rule whose atom is not in the
+  the group; ``Matcher`` then compiles that group's rules, also in a thread, into a
+  form whose cost per URL does not grow with the rule count: plain prefixes by
+  length (a dict lookup per distinct length), ``$``-anchored literals in a dict, and
+  wildcard rules behind an RE2 set of one literal "atom" per rule (its longest
+  literal part: a rule whose atom is not in the
   URL cannot match), so only candidate rules are tried, highest priority first, and
   the first that matches decides. The verdict is Protego's (Google's): the longest
   matching rule wins, ``Allow`` on ties, ``*`` any run of characters, a trailing
