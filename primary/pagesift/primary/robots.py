@@ -22,8 +22,8 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
   form whose cost per URL does not grow with the rule count: plain prefixes by
   length (a dict lookup per distinct length), ``$``-anchored literals in a dict, and
   wildcard rules behind an RE2 set of one literal "atom" per rule (its longest
-  literal part: a rule whose atom is not in the
-  URL cannot match), so only candidate rules are tried, highest priority first, and
+  literal part: a rule whose atom is not in the URL cannot match), so only candidate
+  rules are tried, highest priority first, and
   the first that matches decides. The verdict is Protego's (Google's): the longest
   matching rule wins, ``Allow`` on ties, ``*`` any run of characters, a trailing
   ``$`` the end, percent-encoding normalized; ``test_hostile_discovery`` checks it
