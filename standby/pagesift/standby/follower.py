@@ -39,8 +39,8 @@ What it owns
    at least every ``ACK_MAX_DELAY``. Heartbeats are acked the same way; they give
    the primary's offset and clock for lag. When to ack, and the lag, are decided by
    ``replfollower.FollowerState`` (pure, with a fake clock in its tests); this loop
-   feeds it what happens, with ``time.monotonic()`` as the time, and sends the acks
-   it asks for.
+   feeds it what happens, with ``time.monotonic()`` as the time, and carries out
+   every action each step returns (``_carry_out``: acks, and waits for a message).
 6. **Reconnect** with bounded exponential backoff (jittered), from the applied
    offset, whenever the stream ends, errs or stays silent past ``idle_timeout``.
 """
@@ -53,8 +53,10 @@ import logging
 import random
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 import grpc
 
@@ -387,9 +389,8 @@ class Follower:
             raise
         self.full_resyncs += 1
         await asyncio.to_thread(shutil.rmtree, old_path, True)
-        self._state.step(
-            SnapshotInstalled(d.snapshot_offset, self.applied_offset), time.monotonic()
-        )
+        installed = SnapshotInstalled(d.snapshot_offset, self.applied_offset)
+        await self._carry_out(call, self._state.step(installed, time.monotonic()))
 
     async def _follow(self, call: StreamCall, primary_epoch: int) -> None:
         state = self._state
@@ -399,10 +400,7 @@ class Follower:
                 # An ack owed goes out at once when the stream is idle; while messages
                 # keep coming, acks are coalesced (see ACK_MIN_GAP / ACK_MAX_DELAY).
                 actions = state.step(NextMessage(reading.done()), time.monotonic())
-                while actions and isinstance(wait := actions[0], WaitForMessage):
-                    await asyncio.wait({reading}, timeout=wait.until - time.monotonic())
-                    actions = state.step(NextMessage(reading.done()), time.monotonic())
-                await self._carry_out(call, actions)
+                await self._carry_out(call, actions, reading)
                 raw = await self._next(reading)
                 if raw is None:
                     return
@@ -423,7 +421,7 @@ class Follower:
                         heard = HeartbeatReceived(
                             hb.primary_offset, hb.primary_time_ms, time.time(), self.applied_offset
                         )
-                        state.step(heard, time.monotonic())
+                        await self._carry_out(call, state.step(heard, time.monotonic()))
                         continue
                     if kind != "entries":
                         raise replproto.ProtocolError(f"unexpected {kind} after the decision")
@@ -432,9 +430,8 @@ class Follower:
                 if not entries:
                     continue
                 await self._apply(entries, raws, primary_epoch)
-                state.step(
-                    EntriesApplied(entries[-1].offset, self.applied_offset), time.monotonic()
-                )
+                applied = EntriesApplied(entries[-1].offset, self.applied_offset)
+                await self._carry_out(call, state.step(applied, time.monotonic()))
         finally:
             _drop(reading)
 
@@ -465,10 +462,29 @@ class Follower:
             if start < n:
                 await asyncio.sleep(0)
 
-    async def _carry_out(self, call: StreamCall, actions: list[replfollower.Action]) -> None:
-        for action in actions:
-            if isinstance(action, SendAck):
-                await self._ack(call)
+    async def _carry_out(
+        self,
+        call: StreamCall,
+        actions: list[replfollower.Action],
+        reading: asyncio.Future[object] | None = None,
+    ) -> None:
+        """Carry out every action ``step`` returned, in order. ``WaitForMessage`` answers
+        ``NextMessage`` only: wait for the message being ``reading`` until then, and ask
+        again (its answer is carried out in turn)."""
+        pending = deque(actions)
+        while pending:
+            action = pending.popleft()
+            match action:
+                case SendAck():
+                    await self._ack(call)
+                case WaitForMessage(until):
+                    if reading is None:
+                        raise RuntimeError("WaitForMessage answers NextMessage only")
+                    await asyncio.wait({reading}, timeout=until - time.monotonic())
+                    again = self._state.step(NextMessage(reading.done()), time.monotonic())
+                    pending.extendleft(reversed(again))
+                case _:
+                    assert_never(action)
 
     async def _ack(self, call: StreamCall) -> None:
         self.acks += 1
