@@ -22,7 +22,7 @@ from pagesift.primary import mapper
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.netguard import AddressGuard
 from pagesift.shared import jobrecords as jr
-from pagesift.shared.jobservice import MAP_BATCH_URLS, _url_batches
+from pagesift.shared.paging import MAP_BATCH_URLS, url_batches
 from pagesift.v1 import jobs_pb2
 from tests.helpers import MapResolver, RunningNode, in_process_node, node_config, serve_handler
 
@@ -284,8 +284,8 @@ def test_listing_dedupes_by_page_key_and_never_lists_a_dropped_url_again() -> No
 
 def test_map_batches_hold_every_url_in_order_and_stay_small() -> None:
     found = [f"http://h/{i}" for i in range(2_500)] + ["http://h/" + "x" * 900_000] * 2
-    batches = _url_batches(found)
+    batches = url_batches(found)
     assert [u for b in batches for u in b] == found
     assert max(len(b) for b in batches) == MAP_BATCH_URLS
     assert batches[-1] == ["http://h/" + "x" * 900_000]  # a long URL comes alone
-    assert _url_batches([]) == []
+    assert url_batches([]) == []

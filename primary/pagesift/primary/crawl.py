@@ -200,7 +200,7 @@ class Scope:
     ) -> Scope:
         """The scope of a crawl; its regexes are compiled on the pattern pool.
 
-        Raises ``patterns.PatternError`` for patterns ``validate.crawl`` would refuse.
+        Raises ``patterns.PatternError`` for patterns ``requestspecs.crawl`` would refuse.
         """
         return cls(
             root=urls.normalize(req.url, ignore_query=req.ignore_query_parameters),

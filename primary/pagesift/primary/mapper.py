@@ -298,7 +298,7 @@ async def map_site(
     policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
 ) -> list[str]:
     """The URLs of the site of ``req.url`` (module docstring), ranked and cut at the
-    limit. ``req`` was validated (``validate.map_request``); raises
+    limit. ``req`` was validated (``requestspecs.map_spec``); raises
     ``patterns.PatternError`` for regexes today's bounds refuse."""
     bounds = Bounds.of(req, config)
     limits = validate.regex_limits(config)

@@ -67,6 +67,7 @@ from yarl import URL
 from pagesift.primary.robots import agent_token
 from pagesift.shared import urls
 from pagesift.shared.config import ServerConfig
+from pagesift.shared.validate import PermissionDenied
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["JarChanges", "JobCookies", "ProxyPool", "RequestProfile"]
@@ -639,10 +640,13 @@ class RequestProfile:
     ) -> RequestProfile:
         """The profile of a scrape or job whose request names ``targets`` (its URLs).
 
-        ``PermissionError`` when the options use a proxy URL the owner may not use;
+        ``PermissionDenied`` (a ``PermissionError`` naming the field) when the options
+        use a proxy URL the owner may not use;
         ``ignore_robots_txt`` without the permission is simply not honoured."""
         if options.proxy_url and not may_use_proxy_url:
-            raise PermissionError("options.proxy_url: the account may no longer use its own proxy")
+            raise PermissionDenied(
+                "options.proxy_url", "the account may no longer use its own proxy"
+            )
         timeout = None
         if options.HasField("timeout"):
             timeout = options.timeout.seconds + options.timeout.nanos / 1e9

@@ -72,7 +72,7 @@ from typing import Any
 
 import grpc
 
-from pagesift.shared import rpcerrors
+from pagesift.shared import errortable
 from pagesift.shared.backoff import backoff_delay
 from pagesift.shared.interceptors import Behavior, rewrap
 from pagesift.shared.metrics import StorageFigures
@@ -353,7 +353,8 @@ def _allocate(path: Path, size: int) -> None:
 
 class StorageErrors(ServerInterceptor):
     """UNAVAILABLE / ``STORAGE_UNAVAILABLE`` for any RPC whose handler let
-    ``StorageUnavailable`` escape (``rpcerrors.storage_unavailable``)."""
+    ``StorageUnavailable`` escape (its row of ``pagesift.shared.errortable``; JobService
+    handlers map it themselves, the same way)."""
 
     async def intercept_service(
         self,
@@ -372,7 +373,7 @@ class StorageErrors(ServerInterceptor):
                         async for item in behavior(request, context):
                             yield item
                     except StorageUnavailable as e:
-                        await rpcerrors.storage_unavailable(context, e.reason, str(e))
+                        await errortable.refuse(context, e)
 
                 return stream
 
@@ -380,7 +381,7 @@ class StorageErrors(ServerInterceptor):
                 try:
                     return await behavior(request, context)
                 except StorageUnavailable as e:
-                    await rpcerrors.storage_unavailable(context, e.reason, str(e))
+                    await errortable.refuse(context, e)
 
             return unary
 

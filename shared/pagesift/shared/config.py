@@ -70,7 +70,7 @@ class ServerConfig:
     max_regex_memory: Annotated[
         int, Doc("bytes of RE2 memory per pattern (program + DFA cache)", ge=1)
     ] = 1 << 20
-    # result paging by size (pagesift.shared.jobservice): a GetJob response (documents
+    # result paging by size (pagesift.shared.paging): a GetJob response (documents
     # plus status) is at most this many serialized bytes, whatever its limit; one
     # document larger than this still comes alone. 4 MiB: what a stock gRPC client
     # receives by default, well under the server's 64 MiB send limit.

@@ -1,80 +1,61 @@
-"""The public ``JobService`` (gRPC), served by both roles.
+"""The public ``JobService`` (gRPC), served by both roles: authenticate, validate, register.
 
 Reads (GetJob, WatchJob, GetJobErrors, ListJobs) come from the store only, so a
-standby answers them from its replica exactly like the primary; the node adds its
-replication position to the response metadata. Writes (Scrape, StartBatchScrape,
-StartCrawl, CancelJob, ResumeJob, Map) need the job runtime, which only a primary
-has: a standby answers FAILED_PRECONDITION with reason NOT_PRIMARY and the primary's
-address.
+standby answers them from its replica like the primary; the node adds its replication
+position to the response metadata. Writes (Scrape, StartBatchScrape, StartCrawl,
+CancelJob, ResumeJob, Map) need the job runtime, which only a primary has: a standby
+refuses them (NOT_PRIMARY, naming the primary).
 
-Paused jobs (``pagesift.shared.quarantine``): GetJob, ListJobs and WatchJob's state
-events carry ``PauseInfo`` (reason, evidence, in-flight URLs) for a job in
-``JOB_STATE_PAUSED``, read from the store like the rest (a standby shows it too).
-CancelJob and ResumeJob are the job owner's, or the admin key's (``[admin]`` in the
-accounts file; the server's guard lets that key through to these two calls only):
-CancelJob ends a running or paused job, ResumeJob runs a paused one again; both
-return the state after the call and are idempotent (a finished job is returned as
-it is).
+Each write handler reads straight through: the caller (``Accounts.authenticate``: a
+missing or unknown key is UNAUTHENTICATED before anything else), the runtime, one
+``requestspecs`` call that validates the whole request against the caller's
+permissions, then the registration, whose write section checks the account's limits.
+Handlers raise domain exceptions; ``errortable.answers_errors`` turns each into its
+status once, per the error table (which also documents every reason).
 
-Callers are accounts (``pagesift.shared.accounts``): a missing or unknown API key
-is UNAUTHENTICATED before anything else is looked at (the server's guard checks the
-key before a handler runs, and each handler authenticates first too); a job belongs
-to the account that started it, and to everyone else it does not exist (NOT_FOUND,
-so ids are no oracle). Account limits are checked inside the registration's write
-section (RESOURCE_EXHAUSTED naming the limit and when it resets).
+A job belongs to the account that started it; to everyone else it does not exist
+(NOT_FOUND, so ids are no oracle). CancelJob and ResumeJob are the owner's or the
+admin key's, return the state after the call and are idempotent. Paused jobs carry
+``PauseInfo`` in GetJob, ListJobs and WatchJob's state events (a standby shows it too).
 
-WatchJob streams are bounded (``pagesift.shared.streams``): each account may hold
-``max_concurrent_streams`` open and the node ``max_total_streams`` in all (beyond:
-RESOURCE_EXHAUSTED naming the limit, like the other limits), and a stream reads the
-job a small window at a time: the next documents are read from the store only once
-gRPC has taken the previous ones, so a client that does not read holds the server
-to one window, not the whole job. Windows are bounded in bytes (``watch_stream_bytes``)
-and granted from the node's byte budget before they are read (``watch_total_bytes``,
-``watch_account_bytes``): past it, streams wait, holding nothing; a stream that held
-big documents is followed by ``malloc_trim`` when it ends, so the node's resident
-memory comes back down.
-
-GetJob pages by count and by size: a response holds at most ``limit`` documents and
-at most ``max_response_bytes`` serialized bytes (documents plus status), ``next_skip``
-following the last document it holds; a document larger than that comes alone. One
-whose message would pass the server's send limit (``MAX_SEND_MESSAGE_BYTES``) is
-refused with RESOURCE_EXHAUSTED naming its index (in GetJob and in a WatchJob
-stream alike), never a transport error; the caller can skip past it.
-
-Statuses: every one is sent through ``pagesift.shared.rpcerrors`` and carries its
-``google.rpc`` details (an ``ErrorInfo`` reason, and a ``BadRequest``, ``QuotaFailure``
-or ``RetryInfo`` where they apply; the reasons table is that module's). A bad field is
-INVALID_ARGUMENT naming it; an unknown (or someone else's, or expired) job is
-NOT_FOUND (JOB_NOT_FOUND); a page that cannot be scraped by ``Scrape`` maps its error
-code to a status (``rpcerrors.page_status``; reason PAGE_FETCH_FAILED with the code)
-and carries the code in the ``pagesift-error-code`` trailing metadata too.
+Responses are bounded: GetJob pages by count and by ``max_response_bytes``; WatchJob
+streams are counted per account and node (``pagesift.shared.streams``) and read a
+window at a time from the node's byte budget; a document over the send limit is
+refused naming its index (DOCUMENT_TOO_LARGE), never a transport error. Paging and
+windows are ``pagesift.shared.paging``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import ctypes
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import NoReturn, Protocol
+from contextvars import ContextVar
+from typing import Protocol
 
 import grpc
-from google.protobuf.message import Message
 
 from pagesift.shared import jobrecords as jr
-from pagesift.shared import quota, rpcerrors, validate
-from pagesift.shared.accounts import Account, Accounts, Unauthenticated
+from pagesift.shared import paging, quota, requestspecs, validate
+from pagesift.shared.accounts import Account, Accounts
 from pagesift.shared.config import ServerConfig
-from pagesift.shared.errors import ErrorCode, PageError
+from pagesift.shared.errors import PageError
+from pagesift.shared.errortable import (
+    CallFacts,
+    DocumentTooLarge,
+    JobNotFound,
+    PageFailed,
+    SkipOutOfRange,
+    StandbyNode,
+    answers_errors,
+)
 from pagesift.shared.events import JobEvents
-from pagesift.shared.identity import Fenced, NotWritable
 from pagesift.shared.metrics import Metrics
-from pagesift.shared.rpcerrors import Reason
+from pagesift.shared.paging import field_bytes
+from pagesift.shared.requestspecs import Permissions
 from pagesift.shared.store import Store
-from pagesift.shared.streams import WINDOW_DOCS, StreamBytes, StreamSlots, WatchBytes
+from pagesift.shared.streams import StreamBytes, StreamSlots, WatchBytes
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
 WATCH_POLL_SECONDS = 1.0  # a watcher re-reads at least this often, even without a wake-up
@@ -158,134 +139,9 @@ class Node(Protocol):
 
 Context = grpc.aio.ServicerContext[object, object]
 
-# Page errors whose status is INVALID_ARGUMENT name the field ``url`` in a BadRequest.
-_URL_PAGE_ERRORS = frozenset({ErrorCode.BLOCKED_ADDRESS, ErrorCode.INVALID_URL})
-
-
-async def _invalid(context: Context, e: validate.InvalidArgument) -> NoReturn:
-    """INVALID_ARGUMENT naming the bad field(s) (reason INVALID_FIELD, BadRequest)."""
-    await rpcerrors.invalid_argument(context, str(e), e.violations)
-
-
-async def _no_job(context: Context, job_id: str, message: str) -> NoReturn:
-    await rpcerrors.abort(
-        context, grpc.StatusCode.NOT_FOUND, message, Reason.JOB_NOT_FOUND, {"id": job_id}
-    )
-
-
-async def _key_reused(context: Context, e: jr.IdempotencyKeyReused) -> NoReturn:
-    """AIP-155: the key names a job of another request (INVALID_ARGUMENT naming it)."""
-    message = (
-        f"idempotency_key: already used for job {e.job_id} with a different request "
-        "(AIP-155: a key identifies one request; use a fresh key for a new one)"
-    )
-    await rpcerrors.invalid_argument(
-        context,
-        message,
-        [("idempotency_key", message)],
-        Reason.IDEMPOTENCY_KEY_REUSED,
-        {"field": "idempotency_key", "id": e.job_id},
-    )
-
-
-# paging (AIP-158) ----------------------------------------------------------------------
-
-LIST_SCAN_FACTOR = 10  # ListJobs reads at most this many index members per wanted job
-LIST_SCAN_MIN = 1_000  # ... and at least this many, before it returns a short page
-_JOBS_TOKEN = b"jobs1"
-_ERRORS_TOKEN = b"errors1"
-
-
-def _page_size(size: int, config: ServerConfig) -> int:
-    """AIP-158: 0 is the default, above the maximum is cut to it, negative is refused."""
-    if size < 0:
-        raise validate.InvalidArgument("page_size", f"{size} is negative")
-    return min(size or config.default_page_size, config.max_page_size) or 1
-
-
-def _token(*parts: bytes) -> str:
-    return base64.urlsafe_b64encode(b"\x00".join(parts)).decode()
-
-
-def _untoken(token: str, kind: bytes, n: int) -> list[bytes]:
-    """The ``n`` parts after ``kind`` of a page token, or InvalidArgument naming it."""
-    try:
-        parts = base64.urlsafe_b64decode(token.encode("ascii")).split(b"\x00")
-    except (ValueError, binascii.Error, UnicodeEncodeError):
-        parts = []
-    if len(parts) != n + 1 or parts[0] != kind:
-        raise validate.InvalidArgument("page_token", "not a page token of this call")
-    return parts[1:]
-
-
-_MEMBER = re.compile(rb"\d{16} [0-9A-Za-z_-]{1,64}")
-_STATE_OF_PB = {pb: name for name, pb in jr.STATE_TO_PB.items()}
-
-
-def _list_filter(request: jobs_pb2.ListJobsRequest) -> tuple[frozenset[str] | None, bytes]:
-    """The states ListJobs keeps (None: every one) and the filter's tag in its tokens."""
-    wanted: set[str] | None = None
-    for i, state in enumerate(request.states):
-        name = _STATE_OF_PB.get(state)
-        if name is None:
-            raise validate.InvalidArgument(f"states[{i}]", f"not a job state: {state}")
-        wanted = (wanted or set()) | {name}
-    if request.active_only:
-        wanted = {"scraping"} & wanted if wanted is not None else {"scraping"}
-    tag = b"all" if wanted is None else ",".join(sorted(wanted)).encode()
-    return (frozenset(wanted) if wanted is not None else None), tag
-
-
-def _list_after(token: str, tag: bytes) -> bytes | None:
-    if not token:
-        return None
-    got_tag, member = _untoken(token, _JOBS_TOKEN, 2)
-    if got_tag != tag:
-        raise validate.InvalidArgument(
-            "page_token", "issued for another filter (active_only, states): start again"
-        )
-    if not _MEMBER.fullmatch(member):
-        raise validate.InvalidArgument("page_token", "not a page token of this call")
-    return member
-
-
-def _errors_start(token: str, job_id: str) -> tuple[str, int]:
-    if not token:
-        return "errors", 0
-    got_id, which, seq = _untoken(token, _ERRORS_TOKEN, 3)
-    if got_id != job_id.encode():
-        raise validate.InvalidArgument("page_token", "issued for another job")
-    if which not in (b"errors", b"notes") or not seq.isdigit() or len(seq) > 19:
-        raise validate.InvalidArgument("page_token", "not a page token of this call")
-    return which.decode(), int(seq)
-
-
-def _primary_address(hint: str) -> str:
-    """The address in ``Node.primary_hint`` (its first word), or "" when it names none."""
-    word = hint.split(" ", 1)[0] if hint else ""
-    return "" if not word or word.startswith("(") or word == "the" else word
-
-
-async def _page_failed(context: Context, e: PageError, url: str) -> NoReturn:
-    """Scrape's status for a page error (``rpcerrors.page_status``): reason
-    PAGE_FETCH_FAILED with the code (and HTTP status), plus RetryInfo when the site
-    asked for a pause, BadRequest (field ``url``) when the URL itself is refused."""
-    code = str(e.code)
-    status = rpcerrors.page_status(code, e.status)
-    details: list[Message] = []
-    if e.retry_after is not None and status == grpc.StatusCode.UNAVAILABLE:
-        details.append(rpcerrors.retry_info(e.retry_after))
-    if status == grpc.StatusCode.INVALID_ARGUMENT or code in _URL_PAGE_ERRORS:
-        details.append(rpcerrors.bad_request([("url", e.message)]))
-    await rpcerrors.abort(
-        context,
-        status,
-        f"page error {e.code}: {e.message}",
-        Reason.PAGE_FETCH_FAILED,
-        {"code": code, "http_status": e.status, "url": url[:1024]},
-        details=details,
-        trailing=(("pagesift-error-code", code),),
-    )
+# The account the current call authenticated as (each RPC runs in its own task, so
+# its own context): what a refusal names (PERMISSION_DENIED_FIELD, QUOTA_EXCEEDED).
+_CALLER: ContextVar[str] = ContextVar("pagesift_caller", default="")
 
 
 def _trim_heap_soon() -> None:
@@ -309,152 +165,18 @@ def _trim_heap_soon() -> None:
 _trim_pending = False
 
 
-def _stored_batch(request: jobs_pb2.StartBatchScrapeRequest, plan: validate.BatchPlan) -> bytes:
-    """The batch request to store: as sent when every URL is valid, else the same
-    request with only the valid URLs, built without copying the sent URLs first
-    (protobuf merges concatenated encodings, repeated fields appended in order)."""
-    if not plan.invalid:
-        return request.SerializeToString(deterministic=True)
-    rest = jobs_pb2.StartBatchScrapeRequest()
-    for field, value in request.ListFields():
-        if field.name == "urls":
-            continue
-        if hasattr(value, "extend"):  # a repeated field
-            getattr(rest, field.name).extend(value)
-        elif field.message_type is not None:
-            getattr(rest, field.name).CopyFrom(value)
-        else:
-            setattr(rest, field.name, value)
-    urls = jobs_pb2.StartBatchScrapeRequest(urls=plan.urls)
-    return rest.SerializeToString(deterministic=True) + urls.SerializeToString()
+def _no_job(job_id: str, message: str = "") -> JobNotFound:
+    return JobNotFound(job_id, message or f"id: no job {job_id}")
 
 
-def _window(store: Store, job_id: str, index: int, count: int, visible: int | None) -> list[bytes]:
-    """Up to ``count`` stored documents from ``index`` on, as bytes (capped at ``visible``)."""
-    if visible is not None:
-        count = min(count, visible - index)
-    return store.list_range(jr.JobKeys(job_id).pages, index, count) if count > 0 else []
-
-
-def _watch_window(
-    store: Store, job_id: str, index: int, visible: int | None, budget: int
-) -> tuple[list[bytes], int]:
-    """A watcher's next documents from ``index`` on, and their size as message fields:
-    at most ``WINDOW_DOCS`` (capped at ``visible``) and at most ``budget`` bytes, read
-    one at a time so that no more is ever held; at least one (a bigger one alone)."""
-    count = WINDOW_DOCS if visible is None else min(WINDOW_DOCS, visible - index)
-    key = jr.JobKeys(job_id).pages
-    out: list[bytes] = []
-    used = 0
-    while len(out) < count:
-        got = store.list_range(key, index + len(out), 1)
-        if not got:
-            break
-        size = _field_bytes(len(got[0]))
-        if out and used + size > budget:
-            break  # read again by the next window
-        out.append(got[0])
-        used += size
-        if used >= budget:
-            break
-    return out, used
-
-
-def _field_bytes(size: int) -> int:
-    """What a length-delimited field of ``size`` bytes (numbers below 16) adds to its message."""
-    length = 1
-    while size >= 1 << (7 * length):
-        length += 1
-    return 1 + length + size
-
-
-def _sized_window(
-    store: Store, job_id: str, index: int, count: int, visible: int | None, budget: int
-) -> list[bytes]:
-    """Stored documents from ``index`` on, as bytes: at most ``count`` (capped at
-    ``visible``) and at most ``budget`` bytes as message fields, but at least one (a
-    larger document comes alone). Read a few at a time, so a page of big documents
-    holds about ``budget`` in memory, not ``count`` of them."""
-    if visible is not None:
-        count = min(count, visible - index)
-    key = jr.JobKeys(job_id).pages
-    out: list[bytes] = []
-    used = 0
-    chunk = min(WINDOW_DOCS, count)
-    while len(out) < count:
-        raws = store.list_range(key, index + len(out), min(chunk, count - len(out)))
-        if not raws:
-            break
-        for raw in raws:
-            size = _field_bytes(len(raw))
-            if out and used + size > budget:
-                return out
-            out.append(raw)
-            used += size
-        average = max(1, used // len(out))
-        chunk = max(1, min(4 * WINDOW_DOCS, (budget - used) // average + 1))
-    return out
-
-
-def _too_large(index: int, size: int, resume: str) -> str:
-    return (
-        f"document {index} is {size} bytes, over the {MAX_SEND_MESSAGE_BYTES}-byte "
-        f"message limit; it cannot be sent ({resume}={index + 1} continues past it)"
-    )
-
-
-async def _refuse_too_large(context: Context, index: int, size: int, resume: str) -> NoReturn:
-    await rpcerrors.abort(
-        context,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        _too_large(index, size, resume),
-        Reason.DOCUMENT_TOO_LARGE,
-        {"index": index, "size": size, "max_bytes": MAX_SEND_MESSAGE_BYTES},
-    )
-
-
-MAP_BATCH_URLS = 1_000  # URLs in one MapResponse at most
-MAP_BATCH_BYTES = 1024 * 1024  # ... and about this many bytes (a long URL comes alone)
-
-
-def _url_batches(found: list[str]) -> list[list[str]]:
-    """``found`` cut into MapResponse batches: in order, at most ``MAP_BATCH_URLS``
-    URLs and about ``MAP_BATCH_BYTES`` each (at least one URL a batch)."""
-    out: list[list[str]] = []
-    batch: list[str] = []
-    size = 0
-    for url in found:
-        cost = _field_bytes(len(url.encode()))
-        if batch and (len(batch) >= MAP_BATCH_URLS or size + cost > MAP_BATCH_BYTES):
-            out.append(batch)
-            batch, size = [], 0
-        batch.append(url)
-        size += cost
-    if batch:
-        out.append(batch)
-    return out
-
-
-def _index_reader(store: Store, owner: str) -> Callable[[bytes | None, int], list[bytes]]:
-    """``(after, count) -> members`` of the owner's jobs, newest first: the owner index,
-    or (before the start-up migration built it) the same members from the jobs set."""
-    if jr.has_owner_index(store):
-        name = jr.owner_set(owner)
-        return lambda after, count: store.set_range(name, after, count, reverse=True)
-    members = sorted(
-        (
-            jr.owner_member(m.created_ms, m.id)
-            for i in jr.all_job_ids(store)
-            if (m := jr.load_meta(store, i)) is not None and m.owner == owner
-        ),
-        reverse=True,
-    )
-
-    def fallback(after: bytes | None, count: int) -> list[bytes]:
-        rest = members if after is None else [m for m in members if m < after]
-        return rest[:count]
-
-    return fallback
+async def _scrape(
+    runtime: JobRuntime, spec: requestspecs.ScrapeSpec, owner: str
+) -> jobs_pb2.Document:
+    """The runtime's scrape; a page error names the URL asked for (``PageFailed``)."""
+    try:
+        return await runtime.scrape(spec.url, spec.options, owner)
+    except PageError as e:
+        raise PageFailed(e, spec.url) from e
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -466,79 +188,60 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             cfg.watch_stream_bytes, cfg.watch_total_bytes, node.metrics, cfg.watch_account_bytes
         )
 
-    # helpers ----------------------------------------------------------------------
-    async def _caller(self, context: Context) -> Account:
-        try:
-            metadata = [(k, v) for k, v in context.invocation_metadata() or ()]
-            return self.node.accounts.authenticate(metadata)
-        except Unauthenticated as e:
-            await rpcerrors.abort(
-                context, grpc.StatusCode.UNAUTHENTICATED, str(e), Reason.UNAUTHENTICATED
-            )
+    # the error table's view of a call (errortable.Refuser) -----------------------------
+    def call_facts(self) -> CallFacts:
+        return CallFacts(_CALLER.get(), self.node.primary_hint(), time.time())
 
-    async def _runtime(self, context: Context) -> JobRuntime:
+    def refused(self, exc: Exception) -> None:
+        if isinstance(exc, quota.LimitExceeded):
+            self.node.metrics.limit_hit(exc.limit_name)
+
+    # helpers ----------------------------------------------------------------------
+    def _caller(self, context: Context) -> Account:
+        """The calling account (``Unauthenticated`` without a valid key)."""
+        metadata = [(k, v) for k, v in context.invocation_metadata() or ()]
+        caller = self.node.accounts.authenticate(metadata)
+        _CALLER.set(caller.name)
+        return caller
+
+    def _permissions(self, caller: Account) -> Permissions:
+        secret = self.node.accounts.webhook_secret(caller.name)
+        return Permissions(caller, can_sign_webhooks=secret is not None)
+
+    def _runtime(self) -> JobRuntime:
         runtime = self.node.runtime()
         if runtime is None:
-            hint = self.node.primary_hint()
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"this node is a standby; send writes to the primary at {hint}",
-                Reason.NOT_PRIMARY,
-                {"primary": _primary_address(hint), "hint": hint},
-            )
+            raise StandbyNode()
         return runtime
 
-    async def _not_writable(self, context: Context, err: NotWritable) -> NoReturn:
-        """A write reached a node that stopped taking them after the call began
-        (FENCED: it met a higher epoch; NOT_PRIMARY: its witness lease lapsed, or it is
-        a standby now): nothing was written."""
-        hint = self.node.primary_hint()
-        await rpcerrors.abort(
-            context,
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"{err}; send writes to the primary at {hint}",
-            Reason.FENCED if isinstance(err, Fenced) else Reason.NOT_PRIMARY,
-            {"primary": _primary_address(hint), "hint": hint, "detail": str(err)},
-        )
-
-    async def _meta(self, job_id: str, context: Context) -> jr.JobMeta:
-        return await self._owned(await self._caller(context), job_id, context)
-
-    async def _control(self, job_id: str, context: Context) -> JobRuntime:
+    def _control(self, job_id: str, context: Context) -> JobRuntime:
         """CancelJob and ResumeJob: the caller (an account, or the admin key), then the
         runtime (a standby answers NOT_PRIMARY before it looks the job up: its replica
         may lag, and the client must go on to the primary), then the job, for its
         owner or the admin key (NOT_FOUND when it is gone or someone else's)."""
         metadata = [(k, v) for k, v in context.invocation_metadata() or ()]
         admin = self.node.accounts.carries_admin_key(metadata)
-        caller = None if admin else await self._caller(context)
-        runtime = await self._runtime(context)
+        caller = None if admin else self._caller(context)
+        runtime = self._runtime()
         if caller is not None:
-            await self._owned(caller, job_id, context)
+            self._owned(caller, job_id)
             return runtime
-        try:
-            validate.job_id(job_id)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
+        validate.job_id(job_id)
         meta = jr.load_meta(self.node.store(), job_id)
         if meta is None or (meta.terminal and meta.expires_ms <= jr.now_ms()):
-            await _no_job(context, job_id, f"id: no job {job_id}")
+            raise _no_job(job_id)
         return runtime
 
-    async def _owned(self, caller: Account, job_id: str, context: Context) -> jr.JobMeta:
+    def _owned(self, caller: Account, job_id: str) -> jr.JobMeta:
         """The caller's job ``job_id``; NOT_FOUND when it is anyone else's or gone."""
-        try:
-            validate.job_id(job_id)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
+        validate.job_id(job_id)
         meta = jr.load_meta(self.node.store(), job_id)
         if (
             meta is None
             or meta.owner != caller.name
             or (meta.terminal and meta.expires_ms <= jr.now_ms())
         ):
-            await _no_job(context, job_id, f"id: no job {job_id}")
+            raise _no_job(job_id)
         return meta
 
     def _visible(self, job_id: str) -> int | None:
@@ -556,25 +259,6 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if md:
             context.set_trailing_metadata(tuple(md))
 
-    async def _request_control(
-        self, context: Context, caller: Account, options: jobs_pb2.ScrapeOptions
-    ) -> None:
-        """INVALID_ARGUMENT or PERMISSION_DENIED, naming the field, for request-control
-        options (headers, cookies, proxy, robots...) the caller may not send."""
-        try:
-            await validate.request_control(options, caller, self.node.config)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
-        except validate.PermissionDenied as e:
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                str(e),
-                Reason.PERMISSION_DENIED_FIELD,
-                {"field": e.field, "account": caller.name},
-            )
-
-    # writes -------------------------------------------------------------------------
     def _limits(
         self, caller: Account, kind: str, *, batch_urls: int = 0, limit: int = 0
     ) -> Callable[[], None]:
@@ -595,222 +279,95 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
         return check
 
-    async def _refuse_limit(
-        self, context: Context, e: quota.LimitExceeded, caller: Account
-    ) -> NoReturn:
-        """RESOURCE_EXHAUSTED, reason QUOTA_EXCEEDED, with a QuotaFailure and (when the
-        limit resets at a known time) a RetryInfo. The ``pagesift-limit`` trailing
-        metadata is still sent alongside, for one release."""
-        self.node.metrics.limit_hit(e.limit_name)
-        subject = "node" if e.limit_name == "max_total_streams" else f"account:{caller.name}"
-        details: list[Message] = [rpcerrors.quota_failure(subject, e.message, e.limit_name)]
-        if e.resets_at is not None:
-            details.append(rpcerrors.retry_info(e.resets_at - time.time()))
-        await rpcerrors.abort(
-            context,
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            e.message,
-            Reason.QUOTA_EXCEEDED,
-            {
-                "limit": e.limit_name,
-                "resets_at": quota.rfc3339(e.resets_at) if e.resets_at is not None else None,
-            },
-            details=details,
-            trailing=e.trailing_metadata(),
-        )
-
-    async def _webhook(
-        self, context: Context, caller: Account, hook: jobs_pb2.Webhook
-    ) -> jobs_pb2.Webhook | None:
-        if not hook.url:
-            if (
-                hook.events
-                or hook.event_types
-                or hook.headers
-                or hook.metadata
-                or hook.include_document
-            ):
-                await _invalid(context, validate.InvalidArgument("webhook.url", "missing"))
-            return None
-        try:
-            await validate.url(hook.url, "webhook.url", self.node.config)
-            validate.webhook_payload(hook)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
-        try:
-            jr.webhook_events(hook.events, "webhook.events")
-        except ValueError as e:
-            field = str(e).split(":", 1)[0] if str(e).startswith("webhook.events") else ""
-            await rpcerrors.invalid_argument(context, str(e), [(field or "webhook.events", str(e))])
-        if hook.event_types:
-            names: list[str] = []
-            for i, event in enumerate(hook.event_types):
-                name = jr.event_name(event)
-                if not name:
-                    await _invalid(
-                        context,
-                        validate.InvalidArgument(
-                            f"webhook.event_types[{i}]", f"not a webhook event: {event}"
-                        ),
-                    )
-                names.append(name)
-            merged = jobs_pb2.Webhook()
-            merged.CopyFrom(hook)
-            merged.ClearField("event_types")
-            merged.events[:] = list(jr.webhook_events([*hook.events, *names]))
-            hook = merged
-        if self.node.accounts.webhook_secret(caller.name) is None:
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"webhook: account {caller.name!r} has no webhook_secret to sign with",
-                Reason.WEBHOOK_SECRET_MISSING,
-                {"account": caller.name},
-            )
-        return hook
-
+    # writes -------------------------------------------------------------------------
+    @answers_errors
     async def Scrape(
         self, request: jobs_pb2.ScrapeRequest, context: Context
     ) -> jobs_pb2.ScrapeResponse:
-        caller = await self._caller(context)
-        runtime = await self._runtime(context)
-        try:
-            await validate.url(request.url, "url", self.node.config)
-            validate.options(request.options, self.node.config)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
-        await self._request_control(context, caller, request.options)
-        try:
-            self._limits(caller, "scrape")()
-        except quota.LimitExceeded as e:
-            await self._refuse_limit(context, e, caller)
-        try:
-            doc = await runtime.scrape(request.url, request.options, caller.name)
-        except PageError as e:
-            await _page_failed(context, e, request.url)
+        caller = self._caller(context)
+        runtime = self._runtime()
+        spec = await requestspecs.scrape(request, self._permissions(caller), self.node.config)
+        self._limits(caller, "scrape")()
+        doc = await _scrape(runtime, spec, caller.name)
         if caller.pages_per_day is not None:
-            try:
-                self.node.store().write(lambda g: quota.charge(g, caller.name, 1, time.time()))
-            except NotWritable as e:
-                await self._not_writable(context, e)
+            self.node.store().write(lambda g: quota.charge(g, caller.name, 1, time.time()))
         return jobs_pb2.ScrapeResponse(document=doc)
 
+    @answers_errors
     async def StartBatchScrape(
         self, request: jobs_pb2.StartBatchScrapeRequest, context: Context
     ) -> jobs_pb2.StartBatchScrapeResponse:
-        caller = await self._caller(context)
-        runtime = await self._runtime(context)
-        try:
-            plan = await validate.batch(request, self.node.config)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
-        await self._request_control(context, caller, request.options)
-        hook = await self._webhook(context, caller, request.webhook)
-        total = len(plan.urls)
-        stored = _stored_batch(request, plan)  # serialized once; no copy of the request
-        del plan.urls[:]  # the URL strings are in ``stored`` now
-        check = self._limits(caller, "batch", batch_urls=total)
-        try:
-            reg = await runtime.register(
-                "batch",
-                caller.name,
-                stored,
-                request.idempotency_key,
-                total=total,
-                webhook=hook,
-                check=check,
-            )
-        except quota.LimitExceeded as e:
-            await self._refuse_limit(context, e, caller)
-        except NotWritable as e:
-            await self._not_writable(context, e)
-        except jr.IdempotencyKeyReused as e:
-            await _key_reused(context, e)
+        caller = self._caller(context)
+        runtime = self._runtime()
+        spec = await requestspecs.batch(request, self._permissions(caller), self.node.config)
+        total = len(spec.urls)
+        stored = paging.stored_batch(request, spec)  # serialized once; no copy of the request
+        del spec.urls[:]  # the URL strings are in ``stored`` now
+        reg = await runtime.register(
+            "batch",
+            caller.name,
+            stored,
+            request.idempotency_key,
+            total=total,
+            webhook=spec.webhook,
+            check=self._limits(caller, "batch", batch_urls=total),
+        )
         if len(stored) >= TRIM_AFTER_BYTES:
             _trim_heap_soon()
-        return jobs_pb2.StartBatchScrapeResponse(id=reg.id, invalid_urls=plan.invalid)
+        return jobs_pb2.StartBatchScrapeResponse(id=reg.id, invalid_urls=spec.invalid)
 
+    @answers_errors
     async def StartCrawl(
         self, request: jobs_pb2.StartCrawlRequest, context: Context
     ) -> jobs_pb2.StartCrawlResponse:
-        caller = await self._caller(context)
-        runtime = await self._runtime(context)
-        try:
-            await validate.crawl(request, self.node.config)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
-        await self._request_control(context, caller, request.options)
-        hook = await self._webhook(context, caller, request.webhook)
-        limit = quota.crawl_limit_for(caller, request.limit, self.node.config.default_crawl_limit)
-        check = self._limits(caller, "crawl", limit=limit)
-        try:
-            reg = await runtime.register(
-                "crawl",
-                caller.name,
-                request.SerializeToString(deterministic=True),  # AIP-155 hashes it
-                request.idempotency_key,
-                limit=limit,
-                webhook=hook,
-                check=check,
-            )
-        except quota.LimitExceeded as e:
-            await self._refuse_limit(context, e, caller)
-        except NotWritable as e:
-            await self._not_writable(context, e)
-        except jr.IdempotencyKeyReused as e:
-            await _key_reused(context, e)
+        caller = self._caller(context)
+        runtime = self._runtime()
+        spec = await requestspecs.crawl(request, self._permissions(caller), self.node.config)
+        reg = await runtime.register(
+            "crawl",
+            caller.name,
+            request.SerializeToString(deterministic=True),  # AIP-155 hashes it
+            request.idempotency_key,
+            limit=spec.limit,
+            webhook=spec.webhook,
+            check=self._limits(caller, "crawl", limit=spec.limit),
+        )
         return jobs_pb2.StartCrawlResponse(id=reg.id)
 
+    @answers_errors
     async def CancelJob(
         self, request: jobs_pb2.CancelJobRequest, context: Context
     ) -> jobs_pb2.CancelJobResponse:
-        runtime = await self._control(request.id, context)
-        try:
-            meta = await runtime.cancel(request.id)
-        except NotWritable as e:
-            await self._not_writable(context, e)
+        meta = await self._control(request.id, context).cancel(request.id)
         if meta is None:
-            await _no_job(context, request.id, f"id: no job {request.id}")
+            raise _no_job(request.id)
         return jobs_pb2.CancelJobResponse(state=jr.STATE_TO_PB[meta.state])
 
+    @answers_errors
     async def ResumeJob(
         self, request: jobs_pb2.ResumeJobRequest, context: Context
     ) -> jobs_pb2.ResumeJobResponse:
-        runtime = await self._control(request.id, context)
-        try:
-            meta = await runtime.resume(request.id)
-        except NotWritable as e:
-            await self._not_writable(context, e)
+        meta = await self._control(request.id, context).resume(request.id)
         if meta is None:
-            await _no_job(context, request.id, f"id: no job {request.id}")
+            raise _no_job(request.id)
         return jobs_pb2.ResumeJobResponse(state=jr.STATE_TO_PB[meta.state])
 
     # reads ----------------------------------------------------------------------------
+    @answers_errors
     async def GetJob(
         self,
         request: jobs_pb2.GetJobRequest,
         context: Context,
     ) -> jobs_pb2.GetJobResponse:
-        caller = await self._caller(context)
-        try:
-            limit = validate.page(request.skip, request.limit, self.node.config)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
-        meta = await self._owned(caller, request.id, context)
+        caller = self._caller(context)
+        limit = validate.page(request.skip, request.limit, self.node.config)
+        meta = self._owned(caller, request.id)
         await self._readable()
         store = self.node.store()
         visible = self._visible(meta.id)
         p = jr.progress(store, meta, visible)
         if request.skip > p.completed and meta.terminal:
-            message = f"skip: {request.skip} is beyond the last document ({p.completed})"
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.OUT_OF_RANGE,
-                message,
-                Reason.SKIP_OUT_OF_RANGE,
-                {"skip": request.skip, "completed": p.completed},
-                details=[rpcerrors.bad_request([("skip", message)])],
-            )
+            raise SkipOutOfRange(request.skip, p.completed)
         resp = jobs_pb2.GetJobResponse(
             id=meta.id,
             kind=jr.KIND_TO_PB[meta.kind],
@@ -830,13 +387,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         raws = (
             []
             if request.status_only
-            else _sized_window(
+            else paging.sized_window(
                 store, meta.id, request.skip, limit, visible,
                 self.node.config.max_response_bytes - base,
             )
         )  # fmt: skip
-        if len(raws) == 1 and base + _field_bytes(len(raws[0])) > MAX_SEND_MESSAGE_BYTES:
-            await _refuse_too_large(context, request.skip, len(raws[0]), "skip")
+        if len(raws) == 1 and base + field_bytes(len(raws[0])) > MAX_SEND_MESSAGE_BYTES:
+            raise DocumentTooLarge(request.skip, len(raws[0]), MAX_SEND_MESSAGE_BYTES, "skip")
         resp.documents.extend(jobs_pb2.Document.FromString(raw) for raw in raws)
         end = request.skip + len(raws)
         del raws
@@ -845,19 +402,23 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self._read_md(context)
         return resp
 
+    @answers_errors
     async def WatchJob(
         self,
         request: jobs_pb2.WatchJobRequest,
         context: Context,
     ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
-        caller = await self._caller(context)
+        """The job's documents from ``from_index`` on, then its state changes, until it
+        ends. The next documents are read only once gRPC has taken the previous ones,
+        a window at a time (``watch_stream_bytes``), granted from the node's byte budget
+        first (``watch_total_bytes``, ``watch_account_bytes``): a client that does not
+        read holds the server to one window; past the budget, streams wait holding
+        nothing. A stream that held big documents is followed by ``malloc_trim``."""
+        caller = self._caller(context)
         if request.from_index < 0:
-            await _invalid(context, validate.InvalidArgument("from_index", "negative"))
-        meta = await self._owned(caller, request.id, context)
-        try:
-            slot = self.streams.acquire(caller)
-        except quota.LimitExceeded as e:
-            await self._refuse_limit(context, e, caller)
+            raise validate.InvalidArgument("from_index", "negative")
+        meta = self._owned(caller, request.id)
+        slot = self.streams.acquire(caller)
         metrics = self.node.metrics
         held = 0  # documents read from the store that gRPC has not taken yet
         inflight = self.watch_bytes.stream(caller.name)  # ... their bytes, in the budget
@@ -872,7 +433,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 store = self.node.store()
                 fresh = jr.load_meta(store, meta.id)
                 if fresh is None:
-                    await _no_job(context, meta.id, f"id: job {meta.id} expired")
+                    raise _no_job(meta.id, f"id: job {meta.id} expired")
                 visible = self._visible(meta.id)
                 p = jr.progress(store, fresh, visible)
                 if index < p.completed:
@@ -884,9 +445,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                     raws.reverse()  # pop from the end: each raw document is dropped as sent
                     while raws:
                         raw = raws.pop()
-                        size = _field_bytes(len(raw))
+                        size = field_bytes(len(raw))
                         if size + 16 > MAX_SEND_MESSAGE_BYTES:  # + index
-                            await _refuse_too_large(context, index, len(raw), "from_index")
+                            raise DocumentTooLarge(
+                                index, len(raw), MAX_SEND_MESSAGE_BYTES, "from_index"
+                            )
                         resp = jobs_pb2.WatchJobResponse()
                         resp.document.index = index
                         resp.document.document.MergeFromString(raw)  # the one parsed copy
@@ -923,39 +486,34 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def _watch_read(
         self, inflight: StreamBytes, job_id: str, index: int, visible: int | None
     ) -> list[bytes]:
-        """A watcher's next window (``_watch_window``), its bytes granted by the node's
+        """A watcher's next window (``paging.watch_window``), its bytes granted by the node's
         budget first: the stream waits (holding nothing) while the budget is spent. A
         document bigger than the stream's window is put back and read again once the
         budget has granted its whole size, so no stream holds bytes it was not granted."""
         budget = self.watch_bytes.per_stream
         await inflight.reserve(budget)
-        raws, size = _watch_window(self.node.store(), job_id, index, visible, budget)
+        raws, size = paging.watch_window(self.node.store(), job_id, index, visible, budget)
         if size <= budget:
             inflight.give(budget - size)
             return raws
         del raws  # one document larger than a window: drop it, wait for its whole size
         inflight.give(budget)
         await inflight.reserve(size)
-        raws = _window(self.node.store(), job_id, index, 1, visible)
-        got = sum(_field_bytes(len(r)) for r in raws)
+        raws = paging.window(self.node.store(), job_id, index, 1, visible)
+        got = sum(field_bytes(len(r)) for r in raws)
         inflight.give(size - got)  # stored documents do not change: 0 unless it expired
         return raws
 
+    @answers_errors
     async def GetJobErrors(
         self,
         request: jobs_pb2.GetJobErrorsRequest,
         context: Context,
     ) -> jobs_pb2.GetJobErrorsResponse:
-        caller = await self._caller(context)
-        try:
-            size = _page_size(request.page_size, self.node.config)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
-        meta = await self._owned(caller, request.id, context)
-        try:
-            start = _errors_start(request.page_token, meta.id)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
+        caller = self._caller(context)
+        size = paging.page_size(request.page_size, self.node.config)
+        meta = self._owned(caller, request.id)
+        start = paging.errors_start(request.page_token, meta.id)
         await self._readable()
         page = jr.read_errors_page(self.node.store(), meta.id, start, size)
         self._read_md(context)
@@ -964,12 +522,15 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             errors=page.errors,
             robots_blocked=page.robots_blocked,
             next_page_token=(
-                _token(_ERRORS_TOKEN, meta.id.encode(), nxt[0].encode(), str(nxt[1]).encode())
+                paging.token(
+                    paging.ERRORS_TOKEN, meta.id.encode(), nxt[0].encode(), str(nxt[1]).encode()
+                )
                 if nxt is not None
                 else ""
             ),
         )
 
+    @answers_errors
     async def ListJobs(
         self,
         request: jobs_pb2.ListJobsRequest,
@@ -979,17 +540,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         owner index (``owner/{account}/jobs``): never another account's job. A store
         whose index is not built yet (a standby of a primary that has not migrated)
         pages the same members computed from the jobs set."""
-        owner = (await self._caller(context)).name
-        try:
-            size = _page_size(request.page_size, self.node.config)
-            wanted, tag = _list_filter(request)
-            after = _list_after(request.page_token, tag)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
+        owner = self._caller(context).name
+        size = paging.page_size(request.page_size, self.node.config)
+        wanted, tag = paging.list_filter(request)
+        after = paging.list_after(request.page_token, tag)
         await self._readable()
         store = self.node.store()
         now = jr.now_ms()
-        fetch = _index_reader(store, owner)
+        fetch = paging.index_reader(store, owner)
 
         def keep(member: bytes) -> jr.JobMeta | None:
             m = jr.load_meta(store, jr.member_job(member))
@@ -999,7 +557,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
         metas: list[jr.JobMeta] = []
         last = after
-        budget = max(LIST_SCAN_MIN, LIST_SCAN_FACTOR * size)
+        budget = max(paging.LIST_SCAN_MIN, paging.LIST_SCAN_FACTOR * size)
         scanned = 0
         more = True
         while len(metas) < size and scanned < budget:
@@ -1018,10 +576,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self._read_md(context)
         return jobs_pb2.ListJobsResponse(
             jobs=[jr.summary(store, m, self._visible(m.id)) for m in metas],
-            next_page_token=_token(_JOBS_TOKEN, tag, last) if more and last else "",
+            next_page_token=paging.token(paging.JOBS_TOKEN, tag, last) if more and last else "",
         )
 
     # Map ------------------------------------------------------------------------------
+    @answers_errors
     async def Map(
         self,
         request: jobs_pb2.MapRequest,
@@ -1029,21 +588,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> AsyncIterator[jobs_pb2.MapResponse]:
         """A site's URLs (``pagesift.primary.mapper``), streamed in batches once all
         are found and ranked; nothing is stored or charged. Primary only."""
-        caller = await self._caller(context)
-        runtime = await self._runtime(context)
-        try:
-            await validate.map_request(request, self.node.config)
-        except validate.InvalidArgument as e:
-            await _invalid(context, e)
-        try:
-            found = await runtime.map(request, caller.name)
-        except PermissionError as e:  # request control the account may no longer use
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                str(e),
-                Reason.PERMISSION_DENIED_FIELD,
-                {"field": str(e).split(":", 1)[0], "account": caller.name},
-            )
-        for batch in _url_batches(found):
+        caller = self._caller(context)
+        runtime = self._runtime()
+        spec = await requestspecs.map_spec(request, self._permissions(caller), self.node.config)
+        found = await runtime.map(spec.request, caller.name)
+        for batch in paging.url_batches(found):
             yield jobs_pb2.MapResponse(urls=batch)

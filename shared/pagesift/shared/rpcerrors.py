@@ -25,42 +25,10 @@ Guarantees
   alongside for one release (then only the details).
 - Trailing metadata already set on the call is kept (``abort`` merges it).
 
-Reasons (domain ``pagesift.dev``)
----------------------------------
-=========================  ===================  ====================================
-reason                     status               metadata keys
-=========================  ===================  ====================================
-INVALID_FIELD              INVALID_ARGUMENT     field (+ BadRequest)
-MALFORMED_REQUEST          INVALID_ARGUMENT     message (+ BadRequest, field request)
-IDEMPOTENCY_KEY_REUSED     INVALID_ARGUMENT     field, id (+ BadRequest, field
-                                                idempotency_key; AIP-155)
-UNAUTHENTICATED            UNAUTHENTICATED      method (when the guard refused)
-ADMIN_KEY_REQUIRED         PERMISSION_DENIED    method
-REPLICATION_NOT_ALLOWED    UNAUTHENTICATED /    method
-                           PERMISSION_DENIED
-PERMISSION_DENIED_FIELD    PERMISSION_DENIED    field, account
-JOB_NOT_FOUND              NOT_FOUND            id
-SKIP_OUT_OF_RANGE          OUT_OF_RANGE         skip, completed (+ BadRequest, skip)
-NOT_PRIMARY                FAILED_PRECONDITION  primary (address, may be empty), hint,
-                                                detail (once a write began)
-FENCED                     FAILED_PRECONDITION  primary, hint, detail
-WEBHOOK_SECRET_MISSING     FAILED_PRECONDITION  account
-QUOTA_EXCEEDED             RESOURCE_EXHAUSTED   limit, resets_at (+ QuotaFailure, RetryInfo)
-DOCUMENT_TOO_LARGE         RESOURCE_EXHAUSTED   index, size, max_bytes
-PAGE_FETCH_FAILED          by page error code   code, http_status, url (+ RetryInfo)
-                           (``PAGE_STATUS``)
-CANNOT_PROMOTE             FAILED_PRECONDITION  —
-OFFSET_PASSED              FAILED_PRECONDITION  offset
-OFFSET_NOT_REACHED         DEADLINE_EXCEEDED    offset, at
-BACKUP_IN_PROGRESS         RESOURCE_EXHAUSTED   —
-BACKUP_FAILED              INTERNAL             —
-REPLICATION_REFUSED        FAILED_PRECONDITION  —
-STEPPED_DOWN               FAILED_PRECONDITION  epoch
-NO_LONGER_PRIMARY          UNAVAILABLE          —
-STANDBY_TOO_SLOW           RESOURCE_EXHAUSTED   —
-STORAGE_UNAVAILABLE        UNAVAILABLE          cause (``no_space`` | ``io_error``)
-                                                (+ RetryInfo)
-=========================  ===================  ====================================
+Reasons (domain ``pagesift.dev``): ``Reason`` lists them; which status each is, its
+metadata keys and when it happens are ``pagesift.shared.errortable.TABLE``'s (the
+API docs' reason table is generated from it), and so is the mapping of the
+JobService's domain exceptions to statuses.
 
 ``NOT_PRIMARY`` and ``FENCED`` (``SEND_ELSEWHERE``) are the only reasons that mean
 "nothing was done here, send it to the primary": the client (``pagesift.shared.client``)
@@ -71,7 +39,7 @@ clients older than the details still move on.
 reported an I/O error; ``pagesift.shared.store.StorageUnavailable``). Nothing was
 written; reads still answer; writes resume by themselves once the node can write
 again (``pagesift.node.storage``). The message never names a filesystem path. Any
-servicer that lets ``StorageUnavailable`` escape answers this (``storage_unavailable``,
+servicer that lets ``StorageUnavailable`` escape answers this (the error table's row,
 applied to every RPC by ``pagesift.node.storage.StorageErrors``).
 
 Statuses by page error code (``PAGE_STATUS``, Scrape): DEADLINE_EXCEEDED is only ever
@@ -117,7 +85,6 @@ __all__ = [
     "retry_info",
     "rich_status",
     "status_of",
-    "storage_unavailable",
 ]
 
 DOMAIN = "pagesift.dev"
@@ -274,19 +241,6 @@ async def abort(
 
 #: how long a client asked to retry after STORAGE_UNAVAILABLE waits (seconds)
 STORAGE_RETRY_SECONDS = 5.0
-
-
-async def storage_unavailable(context: Any, cause: str, message: str) -> NoReturn:
-    """UNAVAILABLE / ``STORAGE_UNAVAILABLE``: the store refuses writes for ``cause``
-    (``no_space``, ``io_error``); ``message`` must name no path."""
-    await abort(
-        context,
-        grpc.StatusCode.UNAVAILABLE,
-        message,
-        Reason.STORAGE_UNAVAILABLE,
-        {"cause": cause},
-        details=[retry_info(STORAGE_RETRY_SECONDS)],
-    )
 
 
 async def invalid_argument(

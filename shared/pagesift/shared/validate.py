@@ -1,8 +1,16 @@
-"""Request validation: every bad field becomes INVALID_ARGUMENT naming the field.
+"""Request validation: one check per field, each raising ``InvalidArgument`` naming it.
 
-Validation runs before anything is written, so a rejected request leaves nothing
-half-created in the store. The checks that need the network (the address guard
-resolves host names) are async; the rest are pure.
+What it owns: the field rules (URLs and the address guard, scrape options, request
+control, webhook payloads, concurrency, retries, regex bounds, paging) and the two
+request exceptions every rule raises, ``InvalidArgument`` and ``PermissionDenied``,
+each carrying its field path and reason as attributes (no caller parses a message).
+``pagesift.shared.requestspecs`` runs these checks, one call per request kind, and
+gathers every violation; the error table (``pagesift.shared.errortable``) turns the
+exceptions into statuses.
+
+Why it is safe: validation runs before anything is written, so a rejected request
+leaves nothing half-created in the store. The checks that need the network (the
+address guard resolves host names) are async; the rest are pure.
 """
 
 from __future__ import annotations
@@ -10,8 +18,6 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from selectolax.lexbor import LexborHTMLParser
 
@@ -22,25 +28,43 @@ from pagesift.v1 import jobs_pb2
 
 
 class InvalidArgument(ValueError):
-    """A request field that cannot be accepted; ``str()`` names the field.
+    """A request field that cannot be accepted: ``field`` (its path) and ``reason``;
+    ``str()`` is ``"field: reason"``, the status message.
 
     ``violations`` are the ``(field path, description)`` pairs for the status's
     ``BadRequest`` details: this one field, or each bad element (``urls[3]``...)."""
 
-    def __init__(
-        self, field: str, message: str, violations: Sequence[tuple[str, str]] = ()
-    ) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, reason: str, violations: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(f"{field}: {reason}")
         self.field = field
-        self.violations: list[tuple[str, str]] = list(violations) or [(field, message)]
+        self.reason = reason
+        self.violations: list[tuple[str, str]] = list(violations) or [(field, reason)]
+
+    @classmethod
+    def combined(cls, errors: Sequence[InvalidArgument]) -> InvalidArgument:
+        """One exception for several bad fields (in the order found): the first one's
+        field and reason lead (the status message, the ErrorInfo's ``field``), the
+        message names the others, and every violation goes into the BadRequest."""
+        if len(errors) == 1:
+            return errors[0]
+        first, rest = errors[0], errors[1:]
+        others = ", ".join(e.field for e in rest)
+        return cls(
+            first.field,
+            f"{first.reason} (and {len(rest)} more: {others})",
+            [v for e in errors for v in e.violations],
+        )
 
 
-class PermissionDenied(Exception):
-    """A request field the caller's account may not use; ``str()`` names the field."""
+class PermissionDenied(PermissionError):
+    """A request field the caller's account may not use: ``field`` and ``reason``;
+    ``str()`` is ``"field: reason"``. A ``PermissionError``, so the job runtime's
+    handlers of that catch it too."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
         self.field = field
+        self.reason = reason
 
 
 def job_id(value: str, field: str = "id") -> str:
@@ -290,50 +314,6 @@ def max_retries(
         )
 
 
-@dataclass
-class BatchPlan:
-    urls: list[str]
-    invalid: list[str]
-
-
-async def batch(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> BatchPlan:
-    if not req.urls:
-        raise InvalidArgument("urls", "must list at least one URL")
-    if len(req.urls) > config.max_batch_urls:
-        raise InvalidArgument(
-            "urls", f"{len(req.urls)} URLs exceed the cap of {config.max_batch_urls}"
-        )
-    options(req.options, config)
-    concurrency(req.max_concurrency, config)
-    max_retries(req, config)
-    bad: list[int] = []
-    problems: dict[int, str] = {}
-    checked_hosts: dict[str, str | None] = {}
-    for i, u in enumerate(req.urls):
-        problem = urls.validate(u, config.max_url_length)
-        if problem is None and not config.allow_private_networks:
-            origin = urlsplit(u).netloc.lower()
-            if origin not in checked_hosts:
-                checked_hosts[origin] = await urls.blocked_reason(u)
-            reason = checked_hosts[origin]
-            problem = f"refused: {reason}" if reason else None
-        if problem is not None:
-            bad.append(i)
-            problems[i] = problem
-    if bad and not req.ignore_invalid_urls:
-        shown = "; ".join(f"urls[{i}]: {problems[i]}" for i in bad[:10])
-        more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
-        raise InvalidArgument(
-            "urls",
-            f"invalid URLs at indices {bad[:50]}{more}: {shown}",
-            [(f"urls[{i}]", problems[i]) for i in bad[:100]],
-        )
-    keep = [u for i, u in enumerate(req.urls) if i not in problems]
-    if not keep:
-        raise InvalidArgument("urls", "no valid URL left after skipping the invalid ones")
-    return BatchPlan(urls=keep, invalid=[req.urls[i] for i in bad])
-
-
 def regex_limits(config: ServerConfig) -> patterns.Limits:
     """The bounds on a crawl's ``include_paths``/``exclude_paths`` (each list)."""
     return patterns.Limits(
@@ -341,35 +321,39 @@ def regex_limits(config: ServerConfig) -> patterns.Limits:
     )
 
 
-async def path_filters_and_sitemap(
+async def path_filters(
     req: jobs_pb2.StartCrawlRequest | jobs_pb2.MapRequest, config: ServerConfig
 ) -> None:
-    """``include_paths``/``exclude_paths`` (bounded, then compiled by RE2 on the pattern
-    pool, off the event loop) and the ``sitemap`` mode of a crawl or a Map call."""
+    """``include_paths``/``exclude_paths`` of a crawl or a Map call: bounded, then
+    compiled by RE2 on the pattern pool, off the event loop."""
     try:
         await patterns.compile_filter(req.include_paths, req.exclude_paths, regex_limits(config))
     except patterns.PatternError as e:
         field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
         raise InvalidArgument(field, e.reason) from None
-    if req.sitemap not in jobs_pb2.SitemapMode.values():
-        raise InvalidArgument("sitemap", f"unknown sitemap mode {req.sitemap}")
 
 
-async def crawl(req: jobs_pb2.StartCrawlRequest, config: ServerConfig) -> None:
-    """Validates a crawl request (the effective limit is the account's business)."""
-    await url(req.url, "url", config)
-    if req.limit < 0 or req.limit > config.max_crawl_limit:
+def sitemap(mode: int) -> None:
+    if mode not in jobs_pb2.SitemapMode.values():
+        raise InvalidArgument("sitemap", f"unknown sitemap mode {mode}")
+
+
+def crawl_limit(limit: int, config: ServerConfig) -> None:
+    """A crawl's ``limit`` (the effective one is the account's business: ``quota``)."""
+    if limit < 0 or limit > config.max_crawl_limit:
         raise InvalidArgument(
-            "limit", f"{req.limit} is outside 0..{config.max_crawl_limit} (0 = default)"
+            "limit", f"{limit} is outside 0..{config.max_crawl_limit} (0 = default)"
         )
-    if req.max_depth < 0 or req.max_depth > 10_000:
-        raise InvalidArgument("max_depth", f"{req.max_depth} is outside 0..10000 (0 = unlimited)")
-    await path_filters_and_sitemap(req, config)
-    concurrency(req.max_concurrency, config)
-    max_retries(req, config)
-    if not 0 <= req.delay <= 60:
-        raise InvalidArgument("delay", f"{req.delay} is outside 0..60 seconds")
-    options(req.options, config)
+
+
+def max_depth(depth: int) -> None:
+    if depth < 0 or depth > 10_000:
+        raise InvalidArgument("max_depth", f"{depth} is outside 0..10000 (0 = unlimited)")
+
+
+def delay(seconds: float) -> None:
+    if not 0 <= seconds <= 60:
+        raise InvalidArgument("delay", f"{seconds} is outside 0..60 seconds")
 
 
 def page(skip: int, limit: int, config: ServerConfig) -> int:
@@ -383,16 +367,14 @@ def page(skip: int, limit: int, config: ServerConfig) -> int:
 MAX_MAP_SEARCH = 1_000  # characters of a Map call's search text
 
 
-async def map_request(req: jobs_pb2.MapRequest, config: ServerConfig) -> None:
-    """Validates a Map request: the URL (and the address guard), the limit, the search
-    text, the regexes (as a crawl's) and the sitemap mode."""
-    await url(req.url, "url", config)
-    if not 0 <= req.limit <= config.max_map_urls:
-        raise InvalidArgument(
-            "limit", f"{req.limit} is outside 0..{config.max_map_urls} (0 = default)"
-        )
-    if len(req.search) > MAX_MAP_SEARCH:
-        raise InvalidArgument("search", f"{len(req.search)} characters, at most {MAX_MAP_SEARCH}")
-    if not req.search.isprintable():
+def map_limit(limit: int, config: ServerConfig) -> None:
+    if not 0 <= limit <= config.max_map_urls:
+        raise InvalidArgument("limit", f"{limit} is outside 0..{config.max_map_urls} (0 = default)")
+
+
+def search(text: str) -> None:
+    """A Map call's search text: bounded, printable."""
+    if len(text) > MAX_MAP_SEARCH:
+        raise InvalidArgument("search", f"{len(text)} characters, at most {MAX_MAP_SEARCH}")
+    if not text.isprintable():
         raise InvalidArgument("search", "holds a control character")
-    await path_filters_and_sitemap(req, config)
