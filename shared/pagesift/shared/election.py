@@ -3,8 +3,9 @@
 What it owns
 ------------
 The records a pair keeps in its witness and the decisions taken over them. No I/O:
-``pagesift.node.witness`` talks to etcd and ``pagesift.node.elector`` is the loop
-that feeds these functions what it read (and ``time.monotonic()``).
+``pagesift.node.witness`` talks to etcd, ``pagesift.shared.electorstate`` (the
+elector's machine) applies these rules to what was read, and ``pagesift.node.elector``
+is its shell (the I/O and ``time.monotonic()``).
 
 Layout in the witness (one pair = one key prefix ``P``, so pairs can share an etcd)
 ------------------------------------------------------------------------------------
