@@ -11,6 +11,9 @@ one allowed to import both roles. Below it:
 Every ``import``/``from … import`` anywhere in a module counts (inside functions, under
 ``if TYPE_CHECKING``, in ``try`` blocks), relative imports are resolved, and so are
 ``importlib.import_module("…")`` / ``__import__("…")`` calls with a literal name.
+
+The pure state machines (``PURE``) import, transitively, only each other and modules
+that do no I/O and read no clock (``IO_MODULES`` lists what they must never reach).
 """
 
 from __future__ import annotations
@@ -149,3 +152,80 @@ def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     assert (4, "pagesift.standby.follower") in found
     assert (5, "pagesift.node.cli") in found
     assert len(violations(list(imports_of("pagesift.shared.mod", src)))) == 3
+
+
+#: the decision modules: events and ``now`` in, actions out (their shells do the I/O)
+PURE = (
+    "pagesift.shared.rolestate",
+    "pagesift.shared.election",
+    "pagesift.shared.electorstate",
+    "pagesift.shared.replproto",
+    "pagesift.shared.replsender",
+    "pagesift.shared.replfollower",
+)
+#: what a pure machine must never import, directly or through another module
+IO_MODULES = (
+    "asyncio",
+    "time",
+    "socket",
+    "selectors",
+    "threading",
+    "subprocess",
+    "os",
+    "pathlib",
+    "grpc",
+    "aetcd",
+    "aiohttp",
+    "rocksdict",
+    "pagesift.v1",
+    "pagesift.node",
+    "pagesift.primary",
+    "pagesift.standby",
+)
+
+
+def impure_reach(module: str, imports: dict[str, list[Import]], modules: set[str]) -> list[str]:
+    """The chains by which ``module`` reaches an I/O module (empty when it is pure)."""
+    found: list[str] = []
+    seen: set[str] = set()
+    todo: list[tuple[str, tuple[str, ...]]] = [(module, (module,))]
+    while todo:
+        name, chain = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for imp in imports.get(name, []):
+            target = imp.target
+            if any(_within(target, io) for io in IO_MODULES):
+                found.append(" -> ".join((*chain, target)))
+            elif target in modules:
+                todo.append((target, (*chain, target)))
+            elif target.rsplit(".", 1)[0] in modules:  # ``from pkg.mod import name``
+                todo.append((target.rsplit(".", 1)[0], (*chain, target.rsplit(".", 1)[0])))
+    return found
+
+
+def test_the_pure_machines_reach_no_io_module() -> None:
+    files = dict(module_files())
+    imports = {name: list(imports_of(name, path)) for name, path in files.items()}
+    for machine in PURE:
+        assert machine in files, f"{machine} not found"
+    bad = [chain for machine in PURE for chain in impure_reach(machine, imports, set(files))]
+    assert not bad, "a pure machine reaches an I/O module:\n  " + "\n  ".join(bad)
+
+
+def test_the_purity_scan_follows_imports_through_other_modules(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from pagesift.shared import b\n")
+    b.write_text("def f():\n    import asyncio\n")
+    imports = {
+        "pagesift.shared.a": list(imports_of("pagesift.shared.a", a)),
+        "pagesift.shared.b": list(imports_of("pagesift.shared.b", b)),
+    }
+    modules = set(imports)
+    assert impure_reach("pagesift.shared.a", imports, modules) == [
+        "pagesift.shared.a -> pagesift.shared.b -> asyncio"
+    ]
+    b.write_text("import json\n")
+    imports["pagesift.shared.b"] = list(imports_of("pagesift.shared.b", b))
+    assert impure_reach("pagesift.shared.a", imports, modules) == []
