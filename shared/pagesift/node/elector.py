@@ -90,8 +90,7 @@ class ElectorHost:
     pair_state: Callable[[int], PairState]  # what a holder of this epoch publishes now
     set_write_deadline: Callable[[float], None]
     feed: Callable[[rolestate.Event], Coroutine[Any, Any, None]]
-    takes_writes: Callable[[], bool]
-    is_primary: Callable[[], bool]
+    is_primary: Callable[[], bool]  # asked once the role machine had LeaseWon
 
 
 @dataclass(frozen=True)

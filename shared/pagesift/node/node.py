@@ -435,7 +435,6 @@ class Node:
             pair_state=self._pair_state,
             set_write_deadline=self._set_write_deadline,
             feed=self._feed,
-            takes_writes=lambda: self.takes_writes,
             is_primary=lambda: self.role == Role.PRIMARY,
         )
         self.elector = Elector(witness, host, ttl=cfg.witness_ttl)

@@ -6,6 +6,10 @@ What it owns
 (``Grant``), its write deadline, what it is waiting for, the holder it last reported,
 and the figures (witness up, leader, takeover lag). ``step(state, event, now)``
 returns the new state and the actions, in the order the shell must carry them out.
+Without a lease it looks every ``poll_interval``: a vacant key, then the pair state,
+then ``may_campaign``. With one: a keepalive every ``keepalive_interval``; each grant
+or keepalive acknowledged, once the pair state is published after it, moves the
+deadline to ``write_deadline(sent_at)``.
 No I/O, no clock, no asyncio: ``pagesift.node.elector`` reads ``time.monotonic()``
 once per event (and once as a request leaves: its ``sent_at``). Every request
 (``ReadLeader``...``KeepAlive``, ``SleepUntil``) is the last action of its batch and
