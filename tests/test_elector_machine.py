@@ -512,6 +512,19 @@ class TwoNodesOneWitness(RuleBasedStateMachine):
         node.waiting = None
         self.step(node, self.answer(node, request, sent_at))
 
+    @rule(rounds=st.integers(1, 30), dt=st.sampled_from([0.05, 0.1, 0.3]))
+    def all_goes_well_for_a_while(self, rounds: int, dt: float) -> None:
+        """Answers arrive, timers fire and jobs write, ``dt`` apart (the promises are
+        checked at every instant)."""
+        for _ in range(rounds):
+            self.time_passes(dt)
+            for name in NAMES:
+                self.the_timer_fires(name)
+                self.the_answer_arrives(name)
+                self.a_job_writes(name)
+                self.never_two_open_deadlines_at_one_instant()
+                self.an_open_deadline_ends_before_the_lease_can_lapse()
+
     @rule(name=st.sampled_from(NAMES), applied=st.booleans())
     def the_witness_call_fails(self, name: str, applied: bool) -> None:
         node = self.nodes[name]
@@ -532,6 +545,7 @@ class TwoNodesOneWitness(RuleBasedStateMachine):
             return
         node.timer = None
         self.step(node, Tick())
+        assert self.now < node.log_deadline or not node.jobs, "jobs on past the deadline"
 
     @rule(name=st.sampled_from(NAMES))
     def a_job_writes(self, name: str) -> None:
@@ -595,20 +609,11 @@ def test_the_simulated_pair_elects_one_and_hands_over_when_it_stops() -> None:
     sim = TwoNodesOneWitness()
     sim.start()
 
-    def settle(rounds: int = 40) -> None:
-        for _ in range(rounds):
-            sim.time_passes(0.1)
-            for name in NAMES:
-                sim.the_timer_fires(name)
-                sim.the_answer_arrives(name)
-                sim.a_job_writes(name)
-            sim.never_two_open_deadlines_at_one_instant()
-
-    settle()
+    sim.all_goes_well_for_a_while(40, 0.1)
     (first,) = [n for n in sim.nodes.values() if n.jobs]
     assert first.writes > 0
     (second,) = [n for n in sim.nodes.values() if n is not first]
     assert second.following == f"{first.name}:2"
     sim.the_node_stops(first.name)
-    settle()
+    sim.all_goes_well_for_a_while(40, 0.1)
     assert second.jobs and second.writes > 0
