@@ -133,6 +133,7 @@ def leftovers(folder: Path) -> list[str]:
 # ---------------------------------------------------------------- (1) restore as a primary
 
 
+@pytest.mark.system
 async def test_a_backup_taken_mid_crawl_starts_a_primary_that_finishes_the_crawl_once_per_page(
     nodes: NodeFactory, site: tuple[Site, str], tmp_path: Path
 ) -> None:
@@ -197,6 +198,7 @@ async def _resynced(address: str) -> pb.RoleResponse | None:
 # ---------------------------------------------------------------- (2) seed a standby
 
 
+@pytest.mark.system
 async def test_a_standby_seeded_from_a_backup_continues_from_the_backlog(
     nodes: NodeFactory, site: tuple[Site, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -63,6 +63,7 @@ def pair(tmp_path: Path) -> Iterator[tuple[ServeProc, ServeProc]]:
             node.stop()
 
 
+@pytest.mark.system
 async def test_role_promote_and_verify_print_one_json_object_each_against_a_real_pair(
     pair: tuple[ServeProc, ServeProc],
 ) -> None:

@@ -365,6 +365,7 @@ async def test_a_page_whose_group_passes_the_bound_is_a_too_large_error_and_noth
     assert len(listed.jobs) == 1
 
 
+@pytest.mark.system
 async def test_a_crawl_killed_mid_flood_resumes_sending_the_cookies_it_learnt(
     tmp_path: Path,
 ) -> None:
@@ -419,6 +420,7 @@ async def test_a_crawl_killed_mid_flood_resumes_sending_the_cookies_it_learnt(
         assert "big" in doc.markdown
 
 
+@pytest.mark.system
 async def test_a_job_stored_with_the_old_jar_snapshot_resumes_with_it_and_rewrites_it(
     tmp_path: Path,
 ) -> None:

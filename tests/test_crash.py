@@ -18,6 +18,8 @@ from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import QUICK_RETRIES, ServeProc, SiteSpec, all_documents, wait_terminal
 
+pytestmark = pytest.mark.system
+
 CONCURRENCY = 8
 # the whole [server] table (base={}: extract_processes stays at its default); one quick
 # retry of the slow and the failing page, as everywhere in the suite (the default three,

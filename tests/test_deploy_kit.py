@@ -772,6 +772,7 @@ def test_alert_rules_cover_each_failure_and_use_only_exported_metrics(tmp_path: 
         assert any(series in r["expr"] and test in r["expr"] for r in rules), failure
 
 
+@pytest.mark.system
 def test_promtool_accepts_the_alert_rules_and_their_unit_tests_pass() -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool is required: apt-get install -y --no-install-recommends prometheus"
@@ -851,6 +852,7 @@ def _until_probe(address: str, service: str, ca: Path, timeout: float = 45.0) ->
         time.sleep(0.5)
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 def test_a_pair_from_the_example_config_serves_tls_health_that_the_probe_script_reads(
     tmp_path: Path,

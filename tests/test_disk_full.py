@@ -139,6 +139,7 @@ def test_primary_health_is_not_serving_while_the_store_refuses_writes() -> None:
 # ---------------------------------------------------------------- the store on a full volume
 
 
+@pytest.mark.system
 def test_a_full_volume_refuses_writes_keeps_reads_and_a_reopen_brings_writes_back(
     tmp_path: Path,
 ) -> None:
@@ -203,6 +204,7 @@ async def health_is(channel: grpc.aio.Channel, status: int) -> bool | None:
     return True if resp.status == status else None
 
 
+@pytest.mark.system
 async def test_a_node_whose_volume_fills_pauses_its_crawl_and_resumes_it_when_space_is_freed(
     tmp_path: Path,
 ) -> None:
@@ -366,6 +368,7 @@ async def test_jobs_wait_while_the_store_refuses_writes_and_go_on_when_it_takes_
         await eventually(lambda: health_is(node.channel, SERVING), "SERVING again", 5)
 
 
+@pytest.mark.system
 async def test_a_node_restarted_on_a_full_volume_opens_by_releasing_its_reserve(
     tmp_path: Path,
 ) -> None:
@@ -405,6 +408,7 @@ async def test_a_node_restarted_on_a_full_volume_opens_by_releasing_its_reserve(
                 await until(lambda: (data / RESERVE_FILE).exists(), "the reserve made again", 5)
 
 
+@pytest.mark.system
 async def test_a_node_stopped_while_its_volume_is_full_refuses_to_start_then_resumes_its_crawl(
     tmp_path: Path,
 ) -> None:

@@ -354,6 +354,7 @@ RETRIES = ("--page-retries", "1")
 LOCAL = ("--local", "--pages", "60", *RETRIES, "--json")
 
 
+@pytest.mark.system
 def test_a_local_async_drill_kills_the_primary_promotes_and_rejoins(drill_tmp: Path) -> None:
     code, out, err = drill(drill_tmp, *LOCAL, "--seed", "5", "--repeat", "2")
     assert code == 0, err[-3000:]
@@ -370,6 +371,7 @@ def test_a_local_async_drill_kills_the_primary_promotes_and_rejoins(drill_tmp: P
     _assert_clean(drill_tmp)
 
 
+@pytest.mark.system
 def test_a_local_sync_drill_loses_no_shown_page_and_resends_no_acknowledged_event(
     drill_tmp: Path,
 ) -> None:
@@ -392,6 +394,7 @@ def test_a_local_sync_drill_loses_no_shown_page_and_resends_no_acknowledged_even
 # drill below.
 
 
+@pytest.mark.system
 def test_auto_drill_a_dead_witness_makes_the_primary_read_only_until_it_returns(
     drill_tmp: Path,
 ) -> None:
@@ -458,6 +461,7 @@ def remote_args(dep: dict[str, Any], start_cmd: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.system
 def test_a_remote_drill_kills_and_restarts_nodes_with_the_operators_commands(
     deployment: dict[str, Any], drill_tmp: Path
 ) -> None:
@@ -479,6 +483,7 @@ def test_a_remote_drill_kills_and_restarts_nodes_with_the_operators_commands(
     assert not list(drill_tmp.glob("pagesift-drill-*"))  # the deployment runs on: not ours
 
 
+@pytest.mark.system
 def test_a_remote_drill_whose_start_command_fails_exits_5_and_leaves_the_survivor_alone(
     deployment: dict[str, Any], drill_tmp: Path
 ) -> None:
@@ -492,6 +497,7 @@ def test_a_remote_drill_whose_start_command_fails_exits_5_and_leaves_the_survivo
     assert not list(drill_tmp.glob("pagesift-drill-*"))
 
 
+@pytest.mark.system
 def test_an_interrupted_drill_stops_everything_it_started(drill_tmp: Path) -> None:
     env = dict(os.environ, TMPDIR=str(drill_tmp), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(

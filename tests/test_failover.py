@@ -45,6 +45,8 @@ from tests.helpers import (
     scrape_metrics,
 )
 
+pytestmark = pytest.mark.system
+
 MiB = 1024 * 1024
 CONCURRENCY = 8
 PAGES = 150

@@ -267,6 +267,7 @@ async def test_a_second_crawl_says_new_same_changed_and_lists_removed_pages(tmp_
     assert list(second.removed_urls) == [root + "/gone"]
 
 
+@pytest.mark.system
 async def test_a_failover_keeps_the_page_cache_warm(nodes: NodeFactory, tmp_path: Path) -> None:
     site = Site({"/a": page("A")})
     async with site_at(site) as root:

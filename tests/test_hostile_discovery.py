@@ -419,6 +419,7 @@ async def test_a_slow_sitemap_file_is_cut_at_sitemap_file_timeout() -> None:
 # ---------------------------------------------------------------- a crash mid-seeding
 
 
+@pytest.mark.system
 async def test_a_sigkill_while_sitemaps_are_read_loses_and_duplicates_nothing(
     nodes: NodeFactory, tmp_path: Path
 ) -> None:

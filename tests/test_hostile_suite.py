@@ -46,6 +46,8 @@ from tests.helpers import (
 from tests.hostile import robots as hostile_robots
 from tests.hostile import sitemaps as hostile_sitemaps
 
+pytestmark = pytest.mark.system
+
 LIVENESS = 2.0  # seconds alice's ListJobs (and the node's loop) may stall
 MAP_TIMEOUT = 4.0
 SLACK = 5.0

@@ -451,6 +451,7 @@ RUN pip install --no-cache-dir . \\
 """
 
 
+@pytest.mark.system
 def test_the_replay_fails_the_dockerfile_that_installed_no_server_extra(
     replayer: Replayer,
 ) -> None:
@@ -482,6 +483,7 @@ def test_compose_and_kubernetes_run_the_dockerfiles_image() -> None:
         )
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("instruction", node_installs(), ids=lambda i: i.where)
 def test_each_node_install_instruction_gives_a_node_that_serves(
     instruction: InstallInstruction, replayer: Replayer, tmp_path: Path

@@ -121,6 +121,7 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientVenv
     yield venv
 
 
+@pytest.mark.system
 def test_the_client_install_has_no_server_dependency(client_venv: ClientVenv) -> None:
     code = (
         "import importlib.util, json, sys\n"
@@ -135,6 +136,7 @@ def test_the_client_install_has_no_server_dependency(client_venv: ClientVenv) ->
     )
 
 
+@pytest.mark.system
 def test_the_wheel_ships_the_type_information(client_venv: ClientVenv) -> None:
     code = (
         "import importlib.util, pathlib\n"
@@ -147,6 +149,7 @@ def test_the_wheel_ships_the_type_information(client_venv: ClientVenv) -> None:
     assert "'jobs_pb2.pyi', 'jobs_pb2_grpc.pyi'" in lines[0]
 
 
+@pytest.mark.system
 def test_the_cli_runs_and_serve_asks_for_the_server_extra(client_venv: ClientVenv) -> None:
     out = _run(client_venv.pagesift, "--version")
     assert out.startswith("pagesift 0.1.0 ")
@@ -166,6 +169,7 @@ async def _page(request: web.Request) -> web.Response:
     )
 
 
+@pytest.mark.system
 async def test_the_installed_client_talks_to_a_node(
     client_venv: ClientVenv, tmp_path: Path
 ) -> None:
@@ -232,6 +236,7 @@ wrong: int = jobs_pb2.Document().title
 """
 
 
+@pytest.mark.system
 def test_a_consumers_mypy_sees_the_types(client_venv: ClientVenv, tmp_path: Path) -> None:
     mypy = Path(sys.executable).parent / "mypy"
     if not mypy.exists():

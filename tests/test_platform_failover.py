@@ -52,6 +52,8 @@ from tests.helpers import (
     write_accounts,
 )
 
+pytestmark = pytest.mark.system
+
 MiB = 1024 * 1024
 HOLD = 12  # the event the receiver leaves unanswered until the primary is killed
 PACE = 0.01  # the receiver answers each event after this long: delivery outlasts a kill

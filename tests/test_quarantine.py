@@ -263,6 +263,7 @@ async def new_hit(site: PoisonSite, seen: dict[str, int]) -> list[str] | None:
 # ---------------------------------------------------------------- SIGKILL, restart, repeat
 
 
+@pytest.mark.system
 async def test_a_job_that_crashes_its_node_twice_is_paused_poisoned_and_others_run(
     nodes: NodeFactory,
 ) -> None:
@@ -316,6 +317,7 @@ async def test_a_job_that_crashes_its_node_twice_is_paused_poisoned_and_others_r
         assert await list_paused(node.address) == set()
 
 
+@pytest.mark.system
 async def test_a_clean_restart_counts_no_interruption(nodes: NodeFactory) -> None:
     """SIGTERM (drain) clears the run markers: however often a node is restarted
     cleanly, its jobs are resumed, never quarantined."""
@@ -360,6 +362,7 @@ async def state_is_md(
     return job if job.state == state else None
 
 
+@pytest.mark.system
 async def test_only_the_owner_or_the_admin_key_resumes_or_cancels_a_paused_job(
     nodes: NodeFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -413,6 +416,7 @@ async def test_only_the_owner_or_the_admin_key_resumes_or_cancels_a_paused_job(
 # ---------------------------------------------------------------- extraction workers lost
 
 
+@pytest.mark.system
 async def test_a_job_whose_documents_keep_killing_workers_is_paused_unless_it_progresses(
     nodes: NodeFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -485,6 +489,7 @@ async def primary_of(a: ServeProc, b: ServeProc) -> ServeProc | None:
     return None
 
 
+@pytest.mark.system
 async def test_a_witness_pair_quarantines_a_job_that_freezes_its_primary_and_cancel_works(
     nodes: NodeFactory, etcd: Etcd
 ) -> None:

@@ -583,6 +583,7 @@ class Members:
         return web.Response(text=f"<title>m{n}</title>{more}", content_type="text/html")
 
 
+@pytest.mark.system
 async def test_a_crawl_behind_a_login_cookie_resumes_after_sigkill_with_its_jar_and_headers(
     tmp_path: Path,
 ) -> None:

@@ -393,6 +393,7 @@ CRASH_CONFIG = {
 }
 
 
+@pytest.mark.system
 async def test_a_sigkill_in_a_retry_storm_keeps_every_page_once_and_every_retry_budget(
     tmp_path: Path, serve: Callable[[Misbehaving], asyncio.Future[str]]
 ) -> None:

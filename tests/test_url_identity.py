@@ -500,6 +500,7 @@ async def test_www_and_bare_host_links_are_one_page_in_a_live_crawl_with_dedupe(
     assert {f.split(":", 1)[0] for f in fetched} <= {"site.test", "www.site.test"}
 
 
+@pytest.mark.system
 async def test_a_sigkill_mid_maze_keeps_one_document_per_page_and_one_entry_per_url(
     tmp_path: Path,
 ) -> None:

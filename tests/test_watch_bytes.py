@@ -181,6 +181,7 @@ async def read_all(address: str, job_id: str, md: tuple[tuple[str, str], ...]) -
         return [ev.document.index async for ev in call if ev.HasField("document")]
 
 
+@pytest.mark.system
 async def test_unread_watchers_hold_at_most_the_byte_budget_and_give_the_memory_back(
     nodes: NodeFactory, tmp_path: Path
 ) -> None:

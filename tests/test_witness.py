@@ -125,6 +125,7 @@ def paced(root: str) -> jobs_pb2.StartCrawlRequest:
 # ---------------------------------------------------------------- the tests
 
 
+@pytest.mark.system
 async def test_sigkill_of_the_primary_mid_crawl_hands_over_and_the_old_one_rejoins_as_standby(
     nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
@@ -144,6 +145,7 @@ async def test_sigkill_of_the_primary_mid_crawl_hands_over_and_the_old_one_rejoi
     assert "won the witness lease" in standby.log_text()
 
 
+@pytest.mark.system
 async def test_a_primary_frozen_past_its_ttl_refuses_writes_at_once_and_rejoins_as_standby(
     nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
@@ -158,6 +160,7 @@ async def test_a_primary_frozen_past_its_ttl_refuses_writes_at_once_and_rejoins_
     assert "rejoins as its standby" in primary.log_text()
 
 
+@pytest.mark.system
 async def test_a_primary_that_loses_etcd_goes_read_only_within_ttl_and_writes_resume_after(
     nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
@@ -190,6 +193,7 @@ async def test_a_primary_that_loses_etcd_goes_read_only_within_ttl_and_writes_re
     await eventually(accepted_somewhere, "writes to resume", timeout=30)
 
 
+@pytest.mark.system
 async def test_in_sync_mode_a_standby_that_missed_acknowledged_writes_does_not_take_over(
     nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
@@ -214,6 +218,7 @@ async def test_in_sync_mode_a_standby_that_missed_acknowledged_writes_does_not_t
     assert final.completed == 10
 
 
+@pytest.mark.system
 async def test_in_sync_mode_the_witness_hears_the_standby_is_behind_before_an_ack(
     nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
@@ -238,6 +243,7 @@ async def test_in_sync_mode_the_witness_hears_the_standby_is_behind_before_an_ac
         await witness.close()
 
 
+@pytest.mark.system
 async def test_a_deleted_leader_key_stops_the_primarys_writes_and_the_pair_recovers(
     nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
@@ -280,6 +286,7 @@ async def enable_etcd_auth(etcd: Etcd, user: str, password: str) -> None:
         await auth.AuthEnable(etcd_rpc.AuthEnableRequest())
 
 
+@pytest.mark.system
 async def test_with_etcd_auth_only_the_pairs_user_takes_the_lease(
     nodes: NodeFactory, etcd: Etcd, tmp_path: Path
 ) -> None:

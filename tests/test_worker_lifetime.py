@@ -169,6 +169,7 @@ def site_spec() -> SiteSpec:
     return SiteSpec(pages=200, slow_seconds=1.5, big_bytes=256 * 1024)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 async def test_no_process_of_a_node_outlives_it(
     nodes: NodeFactory, site: tuple[Site, str], how: str
@@ -240,6 +241,7 @@ def read_line(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
     return proc.stdout.readline().decode().strip()
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_worker_busy_in_a_task_dies_with_its_node(sig: signal.Signals) -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener, tracked() as procs:
@@ -270,6 +272,7 @@ def test_a_worker_busy_in_a_task_dies_with_its_node(sig: signal.Signals) -> None
             node.stdout.close()
 
 
+@pytest.mark.system
 def test_a_node_that_closes_its_pool_and_exits_leaves_nothing() -> None:
     with tracked() as procs:
         node = start_node_script("idle", "-")
