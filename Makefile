@@ -8,7 +8,7 @@ GEN_DIR := shared/pagesift/v1
 BUF     := .tools/node_modules/.bin/buf
 CODE    := shared primary standby tests bench
 
-.PHONY: run test bench proto check-proto lint typecheck buf-lint pytest system-deps clean
+.PHONY: run test test-fast pytest-fast bench proto check-proto lint typecheck buf-lint pytest system-deps clean
 
 # Everything (the client, the node's `server` extra, the dev tools) at the exact versions
 # of constraints.txt; pyproject.toml itself only gives consumers compatible ranges.
@@ -73,6 +73,14 @@ pytest: $(BIN)/.installed system-deps
 
 ## make test: lint, types, protos, then the whole test suite.
 test: check-proto lint typecheck buf-lint pytest
+
+## make test-fast: lint, types, and every test not marked `system` (about two minutes):
+## the edit-run loop. Leaves out what only a proto change or a system test needs
+## (check-proto, buf-lint: node and the buf CLI; system-deps: etcd, promtool).
+test-fast: lint typecheck pytest-fast
+
+pytest-fast: $(BIN)/.installed
+	$(BIN)/pytest -q -p no:cacheprovider -m "not system"
 
 ## make bench: crawl throughput vs Scrapy, replication figures (see BENCHMARKS.md).
 bench: $(BIN)/.installed
