@@ -5,6 +5,11 @@ its size and speed come from the ``site_spec`` fixture, which a module overrides
 its own (a module-level fixture of the same name wins over this one). ``store`` is a
 fresh RocksDB store under ``tmp_path``, closed at the end. ``nodes`` makes ``pagesift
 serve`` children; ``etcd`` runs a real etcd for the witness tests.
+
+Tiers: a test that kills, freezes or restarts real node processes, runs etcd, a drill,
+a fresh venv, a tmpfs mount or promtool is marked ``system`` (``make test-fast`` runs
+``-m "not system"``). Collection refuses a test that uses ``nodes`` or ``etcd`` from
+here without that mark, so the fast tier cannot grow one by accident.
 """
 
 from __future__ import annotations
@@ -24,6 +29,28 @@ from tests.helpers import NodeFactory, SiteSpec, serve_procs
 # (``pagesift.node.storage``) in each of hundreds of data directories. The tests of the
 # reserve set it themselves (tests/test_disk_full.py).
 os.environ.setdefault("PAGESIFT_STORAGE_RESERVE_BYTES", "0")
+
+#: Fixtures of this file that start real processes: a test using one is a system test.
+SYSTEM_FIXTURES = ("nodes", "etcd")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__)
+    unmarked = []
+    for item in items:
+        if item.get_closest_marker("system") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        for name in SYSTEM_FIXTURES:
+            # the last definition is the one the test gets (a module may define its own)
+            if name in defs and Path(defs[name][-1].func.__code__.co_filename) == here:
+                unmarked.append(f"{item.nodeid} (uses {name})")
+    if unmarked:
+        raise pytest.UsageError(
+            "mark these @pytest.mark.system (they start real processes):\n  "
+            + "\n  ".join(unmarked)
+        )
 
 
 @pytest.fixture

@@ -343,6 +343,7 @@ def _slow_sitemap_route(extra: str) -> tuple[str, Handler]:
     return "/robots.txt", robots_txt
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("name", ["unclosed.xml", "unclosed.xml.gz"])
 async def test_an_unclosed_sitemap_leaves_other_accounts_served_and_the_crawl_started(
     nodes: NodeFactory, tmp_path: Path, name: str
@@ -360,6 +361,7 @@ async def test_an_unclosed_sitemap_leaves_other_accounts_served_and_the_crawl_st
     assert got.documents == [site.root]
 
 
+@pytest.mark.system
 async def test_a_robots_txt_of_22000_wildcard_rules_over_13000_long_urls_is_bounded(
     nodes: NodeFactory, tmp_path: Path
 ) -> None:
@@ -376,6 +378,7 @@ async def test_a_robots_txt_of_22000_wildcard_rules_over_13000_long_urls_is_boun
     assert site.root in got.documents and len(got.documents) == 12
 
 
+@pytest.mark.system
 async def test_a_sitemap_index_of_slow_children_is_cut_at_the_discovery_deadlines(
     nodes: NodeFactory, tmp_path: Path
 ) -> None:

@@ -272,6 +272,7 @@ async def errors_of(
     return {e.url.rsplit("/workers/", 1)[-1]: e for e in resp.errors}
 
 
+@pytest.mark.system
 async def test_an_extraction_past_its_deadline_fails_that_page_alone(
     nodes: NodeFactory, tmp_path: Path
 ) -> None:
@@ -304,6 +305,7 @@ async def test_an_extraction_past_its_deadline_fails_that_page_alone(
     assert metric(samples, "pagesift_worker_peak_memory_bytes_count") >= 40
 
 
+@pytest.mark.system
 async def test_a_page_whose_worker_was_killed_is_never_redone_on_the_event_loop(
     nodes: NodeFactory, tmp_path: Path
 ) -> None:
@@ -325,6 +327,7 @@ async def test_a_page_whose_worker_was_killed_is_never_redone_on_the_event_loop(
     assert done.completed == 1  # heavy.html, extracted whole in its worker
 
 
+@pytest.mark.system
 async def test_one_accounts_queue_of_slow_pages_does_not_hold_back_another_accounts_scrape(
     nodes: NodeFactory, tmp_path: Path
 ) -> None:
