@@ -4,7 +4,8 @@ The pure key functions (``urls.page_key``, ``strip_tracking``, ``similar_key``) 
 checked with examples and hypothesis; the crawl rules (redirects, meta refresh,
 rel=canonical, tracking parameters, similar URLs, meta robots / X-Robots-Tag) with
 real aiohttp sites on 127.0.0.1 and a real in-process node; the UTS 46 host with a
-real ``HttpEngine`` whose resolver maps a test name to loopback. Every wait is bounded.
+real ``HttpEngine`` whose resolver maps a test name to loopback; the www/bare dedupe
+of the job runtime with ``tests.fakeengine`` (no fetching). Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 import pytest
@@ -21,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pagesift.primary.crawl import in_scope
+from pagesift.primary.engine import Page
 from pagesift.primary.fetch import HttpEngine
 from pagesift.primary.jobs import Jobs
 from pagesift.primary.netguard import AddressGuard
@@ -29,6 +32,7 @@ from pagesift.shared import jobrecords as jr
 from pagesift.shared import urls
 from pagesift.shared.store import Store
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.fakeengine import FakeEngine, page
 from tests.helpers import (
     MapResolver,
     ServeProc,
@@ -451,53 +455,44 @@ async def test_a_non_ascii_host_is_fetched_by_its_uts46_a_label(tmp_path: Path) 
 
 
 async def test_www_and_bare_host_links_are_one_page_in_a_live_crawl_with_dedupe(
-    tmp_path: Path,
+    tmp_path: Path, store: Store
 ) -> None:
-    fetched: list[str] = []
+    """The job runtime's dedupe, with the web faked (``FakeEngine``): the fetching of
+    these host spellings is what ``test_a_non_ascii_host_is_fetched...`` tests."""
 
-    async def site(request: web.Request) -> web.Response:
-        fetched.append(f"{request.host}{request.path}")
-        port = request.url.port
-        if request.path == "/":
-            return html(
-                links(f"http://www.site.test:{port}/a", f"http://site.test:{port}/a", "/b")
-                + links(f"http://WWW.Site.Test:{port}/b/", f"http://www.site.test:{port}/")
+    def site(url: str) -> Page:
+        if urlsplit(url).path == "/":
+            return page(
+                url,
+                *("http://www.site.test/a", "http://site.test/a", "/b"),
+                *("http://WWW.Site.Test/b/", "http://www.site.test/"),
             )
-        return html(request.path)
+        return page(url)
 
-    async with serve_handler(site) as port:
-        resolver = MapResolver({"site.test": "127.0.0.1", "www.site.test": "127.0.0.1"})
-        config = node_config(tmp_path, allow_private_networks=False, respect_robots=False)
-        engine = HttpEngine(
-            config, guard=AddressGuard(exempt=frozenset({("127.0.0.1", port)})), resolver=resolver
+    engine = FakeEngine(site)
+    config = node_config(tmp_path, allow_private_networks=False, respect_robots=False)
+    jobs = Jobs(store, engine, config)
+    try:
+        await jobs.start()
+        request = jobs_pb2.StartCrawlRequest(
+            url="http://site.test/",
+            dedupe_similar_urls=True,
+            sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
         )
-        store = Store(tmp_path / "db")
-        jobs = Jobs(store, engine, config)
-        try:
-            await jobs.start()
-            request = jobs_pb2.StartCrawlRequest(
-                url=f"http://site.test:{port}/",
-                dedupe_similar_urls=True,
-                sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
-            )
-            reg = await jobs.register(
-                "crawl", "anonymous", request.SerializeToString(), "", limit=50
-            )
+        reg = await jobs.register("crawl", "anonymous", request.SerializeToString(), "", limit=50)
 
-            async def finished() -> jr.JobMeta | None:
-                meta = jr.load_meta(store, reg.id)
-                return meta if meta is not None and meta.terminal else None
+        async def finished() -> jr.JobMeta | None:
+            meta = jr.load_meta(store, reg.id)
+            return meta if meta is not None and meta.terminal else None
 
-            meta = await eventually(finished, "the crawl's end", timeout=30)
-            docs = jr.read_documents(store, reg.id, 0, 100)
-        finally:
-            await jobs.close()
-            await engine.close()
-            store.close()
+        meta = await eventually(finished, "the crawl's end", timeout=30)
+        docs = jr.read_documents(store, reg.id, 0, 100)
+    finally:
+        await jobs.close()
     assert meta.state == "completed", meta.note
     assert sorted(p.rstrip("/") for p in paths([d.url for d in docs])) == ["", "a", "b"]
-    assert len(fetched) == 3  # one request per page, whichever spelling came first
-    assert {f.split(":", 1)[0] for f in fetched} <= {"site.test", "www.site.test"}
+    assert len(engine.requests) == 3  # one request per page, whichever spelling came first
+    assert {urlsplit(u).hostname for u in engine.requests} <= {"site.test", "www.site.test"}
 
 
 @pytest.mark.system

@@ -1,0 +1,81 @@
+"""An in-process ``Engine`` for tests about job logic, the way httpx's ``MockTransport``
+serves httpx's own tests: no socket, no resolver, no extraction worker.
+
+``FakeEngine(site)`` answers ``scrape(url, ...)`` with ``site(url)``: a ``Page`` (build
+one with ``page``) or a raised ``PageError``, exactly the two outcomes the ``Engine``
+contract (``pagesift.primary.engine``) allows. ``sitemap_urls`` returns what
+``sitemaps`` holds for the URL's origin, else nothing (the contract: never raises).
+Every scrape is recorded in ``requests``, in call order, so a test can state what the
+job runtime asked for (each page once, nothing after a cancel, ...).
+
+Use it where the test is about what the runtime does with pages: the frontier,
+dedupe, recording, quotas, retries of a ``PageError``. A test about fetching itself
+(headers, cookies, proxies, redirects, robots, the address guard, timeouts) runs the
+real ``HttpEngine`` against an aiohttp server on 127.0.0.1: that is what it tests.
+
+``page`` builds the ``Page`` an ``HttpEngine`` would return for a small HTML page:
+``links`` resolved against ``final_url`` and normalized (``urls.normalize``), one per
+page key, in order; ``document.url`` and ``final_url`` set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import urljoin, urlsplit
+
+from pagesift.primary.engine import FetchPolicy, Page
+from pagesift.shared import urls
+from pagesift.v1 import jobs_pb2
+
+Site = Callable[[str], Page]
+
+
+def page(
+    url: str,
+    *links: str,
+    final_url: str = "",
+    title: str = "",
+    canonical: str = "",
+    noindex: bool = False,
+    nofollow: bool = False,
+) -> Page:
+    """The page at ``url`` (redirected to ``final_url`` when given) linking to ``links``
+    (relative or absolute), with the identity signals an ``HttpEngine`` reports."""
+    final = final_url or url
+    keys: list[str] = []
+    for link in links:
+        key = urls.normalize(urljoin(final, link).split("#", 1)[0])
+        if key not in keys:
+            keys.append(key)
+    doc = jobs_pb2.Document(url=url, final_url=final, title=title, markdown=f"# {title or final}")
+    return Page(document=doc, links=keys, canonical=canonical, noindex=noindex, nofollow=nofollow)
+
+
+class FakeEngine:
+    """Answers every scrape from ``site``; records each call in ``requests``."""
+
+    def __init__(self, site: Site, sitemaps: dict[str, list[str]] | None = None) -> None:
+        self.site = site
+        self.sitemaps = sitemaps or {}
+        self.requests: list[str] = []
+        self.closed = False
+
+    async def scrape(
+        self,
+        url: str,
+        options: jobs_pb2.ScrapeOptions,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> Page:
+        self.requests.append(url)
+        return self.site(url)
+
+    async def sitemap_urls(
+        self,
+        url: str,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> list[str]:
+        parts = urlsplit(url)
+        return list(self.sitemaps.get(f"{parts.scheme}://{parts.netloc}", []))
+
+    async def close(self) -> None:
+        self.closed = True
