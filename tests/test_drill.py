@@ -15,6 +15,8 @@ drill interrupted by SIGINT (everything it started is stopped). Every wait is bo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -29,6 +31,8 @@ from typing import Any
 import pytest
 
 from pagesift.node import cli
+from pagesift.node.cli import drill as drill_cli
+from pagesift.node.drill import runner
 from pagesift.node.drill.report import drill_json, run_lines, summary_line
 from pagesift.node.drill.verdict import (
     Delivery,
@@ -522,3 +526,26 @@ def test_an_interrupted_drill_stops_everything_it_started(drill_tmp: Path) -> No
             proc.kill()
             proc.wait(10)
     _assert_clean(drill_tmp)
+
+
+def test_a_drill_whose_step_swallows_the_cancel_still_ends_interrupted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal that lands while a step waits in code that ends quietly on cancellation
+    (so ``run_drill`` returns) still ends the drill as interrupted, not with a verdict."""
+
+    async def swallowing(settings: Any, say: Any) -> list[Any]:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(30)
+        return []
+
+    monkeypatch.setattr(runner, "run_drill", swallowing)
+
+    async def main() -> None:
+        task = asyncio.create_task(drill_cli._drill(None))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        task.cancel()  # what the SIGINT/SIGTERM handlers do
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())

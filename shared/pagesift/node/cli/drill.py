@@ -154,9 +154,14 @@ async def _drill(settings: DrillSettings) -> list[Any]:
     if task is not None:
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
-        return await run_drill(settings, _say)
+        reports = await run_drill(settings, _say)
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+    if task is not None and task.cancelling():
+        # a SIGINT or SIGTERM landed while a step waited inside code that ends quietly
+        # on cancellation: the drill was still interrupted, and its verdict is not one
+        raise asyncio.CancelledError
+    return reports
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
