@@ -365,11 +365,8 @@ async def test_a_page_whose_group_passes_the_bound_is_a_too_large_error_and_noth
     assert len(listed.jobs) == 1
 
 
-@pytest.mark.system
-async def test_a_crawl_killed_mid_flood_resumes_sending_the_cookies_it_learnt(
-    tmp_path: Path,
-) -> None:
-    served: list[str] = []
+async def serve_counted(served: list[str]) -> tuple[web.AppRunner, str]:
+    """The cookie site, each request's path appended to ``served``."""
 
     def counting(handler: Handler) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -378,19 +375,37 @@ async def test_a_crawl_killed_mid_flood_resumes_sending_the_cookies_it_learnt(
 
         return handle
 
-    runner, root = await serve([(path, counting(h)) for path, h in cookies.ROUTES])
+    return await serve([(path, counting(h)) for path, h in cookies.ROUTES])
+
+
+async def start_chain_crawl(
+    address: str, root: str, last: int, delay_ms: int
+) -> jobs_pb2.StartCrawlResponse:
+    """A one-page-at-a-time crawl of the flooding chain ``0..last``."""
+    request = jobs_pb2.StartCrawlRequest(
+        url=f"{root}cookies/chain/0?last={last}&delay={delay_ms}",
+        sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
+        crawl_entire_domain=True,
+        max_concurrency=1,
+    )
+    async with grpc.aio.insecure_channel(address) as ch:
+        started: jobs_pb2.StartCrawlResponse = await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(
+            request
+        )
+        return started
+
+
+@pytest.mark.system
+async def test_a_crawl_killed_mid_flood_resumes_sending_the_cookies_it_learnt(
+    tmp_path: Path,
+) -> None:
+    served: list[str] = []
+    runner, root = await serve_counted(served)
     server = ServeProc(tmp_path, "server", config={"extract_processes": 0})
     last = 40
     try:
         await server.start()
-        request = jobs_pb2.StartCrawlRequest(
-            url=f"{root}cookies/chain/0?last={last}&delay=50",
-            sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
-            crawl_entire_domain=True,
-            max_concurrency=1,
-        )
-        async with grpc.aio.insecure_channel(server.address) as ch:
-            job = await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(request)
+        job = await start_chain_crawl(server.address, root, last, delay_ms=50)
 
         async def mid_crawl() -> bool | None:
             return True if len(served) >= 10 else None
@@ -425,27 +440,12 @@ async def test_a_job_stored_with_the_old_jar_snapshot_resumes_with_it_and_rewrit
     tmp_path: Path,
 ) -> None:
     served: list[str] = []
-
-    def counting(handler: Handler) -> Handler:
-        async def handle(request: web.Request) -> web.StreamResponse:
-            served.append(request.path)
-            return await handler(request)
-
-        return handle
-
-    runner, root = await serve([(path, counting(h)) for path, h in cookies.ROUTES])
+    runner, root = await serve_counted(served)
     server = ServeProc(tmp_path, "server", config={"extract_processes": 0})
     last = 20
     try:
         await server.start()
-        request = jobs_pb2.StartCrawlRequest(
-            url=f"{root}cookies/chain/0?last={last}&delay=100",
-            sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
-            crawl_entire_domain=True,
-            max_concurrency=1,
-        )
-        async with grpc.aio.insecure_channel(server.address) as ch:
-            job = await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(request)
+        job = await start_chain_crawl(server.address, root, last, delay_ms=100)
 
         async def started() -> bool | None:
             return True if len(served) >= 4 else None
