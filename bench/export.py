@@ -55,7 +55,7 @@ from bench.crawl import pagesift_server
 EXPORT_TIMEOUT = 1800.0
 HOLD_ALL = """\
 import sys
-from pagesift.shared.client import SyncJobClient
+from pagesift.client import SyncJobClient
 with SyncJobClient([sys.argv[1]]) as client:
     docs = []
     for i, doc in enumerate(client.iter_documents(sys.argv[2])):

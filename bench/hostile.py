@@ -84,7 +84,7 @@ class Sites:
 @contextmanager
 def serve_sites() -> Iterator[Sites]:
     """Every site on its own loopback port, served by an event loop in a thread."""
-    from pagesift.shared.demosite import build_site, serve_site
+    from pagesift.demo.site import build_site, serve_site
     from tests import hostile
     from tests.hostile import robots, sitemaps
 

@@ -109,7 +109,7 @@ async def _settle(pid: int, timeout: float = SETTLE_TIMEOUT) -> float:
 
 
 def _server_config(tmp: Path, streams: int) -> Path:
-    from pagesift.shared.config import ServerConfig
+    from pagesift.shared.config.schema import ServerConfig
 
     lines = ["[server]", "extract_processes = 1", "max_batch_urls = 100000"]
     known = ServerConfig.__dataclass_fields__
@@ -138,7 +138,7 @@ async def _read_ahead(metrics_url: str) -> str:
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from pagesift.shared.demosite import build_site, serve_site
+    from pagesift.demo.site import build_site, serve_site
     from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
     site = build_site(args.stream_docs)

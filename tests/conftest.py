@@ -1,6 +1,6 @@
 """Fixtures shared by two or more test modules; plain helpers live in ``helpers.py``.
 
-``site`` serves a demo site (``pagesift.shared.demosite``) on 127.0.0.1 for one test;
+``site`` serves a demo site (``pagesift.demo.site``) on 127.0.0.1 for one test;
 its size and speed come from the ``site_spec`` fixture, which a module overrides with
 its own (a module-level fixture of the same name wins over this one). ``store`` is a
 fresh RocksDB store under ``tmp_path``, closed at the end. ``nodes`` makes ``pagesift
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from pagesift.demo.site import Site, build_site, serve_site
 from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.demosite import Site, build_site, serve_site
-from pagesift.shared.store import Store
+from pagesift.shared.store.db import Store
 from tests.helpers import NodeFactory, SiteSpec, serve_procs
 
 # Every ``pagesift serve`` child of the suite inherits this: no 64 MiB reserve file

@@ -3,7 +3,7 @@ serves httpx's own tests: no socket, no resolver, no extraction worker.
 
 ``FakeEngine(site)`` answers ``scrape(url, ...)`` with ``site(url)``: a ``Page`` (build
 one with ``page``) or a raised ``PageError``, exactly the two outcomes the ``Engine``
-contract (``pagesift.primary.engine``) allows. ``sitemap_urls`` returns what
+contract (``pagesift.primary.engine.protocol``) allows. ``sitemap_urls`` returns what
 ``sitemaps`` holds for the URL's origin, else nothing (the contract: never raises).
 Every scrape is recorded in ``requests``, in call order, so a test can state what the
 job runtime asked for (each page once, nothing after a cancel, ...).
@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urljoin, urlsplit
 
-from pagesift.primary.engine import FetchPolicy, Page
-from pagesift.shared import urls
+from pagesift.primary.engine.protocol import FetchPolicy, Page
+from pagesift.shared.jobs import urls
 from pagesift.v1 import jobs_pb2
 
 Site = Callable[[str], Page]

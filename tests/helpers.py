@@ -31,14 +31,14 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagesift.demo.site import CALENDAR_EXCLUDE, normalize_url
 from pagesift.node import grpcserver
 from pagesift.node.drill.procs import free_port as free_port
 from pagesift.node.node import Node
-from pagesift.primary import webhooks
-from pagesift.shared import tls
-from pagesift.shared.accounts import hash_key
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, normalize_url
+from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.shared.api import tls
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs.accounts import hash_key
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 

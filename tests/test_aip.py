@@ -18,11 +18,11 @@ from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from pagesift.node.cli import amain
-from pagesift.shared import jobrecords as jr
-from pagesift.shared import rpcerrors
-from pagesift.shared.errors import ErrorCode
-from pagesift.shared.rpcerrors import Reason
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs.pageerrors import ErrorCode
+from pagesift.shared.store.db import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import (
     ALICE,

@@ -22,13 +22,13 @@ from typing import Any
 import grpc
 import pytest
 
+from pagesift.client import JobClient
+from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.node import cli
 from pagesift.node.cli.backup import MANIFEST_FILE
 from pagesift.node.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
-from pagesift.shared.client import JobClient
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
-from pagesift.shared.slot import open_slot
-from pagesift.shared.store import WriteGroup
+from pagesift.shared.replication.slot import open_slot
+from pagesift.shared.store.db import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (

@@ -11,8 +11,8 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from pagesift.shared import rpcerrors
-from pagesift.shared.rpcerrors import Reason
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.rpcerrors import Reason
 from pagesift.v1 import jobs_pb2
 from tests.helpers import RunningNode, in_process_node
 

@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 import pytest
 
+from pagesift.client import JobClient, choose_primary
+from pagesift.demo.site import CALENDAR_EXCLUDE, build_site, serve_site
 from pagesift.node import cli
 from pagesift.node.cli.common import EXIT_UNREACHABLE, EXIT_USAGE
-from pagesift.shared.client import JobClient, choose_primary
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, build_site, serve_site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import PAIR_TOKEN, ServeProc, eventually, finished, free_port, role

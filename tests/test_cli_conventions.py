@@ -38,8 +38,8 @@ from pagesift.node.cli.common import (
 )
 from pagesift.node.cli.jobview import watch_json
 from pagesift.node.cli.progress import JobProgress
-from pagesift.shared import accounts
-from pagesift.shared.accounts import Accounts, hash_key
+from pagesift.shared.jobs import accounts
+from pagesift.shared.jobs.accounts import Accounts, hash_key
 from pagesift.v1 import jobs_pb2
 from tests.helpers import free_port, in_process_node, serve_handler
 

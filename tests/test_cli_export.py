@@ -35,6 +35,7 @@ from google.protobuf.message import Message
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.node.cli import amain, build_parser
 from pagesift.node.cli.export import (
     _FILE_SUFFIXES,
@@ -45,7 +46,6 @@ from pagesift.node.cli.export import (
     page_path,
 )
 from pagesift.node.cli.jobview import document_dict, document_json
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile
 from tests.helpers import SiteSpec, all_documents, in_process_node

@@ -21,15 +21,15 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.primary.reqprofile import (
+from pagesift.primary.engine.reqprofile import (
     MAX_DOMAIN_COOKIES,
     MAX_JOB_COOKIE_BYTES,
     JobCookies,
 )
-from pagesift.shared import jobrecords as jr
-from pagesift.shared.replog import Log
-from pagesift.shared.slot import open_slot
-from pagesift.shared.store import GroupTooLarge, Store, WriteGroup
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.replication.log import Log
+from pagesift.shared.replication.slot import open_slot
+from pagesift.shared.store.db import GroupTooLarge, Store, WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import ServeProc, all_documents, eventually, in_process_node, wait_terminal
 from tests.hostile import Handler, cookies, serve

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
+from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import QUICK_RETRIES, ServeProc, SiteSpec, all_documents, wait_terminal
 

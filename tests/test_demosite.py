@@ -22,7 +22,7 @@ import aiohttp
 import protego
 import pytest
 
-from pagesift.shared.demosite import (
+from pagesift.demo.site import (
     BIG_PATH,
     CALENDAR_ENTRY,
     CALENDAR_EXCLUDE,

@@ -35,11 +35,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.node.cli import build_parser
 from pagesift.node.cli.serve import serve_overrides
-from pagesift.shared.accounts import Accounts, AccountsError, hash_key, new_key
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.election import MIN_TTL, parse_witness
-from pagesift.shared.metrics import Metrics, ReplicationFigures, StorageFigures, WitnessGauges
-from pagesift.shared.store import Store
+from pagesift.shared.api.metrics import Metrics, ReplicationFigures, StorageFigures, WitnessGauges
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.ha.election import MIN_TTL, parse_witness
+from pagesift.shared.jobs.accounts import Accounts, AccountsError, hash_key, new_key
+from pagesift.shared.store.db import Store
 from tests.helpers import free_port, start_server_process
 
 ROOT = Path(__file__).resolve().parents[1]

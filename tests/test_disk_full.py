@@ -31,9 +31,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pagesift.node.health import NOT_SERVING, PRIMARY, SERVING, health_statuses
 from pagesift.node.node import Node, StartRefused
 from pagesift.node.storage import RESERVE_FILE, Look, Step, decide
-from pagesift.shared import rpcerrors
-from pagesift.shared.roles import Role
-from pagesift.shared.store import (
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.ha.roles import Role
+from pagesift.shared.store.db import (
     IO_ERROR,
     NO_SPACE,
     StorageUnavailable,

@@ -1,4 +1,4 @@
-"""Document conversion (``pagesift.primary.documents``): real files in, text and metadata out.
+"""Document conversion (``extract.documents``): real files in, text and metadata out.
 
 The well-formed documents are written in the test by maintained writer libraries (the
 ``dev`` extra): PDFs by fpdf2 (also the encrypted one), DOCX by python-docx, PPTX by
@@ -37,10 +37,10 @@ from fpdf.enums import XPos, YPos
 from openpyxl.cell.rich_text import CellRichText, TextBlock
 from openpyxl.cell.text import InlineFont
 
-from pagesift.primary import documents
-from pagesift.primary.documents import DocumentError, convert, convert_compact, kind_of
-from pagesift.primary.fetch import HttpEngine
-from pagesift.shared.errors import ErrorCode, PageError
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.extract import documents
+from pagesift.primary.extract.documents import DocumentError, convert, convert_compact, kind_of
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 from tests.helpers import all_documents, in_process_node, node_config, serve_handler, wait_terminal
 from tests.pdfmaker import text_pdf as hand_made_pdf

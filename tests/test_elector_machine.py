@@ -21,8 +21,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from pagesift.shared import rolestate
-from pagesift.shared.election import (
+from pagesift.shared.ha import rolestate
+from pagesift.shared.ha.election import (
     EMPTY_NODE_GRACE,
     Candidate,
     Holder,
@@ -31,7 +31,7 @@ from pagesift.shared.election import (
     poll_interval,
     write_deadline,
 )
-from pagesift.shared.electorstate import (
+from pagesift.shared.ha.elector import (
     CLOSED,
     Action,
     Campaign,
@@ -71,7 +71,7 @@ from pagesift.shared.electorstate import (
     step,
     writable_lease,
 )
-from pagesift.shared.roles import Role
+from pagesift.shared.ha.roles import Role
 
 TTL = 3.0
 T0 = 1000.0

@@ -1,4 +1,4 @@
-"""Every error status carries ``google.rpc`` details (``pagesift.shared.rpcerrors``), and
+"""Every error status carries ``google.rpc`` details (``pagesift.shared.api.rpcerrors``), and
 the client fails over on the ErrorInfo reason, not on the status code."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from aiohttp import web
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from pagesift.shared import quota, rpcerrors
-from pagesift.shared.client import JobClient, pick_error, should_try_next
-from pagesift.shared.rpcerrors import DOMAIN, Reason
+from pagesift.client import JobClient, pick_error, should_try_next
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.rpcerrors import DOMAIN, Reason
+from pagesift.shared.jobs import quota
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     DAILY,

@@ -1,5 +1,5 @@
-"""The error table (``pagesift.shared.errortable``) and the request specs
-(``pagesift.shared.requestspecs``): one row per reason, every mapped exception becomes
+"""The error table (``pagesift.shared.api.errortable``) and the request specs
+(``pagesift.shared.jobs.specs``): one row per reason, every mapped exception becomes
 its row's status, the API docs' reason table is the generated one, and one validation
 call per request reports every bad field."""
 
@@ -13,11 +13,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from pagesift.shared import quota, rpcerrors
-from pagesift.shared.accounts import Account, Unauthenticated
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.errors import ErrorCode, PageError
-from pagesift.shared.errortable import (
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.errortable import (
     HANDLED,
     TABLE,
     CallFacts,
@@ -30,12 +27,16 @@ from pagesift.shared.errortable import (
     refusal_of,
     row_for,
 )
-from pagesift.shared.identity import Fenced, NotWritable
-from pagesift.shared.jobrecords import IdempotencyKeyReused
-from pagesift.shared.requestspecs import Permissions, WebhookSecretMissing, crawl, scrape
-from pagesift.shared.rpcerrors import Reason
-from pagesift.shared.store import NO_SPACE, StorageUnavailable
-from pagesift.shared.validate import InvalidArgument, PermissionDenied
+from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import quota
+from pagesift.shared.jobs.accounts import Account, Unauthenticated
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.shared.jobs.records import IdempotencyKeyReused
+from pagesift.shared.jobs.specs import Permissions, WebhookSecretMissing, crawl, scrape
+from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.shared.replication.identity import Fenced, NotWritable
+from pagesift.shared.store.db import NO_SPACE, StorageUnavailable
 from pagesift.v1 import jobs_pb2
 from tests.helpers import in_process_node
 
@@ -124,12 +125,12 @@ def test_the_docs_reason_table_is_the_generated_one() -> None:
     assert len(found) == 1, "the docs need one reason-table:begin/end marker pair"
     assert found[0][1] == reason_table_markdown(), (
         f"{found[0][0].name}'s reason table is stale: paste "
-        "pagesift.shared.errortable.reason_table_markdown()"
+        "pagesift.shared.api.errortable.reason_table_markdown()"
     )
 
 
 def test_no_handler_recovers_a_field_by_splitting_a_message() -> None:
-    for path in (ROOT / "shared" / "pagesift" / "shared").glob("*.py"):
+    for path in (ROOT / "shared" / "pagesift" / "shared").rglob("*.py"):
         assert 'str(e).split(":"' not in path.read_text(), path.name
 
 

@@ -1,8 +1,8 @@
-"""pagesift.primary.extract: one parse per page, metadata, links, cleaned html and markdown."""
+"""pagesift.primary.extract.html: one parse per page, metadata, links, cleaned html and markdown."""
 
 from __future__ import annotations
 
-from pagesift.primary import extract
+from pagesift.primary.extract import html as extract
 from pagesift.v1 import jobs_pb2
 
 PAGE = """<!doctype html>

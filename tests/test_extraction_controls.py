@@ -10,8 +10,8 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.primary.fetch import HttpEngine
-from pagesift.shared.config import ServerConfig
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.shared.config.schema import ServerConfig
 from pagesift.v1 import jobs_pb2
 from tests.helpers import in_process_node, serve_handler
 from tests.pdfmaker import text_pdf

@@ -21,12 +21,12 @@ from typing import Any
 import grpc
 import pytest
 
+from pagesift.client import JobClient
+from pagesift.demo.site import CALENDAR_EXCLUDE, Site, build_site, serve_site
 from pagesift.node import cli
 from pagesift.node.cli.common import EXIT_OK
-from pagesift.shared.client import JobClient
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, build_site, serve_site
-from pagesift.shared.slot import open_slot
-from pagesift.shared.verify import VerifyResult, verify_digests
+from pagesift.node.verify import VerifyResult, verify_digests
+from pagesift.shared.replication.slot import open_slot
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (

@@ -1,4 +1,4 @@
-"""pagesift.primary.fetch.HttpEngine against a real aiohttp server on 127.0.0.1.
+"""pagesift.primary.engine.http.HttpEngine against a real aiohttp server on 127.0.0.1.
 
 No HTTP is mocked: every test talks to ``Site``, a small aiohttp app on a random port
 that records when each request arrived.
@@ -22,14 +22,14 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 
-from pagesift.primary.engine import Engine, FetchPolicy
-from pagesift.primary.fetch import HttpEngine
-from pagesift.primary.netguard import BlockedAddressError, GuardedResolver
-from pagesift.primary.politeness import HostSlots, effective_delay
-from pagesift.primary.reqprofile import RequestProfile
-from pagesift.shared import urls
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.errors import ErrorCode, PageError
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.netguard import BlockedAddressError, GuardedResolver
+from pagesift.primary.engine.politeness import HostSlots, effective_delay
+from pagesift.primary.engine.protocol import Engine, FetchPolicy
+from pagesift.primary.engine.reqprofile import RequestProfile
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import urls
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 from tests.helpers import free_port
 

@@ -1,4 +1,4 @@
-"""Freshness and change tracking (``pagesift.primary.pagecache``).
+"""Freshness and change tracking (``pagesift.primary.jobs.pagecache``).
 
 The pure rules (cache keys, freshness, comparison) directly; the cache, conditional
 requests and change tracking through a real in-process node against real loopback
@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 from google.protobuf.duration_pb2 import Duration
 
-from pagesift.primary import pagecache
-from pagesift.primary.jobs import Jobs
-from pagesift.shared import jobrecords as jr
+from pagesift.primary.jobs import pagecache
+from pagesift.primary.jobs.runtime import Jobs
+from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, store_pb2
 from tests.helpers import (
     ALICE,

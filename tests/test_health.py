@@ -27,7 +27,7 @@ from pagesift.node.health import (
     Freshness,
     health_statuses,
 )
-from pagesift.shared.roles import Role
+from pagesift.shared.ha.roles import Role
 from pagesift.v1 import replication_pb2 as rpb
 from pagesift.v1 import replication_pb2_grpc
 from tests.helpers import PROMOTE_MD, in_process_node, until

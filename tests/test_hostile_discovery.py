@@ -32,9 +32,10 @@ import pytest
 from aiohttp import web
 from protego import Protego
 
-from pagesift.primary import crawl, robots, sitemaps
-from pagesift.primary.fetch import HttpEngine
-from pagesift.shared.config import ServerConfig
+from pagesift.primary.engine import robots, sitemaps
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import scope as crawl
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile
 from tests.helpers import ALICE, BOB, TERMINAL, Metadata, NodeFactory, eventually, write_accounts

@@ -28,8 +28,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from pagesift.primary import documents
-from pagesift.primary.documents import DocumentError, DocumentTooLarge, convert, kind_of
+from pagesift.primary.extract import documents
+from pagesift.primary.extract.documents import DocumentError, DocumentTooLarge, convert, kind_of
 from pagesift.v1 import jobs_pb2
 from tests import hostile
 from tests.helpers import all_documents, in_process_node, wait_terminal
@@ -46,7 +46,7 @@ MiB = 1024 * 1024
 # the module, and prints what happened and how far the peak RSS grew, in KiB.
 _CHILD = r"""
 import json, resource, sys
-from pagesift.primary import documents
+from pagesift.primary.extract import documents
 body = open(sys.argv[1], "rb").read()
 for key, value in json.loads(sys.argv[3]).items():
     setattr(documents, key, value)

@@ -15,9 +15,9 @@ import random
 import pytest
 from selectolax.lexbor import LexborHTMLParser
 
-from pagesift.primary import extract
-from pagesift.primary.extract import TooLarge, check_shape
-from pagesift.shared.demopages import generate_pages
+from pagesift.demo.pages import generate_pages
+from pagesift.primary.extract import html as extract
+from pagesift.primary.extract.html import TooLarge, check_shape
 from tests.hostile import html as hostile_html
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pagesift.shared.demosite import Site
+from pagesift.demo.site import Site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile
 from tests.helpers import (

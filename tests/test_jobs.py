@@ -8,10 +8,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pagesift.shared import jobrecords as jr
-from pagesift.shared import rpcerrors
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, Site, normalize_url
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.store.db import Store, WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import SiteSpec, all_documents, in_process_node, wait_terminal
 

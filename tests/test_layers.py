@@ -143,12 +143,12 @@ def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     src.write_text(
         "import importlib\n"
         "def f():\n"
-        "    from pagesift.primary.engine import PageError\n"
+        "    from pagesift.primary.engine.protocol import PageError\n"
         "    from ..standby import follower\n"
         "    importlib.import_module('pagesift.node.cli')\n"
     )
     found = {(i.line, i.target) for i in imports_of("pagesift.shared.mod", src)}
-    assert (3, "pagesift.primary.engine.PageError") in found
+    assert (3, "pagesift.primary.engine.protocol.PageError") in found
     assert (4, "pagesift.standby.follower") in found
     assert (5, "pagesift.node.cli") in found
     assert len(violations(list(imports_of("pagesift.shared.mod", src)))) == 3
@@ -156,12 +156,12 @@ def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
 
 #: the decision modules: events and ``now`` in, actions out (their shells do the I/O)
 PURE = (
-    "pagesift.shared.rolestate",
-    "pagesift.shared.election",
-    "pagesift.shared.electorstate",
-    "pagesift.shared.replproto",
-    "pagesift.shared.replsender",
-    "pagesift.shared.replfollower",
+    "pagesift.shared.ha.rolestate",
+    "pagesift.shared.ha.election",
+    "pagesift.shared.ha.elector",
+    "pagesift.shared.replication.protocol",
+    "pagesift.shared.replication.sender",
+    "pagesift.shared.replication.follower",
 )
 #: what a pure machine must never import, directly or through another module
 IO_MODULES = (

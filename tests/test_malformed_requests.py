@@ -13,8 +13,8 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from pagesift.shared import rpcerrors
-from pagesift.shared.tls import token_metadata
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.tls import token_metadata
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import PAIR_TOKEN, in_process_node
 

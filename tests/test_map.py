@@ -18,11 +18,11 @@ import pytest
 from aiohttp import web
 
 from pagesift.node.cli import amain
-from pagesift.primary import mapper
-from pagesift.primary.fetch import HttpEngine
-from pagesift.primary.netguard import AddressGuard
-from pagesift.shared import jobrecords as jr
-from pagesift.shared.paging import MAP_BATCH_URLS, url_batches
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.netguard import AddressGuard
+from pagesift.primary.jobs import mapper
+from pagesift.shared.api.paging import MAP_BATCH_URLS, url_batches
+from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2
 from tests.helpers import MapResolver, RunningNode, in_process_node, node_config, serve_handler
 

@@ -12,9 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagesift.shared import jobrecords as jr
-from pagesift.shared.metrics import Metrics, ReplicationFigures, bound_port, start_http
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.shared.api.metrics import Metrics, ReplicationFigures, bound_port, start_http
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.store.db import Store, WriteGroup
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -132,7 +132,7 @@ def test_the_client_install_has_no_server_dependency(client_venv: ClientVenv) ->
     _run(
         client_venv.python,
         "-c",
-        "import pagesift.v1.jobs_pb2, pagesift.shared.client, pagesift.node.cli",
+        "import pagesift.v1.jobs_pb2, pagesift.client.aio, pagesift.node.cli",
     )
 
 
@@ -190,7 +190,7 @@ async def test_the_installed_client_talks_to_a_node(
         script = textwrap.dedent(
             f"""
             import grpc
-            from pagesift.shared.client import RetryPolicy, SyncJobClient
+            from pagesift.client import RetryPolicy, SyncJobClient
 
             with SyncJobClient(["{node.address}"], retry=RetryPolicy(budget=1.0)) as c:
                 doc = c.scrape("http://127.0.0.1:{port}/page")
@@ -216,7 +216,7 @@ async def test_the_installed_client_talks_to_a_node(
 
 
 CONSUMER = """\
-from pagesift.shared.client import JobClient, RetryPolicy, SyncJobClient
+from pagesift.client import JobClient, RetryPolicy, SyncJobClient
 from pagesift.v1 import jobs_pb2
 
 
@@ -281,7 +281,7 @@ def test_a_consumers_mypy_sees_the_types(client_venv: ClientVenv, tmp_path: Path
 
 
 def test_the_retry_policy_and_channel_options_are_injectable(tmp_path: Path) -> None:
-    from pagesift.shared.client import JobClient, RetryPolicy
+    from pagesift.client import JobClient, RetryPolicy
 
     policy = RetryPolicy(budget=1.5, first=0.2, cap=0.4, rng=lambda: 0.0)
     assert policy.delays() == pytest.approx([0.2, 0.4, 0.4, 0.4, 0.1])

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.shared import jobservice
+from pagesift.shared.api import service as jobservice
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import RunningNode, in_process_node, serve_handler, wait_terminal
 

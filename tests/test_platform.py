@@ -24,15 +24,15 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagesift.client import JobClient
+from pagesift.demo.site import Site
 from pagesift.node import grpcserver
 from pagesift.node.node import Node
-from pagesift.primary import webhooks
-from pagesift.shared import jobrecords as jr
-from pagesift.shared import tls
-from pagesift.shared.client import JobClient
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.demosite import Site
-from pagesift.shared.verify import verify_digests
+from pagesift.node.verify import verify_digests
+from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.shared.api import tls
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 from tests import helpers

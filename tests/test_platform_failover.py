@@ -24,8 +24,8 @@ from typing import Any
 import grpc
 import pytest
 
-from pagesift.primary import webhooks
-from pagesift.shared.demosite import Site
+from pagesift.demo.site import Site
+from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 from tests.helpers import (

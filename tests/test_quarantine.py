@@ -1,6 +1,6 @@
 """A poison job is quarantined, not chased (issue 19, finding 2 and point 4).
 
-The pure rule (``pagesift.shared.quarantine``) first, with no I/O: interruptions and
+The pure rule (``pagesift.shared.jobs.quarantine``) first, with no I/O: interruptions and
 worker losses counted, reset by progress, the threshold, suspects one at a time.
 
 Then the real thing: ``pagesift serve`` children SIGKILLed while a job's page is in
@@ -25,12 +25,12 @@ import grpc
 import pytest
 from aiohttp import web
 
+from pagesift.client import JobClient, keeps_trying
 from pagesift.node.cli import amain
 from pagesift.node.cli.common import EXIT_JOB_NOT_COMPLETED
 from pagesift.node.drill.fixture import Etcd
-from pagesift.shared import quarantine as q
-from pagesift.shared.client import JobClient, keeps_trying
-from pagesift.shared.rpcerrors import Reason
+from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.jobs import quarantine as q
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests import hostile

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared import jobrecords as jr
-from pagesift.shared import quota
-from pagesift.shared.accounts import Account
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.shared.jobs import quota
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs.accounts import Account
+from pagesift.shared.store.db import Store, WriteGroup
 
 H = 3600
 T0 = 1_800_000_000.0 - (1_800_000_000 % H)  # an hour boundary

@@ -16,8 +16,8 @@ import pytest
 
 from pagesift.node import grpcserver
 from pagesift.node.node import StartRefused
-from pagesift.shared.accounts import hash_key
-from pagesift.shared.tls import token_metadata
+from pagesift.shared.api.tls import token_metadata
+from pagesift.shared.jobs.accounts import hash_key
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import PAIR_TOKEN, PROMOTE_MD, in_process_node, node_config

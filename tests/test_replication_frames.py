@@ -15,16 +15,16 @@ import grpc
 
 from pagesift.primary import replication
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared import replfollower
-from pagesift.shared.replfollower import (
+from pagesift.shared.replication import follower as replfollower
+from pagesift.shared.replication.follower import (
     EntriesApplied,
     FollowerState,
     HeartbeatReceived,
     SendAck,
     SnapshotInstalled,
 )
-from pagesift.shared.slot import open_slot
-from pagesift.shared.store import WriteGroup
+from pagesift.shared.replication.slot import open_slot
+from pagesift.shared.store.db import WriteGroup
 from pagesift.standby.follower import Follower
 from tests.helpers import until
 

@@ -21,12 +21,12 @@ import pytest
 
 from pagesift.node.grpcserver import grpc_server
 from pagesift.node.replication import ReplicationParts
+from pagesift.node.verify import verify_digests
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared.identity import NotWritable
-from pagesift.shared.replog import Log
-from pagesift.shared.slot import StoreSlot, open_slot
-from pagesift.shared.store import WriteGroup
-from pagesift.shared.verify import verify_digests
+from pagesift.shared.replication.identity import NotWritable
+from pagesift.shared.replication.log import Log
+from pagesift.shared.replication.slot import StoreSlot, open_slot
+from pagesift.shared.store.db import WriteGroup
 from pagesift.standby import follower as follower_module
 from pagesift.standby.fencing import fence_former_primary
 from pagesift.standby.follower import Follower, hello_message

@@ -13,19 +13,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared.backlog import BacklogLost
-from pagesift.shared.cuts import OffsetPassed, replicated_pairs, view_digest
-from pagesift.shared.framing import (
+from pagesift.shared.replication.backlog import BacklogLost
+from pagesift.shared.replication.framing import (
     entries_message,
     ops_from_pairs,
     snapshot_chunks,
     snapshot_messages,
     split_entries_message,
 )
-from pagesift.shared.identity import Fenced, NotWritable
-from pagesift.shared.replog import Log
-from pagesift.shared.slot import open_slot
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.shared.replication.identity import Fenced, NotWritable
+from pagesift.shared.replication.log import Log
+from pagesift.shared.replication.slot import open_slot
+from pagesift.shared.store.cuts import OffsetPassed, replicated_pairs, view_digest
+from pagesift.shared.store.db import Store, WriteGroup
 from pagesift.v1 import replication_pb2
 
 

@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pagesift.shared import replproto
-from pagesift.shared.replfollower import (
+from pagesift.shared.replication import protocol as replproto
+from pagesift.shared.replication.follower import (
     EntriesApplied,
     FollowerState,
     HeartbeatReceived,
@@ -33,7 +33,7 @@ from pagesift.shared.replfollower import (
     SnapshotInstalled,
     WaitForMessage,
 )
-from pagesift.shared.replsender import (
+from pagesift.shared.replication.sender import (
     AckReceived,
     AwaitAck,
     Degraded,

@@ -21,14 +21,15 @@ from aiohttp import web
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 
-from pagesift.primary.engine import FetchPolicy
-from pagesift.primary.fetch import HttpEngine
-from pagesift.primary.netguard import AddressGuard
-from pagesift.primary.reqprofile import JobCookies, ProxyPool, RequestProfile
-from pagesift.shared import rpcerrors, validate
-from pagesift.shared.accounts import Account, Accounts, AccountsError
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.errors import ErrorCode, PageError
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.netguard import AddressGuard
+from pagesift.primary.engine.protocol import FetchPolicy
+from pagesift.primary.engine.reqprofile import JobCookies, ProxyPool, RequestProfile
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import validate
+from pagesift.shared.jobs.accounts import Account, Accounts, AccountsError
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     Acct,

@@ -13,9 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from pagesift.shared.replproto import FencingVerdict
-from pagesift.shared.roles import Role
-from pagesift.shared.rolestate import (
+from pagesift.shared.ha.roles import Role
+from pagesift.shared.ha.rolestate import (
     Action,
     Event,
     FencerDone,
@@ -51,6 +50,7 @@ from pagesift.shared.rolestate import (
     step,
     takes_writes,
 )
+from pagesift.shared.replication.protocol import FencingVerdict
 
 AFTER = 10.0
 PRIMARY = RoleConfig(requested=Role.PRIMARY)

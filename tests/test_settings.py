@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pagesift.node.cli import main
-from pagesift.shared.config import ConfigError, ServerConfig
-from pagesift.shared.settings import OTHER_VARIABLES, config_table_markdown, load_config
+from pagesift.shared.config.schema import ConfigError, ServerConfig
+from pagesift.shared.config.settings import OTHER_VARIABLES, config_table_markdown, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,7 +226,8 @@ def test_readme_has_the_generated_config_table() -> None:
     )
     assert len(found) == 1, "README.md needs one config-table:begin/end marker pair"
     assert found[0] == config_table_markdown(), (
-        "README's config table is stale: paste pagesift.shared.settings.config_table_markdown()"
+        "README's config table is stale: paste "
+        "pagesift.shared.config.settings.config_table_markdown()"
     )
 
 

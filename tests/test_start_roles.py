@@ -10,7 +10,7 @@ import pytest
 
 from pagesift.node import grpcserver
 from pagesift.node.node import StartRefused
-from pagesift.shared.slot import open_slot
+from pagesift.shared.replication.slot import open_slot
 from tests.helpers import node_config
 
 

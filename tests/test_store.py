@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared.store import Store, WriteGroup, local_key
+from pagesift.shared.store.db import Store, WriteGroup, local_key
 from pagesift.v1 import store_pb2
 
 

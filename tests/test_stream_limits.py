@@ -15,11 +15,11 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from pagesift.shared import jobrecords as jr
-from pagesift.shared import rpcerrors
-from pagesift.shared.accounts import hash_key
-from pagesift.shared.store import Store, WriteGroup
-from pagesift.shared.streams import WINDOW_DOCS
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.streams import WINDOW_DOCS
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs.accounts import hash_key
+from pagesift.shared.store.db import Store, WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import RunningNode, in_process_node, until
 

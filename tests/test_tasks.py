@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pagesift.shared.tasks import cancel_and_wait
+from pagesift.shared.util.tasks import cancel_and_wait
 
 
 async def slow_to_stop(stopping: asyncio.Event) -> None:

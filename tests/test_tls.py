@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pagesift.shared import tls
+from pagesift.shared.api import tls
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 from tests.helpers import make_ca, make_leaf

@@ -22,15 +22,15 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagesift.primary.crawl import in_scope
-from pagesift.primary.engine import Page
-from pagesift.primary.fetch import HttpEngine
-from pagesift.primary.jobs import Jobs
-from pagesift.primary.netguard import AddressGuard
-from pagesift.primary.robots import page_directives
-from pagesift.shared import jobrecords as jr
-from pagesift.shared import urls
-from pagesift.shared.store import Store
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.netguard import AddressGuard
+from pagesift.primary.engine.protocol import Page
+from pagesift.primary.engine.robots import page_directives
+from pagesift.primary.jobs.runtime import Jobs
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs import urls
+from pagesift.shared.jobs.scope import in_scope
+from pagesift.shared.store.db import Store
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.fakeengine import FakeEngine, page
 from tests.helpers import (

@@ -19,10 +19,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pagesift.shared import jobrecords as jr
-from pagesift.shared.metrics import Metrics
-from pagesift.shared.store import Store, WriteGroup
-from pagesift.shared.streams import WatchBytes, fits
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.api.streams import WatchBytes, fits
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.store.db import Store, WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile
 from tests.helpers import (

@@ -17,10 +17,10 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.primary import webhooks
-from pagesift.shared import jobrecords as jr
-from pagesift.shared.demosite import Site
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.demo.site import Site
+from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.store.db import Store, WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     ALICE,

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from pagesift.primary import webhooks
-from pagesift.shared import jobrecords as jr
-from pagesift.shared.metrics import Metrics
-from pagesift.shared.store import Store, WriteGroup
+from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.store.db import Store, WriteGroup
 from tests.helpers import free_port, until
 
 SECRET = "acme-webhook-secret-0123456789"

@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pagesift.primary.workers import (
+from pagesift.primary.engine.workers import (
     Limits,
     PoolClosed,
     WorkerCrashed,

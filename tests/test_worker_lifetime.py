@@ -27,8 +27,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from pagesift.primary.workers import WorkerPool, WorkerTimeout
-from pagesift.shared.demosite import Site
+from pagesift.demo.site import Site
+from pagesift.primary.engine.workers import WorkerPool, WorkerTimeout
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import TERMINAL, NodeFactory, ServeProc, SiteSpec
 
@@ -210,7 +210,7 @@ async def test_no_process_of_a_node_outlives_it(
 # test answers never), or that finishes a task and then closes the pool and exits.
 NODE_SCRIPT = """
 import asyncio, os, sys, urllib.request
-from pagesift.primary.workers import WorkerPool
+from pagesift.primary.engine.workers import WorkerPool
 
 async def main(mode, url):
     pool = WorkerPool(1)

@@ -1,6 +1,6 @@
 """Invariant 1: nothing writes RocksDB except the store's one write path.
 
-Only ``pagesift.shared.store`` may import rocksdict or reach the database handle;
+Only ``pagesift.shared.store.db`` may import rocksdict or reach the database handle;
 everything else writes through ``Store.write`` / ``Store.apply`` (one group = one
 atomic WriteBatch = one log entry).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE = [ROOT / "shared", ROOT / "primary", ROOT / "standby"]
-STORE = ROOT / "shared" / "pagesift" / "shared" / "store.py"
+STORE = ROOT / "shared" / "pagesift" / "shared" / "store" / "db.py"
 
 
 def test_only_the_store_module_touches_rocksdb() -> None:

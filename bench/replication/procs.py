@@ -27,7 +27,7 @@ import grpc
 from bench.common import LOOPBACK, MB, OUT_DIR, REPO_DIR, free_port, say, stop_process
 from bench.replication.driver import DRIVER_METHOD
 from bench.replication.stats import Samples
-from pagesift.shared.tls import write_new_token
+from pagesift.shared.api.tls import write_new_token
 
 SAMPLE_PERIOD = 0.02
 READY_TIMEOUT = 60.0

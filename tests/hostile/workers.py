@@ -108,7 +108,7 @@ ROUTES: Routes = [
 ]
 
 
-# --- callables a worker runs (tests of ``pagesift.primary.workers``) --------------------
+# --- callables a worker runs (tests of ``pagesift.primary.engine.workers``) --------------------
 # Module-level (a worker imports them by name), and light to import.
 
 

@@ -74,11 +74,14 @@ from dataclasses import dataclass
 
 import grpc
 
-from pagesift.shared import replproto, replsender, rpcerrors
-from pagesift.shared.backlog import BacklogLost
-from pagesift.shared.framing import entries_message, snapshot_messages
-from pagesift.shared.replog import Log
-from pagesift.shared.replsender import (
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.replication import protocol as replproto
+from pagesift.shared.replication import sender as replsender
+from pagesift.shared.replication.backlog import BacklogLost
+from pagesift.shared.replication.framing import entries_message, snapshot_messages
+from pagesift.shared.replication.log import Log
+from pagesift.shared.replication.sender import (
     AckReceived,
     AwaitAck,
     Degraded,
@@ -98,8 +101,7 @@ from pagesift.shared.replsender import (
     WaitForEntries,
     WaitStarted,
 )
-from pagesift.shared.rpcerrors import Reason
-from pagesift.shared.slot import StoreSlot
+from pagesift.shared.replication.slot import StoreSlot
 from pagesift.v1 import replication_pb2 as pb
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ hashed OUTSIDE that section: neither writers nor the standby's apply wait for it
 * the node is past X: FAILED_PRECONDITION (that state is gone).
 
 The client side, comparing both nodes at one offset, is
-``pagesift.shared.verify.verify_digests``.
+``pagesift.node.verify.verify_digests``.
 
 Backup (a consistent copy of the store, streamed as a data directory) is
 ``pagesift.node.backup.BackupSource``: one per servicer, so one backup at a time per
@@ -38,9 +38,9 @@ import grpc
 from pagesift.node.backup import BackupBusy, BackupSource
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import role_response
-from pagesift.shared import rpcerrors
-from pagesift.shared.cuts import OffsetPassed, view_digest
-from pagesift.shared.rpcerrors import Reason
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.store.cuts import OffsetPassed, view_digest
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 

@@ -19,7 +19,7 @@ Protocol (one ``stream``)
 2. **Mark.** The copy, opened as a store of its own outside the write section, gets
    ``Identity.restored_locals(offset)`` (its WAL synced): started as a primary, a
    restored backup branches off a new history at its offset instead of extending
-   its source's (``pagesift.shared.identity``).
+   its source's (``pagesift.shared.replication.identity``).
 3. **Stream.** ``CURRENT`` (naming ``db``) and every file of the copy but RocksDB's
    ``LOCK`` and info ``LOG`` files, each in chunks of ``CHUNK_BYTES`` with the path
    and the offset in the file, hashed as they go; then the ``BackupManifest``: the
@@ -62,10 +62,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagesift.shared.identity import Identity
-from pagesift.shared.roles import Role
-from pagesift.shared.slot import StoreSlot
-from pagesift.shared.store import Store
+from pagesift.shared.ha.roles import Role
+from pagesift.shared.replication.identity import Identity
+from pagesift.shared.replication.slot import StoreSlot
+from pagesift.shared.store.db import Store
 from pagesift.v1 import replication_pb2 as pb
 
 logger = logging.getLogger("pagesift.backup")

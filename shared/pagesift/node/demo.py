@@ -1,6 +1,6 @@
 """``make run``: a local primary + standby pair under ./data, and a demo site to crawl.
 
-Starts the bundled demo site (``pagesift.shared.demosite``) on loopback, a
+Starts the bundled demo site (``pagesift.demo.site``) on loopback, a
 primary on 127.0.0.1:50051 and a standby on 127.0.0.1:50052 as child processes
 (stores under ``DATA/primary`` and ``DATA/standby``; the pair's replication token,
 made on first run, in ``DATA/replication.token``), prints the commands to try,
@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pagesift.shared.demosite import CALENDAR_EXCLUDE, build_site, serve_site
-from pagesift.shared.tls import write_new_token
+from pagesift.demo.site import CALENDAR_EXCLUDE, build_site, serve_site
+from pagesift.shared.api.tls import write_new_token
 
 PRIMARY = "127.0.0.1:50051"
 STANDBY = "127.0.0.1:50052"

@@ -3,12 +3,12 @@
 What it owns
 ------------
 ``Elector.run`` is the only code that talks to the witness on a running node. It is
-the thin shell of ``pagesift.shared.electorstate``, which decides everything: it
+the thin shell of ``pagesift.shared.ha.elector``, which decides everything: it
 reads ``time.monotonic()`` once per event (and once as a campaign or keepalive
 leaves, its ``sent_at``), feeds ``electorstate.step``, and carries out every action
 ``step`` returns, in order. A request's answer (or ``Unavailable``) is the next
 event; ``SetDeadline`` goes to the log; ``WakeAt`` arms the one timer that feeds
-``Tick``; ``Emit`` feeds the node's role machine (``pagesift.shared.rolestate``):
+``Tick``; ``Emit`` feeds the node's role machine (``pagesift.shared.ha.rolestate``):
 ``LeaderIs`` (another node holds the key: a primary stops its jobs, then follows),
 ``LeaseWon`` (promote, with the key's revision as the epoch), ``LeaseHeld`` (the
 state is published and the deadline set: jobs start), ``LeaseLost`` (jobs stop).
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any, assert_never
 
 from pagesift.node.witness import Lease, Witness, WitnessUnavailable, lease_ttl
-from pagesift.shared import election, electorstate, rolestate
-from pagesift.shared.election import Candidate, Holder, PairState
-from pagesift.shared.electorstate import (
+from pagesift.shared.ha import election, rolestate
+from pagesift.shared.ha import elector as electorstate
+from pagesift.shared.ha.election import Candidate, Holder, PairState
+from pagesift.shared.ha.elector import (
     CLOSED,
     Campaign,
     CampaignLost,
@@ -73,7 +74,7 @@ from pagesift.shared.electorstate import (
     Woke,
     WriterPublished,
 )
-from pagesift.shared.identity import NotWritable
+from pagesift.shared.replication.identity import NotWritable
 
 __all__ = ["CLOSED", "Elector", "ElectorHost", "WitnessFigures"]
 

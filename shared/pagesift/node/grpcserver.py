@@ -13,7 +13,7 @@ admin calls (admin key) and the replication stream (shared token; or mTLS on a p
 of its own, ``replication_listen``). The health service answers per role
 (``pagesift.node.health``: ``""``, ``pagesift.primary``, ``pagesift.replica``).
 Prometheus metrics are served on ``metrics_listen``; OpenTelemetry traces are exported
-when the standard ``OTEL_*`` environment asks for them (``pagesift.shared.tracing``).
+when the standard ``OTEL_*`` environment asks for them (``pagesift.shared.util.tracing``).
 ``serve`` runs it until SIGTERM/SIGINT; SIGKILL at any instant is safe because every
 durable change is one atomic store group.
 """
@@ -37,12 +37,13 @@ from pagesift.node.node import Node, StartRefused
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.storage import StorageErrors
 from pagesift.primary.replication import add_to_server
-from pagesift.shared import tls, tracing
-from pagesift.shared.accounts import bearer_token
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.interceptors import MalformedRequests
-from pagesift.shared.jobservice import MAX_SEND_MESSAGE_BYTES, JobService
-from pagesift.shared.metrics import start_http
+from pagesift.shared.api import tls
+from pagesift.shared.api.interceptors import MalformedRequests
+from pagesift.shared.api.metrics import start_http
+from pagesift.shared.api.service import MAX_SEND_MESSAGE_BYTES, JobService
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs.accounts import bearer_token
+from pagesift.shared.util import tracing
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
 logger = logging.getLogger("pagesift.server")
@@ -152,7 +153,7 @@ def _guards(node: Node) -> tls.MetadataGuard:
         accounts.is_caller,
         "a valid API key is needed (metadata 'authorization: Bearer KEY')",
     )
-    # the admin key may also cancel or resume any job (pagesift.shared.jobservice)
+    # the admin key may also cancel or resume any job (pagesift.shared.api.service)
     job_control = [
         tls.GuardRule(
             f"/pagesift.v1.JobService/{method}",

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 from grpc_health.v1 import health_pb2
 
 from pagesift.node.status import RoleStatus
-from pagesift.shared.roles import Role
-from pagesift.shared.tasks import cancel_and_wait
+from pagesift.shared.ha.roles import Role
+from pagesift.shared.util.tasks import cancel_and_wait
 
 LIVENESS = ""
 PRIMARY = "pagesift.primary"

@@ -18,7 +18,7 @@ from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
-from pagesift.shared import tracing
+from pagesift.shared.util import tracing
 
 __all__ = ["JsonLogFormatter", "rfc3339", "setup_logging"]
 

@@ -19,14 +19,14 @@ Role changes, and what each one wires:
   write deadline (``Log.set_write_deadline``) follows the lease, on every store a full
   resync installs too.
 
-Who decides: ``pagesift.shared.rolestate``, a pure state machine that holds the role
+Who decides: ``pagesift.shared.ha.rolestate``, a pure state machine that holds the role
 (the one place it is kept: ``Node.role``, the metrics and the Role RPC read it) and
 decides every change above. ``Node`` is its asyncio shell: it feeds it events (start,
 the watchdog's looks at the follower, the elector's view of the lease, a promotion
 done, a higher epoch seen, the fencer's end, close) with ``time.monotonic()`` and
 carries out the actions it returns.
 The durable identity (epoch, history, fenced epoch, role last recorded) stays in the
-log (``pagesift.shared.identity``), written before it takes effect.
+log (``pagesift.shared.replication.identity``), written before it takes effect.
 
 The node's storage watcher (``pagesift.node.storage``) runs on every role from
 ``start`` to ``close``: it keeps the data volume's reserve, brings the store back
@@ -56,21 +56,18 @@ from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import RoleStatus, figures
 from pagesift.node.storage import StorageWatcher, release_reserve
 from pagesift.node.witness import EtcdWitness
-from pagesift.primary import webhooks
-from pagesift.primary.fetch import HttpEngine
-from pagesift.primary.jobs import Jobs
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.jobs.runtime import Jobs
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared import backlog, rolestate, tls
-from pagesift.shared.accounts import Accounts
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.election import Candidate, Holder, PairState
-from pagesift.shared.events import JobEvents
-from pagesift.shared.identity import Fenced
-from pagesift.shared.jobservice import JobRuntime
-from pagesift.shared.metrics import Metrics, ReplicationFigures, WitnessGauges
-from pagesift.shared.replproto import FencingVerdict
-from pagesift.shared.roles import Role
-from pagesift.shared.rolestate import (
+from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.shared.api import tls
+from pagesift.shared.api.metrics import Metrics, ReplicationFigures, WitnessGauges
+from pagesift.shared.api.service import JobRuntime
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.ha import rolestate
+from pagesift.shared.ha.election import Candidate, Holder, PairState
+from pagesift.shared.ha.roles import Role
+from pagesift.shared.ha.rolestate import (
     FencerDone,
     HigherEpochSeen,
     OpenForWrites,
@@ -96,9 +93,14 @@ from pagesift.shared.rolestate import (
     StopWatchdog,
     Tick,
 )
-from pagesift.shared.slot import StoreSlot, open_slot
-from pagesift.shared.store import NO_SPACE, Store, storage_error
-from pagesift.shared.tasks import cancel_and_wait
+from pagesift.shared.jobs.accounts import Accounts
+from pagesift.shared.jobs.events import JobEvents
+from pagesift.shared.replication import backlog
+from pagesift.shared.replication.identity import Fenced
+from pagesift.shared.replication.protocol import FencingVerdict
+from pagesift.shared.replication.slot import StoreSlot, open_slot
+from pagesift.shared.store.db import NO_SPACE, Store, storage_error
+from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
 

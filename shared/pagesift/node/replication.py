@@ -26,9 +26,9 @@ import grpc
 
 from pagesift.node.status import RoleStatus, role_status
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared.replproto import FencingVerdict
-from pagesift.shared.roles import Role
-from pagesift.shared.slot import StoreSlot
+from pagesift.shared.ha.roles import Role
+from pagesift.shared.replication.protocol import FencingVerdict
+from pagesift.shared.replication.slot import StoreSlot
 from pagesift.standby.fencing import fence_former_primary
 from pagesift.standby.follower import Follower, hello_message
 from pagesift.standby.promotion import Promoter
@@ -134,7 +134,7 @@ class ReplicationParts:
 
     def status(self) -> RoleStatus:
         """This node's role and replication figures: the role from ``role`` (the node's
-        role machine, ``pagesift.shared.rolestate``) when given, else the log's view."""
+        role machine, ``pagesift.shared.ha.rolestate``) when given, else the log's view."""
         role = self._role() if self._role is not None else None
         return role_status(self.slot.log, self.sender, self.follower, role=role)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared.metrics import ReplicationFigures
-from pagesift.shared.replog import Log
-from pagesift.shared.roles import Role
+from pagesift.shared.api.metrics import ReplicationFigures
+from pagesift.shared.ha.roles import Role
+from pagesift.shared.replication.log import Log
 from pagesift.standby.follower import Follower
 from pagesift.v1 import replication_pb2 as pb
 

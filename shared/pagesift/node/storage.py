@@ -4,8 +4,8 @@ What it owns
 ------------
 - ``StorageWatcher``: the one task that notices the store refusing writes
   (``Store.refusing``, set by the write path on any RocksDB I/O error: see
-  ``pagesift.shared.store``), brings it back, and lets it take writes again. While the
-  store refuses, running jobs wait at their next write (``pagesift.primary.jobs``),
+  ``pagesift.shared.store.db``), brings it back, and lets it take writes again. While the
+  store refuses, running jobs wait at their next write (``pagesift.primary.jobs.runtime``),
   ``pagesift.primary`` health is NOT_SERVING (``Node.store_writable``), writes answer
   UNAVAILABLE / ``STORAGE_UNAVAILABLE`` (``StorageErrors``) and reads answer as usual.
 - The reserve: a ballast file ``{data}/storage.reserve`` of ``storage_reserve_bytes``
@@ -72,13 +72,13 @@ from typing import Any
 
 import grpc
 
-from pagesift.shared import errortable
-from pagesift.shared.backoff import backoff_delay
-from pagesift.shared.interceptors import Behavior, rewrap
-from pagesift.shared.metrics import StorageFigures
-from pagesift.shared.store import IO_ERROR, NO_SPACE, StorageUnavailable, Store
-from pagesift.shared.tasks import cancel_and_wait
-from pagesift.shared.tls import Handler, ServerInterceptor
+from pagesift.shared.api import errortable
+from pagesift.shared.api.interceptors import Behavior, rewrap
+from pagesift.shared.api.metrics import StorageFigures
+from pagesift.shared.api.tls import Handler, ServerInterceptor
+from pagesift.shared.store.db import IO_ERROR, NO_SPACE, StorageUnavailable, Store
+from pagesift.shared.util.backoff import backoff_delay
+from pagesift.shared.util.tasks import cancel_and_wait
 
 __all__ = [
     "RESERVE_FILE",
@@ -353,7 +353,7 @@ def _allocate(path: Path, size: int) -> None:
 
 class StorageErrors(ServerInterceptor):
     """UNAVAILABLE / ``STORAGE_UNAVAILABLE`` for any RPC whose handler let
-    ``StorageUnavailable`` escape (its row of ``pagesift.shared.errortable``; JobService
+    ``StorageUnavailable`` escape (its row of ``pagesift.shared.api.errortable``; JobService
     handlers map it themselves, the same way)."""
 
     async def intercept_service(

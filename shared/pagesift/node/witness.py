@@ -6,7 +6,7 @@ What it owns
 read the leader key and the pair state, campaign for the key under a new lease, keep
 the lease alive, publish the pair state as the holder, resign. ``EtcdWitness`` is
 its etcd v3 backend; the records and the rules over them are
-``pagesift.shared.election``'s (layout in its docstring).
+``pagesift.shared.ha.election``'s (layout in its docstring).
 
 Why etcd through ``aetcd``
 --------------------------
@@ -56,7 +56,7 @@ from typing import Any, Protocol, TypeVar
 import aetcd
 import aetcd.transactions as txn
 
-from pagesift.shared.election import MIN_TTL, Holder, PairState, parse_witness
+from pagesift.shared.ha.election import MIN_TTL, Holder, PairState, parse_witness
 
 logger = logging.getLogger(__name__)
 

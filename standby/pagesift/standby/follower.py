@@ -60,11 +60,9 @@ from typing import assert_never
 
 import grpc
 
-from pagesift.shared import replfollower, replproto, tracing
-from pagesift.shared.backoff import backoff_delay
-from pagesift.shared.channels import open_channel
-from pagesift.shared.framing import split_entries_message
-from pagesift.shared.replfollower import (
+from pagesift.shared.replication import follower as replfollower
+from pagesift.shared.replication import protocol as replproto
+from pagesift.shared.replication.follower import (
     EntriesApplied,
     HeartbeatReceived,
     NextMessage,
@@ -73,8 +71,12 @@ from pagesift.shared.replfollower import (
     SnapshotInstalled,
     WaitForMessage,
 )
-from pagesift.shared.replog import Log
-from pagesift.shared.slot import StoreSlot
+from pagesift.shared.replication.framing import split_entries_message
+from pagesift.shared.replication.log import Log
+from pagesift.shared.replication.slot import StoreSlot
+from pagesift.shared.util import tracing
+from pagesift.shared.util.backoff import backoff_delay
+from pagesift.shared.util.channels import open_channel
 from pagesift.v1 import replication_pb2 as pb
 
 logger = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pagesift.shared import replproto
-from pagesift.shared.slot import StoreSlot
+from pagesift.shared.replication import protocol as replproto
+from pagesift.shared.replication.slot import StoreSlot
 
 logger = logging.getLogger(__name__)
 

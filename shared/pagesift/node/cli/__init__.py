@@ -73,6 +73,7 @@ from typing import Any, NoReturn
 import argcomplete
 import grpc
 
+from pagesift.client import ClientError, JobClient, Unreachable
 from pagesift.node.cli.admin import add_admin_commands
 from pagesift.node.cli.args import server_addresses
 from pagesift.node.cli.backup import add_backup_command
@@ -90,7 +91,6 @@ from pagesift.node.cli.jobs import add_job_commands
 from pagesift.node.cli.keys import add_keys_command
 from pagesift.node.cli.serve import add_serve_command
 from pagesift.node.cli.tokens import add_token_command
-from pagesift.shared.client import ClientError, JobClient, Unreachable
 
 __all__ = ["amain", "build_parser", "main", "version_line"]
 

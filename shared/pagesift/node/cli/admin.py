@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from pagesift.client import JobClient, choose_primary
 from pagesift.node.cli.args import (
     add_connect_timeout,
     client_parent,
@@ -33,8 +34,7 @@ from pagesift.node.cli.common import (
     fail,
     format_rpc_error,
 )
-from pagesift.shared.client import JobClient, choose_primary
-from pagesift.shared.verify import verify_digests
+from pagesift.node.verify import verify_digests
 from pagesift.v1 import replication_pb2
 
 # ---------------------------------------------------------------- output

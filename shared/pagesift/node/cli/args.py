@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagesift.shared.client import DEFAULT_ADDRESS, parse_addresses
+from pagesift.client import DEFAULT_ADDRESS, parse_addresses
 
 
 def host_port(value: str) -> str:

@@ -45,11 +45,11 @@ from collections.abc import AsyncIterable
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from pagesift.client import JobClient
 from pagesift.node.cli.admin import role_name
 from pagesift.node.cli.args import client_parent, server_addresses
 from pagesift.node.cli.common import EXIT_FAILED, EXIT_OK, dump, fail
-from pagesift.shared.client import JobClient
-from pagesift.shared.fsync import fsync_dir
+from pagesift.shared.util.fsync import fsync_dir
 from pagesift.v1 import replication_pb2 as pb
 
 #: Written into the backup directory beside the store: where the copy came from.

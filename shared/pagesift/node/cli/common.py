@@ -35,8 +35,8 @@ from typing import Any
 import grpc
 from google.protobuf.descriptor import EnumDescriptor
 
-from pagesift.shared import rpcerrors
-from pagesift.shared.client import JobClient, Unreachable
+from pagesift.client import JobClient, Unreachable
+from pagesift.shared.api import rpcerrors
 
 # The exit statuses, by class (README "Exit codes"; a test pins the numbers).
 EXIT_OK = 0

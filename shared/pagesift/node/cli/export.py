@@ -65,11 +65,11 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 from urllib.parse import unquote, urlsplit
 
+from pagesift.client import ClientError, JobClient
 from pagesift.node.cli.args import client_parent, nonneg_int
 from pagesift.node.cli.common import EXIT_OK, dump, fail
 from pagesift.node.cli.jobview import document_dict, state_name
 from pagesift.node.cli.progress import TERMINAL_STATES, page_bar
-from pagesift.shared.client import ClientError, JobClient
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pagesift.client import JobClient
 from pagesift.node.cli.args import client_parent, nonneg_float, nonneg_int
 from pagesift.node.cli.common import EXIT_OK, dump
 from pagesift.node.cli.export import (
@@ -44,7 +45,6 @@ from pagesift.node.cli.jobview import (
     watch_line,
 )
 from pagesift.node.cli.progress import JobProgress, wait_for_job
-from pagesift.shared.client import JobClient
 from pagesift.v1 import jobs_pb2
 
 FORMATS: dict[str, jobs_pb2.Format.ValueType] = {

@@ -6,8 +6,8 @@ accounts-file snippet that holds only the hash (``NewKey.text``; with ``--json``
 object ``{"name", "key", "key_sha256", "webhook_secret"}``); ``hash`` prints the
 sha256 of KEY (``{"key_sha256"}``), read from stdin when KEY is ``-`` or absent, so
 that the key stays out of the shell history. The key material and its hash come
-from ``pagesift.shared.accounts`` (``NewKey``, ``hash_key``), which
-``python -m pagesift.shared.accounts new-key|hash-key`` prints the same way.
+from ``pagesift.shared.jobs.accounts`` (``NewKey``, ``hash_key``), which
+``python -m pagesift.shared.jobs.accounts new-key|hash-key`` prints the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from pagesift.node.cli.common import EXIT_OK, dump, fail
-from pagesift.shared.accounts import NewKey, hash_key
+from pagesift.shared.jobs.accounts import NewKey, hash_key
 
 
 def _cmd_keys_new(args: argparse.Namespace) -> int:

@@ -27,9 +27,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from pagesift.client import JobClient
 from pagesift.node.cli.common import EXIT_JOB_NOT_COMPLETED, EXIT_OK
 from pagesift.node.cli.jobview import pause_json, pause_reason_name, state_name
-from pagesift.shared.client import JobClient
 from pagesift.v1 import jobs_pb2
 
 TERMINAL_STATES = frozenset(

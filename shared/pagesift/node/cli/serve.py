@@ -2,7 +2,7 @@
 
 Owns the ``serve`` flags and their mapping to ``ServerConfig`` (``serve_overrides``:
 every flag defaults to None, so a flag not given leaves ``PAGESIFT_*`` variables, then
-``--config FILE``, then the defaults, to decide; pagesift.shared.settings). A bad config
+``--config FILE``, then the defaults, to decide; pagesift.shared.config.settings). A bad config
 is reported as one line, ``error: config: KEY (SOURCE): expected ...`` (exit 2), before
 anything starts. The server is imported lazily, by the handler only, so the
 client subcommands never load the engine, the store or replication.
@@ -16,9 +16,9 @@ from typing import Any
 
 from pagesift.node.cli.args import host_port, nonneg_float
 from pagesift.node.cli.common import EXIT_FAILED, fail, server_extra_missing
-from pagesift.shared.config import ServerConfig
-from pagesift.shared.election import MIN_TTL, parse_witness
-from pagesift.shared.roles import Role
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.ha.election import MIN_TTL, parse_witness
+from pagesift.shared.ha.roles import Role
 
 SERVE_FLAGS = (
     "role",
@@ -81,7 +81,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # imported here: the server pulls in both roles, the store and replication, which
     # the client subcommands do without
     from pagesift.node.grpcserver import serve
-    from pagesift.primary.reqprofile import ProxyPool
+    from pagesift.primary.engine.reqprofile import ProxyPool
 
     try:  # checked on a standby too: it may be promoted
         ProxyPool.from_config(config)

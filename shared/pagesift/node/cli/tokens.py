@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pagesift.node.cli.common import EXIT_FAILED, EXIT_OK, dump, fail
-from pagesift.shared import tls
+from pagesift.shared.api import tls
 
 
 def _cmd_token_new(args: argparse.Namespace) -> int:

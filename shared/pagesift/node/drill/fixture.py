@@ -37,10 +37,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from pagesift.demo.site import BIG_PATH, CALENDAR_EXCLUDE, SLOW_PATH, build_site, serve_site
 from pagesift.node.drill.procs import Child, free_port
-from pagesift.shared.accounts import hash_key, new_key
-from pagesift.shared.demosite import BIG_PATH, CALENDAR_EXCLUDE, SLOW_PATH, build_site, serve_site
-from pagesift.shared.tls import write_new_token
+from pagesift.shared.api.tls import write_new_token
+from pagesift.shared.jobs.accounts import hash_key, new_key
 
 ETCD = "/usr/bin/etcd"
 WITNESS = "witness"  # the kill target and node label of etcd

@@ -27,8 +27,8 @@ from typing import TypeVar
 
 import grpc
 
+from pagesift.client import JobClient
 from pagesift.node.drill.verdict import DocKey, FinalJob, Probe
-from pagesift.shared.client import JobClient
 from pagesift.v1 import jobs_pb2
 from pagesift.v1 import replication_pb2 as rpb
 

@@ -3,7 +3,7 @@
 Owns one HTTP server (``start`` binds ``host``, port 0 = a free one; ``stop`` closes
 it). Every POST is parsed (the body pagesift sends: ``id``, ``seq``, ``event_id``,
 ``event``, ``data``), its ``pagesift-signature`` checked with
-``pagesift.primary.webhooks.verify_signature`` when the account's secret is known,
+``pagesift.primary.webhooks.outbox.verify_signature`` when the account's secret is known,
 recorded as a ``verdict.Delivery`` in arrival order, and answered 200 -- unless it is
 not a pagesift delivery at all (400, not recorded). The receiver never deduplicates:
 the drill counts what was sent, re-sends included.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from pagesift.node.drill.verdict import Delivery
-from pagesift.primary.webhooks import verify_signature
+from pagesift.primary.webhooks.outbox import verify_signature
 
 PATH = "/drill-hook"
 

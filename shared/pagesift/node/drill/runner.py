@@ -18,7 +18,7 @@ Owns ``DrillSettings`` and ``run_drill``. One run (``_Run``), on a pair that is 
 4. wait for the killed node to rejoin (its ``Role``: standby, connected, and how its
    session began: ``continue`` or ``full`` resync; ``discarded``), for the crawl to
    end and for the receiver to hold every event the final job implies, then compare
-   both nodes' digests at one offset (``pagesift.shared.verify.verify_digests``, the
+   both nodes' digests at one offset (``pagesift.node.verify.verify_digests``, the
    function ``pagesift verify`` uses);
 5. hand the observation to ``verdict.judge``.
 
@@ -44,6 +44,7 @@ from typing import Protocol
 
 import grpc
 
+from pagesift.client import JobClient
 from pagesift.node.drill.fixture import (
     WITNESS,
     DemoSite,
@@ -65,9 +66,8 @@ from pagesift.node.drill.observe import (
 from pagesift.node.drill.receiver import Receiver
 from pagesift.node.drill.remote import CommandPair
 from pagesift.node.drill.verdict import Observation, RunReport, judge, kill_point, webhook_tally
-from pagesift.shared.client import JobClient
-from pagesift.shared.tasks import cancel_and_wait
-from pagesift.shared.verify import verify_digests
+from pagesift.node.verify import verify_digests
+from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.v1 import jobs_pb2
 from pagesift.v1 import replication_pb2 as rpb
 

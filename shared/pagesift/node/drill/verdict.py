@@ -42,7 +42,7 @@ from typing import Any
 # the kill targets and modes live in choices (the drill's parser reads them from there)
 from pagesift.node.drill.choices import KILL_TARGETS as KILL_TARGETS
 from pagesift.node.drill.choices import MODES as MODES
-from pagesift.shared.urls import normalize
+from pagesift.shared.jobs.urls import normalize
 
 TERMINAL_EVENTS = ("completed", "failed", "cancelled")
 

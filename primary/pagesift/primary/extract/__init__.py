@@ -1,0 +1,1 @@
+"""Extraction: untrusted bytes (HTML, PDF, office files) into document fields, in workers."""

@@ -1,0 +1,1 @@
+"""The job runtime on the primary: register, run, record, resume, sweep."""

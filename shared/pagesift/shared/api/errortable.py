@@ -1,0 +1,430 @@
+"""The error table: which status each refusal of a pagesift server is, in one place.
+
+What it owns: ``TABLE``, one ``Row`` per ``ErrorInfo`` reason (``rpcerrors.Reason``),
+in the order the API docs list them. A row names its status code(s), the metadata
+keys and when it happens (the README's reason table is generated from these:
+``reason_table_markdown``), and, for the reasons a JobService handler raises as a
+domain exception, the exception types it maps and how one becomes a ``Refusal``
+(message, ErrorInfo metadata, extra details, trailing metadata), the way etcd's
+``v3rpc/util.go`` keeps ``toGRPCErrorMap``. ``answers_errors`` applies it once per
+handler, so handlers raise and read straight through; ``refuse`` applies it
+anywhere else (the storage interceptor). The other reasons (admin, replication,
+the request guards) are sent by their servicers through ``rpcerrors.abort``; their
+rows document them.
+
+Invariants (``tests/test_error_table.py``):
+- every ``Reason`` has exactly one row, and an exception type maps to one row (the
+  most specific class wins: ``Fenced`` is FENCED, any other ``NotWritable``
+  NOT_PRIMARY);
+- a row's exceptions become its reason and its code (PAGE_FETCH_FAILED: the page
+  error code's, ``rpcerrors.page_status``), and every metadata key a refusal sends
+  is named in the row's documented keys;
+- a refusal never names a filesystem path or a key: its message is the exception's.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Protocol, TypeVar, cast
+
+import grpc
+from google.protobuf.message import Message
+
+from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.jobs import quota
+from pagesift.shared.jobs.accounts import Unauthenticated
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.shared.jobs.records import IdempotencyKeyReused
+from pagesift.shared.jobs.specs import WebhookSecretMissing
+from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.shared.replication.identity import Fenced, NotWritable
+from pagesift.shared.store.db import StorageUnavailable
+
+C = grpc.StatusCode
+
+# ------------------------------------------------------------------ domain exceptions
+
+
+class JobNotFound(Exception):
+    """No such job for this caller: unknown, someone else's, or expired."""
+
+    def __init__(self, job_id: str, message: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class SkipOutOfRange(Exception):
+    """GetJob's ``skip`` is past the last document of a finished job."""
+
+    def __init__(self, skip: int, completed: int) -> None:
+        super().__init__(f"skip: {skip} is beyond the last document ({completed})")
+        self.skip = skip
+        self.completed = completed
+
+
+class DocumentTooLarge(Exception):
+    """Document ``index`` (``size`` bytes) cannot be sent under ``max_bytes``; the
+    message says which request field (``resume``) continues past it."""
+
+    def __init__(self, index: int, size: int, max_bytes: int, resume: str) -> None:
+        super().__init__(
+            f"document {index} is {size} bytes, over the {max_bytes}-byte "
+            f"message limit; it cannot be sent ({resume}={index + 1} continues past it)"
+        )
+        self.index = index
+        self.size = size
+        self.max_bytes = max_bytes
+
+
+class StandbyNode(Exception):
+    """A write reached a standby (it has no job runtime); nothing was done."""
+
+
+class PageFailed(Exception):
+    """Scrape could not scrape ``url``: the engine's ``PageError``."""
+
+    def __init__(self, error: PageError, url: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.url = url
+
+
+# ------------------------------------------------------------------ the table
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What a refusal may name beyond its exception: the authenticated caller (empty
+    before authentication), where writes go (``Node.primary_hint``), and the time."""
+
+    account: str = ""
+    primary_hint: str = "(unknown)"
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An exception as the status it becomes (``code`` None: the row's)."""
+
+    message: str
+    metadata: Mapping[str, object] = field(default_factory=dict)
+    details: Sequence[Message] = ()
+    trailing: Sequence[tuple[str, str]] = ()
+    code: grpc.StatusCode | None = None
+
+
+Build = Callable[[Any, CallFacts], Refusal]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One reason: its codes, documented metadata keys and when (README cells, in
+    markdown), and the exceptions that become it (``build``: how)."""
+
+    reason: Reason
+    codes: tuple[grpc.StatusCode, ...]
+    metadata: str
+    when: str
+    raised_by: tuple[type[Exception], ...] = ()
+    build: Build | None = None
+    status: str = ""  # the README's status cell when it is not the codes
+
+
+def primary_address(hint: str) -> str:
+    """The address in ``Node.primary_hint`` (its first word), or "" when it names none."""
+    word = hint.split(" ", 1)[0] if hint else ""
+    return "" if not word or word.startswith("(") or word == "the" else word
+
+
+def _invalid(e: InvalidArgument, _: CallFacts) -> Refusal:
+    md = {"field": e.violations[0][0]}
+    return Refusal(str(e), md, [rpcerrors.bad_request(e.violations)])
+
+
+def _key_reused(e: IdempotencyKeyReused, _: CallFacts) -> Refusal:
+    message = (
+        f"idempotency_key: already used for job {e.job_id} with a different request "
+        "(AIP-155: a key identifies one request; use a fresh key for a new one)"
+    )
+    md = {"field": "idempotency_key", "id": e.job_id}
+    return Refusal(message, md, [rpcerrors.bad_request([("idempotency_key", message)])])
+
+
+def _unauthenticated(e: Unauthenticated, _: CallFacts) -> Refusal:
+    return Refusal(str(e))
+
+
+def _denied(e: PermissionDenied, facts: CallFacts) -> Refusal:
+    return Refusal(str(e), {"field": e.field, "account": facts.account})
+
+
+def _no_job(e: JobNotFound, _: CallFacts) -> Refusal:
+    return Refusal(str(e), {"id": e.job_id})
+
+
+def _skip(e: SkipOutOfRange, _: CallFacts) -> Refusal:
+    md = {"skip": e.skip, "completed": e.completed}
+    return Refusal(str(e), md, [rpcerrors.bad_request([("skip", str(e))])])
+
+
+def _standby(e: StandbyNode, facts: CallFacts) -> Refusal:
+    hint = facts.primary_hint
+    return Refusal(
+        f"this node is a standby; send writes to the primary at {hint}",
+        {"primary": primary_address(hint), "hint": hint},
+    )
+
+
+def _not_writable(e: NotWritable, facts: CallFacts) -> Refusal:
+    """A write reached a node that stopped taking them after the call began (FENCED:
+    it met a higher epoch; NOT_PRIMARY: its witness lease lapsed, or it is a standby
+    now): nothing was written."""
+    hint = facts.primary_hint
+    return Refusal(
+        f"{e}; send writes to the primary at {hint}",
+        {"primary": primary_address(hint), "hint": hint, "detail": str(e)},
+    )
+
+
+def _webhook_secret(e: WebhookSecretMissing, _: CallFacts) -> Refusal:
+    return Refusal(str(e), {"account": e.account})
+
+
+def _limit(e: quota.LimitExceeded, facts: CallFacts) -> Refusal:
+    """A QuotaFailure, and a RetryInfo when the limit resets at a known time; the
+    ``pagesift-limit`` trailing metadata is sent alongside (``LimitExceeded``)."""
+    subject = "node" if e.limit_name == "max_total_streams" else f"account:{facts.account}"
+    details: list[Message] = [rpcerrors.quota_failure(subject, e.message, e.limit_name)]
+    resets = None
+    if e.resets_at is not None:
+        details.append(rpcerrors.retry_info(e.resets_at - facts.now))
+        resets = quota.rfc3339(e.resets_at)
+    md = {"limit": e.limit_name, "resets_at": resets}
+    return Refusal(e.message, md, details, e.trailing_metadata())
+
+
+def _too_large(e: DocumentTooLarge, _: CallFacts) -> Refusal:
+    return Refusal(str(e), {"index": e.index, "size": e.size, "max_bytes": e.max_bytes})
+
+
+# Page errors whose status is INVALID_ARGUMENT name the field ``url`` in a BadRequest.
+_URL_PAGE_ERRORS = frozenset({ErrorCode.BLOCKED_ADDRESS, ErrorCode.INVALID_URL})
+
+
+def _page_failed(e: PageFailed, _: CallFacts) -> Refusal:
+    """The page error code's status (``rpcerrors.page_status``), plus RetryInfo when
+    the site asked for a pause, BadRequest (field ``url``) when the URL is refused;
+    the code travels as ``pagesift-error-code`` trailing metadata too."""
+    err = e.error
+    code = str(err.code)
+    status = rpcerrors.page_status(code, err.status)
+    details: list[Message] = []
+    if err.retry_after is not None and status == C.UNAVAILABLE:
+        details.append(rpcerrors.retry_info(err.retry_after))
+    if status == C.INVALID_ARGUMENT or code in _URL_PAGE_ERRORS:
+        details.append(rpcerrors.bad_request([("url", err.message)]))
+    return Refusal(
+        f"page error {err.code}: {err.message}",
+        {"code": code, "http_status": err.status, "url": e.url[:1024]},
+        details,
+        (("pagesift-error-code", code),),
+        code=status,
+    )
+
+
+def _storage(e: StorageUnavailable, _: CallFacts) -> Refusal:
+    """The store refuses writes for ``cause`` (``no_space``, ``io_error``); the
+    message names no path."""
+    return Refusal(
+        str(e), {"cause": e.reason}, [rpcerrors.retry_info(rpcerrors.STORAGE_RETRY_SECONDS)]
+    )
+
+
+def _row(
+    reason: Reason,
+    codes: grpc.StatusCode | tuple[grpc.StatusCode, ...],
+    metadata: str,
+    when: str,
+    raised_by: tuple[type[Exception], ...] = (),
+    build: Build | None = None,
+    status: str = "",
+) -> Row:
+    codes = codes if isinstance(codes, tuple) else (codes,)
+    return Row(reason, codes, metadata, when, raised_by, build, status)
+
+
+R = Reason
+TABLE: tuple[Row, ...] = (
+    _row(R.INVALID_FIELD, C.INVALID_ARGUMENT, "`field` (+ `BadRequest`)",
+         "a request field cannot be accepted; each bad field (each bad URL of a batch) "
+         "is a violation, the first one leads the message",
+         (InvalidArgument,), _invalid),
+    _row(R.MALFORMED_REQUEST, C.INVALID_ARGUMENT,
+         "`message` (+ `BadRequest`, field `request`)",
+         "the request bytes are not the method's protobuf message"),
+    _row(R.IDEMPOTENCY_KEY_REUSED, C.INVALID_ARGUMENT,
+         "`field` (= `idempotency_key`), `id` (the job the key created) "
+         "(+ `BadRequest`, field `idempotency_key`)",
+         "StartBatchScrape/StartCrawl: the key was already used by this account with a "
+         "different request (AIP-155)",
+         (IdempotencyKeyReused,), _key_reused),
+    _row(R.UNAUTHENTICATED, C.UNAUTHENTICATED, "`method` (from the guard)",
+         "a JobService call without a valid API key",
+         (Unauthenticated,), _unauthenticated),
+    _row(R.ADMIN_KEY_REQUIRED, C.PERMISSION_DENIED, "`method`",
+         "an AdminService call (Role, Digest, Promote, Backup) without the admin key"),
+    _row(R.REPLICATION_NOT_ALLOWED, (C.UNAUTHENTICATED, C.PERMISSION_DENIED), "`method`",
+         "the replication stream without the pair's token, or on a port where mTLS "
+         "serves it"),
+    _row(R.PERMISSION_DENIED_FIELD, C.PERMISSION_DENIED, "`field`, `account`",
+         "the account may not use that option (`options.ignore_robots_txt`, "
+         "`options.proxy_url`)",
+         (PermissionDenied,), _denied),
+    _row(R.JOB_NOT_FOUND, C.NOT_FOUND, "`id`",
+         "no such job, someone else's, or expired (also mid-WatchJob)",
+         (JobNotFound,), _no_job),
+    _row(R.SKIP_OUT_OF_RANGE, C.OUT_OF_RANGE,
+         "`skip`, `completed` (+ `BadRequest`, field `skip`)",
+         "GetJob `skip` past the last document of a finished job",
+         (SkipOutOfRange,), _skip),
+    _row(R.NOT_PRIMARY, C.FAILED_PRECONDITION,
+         "`primary` (address; empty when unknown), `hint` (and `detail` once a write "
+         "began)",
+         "a write sent to a standby, or to a node whose witness lease lapsed; nothing was "
+         "done: send it to `primary`",
+         (StandbyNode, NotWritable), lambda e, f: (
+             _standby(e, f) if isinstance(e, StandbyNode) else _not_writable(e, f)
+         )),
+    _row(R.FENCED, C.FAILED_PRECONDITION, "`primary`, `hint`, `detail`",
+         "a write reached a primary deposed by a higher epoch; nothing was written: send "
+         "it to `primary`",
+         (Fenced,), _not_writable),
+    _row(R.WEBHOOK_SECRET_MISSING, C.FAILED_PRECONDITION, "`account`",
+         "a job asks for webhooks, but the account has no `webhook_secret`",
+         (WebhookSecretMissing,), _webhook_secret),
+    _row(R.QUOTA_EXCEEDED, C.RESOURCE_EXHAUSTED,
+         "`limit`, `resets_at` (RFC 3339, when known) (+ `QuotaFailure` subject "
+         "`account:NAME` or `node`, `quota_id` = the limit; `RetryInfo` when `resets_at` "
+         "is known)",
+         "an account or node limit: `max_batch_urls`, `max_crawl_limit`, "
+         "`max_concurrent_jobs`, `pages_per_day`, `max_concurrent_streams`, "
+         "`max_total_streams`",
+         (quota.LimitExceeded,), _limit),
+    _row(R.DOCUMENT_TOO_LARGE, C.RESOURCE_EXHAUSTED, "`index`, `size`, `max_bytes`",
+         "one stored document is larger than the 64 MiB message limit (skip past it)",
+         (DocumentTooLarge,), _too_large),
+    _row(R.PAGE_FETCH_FAILED, tuple(dict.fromkeys(rpcerrors.PAGE_STATUS.values())),
+         "`code`, `http_status` (when there is one), `url` (+ `RetryInfo` when the site "
+         "sent Retry-After; `BadRequest` field `url` for `INVALID_ARGUMENT`)",
+         "Scrape: the page could not be scraped",
+         (PageFailed,), _page_failed, status="by page error code (below)"),
+    _row(R.CANNOT_PROMOTE, C.FAILED_PRECONDITION, "",
+         "Promote on a node that has no promoter"),
+    _row(R.OFFSET_PASSED, C.FAILED_PRECONDITION, "`offset`",
+         "Digest at an offset the node is already past"),
+    _row(R.OFFSET_NOT_REACHED, C.DEADLINE_EXCEEDED, "`offset`, `at`",
+         "Digest: the offset was not reached within the request's `timeout_seconds` "
+         "(the caller's own bound)"),
+    _row(R.BACKUP_IN_PROGRESS, C.RESOURCE_EXHAUSTED, "", "a second Backup while one runs"),
+    _row(R.BACKUP_FAILED, C.INTERNAL, "",
+         "a Backup failed on the node (the message says why)"),
+    _row(R.REPLICATION_REFUSED, C.FAILED_PRECONDITION, "",
+         "the primary refuses a standby's Hello (the message says why)"),
+    _row(R.STEPPED_DOWN, C.FAILED_PRECONDITION, "`epoch`",
+         "a Hello of a higher epoch: the primary stepped down"),
+    _row(R.NO_LONGER_PRIMARY, C.UNAVAILABLE, "",
+         "the replication stream's node was demoted or replaced"),
+    _row(R.STANDBY_TOO_SLOW, C.RESOURCE_EXHAUSTED, "",
+         "the standby fell behind the primary's backlog"),
+    _row(R.STORAGE_UNAVAILABLE, C.UNAVAILABLE,
+         "`cause` (`no_space`, `io_error`) (+ `RetryInfo`)",
+         "the node's store refuses writes (its data volume is full or failing); nothing "
+         "was written, reads still answer, writes resume by themselves (\"Disk full\" "
+         "below)",
+         (StorageUnavailable,), _storage),
+)  # fmt: skip
+
+_BY_TYPE: dict[type[Exception], Row] = {t: row for row in TABLE for t in row.raised_by}
+#: every exception type the table maps (what ``answers_errors`` catches)
+HANDLED: tuple[type[Exception], ...] = tuple(_BY_TYPE)
+
+
+def row_for(exc: BaseException) -> Row | None:
+    """The row of ``exc``'s most specific mapped class, or None."""
+    for cls in type(exc).__mro__:
+        row = _BY_TYPE.get(cast(type[Exception], cls))
+        if row is not None:
+            return row
+    return None
+
+
+def refusal_of(exc: Exception, facts: CallFacts) -> tuple[grpc.StatusCode, Reason, Refusal]:
+    """The status code, reason and refusal ``exc`` becomes (``KeyError``: not mapped)."""
+    row = row_for(exc)
+    if row is None or row.build is None:
+        raise KeyError(type(exc).__name__)
+    refusal = row.build(exc, facts)
+    return refusal.code or row.codes[0], row.reason, refusal
+
+
+async def refuse(context: Any, exc: Exception, facts: CallFacts | None = None) -> NoReturn:
+    """End the call with the status ``exc`` maps to (``rpcerrors.abort``)."""
+    code, reason, r = refusal_of(exc, facts or CallFacts(now=time.time()))
+    await rpcerrors.abort(
+        context, code, r.message, reason, r.metadata, details=r.details, trailing=r.trailing
+    )
+
+
+class Refuser(Protocol):
+    """A servicer whose handlers ``answers_errors`` wraps."""
+
+    def call_facts(self) -> CallFacts:
+        """The facts of the current call (its caller, where writes go, now)."""
+
+    def refused(self, exc: Exception) -> None:
+        """Told of each mapped exception before it is sent (metrics)."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def answers_errors(method: F) -> F:
+    """Wrap a servicer handler (unary, or a server-streaming async generator) so every
+    exception of ``HANDLED`` it raises ends the call with its row's status; anything
+    else (an abort already under way, a bug) passes through untouched."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(self: Refuser, request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except HANDLED as e:
+                self.refused(e)
+                await refuse(context, e, self.call_facts())
+
+        return cast(F, stream)
+
+    @functools.wraps(method)
+    async def unary(self: Refuser, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except HANDLED as e:
+            self.refused(e)
+            await refuse(context, e, self.call_facts())
+
+    return cast(F, unary)
+
+
+def reason_table_markdown() -> str:
+    """The API docs' reason table (between ``reason-table:begin``/``end`` markers)."""
+    rows = ["| reason | status | metadata keys | when |", "|---|---|---|---|"]
+    for row in TABLE:
+        status = row.status or " / ".join(f"`{c.name}`" for c in row.codes)
+        rows.append(f"| `{row.reason}` | {status} | {row.metadata or '—'} | {row.when} |")
+    return "\n".join(rows) + "\n"

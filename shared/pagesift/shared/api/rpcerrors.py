@@ -1,0 +1,311 @@
+"""Rich gRPC errors: every status a pagesift server sends carries ``google.rpc`` details.
+
+What it owns
+------------
+The one way a server ends a call with an error (``abort`` and the helpers built on
+it), and the one way a client reads the details back (``status_of``, ``error_info``,
+``reason_of``). Details travel as a serialized ``google.rpc.Status`` in the
+``grpc-status-details-bin`` trailing metadata (the gRPC convention that
+``grpc_status.rpc_status.from_call`` reads); its code and message are those of the
+call, so the status a caller already saw is unchanged.
+
+Guarantees
+----------
+- Every abort of every pagesift servicer and interceptor goes through ``abort`` (or
+  ``invalid_argument``), so every error carries an ``ErrorInfo`` whose ``domain`` is
+  ``DOMAIN`` and whose ``reason`` is one of ``Reason`` (UPPER_SNAKE, stable: part of
+  the API; a new one may be added, none is renamed).
+- Every INVALID_ARGUMENT also carries a ``BadRequest`` with one field violation per
+  bad field, each naming the field path (``urls[3]``, ``include_paths[1]``,
+  ``options.headers['Host']``).
+- Every limit (reason ``QUOTA_EXCEEDED``, RESOURCE_EXHAUSTED) carries a
+  ``QuotaFailure`` (subject ``account:NAME`` or ``node``, the limit as ``quota_id``)
+  and, when the limit has a known reset time, a ``RetryInfo``. The older
+  ``pagesift-limit`` / ``pagesift-limit-resets-at`` trailing metadata is still sent
+  alongside for one release (then only the details).
+- Trailing metadata already set on the call is kept (``abort`` merges it).
+
+Reasons (domain ``pagesift.dev``): ``Reason`` lists them; which status each is, its
+metadata keys and when it happens are ``pagesift.shared.api.errortable.TABLE``'s (the
+API docs' reason table is generated from it), and so is the mapping of the
+JobService's domain exceptions to statuses.
+
+``NOT_PRIMARY`` and ``FENCED`` (``SEND_ELSEWHERE``) are the only reasons that mean
+"nothing was done here, send it to the primary": the client (``pagesift.client.aio``)
+fails over on them, not on the status code. They keep FAILED_PRECONDITION so that
+clients older than the details still move on.
+
+``STORAGE_UNAVAILABLE``: the node's store refuses writes (its volume is full, or it
+reported an I/O error; ``pagesift.shared.store.db.StorageUnavailable``). Nothing was
+written; reads still answer; writes resume by themselves once the node can write
+again (``pagesift.node.storage``). The message never names a filesystem path. Any
+servicer that lets ``StorageUnavailable`` escape answers this (the error table's row,
+applied to every RPC by ``pagesift.node.storage.StorageErrors``).
+
+Statuses by page error code (``PAGE_STATUS``, Scrape): DEADLINE_EXCEEDED is only ever
+the caller's own deadline, and an upstream failure is never FAILED_PRECONDITION.
+UNAVAILABLE: the page may answer later (``timeout``, ``connect``, ``dns``,
+``retry_after_too_long``, ``http_status`` 408/425/429/5xx); NOT_FOUND: the page said
+404/410; PERMISSION_DENIED: ``robots_disallowed``; INVALID_ARGUMENT: ``invalid_url``,
+``blocked_address`` (field ``url``); UNKNOWN: the page answered but cannot be made a
+document (another ``http_status``, ``too_large``, ``unsupported_content``,
+``redirect_loop``, ``tls``, ``parse_failed``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from google.protobuf import duration_pb2
+from google.protobuf.message import DecodeError, Message
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from pagesift.shared.jobs.pageerrors import ErrorCode
+
+__all__ = [
+    "DETAILS_KEY",
+    "DOMAIN",
+    "PAGE_STATUS",
+    "SEND_ELSEWHERE",
+    "Reason",
+    "abort",
+    "bad_request",
+    "details_of",
+    "error_info",
+    "error_info_of",
+    "invalid_argument",
+    "page_status",
+    "quota_failure",
+    "reason_of",
+    "retry_info",
+    "rich_status",
+    "status_of",
+]
+
+DOMAIN = "pagesift.dev"
+DETAILS_KEY = "grpc-status-details-bin"  # grpc_status's GRPC_DETAILS_METADATA_KEY
+
+
+class Reason(enum.StrEnum):
+    """``ErrorInfo.reason`` values (the module docstring says when each happens)."""
+
+    INVALID_FIELD = "INVALID_FIELD"
+    MALFORMED_REQUEST = "MALFORMED_REQUEST"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    ADMIN_KEY_REQUIRED = "ADMIN_KEY_REQUIRED"
+    REPLICATION_NOT_ALLOWED = "REPLICATION_NOT_ALLOWED"
+    PERMISSION_DENIED_FIELD = "PERMISSION_DENIED_FIELD"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    SKIP_OUT_OF_RANGE = "SKIP_OUT_OF_RANGE"
+    NOT_PRIMARY = "NOT_PRIMARY"
+    FENCED = "FENCED"
+    WEBHOOK_SECRET_MISSING = "WEBHOOK_SECRET_MISSING"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    DOCUMENT_TOO_LARGE = "DOCUMENT_TOO_LARGE"
+    PAGE_FETCH_FAILED = "PAGE_FETCH_FAILED"
+    CANNOT_PROMOTE = "CANNOT_PROMOTE"
+    OFFSET_PASSED = "OFFSET_PASSED"
+    OFFSET_NOT_REACHED = "OFFSET_NOT_REACHED"
+    BACKUP_IN_PROGRESS = "BACKUP_IN_PROGRESS"
+    BACKUP_FAILED = "BACKUP_FAILED"
+    REPLICATION_REFUSED = "REPLICATION_REFUSED"
+    STEPPED_DOWN = "STEPPED_DOWN"
+    NO_LONGER_PRIMARY = "NO_LONGER_PRIMARY"
+    STANDBY_TOO_SLOW = "STANDBY_TOO_SLOW"
+    STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
+
+
+#: Reasons that mean "nothing was done here; the primary (metadata ``primary``) takes it".
+SEND_ELSEWHERE = frozenset({Reason.NOT_PRIMARY, Reason.FENCED})
+
+_U = grpc.StatusCode.UNAVAILABLE
+_UNKNOWN = grpc.StatusCode.UNKNOWN
+
+#: Scrape's status for a page error code (``http_status`` is refined by ``page_status``).
+PAGE_STATUS: dict[str, grpc.StatusCode] = {
+    ErrorCode.ROBOTS_DISALLOWED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.BLOCKED_ADDRESS: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.INVALID_URL: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.TIMEOUT: _U,
+    ErrorCode.CONNECT: _U,
+    ErrorCode.DNS: _U,
+    ErrorCode.RETRY_AFTER_TOO_LONG: _U,
+    ErrorCode.HTTP_STATUS: _UNKNOWN,
+    ErrorCode.TOO_LARGE: _UNKNOWN,
+    ErrorCode.UNSUPPORTED_CONTENT: _UNKNOWN,
+    ErrorCode.REDIRECT_LOOP: _UNKNOWN,
+    ErrorCode.TLS: _UNKNOWN,
+    ErrorCode.PARSE_FAILED: _UNKNOWN,
+    ErrorCode.DUPLICATE: _UNKNOWN,  # crawl outcomes, never raised by Scrape
+    ErrorCode.ROBOTS_NOINDEX: _UNKNOWN,
+}
+
+_TRANSIENT_HTTP = frozenset({408, 425, 429})
+
+
+def page_status(code: str, http_status: int | None = None) -> grpc.StatusCode:
+    """Scrape's status for a page error: see ``PAGE_STATUS`` and the module docstring."""
+    if code == ErrorCode.HTTP_STATUS and http_status is not None:
+        if http_status in _TRANSIENT_HTTP or 500 <= http_status <= 599:
+            return _U
+        if http_status in (404, 410):
+            return grpc.StatusCode.NOT_FOUND
+    return PAGE_STATUS.get(code, _UNKNOWN)
+
+
+# ---------------------------------------------------------------- building
+
+
+def error_info(reason: str, metadata: Mapping[str, object] | None = None) -> Any:
+    """An ``ErrorInfo`` of ``DOMAIN`` (metadata values as text; None values left out)."""
+    md = {k: str(v) for k, v in (metadata or {}).items() if v is not None}
+    return error_details_pb2.ErrorInfo(reason=str(reason), domain=DOMAIN, metadata=md)
+
+
+def bad_request(violations: Iterable[tuple[str, str]]) -> Any:
+    """A ``BadRequest`` with one field violation per ``(field, description)``."""
+    return error_details_pb2.BadRequest(
+        field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
+            for f, d in violations
+        ]
+    )
+
+
+def quota_failure(subject: str, description: str, quota_id: str) -> Any:
+    """A ``QuotaFailure`` with one violation (``quota_id`` is the limit's name)."""
+    violation = error_details_pb2.QuotaFailure.Violation(
+        subject=subject, description=description, quota_id=quota_id
+    )
+    return error_details_pb2.QuotaFailure(violations=[violation])
+
+
+def retry_info(seconds: float) -> Any:
+    """A ``RetryInfo`` asking to wait ``seconds`` (at least 0, whole nanoseconds)."""
+    seconds = max(0.0, seconds)
+    whole = math.floor(seconds)
+    delay = duration_pb2.Duration(seconds=whole, nanos=int((seconds - whole) * 1e9))
+    return error_details_pb2.RetryInfo(retry_delay=delay)
+
+
+def rich_status(
+    code: grpc.StatusCode,
+    message: str,
+    reason: str,
+    metadata: Mapping[str, object] | None = None,
+    details: Sequence[Message] = (),
+) -> status_pb2.Status:
+    """The ``google.rpc.Status``: ``ErrorInfo`` first, then ``details`` in order."""
+    status = status_pb2.Status(code=code.value[0], message=message)
+    for detail in (error_info(reason, metadata), *details):
+        status.details.add().Pack(detail)
+    return status
+
+
+def _set_trailing(context: Any) -> list[tuple[str, str | bytes]]:
+    getter = getattr(context, "trailing_metadata", None)
+    try:
+        current = getter() if callable(getter) else None
+    except Exception:  # a context that cannot tell: nothing to keep
+        current = None
+    return [(k, v) for k, v in (current or ()) if k != DETAILS_KEY]
+
+
+async def abort(
+    context: Any,
+    code: grpc.StatusCode,
+    message: str,
+    reason: str,
+    metadata: Mapping[str, object] | None = None,
+    *,
+    details: Sequence[Message] = (),
+    trailing: Sequence[tuple[str, str]] = (),
+) -> NoReturn:
+    """End the call with ``code``/``message`` and the rich status (``ErrorInfo`` of
+    ``reason`` and ``metadata``, then ``details``) in ``grpc-status-details-bin``,
+    next to the trailing metadata already set and ``trailing``. ``context`` is a
+    ``grpc.aio.ServicerContext``."""
+    rich = rpc_status.to_status(rich_status(code, message, reason, metadata, details))
+    md: list[tuple[str, str | bytes]] = _set_trailing(context)
+    md.extend(trailing)
+    md.extend(rich.trailing_metadata)  # (DETAILS_KEY, the serialized Status)
+    await context.abort(rich.code, rich.details, trailing_metadata=tuple(md))
+    raise AssertionError("unreachable")  # abort raises
+
+
+#: how long a client asked to retry after STORAGE_UNAVAILABLE waits (seconds)
+STORAGE_RETRY_SECONDS = 5.0
+
+
+async def invalid_argument(
+    context: Any,
+    message: str,
+    violations: Sequence[tuple[str, str]],
+    reason: str = Reason.INVALID_FIELD,
+    metadata: Mapping[str, object] | None = None,
+) -> NoReturn:
+    """INVALID_ARGUMENT with a ``BadRequest`` naming each bad field; the ``ErrorInfo``
+    names the first one (metadata ``field``) unless ``metadata`` says otherwise."""
+    md = dict(metadata) if metadata is not None else {"field": violations[0][0]}
+    await abort(
+        context,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        message,
+        reason,
+        md,
+        details=[bad_request(violations)],
+    )
+
+
+# ---------------------------------------------------------------- reading (clients)
+
+
+def status_of(err: Any) -> status_pb2.Status | None:
+    """The ``google.rpc.Status`` an ``AioRpcError`` (or any ``grpc.Call``) carries, or
+    None (a server without details, a transport error, unreadable bytes). Unlike
+    ``grpc_status.rpc_status.from_call`` it never raises."""
+    try:
+        trailing = err.trailing_metadata()
+    except Exception:
+        return None
+    for key, value in trailing or ():
+        if key == DETAILS_KEY and isinstance(value, bytes):
+            try:
+                return status_pb2.Status.FromString(value)
+            except DecodeError:
+                return None
+    return None
+
+
+M = TypeVar("M", bound=Message)
+
+
+def details_of(status: status_pb2.Status | None, kind: type[M]) -> list[M]:
+    """The details of ``status`` that are a ``kind`` message, in order."""
+    out: list[M] = []
+    for any_ in status.details if status is not None else ():
+        if any_.Is(kind.DESCRIPTOR):
+            msg = kind()
+            any_.Unpack(msg)
+            out.append(msg)
+    return out
+
+
+def error_info_of(err: Any) -> Any:
+    """The pagesift ``ErrorInfo`` (domain ``DOMAIN``) of an error, or None."""
+    for info in details_of(status_of(err), error_details_pb2.ErrorInfo):
+        if info.domain == DOMAIN:
+            return info
+    return None
+
+
+def reason_of(err: Any) -> str | None:
+    """The pagesift ``ErrorInfo.reason`` of an error, or None (no details)."""
+    info = error_info_of(err)
+    return str(info.reason) if info is not None else None

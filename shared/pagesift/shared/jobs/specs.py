@@ -1,0 +1,280 @@
+"""Request specs: one validation call per request kind, returning what the handler registers.
+
+What it owns: ``scrape``, ``batch``, ``crawl`` and ``map_spec`` each take a request
+and the caller's ``Permissions`` (the account, its limits and what it may use) and
+return a typed spec (the validated request plus what was derived from it: the URLs
+kept, the effective crawl limit, the webhook as registered), or raise. The field
+rules are ``pagesift.shared.jobs.validate``'s; this module only runs them, in the order
+a request's fields are documented, and gathers what they refuse.
+
+Invariants:
+- every independent check runs, so one ``InvalidArgument`` carries every violation
+  found (``InvalidArgument.combined``: the first leads the status message and the
+  ErrorInfo; each is a BadRequest violation);
+- a bad field outranks a permission: ``PermissionDenied`` (the first one) is raised
+  only when no field is invalid, and ``WebhookSecretMissing`` only when the request
+  is otherwise acceptable;
+- nothing here writes: a refused request leaves the store untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from urllib.parse import urlsplit
+
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import quota, urls, validate
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs.accounts import Account
+from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.v1 import jobs_pb2
+
+
+class WebhookSecretMissing(Exception):
+    """A job asks for webhooks but ``account`` has no ``webhook_secret`` to sign with."""
+
+    def __init__(self, account: str) -> None:
+        super().__init__(f"webhook: account {account!r} has no webhook_secret to sign with")
+        self.account = account
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """What the caller may do: its account (limits, ``allow_proxy_url``,
+    ``allow_ignore_robots``) and whether it can sign webhooks."""
+
+    account: Account
+    can_sign_webhooks: bool
+
+
+@dataclass(frozen=True)
+class ScrapeSpec:
+    url: str
+    options: jobs_pb2.ScrapeOptions
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    urls: list[str]  # the valid URLs, in order (the handler empties it once stored)
+    invalid: list[str]  # those skipped (``ignore_invalid_urls``), listed back
+    webhook: jobs_pb2.Webhook | None
+
+
+@dataclass(frozen=True)
+class CrawlSpec:
+    limit: int  # the effective page limit (``quota.crawl_limit_for``)
+    webhook: jobs_pb2.Webhook | None
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    request: jobs_pb2.MapRequest
+
+
+class _Violations:
+    """Gathers what the checks run under ``with violations:`` refuse (each block one
+    independent check); ``settle`` raises them, bad fields first."""
+
+    def __init__(self) -> None:
+        self.invalid: list[InvalidArgument] = []
+        self.denied: PermissionDenied | None = None
+
+    def __enter__(self) -> _Violations:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if isinstance(exc, InvalidArgument):
+            self.invalid.append(exc)
+            return True
+        if isinstance(exc, PermissionDenied):
+            self.denied = self.denied or exc
+            return True
+        return False
+
+    def settle(self) -> None:
+        if self.invalid:
+            raise InvalidArgument.combined(self.invalid)
+        if self.denied is not None:
+            raise self.denied
+
+
+async def scrape(
+    req: jobs_pb2.ScrapeRequest, caller: Permissions, config: ServerConfig
+) -> ScrapeSpec:
+    v = _Violations()
+    with v:
+        await validate.url(req.url, "url", config)
+    _options(v, req.options, config)
+    with v:
+        await validate.request_control(req.options, caller.account, config)
+    v.settle()
+    return ScrapeSpec(url=req.url, options=req.options)
+
+
+async def batch(
+    req: jobs_pb2.StartBatchScrapeRequest, caller: Permissions, config: ServerConfig
+) -> BatchSpec:
+    v = _Violations()
+    counted = False
+    with v:
+        _batch_size(req, config)
+        counted = True
+    _options(v, req.options, config)
+    with v:
+        validate.concurrency(req.max_concurrency, config)
+    with v:
+        validate.max_retries(req, config)
+    kept: tuple[list[str], list[str]] = ([], [])
+    if counted:
+        with v:
+            kept = await _batch_urls(req, config)
+    with v:
+        await validate.request_control(req.options, caller.account, config)
+    hook: jobs_pb2.Webhook | None = None
+    with v:
+        hook = await webhook(req.webhook, config)
+    v.settle()
+    _can_sign(hook, caller)
+    return BatchSpec(urls=kept[0], invalid=kept[1], webhook=hook)
+
+
+async def crawl(
+    req: jobs_pb2.StartCrawlRequest, caller: Permissions, config: ServerConfig
+) -> CrawlSpec:
+    v = _Violations()
+    with v:
+        await validate.url(req.url, "url", config)
+    with v:
+        validate.crawl_limit(req.limit, config)
+    with v:
+        validate.max_depth(req.max_depth)
+    with v:
+        await validate.path_filters(req, config)
+    with v:
+        validate.sitemap(req.sitemap)
+    with v:
+        validate.concurrency(req.max_concurrency, config)
+    with v:
+        validate.max_retries(req, config)
+    with v:
+        validate.delay(req.delay)
+    _options(v, req.options, config)
+    with v:
+        await validate.request_control(req.options, caller.account, config)
+    hook: jobs_pb2.Webhook | None = None
+    with v:
+        hook = await webhook(req.webhook, config)
+    v.settle()
+    _can_sign(hook, caller)
+    limit = quota.crawl_limit_for(caller.account, req.limit, config.default_crawl_limit)
+    return CrawlSpec(limit=limit, webhook=hook)
+
+
+async def map_spec(req: jobs_pb2.MapRequest, caller: Permissions, config: ServerConfig) -> MapSpec:
+    """A Map call: the URL (and the address guard), the limit, the search text, the
+    regexes (as a crawl's) and the sitemap mode. It has no request control, so the
+    caller's permissions decide nothing yet."""
+    v = _Violations()
+    with v:
+        await validate.url(req.url, "url", config)
+    with v:
+        validate.map_limit(req.limit, config)
+    with v:
+        validate.search(req.search)
+    with v:
+        await validate.path_filters(req, config)
+    with v:
+        validate.sitemap(req.sitemap)
+    v.settle()
+    return MapSpec(request=req)
+
+
+def _options(v: _Violations, opts: jobs_pb2.ScrapeOptions, config: ServerConfig) -> None:
+    """What shapes the document (``validate.options``); request control is apart."""
+    with v:
+        validate.options(opts, config)
+
+
+def _can_sign(hook: jobs_pb2.Webhook | None, caller: Permissions) -> None:
+    if hook is not None and not caller.can_sign_webhooks:
+        raise WebhookSecretMissing(caller.account.name)
+
+
+def _batch_size(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> None:
+    if not req.urls:
+        raise InvalidArgument("urls", "must list at least one URL")
+    if len(req.urls) > config.max_batch_urls:
+        raise InvalidArgument(
+            "urls", f"{len(req.urls)} URLs exceed the cap of {config.max_batch_urls}"
+        )
+
+
+async def _batch_urls(
+    req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig
+) -> tuple[list[str], list[str]]:
+    """(the valid URLs, the invalid ones) of a batch, each bad URL a violation of its
+    own (``urls[3]``) unless ``ignore_invalid_urls`` skips them. The address guard
+    resolves each origin once."""
+    bad: list[int] = []
+    problems: dict[int, str] = {}
+    checked_hosts: dict[str, str | None] = {}
+    for i, u in enumerate(req.urls):
+        problem = urls.validate(u, config.max_url_length)
+        if problem is None and not config.allow_private_networks:
+            origin = urlsplit(u).netloc.lower()
+            if origin not in checked_hosts:
+                checked_hosts[origin] = await urls.blocked_reason(u)
+            reason = checked_hosts[origin]
+            problem = f"refused: {reason}" if reason else None
+        if problem is not None:
+            bad.append(i)
+            problems[i] = problem
+    if bad and not req.ignore_invalid_urls:
+        shown = "; ".join(f"urls[{i}]: {problems[i]}" for i in bad[:10])
+        more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+        raise InvalidArgument(
+            "urls",
+            f"invalid URLs at indices {bad[:50]}{more}: {shown}",
+            [(f"urls[{i}]", problems[i]) for i in bad[:100]],
+        )
+    keep = [u for i, u in enumerate(req.urls) if i not in problems]
+    if not keep:
+        raise InvalidArgument("urls", "no valid URL left after skipping the invalid ones")
+    return keep, [req.urls[i] for i in bad]
+
+
+async def webhook(hook: jobs_pb2.Webhook, config: ServerConfig) -> jobs_pb2.Webhook | None:
+    """The webhook to register (``event_types`` merged into ``events``), or None when
+    the request asks for none; ``InvalidArgument`` naming the first bad field."""
+    if not hook.url:
+        wants = hook.events or hook.event_types or hook.headers or hook.metadata
+        if wants or hook.include_document:  # something to deliver, nowhere to send it
+            raise InvalidArgument("webhook.url", "missing")
+        return None
+    await validate.url(hook.url, "webhook.url", config)
+    validate.webhook_payload(hook)
+    for i, event in enumerate(hook.events):
+        if event not in jr.WEBHOOK_EVENTS:
+            raise InvalidArgument(
+                f"webhook.events[{i}]",
+                f"unknown event {event!r} (one of {', '.join(jr.WEBHOOK_EVENTS)})",
+            )
+    if not hook.event_types:
+        return hook
+    names: list[str] = []
+    for i, kind in enumerate(hook.event_types):
+        name = jr.event_name(kind)
+        if not name:
+            raise InvalidArgument(f"webhook.event_types[{i}]", f"not a webhook event: {kind}")
+        names.append(name)
+    merged = jobs_pb2.Webhook()
+    merged.CopyFrom(hook)
+    merged.ClearField("event_types")
+    merged.events[:] = list(jr.webhook_events([*hook.events, *names]))
+    return merged

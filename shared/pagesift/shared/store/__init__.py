@@ -1,0 +1,1 @@
+"""The store: RocksDB with one write path (``db``) and consistent cuts of it (``cuts``)."""

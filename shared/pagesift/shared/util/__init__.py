@@ -1,0 +1,1 @@
+"""Mechanisms with no pagesift domain in them, used by every other subpackage."""
