@@ -300,7 +300,7 @@ Global___OpGroup: _TypeAlias = OpGroup  # noqa: Y015
 
 @_typing.final
 class CachedPage(_message.Message):
-    """CachedPage is one entry of an account's page cache (pagesift.primary.pagecache):
+    """CachedPage is one entry of an account's page cache (pagesift.primary.jobs.pagecache):
     the page as a job stored it, what a conditional request needs to revalidate it,
     and what a crawl needs to go on from it without a fetch.
     """
