@@ -1,141 +1,157 @@
 """The import floors between pagesift's packages, held by a test instead of by convention.
 
 ``pagesift.node`` is the composition root: the one package that wires a node (role
-state, the gRPC server, the admin service, the CLI, ``serve``, the demo) and the only
-one allowed to import both roles. Below it:
+state, the gRPC server, the admin service, the CLI, ``serve``) and the only one allowed
+to import both roles. Below it (``FLOORS``, each with its reason):
 
 - ``pagesift.shared`` and ``pagesift.v1`` import no role and not the root;
-- ``pagesift.primary`` imports nothing from ``pagesift.standby`` or the root;
-- ``pagesift.standby`` imports nothing from ``pagesift.primary`` or the root.
-
-Every ``import``/``from … import`` anywhere in a module counts (inside functions, under
-``if TYPE_CHECKING``, in ``try`` blocks), relative imports are resolved, and so are
-``importlib.import_module("…")`` / ``__import__("…")`` calls with a literal name.
+- ``pagesift.primary`` and ``pagesift.standby`` import neither each other nor the root,
+  nor ``pagesift.demo`` (the demo site is for ``make run``, drills, tests and bench);
+- ``pagesift.demo`` imports no role and not the root;
+- ``pagesift.client`` imports only ``CLIENT_MAY_IMPORT`` (what ``pip install pagesift``
+  must ship), and reaches, through those, only ``CLIENT_MAY_REACH``;
+- inside ``pagesift.shared``: ``replication`` and ``ha`` import nothing from ``jobs`` or
+  ``api``; ``store`` imports only ``util``;
+- inside ``pagesift.primary``: ``engine`` and ``extract`` import nothing from ``jobs`` or
+  ``webhooks``; ``extract`` imports nothing from ``engine``.
 
 The pure state machines (``PURE``) import, transitively, only each other and modules
 that do no I/O and read no clock (``IO_MODULES`` lists what they must never reach).
+``tests/importscan.py`` reads the imports (lazy, relative, TYPE_CHECKING and literal
+``import_module`` ones included). Every floor has a test that plants a violating import
+and sees the check report it, so no floor passes by seeing nothing.
 """
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-#: the card's code folders; each holds part of the one ``pagesift`` namespace
-CODE_DIRS = ("shared", "primary", "standby")
+import pytest
 
-#: package -> the packages it must never import (a package is a prefix of module names)
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "pagesift.shared": ("pagesift.primary", "pagesift.standby", "pagesift.node"),
-    "pagesift.v1": ("pagesift.primary", "pagesift.standby", "pagesift.node"),
-    "pagesift.primary": ("pagesift.standby", "pagesift.node"),
-    "pagesift.standby": ("pagesift.primary", "pagesift.node"),
-}
+from tests.importscan import (
+    ROOT,
+    Import,
+    all_imports,
+    imports_by_module,
+    imports_of,
+    module_files,
+    reach,
+    within,
+)
 
 
 @dataclass(frozen=True)
-class Import:
-    file: Path
-    line: int
-    importer: str  # the importing module's dotted name
-    target: str  # the dotted name imported (a module, or a module's attribute)
+class Floor:
+    importer: str  # the package the floor holds (a prefix of module names)
+    banned: tuple[str, ...]  # what its modules must never import
+    why: str
+    allowed: tuple[str, ...] = ()  # exceptions inside ``banned``
+
+    def refuses(self, target: str) -> bool:
+        return any(within(target, b) for b in self.banned) and not any(
+            within(target, a) for a in self.allowed
+        )
 
 
-def _within(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
+ROLES_AND_ROOT = ("pagesift.primary", "pagesift.standby", "pagesift.node")
+
+#: the pagesift modules ``pagesift.client`` may import. Tighten it as the client sheds
+#: server code: ``rpcerrors`` is here only until the client's error rules stop using it.
+CLIENT_MAY_IMPORT: tuple[str, ...] = (
+    "pagesift.client",
+    "pagesift.v1",
+    "pagesift.shared.util",
+    "pagesift.shared.api.rpcerrors",
+)
+#: what the client may reach through those (``rpcerrors`` names ``ErrorCode``)
+CLIENT_MAY_REACH: tuple[str, ...] = (*CLIENT_MAY_IMPORT, "pagesift.shared.jobs.pageerrors")
+
+FLOORS: tuple[Floor, ...] = (
+    Floor("pagesift.shared", ROLES_AND_ROOT, "shared code serves both roles"),
+    Floor("pagesift.v1", ROLES_AND_ROOT, "generated wire code depends on nothing of ours"),
+    Floor(
+        "pagesift.primary",
+        ("pagesift.standby", "pagesift.node", "pagesift.demo"),
+        "a role knows neither the other role, the composition root nor the demo site",
+    ),
+    Floor(
+        "pagesift.standby",
+        ("pagesift.primary", "pagesift.node", "pagesift.demo"),
+        "a role knows neither the other role, the composition root nor the demo site",
+    ),
+    Floor("pagesift.demo", ROLES_AND_ROOT, "the demo site is a plain web app any test can run"),
+    Floor(
+        "pagesift.client",
+        ("pagesift",),
+        "the installed client ships without the store, the roles and the demo",
+        allowed=CLIENT_MAY_IMPORT,
+    ),
+    Floor(
+        "pagesift.shared.replication",
+        ("pagesift.shared.jobs", "pagesift.shared.api"),
+        "the log ships opaque writes; it knows no job or RPC",
+    ),
+    Floor(
+        "pagesift.shared.ha",
+        ("pagesift.shared.jobs", "pagesift.shared.api"),
+        "role and election rules know no job or RPC",
+    ),
+    Floor(
+        "pagesift.shared.store",
+        ("pagesift.shared",),
+        "the store is the bottom of the house: it builds on util alone",
+        allowed=("pagesift.shared.util", "pagesift.shared.store"),
+    ),
+    Floor(
+        "pagesift.primary.engine",
+        ("pagesift.primary.jobs", "pagesift.primary.webhooks"),
+        "the engine fetches for jobs; it does not know them",
+    ),
+    Floor(
+        "pagesift.primary.extract",
+        ("pagesift.primary.jobs", "pagesift.primary.webhooks", "pagesift.primary.engine"),
+        "extraction turns bytes into documents; it neither fetches nor runs jobs",
+    ),
+)
 
 
-def module_files() -> Iterator[tuple[str, Path]]:
-    """(dotted module name, file) for every .py of the pagesift namespace."""
-    for folder in CODE_DIRS:
-        base = ROOT / folder
-        for path in sorted((base / "pagesift").rglob("*.py")):
-            parts = list(path.relative_to(base).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            yield ".".join(parts), path
-
-
-def _resolve(importer: str, is_package: bool, level: int, module: str | None) -> str:
-    """The absolute name of ``from <level dots><module> import …`` in ``importer``."""
-    package = importer.split(".") if is_package else importer.split(".")[:-1]
-    if level > 1:
-        package = package[: len(package) - (level - 1)]
-    return ".".join([*package, module] if module else package)
-
-
-def imports_of(name: str, path: Path) -> Iterator[Import]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    is_package = path.name == "__init__.py"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield Import(path, node.lineno, name, alias.name)
-        elif isinstance(node, ast.ImportFrom):
-            base = (
-                _resolve(name, is_package, node.level, node.module)
-                if node.level
-                else node.module or ""
-            )
-            for alias in node.names:
-                # ``from pagesift import primary`` imports the package pagesift.primary
-                yield Import(path, node.lineno, name, f"{base}.{alias.name}")
-        elif isinstance(node, ast.Call) and node.args:
-            func = node.func
-            called = (
-                func.attr
-                if isinstance(func, ast.Attribute)
-                else func.id
-                if isinstance(func, ast.Name)
-                else ""
-            )
-            first = node.args[0]
-            if (
-                called in ("import_module", "__import__")
-                and isinstance(first, ast.Constant)
-                and isinstance(first.value, str)
-            ):
-                yield Import(path, node.lineno, name, first.value)
-
-
-def all_imports() -> list[Import]:
-    return [imp for name, path in module_files() for imp in imports_of(name, path)]
-
-
-def violations(imports: list[Import]) -> list[str]:
-    out = []
-    for imp in imports:
-        for package, banned in FORBIDDEN.items():
-            if not _within(imp.importer, package):
-                continue
-            for floor in banned:
-                if _within(imp.target, floor):
-                    where = (
-                        imp.file.relative_to(ROOT) if imp.file.is_relative_to(ROOT) else imp.file
-                    )
-                    out.append(f"{where}:{imp.line}: {imp.importer} imports {imp.target}")
-    return out
+def violations(imports: list[Import], floors: tuple[Floor, ...] = FLOORS) -> list[str]:
+    return [
+        f"{imp.where()}: {imp.importer} imports {imp.target} ({floor.why})"
+        for imp in imports
+        for floor in floors
+        if within(imp.importer, floor.importer) and floor.refuses(imp.target)
+    ]
 
 
 def test_every_layer_is_found() -> None:
     """The scan sees every package (so the floors below cannot pass by seeing nothing)."""
     names = {name for name, _ in module_files()}
-    for package in (*FORBIDDEN, "pagesift.node"):
-        assert any(_within(n, package) for n in names), f"no module of {package} found"
+    for package in (*(f.importer for f in FLOORS), "pagesift.node"):
+        assert any(within(n, package) for n in names), f"no module of {package} found"
     # the composition root is the shared folder's: nothing else defines pagesift.node
-    node_files = {p for n, p in module_files() if _within(n, "pagesift.node")}
+    node_files = {p for n, p in module_files() if within(n, "pagesift.node")}
     assert all(p.is_relative_to(ROOT / "shared" / "pagesift" / "node") for p in node_files)
 
 
 def test_no_package_imports_below_its_floor() -> None:
     bad = violations(all_imports())
-    assert not bad, (
-        "imports across the layers (only pagesift.node may import both roles; "
-        "pagesift.shared imports no role):\n  " + "\n  ".join(bad)
-    )
+    assert not bad, "imports across the floors:\n  " + "\n  ".join(bad)
+
+
+@pytest.mark.parametrize("floor", FLOORS, ids=lambda f: f"{f.importer}-x-{f.banned[-1]}")
+def test_a_planted_import_below_each_floor_is_reported(floor: Floor, tmp_path: Path) -> None:
+    src = tmp_path / "planted.py"
+    importer = f"{floor.importer}.planted"
+    for banned in floor.banned:
+        target = f"{banned}.planted_target"
+        src.write_text(f"def f():\n    import {target}\n")
+        found = violations(list(imports_of(importer, src)))
+        assert found == [f"{src}:2: {importer} imports {target} ({floor.why})"]
+    for allowed in floor.allowed:
+        src.write_text(f"import {allowed}.anything\n")
+        assert violations(list(imports_of(importer, src))) == []
 
 
 def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
@@ -154,6 +170,37 @@ def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     assert len(violations(list(imports_of("pagesift.shared.mod", src)))) == 3
 
 
+def _client_strays(target: str) -> bool:
+    return within(target, "pagesift") and not any(within(target, a) for a in CLIENT_MAY_REACH)
+
+
+def test_the_client_reaches_only_what_it_ships() -> None:
+    imports = imports_by_module()
+    clients = [name for name in imports if within(name, "pagesift.client")]
+    assert clients
+    bad = [chain for name in clients for chain in reach(name, imports, _client_strays)]
+    assert not bad, "the client reaches server code:\n  " + "\n  ".join(bad)
+
+
+def test_the_client_reach_check_follows_imports(tmp_path: Path) -> None:
+    rpc = tmp_path / "rpcerrors.py"
+    rpc.write_text("from pagesift.shared.jobs.pageerrors import ErrorCode\n")
+    imports = {
+        "pagesift.client.planted": [
+            Import(tmp_path / "c.py", 1, "pagesift.client.planted", "pagesift.shared.api.rpcerrors")
+        ],
+        "pagesift.shared.api.rpcerrors": list(imports_of("pagesift.shared.api.rpcerrors", rpc)),
+    }
+    assert reach("pagesift.client.planted", imports, _client_strays) == []
+    rpc.write_text("from pagesift.shared.store.db import Store\n")
+    imports["pagesift.shared.api.rpcerrors"] = list(
+        imports_of("pagesift.shared.api.rpcerrors", rpc)
+    )
+    assert reach("pagesift.client.planted", imports, _client_strays) == [
+        "pagesift.client.planted -> pagesift.shared.api.rpcerrors -> pagesift.shared.store.db.Store"
+    ]
+
+
 #: the decision modules: events and ``now`` in, actions out (their shells do the I/O)
 PURE = (
     "pagesift.shared.ha.rolestate",
@@ -162,6 +209,8 @@ PURE = (
     "pagesift.shared.replication.protocol",
     "pagesift.shared.replication.sender",
     "pagesift.shared.replication.follower",
+    "pagesift.shared.jobs.quarantine",
+    "pagesift.primary.engine.retrypolicy",
 )
 #: what a pure machine must never import, directly or through another module
 IO_MODULES = (
@@ -179,39 +228,32 @@ IO_MODULES = (
     "rocksdict",
     "pagesift.v1",
     "pagesift.node",
-    "pagesift.primary",
+    "pagesift.primary",  # role code (the primary's own pure modules import none either)
     "pagesift.standby",
 )
 
 
-def impure_reach(module: str, imports: dict[str, list[Import]], modules: set[str]) -> list[str]:
-    """The chains by which ``module`` reaches an I/O module (empty when it is pure)."""
-    found: list[str] = []
-    seen: set[str] = set()
-    todo: list[tuple[str, tuple[str, ...]]] = [(module, (module,))]
-    while todo:
-        name, chain = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for imp in imports.get(name, []):
-            target = imp.target
-            if any(_within(target, io) for io in IO_MODULES):
-                found.append(" -> ".join((*chain, target)))
-            elif target in modules:
-                todo.append((target, (*chain, target)))
-            elif target.rsplit(".", 1)[0] in modules:  # ``from pkg.mod import name``
-                todo.append((target.rsplit(".", 1)[0], (*chain, target.rsplit(".", 1)[0])))
-    return found
+def _is_io(target: str) -> bool:
+    return any(within(target, io) for io in IO_MODULES)
 
 
 def test_the_pure_machines_reach_no_io_module() -> None:
-    files = dict(module_files())
-    imports = {name: list(imports_of(name, path)) for name, path in files.items()}
+    imports = imports_by_module()
     for machine in PURE:
-        assert machine in files, f"{machine} not found"
-    bad = [chain for machine in PURE for chain in impure_reach(machine, imports, set(files))]
+        assert machine in imports, f"{machine} not found"
+    bad = [chain for machine in PURE for chain in reach(machine, imports, _is_io)]
     assert not bad, "a pure machine reaches an I/O module:\n  " + "\n  ".join(bad)
+
+
+@pytest.mark.parametrize("machine", PURE)
+def test_an_io_import_planted_in_each_pure_machine_is_reported(
+    machine: str, tmp_path: Path
+) -> None:
+    imports = imports_by_module()
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    import asyncio\n")
+    imports[machine] = [*imports[machine], *imports_of(machine, planted)]
+    assert f"{machine} -> asyncio" in reach(machine, imports, _is_io)
 
 
 def test_the_purity_scan_follows_imports_through_other_modules(tmp_path: Path) -> None:
@@ -222,10 +264,9 @@ def test_the_purity_scan_follows_imports_through_other_modules(tmp_path: Path) -
         "pagesift.shared.a": list(imports_of("pagesift.shared.a", a)),
         "pagesift.shared.b": list(imports_of("pagesift.shared.b", b)),
     }
-    modules = set(imports)
-    assert impure_reach("pagesift.shared.a", imports, modules) == [
+    assert reach("pagesift.shared.a", imports, _is_io) == [
         "pagesift.shared.a -> pagesift.shared.b -> asyncio"
     ]
     b.write_text("import json\n")
     imports["pagesift.shared.b"] = list(imports_of("pagesift.shared.b", b))
-    assert impure_reach("pagesift.shared.a", imports, modules) == []
+    assert reach("pagesift.shared.a", imports, _is_io) == []
