@@ -37,6 +37,7 @@ from pagesift.node.cli import build_parser
 from pagesift.node.cli.serve import serve_overrides
 from pagesift.shared.api.metrics import Metrics, ReplicationFigures, StorageFigures, WitnessGauges
 from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.config.settings import load_config
 from pagesift.shared.ha.election import MIN_TTL, parse_witness
 from pagesift.shared.jobs.accounts import Accounts, AccountsError, hash_key, new_key
 from pagesift.shared.store.db import Store
@@ -268,7 +269,7 @@ def effective_config(spec: NodeSpec, tmp: Path) -> ServerConfig:
         config_file.write_text(spec.config_text)
     overrides = serve_overrides(parse_serve(spec.argv, spec.where))
     try:
-        return ServerConfig.load(config_file, overrides)
+        return load_config(config_file, overrides)
     except (ValueError, TypeError) as err:
         pytest.fail(f"{spec.where}: the config does not load: {err}")
 

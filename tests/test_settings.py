@@ -213,7 +213,7 @@ def test_strict_but_not_petty(tmp_path: Path) -> None:
 
 def test_flag_bounds_are_checked_too() -> None:
     with pytest.raises(ConfigError, match=r"^per_host_concurrency \(command line\): "):
-        ServerConfig.load(None, {"per_host_concurrency": 0}, {})
+        load_config(None, {"per_host_concurrency": 0}, {})
 
 
 # ---------------------------------------------------------------- README

@@ -16,7 +16,6 @@ from typing import Any
 
 from pagesift.node.cli.args import host_port, nonneg_float
 from pagesift.node.cli.common import EXIT_FAILED, fail, server_extra_missing
-from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.ha.election import MIN_TTL, parse_witness
 from pagesift.shared.ha.roles import Role
 
@@ -59,8 +58,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     missing = server_extra_missing("serve")
     if missing:  # a client-only install (pip install pagesift): no node here
         return fail(missing, exit=EXIT_FAILED)
+    # pydantic (the loader's) is imported here only: the client commands never load it
+    from pagesift.shared.config.settings import load_config
+
     try:
-        config = ServerConfig.load(args.config, serve_overrides(args))
+        config = load_config(args.config, serve_overrides(args))
     except (OSError, ValueError, TypeError) as err:
         return fail(f"config: {err}")
     if config.role not in (Role.PRIMARY, Role.STANDBY):

@@ -2,9 +2,10 @@
 
 Sources, each over the one before: the defaults here, the TOML file's ``[server]``
 table (``--config FILE``), ``PAGESIFT_<KEY>`` environment variables, then the
-``serve`` flags. ``ServerConfig.load`` checks every value strictly (pagesift.shared.
-settings, imported only then: pydantic is for ``serve``, not for every client command)
-and raises ``ConfigError``, one line naming the key, its source and what was expected.
+``serve`` flags. ``pagesift.shared.config.settings.load_config`` fills this class and
+checks every value strictly, raising ``ConfigError``: one line naming the key, its source
+and what was expected. This module imports no loader (the loader imports it): pydantic is
+for ``serve``, not for every client command that names a config type.
 Every limit a request can hit is named here so that error messages can quote it.
 
 Each field is ``Annotated[type, Doc(meaning, limits)] = default``: ``Doc`` is the
@@ -14,10 +15,9 @@ bound is checked at load time (only where a smaller value would fail later).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 
 class ConfigError(ValueError):
@@ -284,17 +284,3 @@ class ServerConfig:
         float,
         Doc("seconds a crawl reads sitemaps at most (its pages are fetched meanwhile)", ge=0),
     ] = 60.0
-
-    @classmethod
-    def load(
-        cls,
-        file: Path | None,
-        overrides: Mapping[str, Any],
-        env: Mapping[str, str] | None = None,
-    ) -> ServerConfig:
-        """Defaults, the file's ``[server]`` table, ``PAGESIFT_*`` (``env``, default
-        ``os.environ``), then non-None ``overrides`` (the flags); ``ConfigError`` (or
-        ``OSError`` for an unreadable file) on the first bad value."""
-        from pagesift.shared.config.settings import load_config
-
-        return load_config(file, overrides, env)

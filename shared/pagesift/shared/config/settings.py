@@ -280,7 +280,9 @@ _DICT: ErrorDetails = {"type": "dict_type", "loc": (), "msg": "", "input": None}
 def load_config(
     file: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> ServerConfig:
-    """``ServerConfig.load``: defaults < file ``[server]`` < ``PAGESIFT_*`` < flags."""
+    """Defaults, the file's ``[server]`` table, ``PAGESIFT_*`` (``env``, default
+    ``os.environ``), then non-None ``overrides`` (the flags), each over the one before;
+    ``ConfigError`` (or ``OSError`` for an unreadable file) on the first bad value."""
     merged: dict[str, Any] = {}
     if file is not None:
         table = _read_file(file)
