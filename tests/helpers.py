@@ -34,7 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pagesift.demo.site import CALENDAR_EXCLUDE, normalize_url
 from pagesift.node import grpcserver
 from pagesift.node.drill.procs import free_port as free_port
-from pagesift.node.node import Node
+from pagesift.node.node import Node, http_engine
+from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api import tls
 from pagesift.shared.config.schema import ServerConfig
@@ -136,12 +137,17 @@ def node_config(data: Path, **overrides: Any) -> ServerConfig:
 
 
 @contextlib.asynccontextmanager
-async def in_process_node(data: Path, **overrides: Any) -> AsyncIterator[RunningNode]:
-    """A real node (gRPC server + store + engine) inside the test's event loop."""
+async def in_process_node(
+    data: Path, engine: Engine | None = None, **overrides: Any
+) -> AsyncIterator[RunningNode]:
+    """A real node (gRPC server + store + engine) inside the test's event loop. Its jobs
+    fetch with an ``HttpEngine``, or with ``engine`` when given (``tests/fakeengine.py``:
+    for a test about what the job runtime does with pages, not about fetching)."""
     config = node_config(data, **overrides)
     stop = asyncio.Event()
     started: asyncio.Future[Node] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(grpcserver.run(config, stop, started))
+    factory = http_engine if engine is None else (lambda _config, _metrics: engine)
+    task = asyncio.create_task(grpcserver.run(config, stop, started, factory))
     channel = grpc.aio.insecure_channel(config.listen)
     try:
         node = await asyncio.wait_for(asyncio.shield(started), 10)

@@ -1,8 +1,10 @@
 """GetJob pages by size as well as count, and WatchJob's catch-up delivers big documents.
 
-A real in-process node scrapes a loopback site whose pages carry big bodies (markdown
-and raw_html both kept, so a document is about twice its page); ``max_response_bytes``
-is set low so a handful of documents fill a response. Every wait is bounded.
+A real in-process node runs a batch job over pages with big bodies (markdown and
+raw_html both kept, so a document is about twice its page), served by the in-process
+``FakeEngine``: what is under test is the paging of stored documents, not fetching.
+``max_response_bytes`` is set low so a handful of documents fill a response. Every wait
+is bounded.
 """
 
 from __future__ import annotations
@@ -12,35 +14,39 @@ from pathlib import Path
 
 import grpc
 import pytest
-from aiohttp import web
 
+from pagesift.primary.engine.protocol import Page
 from pagesift.shared.api import service as jobservice
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import RunningNode, in_process_node, serve_handler, wait_terminal
+from tests.fakeengine import FakeEngine
+from tests.helpers import RunningNode, in_process_node, wait_terminal
 
 CAP = 512 * 1024  # max_response_bytes in these tests
 # Page body sizes in KiB; document 9's (900 KiB: ~1.8 MB as a document) is over CAP.
 SIZES = [40, 300, 120, 200, 10, 260, 90, 250, 5, 900, 30, 150, 220, 60, 180, 75]
 BIG = 9
 WORDS = "lorem ipsum dolor sit amet "
+ROOT = "http://127.0.0.1:8001"
 
 
-async def page(request: web.Request) -> web.Response:
-    if request.path == "/robots.txt":
-        return web.Response(status=404)
-    kib = int(request.match_info["tail"].rpartition("/")[2])
+def page(url: str) -> Page:
+    """``/p{i}/{kib}``: a page of ``kib`` KiB of words, as markdown and as raw HTML."""
+    kib = int(url.rpartition("/")[2])
     text = (WORDS * (kib * 1024 // len(WORDS) + 1))[: kib * 1024]
-    return web.Response(text=f"<html><body><p>{text}</p></body></html>", content_type="text/html")
+    doc = jobs_pb2.Document(
+        url=url,
+        final_url=url,
+        markdown=text,
+        raw_html=f"<html><body><p>{text}</p></body></html>",
+    )
+    return Page(document=doc, links=[])
 
 
 @pytest.fixture
 async def job(tmp_path: Path) -> AsyncIterator[tuple[RunningNode, str, list[str]]]:
     """A finished batch job of len(SIZES) big documents, stored in URL order."""
-    async with (
-        serve_handler(page) as port,
-        in_process_node(tmp_path, max_response_bytes=CAP, max_body_bytes=4 << 20) as node,
-    ):
-        urls = [f"http://127.0.0.1:{port}/p{i}/{kib}" for i, kib in enumerate(SIZES)]
+    async with in_process_node(tmp_path, engine=FakeEngine(page), max_response_bytes=CAP) as node:
+        urls = [f"{ROOT}/p{i}/{kib}" for i, kib in enumerate(SIZES)]
         options = jobs_pb2.ScrapeOptions(
             formats=[jobs_pb2.FORMAT_MARKDOWN, jobs_pb2.FORMAT_RAW_HTML]
         )

@@ -1,7 +1,8 @@
 """Crawl scope by origin and by path, regexes over the path or the whole URL, and a
 crawl whose caller regex would backtrack forever.
 
-Real aiohttp sites on loopback ports, a real in-process node; every wait is bounded.
+Real aiohttp sites on loopback ports (or, where the test is about which links the job
+runtime follows, ``FakeEngine``), a real in-process node; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
+from pagesift.primary.engine.protocol import Page
 from pagesift.shared.jobs.scope import Scope, in_scope, path_prefix
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.fakeengine import FakeEngine, page
 from tests.helpers import TERMINAL, all_documents, in_process_node, serve_handler, wait_terminal
 
 
@@ -233,54 +236,33 @@ def html(body: str) -> web.Response:
 async def test_a_crawl_stays_on_its_origin_unless_external_links_are_allowed(
     tmp_path: Path, external: bool
 ) -> None:
-    other_hits: list[str] = []
+    """Which links and sitemap URLs the job runtime follows (the web is ``FakeEngine``):
+    another port of the same host, or https on this port, is another origin."""
+    root, other = "http://127.0.0.1:8001/", "http://127.0.0.1:8002/"
 
-    async def other(request: web.Request) -> web.Response:
-        other_hits.append(request.path)
-        return html("<h1>another service</h1>")
+    def site(url: str) -> Page:
+        if url == root:
+            return page(url, other, other + "deep", "https://127.0.0.1:8001/secure", "/local")
+        return page(url)
 
-    async with serve_handler(other) as other_port:
-        mine: list[int] = []  # the first site's port, once bound
-
-        async def first(request: web.Request) -> web.Response:
-            if request.path == "/sitemap.xml":
-                loc = f"http://127.0.0.1:{other_port}/from-sitemap"
-                return web.Response(
-                    text=f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
-                    f"<url><loc>{loc}</loc></url><url><loc>/local</loc></url></urlset>",
-                    content_type="application/xml",
-                )
-            if request.path == "/":
-                first_port = mine[0]
-                return html(
-                    f'<a href="http://127.0.0.1:{other_port}/">same host, other port</a>'
-                    f'<a href="http://127.0.0.1:{other_port}/deep">again</a>'
-                    f'<a href="https://127.0.0.1:{first_port}/secure">https on my port</a>'
-                    f'<a href="http://127.0.0.1:{first_port}/local">mine</a>'
-                )
-            return html(f"<p>{request.path}</p>")
-
-        async with (
-            serve_handler(first) as first_port,
-            in_process_node(tmp_path, respect_robots=False) as node,
-        ):
-            mine.append(first_port)
-            root = f"http://127.0.0.1:{first_port}/"
-            start = await node.stub.StartCrawl(
-                jobs_pb2.StartCrawlRequest(url=root, allow_external_links=external, limit=20)
-            )
-            job = await wait_terminal(node.stub, start.id, timeout=30)
-            assert job.state == jobs_pb2.JOB_STATE_COMPLETED
-            docs = {d.url for d in await all_documents(node.stub, start.id)}
-            other_docs = {u for u in docs if f":{other_port}/" in u}
-            assert f"http://127.0.0.1:{first_port}/local" in docs
-            if external:
-                assert other_hits, "allow_external_links should reach the other port"
-                assert other_docs
-            else:
-                assert other_hits == [], "the crawl reached another service on the host"
-                assert other_docs == set()
-                assert docs == {root, f"http://127.0.0.1:{first_port}/local"}
+    engine = FakeEngine(site, sitemaps={root[:-1]: [other + "from-sitemap", root + "local"]})
+    async with in_process_node(tmp_path, engine=engine, respect_robots=False) as node:
+        start = await node.stub.StartCrawl(
+            jobs_pb2.StartCrawlRequest(url=root, allow_external_links=external, limit=20)
+        )
+        job = await wait_terminal(node.stub, start.id, timeout=30)
+        assert job.state == jobs_pb2.JOB_STATE_COMPLETED
+        docs = {d.url for d in await all_documents(node.stub, start.id)}
+    other_hits = [u for u in engine.requests if u.startswith(other)]
+    other_docs = {u for u in docs if u.startswith(other)}
+    assert root + "local" in docs
+    if external:
+        assert other_hits, "allow_external_links should reach the other port"
+        assert other_docs
+    else:
+        assert other_hits == [], "the crawl reached another service on the host"
+        assert other_docs == set()
+        assert docs == {root, root + "local"}
 
 
 # --- a caller's regex never stalls the node ----------------------------------------------

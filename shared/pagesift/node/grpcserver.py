@@ -33,7 +33,7 @@ from pagesift.node import reflection
 from pagesift.node.admin import AdminServicer
 from pagesift.node.health import HealthPublisher
 from pagesift.node.logs import setup_logging
-from pagesift.node.node import Node, StartRefused
+from pagesift.node.node import EngineFactory, Node, StartRefused, http_engine
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.storage import StorageErrors
 from pagesift.primary.replication import add_to_server
@@ -179,10 +179,14 @@ def _bind(server: grpc.aio.Server, listen: str, creds: grpc.ServerCredentials | 
 
 
 async def run(
-    config: ServerConfig, stop: asyncio.Event, started: asyncio.Future[Node] | None = None
+    config: ServerConfig,
+    stop: asyncio.Event,
+    started: asyncio.Future[Node] | None = None,
+    engine_factory: EngineFactory = http_engine,
 ) -> None:
-    """Serve until ``stop`` is set; ``started`` gets the node once it serves."""
-    node = Node(config)
+    """Serve until ``stop`` is set; ``started`` gets the node once it serves.
+    ``engine_factory``: the job runtime's engine (``Node``)."""
+    node = Node(config, engine_factory)
     node.events.bind(asyncio.get_running_loop())
     try:
         await node.start()

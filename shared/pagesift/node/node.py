@@ -45,7 +45,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -57,6 +57,7 @@ from pagesift.node.status import RoleStatus, figures
 from pagesift.node.storage import StorageWatcher, release_reserve
 from pagesift.node.witness import EtcdWitness
 from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.primary.replication import ReplicationServicer
 from pagesift.primary.webhooks import outbox as webhooks
@@ -110,6 +111,15 @@ logger = logging.getLogger("pagesift.server")
 MIN_TOKEN_CHARS = 16
 
 
+#: Builds the engine of the job runtime each time this node starts its jobs (as primary).
+EngineFactory = Callable[[ServerConfig, Metrics], Engine]
+
+
+def http_engine(config: ServerConfig, metrics: Metrics) -> Engine:
+    """The engine a node runs: ``HttpEngine`` (fetches over HTTP, extraction workers)."""
+    return HttpEngine(config, metrics=metrics)
+
+
 class StartRefused(RuntimeError):
     """The data directory does not allow the role asked for (see ``Node.start``)."""
 
@@ -117,8 +127,11 @@ class StartRefused(RuntimeError):
 class Node:
     """The running node: its store slot, its role, and (as primary) its job runtime."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, engine_factory: EngineFactory = http_engine) -> None:
+        """``engine_factory``: the job runtime's engine (tests hand in an in-process one,
+        ``tests/fakeengine.py``, where the test is about job logic, not fetching)."""
         self.config = config
+        self._engine_factory = engine_factory
         self.node_id = _node_id(config.data)
         self.events = JobEvents()
         self.accounts = Accounts.load(Path(config.accounts_file) if config.accounts_file else None)
@@ -162,7 +175,7 @@ class Node:
         self.elector: Elector | None = None
         self._elector_task: asyncio.Task[None] | None = None
         self.jobs: Jobs | None = None
-        self.engine: HttpEngine | None = None
+        self.engine: Engine | None = None
         # the node's role, and what it runs: the one place it is kept (see ``rolestate``)
         self._state = RoleState.initial(
             RoleConfig(
@@ -368,7 +381,7 @@ class Node:
 
     async def _start_jobs(self) -> None:
         cfg = self.config
-        self.engine = HttpEngine(cfg, metrics=self.metrics)
+        self.engine = self._engine_factory(cfg, self.metrics)
         deliverer = webhooks.Deliverer(
             lambda: self.slot.store,
             None,
