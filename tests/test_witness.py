@@ -137,7 +137,7 @@ async def test_sigkill_of_the_primary_mid_crawl_hands_over_and_the_old_one_rejoi
     primary.kill()
     took_over = await eventually(lambda: is_primary(standby), "the standby to take over", 20)
     assert took_over.epoch > first_epoch  # the witness's revision: a new, higher epoch
-    await primary.start()  # the same command line as before
+    await primary.start()  # the command line it was started with
     await eventually(lambda: follows(primary, standby), "the old primary to rejoin", 30)
     final = await finished(standby.address, job_id, timeout=90)
     assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
