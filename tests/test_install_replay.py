@@ -2,8 +2,9 @@
 
 No image can be built on these machines (no base-image registry), so this module stands
 in for ``docker build -f deploy/Dockerfile``, and for every other place that tells
-someone how to install a node: each ``pip install`` line in README.md's shell blocks
-and in deploy/'s files (the systemd recipe in the README today). Compose builds its
+someone how to install a node: each ``pip install`` line in the shell blocks of
+README.md and docs/*.md (the systemd recipe is in docs/operations.md) and in deploy/'s
+files. Compose builds its
 nodes from deploy/Dockerfile and the Kubernetes manifests run that image, so the
 Dockerfile's replay is theirs (``test_compose_and_kubernetes_run_the_dockerfiles_image``).
 
@@ -11,7 +12,7 @@ Dockerfile's replay is theirs (``test_compose_and_kubernetes_run_the_dockerfiles
   ``RUN`` that starts with ``pip install`` are applied to a scratch directory that
   plays the image's ``/`` (files copied from the repository, as the build context has
   them), then that ``RUN``'s commands run there, split at ``&&``.
-- A README or deploy line runs in a scratch directory holding ``pagesift/``, a copy of
+- A README, docs or deploy line runs in a scratch directory holding ``pagesift/``, a copy of
   the repository's tracked files (a clone); absolute paths (``/opt/pagesift/.venv``)
   land under the scratch directory. A registry install is replayed as written: the
   name ``pagesift`` on the package index is an unrelated project (this module found
@@ -63,6 +64,8 @@ from tests.test_deploy_kit import Instruction, dockerfile
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 README = ROOT / "README.md"
+#: the markdown whose shell blocks may tell someone how to install
+MARKDOWN = [README, *sorted((ROOT / "docs").glob("*.md"))]
 #: pip options that take a value (the value is not a requirement)
 _VALUED = {"-c", "--constraint", "-r", "--requirement", "-f", "--find-links", "-i"}
 _VALUED |= {"--index-url", "--extra-index-url", "--python", "-t", "--target"}
@@ -183,17 +186,19 @@ def _comment(line: str) -> str:
 
 
 def text_installs() -> list[InstallInstruction]:
-    """Every ``pip install`` line in README.md's shell blocks and in deploy/'s files
-    (outside the Dockerfile, whose install ``dockerfile_install`` reads)."""
+    """Every ``pip install`` line in the shell blocks of README.md and docs/*.md and in
+    deploy/'s files (outside the Dockerfile, whose install ``dockerfile_install`` reads)."""
     found: list[InstallInstruction] = []
-    for n, line in _shell_blocks(README.read_text()):
-        if "pip install" in line:
-            body = line.lstrip("$ ")
-            comment = _comment(body)
-            code = body[: len(body) - len(comment)].rstrip().removesuffix("#") if comment else body
-            found.append(
-                InstallInstruction(f"README.md:{n}", split_commands(code), comment=comment)
-            )
+    for doc in MARKDOWN:
+        for n, line in _shell_blocks(doc.read_text()):
+            if "pip install" in line:
+                body = line.lstrip("$ ")
+                comment = _comment(body)
+                code = (
+                    body[: len(body) - len(comment)].rstrip().removesuffix("#") if comment else body
+                )
+                where = f"{doc.relative_to(ROOT)}:{n}"
+                found.append(InstallInstruction(where, split_commands(code), comment=comment))
     for path in sorted(DEPLOY.rglob("*")):
         if not path.is_file() or path.name == "Dockerfile" or "secrets" in path.parts:
             continue

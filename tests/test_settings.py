@@ -1,5 +1,5 @@
 """The typed server config: file < ``PAGESIFT_*`` < flags, strict types, one-line errors,
-and README's reference table generated from the same fields."""
+and docs/configuration.md's table generated from the same fields."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def write_conf(tmp_path: Path, body: str) -> Path:
 # ---------------------------------------------------------------- bad values
 
 
-UNKNOWN = 'unknown key, expected one of README "Configuration"'
+UNKNOWN = "unknown key, expected one of docs/configuration.md"
 JSON_OBJECT = 'expected a JSON object of name: URL, e.g. {"eu": "http://proxy:3128"}'
 BAD = [
     # (file body or None, {PAGESIFT_* variables}, the message after "error: config: ")
@@ -216,17 +216,17 @@ def test_flag_bounds_are_checked_too() -> None:
         load_config(None, {"per_host_concurrency": 0}, {})
 
 
-# ---------------------------------------------------------------- README
+# ---------------------------------------------------------------- docs/configuration.md
 
 
-def test_readme_has_the_generated_config_table() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_configuration_doc_has_the_generated_config_table() -> None:
+    doc = (ROOT / "docs" / "configuration.md").read_text()
     found = re.findall(
-        r"<!-- config-table:begin -->\n(.*?)<!-- config-table:end -->", readme, re.DOTALL
+        r"<!-- config-table:begin -->\n(.*?)<!-- config-table:end -->", doc, re.DOTALL
     )
-    assert len(found) == 1, "README.md needs one config-table:begin/end marker pair"
+    assert len(found) == 1, "docs/configuration.md needs one config-table:begin/end marker pair"
     assert found[0] == config_table_markdown(), (
-        "README's config table is stale: paste "
+        "docs/configuration.md's config table is stale: paste "
         "pagesift.shared.config.settings.config_table_markdown()"
     )
 

@@ -17,7 +17,7 @@ where the bad value came from:
 - the ``serve`` flags (``overrides``; argparse has typed them, their bounds are checked
   here too).
 
-Later sources win, per key. ``config_table_markdown`` renders README's table of every
+Later sources win, per key. ``config_table_markdown`` renders docs/configuration.md's table of every
 key from the same fields.
 """
 
@@ -163,7 +163,7 @@ def _unknown(key: str, source: str, known: list[str]) -> ConfigError:
     near = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean {near[0]}?)" if near else ""
     return ConfigError(
-        f'{key} ({source}): unknown key, expected one of README "Configuration"{hint}'
+        f"{key} ({source}): unknown key, expected one of docs/configuration.md{hint}"
     )
 
 
@@ -294,7 +294,7 @@ def load_config(
     return ServerConfig(**merged)
 
 
-# ---------------------------------------------------------------- README
+# ---------------------------------------------------------------- docs/configuration.md
 
 
 def _type_name(base: Any) -> str:
@@ -314,7 +314,7 @@ def _toml(value: Any) -> str:
 
 
 def config_table_markdown() -> str:
-    """README's reference table: every ``[server]`` key, its type, default and meaning."""
+    """docs/configuration.md's table: every ``[server]`` key, its type, default and meaning."""
     types = _key_types()
     rows = [
         "| key | type | default | meaning |",
