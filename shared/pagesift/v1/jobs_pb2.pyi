@@ -434,8 +434,8 @@ class ScrapeOptions(_message.Message):
 
     @_builtins.property
     def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Request control: what every request of the scrape or job sends (README,
-        "Request control per job"). Stored with the job's request, so a resumed or
+        """Request control: what every request of the scrape or job sends
+        (docs/crawling.md, "Request control per job"). Stored with the job's request, so a resumed or
         failed-over job sends the same requests.
 
         Headers added to every page and sitemap request. Hop-by-hop and framing headers
@@ -470,10 +470,11 @@ class ScrapeOptions(_message.Message):
     def exclude_tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def max_age(self) -> _duration_pb2.Duration:
-        """Freshness (README, "Freshness and change tracking"): a copy of the page in this
-        account's page cache younger than max_age is returned without a fetch (an
-        older one is revalidated with If-None-Match / If-Modified-Since). Setting it
-        also stores the page in the cache. Unset or zero: always fetch, no cache.
+        """Freshness (docs/crawling.md, "Freshness and change tracking"): a copy of the
+        page in this account's page cache younger than max_age is returned without a
+        fetch (an older one is revalidated with If-None-Match / If-Modified-Since).
+        Setting it also stores the page in the cache. Unset or zero: always fetch, no
+        cache.
         """
 
     def __init__(
@@ -939,7 +940,7 @@ class StartCrawlRequest(_message.Message):
     idempotency_key: _builtins.str
     """As StartBatchScrapeRequest.idempotency_key (AIP-155)."""
     dedupe_similar_urls: _builtins.bool
-    """URL identity (see the README): treat www/non-www, http/https (default ports),
+    """URL identity (docs/crawling.md): treat www/non-www, http/https (default ports),
     index.* and trailing-slash spellings of a URL as one page.
     """
     strip_tracking_parameters: _builtins.bool
@@ -1564,7 +1565,7 @@ Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
 
 @_typing.final
 class MapRequest(_message.Message):
-    """MapRequest asks for the URLs of the site of url (README, "Map"). The walk covers
+    """MapRequest asks for the URLs of the site of url (docs/api.md, "Map"). The walk covers
     the whole site of url's origin (crawl_entire_domain semantics: no path rule); the
     link walk follows links to link depth 2 within the server's page budget, and
     fetches pages as a crawl does (robots.txt, the address guard, per-host politeness).

@@ -6,7 +6,7 @@ This entry module assembles the parser from the command modules and runs a comma
 it guarantees, for every subcommand:
 
 - ``main(argv)`` returns the exit status and never raises for a user error. The
-  statuses, by class (``common.EXIT_*``, the README's "Exit codes"): 0 success; 1
+  statuses, by class (``common.EXIT_*``, docs/cli.md, "Exit codes"): 0 success; 1
   the command ran and said no (a waited/watched job ended failed or cancelled,
   ``verify`` unequal, a drill run failed); 2 bad usage (argparse, flags that do not
   go together, a bad ``serve`` config); 3 a server refused (any gRPC status but

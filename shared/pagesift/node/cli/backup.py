@@ -28,8 +28,8 @@ The guarantee
 stream that ends before its manifest, a cancel (Ctrl-C) removes the temporary
 directory and leaves ``DIR`` as it was. A SIGKILL can leave a ``.DIR.partial-*``
 directory behind, never something named ``DIR``. ``pagesift serve --data DIR`` starts
-from the copy (see the README: a primary branches off a new history; a standby
-continues from its primary's backlog).
+from the copy (docs/operations.md, "Backup and restore": a primary branches off a new
+history; a standby continues from its primary's backlog).
 """
 
 from __future__ import annotations

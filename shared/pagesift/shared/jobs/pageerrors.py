@@ -2,7 +2,7 @@
 
 The primary's engine raises ``PageError``; ``JobService`` (shared by both roles) turns
 it into a status for a Scrape call; the job runtime stores it as a page error whose
-``code`` ``GetJobErrors`` returns. The codes are part of the API (see the README).
+``code`` ``GetJobErrors`` returns. The codes are part of the API (docs/api.md).
 ``status`` and ``retry_after`` carry what the retry policy
 (``pagesift.primary.engine.retrypolicy``) needs to decide on another attempt.
 
