@@ -17,12 +17,20 @@ from pagesift.shared.api import rpcerrors
 from pagesift.shared.api.errortable import (
     HANDLED,
     TABLE,
+    BackupFailed,
+    BackupInProgress,
     CallFacts,
+    CannotPromote,
+    DigestOffsetPassed,
     DocumentTooLarge,
     JobNotFound,
+    NoLongerPrimary,
+    OffsetNotReached,
     PageFailed,
+    ReplicationRefused,
     SkipOutOfRange,
     StandbyNode,
+    SteppedDownForPeer,
     reason_table_markdown,
     refusal_of,
     row_for,
@@ -35,6 +43,7 @@ from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.records import IdempotencyKeyReused
 from pagesift.shared.jobs.specs import Permissions, WebhookSecretMissing, crawl, scrape
 from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.shared.replication.backlog import BacklogLost
 from pagesift.shared.replication.identity import Fenced, NotWritable
 from pagesift.shared.store.db import NO_SPACE, StorageUnavailable
 from pagesift.v1 import jobs_pb2
@@ -60,6 +69,15 @@ SAMPLES: dict[type[Exception], Exception] = {
     DocumentTooLarge: DocumentTooLarge(4, 99, 64, "skip"),
     PageFailed: PageFailed(PageError(ErrorCode.INVALID_URL, "no host"), "http://x/"),
     StorageUnavailable: StorageUnavailable(NO_SPACE),
+    CannotPromote: CannotPromote(),
+    DigestOffsetPassed: DigestOffsetPassed(3, "asked for offset 3, already at 5"),
+    OffsetNotReached: OffsetNotReached(9, 5, 1.0),
+    BackupInProgress: BackupInProgress("a backup of this node is already running"),
+    BackupFailed: BackupFailed(OSError("disk on fire")),
+    ReplicationRefused: ReplicationRefused("this node is not a writable primary"),
+    SteppedDownForPeer: SteppedDownForPeer(7, "peer 'b' has epoch 7 > ours 6"),
+    NoLongerPrimary: NoLongerPrimary(),
+    BacklogLost: BacklogLost("offset 4 was trimmed"),
 }
 
 

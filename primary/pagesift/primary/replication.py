@@ -65,7 +65,6 @@ they hold, are ``replsender``'s.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -74,11 +73,16 @@ from dataclasses import dataclass
 
 import grpc
 
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.api.errortable import (
+    HelloExpected,
+    NodeRefuser,
+    NoLongerPrimary,
+    ReplicationRefused,
+    SteppedDownForPeer,
+    answers_errors,
+)
 from pagesift.shared.replication import protocol as replproto
 from pagesift.shared.replication import sender as replsender
-from pagesift.shared.replication.backlog import BacklogLost
 from pagesift.shared.replication.framing import entries_message, snapshot_messages
 from pagesift.shared.replication.log import Log
 from pagesift.shared.replication.sender import (
@@ -102,6 +106,7 @@ from pagesift.shared.replication.sender import (
     WaitStarted,
 )
 from pagesift.shared.replication.slot import StoreSlot
+from pagesift.shared.util.tasks import cancel_and_wait_all
 from pagesift.v1 import replication_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -145,7 +150,7 @@ class PrimaryStatus:
     sync_degraded: bool
 
 
-class ReplicationServicer:
+class ReplicationServicer(NodeRefuser):
     """Serves the stream to standbys. Every node serves it, standbys included (the
     composition root, ``pagesift.node``, registers it on each node's server): it
     refuses while the node is not a writable primary, and serves after a promotion
@@ -290,6 +295,7 @@ class ReplicationServicer:
                 self._step(WaitAbandoned(waiter))
 
     # --- the stream ----------------------------------------------------------------------
+    @answers_errors
     async def stream_frames(
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: Context
     ) -> AsyncGenerator[Frame, None]:
@@ -302,11 +308,7 @@ class ReplicationServicer:
         except (StopAsyncIteration, TimeoutError):
             return
         if first.WhichOneof("msg") != "hello":
-            await rpcerrors.invalid_argument(
-                context,
-                "the first message must be hello",
-                [("hello", "the first message must be hello")],
-            )
+            raise HelloExpected()
         h = first.hello
         hello = replproto.Hello(h.node_id, h.history_id, h.applied_offset, h.epoch)
         log = self._slot.log
@@ -314,20 +316,9 @@ class ReplicationServicer:
         logger.info("standby %s (%s): %s", hello.node_id, context.peer(), decision)
         if isinstance(decision, replproto.StepDown):
             await self.step_down(decision.peer_epoch, by=h.address)
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                decision.reason,
-                Reason.STEPPED_DOWN,
-                {"epoch": decision.peer_epoch},
-            )
+            raise SteppedDownForPeer(decision.peer_epoch, decision.reason)
         if isinstance(decision, replproto.Refuse):
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                decision.reason,
-                Reason.REPLICATION_REFUSED,
-            )
+            raise ReplicationRefused(decision.reason)
 
         # A full resync starts from nothing we share: the standby's old offset counts
         # for nothing (it may even be of a diverged history) until it acks.
@@ -378,45 +369,31 @@ class ReplicationServicer:
                 )
                 nxt = decision.from_offset
             self._step(SessionTailing(sid))
-            async for frame in self._tail(log, sid, nxt, closed, context):
+            async for frame in self._tail(log, sid, nxt, closed):
                 yield frame
         finally:
             self._step(SessionClosed(sid))
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            await cancel_and_wait_all([reader])  # a cancel of the call itself still ends it
 
     async def _tail(
-        self, log: Log, sid: int, nxt: int, closed: asyncio.Event, context: Context
+        self, log: Log, sid: int, nxt: int, closed: asyncio.Event
     ) -> AsyncIterator[Frame]:
         while not closed.is_set():
             if log is not self._slot.log or not log.writable:
                 # Demoted (fenced) or replaced: the standby must re-ask whoever leads.
-                await rpcerrors.abort(
-                    context,
-                    grpc.StatusCode.UNAVAILABLE,
-                    "this node is no longer primary",
-                    Reason.NO_LONGER_PRIMARY,
-                )
-            try:
-                # The entries' bytes, framed as they are: no parse, no copy per entry.
-                entries = log.read_raw(nxt, max_bytes=self.batch_bytes)
-                if entries:
-                    # Async mode: at most one batch per ``linger`` unless it is full, so
-                    # that a busy stream carries batches, not one message per write (a
-                    # message costs both sides far more CPU than an entry in it). Sync
-                    # mode sends at once: its writers wait for the standby's ack.
-                    (send,) = self._step(EntriesReady(sid, sum(map(len, entries))))
-                    if isinstance(send, Linger):
-                        await asyncio.sleep(send.until - time.monotonic())
-                        entries = log.read_raw(nxt, max_bytes=self.batch_bytes)
-            except BacklogLost as exc:
-                await rpcerrors.abort(
-                    context,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"standby too slow: {exc}",
-                    Reason.STANDBY_TOO_SLOW,
-                )
+                raise NoLongerPrimary()
+            # The entries' bytes, framed as they are: no parse, no copy per entry. A
+            # trimmed ``nxt`` raises ``BacklogLost`` (STANDBY_TOO_SLOW): never skipped.
+            entries = log.read_raw(nxt, max_bytes=self.batch_bytes)
+            if entries:
+                # Async mode: at most one batch per ``linger`` unless it is full, so
+                # that a busy stream carries batches, not one message per write (a
+                # message costs both sides far more CPU than an entry in it). Sync
+                # mode sends at once: its writers wait for the standby's ack.
+                (send,) = self._step(EntriesReady(sid, sum(map(len, entries))))
+                if isinstance(send, Linger):
+                    await asyncio.sleep(send.until - time.monotonic())
+                    entries = log.read_raw(nxt, max_bytes=self.batch_bytes)
             if entries:
                 nxt += len(entries)
                 yield entries_message(entries)

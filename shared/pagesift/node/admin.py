@@ -38,17 +38,25 @@ import grpc
 from pagesift.node.backup import BackupBusy, BackupSource
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.status import role_response
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.api.errortable import (
+    BackupFailed,
+    BackupInProgress,
+    CannotPromote,
+    DigestOffsetPassed,
+    NodeRefuser,
+    OffsetNotReached,
+    answers_errors,
+)
 from pagesift.shared.store.cuts import OffsetPassed, view_digest
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 
 
-class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
+class AdminServicer(replication_pb2_grpc.AdminServiceServicer, NodeRefuser):
     """Role, Promote and Digest for the node whose replication pieces are ``parts``
     (read at each call: the node may start or stop following, or become promotable,
-    while it runs). A node without a promoter cannot be promoted."""
+    while it runs). A node without a promoter cannot be promoted. Refusals are domain
+    exceptions, sent as the error table's rows (``answers_errors``)."""
 
     def __init__(self, parts: ReplicationParts, *, default_digest_timeout: float = 10.0) -> None:
         self._parts = parts
@@ -62,6 +70,7 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
     ) -> pb.RoleResponse:
         return role_response(self._parts.status(), self._parts.node_id)
 
+    @answers_errors
     async def Promote(
         self,
         request: pb.PromoteRequest,
@@ -77,13 +86,7 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
                     switch_offset=log.switch_offset,
                     already_primary=True,
                 )
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "this node cannot promote",
-                Reason.CANNOT_PROMOTE,
-            )
-        assert promoter is not None
+            raise CannotPromote()
         result = await promoter.promote()
         p = result.promotion
         return pb.PromoteResponse(
@@ -93,6 +96,7 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
             already_primary=result.already_primary,
         )
 
+    @answers_errors
     async def Digest(
         self,
         request: pb.DigestRequest,
@@ -103,25 +107,13 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
         try:
             view = await slot.log.view_at(request.at_offset, within=timeout)
         except OffsetPassed as exc:
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                str(exc),
-                Reason.OFFSET_PASSED,
-                {"offset": request.at_offset},
-            )
+            raise DigestOffsetPassed(request.at_offset, str(exc)) from exc
         except TimeoutError:  # the caller's own wait bound (timeout_seconds)
-            await rpcerrors.abort(
-                context,
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"offset {request.at_offset} not reached in {timeout:.1f}s "
-                f"(at {slot.log.last_offset})",
-                Reason.OFFSET_NOT_REACHED,
-                {"offset": request.at_offset, "at": slot.log.last_offset},
-            )
+            raise OffsetNotReached(request.at_offset, slot.log.last_offset, timeout) from None
         digest = await asyncio.to_thread(view_digest, view)
         return pb.DigestResponse(digest=digest, offset=view.offset)
 
+    @answers_errors
     async def Backup(
         self,
         request: pb.BackupRequest,
@@ -133,13 +125,6 @@ class AdminServicer(replication_pb2_grpc.AdminServiceServicer):
                 async for message in stream:
                     yield message
             except BackupBusy as exc:
-                await rpcerrors.abort(
-                    context,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    str(exc),
-                    Reason.BACKUP_IN_PROGRESS,
-                )
+                raise BackupInProgress(str(exc)) from exc
             except Exception as exc:  # a RocksDB or file error: say what it was
-                await rpcerrors.abort(
-                    context, grpc.StatusCode.INTERNAL, f"backup failed: {exc}", Reason.BACKUP_FAILED
-                )
+                raise BackupFailed(exc) from exc

@@ -7,10 +7,10 @@ keys and when it happens (the README's reason table is generated from these:
 domain exception, the exception types it maps and how one becomes a ``Refusal``
 (message, ErrorInfo metadata, extra details, trailing metadata), the way etcd's
 ``v3rpc/util.go`` keeps ``toGRPCErrorMap``. ``answers_errors`` applies it once per
-handler, so handlers raise and read straight through; ``refuse`` applies it
-anywhere else (the storage interceptor). The other reasons (admin, replication,
-the request guards) are sent by their servicers through ``rpcerrors.abort``; their
-rows document them.
+handler (JobService, AdminService, the replication stream), so handlers raise and
+read straight through; ``refuse`` applies it anywhere else (the storage interceptor).
+The reasons without a mapped exception (the request guards, malformed requests)
+are sent by their interceptors; their rows document them.
 
 Invariants (``tests/test_error_table.py``):
 - every ``Reason`` has exactly one row, and an exception type maps to one row (the
@@ -24,6 +24,7 @@ Invariants (``tests/test_error_table.py``):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
@@ -42,6 +43,7 @@ from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.records import IdempotencyKeyReused
 from pagesift.shared.jobs.specs import WebhookSecretMissing
 from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.shared.replication.backlog import BacklogLost
 from pagesift.shared.replication.identity import Fenced, NotWritable
 from pagesift.shared.store.db import StorageUnavailable
 
@@ -92,6 +94,75 @@ class PageFailed(Exception):
         super().__init__(str(error))
         self.error = error
         self.url = url
+
+
+# AdminService and the replication stream
+
+
+class CannotPromote(Exception):
+    """Promote reached a node that has no promoter (and is not the primary)."""
+
+    def __init__(self) -> None:
+        super().__init__("this node cannot promote")
+
+
+class DigestOffsetPassed(Exception):
+    """Digest at ``offset``, which the node has already applied past (that state is gone)."""
+
+    def __init__(self, offset: int, message: str) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+class OffsetNotReached(Exception):
+    """Digest at ``offset``: the node stood at ``at`` when the caller's ``within``
+    seconds (``timeout_seconds``) ran out."""
+
+    def __init__(self, offset: int, at: int, within: float) -> None:
+        super().__init__(f"offset {offset} not reached in {within:.1f}s (at {at})")
+        self.offset = offset
+        self.at = at
+
+
+class BackupInProgress(Exception):
+    """A second Backup while one runs (one at a time per node)."""
+
+
+class BackupFailed(Exception):
+    """A Backup failed on the node; the message says why (a RocksDB or file error)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"backup failed: {cause}")
+
+
+class HelloExpected(InvalidArgument):
+    """The replication stream's first message is not a hello (field ``hello``); its
+    message is the reason alone."""
+
+    def __init__(self) -> None:
+        super().__init__("hello", "the first message must be hello")
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class ReplicationRefused(Exception):
+    """The primary refuses a standby's Hello; the message says why."""
+
+
+class SteppedDownForPeer(Exception):
+    """A Hello of the higher ``epoch`` deposed this primary (it fenced itself)."""
+
+    def __init__(self, epoch: int, message: str) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+
+class NoLongerPrimary(Exception):
+    """The replication stream's node was demoted or replaced while it streamed."""
+
+    def __init__(self) -> None:
+        super().__init__("this node is no longer primary")
 
 
 # ------------------------------------------------------------------ the table
@@ -245,6 +316,27 @@ def _storage(e: StorageUnavailable, _: CallFacts) -> Refusal:
     )
 
 
+def _message(e: Exception, _: CallFacts) -> Refusal:
+    """The exception's message, nothing else (the reasons whose rows name no keys)."""
+    return Refusal(str(e))
+
+
+def _offset_passed(e: DigestOffsetPassed, _: CallFacts) -> Refusal:
+    return Refusal(str(e), {"offset": e.offset})
+
+
+def _offset_not_reached(e: OffsetNotReached, _: CallFacts) -> Refusal:
+    return Refusal(str(e), {"offset": e.offset, "at": e.at})
+
+
+def _stepped_down(e: SteppedDownForPeer, _: CallFacts) -> Refusal:
+    return Refusal(str(e), {"epoch": e.epoch})
+
+
+def _too_slow(e: BacklogLost, _: CallFacts) -> Refusal:
+    return Refusal(f"standby too slow: {e}")
+
+
 def _row(
     reason: Reason,
     codes: grpc.StatusCode | tuple[grpc.StatusCode, ...],
@@ -324,23 +416,32 @@ TABLE: tuple[Row, ...] = (
          "Scrape: the page could not be scraped",
          (PageFailed,), _page_failed, status="by page error code (below)"),
     _row(R.CANNOT_PROMOTE, C.FAILED_PRECONDITION, "",
-         "Promote on a node that has no promoter"),
+         "Promote on a node that has no promoter",
+         (CannotPromote,), _message),
     _row(R.OFFSET_PASSED, C.FAILED_PRECONDITION, "`offset`",
-         "Digest at an offset the node is already past"),
+         "Digest at an offset the node is already past",
+         (DigestOffsetPassed,), _offset_passed),
     _row(R.OFFSET_NOT_REACHED, C.DEADLINE_EXCEEDED, "`offset`, `at`",
          "Digest: the offset was not reached within the request's `timeout_seconds` "
-         "(the caller's own bound)"),
-    _row(R.BACKUP_IN_PROGRESS, C.RESOURCE_EXHAUSTED, "", "a second Backup while one runs"),
+         "(the caller's own bound)",
+         (OffsetNotReached,), _offset_not_reached),
+    _row(R.BACKUP_IN_PROGRESS, C.RESOURCE_EXHAUSTED, "", "a second Backup while one runs",
+         (BackupInProgress,), _message),
     _row(R.BACKUP_FAILED, C.INTERNAL, "",
-         "a Backup failed on the node (the message says why)"),
+         "a Backup failed on the node (the message says why)",
+         (BackupFailed,), _message),
     _row(R.REPLICATION_REFUSED, C.FAILED_PRECONDITION, "",
-         "the primary refuses a standby's Hello (the message says why)"),
+         "the primary refuses a standby's Hello (the message says why)",
+         (ReplicationRefused,), _message),
     _row(R.STEPPED_DOWN, C.FAILED_PRECONDITION, "`epoch`",
-         "a Hello of a higher epoch: the primary stepped down"),
+         "a Hello of a higher epoch: the primary stepped down",
+         (SteppedDownForPeer,), _stepped_down),
     _row(R.NO_LONGER_PRIMARY, C.UNAVAILABLE, "",
-         "the replication stream's node was demoted or replaced"),
+         "the replication stream's node was demoted or replaced",
+         (NoLongerPrimary,), _message),
     _row(R.STANDBY_TOO_SLOW, C.RESOURCE_EXHAUSTED, "",
-         "the standby fell behind the primary's backlog"),
+         "the standby fell behind the primary's backlog",
+         (BacklogLost,), _too_slow),
     _row(R.STORAGE_UNAVAILABLE, C.UNAVAILABLE,
          "`cause` (`no_space`, `io_error`) (+ `RetryInfo`)",
          "the node's store refuses writes (its data volume is full or failing); nothing "
@@ -390,6 +491,17 @@ class Refuser(Protocol):
         """Told of each mapped exception before it is sent (metrics)."""
 
 
+class NodeRefuser:
+    """A ``Refuser`` for the node's own services (AdminService, the replication
+    stream): no caller account and no primary hint to name, nothing to count."""
+
+    def call_facts(self) -> CallFacts:
+        return CallFacts(now=time.time())
+
+    def refused(self, exc: Exception) -> None:
+        return None
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -402,8 +514,10 @@ def answers_errors(method: F) -> F:
         @functools.wraps(method)
         async def stream(self: Refuser, request: Any, context: Any) -> AsyncIterator[Any]:
             try:
-                async for item in method(self, request, context):
-                    yield item
+                # aclosing: a cancelled or abandoned call closes the handler at once
+                async with contextlib.aclosing(method(self, request, context)) as items:
+                    async for item in items:
+                        yield item
             except HANDLED as e:
                 self.refused(e)
                 await refuse(context, e, self.call_facts())

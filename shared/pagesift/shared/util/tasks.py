@@ -1,15 +1,21 @@
-"""Stopping a child task without swallowing the caller's own cancellation.
+"""Stopping child tasks without swallowing the caller's own cancellation.
 
 ``cancel_and_wait(task)`` cancels ``task`` and waits until it has ended. The
 ``CancelledError`` that ends the child is absorbed; a cancellation of the *awaiting*
 task itself (Ctrl-C through ``asyncio.run``, a shutdown) is not: it propagates. The
 common ``with suppress(CancelledError): await task`` cannot tell the two apart, so a
 cancel that arrives while the caller waits is lost and the caller runs on.
+
+``cancel_and_wait_all(tasks)`` does the same for several children whose own ends do
+not matter to the caller (a shutdown): however each ended (its cancellation, an
+error it raised) is absorbed, and the caller's own cancellation still propagates
+(``asyncio.wait`` raises only for the waiting task, never for a child).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -22,3 +28,15 @@ async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise  # ours, not the child's
+
+
+async def cancel_and_wait_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel every one of ``tasks`` and wait until all have ended (module docstring)."""
+    children = list(tasks)
+    for task in children:
+        task.cancel()
+    if children:
+        await asyncio.wait(children)
+    for task in children:
+        if not task.cancelled():
+            task.exception()  # retrieved: its end is not the caller's concern
