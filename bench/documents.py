@@ -1,6 +1,6 @@
 """Section ``documents``: PDF text extraction, pages/s and peak RSS per candidate library.
 
-The candidates for ``pagesift.primary.extract.documents`` (pypdfium2, which it uses; pypdf;
+The candidates for ``pagesift.primary.extract.pdf`` (pypdfium2, which it uses; pypdf;
 pdfminer.six) each extract the text of every page of the same PDFs, one library and
 one file per fresh child process (``python -m bench.documents LIB PATH``), so each
 peak RSS (the child's ``VmHWM``) is that library's alone. Figures: pages/s

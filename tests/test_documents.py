@@ -38,8 +38,9 @@ from openpyxl.cell.rich_text import CellRichText, TextBlock
 from openpyxl.cell.text import InlineFont
 
 from pagesift.primary.engine.http import HttpEngine
-from pagesift.primary.extract import documents
-from pagesift.primary.extract.documents import DocumentError, convert, convert_compact, kind_of
+from pagesift.primary.extract import zipguard
+from pagesift.primary.extract.converted import DocumentError
+from pagesift.primary.extract.documents import convert, convert_compact, kind_of
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 from tests.helpers import all_documents, in_process_node, node_config, serve_handler, wait_terminal
@@ -465,7 +466,7 @@ def test_a_zip_whose_headers_understate_a_member_size_is_refused() -> None:
 
 
 def test_too_many_zip_members_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(documents, "MAX_ZIP_MEMBERS", 5)
+    monkeypatch.setattr(zipguard, "MAX_ZIP_MEMBERS", 5)
     with pytest.raises(DocumentError, match="members"):
         convert(make_pptx(6), PPTX, "u", max_pages=None)
 

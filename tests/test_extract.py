@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pagesift.primary.extract import html as extract
+from pagesift.primary.extract import htmllinks, metadata
 from pagesift.v1 import jobs_pb2
 
 PAGE = """<!doctype html>
@@ -296,7 +297,7 @@ def test_link_details_pair_each_link_with_its_anchor_text() -> None:
         ("https://site.example/t", "Titled"),
     ]
     assert [d.url for d in doc.link_details] == list(doc.links)
-    assert len(details[3][1]) == extract.MAX_LINK_TEXT
+    assert len(details[3][1]) == htmllinks.MAX_LINK_TEXT
 
 
 def test_link_details_and_images_stay_empty_without_their_formats() -> None:
@@ -369,12 +370,12 @@ def test_metadata_values_and_key_count_are_bounded() -> None:
     many = "".join(f'<meta property="og:k{i}" content="v{i}">' for i in range(150))
     long = '<meta name="author" content="' + "a" * 5000 + '">'
     got = extract.extract(f"<head>{long}{many}</head>", BASE)
-    assert len(got.metadata) == extract.MAX_METADATA_KEYS
-    assert len(got.metadata["author"]) == extract.MAX_METADATA_VALUE
+    assert len(got.metadata) == metadata.MAX_METADATA_KEYS
+    assert len(got.metadata["author"]) == metadata.MAX_METADATA_VALUE
     doc = jobs_pb2.Document()
-    extract.add_metadata(doc.metadata, [("etag", '"x"')])
-    extract.add_metadata(doc.metadata, got.metadata.items())
-    assert len(doc.metadata) == extract.MAX_METADATA_KEYS and doc.metadata["etag"] == '"x"'
+    metadata.add_metadata(doc.metadata, [("etag", '"x"')])
+    metadata.add_metadata(doc.metadata, got.metadata.items())
+    assert len(doc.metadata) == metadata.MAX_METADATA_KEYS and doc.metadata["etag"] == '"x"'
 
 
 def test_response_headers_become_lowercase_metadata_keys() -> None:
@@ -385,10 +386,10 @@ def test_response_headers_become_lowercase_metadata_keys() -> None:
         "Cache-Control": "max-age=60",
         "Server": "not kept",
     }
-    assert dict(extract.response_metadata(headers)) == {
+    assert dict(metadata.response_metadata(headers)) == {
         "etag": '"abc"',
         "last-modified": "Wed, 21 Oct 2015 07:28:00 GMT",
         "content-language": "de",
         "cache-control": "max-age=60",
     }
-    assert extract.response_metadata({"ETag": "x" * 3000})[0][1] == "x" * 1024
+    assert metadata.response_metadata({"ETag": "x" * 3000})[0][1] == "x" * 1024

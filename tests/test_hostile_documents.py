@@ -10,7 +10,7 @@ times the bound asserted (the figure is in each case's comment, measured with
 ``tests.hostile.documents`` at these sizes).
 
 The caps themselves (depth, elements, held subtree, cells, PDF streams) are checked in
-process with the module's constants lowered, and the hardened parser with DTDs in the
+process with the modules' constants lowered, and the hardened parser with DTDs in the
 encodings a byte search misses.
 """
 
@@ -28,8 +28,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from pagesift.primary.extract import documents
-from pagesift.primary.extract.documents import DocumentError, DocumentTooLarge, convert, kind_of
+from pagesift.primary.extract import ooxml, pdf, xmlparts
+from pagesift.primary.extract.converted import DocumentError, DocumentTooLarge
+from pagesift.primary.extract.documents import convert, kind_of
 from pagesift.v1 import jobs_pb2
 from tests import hostile
 from tests.helpers import all_documents, in_process_node, wait_terminal
@@ -42,14 +43,16 @@ S = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
 XML = '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
 MiB = 1024 * 1024
 
-# Converts the file argv[1] (served as argv[2]) with the caps of argv[3] (JSON) set on
-# the module, and prints what happened and how far the peak RSS grew, in KiB.
+# Converts the file argv[1] (served as argv[2]) with the caps of argv[3] (JSON, keyed
+# "module.NAME" within pagesift.primary.extract) set on their modules, and prints what
+# happened and how far the peak RSS grew, in KiB.
 _CHILD = r"""
-import json, resource, sys
+import importlib, json, resource, sys
 from pagesift.primary.extract import documents
 body = open(sys.argv[1], "rb").read()
 for key, value in json.loads(sys.argv[3]).items():
-    setattr(documents, key, value)
+    module, name = key.split(".")
+    setattr(importlib.import_module("pagesift.primary.extract." + module), name, value)
 resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # old code: MemoryError, not swap
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 out = {}
@@ -111,7 +114,7 @@ HOSTILE: list[tuple[str, object, str, dict[str, int], str, str, int]] = [
         "empty-elements-docx",
         lambda: hostile_docs.empty_elements_docx(count=500_000),
         DOCX,
-        {"MAX_PART_ELEMENTS": 400_000},
+        {"xmlparts.MAX_PART_ELEMENTS": 400_000},
         "DocumentTooLarge",
         "MAX_PART_ELEMENTS",
         16,
@@ -210,7 +213,7 @@ def test_a_utf16_part_without_a_dtd_still_reads() -> None:
 
 
 def test_nesting_past_max_xml_depth_is_too_large() -> None:
-    depth = documents.MAX_XML_DEPTH
+    depth = xmlparts.MAX_XML_DEPTH
     deep = "<w:sdt>" * depth + para("deep") + "</w:sdt>" * depth
     with pytest.raises(DocumentTooLarge, match=r"deeper than \d+ \(MAX_XML_DEPTH\)"):
         convert(docx_of(body_xml(deep).encode()), DOCX, "u", max_pages=None)
@@ -221,7 +224,7 @@ def test_nesting_past_max_xml_depth_is_too_large() -> None:
 def test_one_paragraph_past_max_held_elements_is_too_large_but_many_small_ones_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(documents, "MAX_HELD_ELEMENTS", 1_000)
+    monkeypatch.setattr(xmlparts, "MAX_HELD_ELEMENTS", 1_000)
     many = "".join(para(f"line {i}") for i in range(2_000))  # 8,000 elements, 4 a paragraph
     conv = convert(docx_of(body_xml(many).encode()), DOCX, "u", max_pages=None)
     assert "line 0" in conv.markdown and "line 1999" in conv.markdown
@@ -233,7 +236,7 @@ def test_one_paragraph_past_max_held_elements_is_too_large_but_many_small_ones_r
 def test_a_part_read_whole_past_max_held_elements_is_too_large(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(documents, "MAX_HELD_ELEMENTS", 50)
+    monkeypatch.setattr(xmlparts, "MAX_HELD_ELEMENTS", 50)
     core = (
         XML + '<cp:coreProperties xmlns:cp="http://schemas.openxmlformats.org/package/2006/'
         'metadata/core-properties">' + "<cp:keywords>k</cp:keywords>" * 60 + "</cp:coreProperties>"
@@ -252,7 +255,7 @@ def test_elements_across_parts_past_max_document_elements_are_too_large(
 ) -> None:
     body = docx_of(body_xml("".join(para(str(i)) for i in range(100))).encode())
     assert convert(body, DOCX, "u", max_pages=None).markdown
-    monkeypatch.setattr(documents, "MAX_DOCUMENT_ELEMENTS", 300)  # the body has ~400
+    monkeypatch.setattr(xmlparts, "MAX_DOCUMENT_ELEMENTS", 300)  # the body has ~400
     with pytest.raises(DocumentTooLarge, match="MAX_DOCUMENT_ELEMENTS"):
         convert(body, DOCX, "u", max_pages=None)
 
@@ -302,7 +305,7 @@ def test_cells_past_max_sheet_cells_are_too_large(monkeypatch: pytest.MonkeyPatc
     ]
     body = xlsx_of(rows)
     assert "| 100 | 1 |" in convert(body, XLSX, "u", max_pages=None).markdown
-    monkeypatch.setattr(documents, "MAX_SHEET_CELLS", 150)
+    monkeypatch.setattr(ooxml, "MAX_SHEET_CELLS", 150)
     with pytest.raises(DocumentTooLarge, match="MAX_SHEET_CELLS"):
         convert(body, XLSX, "u", max_pages=None)
 
@@ -319,11 +322,11 @@ def test_pdf_streams_past_their_caps_are_too_large(monkeypatch: pytest.MonkeyPat
     body = hostile_docs.inflating_pdf(inflated=8 * MiB)
     conv = convert(body, PDF, "u", max_pages=None)  # under the default caps: PDFium reads it
     assert "an inflating page" in conv.markdown
-    monkeypatch.setattr(documents, "MAX_PDF_STREAM_BYTES", 4 * MiB)
+    monkeypatch.setattr(pdf, "MAX_PDF_STREAM_BYTES", 4 * MiB)
     with pytest.raises(DocumentTooLarge, match="MAX_PDF_STREAM_BYTES"):
         convert(body, PDF, "u", max_pages=None)
-    monkeypatch.setattr(documents, "MAX_PDF_STREAM_BYTES", 64 * MiB)
-    monkeypatch.setattr(documents, "MAX_PDF_INFLATED_BYTES", 4 * MiB)
+    monkeypatch.setattr(pdf, "MAX_PDF_STREAM_BYTES", 64 * MiB)
+    monkeypatch.setattr(pdf, "MAX_PDF_INFLATED_BYTES", 4 * MiB)
     with pytest.raises(DocumentTooLarge, match="MAX_PDF_INFLATED_BYTES"):
         convert(body, PDF, "u", max_pages=None)
 

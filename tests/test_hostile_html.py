@@ -1,5 +1,5 @@
 """Hostile HTML (issue 19, finding 5): a page nested past ``MAX_HTML_DEPTH`` or holding
-more than ``MAX_HTML_ELEMENTS`` is refused by ``extract.check_shape`` before lexbor
+more than ``MAX_HTML_ELEMENTS`` is refused by ``htmlshape.check_shape`` before lexbor
 parses it (lexbor's time grows with tags x depth: 200,000 nested ``<div>`` took 169 s
 in a worker on the code of the finding), and the scan's depth is lexbor's own on the
 markup real pages use (implied end tags, void elements, raw text, comments, SVG), on
@@ -17,7 +17,8 @@ from selectolax.lexbor import LexborHTMLParser
 
 from pagesift.demo.pages import generate_pages
 from pagesift.primary.extract import html as extract
-from pagesift.primary.extract.html import TooLarge, check_shape
+from pagesift.primary.extract import htmlshape
+from pagesift.primary.extract.htmlshape import TooLarge, check_shape
 from tests.hostile import html as hostile_html
 
 
@@ -47,7 +48,7 @@ def test_a_page_nested_past_max_html_depth_is_refused_before_it_is_parsed() -> N
 
 
 def test_a_page_past_max_html_elements_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(extract, "MAX_HTML_ELEMENTS", 30_000)
+    monkeypatch.setattr(htmlshape, "MAX_HTML_ELEMENTS", 30_000)
     with pytest.raises(TooLarge, match=r"more than 30000 elements \(MAX_HTML_ELEMENTS\)"):
         extract.extract(hostile_html.many_elements(30_000), "https://example.com/")
     got = extract.extract(hostile_html.many_elements(29_000), "https://example.com/")
@@ -55,14 +56,14 @@ def test_a_page_past_max_html_elements_is_refused(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_small_page_is_not_scanned_and_a_large_one_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(extract, "MAX_HTML_DEPTH", 50)
+    monkeypatch.setattr(htmlshape, "MAX_HTML_DEPTH", 50)
     check_shape(hostile_html.deep_divs(5_000))  # 5,000 tags: lexbor takes it in ~20 ms
     with pytest.raises(TooLarge, match="MAX_HTML_DEPTH"):
-        check_shape(hostile_html.deep_divs(extract._SHAPE_MIN_TAGS + 1))
+        check_shape(hostile_html.deep_divs(htmlshape._SHAPE_MIN_TAGS + 1))
 
 
 def test_a_page_just_under_the_depth_cap_is_extracted() -> None:
-    depth = extract.MAX_HTML_DEPTH - 10
+    depth = htmlshape.MAX_HTML_DEPTH - 10
     page = (
         "<html><body>"
         + "<div>" * depth
@@ -132,7 +133,7 @@ SHAPES = {
 def test_the_shape_scan_refuses_exactly_what_lexbor_nests_past_the_cap(name: str) -> None:
     page = "<!doctype html><html><head><title>t</title></head><body>" + SHAPES[name]
     page += "</body></html>"
-    depth, _ = extract.shape(page, CAP, 10**9)
+    depth, _ = htmlshape.shape(page, CAP, 10**9)
     assert (depth > CAP) == (lexbor_depth(page) > CAP), (name, depth, lexbor_depth(page))
 
 
@@ -159,7 +160,7 @@ def test_on_random_tag_soup_lexbor_nests_at_most_a_few_times_deeper_than_the_est
     for _ in range(300):
         snippet = "".join(rng.choices(SOUP, k=rng.randint(2, 12)))
         page = "<!doctype html><html><body>" + snippet * 60
-        depth, _ = extract.shape(page, 10**9, 10**9)
+        depth, _ = htmlshape.shape(page, 10**9, 10**9)
         real = lexbor_depth(page)
         assert real <= 3 * max(depth, 5) + 10, (snippet, depth, real)
 

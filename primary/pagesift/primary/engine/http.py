@@ -98,6 +98,9 @@ from pagesift.primary.engine.robots import (
 )
 from pagesift.primary.extract import documents
 from pagesift.primary.extract import html as extract
+from pagesift.primary.extract.converted import DocumentError, DocumentTooLarge
+from pagesift.primary.extract.htmlshape import TooLarge
+from pagesift.primary.extract.metadata import add_metadata, response_metadata
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import scope as crawl
@@ -130,7 +133,7 @@ class _Response:
     robots_tag: tuple[str, ...] = ()  # X-Robots-Tag header values
     canonical: str = ""  # a Link: <...>; rel="canonical" header, absolute
     validators: tuple[str, str] = ("", "")  # its ETag and Last-Modified headers
-    meta_headers: tuple[tuple[str, str], ...] = ()  # extract.response_metadata(headers)
+    meta_headers: tuple[tuple[str, str], ...] = ()  # metadata.response_metadata(headers)
     hops: int = 0  # redirects followed to get here
 
 
@@ -398,9 +401,9 @@ class HttpEngine:
                 )
                 self._worker_done(out)
                 conv = out.value
-        except documents.DocumentTooLarge as exc:  # past a cap of ``documents``: named
+        except DocumentTooLarge as exc:  # past a cap of a document reader: named
             raise PageError(ErrorCode.TOO_LARGE, exc.reason) from None
-        except documents.DocumentError as exc:
+        except DocumentError as exc:
             raise PageError(ErrorCode.PARSE_FAILED, exc.reason) from None
         except workers.WorkerLost as exc:
             raise self._worker_error(exc, "the conversion", timeout) from None
@@ -415,8 +418,8 @@ class HttpEngine:
                 meta[key] = value
         if conv.modified:
             meta["modified"] = conv.modified
-        extract.add_metadata(doc.metadata, resp.meta_headers)  # bounded, headers first
-        extract.add_metadata(doc.metadata, meta.items())
+        add_metadata(doc.metadata, resp.meta_headers)  # bounded, headers first
+        add_metadata(doc.metadata, meta.items())
 
     async def _extract(
         self,
@@ -429,7 +432,7 @@ class HttpEngine:
     ) -> extract.Extracted:
         """Extract the page in a worker process, whatever its size, bounded by
         ``extract_timeout`` and the worker memory cap; ``headers`` (the response's
-        ``extract.response_metadata``) join ``doc.metadata``.
+        ``metadata.response_metadata``) join ``doc.metadata``.
 
         Every parse of a page's HTML is off the event loop: lexbor's time grows
         faster than linearly on hostile nesting, and parsing, cleaning and link
@@ -454,7 +457,7 @@ class HttpEngine:
                 )
                 self._worker_done(out)
                 got = out.value
-        except extract.TooLarge as exc:  # past a shape cap of ``extract``: named
+        except TooLarge as exc:  # past a cap of ``htmlshape``: named
             raise PageError(ErrorCode.TOO_LARGE, exc.reason) from None
         except workers.WorkerLost as exc:
             raise self._worker_error(exc, "the extraction", timeout) from None
@@ -828,7 +831,7 @@ class HttpEngine:
                     robots_tag=tuple(resp.headers.getall("X-Robots-Tag", ())),
                     canonical=_link_canonical(resp, url),
                     validators=validators,
-                    meta_headers=extract.response_metadata(resp.headers),
+                    meta_headers=response_metadata(resp.headers),
                 )
         except (PageError, _Redirect):
             raise
