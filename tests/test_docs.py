@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import time
 import unicodedata
 from collections.abc import Iterator
 from functools import cache
@@ -280,6 +281,29 @@ def test_no_code_or_doc_describes_history() -> None:
     assert not hits, "history-relative phrases (say what is; history goes to CHANGELOG.md):\n" + (
         "\n".join(hits)
     )
+
+
+def test_the_webhook_docs_verification_accepts_what_the_server_signs() -> None:
+    """The receiver code docs/webhooks.md gives, run as written, against the server's
+    own signature (``outbox.sign``): a fresh delivery passes, a changed body, an old
+    timestamp or another secret does not."""
+    from pagesift.primary.webhooks.outbox import sign
+
+    text = (ROOT / "docs" / "webhooks.md").read_text()
+    (code,) = [
+        body for info, body in code_blocks(text) if info == "python" and "def verify" in body
+    ]
+    space: dict[str, object] = {}
+    exec(compile(code, "docs/webhooks.md", "exec"), space)
+    verify = space["verify"]
+    assert callable(verify)
+    secret, body = "s3cret-s3cret-s3cret", b'{"id":"j","seq":1}'
+    ts = str(int(time.time()))
+    assert verify(secret, ts, body, sign(secret, ts, body)) is True
+    assert verify(secret, ts, body + b" ", sign(secret, ts, body)) is False
+    old = str(int(time.time()) - 3600)
+    assert verify(secret, old, body, sign(secret, old, body)) is False
+    assert verify("another-secret-here", ts, body, sign(secret, ts, body)) is False
 
 
 # ---------------------------------------------------------------- the checks can fail
