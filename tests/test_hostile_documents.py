@@ -53,7 +53,7 @@ body = open(sys.argv[1], "rb").read()
 for key, value in json.loads(sys.argv[3]).items():
     module, name = key.split(".")
     setattr(importlib.import_module("pagesift.primary.extract." + module), name, value)
-resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # old code: MemoryError, not swap
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # past the caps: MemoryError, not swap
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 out = {}
 try:
