@@ -9,19 +9,21 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
-from pagesift.client import errors as rpcerrors
 from pagesift.node.admin import AdminServicer
 from pagesift.node.replication import ReplicationParts
 from pagesift.primary.replication import add_to_server
-from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.api.rpcerrors import DOMAIN, Reason
 from pagesift.shared.replication.slot import open_slot
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 
@@ -85,18 +87,21 @@ class Seen:
 
 
 def seen(err: grpc.aio.AioRpcError) -> Seen:
-    status = rpcerrors.status_of(err)
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
     assert status is not None, "a refusal without rich details"
-    (info,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
-    assert info.domain == rpcerrors.DOMAIN
-    others = [d.TypeName() for d in status.details][1:]
-    bad = [
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info) and info.domain == DOMAIN
+    bad = error_details_pb2.BadRequest()
+    violations = [
         (v.field, v.description)
-        for b in rpcerrors.details_of(status, error_details_pb2.BadRequest)
-        for v in b.field_violations
+        for d in status.details
+        if d.Unpack(bad)
+        for v in bad.field_violations
     ]
+    others = [d.TypeName() for d in status.details][1:]
     assert status.code == err.code().value[0] and status.message == err.details()
-    return Seen(err.code(), err.details() or "", info.reason, dict(info.metadata), others, bad)
+    message = err.details() or ""
+    return Seen(err.code(), message, info.reason, dict(info.metadata), others, violations)
 
 
 async def refused(call: Any) -> Seen:
@@ -111,13 +116,18 @@ async def stream_ends(call: Any) -> Seen:
         async with asyncio.timeout(10):
             while True:
                 message = await call.read()
-                assert message != grpc.aio.EOF and message.WhichOneof("msg") == "heartbeat"
+                assert isinstance(message, pb.StreamResponse)  # not the end of the stream
+                assert message.WhichOneof("msg") == "heartbeat"
     return seen(info.value)
 
 
 def write(served: Served, n: int) -> None:
     for i in range(n):
-        served.parts.slot.log.write(lambda g, i=i: g.put(f"k{i}", b"v" * 100))
+        served.parts.slot.log.write(partial(put, f"k{i}"))
+
+
+def put(key: str, group: WriteGroup) -> None:
+    group.put(key, b"v" * 100)
 
 
 # ---------------------------------------------------------------- AdminService

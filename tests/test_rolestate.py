@@ -23,7 +23,7 @@ from pagesift.shared.ha.rolestate import (
     LeaseHeld,
     LeaseLost,
     LeaseWon,
-    Log,
+    LogLine,
     OpenForWrites,
     PrimaryHeard,
     PrimarySilent,
@@ -121,8 +121,8 @@ def test_without_a_credential_a_standby_refuses_and_a_primary_warns() -> None:
 
     p = RoleState.initial(replace(PRIMARY, has_credential=False))
     _, actions = step(p, Started(None, 0, 0, False), 0.0)
-    assert kinds(actions) == [Log, OpenForWrites, StartJobs]
-    assert isinstance(actions[0], Log) and actions[0].level == logging.WARNING
+    assert kinds(actions) == [LogLine, OpenForWrites, StartJobs]
+    assert isinstance(actions[0], LogLine) and actions[0].level == logging.WARNING
 
 
 def test_a_standby_follows_and_watches_only_with_auto_promote() -> None:
@@ -155,8 +155,8 @@ def test_auto_promote_exactly_after_the_silence_and_not_before() -> None:
     )
     assert all(a == [] for a in out)
     state, actions = step(state, Tick(), 5.0 + AFTER)
-    assert kinds(actions) == [Log, Promote]
-    assert isinstance(actions[0], Log) and actions[0].level == logging.WARNING
+    assert kinds(actions) == [LogLine, Promote]
+    assert isinstance(actions[0], LogLine) and actions[0].level == logging.WARNING
     assert "silent for 10.0 s: auto-promoting (unsafe" in actions[0].message
     # one Promote per run, however long the silence lasts
     assert step(state, Tick(), 100.0)[1] == []
@@ -173,7 +173,7 @@ def test_a_reconnect_resets_the_silence_clock() -> None:
         (Tick(), 19.9),
     )
     assert all(a == [] for a in out)
-    assert kinds(step(state, Tick(), 20.0)[1]) == [Log, Promote]
+    assert kinds(step(state, Tick(), 20.0)[1]) == [LogLine, Promote]
 
 
 def test_never_auto_promote_a_standby_that_never_synced() -> None:
@@ -182,7 +182,7 @@ def test_never_auto_promote_a_standby_that_never_synced() -> None:
     assert out == [[], []]
     # a sync that completed between two looks counts
     state, _ = step(state, PrimarySilent(True), 1001.0)
-    assert kinds(step(state, Tick(), 1001.0)[1]) == [Log, Promote]
+    assert kinds(step(state, Tick(), 1001.0)[1]) == [LogLine, Promote]
 
 
 def test_no_auto_promote_without_the_setting_nor_on_a_primary() -> None:
@@ -223,8 +223,8 @@ def test_a_higher_epoch_fences_a_primary_for_good() -> None:
     state = started(PRIMARY, epoch=1)
     assert step(state, HigherEpochSeen(1, "x"), 1.0) == (state, [])  # not higher
     state, actions = step(state, HigherEpochSeen(2, "new:1"), 1.0)
-    assert kinds(actions) == [Log, StopJobs]
-    assert isinstance(actions[0], Log) and "--primary new:1" in actions[0].message
+    assert kinds(actions) == [LogLine, StopJobs]
+    assert isinstance(actions[0], LogLine) and "--primary new:1" in actions[0].message
     assert (state.role, state.fenced_by, state.deposed_by) == (Role.FENCED, 2, "new:1")
     for event in (
         Promoted(3),
@@ -242,8 +242,8 @@ def test_a_promoted_node_deposed_by_a_newer_primary_is_fenced() -> None:
     state = started(STANDBY)
     state, _ = step(state, Promoted(2), 1.0)
     state, actions = step(state, HigherEpochSeen(3, ""), 2.0)
-    assert kinds(actions) == [Log, StopJobs] and state.role == Role.FENCED
-    assert isinstance(actions[0], Log) and "<the promoted node>" in actions[0].message
+    assert kinds(actions) == [LogLine, StopJobs] and state.role == Role.FENCED
+    assert isinstance(actions[0], LogLine) and "<the promoted node>" in actions[0].message
 
 
 def test_a_standby_ignores_higher_epochs_it_follows() -> None:
@@ -303,7 +303,7 @@ def test_a_lapsed_lease_stops_the_jobs_and_a_renewed_one_restarts_them() -> None
     state, _ = step(state, Promoted(4), 1.0)
     state, _ = step(state, LeaseHeld(), 1.0)
     state, actions = step(state, LeaseLost(), 5.0)
-    assert kinds(actions) == [Log, StopJobs] and state.role == Role.PRIMARY
+    assert kinds(actions) == [LogLine, StopJobs] and state.role == Role.PRIMARY
     assert not takes_writes(state)
     assert step(state, LeaseLost(), 6.0) == (state, [])
     state, actions = step(state, LeaseHeld(), 7.0)
@@ -315,7 +315,7 @@ def test_a_primary_that_another_holder_outranks_steps_down_and_follows_it() -> N
     for event in (LeaseWon(9), Promoted(9), LeaseHeld()):
         state, _ = step(state, event, 2.0)
     state, actions = step(state, LeaderIs("a:1", 12), 3.0)
-    assert kinds(actions) == [Log, StopJobs, StopFencer, StepDown, StartFollower]
+    assert kinds(actions) == [LogLine, StopJobs, StopFencer, StepDown, StartFollower]
     assert actions[-2:] == [StepDown(12), StartFollower("a:1")]
     assert (state.role, state.jobs_running, state.following) == (Role.STANDBY, False, True)
     state, actions = step(state, LeaseWon(15), 4.0)  # it may win the next lease

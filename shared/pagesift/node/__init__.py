@@ -12,10 +12,25 @@ once, so this package, and only this package, imports ``pagesift.primary`` and
   the server, the tests and the bench;
 - ``status``: the one computation of a node's role/replication figures, for both the
   metrics and the AdminService Role call;
-- ``admin``: ``AdminServicer`` (Role, Promote, Digest on either role);
+- ``admin``: ``AdminServicer`` (Role, Promote, Digest, Backup on either role);
+- ``backup``: ``BackupSource``, Backup's server side (a consistent copy, streamed);
+- ``verify``: ``verify_digests``, the client side comparing both nodes at one offset;
+- ``witness``: ``Witness``, the etcd lease and leader key that decide who is primary;
+- ``elector``: ``Elector``, the shell that carries out the elector machine's actions
+  (``pagesift.shared.ha.elector``) against the witness;
+- ``storage``: the storage watcher and its reserve (disk full is a state), and the
+  interceptor that answers STORAGE_UNAVAILABLE;
+- ``looplag``: the event-loop lag monitor (one task per node, whatever its role);
+- ``health``: the role-aware ``grpc.health.v1`` statuses;
+- ``reflection``: server reflection, v1 as well as v1alpha;
 - ``grpcserver``: the gRPC server (services, interceptors, guards), ``run``, ``serve``;
 - ``logs``: the process's log format;
 - ``cli``: the ``pagesift`` command (``python -m pagesift.node.cli``), a package with
   one module per concern;
-- ``demo``: ``make run``.
+- ``procs``: ``Child``, the one launcher of ``pagesift serve`` (and etcd) children,
+  each in its own process group and always stopped: the drill's, the tests' and the
+  bench's;
+- ``drill``: ``pagesift drill``, a failover drill that kills a node and judges what
+  survived;
+- ``demo``: ``make run`` (a local pair and the demo site).
 """

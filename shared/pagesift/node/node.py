@@ -2,7 +2,8 @@
 
 Roles (``Role``): ``primary`` (writable log, job runtime running), ``standby`` (a
 follower applies the primary's log; reads only), ``fenced`` (a higher epoch deposed
-this primary: job runtime stopped, reads only, until restarted as a standby).
+this primary: job runtime stopped, reads only; without a witness until restarted as a
+standby, with one until it follows the lease's holder or wins the lease).
 
 Role changes, and what each one wires:
 
@@ -297,7 +298,7 @@ class Node:
             match action:
                 case RefuseStart(reason):
                     raise StartRefused(reason)
-                case rolestate.Log(level, message):
+                case rolestate.LogLine(level, message):
                     logger.log(level, "%s", message)
                 case OpenForWrites():
                     try:

@@ -33,10 +33,11 @@ What it owns
    received (never re-serialized). Batches are applied on the event loop in runs of
    at most ``APPLY_RUN_BYTES`` (one WriteBatch each), yielding between runs, while
    the next message is already being received.
-5. **Acks** (the primary's sync mode waits for them): at once when no further
-   message is waiting, so a lone entry is acked as soon as it is durable; while
-   messages keep coming, no sooner than ``ACK_MIN_GAP`` after the previous ack and
-   at least every ``ACK_MAX_DELAY``. Heartbeats are acked the same way; they give
+5. **Acks** (the primary's sync mode waits for them): when no further message is
+   waiting, at once but no sooner than ``ACK_MIN_GAP`` after the previous ack, so a
+   lone entry is acked as soon as it is durable; while messages keep coming (the
+   next one already buffered), once ``ACK_MAX_DELAY`` has passed since the previous
+   ack. Heartbeats are acked the same way; they give
    the primary's offset and clock for lag. When to ack, and the lag, are decided by
    ``replfollower.FollowerState`` (pure, with a fake clock in its tests); this loop
    feeds it what happens, with ``time.monotonic()`` as the time, and carries out
@@ -48,7 +49,6 @@ What it owns
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import shutil
@@ -97,9 +97,9 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 #: between runs so reads on the standby wait at most one run. No worker thread:
 #: rocksdict holds the GIL while it writes, so a thread only adds hand-offs.
 APPLY_RUN_BYTES = 256 * 1024
-#: Acks: at once when no further message is waiting (sync mode on the primary waits
-#: for them), but no sooner than ACK_MIN_GAP after the previous one while messages
-#: keep coming, and at least every ACK_MAX_DELAY while they are already buffered
+#: Acks: when no further message is waiting, at once (sync mode on the primary waits
+#: for them) but no sooner than ACK_MIN_GAP after the previous one; while the next
+#: message is already buffered, once ACK_MAX_DELAY has passed since the previous one
 #: (``replfollower`` decides).
 ACK_MIN_GAP = replfollower.ACK_MIN_GAP
 ACK_MAX_DELAY = replfollower.ACK_MAX_DELAY
@@ -205,8 +205,8 @@ class Follower:
             while not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=0.5)
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                task.result()
+            if not task.cancelled():
+                task.exception()  # retrieved: ``run`` logged whatever ended it
         self._stopping = False
         self._connected = False
 
@@ -399,8 +399,8 @@ class Follower:
         reading = self._read_ahead(call)
         try:
             while True:
-                # An ack owed goes out at once when the stream is idle; while messages
-                # keep coming, acks are coalesced (see ACK_MIN_GAP / ACK_MAX_DELAY).
+                # An ack owed goes out when the stream is idle (ACK_MIN_GAP apart); while
+                # messages keep coming, acks are coalesced (ACK_MAX_DELAY apart).
                 actions = state.step(NextMessage(reading.done()), time.monotonic())
                 await self._carry_out(call, actions, reading)
                 raw = await self._next(reading)

@@ -79,7 +79,6 @@ per event and kept across its retries; for a document it is built off the event 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -102,6 +101,7 @@ from pagesift.shared.jobs import urls
 from pagesift.shared.store.db import Store, WriteGroup
 from pagesift.shared.util.backoff import backoff_delay
 from pagesift.shared.util.loopwake import on_loop
+from pagesift.shared.util.tasks import cancel_and_wait_all
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -466,11 +466,7 @@ class Deliverer:
         tasks = list(self._tasks.values())
         if self._poller is not None:
             tasks.append(self._poller)
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait_all(tasks)  # a cancel of close() itself still propagates
         self._tasks.clear()
         if self._session is not None:
             await self._session.close()

@@ -15,8 +15,8 @@ carries the actions out. The tests drive it with a fake clock
 What stays durable, and where
 -----------------------------
 The durable facts (epoch, history, fenced epoch, the role last recorded) belong to
-``pagesift.shared.replication.identity.Identity``, which writes them (WAL synced) before they take
-effect, exactly as before; this machine never persists anything. They come in as the
+``pagesift.shared.replication.identity.Identity``, which writes them (WAL synced)
+before they take effect; this machine never persists anything. They come in as the
 fields of ``Started`` and ``Promoted``. The role itself is read from here and only
 here (``Node.role``, the metrics, the Role RPC): the identity's own view
 (``Log.role``, derived from its writability) cannot tell a former primary that now
@@ -34,7 +34,7 @@ The decisions
 - as standby: ``StartFollower``, and with ``auto_promote_after`` a ``StartWatchdog``.
 
 ``PrimaryHeard``/``PrimarySilent`` (the watchdog's view of the follower's link) reset
-or start the silence clock; ``Tick`` promotes (a warning ``Log`` then ``Promote``)
+or start the silence clock; ``Tick`` promotes (a warning ``LogLine`` then ``Promote``)
 once the primary has been silent for ``auto_promote_after`` (``now - silent_since >=
 after``, not an instant before), and never a standby that never synced a history.
 UNSAFE without an outside witness: a primary that is alive but cut off keeps serving
@@ -42,8 +42,9 @@ until it is fenced. ``PromoteRequested`` asks for the same ``Promote``.
 
 ``Promoted(epoch)``: primary; ``StartJobs`` and, when the node knows the primary it
 followed, ``StartFencer`` against it. ``HigherEpochSeen(epoch, by)`` on a primary:
-fenced (``StopJobs``, reads only), and fenced is absorbing until a restart as a
-standby. ``FencerDone`` records that the fencer ended (a ``DEPOSED`` verdict arrives
+fenced (``StopJobs``, reads only). Without a witness, fenced lasts until a restart as
+a standby; with one, ``LeaderIs`` makes it the holder's standby and ``Promoted`` (a
+lease won) its primary. ``FencerDone`` records that the fencer ended (a ``DEPOSED`` verdict arrives
 as ``HigherEpochSeen`` through the sender). ``Stopping`` stops what runs; nothing
 happens after it.
 
@@ -65,7 +66,9 @@ With a witness (``RoleConfig.witness``; ``pagesift.node.elector`` feeds these):
 The guarantees
 --------------
 - ``StartJobs`` is never issued twice without a ``StopJobs`` between.
-- ``FENCED`` is absorbing: no event leaves it within one run.
+- Without a witness ``FENCED`` is absorbing: no event leaves it within one run. With
+  one, only ``LeaderIs`` (it follows the holder) and ``Promoted`` (it won the lease)
+  leave it.
 - The epoch never goes down.
 - At most one ``Promote`` per run; with a witness, at most one per lease won (a
   step-down in between allows the next).
@@ -221,7 +224,9 @@ class RefuseStart:
 
 
 @dataclass(frozen=True, slots=True)
-class Log:
+class LogLine:
+    """A line for the node's log, at ``level`` (the shell writes it as it comes)."""
+
     level: int
     message: str
 
@@ -296,7 +301,7 @@ class StopFencer:
 
 Action = (
     RefuseStart
-    | Log
+    | LogLine
     | OpenForWrites
     | StartJobs
     | StopJobs
@@ -390,7 +395,7 @@ def _started(state: RoleState, ev: Started) -> tuple[RoleState, list[Action]]:
     if not cfg.has_credential:
         if cfg.requested == Role.STANDBY or cfg.witness:
             return state, [RefuseStart(NO_CREDENTIAL_STANDBY)]
-        actions.append(Log(logging.WARNING, NO_CREDENTIAL_PRIMARY))
+        actions.append(LogLine(logging.WARNING, NO_CREDENTIAL_PRIMARY))
     if cfg.witness:  # the lease decides: follow its holder, or take it (see the elector)
         electing = replace(
             state,
@@ -453,13 +458,14 @@ def _tick(state: RoleState, now: float) -> tuple[RoleState, list[Action]]:
         f"the primary has been silent for {silent:.1f} s: auto-promoting (unsafe without "
         "an outside witness)"
     )
-    return replace(state, promoting=True), [Log(logging.WARNING, warning), Promote()]
+    return replace(state, promoting=True), [LogLine(logging.WARNING, warning), Promote()]
 
 
 def _promoted(state: RoleState, epoch: int) -> tuple[RoleState, list[Action]]:
     witness = state.config.witness
     if state.role == Role.PRIMARY or (state.role == Role.FENCED and not witness):
-        return state, []  # a primary already (promoting twice is harmless); fenced stays so
+        return state, []  # a primary already (promoting twice is harmless), or fenced
+        # without a witness (fenced lasts until a restart as a standby)
     former = state.leader if witness else state.config.former_primary
     # with a witness the jobs start once the lease is published (LeaseHeld)
     start_jobs = not witness and not state.jobs_running
@@ -492,7 +498,7 @@ def _leader_is(state: RoleState, address: str, epoch: int) -> tuple[RoleState, l
         return replace(state, following=True, leader=address), [*actions, StartFollower(address)]
     # a primary (or a fenced one) that another node's lease outranks: it follows that node
     actions = [
-        Log(
+        LogLine(
             logging.WARNING,
             f"the witness names {address} (epoch {epoch}) the primary: this node takes no "
             "write and rejoins as its standby",
@@ -534,7 +540,7 @@ def _lease_lost(state: RoleState) -> tuple[RoleState, list[Action]]:
     if state.role != Role.PRIMARY or not state.leased:
         return state, []
     actions: list[Action] = [
-        Log(
+        LogLine(
             logging.WARNING,
             "the witness lease may have lapsed: this primary takes no write (reads go on) "
             "until it renews the lease or another node takes it",
@@ -554,7 +560,7 @@ def _higher_epoch(state: RoleState, epoch: int, by: str) -> tuple[RoleState, lis
         else f"restart it with --role standby --primary {by or '<the promoted node>'} to rejoin"
     )
     warning = f"fenced by epoch {epoch}: this primary stops writing; {rejoin}"
-    actions: list[Action] = [Log(logging.WARNING, warning)]
+    actions: list[Action] = [LogLine(logging.WARNING, warning)]
     if state.jobs_running:
         actions.append(StopJobs())
     fenced = replace(

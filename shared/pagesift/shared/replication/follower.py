@@ -37,9 +37,10 @@ The guarantee, and why it holds
   durable, give or take ``ack_min_gap``: with nothing buffered the only wait is the
   gap, and the shell acks the applied offset, which is durable (written in the same
   batch as the data).
-- A busy stream sends at most one ack per ``ack_min_gap`` and at least one per
-  ``ack_max_delay`` while messages are buffered, so acks cost little and the primary
-  still hears of progress within ``ack_max_delay`` plus one message.
+- While messages are buffered (a busy stream) an ack goes out only once
+  ``ack_max_delay`` has passed since the previous one, so acks cost little and the
+  primary still hears of progress within ``ack_max_delay`` plus one message; each
+  idle moment adds at most one ack per ``ack_min_gap``.
 - Every owed ack is eventually sent: once the stream goes idle the first answer is
   ``SendAck`` or a ``WaitForMessage`` that ends in one.
 """
@@ -50,9 +51,10 @@ from dataclasses import dataclass
 
 from pagesift.shared.replication import protocol as replproto
 
-#: Acks while messages keep coming: no sooner than this after the previous one...
+#: An idle stream (no message waiting) acks no sooner than this after the previous ack.
 ACK_MIN_GAP = 0.002
-#: ... and at least this often while messages are already buffered.
+#: A busy stream (the next message already buffered) acks once this has passed since
+#: the previous ack, and not before.
 ACK_MAX_DELAY = 0.01
 
 
