@@ -1,7 +1,8 @@
 """The CLI and JobClient without a pagesift server: parsing, JSON shapes, failover.
 
-Pure parts (argument parsing, request builders, JSON shapes, the failover
-helpers) are tested directly. The client's failover, paging, watch resumption
+Pure parts (argument parsing, request builders, JSON shapes) are tested directly;
+the client's pure failover and retry rules are tests/test_client_failover.py's and
+tests/test_client_retry.py's. The client's failover, paging, watch resumption
 and the CLI's end-to-end output run against small in-process fake JobService
 servers, so no real node is needed. Everything is bounded and fast.
 """
@@ -25,14 +26,7 @@ from google.protobuf import timestamp_pb2
 from pagesift.client import (
     DEFAULT_ADDRESS,
     ClientError,
-    Failover,
     JobClient,
-    backoff_delays,
-    is_retryable,
-    parse_addresses,
-    pick_error,
-    should_try_next,
-    with_idempotency_key,
 )
 from pagesift.node import cli
 from pagesift.node.cli import amain, build_parser, main
@@ -427,87 +421,6 @@ def test_format_rpc_error() -> None:
     err = _rpc_error(grpc.StatusCode.NOT_FOUND, "no job abc")
     assert format_rpc_error(err) == "error: NOT_FOUND: no job abc"
     assert format_rpc_error(_rpc_error(UNAVAILABLE, "")) == "error: UNAVAILABLE:"
-
-
-# ---------------------------------------------------------------- failover helpers
-
-
-def test_parse_addresses() -> None:
-    assert parse_addresses(None) == [DEFAULT_ADDRESS]
-    assert parse_addresses([]) == [DEFAULT_ADDRESS]
-    assert parse_addresses("a:1, b:2,,a:1") == ["a:1", "b:2"]
-    assert parse_addresses(["a:1", "c:3,b:2"]) == ["a:1", "c:3", "b:2"]
-
-
-def test_next_address_choice() -> None:
-    f = Failover(["p:1", "s:2", "s:3"])
-    assert f.order() == ["p:1", "s:2", "s:3"]
-    f.answered("s:3")  # the last to answer is tried first, then the rest in given order
-    assert f.order() == ["s:3", "p:1", "s:2"]
-    assert f.preferred == "s:3"
-    f.prefer("new:4")  # e.g. what a Role lookup says is the primary
-    assert f.order() == ["new:4", "p:1", "s:2", "s:3"]
-    with pytest.raises(ValueError):
-        Failover([])
-
-
-def test_should_try_next() -> None:
-    assert should_try_next(FAILED_PRECONDITION, retryable=False)
-    assert should_try_next(FAILED_PRECONDITION, retryable=True)
-    assert should_try_next(UNAVAILABLE, retryable=True)
-    assert not should_try_next(UNAVAILABLE, retryable=False)
-    for code in (
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.OUT_OF_RANGE,
-    ):
-        assert not should_try_next(code, retryable=True)
-
-
-def test_pick_error_prefers_a_server_that_answered() -> None:
-    assert pick_error([UNAVAILABLE, FAILED_PRECONDITION, UNAVAILABLE]) == 1
-    assert pick_error([FAILED_PRECONDITION, FAILED_PRECONDITION]) == 0
-    assert pick_error([UNAVAILABLE, UNAVAILABLE]) == 1
-    with pytest.raises(ValueError):
-        pick_error([])
-
-
-def test_backoff_is_bounded() -> None:
-    delays = backoff_delays(rng=lambda: 0.0)  # no jitter: the bare schedule
-    assert sum(delays) == pytest.approx(10.0)
-    assert delays[:4] == pytest.approx([0.1, 0.2, 0.4, 0.8])
-    assert max(delays) <= 2.0
-    assert len(delays) < 15
-    assert sum(backoff_delays(0.25)) == pytest.approx(0.25)
-    assert backoff_delays(0.0) == []
-
-
-def test_client_backoff_is_jittered_within_the_same_bounds() -> None:
-    halved = backoff_delays(rng=lambda: 1.0)  # the most jitter: every delay halved
-    assert halved[:4] == pytest.approx([0.05, 0.1, 0.2, 0.4])
-    assert sum(halved) == pytest.approx(10.0)
-    assert max(halved) <= 1.0
-    for _ in range(20):
-        delays = backoff_delays()
-        assert sum(delays) == pytest.approx(10.0)
-        assert min(delays) > 0 and max(delays) <= 2.0
-
-
-def test_retry_policy_and_idempotency_keys() -> None:
-    for method in ("GetJob", "WatchJob", "GetJobErrors", "ListJobs", "Scrape", "CancelJob"):
-        assert is_retryable(method)
-    assert not is_retryable("StartCrawl")
-    assert is_retryable("StartCrawl", "k")
-    assert is_retryable("StartBatchScrape", "k")
-    req = jobs_pb2.StartCrawlRequest(url="http://x/", limit=3)
-    keyed = with_idempotency_key(req)
-    assert keyed is not req and req.idempotency_key == ""
-    assert len(keyed.idempotency_key) == 36 and keyed.limit == 3
-    assert with_idempotency_key(req).idempotency_key != keyed.idempotency_key
-    assert with_idempotency_key(keyed) is keyed
-    batch = with_idempotency_key(jobs_pb2.StartBatchScrapeRequest(urls=["http://x/"]))
-    assert batch.idempotency_key and list(batch.urls) == ["http://x/"]
 
 
 # ---------------------------------------------------------------- a fake JobService

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from pagesift.client import JobClient, choose_primary
+from pagesift.client import JobClient
 from pagesift.demo.site import CALENDAR_EXCLUDE, build_site, serve_site
 from pagesift.node import cli
 from pagesift.node.cli.common import EXIT_UNREACHABLE, EXIT_USAGE
@@ -260,16 +260,3 @@ async def test_the_client_sends_writes_to_the_primary_of_the_highest_epoch(
         )
         assert client.failover.preferred == new
     assert old_jobs.calls == [] and new_jobs.calls == ["StartCrawl"]
-
-
-def test_choose_primary_prefers_the_highest_epoch_and_ignores_others() -> None:
-    def r(role: pb.NodeRole.ValueType, epoch: int) -> pb.RoleResponse:
-        return pb.RoleResponse(role=role, epoch=epoch)
-
-    primary, standby, fenced = pb.NODE_ROLE_PRIMARY, pb.NODE_ROLE_STANDBY, pb.NODE_ROLE_FENCED
-    assert choose_primary([]) is None
-    assert choose_primary([("a", None), ("b", r(standby, 3))]) is None
-    assert choose_primary([("a", r(standby, 3)), ("b", r(primary, 2))]) == "b"
-    assert choose_primary([("a", r(primary, 1)), ("b", r(primary, 2))]) == "b"
-    assert choose_primary([("a", r(primary, 2)), ("b", r(primary, 2))]) == "a"
-    assert choose_primary([("a", r(fenced, 5)), ("b", r(primary, 2))]) == "b"

@@ -132,7 +132,7 @@ def test_the_client_install_has_no_server_dependency(client_venv: ClientVenv) ->
     _run(
         client_venv.python,
         "-c",
-        "import pagesift.v1.jobs_pb2, pagesift.client.aio, pagesift.node.cli",
+        "import pagesift.v1.jobs_pb2, pagesift.client, pagesift.node.cli",
     )
 
 

@@ -25,11 +25,10 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.client import JobClient, keeps_trying
+from pagesift.client import JobClient
 from pagesift.node.cli import amain
 from pagesift.node.cli.common import EXIT_JOB_NOT_COMPLETED
 from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.api.rpcerrors import Reason
 from pagesift.shared.jobs import quarantine as q
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
@@ -149,16 +148,6 @@ def test_suspects_run_one_at_a_time_in_arrival_order() -> None:
     assert s.release("b") is None and s.waiting == ["c"]  # a waiting one went away
     assert s.release("a") == "c" and s.running == "c"
     assert s.release("c") is None and s.running is None
-
-
-def test_a_control_write_keeps_trying_while_the_pair_fails_over() -> None:
-    dead, refused = grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION
-    standby = [dead, refused], [None, Reason.NOT_PRIMARY]
-    assert keeps_trying(*standby, retryable=True, control=True)
-    assert not keeps_trying(*standby, retryable=True)  # a read or Scrape: raised, not retried
-    assert not keeps_trying([refused], [Reason.QUOTA_EXCEEDED], retryable=True, control=True)
-    assert not keeps_trying([grpc.StatusCode.NOT_FOUND], [None], retryable=True, control=True)
-    assert keeps_trying([grpc.StatusCode.UNAVAILABLE], [None], retryable=True)
 
 
 # ---------------------------------------------------------------- a site with poison pages

@@ -1,29 +1,36 @@
 """The pagesift client: the public import path for calling a pagesift pair.
 
 ``from pagesift.client import JobClient, SyncJobClient`` is what a caller writes; the
-names below are the whole public surface.
+names below are the whole public surface. One module per concern:
+
+- ``aio``: ``JobClient``, the asyncio client (channels, the call loop, watch, paging);
+- ``sync``: ``SyncJobClient``, the same client for code without an event loop;
+- ``failover``: the pure rules of which address a call goes to next;
+- ``retry``: which calls may be repeated, idempotency keys, the sleeps between rounds;
+- ``auth``: bearer keys and TLS credentials;
+- ``errors``: the client's exceptions, and the reading of a server's rich error details.
+
+Floor (tests/test_layers.py): the client imports only ``pagesift.v1`` and the small pure
+helpers ``pagesift.shared.util.backoff`` and ``pagesift.shared.util.channels``, so a
+client-only install (no ``server`` extra) imports it.
 """
 
-from pagesift.client.aio import (
+from pagesift.client.aio import JobClient
+from pagesift.client.errors import ClientError, Unreachable
+from pagesift.client.failover import (
     DEFAULT_ADDRESS,
     FAILOVER_CODES,
-    ClientError,
     Failover,
-    JobClient,
-    RetryPolicy,
-    SyncJobClient,
-    Unreachable,
-    backoff_delays,
     choose_primary,
     follow_primary,
-    is_retryable,
     keeps_trying,
     parse_addresses,
     pick_error,
     primary_named,
     should_try_next,
-    with_idempotency_key,
 )
+from pagesift.client.retry import RetryPolicy, backoff_delays, is_retryable, with_idempotency_key
+from pagesift.client.sync import SyncJobClient
 
 __all__ = [
     "DEFAULT_ADDRESS",

@@ -1,97 +1,55 @@
 """JobClient: a typed asyncio client for JobService, failing over across server addresses.
 
-This module owns how a caller talks to one or more pagesift servers; it
-guarantees:
+What it owns
+------------
+The I/O shell of the client: one channel per address (``open_channel``; TLS and bearer
+keys from ``pagesift.client.auth``), the unary call loop (``call``), the resumed watch
+stream, paging, and ``AdminService`` lookups. Which address comes next and whether a
+round is tried again are ``pagesift.client.failover``'s pure rules; which calls may be
+repeated and the sleeps between rounds are ``pagesift.client.retry``'s.
 
-- Every call goes to the address that last answered (the first one at start),
-  then to the others in the order given. An address "answers" a call when it
-  returns anything but a refusal whose error details say NOT_PRIMARY or FENCED
-  (``pagesift.shared.api.rpcerrors``: a standby, or a deposed primary, refusing a
-  write), or a transport UNAVAILABLE; that address becomes the preferred one. A
-  refusal names the primary (``ErrorInfo`` metadata ``primary``), which is tried
-  next, even if it was not given. Errors without details (a transport error, a
-  server older than the details) are judged by their code as before:
-  FAILED_PRECONDITION and (for a retryable call) UNAVAILABLE move on.
-- With more than one address the client asks each one's ``AdminService.Role``
-  before its first call and after every failed round (``find_primary``): the
-  writable primary of the highest epoch becomes the preferred address (a deposed
-  primary that does not know it yet loses to the promoted one). Servers without
-  the AdminService, or unreachable, are simply not chosen.
-- When a round fails and some address was UNAVAILABLE (the primary may be down
-  while its standby gets promoted), a retryable call is tried again with bounded,
-  jittered exponential backoff (``RetryPolicy``: ``pagesift.shared.util.backoff``;
-  ``budget`` seconds of sleep in all, ~10 s by default), looking the primary up again
-  before each round; then the round's most telling error is raised (a
-  standby's FAILED_PRECONDITION naming the primary beats UNAVAILABLE). A round
-  in which every address answered and refused is raised at once. (So a call to
-  addresses where nothing listens takes the whole budget, ~10.4 s by default:
-  ``wait_connected(timeout)`` first bounds that wait, raising ``Unreachable``; the
-  CLI's ``--connect-timeout``.) Reads, Scrape
-  and CancelJob are retryable; StartCrawl and StartBatchScrape only with an
-  idempotency key, and the client sets a fresh uuid4 key on any such request
-  that has none, so one method call never registers two jobs: the key is stored
-  with the job and replicated, so a promoted standby that has the registration
-  answers a retry with the same job id.
-- CancelJob and ResumeJob (``CONTROL_WRITES``: idempotent, and the owner must be
-  able to stop a job while the pair fails over) keep trying through a failover:
-  each attempt is bounded by ``CONTROL_ATTEMPT_SECONDS`` (a frozen primary costs
-  that, not ``timeout``), a DEADLINE_EXCEEDED moves on to the next address like
-  UNAVAILABLE, and a round refused everywhere (NOT_PRIMARY/FENCED: a standby whose
-  primary is frozen, before the election promotes it) is tried again like one with
-  an unreachable address, within the ``RetryPolicy`` budget (``keeps_trying``).
-  So a cancel succeeds once a primary answers again, within about the witness
-  lease plus the budget.
-- Reads go to the preferred address (the primary once known) and fall back to
-  the others, so a standby answers them while the primary is down.
-- ``watch`` resumes a broken stream at the next document index (from whichever
-  address answers), so a consumer sees every document index once.
-- ``iter_pages``/``iter_documents`` follow ``next_skip`` until it is absent.
-- Errors surface as ``grpc.aio.AioRpcError`` (``ClientError`` for a server that
-  breaks the paging contract).
-- Deadlines: every unary attempt is bounded by ``timeout`` (Scrape and Map by
-  ``scrape_timeout``); retries add at most the ``RetryPolicy`` budget of sleep.
-- Transport: plaintext, or TLS with ``tls_ca`` (a CA to trust; the system roots
-  without one) and optionally a client certificate (``tls_cert`` + ``tls_key``,
-  mTLS), or any ``credentials`` given; ``channel_options`` are laid over the
-  client's own (message size, reconnect backoff) for every channel.
-- ``SyncJobClient`` is the same client for code without an event loop: it runs one
-  ``JobClient`` on a private event loop in a daemon thread and blocks on each call.
-
-The failover decisions are small pure functions (``should_try_next``,
-``pick_error``, ``backoff_delays``, ``is_retryable``, ``choose_primary``) and one
-tiny state object (``Failover``); ``find_primary`` feeds ``Failover.prefer`` from
-the nodes' ``Role`` answers. ``role``, ``promote`` and ``admin_stub`` expose the
-AdminService of any address (the ``role``/``promote``/``verify`` commands use
-them).
+Guarantees
+----------
+- With more than one address the primary is looked up (``find_primary``: every
+  node's ``Role``, concurrently, bounded by ``ROLE_LOOKUP_SECONDS``) before the first
+  call and after every failed round, so a promoted standby is found by its epoch;
+  reads fall back to a standby while the primary is down.
+- Every unary attempt is bounded by ``timeout`` (Scrape and Map by
+  ``scrape_timeout``; CancelJob/ResumeJob by ``CONTROL_ATTEMPT_SECONDS``, so a frozen
+  primary costs that); retries add at most the ``RetryPolicy`` budget of sleep (a call
+  to addresses where nothing listens takes the whole budget: ``wait_connected``
+  bounds that wait first, raising ``Unreachable``).
+- ``watch`` resumes a broken stream at the next document index, from whichever
+  address answers, so a consumer sees every document index once; ``iter_pages`` and
+  ``iter_documents`` follow ``next_skip`` until it is absent.
+- Errors surface as ``grpc.aio.AioRpcError`` (``ClientError`` for a server that breaks
+  the paging contract); ``pagesift.client.errors.reason_of`` reads their reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import random
-import threading
-import uuid
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Coroutine,
-    Iterable,
-    Iterator,
-    Mapping,
-    Sequence,
-)
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
 
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.rpcerrors import SEND_ELSEWHERE
-from pagesift.shared.util.backoff import budgeted_delays
+from pagesift.client.auth import auth_interceptors, tls_credentials
+from pagesift.client.errors import ClientError, Unreachable, reason_of
+from pagesift.client.failover import (
+    Failover,
+    choose_primary,
+    follow_primary,
+    keeps_trying,
+    parse_addresses,
+    pick_error,
+    primary_named,
+    should_try_next,
+)
+from pagesift.client.retry import RetryPolicy, is_retryable, with_idempotency_key
 from pagesift.shared.util.channels import open_channel
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
@@ -99,35 +57,10 @@ if TYPE_CHECKING:
     from pagesift.v1.jobs_pb2_grpc import JobServiceAsyncStub
     from pagesift.v1.replication_pb2_grpc import AdminServiceAsyncStub
 
-__all__ = [
-    "DEFAULT_ADDRESS",
-    "FAILOVER_CODES",
-    "ClientError",
-    "Failover",
-    "JobClient",
-    "RetryPolicy",
-    "SyncJobClient",
-    "Unreachable",
-    "backoff_delays",
-    "choose_primary",
-    "follow_primary",
-    "is_retryable",
-    "keeps_trying",
-    "parse_addresses",
-    "pick_error",
-    "primary_named",
-    "should_try_next",
-    "with_idempotency_key",
-]
+__all__ = ["CONTROL_ATTEMPT_SECONDS", "ROLE_LOOKUP_SECONDS", "JobClient"]
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
-FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION})
-READ_METHODS = frozenset({"GetJob", "WatchJob", "GetJobErrors", "ListJobs"})
-IDEMPOTENT_WRITES = frozenset({"Scrape", "CancelJob"})
-KEYED_WRITES = frozenset({"StartCrawl", "StartBatchScrape"})
-CONTROL_WRITES = frozenset({"CancelJob", "ResumeJob"})
-CONTROL_ATTEMPT_SECONDS = 5.0  # one CancelJob/ResumeJob attempt at most (module docstring)
-
+#: one CancelJob/ResumeJob attempt at most: a frozen primary costs this, not ``timeout``
+CONTROL_ATTEMPT_SECONDS = 5.0
 ROLE_LOOKUP_SECONDS = 2.0  # bound on one round of Role calls
 
 _CHANNEL_OPTIONS: list[tuple[str, int]] = [
@@ -139,283 +72,6 @@ _CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 T = TypeVar("T")
-P = ParamSpec("P")
-KeyedRequest = TypeVar("KeyedRequest", jobs_pb2.StartCrawlRequest, jobs_pb2.StartBatchScrapeRequest)
-
-
-class ClientError(Exception):
-    """The server answered, but broke the API contract (e.g. a non-advancing next_skip)."""
-
-
-class Unreachable(Exception):
-    """``JobClient.wait_connected``: no channel (or not every one) became ready in time."""
-
-    def __init__(self, addresses: Sequence[str], timeout: float) -> None:
-        self.addresses = list(addresses)
-        self.timeout = timeout
-        super().__init__(f"cannot reach {', '.join(addresses)} (connect timeout {timeout:g} s)")
-
-
-# ---------------------------------------------------------------- pure helpers
-
-
-def parse_addresses(values: str | Iterable[str] | None) -> list[str]:
-    """``["a:1,b:2", "c:3"]`` -> ``["a:1", "b:2", "c:3"]``: split, strip, dedupe, keep order.
-
-    Nothing given means ``[DEFAULT_ADDRESS]``.
-    """
-    if values is None:
-        values = []
-    elif isinstance(values, str):
-        values = [values]
-    out: list[str] = []
-    for value in values:
-        for part in value.split(","):
-            addr = part.strip()
-            if addr and addr not in out:
-                out.append(addr)
-    return out or [DEFAULT_ADDRESS]
-
-
-def is_retryable(method: str, idempotency_key: str = "") -> bool:
-    """May ``method`` be sent again (to this or another address) after UNAVAILABLE?"""
-    if method in READ_METHODS or method in IDEMPOTENT_WRITES or method in CONTROL_WRITES:
-        return True
-    return method in KEYED_WRITES and bool(idempotency_key)
-
-
-def should_try_next(code: grpc.StatusCode, *, retryable: bool, reason: str | None = None) -> bool:
-    """After ``code`` (with the ``ErrorInfo`` ``reason``, if any) from one address, try
-    the next one?
-
-    Keyed on the reason when the error carries one (``pagesift.shared.api.rpcerrors``): only
-    NOT_PRIMARY and FENCED (a standby, or a deposed primary, refusing a write: nothing
-    was done) move on; any other answer of a server is the answer, whatever its code (a
-    Scrape whose page timed out is UNAVAILABLE with reason PAGE_FETCH_FAILED: not
-    retried elsewhere).
-
-    Without a reason, by the code: a transport error (no server answered), or a server
-    older than the error details, which must still work during an upgrade.
-    FAILED_PRECONDITION (such a standby refusing a write) means the call did nothing,
-    so moving on is always safe; UNAVAILABLE may come after the request left, so only a
-    retryable call moves on.
-    """
-    if reason is not None:
-        return reason in SEND_ELSEWHERE
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return True
-    return code == grpc.StatusCode.UNAVAILABLE and retryable
-
-
-def keeps_trying(
-    codes: Sequence[grpc.StatusCode],
-    reasons: Sequence[str | None],
-    *,
-    retryable: bool,
-    control: bool = False,
-) -> bool:
-    """After a failed round (one error per address), is the call tried again (after a
-    backoff sleep, while the budget lasts)? A retryable call when some address was
-    UNAVAILABLE (a promotion may be under way); a control write (CancelJob,
-    ResumeJob) also when every address either refused with NOT_PRIMARY/FENCED or did
-    not answer in time: the pair is failing over, and the call is idempotent."""
-    if not retryable:
-        return False
-    if grpc.StatusCode.UNAVAILABLE in codes:
-        return True
-    if not control or not codes:
-        return False
-    no_answer = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-    return all(
-        r in SEND_ELSEWHERE or (r is None and c in no_answer)
-        for c, r in zip(codes, reasons, strict=True)
-    )
-
-
-def pick_error(
-    codes: Sequence[grpc.StatusCode], reasons: Sequence[str | None] | None = None
-) -> int:
-    """Which of a round's failures (one per address, in order) to report: its index.
-
-    The first NOT_PRIMARY/FENCED refusal (``reasons``, from the error details), else the
-    first FAILED_PRECONDITION (a server without details that answered and names the
-    primary, or refused for a reason of its own), beats UNAVAILABLE; among
-    UNAVAILABLEs the last one.
-    """
-    if not codes:
-        raise ValueError("no errors to pick from")
-    for i, reason in enumerate(reasons or ()):
-        if reason in SEND_ELSEWHERE:
-            return i
-    for i, code in enumerate(codes):
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
-            return i
-    return len(codes) - 1
-
-
-def primary_named(err: grpc.aio.AioRpcError) -> str | None:
-    """The primary's address a NOT_PRIMARY/FENCED refusal names (its ``ErrorInfo``
-    metadata ``primary``), or None."""
-    info = rpcerrors.error_info_of(err)
-    if info is None or info.reason not in SEND_ELSEWHERE:
-        return None
-    address = str(info.metadata.get("primary", ""))
-    return address or None
-
-
-def follow_primary(order: list[str], tried: int, primary: str | None) -> None:
-    """Put ``primary`` next in ``order`` (right after its ``tried`` first addresses,
-    added if unknown), unless it was tried already this round."""
-    if not primary or primary in order[:tried]:
-        return
-    if primary in order:
-        order.remove(primary)
-    order.insert(tried, primary)
-
-
-def backoff_delays(
-    budget: float = 10.0,
-    *,
-    first: float = 0.1,
-    cap: float = 2.0,
-    rng: Callable[[], float] = random.random,
-) -> list[float]:
-    """Sleeps between retry rounds: ``first`` doubling up to ``cap``, each jittered
-    (between half and all of it, drawn from ``rng``), summing to ``budget`` (the last
-    one is trimmed to fit). See ``pagesift.shared.util.backoff.budgeted_delays``."""
-    return budgeted_delays(budget, base=first, cap=cap, rng=rng)
-
-
-def choose_primary(
-    answers: Sequence[tuple[str, replication_pb2.RoleResponse | None]],
-) -> str | None:
-    """The address of the writable primary of the highest epoch among ``Role`` answers
-    (None: no answer, or no primary). Equal epochs keep the given order. A primary
-    that was deposed but has not met the new epoch yet still says "primary": the
-    epoch tells them apart."""
-    best: tuple[int, str] | None = None
-    for address, role in answers:
-        if role is None or role.role != replication_pb2.NODE_ROLE_PRIMARY:
-            continue
-        if best is None or role.epoch > best[0]:
-            best = (role.epoch, address)
-    return best[1] if best else None
-
-
-def with_idempotency_key(request: KeyedRequest) -> KeyedRequest:
-    """``request`` itself when it has a key, else a copy with a fresh uuid4 key."""
-    if request.idempotency_key:
-        return request
-    keyed = type(request)()
-    keyed.CopyFrom(request)
-    keyed.idempotency_key = str(uuid.uuid4())
-    return keyed
-
-
-@dataclasses.dataclass(frozen=True)
-class RetryPolicy:
-    """How a retryable call is tried again after a round in which some address was
-    UNAVAILABLE: sleeps of ``first`` seconds doubling up to ``cap``, each jittered
-    (between half and all of it, drawn from ``rng``), ``budget`` seconds of sleep in
-    all (0: no retry). The defaults are the client's (~10 s: enough for a standby to
-    be promoted)."""
-
-    budget: float = 10.0
-    first: float = 0.1
-    cap: float = 2.0
-    rng: Callable[[], float] = random.random
-
-    def delays(self) -> list[float]:
-        """One call's schedule of sleeps (a fresh jitter draw each time)."""
-        return backoff_delays(self.budget, first=self.first, cap=self.cap, rng=self.rng)
-
-
-class Failover:
-    """Which address to try first, then the rest in their given order.
-
-    ``answered`` makes an address the preferred one; ``prefer`` is the hook for
-    a caller that knows better (a future ``Role`` lookup of the primary).
-    """
-
-    def __init__(self, addresses: Sequence[str]) -> None:
-        if not addresses:
-            raise ValueError("at least one address is needed")
-        self.addresses: list[str] = list(addresses)
-        self.current = 0
-
-    def order(self) -> list[str]:
-        """The preferred address, then the others in their given order."""
-        first = self.addresses[self.current]
-        return [first, *(a for a in self.addresses if a != first)]
-
-    def answered(self, address: str) -> None:
-        self.current = self.addresses.index(address)
-
-    def prefer(self, address: str) -> None:
-        """Try ``address`` first from now on (added to the list if unknown)."""
-        if address not in self.addresses:
-            self.addresses.append(address)
-        self.answered(address)
-
-    @property
-    def preferred(self) -> str:
-        return self.addresses[self.current]
-
-
-# ---------------------------------------------------------------- the client
-
-
-def _tls_credentials(ca: str, cert: str, key: str) -> grpc.ChannelCredentials | None:
-    """TLS credentials from PEM files (None: plaintext, when none is given). A file
-    that cannot be read raises OSError naming it."""
-    if bool(cert) != bool(key):
-        raise ValueError(
-            "a client certificate (tls_cert) needs its key (tls_key), and a key its certificate"
-        )
-    if not (ca or cert):
-        return None
-    return grpc.ssl_channel_credentials(
-        root_certificates=Path(ca).read_bytes() if ca else None,
-        private_key=Path(key).read_bytes() if key else None,
-        certificate_chain=Path(cert).read_bytes() if cert else None,
-    )
-
-
-class _BearerAuth(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
-    """Adds ``authorization: Bearer KEY`` to every call: the admin key on AdminService
-    calls (when given), and on CancelJob/ResumeJob when no API key is given (an
-    admin stopping or resuming any account's job), the account's API key on the
-    others. grpc.aio files an
-    interceptor under ONE call type (its first matching base), so streams get their
-    own instance, ``_BearerAuthStreams``."""
-
-    def __init__(self, api_key: str, admin_key: str) -> None:
-        self.api_key = api_key
-        self.admin_key = admin_key
-
-    def _details(self, details: Any) -> Any:
-        method = details.method.decode() if isinstance(details.method, bytes) else details.method
-        admin = "AdminService" in method or (
-            not self.api_key and method.rsplit("/", 1)[-1] in CONTROL_WRITES
-        )
-        key = self.admin_key if admin and self.admin_key else self.api_key
-        if not key:
-            return details
-        metadata = [*(details.metadata or ()), ("authorization", f"Bearer {key}")]
-        return details._replace(metadata=metadata)
-
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _BearerAuthStreams(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
-    """``_BearerAuth`` for unary-stream calls (WatchJob)."""
-
-    def __init__(self, api_key: str, admin_key: str) -> None:
-        self._auth = _BearerAuth(api_key, admin_key)
-
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._auth._details(details), request)
 
 
 class JobClient:
@@ -447,12 +103,8 @@ class JobClient:
         ``credentials`` (e.g. ``grpc.ssl_channel_credentials(...)``, or composite ones)
         replaces all three. ``channel_options`` (``("grpc.keepalive_time_ms",
         30000)``, ...) are passed to every channel, over the client's own defaults."""
-        self._interceptors: list[Any] = (
-            [_BearerAuth(api_key, admin_key), _BearerAuthStreams(api_key, admin_key)]
-            if api_key or admin_key
-            else []
-        )
-        self._credentials = credentials or _tls_credentials(tls_ca, tls_cert, tls_key)
+        self._interceptors = auth_interceptors(api_key, admin_key)
+        self._credentials = credentials or tls_credentials(tls_ca, tls_cert, tls_key)
         self._channel_options = list({**dict(_CHANNEL_OPTIONS), **dict(channel_options)}.items())
         self.failover = Failover(parse_addresses(addresses))
         self.timeout = timeout
@@ -591,8 +243,8 @@ class JobClient:
         retryable: bool,
         control: bool = False,
     ) -> T:
-        """Run one unary call under the failover and retry rules of the module docstring
-        (``control``: those of CancelJob and ResumeJob)."""
+        """Run one unary call under the failover and retry rules
+        (``pagesift.client.failover``; ``control``: those of CancelJob and ResumeJob)."""
         delays = iter(self.retry.delays())
         await self._locate_once()
         while True:
@@ -606,7 +258,7 @@ class JobClient:
                 try:
                     result = await invoke(self.stub(address))
                 except grpc.aio.AioRpcError as err:
-                    reason = rpcerrors.reason_of(err)
+                    reason = reason_of(err)
                     timed_out = (
                         control
                         and reason is None
@@ -640,7 +292,7 @@ class JobClient:
         """Sleep before the next round (and look the primary up again), or raise the
         round's most telling error."""
         codes = [e.code() for e in errors]
-        reasons = [rpcerrors.reason_of(e) for e in errors]
+        reasons = [reason_of(e) for e in errors]
         err = errors[pick_error(codes, reasons)]
         if not keeps_trying(codes, reasons, retryable=retryable, control=control):
             raise err
@@ -733,7 +385,7 @@ class JobClient:
                         yield event
                     return
                 except grpc.aio.AioRpcError as err:
-                    reason = rpcerrors.reason_of(err)
+                    reason = reason_of(err)
                     if progressed and err.code() == grpc.StatusCode.UNAVAILABLE and not reason:
                         break  # the server went away mid-stream: start a fresh round
                     if not should_try_next(err.code(), retryable=True, reason=reason):
@@ -772,7 +424,7 @@ class JobClient:
         return min(self.timeout, CONTROL_ATTEMPT_SECONDS)
 
     async def cancel(self, job_id: str) -> jobs_pb2.JobState.ValueType:
-        """CancelJob, tried through a failover (module docstring); the job's state
+        """CancelJob, tried through a failover (``failover.keeps_trying``); the job's state
         after it (cancelling a finished job returns its state)."""
         req = jobs_pb2.CancelJobRequest(id=job_id)
         resp = await self.call(
@@ -861,154 +513,3 @@ class JobClient:
             if not page.next_page_token or page.next_page_token == token:
                 return jobs
             token = page.next_page_token
-
-
-# ---------------------------------------------------------------- the sync client
-
-
-def _blocking(
-    method: Callable[Concatenate[JobClient, P], Coroutine[Any, Any, T]],
-) -> Callable[Concatenate[SyncJobClient, P], T]:
-    """``JobClient.method`` as a blocking ``SyncJobClient`` method (same arguments)."""
-
-    def run(self: SyncJobClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.run(lambda client: method(client, *args, **kwargs))
-
-    run.__name__ = method.__name__
-    run.__doc__ = method.__doc__
-    return run
-
-
-def _blocking_iter(
-    method: Callable[Concatenate[JobClient, P], AsyncIterator[T]],
-) -> Callable[Concatenate[SyncJobClient, P], Iterator[T]]:
-    """``JobClient.method`` (an async iterator) as a ``SyncJobClient`` generator."""
-
-    def run(self: SyncJobClient, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
-        return self._iterate(lambda client: method(client, *args, **kwargs))
-
-    run.__name__ = method.__name__
-    run.__doc__ = method.__doc__
-    return run
-
-
-class SyncJobClient:
-    """``JobClient`` for code without an event loop: every method blocks until the
-    call (with its failover and retries) is done, and the iterators are plain ones.
-
-    It runs one ``JobClient`` on a private event loop in a daemon thread
-    (``pagesift-client``), so it works in threads, in scripts and next to another
-    event loop alike, and may be shared by threads (calls run on that one loop). The
-    keyword arguments are ``JobClient``'s. Use ``with SyncJobClient([...]) as c`` or
-    ``close()``. ``run(lambda c: c.some_call(...))`` runs any ``JobClient`` coroutine.
-    """
-
-    def __init__(self, addresses: str | Sequence[str] | None = None, **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="pagesift-client", daemon=True
-        )
-        self._thread.start()
-        try:
-            self._client: JobClient = self._submit(self._make(addresses, dict(options)))
-        except BaseException:
-            self._stop()
-            raise
-
-    @staticmethod
-    async def _make(addresses: str | Sequence[str] | None, options: Mapping[str, Any]) -> JobClient:
-        return JobClient(addresses, **options)  # made on its loop, as its channels will be
-
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop.is_closed():
-            coro.close()
-            raise RuntimeError("SyncJobClient is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()  # e.g. Ctrl-C while waiting: the call is cancelled too
-            raise
-
-    def _stop(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    @property
-    def client(self) -> JobClient:
-        """The wrapped ``JobClient`` (use it only through ``run``: it lives on another loop)."""
-        return self._client
-
-    @property
-    def addresses(self) -> list[str]:
-        return self._client.addresses
-
-    def run(self, call: Callable[[JobClient], Awaitable[T]]) -> T:
-        """Run ``call(client)`` on the client's loop and return its result."""
-
-        async def invoke() -> T:
-            return await call(self._client)
-
-        return self._submit(invoke())
-
-    def _iterate(self, make: Callable[[JobClient], AsyncIterator[T]]) -> Iterator[T]:
-        iterator = make(self._client)
-
-        async def step() -> tuple[bool, T | None]:
-            try:
-                return True, await anext(iterator)
-            except StopAsyncIteration:
-                return False, None
-
-        try:
-            while True:
-                more, item = self._submit(step())
-                if not more:
-                    return
-                yield item  # type: ignore[misc]
-        finally:
-            close = getattr(iterator, "aclose", None)
-            if close is not None and not self._loop.is_closed():
-                self._submit(close())
-
-    def close(self) -> None:
-        """Close the channels and stop the loop's thread (idempotent)."""
-        if self._loop.is_closed():
-            return
-        try:
-            self._submit(self._client.close())
-        finally:
-            self._stop()
-
-    def __enter__(self) -> SyncJobClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    scrape = _blocking(JobClient.scrape)
-    start_batch = _blocking(JobClient.start_batch)
-    start_crawl = _blocking(JobClient.start_crawl)
-    get_job = _blocking(JobClient.get_job)
-    errors_page = _blocking(JobClient.errors_page)
-    errors = _blocking(JobClient.errors)
-    cancel = _blocking(JobClient.cancel)
-    resume = _blocking(JobClient.resume)
-    map = _blocking(JobClient.map)
-    list_jobs_page = _blocking(JobClient.list_jobs_page)
-    list_jobs = _blocking(JobClient.list_jobs)
-    role = _blocking(JobClient.role)
-    promote = _blocking(JobClient.promote)
-    find_primary = _blocking(JobClient.find_primary)
-    wait_connected = _blocking(JobClient.wait_connected)
-    iter_pages = _blocking_iter(JobClient.iter_pages)
-    iter_documents = _blocking_iter(JobClient.iter_documents)
-    watch = _blocking_iter(JobClient.watch)

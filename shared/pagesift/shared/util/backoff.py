@@ -3,7 +3,7 @@
 What it owns
 ------------
 Every retry loop of pagesift sleeps through this module: the client's failover
-rounds (``pagesift.client.aio``), the standby's reconnects
+rounds (``pagesift.client.retry``), the standby's reconnects
 (``pagesift.standby.follower``), the fencing hellos of a promoted node
 (``pagesift.standby.fencing``) and webhook deliveries (``pagesift.primary.webhooks.outbox``).
 

@@ -6,9 +6,10 @@ What it owns
 ``grpc.aio`` channel of every outgoing connection: the client's channel per server
 address (``pagesift.client.aio``), a standby's replication stream
 (``pagesift.standby.follower``) and a promoted node's fencing hellos
-(``pagesift.standby.fencing``). Credentials (TLS / mTLS from ``pagesift.shared.api.tls``)
-or ``None`` for plaintext pick a secure or an insecure channel; the caller keeps its
-own channel options (message sizes, reconnect timing) and per-call metadata.
+(``pagesift.standby.fencing``). Credentials (TLS / mTLS from ``pagesift.shared.api.tls``
+on a node, ``pagesift.client.auth`` in the client) or ``None`` for plaintext pick a
+secure or an insecure channel; the caller keeps its own channel options (message sizes,
+reconnect timing) and per-call metadata.
 
 Why it is safe
 --------------
