@@ -17,8 +17,8 @@ from aiohttp import web
 from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from pagesift.client.errors import details_of, error_info_of, reason_of, status_of
 from pagesift.node.cli import amain
-from pagesift.shared.api import rpcerrors
 from pagesift.shared.api.rpcerrors import Reason
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.pageerrors import ErrorCode
@@ -40,7 +40,7 @@ DEAD = "http://127.0.0.1:9/"  # connection refused: a page error at once
 
 
 def fields_of(err: grpc.aio.AioRpcError) -> list[str]:
-    (bad,) = rpcerrors.details_of(rpcerrors.status_of(err), error_details_pb2.BadRequest)
+    (bad,) = details_of(status_of(err), error_details_pb2.BadRequest)
     return [v.field for v in bad.field_violations]
 
 
@@ -188,7 +188,7 @@ async def test_list_jobs_refuses_a_bad_page_token_page_size_or_state_naming_the_
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await node.stub.ListJobs(request, metadata=ALICE.md)
             assert e.value.code() == C.INVALID_ARGUMENT, field
-            assert rpcerrors.reason_of(e.value) == Reason.INVALID_FIELD
+            assert reason_of(e.value) == Reason.INVALID_FIELD
             assert fields_of(e.value) == [field]
         # a page size above max_page_size is cut to it, not refused (AIP-158)
         big = await node.stub.ListJobs(jobs_pb2.ListJobsRequest(page_size=10**6), metadata=ALICE.md)
@@ -356,9 +356,9 @@ async def test_the_same_key_with_another_request_is_refused_naming_the_key(
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await call
             assert e.value.code() == C.INVALID_ARGUMENT
-            assert rpcerrors.reason_of(e.value) == Reason.IDEMPOTENCY_KEY_REUSED
+            assert reason_of(e.value) == Reason.IDEMPOTENCY_KEY_REUSED
             assert fields_of(e.value) == ["idempotency_key"]
-            info = rpcerrors.error_info_of(e.value)
+            info = error_info_of(e.value)
             assert info.metadata["field"] == "idempotency_key" and info.metadata["id"] == first
         listed, _ = await walk(node, ALICE.md, 10)
         assert ids(listed) == [first]  # nothing was written

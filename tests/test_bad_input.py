@@ -11,6 +11,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from pagesift.client.errors import details_of
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.api.rpcerrors import Reason
 from pagesift.v1 import jobs_pb2
@@ -153,9 +154,9 @@ def detail_fields(err: grpc.aio.AioRpcError) -> tuple[str, list[str]]:
     named in the message too); from_call also checks the details match the status."""
     status = rpc_status.from_call(cast(Any, err))
     assert status is not None, err.details()
-    (info,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+    (info,) = details_of(status, error_details_pb2.ErrorInfo)
     assert info.domain == rpcerrors.DOMAIN
-    bad = rpcerrors.details_of(status, error_details_pb2.BadRequest)
+    bad = details_of(status, error_details_pb2.BadRequest)
     if err.code() != C.INVALID_ARGUMENT:
         return info.reason, []
     (request,) = bad

@@ -28,6 +28,7 @@ import pytest
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pagesift.client.errors import error_info_of, reason_of
 from pagesift.node.health import NOT_SERVING, PRIMARY, SERVING, health_statuses
 from pagesift.node.node import Node, StartRefused
 from pagesift.node.storage import RESERVE_FILE, Look, Step, decide
@@ -253,8 +254,8 @@ async def test_a_node_whose_volume_fills_pauses_its_crawl_and_resumes_it_when_sp
                 await node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=root), timeout=5)
             err = refused.value
             assert err.code() == grpc.StatusCode.UNAVAILABLE, err
-            assert rpcerrors.reason_of(err) == rpcerrors.Reason.STORAGE_UNAVAILABLE
-            info = rpcerrors.error_info_of(err)
+            assert reason_of(err) == rpcerrors.Reason.STORAGE_UNAVAILABLE
+            info = error_info_of(err)
             assert info is not None and info.metadata["cause"] == NO_SPACE
             message = err.details() or ""
             assert "/" not in message and str(vol) not in message and ".sst" not in message
@@ -344,7 +345,7 @@ async def test_jobs_wait_while_the_store_refuses_writes_and_go_on_when_it_takes_
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=root), timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        info = rpcerrors.error_info_of(refused.value)
+        info = error_info_of(refused.value)
         assert info is not None and info.reason == rpcerrors.Reason.STORAGE_UNAVAILABLE
         assert info.metadata["cause"] == IO_ERROR
         await asyncio.sleep(0.5)  # the fetches are done: nothing is recorded meanwhile

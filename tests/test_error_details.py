@@ -17,7 +17,8 @@ from aiohttp import web
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from pagesift.client import JobClient, pick_error, should_try_next
+from pagesift.client import JobClient
+from pagesift.client.errors import details_of, reason_of
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.api.rpcerrors import DOMAIN, Reason
 from pagesift.shared.jobs import quota
@@ -45,7 +46,7 @@ def status_of(err: grpc.aio.AioRpcError) -> Any:
 
 
 def unpack(status: Any, kind: Any) -> list[Any]:
-    return rpcerrors.details_of(status, kind)
+    return details_of(status, kind)
 
 
 def info_of(err: grpc.aio.AioRpcError) -> Any:
@@ -243,26 +244,6 @@ def test_reasons_are_stable_upper_snake() -> None:
         assert reason.value == reason.name and reason.value.isupper()
 
 
-# ---------------------------------------------------------------- the client keys on reasons
-
-
-def test_should_try_next_keys_on_the_reason_when_there_is_one() -> None:
-    for code in (C.FAILED_PRECONDITION, C.UNAVAILABLE, C.INTERNAL):
-        assert should_try_next(code, retryable=False, reason=Reason.NOT_PRIMARY)
-        assert should_try_next(code, retryable=False, reason=Reason.FENCED)
-    # a server that answered: its answer, whatever the code
-    assert not should_try_next(
-        C.FAILED_PRECONDITION, retryable=True, reason="WEBHOOK_SECRET_MISSING"
-    )
-    assert not should_try_next(C.UNAVAILABLE, retryable=True, reason=Reason.PAGE_FETCH_FAILED)
-    # no details (a transport error, an older server): by the code, as before
-    assert should_try_next(C.FAILED_PRECONDITION, retryable=False)
-    assert should_try_next(C.UNAVAILABLE, retryable=True)
-    codes = [C.UNAVAILABLE, C.FAILED_PRECONDITION, C.FAILED_PRECONDITION]
-    assert pick_error(codes, [None, None, Reason.NOT_PRIMARY]) == 2
-    assert pick_error(codes) == 1
-
-
 class Fake(jobs_pb2_grpc.JobServiceServicer):
     """Answers StartCrawl and Scrape with ``answer`` (an abort through rpcerrors, or a
     response)."""
@@ -340,7 +321,7 @@ async def test_the_client_does_not_fail_over_on_an_answer_whatever_its_code() ->
                 client._located = True  # no Role lookups: the fakes have no AdminService
                 with pytest.raises(grpc.aio.AioRpcError) as e:
                     await client.scrape(OK)
-                assert rpcerrors.reason_of(e.value) in (
+                assert reason_of(e.value) in (
                     Reason.WEBHOOK_SECRET_MISSING,
                     Reason.PAGE_FETCH_FAILED,
                 )

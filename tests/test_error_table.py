@@ -13,7 +13,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from pagesift.shared.api import rpcerrors
+from pagesift.client.errors import details_of, status_of
 from pagesift.shared.api.errortable import (
     HANDLED,
     TABLE,
@@ -212,9 +212,9 @@ async def test_the_api_sends_every_bad_field_in_one_bad_request(tmp_path: Path) 
         err: Any = e.value
         assert err.code() == C.INVALID_ARGUMENT
         assert err.details().startswith("max_depth: -1 is outside")
-        status = rpcerrors.status_of(err)
-        (info,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+        status = status_of(err)
+        (info,) = details_of(status, error_details_pb2.ErrorInfo)
         assert (info.reason, info.metadata["field"]) == (Reason.INVALID_FIELD, "max_depth")
-        (bad,) = rpcerrors.details_of(status, error_details_pb2.BadRequest)
+        (bad,) = details_of(status, error_details_pb2.BadRequest)
         assert [v.field for v in bad.field_violations] == ["max_depth", "delay"]
         assert list(node.node.store().replicated_items()) == []  # nothing was written

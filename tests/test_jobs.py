@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from pagesift.client.errors import error_info_of
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.jobs import records as jr
@@ -283,7 +284,7 @@ async def test_scrape_returns_one_document_with_the_asked_formats(
         # to the primary"), reason PAGE_FETCH_FAILED with the page's code and HTTP status
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
         assert "http_status" in (e.value.details() or "")
-        info = rpcerrors.error_info_of(e.value)
+        info = error_info_of(e.value)
         assert info.reason == rpcerrors.Reason.PAGE_FETCH_FAILED
         assert (info.metadata["code"], info.metadata["http_status"]) == ("http_status", "404")
 

@@ -13,6 +13,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from pagesift.client.errors import details_of
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.api.tls import token_metadata
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
@@ -50,10 +51,10 @@ async def test_a_malformed_request_is_invalid_argument_on_every_kind_of_method(
                 assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert refused.value.details() == f"request: not a valid {message}"
                 status = rpc_status.from_call(cast(Any, refused.value))
-                (info,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+                (info,) = details_of(status, error_details_pb2.ErrorInfo)
                 assert info.reason == rpcerrors.Reason.MALFORMED_REQUEST
                 assert info.metadata["message"] == message
-                (bad,) = rpcerrors.details_of(status, error_details_pb2.BadRequest)
+                (bad,) = details_of(status, error_details_pb2.BadRequest)
                 assert [v.field for v in bad.field_violations] == ["request"]
         # the node still answers well-formed calls
         stub = jobs_pb2_grpc.JobServiceStub(n.channel)

@@ -21,6 +21,7 @@ from aiohttp import web
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 
+from pagesift.client.errors import details_of, status_of
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import FetchPolicy
@@ -540,12 +541,12 @@ async def test_the_api_names_the_refused_field_and_the_missing_permission(tmp_pa
             # the details name the field too: a BadRequest for INVALID_ARGUMENT, the
             # ErrorInfo (PERMISSION_DENIED_FIELD, field and account) for a permission
             named = start.split(":", 1)[0]
-            status = rpcerrors.status_of(info.value)
-            (error,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+            status = status_of(info.value)
+            (error,) = details_of(status, error_details_pb2.ErrorInfo)
             assert error.metadata["field"] == named
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 assert error.reason == rpcerrors.Reason.INVALID_FIELD
-                (bad,) = rpcerrors.details_of(status, error_details_pb2.BadRequest)
+                (bad,) = details_of(status, error_details_pb2.BadRequest)
                 assert [v.field for v in bad.field_violations] == [named]
             else:
                 assert error.reason == rpcerrors.Reason.PERMISSION_DENIED_FIELD

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
+from pagesift.client.errors import details_of, status_of
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.api.streams import WINDOW_DOCS
 from pagesift.shared.jobs import records as jr
@@ -101,10 +102,10 @@ def limit_of(err: grpc.aio.AioRpcError) -> str | None:
     details (ErrorInfo QUOTA_EXCEEDED and a QuotaFailure naming the same limit)."""
     pairs = cast(Iterable[tuple[str, str | bytes]], err.trailing_metadata() or ())
     limit = next((str(v) for k, v in pairs if k == "pagesift-limit"), None)
-    status = rpcerrors.status_of(err)
-    (info,) = rpcerrors.details_of(status, error_details_pb2.ErrorInfo)
+    status = status_of(err)
+    (info,) = details_of(status, error_details_pb2.ErrorInfo)
     assert (info.reason, info.metadata["limit"]) == (rpcerrors.Reason.QUOTA_EXCEEDED, limit)
-    (failure,) = rpcerrors.details_of(status, error_details_pb2.QuotaFailure)
+    (failure,) = details_of(status, error_details_pb2.QuotaFailure)
     (violation,) = failure.violations
     assert violation.quota_id == limit
     assert violation.subject == ("node" if limit == "max_total_streams" else "account:acme")

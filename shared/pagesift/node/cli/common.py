@@ -36,7 +36,7 @@ import grpc
 from google.protobuf.descriptor import EnumDescriptor
 
 from pagesift.client import JobClient, Unreachable
-from pagesift.shared.api import rpcerrors
+from pagesift.client.errors import reason_of
 
 # The exit statuses, by class (README "Exit codes"; a test pins the numbers).
 EXIT_OK = 0
@@ -125,7 +125,7 @@ def exit_for_rpc(err: grpc.RpcError) -> int:
     pagesift ErrorInfo: the transport's), else ``EXIT_REFUSED`` (a server answered,
     e.g. UNAVAILABLE for a Scrape whose page timed out)."""
     code, _ = _rpc_code_details(err)
-    if code in UNREACHABLE_CODES and rpcerrors.reason_of(err) is None:
+    if code in UNREACHABLE_CODES and reason_of(err) is None:
         return EXIT_UNREACHABLE
     return EXIT_REFUSED
 

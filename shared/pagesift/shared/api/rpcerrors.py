@@ -3,8 +3,9 @@
 What it owns
 ------------
 The one way a server ends a call with an error (``abort`` and the helpers built on
-it), and the one way a client reads the details back (``status_of``, ``error_info``,
-``reason_of``). Details travel as a serialized ``google.rpc.Status`` in the
+it); a client reads the details back with ``pagesift.client.errors`` (``status_of``,
+``error_info_of``, ``reason_of``; its wire constants equal ``DOMAIN`` and ``DETAILS_KEY``,
+tests/test_client_errors.py). Details travel as a serialized ``google.rpc.Status`` in the
 ``grpc-status-details-bin`` trailing metadata (the gRPC convention that
 ``grpc_status.rpc_status.from_call`` reads); its code and message are those of the
 call, so the status a caller already saw is unchanged.
@@ -30,10 +31,10 @@ metadata keys and when it happens are ``pagesift.shared.api.errortable.TABLE``'s
 API docs' reason table is generated from it), and so is the mapping of the
 JobService's domain exceptions to statuses.
 
-``NOT_PRIMARY`` and ``FENCED`` (``SEND_ELSEWHERE``) are the only reasons that mean
-"nothing was done here, send it to the primary": the client (``pagesift.client.aio``)
-fails over on them, not on the status code. They keep FAILED_PRECONDITION so that
-clients older than the details still move on.
+``NOT_PRIMARY`` and ``FENCED`` are the only reasons that mean "nothing was done here,
+send it to the primary": the client (``pagesift.client.failover``) fails over on them,
+not on the status code. They keep FAILED_PRECONDITION so that clients older than the
+details still move on.
 
 ``STORAGE_UNAVAILABLE``: the node's store refuses writes (its volume is full, or it
 reported an I/O error; ``pagesift.shared.store.db.StorageUnavailable``). Nothing was
@@ -57,11 +58,11 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import duration_pb2
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -71,20 +72,15 @@ __all__ = [
     "DETAILS_KEY",
     "DOMAIN",
     "PAGE_STATUS",
-    "SEND_ELSEWHERE",
     "Reason",
     "abort",
     "bad_request",
-    "details_of",
     "error_info",
-    "error_info_of",
     "invalid_argument",
     "page_status",
     "quota_failure",
-    "reason_of",
     "retry_info",
     "rich_status",
-    "status_of",
 ]
 
 DOMAIN = "pagesift.dev"
@@ -120,9 +116,6 @@ class Reason(enum.StrEnum):
     STANDBY_TOO_SLOW = "STANDBY_TOO_SLOW"
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
 
-
-#: Reasons that mean "nothing was done here; the primary (metadata ``primary``) takes it".
-SEND_ELSEWHERE = frozenset({Reason.NOT_PRIMARY, Reason.FENCED})
 
 _U = grpc.StatusCode.UNAVAILABLE
 _UNKNOWN = grpc.StatusCode.UNKNOWN
@@ -261,51 +254,3 @@ async def invalid_argument(
         md,
         details=[bad_request(violations)],
     )
-
-
-# ---------------------------------------------------------------- reading (clients)
-
-
-def status_of(err: Any) -> status_pb2.Status | None:
-    """The ``google.rpc.Status`` an ``AioRpcError`` (or any ``grpc.Call``) carries, or
-    None (a server without details, a transport error, unreadable bytes). Unlike
-    ``grpc_status.rpc_status.from_call`` it never raises."""
-    try:
-        trailing = err.trailing_metadata()
-    except Exception:
-        return None
-    for key, value in trailing or ():
-        if key == DETAILS_KEY and isinstance(value, bytes):
-            try:
-                return status_pb2.Status.FromString(value)
-            except DecodeError:
-                return None
-    return None
-
-
-M = TypeVar("M", bound=Message)
-
-
-def details_of(status: status_pb2.Status | None, kind: type[M]) -> list[M]:
-    """The details of ``status`` that are a ``kind`` message, in order."""
-    out: list[M] = []
-    for any_ in status.details if status is not None else ():
-        if any_.Is(kind.DESCRIPTOR):
-            msg = kind()
-            any_.Unpack(msg)
-            out.append(msg)
-    return out
-
-
-def error_info_of(err: Any) -> Any:
-    """The pagesift ``ErrorInfo`` (domain ``DOMAIN``) of an error, or None."""
-    for info in details_of(status_of(err), error_details_pb2.ErrorInfo):
-        if info.domain == DOMAIN:
-            return info
-    return None
-
-
-def reason_of(err: Any) -> str | None:
-    """The pagesift ``ErrorInfo.reason`` of an error, or None (no details)."""
-    info = error_info_of(err)
-    return str(info.reason) if info is not None else None
