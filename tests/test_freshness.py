@@ -252,7 +252,7 @@ async def test_a_second_crawl_says_new_same_changed_and_lists_removed_pages(tmp_
         runtime = node.node.runtime()
         meta = jr.load_meta(node.node.store(), second.id)
         assert isinstance(runtime, Jobs) and meta is not None
-        await runtime._record_removed(meta, root + "/")
+        await runtime.runner.record_removed(meta, root + "/")
         replayed = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=second.id, status_only=True))
         assert list(replayed.removed_urls) == [root + "/gone"]
     status = {p: d.change_status for p, d in docs.items()}

@@ -113,7 +113,9 @@ class JobRuntime(Protocol):
 
     async def scrape(
         self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
-    ) -> jobs_pb2.Document: ...
+    ) -> jobs_pb2.Document:
+        """One page for ``owner``, charged to its daily pages with the page (raises
+        ``quota.LimitExceeded`` when a concurrent call spent the last one)."""
 
     async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]: ...
 
@@ -290,9 +292,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         runtime = self._runtime()
         spec = await requestspecs.scrape(request, self._permissions(caller), self.node.config)
         self._limits(caller, "scrape")()
-        doc = await _scrape(runtime, spec, caller.name)
-        if caller.pages_per_day is not None:
-            self.node.store().write(lambda g: quota.charge(g, caller.name, 1, time.time()))
+        doc = await _scrape(runtime, spec, caller.name)  # charged there, with its page
         return jobs_pb2.ScrapeResponse(document=doc)
 
     @answers_errors

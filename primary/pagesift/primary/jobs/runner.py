@@ -1,0 +1,566 @@
+"""A job's run: its worker loops (batch, crawl), retries, and the commit of what it records.
+
+``Runner.run`` is one run of one job, started by ``runtime.Jobs`` in a task of its own
+(the runtime wrote the run marker first). ``max_concurrency`` workers take pages in
+queue order (batch: indices not done; crawl: ``frontier`` entries not done, in enqueue
+order, read in chunks so memory stays flat), fetch each as a Scrape does
+(``oneoff.fetch_page``) and commit what ``recording`` writes for it, one group a page.
+
+- retries: a transient failure (``retrypolicy.is_transient``) with retries left first
+  writes "retry n of this page" (``jr.mark_retry``, one group) BEFORE it sleeps, so a
+  crash never hands a page its spent retries back. The sleep (full jitter, at least
+  the Retry-After) runs in a task of its own holding none of the job's permits, then
+  takes one for its attempt. After a restart the page is fetched again in queue order
+  and its count read back (``jr.retries_used``): at most ``1 + max_retries`` attempts
+  plus one per crash that cut an attempt short. The last error says how many.
+- bounded groups: a page's group is written with ``max_bytes`` =
+  ``jr.page_group_bytes(max_body_bytes)``; a bigger one (links expanding to megabytes)
+  is refused whole (``GroupTooLarge``) and the page gets a ``too_large`` error instead.
+- disk full (``StorageUnavailable``): a page, page error, retry mark or finish waits in
+  memory, its group not committed, until the store takes writes again, then runs the
+  group afresh (it re-reads what it checks: recorded once, never lost).
+- a change-tracked crawl writes its ``removed`` URLs in one group before it finishes.
+
+What the run asks of the runtime (ending a job's run, quarantine, sync visibility) is
+the ``Host`` protocol, so imports flow runtime -> runner -> recording.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
+from typing import Protocol, TypeVar
+
+from pagesift.primary.engine import retrypolicy
+from pagesift.primary.engine.cookiejar import JarChanges, JobCookies
+from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
+from pagesift.primary.engine.reqprofile import RequestProfile
+from pagesift.primary.jobs import frontier, oneoff, pagecache, recording
+from pagesift.primary.jobs.recording import PageResult
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import patterns, quota, validate
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs.accounts import Accounts
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.shared.jobs.scope import Entry, Scope
+from pagesift.shared.store.db import Commit, Store
+from pagesift.shared.store.errors import StorageUnavailable
+from pagesift.shared.store.groups import GroupTooLarge, WriteGroup
+from pagesift.v1 import jobs_pb2
+
+__all__ = [
+    "STORAGE_POLL_SECONDS",
+    "Host",
+    "JobRequest",
+    "Runner",
+    "concurrency",
+    "first_unfinished",
+    "job_request",
+]
+
+logger = logging.getLogger("pagesift.jobs")
+T = TypeVar("T")
+#: how often a job paused by a refusing store looks whether it takes writes again
+STORAGE_POLL_SECONDS = 0.1
+
+JobRequest = jobs_pb2.StartBatchScrapeRequest | jobs_pb2.StartCrawlRequest
+
+
+class Host(Protocol):
+    """What a run asks of the runtime that started it (``runtime.Jobs``)."""
+
+    @property
+    def closing(self) -> bool: ...
+
+    def wake(self, job_id: str) -> None:
+        """The job's records changed: its webhook deliverer looks."""
+
+    def stop(self, job_id: str) -> None:
+        """End the job's run now (its meta already says why)."""
+
+    def worker_lost(self, job_id: str, url: str) -> None:
+        """A page lost its extraction worker (quarantine counts it)."""
+
+    async def published(self, job_id: str, seq: int, offset: int) -> None:
+        """Page ``seq`` is committed at log ``offset``: clients may see it once the
+        sync-mode standby holds it."""
+
+
+def concurrency(config: ServerConfig, asked: int) -> int:
+    """A job's workers: what it asked (or the default) within ``max_concurrency``."""
+    n = asked or config.default_concurrency
+    return max(1, min(n, config.max_concurrency))
+
+
+def job_request(store: Store, meta: jr.JobMeta) -> JobRequest:
+    """The request the job was started with, as stored at registration."""
+    raw = store.get(jr.JobKeys(meta.id).request) or b""
+    if meta.kind == "batch":
+        return jobs_pb2.StartBatchScrapeRequest.FromString(raw)
+    return jobs_pb2.StartCrawlRequest.FromString(raw)
+
+
+def first_unfinished(store: Store, job_id: str, req: JobRequest, count: int) -> tuple[str, ...]:
+    """The job's first ``count`` (at least 1) unfinished pages in queue order: every
+    page in flight when a run stopped is among them (workers take them in this order)."""
+    keys = jr.JobKeys(job_id)
+    count = max(1, count)
+    out: list[str] = []
+    if isinstance(req, jobs_pb2.StartBatchScrapeRequest):
+        for i, url in enumerate(req.urls):
+            if not store.set_contains(keys.done, str(i).encode()):
+                out.append(url)
+                if len(out) >= count:
+                    break
+        return tuple(out)
+    if store.get(keys.seeded) is None:
+        return (req.url,)  # still seeding: the start URL and its sitemaps
+    start = 0
+    while len(out) < count:
+        items = store.list_items(keys.frontier, start, frontier.Frontier.CHUNK)
+        if not items:
+            break
+        start = items[-1][0] + 1
+        for _, raw in items:
+            entry = Entry.decode(raw)
+            if not store.set_contains(keys.done, entry.key.encode()):
+                out.append(entry.url)
+                if len(out) >= count:
+                    break
+    return tuple(out)
+
+
+class _Run:
+    """One job's run: its concurrency permits and its sleeping retries.
+
+    ``on_change(delta)`` tells the caller a retry was scheduled (+1) or finished (-1)
+    (the crawl counts them as in flight so its workers wait for what they admit).
+    """
+
+    def __init__(self, permits: int, max_retries: int, on_change: Callable[[int], None]) -> None:
+        self.permits = asyncio.Semaphore(permits)
+        self.max_retries = max_retries
+        self.on_change = on_change
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.error: BaseException | None = None
+
+    async def drain(self) -> None:
+        """Wait for every retry (new ones included); re-raise the first failure."""
+        for _ in range(1_000_000):  # each pass awaits at least one task: bounded
+            if not self.tasks:
+                break
+            await asyncio.wait(set(self.tasks))
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+
+
+class Runner:
+    def __init__(
+        self,
+        store: Store,
+        engine: Engine,
+        config: ServerConfig,
+        accounts: Accounts,
+        host: Host,
+        *,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.config = config
+        self.accounts = accounts
+        self.metrics = metrics
+        self._host = host
+        self._random = random.Random()
+        self._jars: dict[str, JobCookies] = {}  # of the jobs running here
+
+    async def run(self, meta: jr.JobMeta, req: JobRequest) -> None:
+        """One run of the job, until it finishes (or its task is cancelled)."""
+        try:
+            if isinstance(req, jobs_pb2.StartBatchScrapeRequest):
+                await self._run_batch(meta, req)
+            else:
+                await self._run_crawl(meta, req)
+        finally:
+            self._jars.pop(meta.id, None)
+
+    # waiting for the store -----------------------------------------------------------
+    async def storage_back(self) -> None:
+        """Returns once the store takes writes again (or the runtime closes): a job's
+        pause while the volume is full is this wait, in memory."""
+        while not self._host.closing:
+            if self.store.refusing is None:
+                return
+            await asyncio.sleep(STORAGE_POLL_SECONDS)
+
+    async def write_when_writable(
+        self, fn: Callable[[WriteGroup], T], *, max_bytes: int | None = None
+    ) -> Commit[T]:
+        """``store.write(fn)``; while the store refuses writes, wait and run the group
+        again (it re-reads what it checks: nothing is recorded twice or lost)."""
+        while True:
+            try:
+                return self.store.write(fn, max_bytes=max_bytes)
+            except StorageUnavailable:
+                if self._host.closing:
+                    raise
+                await self.storage_back()
+
+    # the end of a job ----------------------------------------------------------------
+    def finish(self, job_id: str, state: str, note: str) -> jr.JobMeta | None:
+        """The job ends ``state`` (``recording.record_finish``, one group)."""
+        group = partial(
+            recording.record_finish,
+            job_id=job_id,
+            state=state,
+            note=note,
+            now_ms=jr.now_ms(),
+            ttl_ms=int(self.config.job_ttl_seconds * 1000),
+        )
+        meta = self.store.write(group).result
+        self._host.wake(job_id)
+        if meta is not None:
+            logger.info(
+                "job %s %s (account %s)%s",
+                job_id,
+                meta.state,
+                meta.owner,
+                f": {note}" if note else "",
+                extra={"job": job_id, "account": meta.owner},
+            )
+        return meta
+
+    async def _finish_when_writable(self, job_id: str, state: str, note: str) -> None:
+        """``finish`` at a run's end, waiting like ``write_when_writable``."""
+        while True:
+            try:
+                self.finish(job_id, state, note)
+                return
+            except StorageUnavailable:
+                if self._host.closing:
+                    raise
+                await self.storage_back()
+
+    def _stop_on_quota(self, job_id: str, hit: quota.LimitExceeded) -> None:
+        """The account's daily pages ran out mid-job: stop it, keeping its pages."""
+        if self.metrics is not None:
+            self.metrics.limit_hit(hit.limit_name)
+        self.finish(job_id, "failed", hit.message)
+        self._host.stop(job_id)
+
+    # the job's request ---------------------------------------------------------------
+    def _profile(
+        self, meta: jr.JobMeta, options: jobs_pb2.ScrapeOptions, targets: list[str]
+    ) -> RequestProfile | None:
+        """The job's request profile, its cookie jar restored from the store; None
+        (the job failed) when its options use what the owner may no longer use."""
+        try:
+            profile = oneoff.request_profile(self.accounts, meta.owner, options, targets)
+        except PermissionError as e:
+            self.finish(meta.id, "failed", str(e))
+            return None
+        profile.cookies.load(*jr.read_cookies(self.store, meta.id))
+        self._jars[meta.id] = profile.cookies
+        return profile
+
+    def _max_retries(self, req: JobRequest) -> int:
+        n = req.max_retries if req.HasField("max_retries") else self.config.max_retries
+        return max(0, min(n, self.config.max_retries_limit))
+
+    # attempts and retries ------------------------------------------------------------
+    async def _attempt(
+        self,
+        run: _Run,
+        job_id: str,
+        mark: bytes,
+        url: str,
+        fetch: Callable[[], Awaitable[Page]],
+        record: Callable[[Page], Awaitable[None]],
+    ) -> None:
+        """One attempt at a page inside one of the job's permits; a transient failure
+        with retries left is scheduled again (module docstring), else recorded."""
+        async with run.permits:
+            try:
+                page = await fetch()
+            except PageError as e:
+                if e.worker_lost:  # counted toward quarantine (runtime)
+                    self._host.worker_lost(job_id, url)
+                used = jr.retries_used(self.store, job_id, mark, run.max_retries)
+                if used < run.max_retries and retrypolicy.is_transient(e):
+                    await self._retry_later(run, job_id, mark, url, e, used, fetch, record)
+                    return
+                if used:
+                    e = PageError(
+                        e.code,
+                        f"{e.message} (after {used + 1} attempts; last cause: "
+                        f"{retrypolicy.cause_of(e)})",
+                        status=e.status,
+                        retry_after=e.retry_after,
+                    )
+                await self._record_error(job_id, mark, url, e)
+                return
+            await record(page)
+
+    async def _retry_later(
+        self,
+        run: _Run,
+        job_id: str,
+        mark: bytes,
+        url: str,
+        err: PageError,
+        used: int,
+        fetch: Callable[[], Awaitable[Page]],
+        record: Callable[[Page], Awaitable[None]],
+    ) -> None:
+        n = used + 1
+        marked = await self.write_when_writable(
+            partial(jr.mark_retry, job_id=job_id, mark=mark, n=n)
+        )
+        if not marked.result:
+            return  # done meanwhile, or the job is gone
+        if self.metrics is not None:
+            self.metrics.fetch_retry(retrypolicy.cause_of(err))
+        cfg = self.config
+        wait = retrypolicy.retry_delay(
+            used, base=cfg.retry_base_delay, cap=cfg.retry_max_delay, draw=self._random.random()
+        )
+        if err.retry_after is not None and err.retry_after > wait:
+            wait = err.retry_after  # the host is paused until then anyway
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(wait)  # holding no permit
+                await self._attempt(run, job_id, mark, url, fetch, record)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # surfaces from drain(), at the job's end
+                if run.error is None:
+                    run.error = e
+            finally:
+                run.on_change(-1)
+
+        run.on_change(+1)
+        task = asyncio.create_task(later())
+        run.tasks.add(task)
+        task.add_done_callback(run.tasks.discard)
+
+    # the run loops -------------------------------------------------------------------
+    async def _run_batch(self, meta: jr.JobMeta, req: jobs_pb2.StartBatchScrapeRequest) -> None:
+        done = jr.JobKeys(meta.id).done
+        pending: Iterator[tuple[int, str]] = (
+            (i, url)
+            for i, url in enumerate(req.urls)
+            if not self.store.set_contains(done, str(i).encode())
+        )
+
+        profile = self._profile(meta, req.options, list(req.urls))
+        if profile is None:
+            return
+        policy = FetchPolicy(request=profile, owner=meta.owner)
+        workers = concurrency(self.config, req.max_concurrency)
+        run = _Run(workers, self._max_retries(req), lambda delta: None)
+
+        async def worker() -> None:
+            for i, url in pending:
+                mark = str(i).encode()
+
+                async def record(page: Page, mark: bytes = mark, url: str = url) -> None:
+                    result = PageResult(mark, page, source=(url, req.options))
+                    await self._record_page(meta.id, result)
+
+                fetch = partial(
+                    oneoff.fetch_page, self.store, self.engine, meta.owner, url, req.options, policy
+                )
+                await self._attempt(run, meta.id, mark, url, fetch, record)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(workers)))
+            await run.drain()
+        finally:
+            run.cancel()
+        await self._finish_when_writable(meta.id, "completed", "")
+
+    async def _run_crawl(self, meta: jr.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
+        try:  # compiled again at every (re)start, on the pattern pool, within the bounds
+            scope = await Scope.build(req, meta.limit, validate.regex_limits(self.config))
+        except patterns.PatternError as e:  # stored before today's bounds: refuse it now
+            field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
+            self.finish(meta.id, "failed", f"{field}: {e.reason}")
+            return
+        profile = self._profile(meta, req.options, [req.url])
+        if profile is None:
+            return
+        policy = FetchPolicy(delay=req.delay, request=profile, owner=meta.owner)
+        follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
+        queue = frontier.Frontier(self.store, meta.id)
+
+        def retries_in_flight(delta: int) -> None:
+            # a sleeping retry counts as in flight: the workers wait for what it admits
+            queue.in_flight += delta
+            queue.changed.set()
+
+        # The start URL is queued now, durably, before any sitemap is fetched; the
+        # sitemaps are read meanwhile, bounded by crawl_seed_timeout (frontier).
+        seeding: asyncio.Task[None] | None = None
+        if frontier.seed_start(self.store, meta.id, req, scope):
+            retries_in_flight(1)  # the sitemap step holds the frontier open
+            seeding = asyncio.create_task(
+                self._seed_sitemaps(meta.id, req, scope, policy, queue, retries_in_flight)
+            )
+        workers = concurrency(self.config, req.max_concurrency)
+        run = _Run(workers, self._max_retries(req), retries_in_flight)
+
+        async def worker() -> None:
+            async for entry in queue.entries():
+                mark = entry.key.encode()
+
+                async def record(page: Page, entry: Entry = entry, mark: bytes = mark) -> None:
+                    depth = entry.depth + 1
+                    robots_meta = not req.ignore_robots_meta
+                    links = page.links if follow and not (robots_meta and page.nofollow) else []
+                    found = {scope.key(link): link for link in links}
+                    admitted = await scope.admit(found, depth)  # regexes off the event loop
+                    aliases = await scope.aliases(
+                        entry.key, page.document.final_url, page.canonical
+                    )
+                    skip = None
+                    if robots_meta and page.noindex:
+                        skip = PageError(ErrorCode.ROBOTS_NOINDEX, "meta robots or X-Robots-Tag")
+                    result = PageResult(
+                        mark, page, admitted, aliases, skip, (entry.url, req.options)
+                    )
+                    await self._record_page(meta.id, result)
+
+                fetch = partial(
+                    oneoff.fetch_page,
+                    self.store,
+                    self.engine,
+                    meta.owner,
+                    entry.url,
+                    req.options,
+                    policy,
+                )
+                await self._attempt(run, meta.id, mark, entry.url, fetch, record)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(workers)))
+            await run.drain()
+        finally:
+            run.cancel()
+            if seeding is not None:
+                seeding.cancel()
+        pages = self.store.list_len(jr.JobKeys(meta.id).pages)
+        if pages and pagecache.tracks_changes(req.options):
+            await self.record_removed(meta, req.url)
+        if pages == 0:
+            errors, _ = jr.read_errors(self.store, meta.id)
+            why = f"{errors[0].code}: {errors[0].message}" if errors else "nothing to crawl"
+            await self._finish_when_writable(meta.id, "failed", f"the crawl found no page ({why})")
+        else:
+            await self._finish_when_writable(meta.id, "completed", "")
+
+    async def _seed_sitemaps(
+        self,
+        job_id: str,
+        req: jobs_pb2.StartCrawlRequest,
+        scope: Scope,
+        policy: FetchPolicy,
+        queue: frontier.Frontier,
+        in_flight: Callable[[int], None],
+    ) -> None:
+        """A crawl's sitemap step (``frontier.seed_sitemaps``) beside its workers; it
+        was counted in flight by the caller and is uncounted when it ends, however."""
+        try:
+            await frontier.seed_sitemaps(
+                self.store,
+                self.engine,
+                job_id,
+                req,
+                scope,
+                policy,
+                self.config.crawl_seed_timeout,
+                queue.wake,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # e.g. the store refusing writes: resumed later as SEEDING
+            logger.exception("job %s: reading its sitemaps failed", job_id)
+        finally:
+            in_flight(-1)
+
+    # committing what recording writes --------------------------------------------------
+    def _committed(self, jar: JobCookies | None, changes: JarChanges | None) -> None:
+        if jar is not None and changes is not None:
+            jar.committed(changes)
+
+    async def _record_page(self, job_id: str, result: PageResult) -> None:
+        """Commit the page's group (``recording.record_page``), then tell who waits."""
+        jar = self._jars.get(job_id)
+
+        def group(g: WriteGroup) -> recording.Recorded:
+            return recording.record_page(
+                g, job_id, result, accounts=self.accounts, jar=jar, now=time.time()
+            )
+
+        bound = jr.page_group_bytes(self.config.max_body_bytes)
+        try:
+            commit = await self.write_when_writable(group, max_bytes=bound)
+        except GroupTooLarge as e:  # nothing of it written: the page is an error instead
+            why = f"the page's write group is {e.size} bytes, over the {e.bound}-byte bound"
+            url = result.page.document.url
+            await self._record_error(job_id, result.mark, url, PageError(ErrorCode.TOO_LARGE, why))
+            return
+        done = commit.result
+        self._committed(jar, done.cookies)
+        if done.over_quota is not None:
+            self._stop_on_quota(job_id, done.over_quota)
+            return
+        if done.failed:
+            if self.metrics is not None:
+                self.metrics.page_failed(done.failed)
+            self._host.wake(job_id)
+            return
+        if done.seq is None:
+            return
+        if self.metrics is not None:
+            self.metrics.page_recorded(done.kind)
+        await self._host.published(job_id, done.seq, commit.offset)
+        self._host.wake(job_id)
+
+    async def _record_error(self, job_id: str, mark: bytes, url: str, err: PageError) -> None:
+        jar = self._jars.get(job_id)
+
+        def group(g: WriteGroup) -> recording.Recorded:
+            return recording.record_error(g, job_id, mark, url, err, jar=jar, now=time.time())
+
+        done = (await self.write_when_writable(group)).result
+        self._committed(jar, done.cookies)
+        if done.failed:
+            if self.metrics is not None:
+                self.metrics.page_failed(done.failed)
+            self._host.wake(job_id)
+
+    async def record_removed(self, meta: jr.JobMeta, start_url: str) -> None:
+        """A change-tracked crawl's end: its ``removed`` URLs (``recording``)."""
+        keys = jr.JobKeys(meta.id)
+        stored: list[str] = []
+        for start in range(0, self.store.list_len(keys.pages), 256):
+            for raw in self.store.list_range(keys.pages, start, 256):
+                stored.append(jobs_pb2.Document.FromString(raw).url)
+        group = partial(
+            recording.record_removed,
+            job_id=meta.id,
+            owner=meta.owner,
+            start_url=start_url,
+            stored=stored,
+        )
+        await self.write_when_writable(group)
