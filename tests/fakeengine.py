@@ -3,8 +3,11 @@ serves httpx's own tests: no socket, no resolver, no extraction worker.
 
 ``FakeEngine(site)`` answers ``scrape(url, ...)`` with ``site(url)``: a ``Page`` (build
 one with ``page``) or a raised ``PageError``, exactly the two outcomes the ``Engine``
-contract (``pagesift.primary.engine.protocol``) allows. ``sitemap_urls`` returns what
-``sitemaps`` holds for the URL's origin, else nothing (the contract: never raises).
+contract (``pagesift.primary.engine.protocol``) allows. ``sitemap_urls`` (and
+``sitemap_batches``, in one batch) returns what ``sitemaps`` holds for the URL's origin,
+else nothing (the contract: never raises). The URLs in ``disallowed`` are the fake's
+robots.txt: ``robots_allowed`` says False for them and ``scrape`` raises
+``ROBOTS_DISALLOWED`` for them, as the contract ties the two together.
 Every scrape is recorded in ``requests``, in call order, so a test can state what the
 job runtime asked for (each page once, nothing after a cancel, ...).
 
@@ -20,11 +23,12 @@ page key, in order; ``document.url`` and ``final_url`` set.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from urllib.parse import urljoin, urlsplit
 
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.shared.jobs import urls
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 Site = Callable[[str], Page]
@@ -54,9 +58,15 @@ def page(
 class FakeEngine:
     """Answers every scrape from ``site``; records each call in ``requests``."""
 
-    def __init__(self, site: Site, sitemaps: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        site: Site,
+        sitemaps: dict[str, list[str]] | None = None,
+        disallowed: frozenset[str] = frozenset(),
+    ) -> None:
         self.site = site
         self.sitemaps = sitemaps or {}
+        self.disallowed = disallowed
         self.requests: list[str] = []
         self.closed = False
 
@@ -67,6 +77,8 @@ class FakeEngine:
         policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
     ) -> Page:
         self.requests.append(url)
+        if url in self.disallowed:
+            raise PageError(ErrorCode.ROBOTS_DISALLOWED, f"robots.txt disallows {url}")
         return self.site(url)
 
     async def sitemap_urls(
@@ -76,6 +88,25 @@ class FakeEngine:
     ) -> list[str]:
         parts = urlsplit(url)
         return list(self.sitemaps.get(f"{parts.scheme}://{parts.netloc}", []))
+
+    async def sitemap_batches(
+        self,
+        url: str,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> AsyncGenerator[list[str], None]:
+        found = await self.sitemap_urls(url, policy)
+        if found:
+            yield found
+
+    async def robots_allowed(
+        self,
+        targets: Sequence[str],
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> list[bool]:
+        return [target not in self.disallowed for target in targets]
+
+    def host_delays(self) -> dict[str, float]:
+        return {}  # no politeness: no host is ever slowed
 
     async def close(self) -> None:
         self.closed = True

@@ -231,12 +231,20 @@ async def _error(engine: HttpEngine, url: str, **kw: object) -> PageError:
 
 async def test_http_engine_has_every_engine_method_with_the_protocol_s_signature() -> None:
     engine: Engine = HttpEngine(CONFIG)  # mypy checks the signatures statically
+    kinds = {
+        "close": inspect.iscoroutinefunction,
+        "host_delays": inspect.isfunction,
+        "robots_allowed": inspect.iscoroutinefunction,
+        "scrape": inspect.iscoroutinefunction,
+        "sitemap_batches": inspect.isasyncgenfunction,
+        "sitemap_urls": inspect.iscoroutinefunction,
+    }
     try:
         members = [n for n in vars(Engine) if not n.startswith("_")]
-        assert sorted(members) == ["close", "scrape", "sitemap_urls"]
+        assert sorted(members) == sorted(kinds)
         for name in members:
             want, got = getattr(Engine, name), getattr(type(engine), name)
-            assert inspect.iscoroutinefunction(got), name
+            assert kinds[name](got), name
             assert inspect.signature(got) == inspect.signature(want), name
     finally:
         await engine.close()

@@ -24,6 +24,7 @@ from pagesift.primary.jobs import mapper
 from pagesift.shared.api.paging import MAP_BATCH_URLS, url_batches
 from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2
+from tests.fakeengine import FakeEngine, page
 from tests.helpers import MapResolver, RunningNode, in_process_node, node_config, serve_handler
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -259,6 +260,21 @@ async def test_a_link_to_a_blocked_address_is_never_fetched_nor_listed(tmp_path:
             await runner.cleanup()
     assert got == [f"http://site.test:{port}/", f"http://site.test:{port}/ok"]
     assert secret_hits == []
+
+
+async def test_map_lists_no_url_the_engines_robots_verdict_refuses(tmp_path: Path) -> None:
+    """The walk asks the Engine protocol (``robots_allowed``) before listing a sitemap URL
+    or a link, whatever the engine: a URL robots.txt refuses is never listed."""
+    root = "http://site.test/"
+    engine = FakeEngine(
+        lambda url: page(url, "/l1", "/no-link"),
+        sitemaps={"http://site.test": [root + "s1", root + "no-sm", root + "s2"]},
+        disallowed=frozenset({root + "no-sm", root + "no-link"}),
+    )
+    config = node_config(tmp_path)
+    req = jobs_pb2.MapRequest(url=root)
+    got = await mapper.map_site(engine, req, config)
+    assert got == [root, root + "s1", root + "s2", root + "l1"]
 
 
 # ---------------------------------------------------------------- pure parts

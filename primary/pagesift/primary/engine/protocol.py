@@ -1,8 +1,11 @@
 """The Engine: everything the job runtime needs from the web, behind one interface.
 
-The job code (``jobs``, ``crawl``) never touches HTTP: it asks an ``Engine`` for a
-page, a site's sitemap URLs, and nothing else. ``HttpEngine`` (module ``fetch``)
-is the real one; any other engine obeys the same contract:
+``Engine`` is the only surface the job code (``pagesift.primary.jobs``) sees: it asks
+for a page (``scrape``), a site's sitemap URLs (``sitemap_urls``, or
+``sitemap_batches`` as they are parsed) and robots.txt verdicts on URLs it lists
+without fetching them (``robots_allowed``), and for nothing else. ``HttpEngine``
+(``engine.http``) is the real one; ``tests/fakeengine.py`` answers in process. Every
+engine obeys the same contract:
 
 - ``scrape(url, options)`` returns a ``Page`` (the document plus the absolute,
   normalized links found on it) or raises ``PageError`` with one of the codes in
@@ -13,20 +16,23 @@ is the real one; any other engine obeys the same contract:
 - the ``Page`` also says what the page says about its identity, for the job runtime
   to judge: ``document.final_url`` (after HTTP redirects and short meta refreshes,
   followed like redirects), ``canonical`` (its rel=canonical, absolute, or ""),
-  and ``noindex``/``nofollow`` (meta robots and X-Robots-Tag, see
-  ``robots.page_directives``). The engine itself never drops a page for them.
+  and ``noindex``/``nofollow`` (meta robots and X-Robots-Tag). The engine itself
+  never drops a page for them.
 - a conditional request (``FetchPolicy.validators``) answered ``304 Not Modified``
-  returns a ``Page`` with ``not_modified`` set and an empty document: the caller
-  holds the copy it revalidated.
-- ``sitemap_urls(url, policy)`` returns the page URLs the site's sitemap(s) list,
-  or an empty list; it never raises for a missing or broken sitemap.
-- every request of a scrape, its redirects and its sitemaps sends what the policy's
-  ``RequestProfile`` says (``reqprofile``); robots.txt is fetched with the server's
-  own user agent and read for the profile's.
+  returns a ``Page`` with ``not_modified`` set and an empty document.
+- ``sitemap_urls``/``sitemap_batches`` never raise (but ``CancelledError``) for a
+  missing or broken sitemap: they yield what was read, possibly nothing.
+- ``robots_allowed(targets, policy)`` says, per URL, whether ``scrape`` would let
+  robots.txt through for the policy's agent (all True when robots are not obeyed).
+- every request sends what the policy's ``RequestProfile`` says (``reqprofile``).
+
+The node itself reads one more thing, for its metrics: ``host_delays()``, the current
+per-host politeness delays (empty for an engine without politeness).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,7 +49,7 @@ class FetchPolicy:
     (headers, cookie jar, user agent, timeout, TLS, proxy, robots: ``reqprofile``),
     None for a one-off scrape whose options say it all (the engine builds one).
     ``validators`` (ETag, Last-Modified) of a cached copy make the request
-    conditional (``pagecache``): a 304 comes back as ``Page.not_modified``.
+    conditional (``jobs.pagecache``): a 304 comes back as ``Page.not_modified``.
     ``owner`` is the account the work is for: extraction workers are shared fairly
     between owners (``workers.WorkerPool``); "" for work of no account.
     """
@@ -78,5 +84,15 @@ class Engine(Protocol):
     ) -> Page: ...
 
     async def sitemap_urls(self, url: str, policy: FetchPolicy = FetchPolicy()) -> list[str]: ...
+
+    def sitemap_batches(
+        self, url: str, policy: FetchPolicy = FetchPolicy()
+    ) -> AsyncGenerator[list[str], None]: ...
+
+    async def robots_allowed(
+        self, targets: Sequence[str], policy: FetchPolicy = FetchPolicy()
+    ) -> list[bool]: ...
+
+    def host_delays(self) -> dict[str, float]: ...
 
     async def close(self) -> None: ...

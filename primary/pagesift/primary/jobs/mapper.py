@@ -25,11 +25,11 @@ them. The guarantees:
   are parsed (``frontier.sitemap_stream``) and stops at its own deadline, half the
   budget when a link walk follows (all of it with ``SITEMAP_MODE_ONLY``), the link
   walk stops at the call's deadline, and the URLs found until then are returned;
-- a listed URL is allowed by robots.txt for the server's agent (checked with the
-  engine's cached rules when it offers ``robots_allowed``, else only for the pages
-  fetched); a fetched page that fails for good (robots, blocked address, 4xx...,
-  anything but a transient failure) is not listed, and one that redirects is listed
-  under its final URL (when that is on the site);
+- a listed URL is allowed by robots.txt for the server's agent (the engine's cached
+  rules, ``Engine.robots_allowed``, checked without fetching it); a fetched page that
+  fails for good (robots, blocked address, 4xx..., anything but a transient failure)
+  is not listed, and one that redirects is listed under its final URL (when that is
+  on the site);
 - each page is listed once, under its page key (``Scope.key``: normalized, the query
   dropped with ``ignore_query_parameters``), in discovery order: the start URL, the
   sitemaps' order, then the link walk's; ``rank`` then moves the URLs that contain
@@ -46,7 +46,7 @@ sitemaps are parsed in slices (``sitemaps``), the per-URL work on sitemap URLs a
 page links (page keys, scope) runs in slices of at most ``SLICE_SECONDS`` with a
 turn of the loop between them (``_sliced``), the regexes and ranking run in threads,
 and robots.txt checks are compiled and bounded per URL and sliced the same way
-(``robots``, ``HttpEngine.robots_allowed``).
+(``robots``, ``Engine.robots_allowed``).
 
 The pure parts (``rank``, ``Listing`` for the dedupe by page key, ``Bounds``) are
 separate from the I/O (``map_site``).
@@ -58,7 +58,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TypeVar
 
 from pagesift.primary.engine import retrypolicy
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
@@ -69,7 +69,7 @@ from pagesift.shared.jobs.pageerrors import PageError
 from pagesift.shared.jobs.scope import Scope
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["Bounds", "Listing", "RobotsAware", "map_site", "rank"]
+__all__ = ["Bounds", "Listing", "map_site", "rank"]
 
 # What the walk fetches pages as: links only (no markdown conversion).
 _LINKS_ONLY = jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_LINKS])
@@ -94,15 +94,6 @@ async def _sliced(items: Iterable[T], fn: Callable[[T], R | None]) -> list[R]:
             await asyncio.sleep(0)
             turn = loop.time() + SLICE_SECONDS
     return out
-
-
-@runtime_checkable
-class RobotsAware(Protocol):
-    """An engine that can say what robots.txt allows without fetching (``HttpEngine``)."""
-
-    async def robots_allowed(
-        self, targets: Sequence[str], policy: FetchPolicy = ...
-    ) -> list[bool]: ...
 
 
 # ---------------------------------------------------------------- pure parts
@@ -203,7 +194,7 @@ class _Walk:
             return []
         allowed = await self.scope.paths.allowed(fresh)
         fresh = [k for k, ok in zip(fresh, allowed, strict=True) if ok]
-        if fresh and isinstance(self.engine, RobotsAware):
+        if fresh:
             robots = await self.engine.robots_allowed(fresh, self.policy)
             fresh = [k for k, ok in zip(fresh, robots, strict=True) if ok]
         return fresh
