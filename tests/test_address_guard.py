@@ -389,7 +389,7 @@ async def test_the_engine_session_refuses_blocked_addresses_at_the_socket(
 ) -> None:
     """Past the per-hop check: the session itself (aiohttp skips the resolver for IP
     literals) must refuse to open the socket."""
-    session = guarded_engine._session_now()
+    session = guarded_engine.sessions.direct()
     with pytest.raises(aiohttp.ClientConnectorError) as info:
         async with session.get(f"http://{host}:{listener.port}/secret"):
             pass

@@ -621,7 +621,7 @@ async def test_a_conversion_past_document_timeout_is_parse_failed_and_the_pool_r
                 await engine.scrape(url, jobs_pb2.ScrapeOptions())
             assert info.value.code == ErrorCode.PARSE_FAILED
             assert "took over" in info.value.message
-            engine.config = replace(config, document_timeout=30.0)
+            engine.pages.config = replace(config, document_timeout=30.0)
             page = await engine.scrape(url, jobs_pb2.ScrapeOptions())
             assert page.document.num_pages == 2
     finally:

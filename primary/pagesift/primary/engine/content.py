@@ -1,7 +1,7 @@
 """What a fetched body is and how it becomes text: content-type classes, sniffing, decoding.
 
 Owns the pure, I/O-free part of turning a response into a document body, used by
-``fetch.HttpEngine``. The guarantees:
+``pages`` and ``http.HttpEngine``. The guarantees:
 
 - ``is_text`` / ``HTML_TYPES`` classify a MIME type as HTML, other text, or binary;
 - ``sniff`` gives the kind of a body served without Content-Type (``html`` or

@@ -4,7 +4,7 @@ What it owns
 ------------
 Every decision the fetch path and the job runtime take about trying a page again and
 about slowing down for a host. The I/O (sleeping, pausing a host's slot, writing the
-attempt count) lives in ``fetch``, ``politeness`` and ``jobs``; this module only
+attempt count) lives in ``hops``, ``politeness`` and ``jobs.runner``; this module only
 decides, with the clock and the randomness handed in, so tests pin every value.
 
 - ``is_transient(err)``: connect errors, resets, read/connect timeouts and the
@@ -41,7 +41,7 @@ Why it is safe
 Pure: no clock read, no global random; ``retry_delay`` lies in ``[0, cap]``, the
 throttle's delay in ``[0, max_delay]``, and a Retry-After is clamped at 0 (a date in
 the past means "now"). Nothing here can make a loop unbounded: the number of retries
-is the caller's ``max_retries``, counted in the store (``jobs``).
+is the caller's ``max_retries``, counted in the store (``jobs.runner``).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
 (or ``name=<our token>``) contents and ``X-Robots-Tag`` header values, where a value
 may be scoped to one agent (``googlebot: noindex``, ignored unless it is our token).
 ``none`` means both ``noindex`` and ``nofollow``. The job runtime applies them to
-crawls (see ``jobs``).
+crawls (``jobs.runner``).
 """
 
 from __future__ import annotations

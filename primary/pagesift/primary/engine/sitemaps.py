@@ -2,7 +2,7 @@
 
 Owns the bounds and the format handling of sitemaps (sitemaps.org XML, indexes, gzip,
 plain-text one-URL-a-line); the HTTP side is the caller's ``fetch`` callable
-(``fetch.HttpEngine`` passes one that goes through its guarded session), so every
+(``http.HttpEngine`` passes one that goes through ``hops.Fetcher.fetch``), so every
 request still passes the engine's address guard. The guarantees of ``batches`` (and of
 ``walk``, which collects them):
 
