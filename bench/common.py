@@ -32,8 +32,10 @@ from typing import Any
 
 import grpc
 
-# The drill's (the node ships it; bench sections run in the same venv as the node).
-from pagesift.node.drill.procs import free_port as free_port
+# The node's launcher, shared with the drill and the tests (bench sections run in the
+# same venv as the node).
+from pagesift.node.procs import Child, serve_argv
+from pagesift.node.procs import free_port as free_port
 
 LOOPBACK = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent
@@ -256,6 +258,26 @@ class ProcessSampler:
 
 
 # ---------------------------------------------------------------------------- processes
+
+
+def start_serve(name: str, args: Sequence[str], log: Path, *, append: bool = False) -> Child:
+    """``pagesift serve ARGS`` from the repository directory, started, in its own process
+    group (``pagesift.node.procs.Child``), its output in ``log`` (emptied first, unless
+    ``append``). Its ``proc`` is the server process: its pid for the samplers, ``poll``
+    for the waits."""
+    child = Child(name, serve_argv(*args), log, cwd=REPO_DIR)
+    say("$ " + shlex.join(child.argv))
+    if not append:
+        log.unlink(missing_ok=True)
+    child.start()
+    return child
+
+
+def stop_serve(child: Child, grace: float = 20.0) -> int | None:
+    """SIGTERM the server (it stops its own workers), SIGKILL its group after ``grace``
+    seconds. Returns the server's exit code."""
+    child.stop(grace, term_group=False)
+    return child.proc.returncode if child.proc is not None else None
 
 
 def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> int | None:

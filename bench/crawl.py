@@ -57,7 +57,9 @@ from bench.common import (
     markdown_table,
     memory_bytes,
     say,
+    start_serve,
     stop_process,
+    stop_serve,
     subtree_cpu_seconds,
     subtree_peak_rss,
     wait_for_grpc,
@@ -290,11 +292,7 @@ def pagesift_server(
     with tempfile.TemporaryDirectory(prefix="bench-pagesift-") as tmpname:
         tmp = Path(tmpname)
         target = f"{LOOPBACK}:{free_port()}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "pagesift.node.cli",
-            "serve",
+        args = [
             "--role",
             "primary",
             "--listen",
@@ -305,26 +303,27 @@ def pagesift_server(
             "--config",
             str(_server_config(tmp, concurrency, extra_config)),
         ]
-        say("$ " + shlex.join(cmd))
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_DIR
+        child = start_serve("pagesift server", args, log_path)
+        assert child.proc is not None
+        proc = child.proc
+        channel = grpc.insecure_channel(target, options=GRPC_OPTIONS)
+        server: Server | None = None
+        try:
+            stub = jobs_pb2_grpc.JobServiceStub(channel)
+            ready_s = wait_for_grpc(
+                channel,
+                lambda: stub.ListJobs(jobs_pb2.ListJobsRequest(), timeout=2),
+                SERVER_READY_TIMEOUT,
+                proc,
             )
-            channel = grpc.insecure_channel(target, options=GRPC_OPTIONS)
-            try:
-                stub = jobs_pb2_grpc.JobServiceStub(channel)
-                ready_s = wait_for_grpc(
-                    channel,
-                    lambda: stub.ListJobs(jobs_pb2.ListJobsRequest(), timeout=2),
-                    SERVER_READY_TIMEOUT,
-                    proc,
-                )
-                server = Server(proc, stub, target, shlex.join(cmd), ready_s)
-                yield server
-            finally:
-                channel.close()
-                server.exit_code = stop_process(proc, grace=20)
-                say(f"pagesift server stopped (exit {server.exit_code})")
+            server = Server(proc, stub, target, shlex.join(child.argv), ready_s)
+            yield server
+        finally:
+            channel.close()
+            code = stop_serve(child, grace=20)
+            if server is not None:
+                server.exit_code = code
+            say(f"pagesift server stopped (exit {code})")
 
 
 def run_pagesift(

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -34,7 +31,16 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from bench.common import LOOPBACK, OUT_DIR, REPO_DIR, free_port, markdown_table, say, write_json
+from bench.common import (
+    LOOPBACK,
+    OUT_DIR,
+    free_port,
+    markdown_table,
+    say,
+    start_serve,
+    stop_serve,
+    write_json,
+)
 
 MODES = ("ok", "500", "503", "reset", "429-ra1")
 JOB_TIMEOUT = 600.0
@@ -87,16 +93,12 @@ async def _one(mode: str, pages: int, tmp: Path) -> dict[str, Any]:
     target = f"{LOOPBACK}:{free_port()}"
     conf = tmp / f"{mode}.toml"
     conf.write_text("[server]\nextract_processes = 1\n")
-    cmd = [
-        sys.executable, "-m", "pagesift.node.cli", "serve", "--role", "primary",
-        "--listen", target, "--data", str(tmp / mode), "--allow-private-networks",
-        "--config", str(conf),
+    serve_args = [
+        "--role", "primary", "--listen", target, "--data", str(tmp / mode),
+        "--allow-private-networks", "--config", str(conf),
     ]  # fmt: skip
-    say("$ " + shlex.join(cmd))
-    log = (OUT_DIR / "misbehaving-server.log").open("ab")
-    proc = await asyncio.to_thread(
-        lambda: subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_DIR)
-    )
+    log = OUT_DIR / "misbehaving-server.log"
+    child = await asyncio.to_thread(start_serve, "pagesift server", serve_args, log, append=True)
     try:
         async with grpc.aio.insecure_channel(target) as ch:
             await asyncio.wait_for(ch.channel_ready(), 30)
@@ -114,9 +116,7 @@ async def _one(mode: str, pages: int, tmp: Path) -> dict[str, Any]:
                 await asyncio.sleep(0.05)
             wall = time.monotonic() - t0
     finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 30)
-        log.close()
+        await asyncio.to_thread(stop_serve, child, 30.0)
         await runner.cleanup()
     requests = sum(site.hits.values())
     return {

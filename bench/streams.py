@@ -25,8 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import shlex
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,13 +36,13 @@ from bench.common import (
     LOOPBACK,
     MB,
     OUT_DIR,
-    REPO_DIR,
     free_port,
     machine_facts,
     markdown_table,
     memory_bytes,
     say,
-    stop_process,
+    start_serve,
+    stop_serve,
     write_json,
 )
 
@@ -149,22 +147,16 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         tmp = Path(tmpname)
         target = f"{LOOPBACK}:{free_port()}"
         metrics = f"{LOOPBACK}:{free_port()}"
-        cmd = [
-            sys.executable, "-m", "pagesift.node.cli", "serve", "--role", "primary",
-            "--listen", target, "--data", str(tmp / "data"), "--allow-private-networks",
-            "--config", str(_server_config(tmp, args.streams)),
+        serve_args = [
+            "--role", "primary", "--listen", target, "--data", str(tmp / "data"),
+            "--allow-private-networks", "--config", str(_server_config(tmp, args.streams)),
+            "--metrics-listen", metrics,
         ]  # fmt: skip
-        say("$ " + shlex.join(cmd))
-        log = (OUT_DIR / "streams-server.log").open("wb")
-        proc = await asyncio.to_thread(
-            lambda: subprocess.Popen(
-                [*cmd, "--metrics-listen", metrics],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO_DIR,
-            )
+        child = await asyncio.to_thread(
+            start_serve, "pagesift server", serve_args, OUT_DIR / "streams-server.log"
         )
+        assert child.proc is not None
+        proc = child.proc
         channels = [
             grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS)
             for _ in range(max(1, args.stream_channels))
@@ -258,8 +250,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 call.cancel()
             for c in channels:
                 await c.close(None)
-            code = stop_process(proc, grace=20)
-            log.close()
+            code = await asyncio.to_thread(stop_serve, child, 20.0)
             await runner.cleanup()
             say(f"pagesift server stopped (exit {code})")
     return {
@@ -278,5 +269,5 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_request_peak_mb": peak[0],
         "rss_after_request_mb": after_req,
         "request_held_mb": after_req - before_req,
-        "command": shlex.join(cmd),
+        "command": shlex.join(child.argv),
     }

@@ -1,7 +1,11 @@
 """Shared test plumbing: bounded waits, free ports, in-process nodes, server
-subprocesses, accounts files, a webhook receiver, metrics scrapes, admin RPCs and
-test certificates. Test modules import from here (and get fixtures from
-``conftest.py``), never from each other.
+subprocesses (``ServeProc``, on the drill's and the bench's launcher,
+``pagesift.node.procs``), accounts files, a webhook receiver, metrics scrapes, admin
+RPCs and test certificates. Test modules import from here, from the small modules
+beside it (``fakeengine``, ``importscan``, ``pdfmaker``, ``hostile``) and get fixtures
+from ``conftest.py``; two reuse another test module's pieces (``test_freshness`` the
+pair of ``test_failover``, ``test_install_replay`` the Dockerfile reader of
+``test_deploy_kit``).
 
 Everything listens on 127.0.0.1 only; every wait is bounded in time.
 """
@@ -14,10 +18,8 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -33,8 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.demo.site import CALENDAR_EXCLUDE, normalize_url
 from pagesift.node import grpcserver
-from pagesift.node.drill.procs import free_port as free_port
 from pagesift.node.node import Node, http_engine
+from pagesift.node.procs import Child, serve_argv
+from pagesift.node.procs import free_port as free_port
 from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api import tls
@@ -230,16 +233,14 @@ async def all_documents(
     return docs
 
 
-def start_server_process(config_args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """``pagesift serve`` as a real child process (killed with SIGKILL by crash tests)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "pagesift.node.cli", "serve", *config_args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+def start_server_process(config_args: list[str], log: Path) -> Child:
+    """``pagesift serve`` as a real child process (``pagesift.node.procs``: its own
+    process group, output appended to ``log``), started."""
+    child = Child(
+        log.stem, serve_argv(*config_args), log, env=dict(os.environ, PYTHONUNBUFFERED="1")
+    )
+    child.start()
+    return child
 
 
 #: Reconnect every 50-200 ms while a server starts: gRPC's default backoff (1 s, then
@@ -304,7 +305,12 @@ class ServeProc:
         self.role = role
         self.primary = primary
         self.extra = list(extra)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        """The ``pagesift serve`` process (its pid, ``terminate``, ``wait``)."""
+        return self.child.proc if self.child is not None else None
 
     def args(self) -> list[str]:
         out = ["--listen", self.address, "--data", str(self.data)]
@@ -320,38 +326,30 @@ class ServeProc:
         self.role = role or self.role
         self.primary = primary if primary is not None else self.primary
         self.stop()
-        self.proc = start_server_process(self.args(), self.log)
+        self.child = start_server_process(self.args(), self.log)
 
     async def start(self, *, role: str | None = None, primary: str | None = None) -> None:
         self.launch(role=role, primary=primary)
         await wait_ready(self.address)
 
     def kill(self) -> None:
-        """SIGKILL: no handler runs, nothing is flushed but what is already durable."""
-        assert self.proc is not None and self.proc.poll() is None, f"{self.name} is not running"
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        """SIGKILL the node process: no handler runs, nothing is flushed but what is
+        already durable; its extraction workers are left to notice, as after a crash."""
+        assert self.child is not None, f"{self.name} was never started"
+        self.child.crash(timeout=10)
 
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """SIGSTOP for the block, SIGCONT after: alive but unreachable (a partition
         from every peer at once), with its sockets open."""
-        assert self.proc is not None and self.proc.poll() is None, f"{self.name} is not running"
-        pid = self.proc.pid
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        assert self.child is not None, f"{self.name} was never started"
+        with self.child.frozen():
             yield
-        finally:
-            os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        """SIGTERM the node (it stops its own workers), SIGKILL its group after 10 s."""
+        if self.child is not None:
+            self.child.stop(10.0, term_group=False)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -375,8 +373,8 @@ def serve_procs(tmp: Path) -> Iterator[NodeFactory]:
         yield make
     finally:
         for node in made:  # all at once: each may wait for its grace period
-            if node.proc is not None and node.proc.poll() is None:
-                node.proc.terminate()
+            if node.child is not None:
+                node.child.terminate()
         for node in made:
             node.stop()
 

@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.node.cli import build_parser
 from pagesift.node.cli.serve import serve_overrides
+from pagesift.node.procs import Child
 from pagesift.shared.api.metrics import Metrics, ReplicationFigures, StorageFigures, WitnessGauges
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.config.settings import load_config
@@ -879,7 +880,7 @@ def test_a_pair_from_the_example_config_serves_tls_health_that_the_probe_script_
     (tmp_path / "accounts.toml").write_text(accounts)
 
     example = tomllib.loads((DEPLOY / "pagesift.toml").read_text())["server"]
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Child] = []
     addresses = {}
     for name in ("a", "b"):
         address = f"127.0.0.1:{free_port()}"
@@ -926,6 +927,8 @@ def test_a_pair_from_the_example_config_serves_tls_health_that_the_probe_script_
     finally:
         for proc in procs:
             proc.terminate()
+        for proc in procs:
+            proc.stop(10.0, term_group=False)
         for proc in procs:
             try:
                 proc.wait(15)

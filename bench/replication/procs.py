@@ -24,9 +24,10 @@ from typing import Any, cast
 
 import grpc
 
-from bench.common import LOOPBACK, MB, OUT_DIR, REPO_DIR, free_port, say, stop_process
+from bench.common import LOOPBACK, MB, OUT_DIR, REPO_DIR, free_port, say, stop_serve
 from bench.replication.driver import DRIVER_METHOD
 from bench.replication.stats import Samples
+from pagesift.node.procs import Child, serve_argv
 from pagesift.shared.api.tls import write_new_token
 
 SAMPLE_PERIOD = 0.02
@@ -40,29 +41,35 @@ GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * MB)]
 @dataclass
 class Proc:
     name: str
-    popen: subprocess.Popen[bytes]
+    child: Child
     log: Path
     addr: str
 
+    @property
+    def popen(self) -> subprocess.Popen[bytes]:
+        assert self.child.proc is not None  # started by ``spawn``
+        return self.child.proc
+
 
 def spawn(name: str, cmd: list[str], addr: str) -> Proc:
+    """``cmd`` from the repository directory (``pagesift.node.procs.Child``: its own
+    process group, stopped for sure), its output in a fresh ``replication-<name>.log``."""
     log = OUT_DIR / f"replication-{name}.log"
     say("$ " + shlex.join(cmd))
-    with log.open("wb") as fh:
-        popen = subprocess.Popen(
-            cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_DIR
-        )
-    return Proc(name, popen, log, addr)
+    log.unlink(missing_ok=True)
+    child = Child(name, cmd, log, cwd=REPO_DIR)
+    child.start()
+    return Proc(name, child, log, addr)
 
 
 def stop(proc: Proc | None) -> None:
     if proc is not None:
-        code = stop_process(proc.popen, grace=20)
+        code = stop_serve(proc.child, grace=20)
         say(f"{proc.name} stopped (exit {code})")
 
 
 def serve_cmd(role: str, addr: str, data: Path, conf: Path, primary: str = "") -> list[str]:
-    cmd = [sys.executable, "-m", "pagesift.node.cli", "serve", "--role", role]
+    cmd = serve_argv("--role", role)
     cmd += [
         "--listen",
         addr,

@@ -169,9 +169,9 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     if missing:
         return fail(missing, exit=EXIT_FAILED)
     from pagesift.node.drill.fixture import SetupError
-    from pagesift.node.drill.procs import kill_leftovers
     from pagesift.node.drill.report import drill_json, run_lines, summary_line
     from pagesift.node.drill.verdict import summarize
+    from pagesift.node.procs import kill_leftovers
 
     try:
         settings = drill_settings(args)

@@ -12,8 +12,8 @@ The modules, by concern:
   pages lost, duplicates, webhook events lost / re-sent / undone) and the pass rules
   of sync and async mode; ``report``: their text and JSON;
 - ``receiver``: the webhook receiver (signature verification, every delivery kept);
-- ``procs``: child processes in their own process groups, always stopped;
-- ``fixture``: the local pair, etcd, the demo site, keys and config files;
+- ``fixture``: the local pair, etcd, the demo site, keys and config files (its
+  children are ``pagesift.node.procs.Child``: own process groups, always stopped);
 - ``remote``: the operator's kill/start commands and their placeholders;
 - ``observe``: the job follower, the write prober, Role calls, the final job;
 - ``runner``: one run and the repeated runs, with the cleanup.

@@ -27,7 +27,6 @@ import asyncio
 import json
 import secrets
 import shutil
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from pagesift.demo.site import BIG_PATH, CALENDAR_EXCLUDE, SLOW_PATH, build_site, serve_site
-from pagesift.node.drill.procs import Child, free_port
+from pagesift.node.procs import Child, free_port, serve_argv
 from pagesift.shared.api.tls import write_new_token
 from pagesift.shared.jobs.accounts import hash_key, new_key
 
@@ -240,7 +239,7 @@ class LocalPair:
         return f"node {node.name}" if node else address
 
     def _argv(self, node: LocalNode, role: str, primary: str) -> list[str]:
-        argv = [sys.executable, "-m", "pagesift.node.cli", "serve"]
+        argv = serve_argv()
         if self.etcd is not None:
             argv += ["--witness", self.etcd.endpoint, "--pair", self.pair_name,
                      "--witness-ttl", f"{self.witness_ttl:g}", "--listen", node.address,

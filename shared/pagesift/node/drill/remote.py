@@ -38,7 +38,7 @@ from pathlib import Path
 
 from pagesift.node.drill.choices import FIELDS as FIELDS
 from pagesift.node.drill.fixture import WITNESS, SetupError
-from pagesift.node.drill.procs import Child
+from pagesift.node.procs import Child
 
 
 def placeholders(template: str) -> set[str]:

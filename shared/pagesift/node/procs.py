@@ -1,14 +1,21 @@
-"""Child processes the drill starts: each in its own process group, each stopped for sure.
+"""Child processes: the one launcher of ``pagesift serve`` (and etcd, and shell commands)
+for the drill, the tests and the bench. Each child runs in its own process group and is
+stopped for sure.
 
 Owns ``Child`` (one command line run in a NEW session, so its process group holds it
 and everything it forks -- a node's extraction workers, a shell's children -- and a
-kill reaches all of them at once, and nothing else), ``free_port`` and the registry
-of live children that ``kill_leftovers`` empties.
+group signal reaches all of them at once, and nothing else), ``serve_argv`` (the one
+spelling of a ``pagesift serve`` command line), ``free_port`` and the registry of live
+children that ``kill_leftovers`` empties.
 
-Guarantees: ``kill`` is SIGKILL to the group (a crash: no handler runs); ``stop`` is
-SIGTERM to the group, at most ``grace`` seconds, then SIGKILL; every wait is bounded.
-A child is only ever signalled through the group its own ``Popen`` created, so the
-drill never signals a process it did not start. ``kill_leftovers`` is the last resort
+Guarantees: ``kill`` is SIGKILL to the group (a crash of the machine: no handler
+runs); ``crash`` is SIGKILL to the node process alone (its workers are left to notice
+their parent is gone, as after a real crash of that process); ``frozen`` SIGSTOPs the
+node process for a block (alive, sockets open, unreachable); ``stop`` is SIGTERM (to the
+group, or with ``term_group=False`` to the node process alone, which then stops its
+own workers), at most ``grace`` seconds, then SIGKILL to the group. Every wait is
+bounded. A child is only ever signalled through the process its own ``Popen`` created,
+so no caller signals a process it did not start. ``kill_leftovers`` is the last resort
 of the ``pagesift drill`` command (after the event loop is gone, e.g. a second Ctrl-C
 during cleanup): it SIGKILLs every group still registered.
 """
@@ -20,7 +27,8 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 _LIVE: set[Child] = set()
@@ -35,6 +43,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def serve_argv(*args: str) -> list[str]:
+    """``pagesift serve ARGS`` run by this interpreter (the venv the caller runs in)."""
+    return [sys.executable, "-m", "pagesift.node.cli", "serve", *args]
+
+
 class Child:
     """One command line, started in its own session, output appended to ``log``."""
 
@@ -46,12 +59,14 @@ class Child:
         *,
         env: dict[str, str] | None = None,
         shell: bool = False,
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log = log
         self.env = env
         self.shell = shell
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __hash__(self) -> int:
@@ -69,6 +84,7 @@ class Child:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
+                cwd=self.cwd,
                 start_new_session=True,  # its own process group: pgid == pid
             )
         _LIVE.add(self)
@@ -96,6 +112,11 @@ class Child:
         except subprocess.TimeoutExpired:
             return None
 
+    def _signal_leader(self, sig: signal.Signals) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+
     def kill(self, timeout: float = 10.0) -> None:
         """SIGKILL the whole group and reap the leader (bounded)."""
         self._signal_group(signal.SIGKILL)
@@ -103,12 +124,40 @@ class Child:
         self._signal_group(signal.SIGKILL)  # anything the leader forked meanwhile
         _LIVE.discard(self)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the group, then SIGKILL after ``grace`` seconds (bounded)."""
+    def crash(self, timeout: float = 10.0) -> None:
+        """SIGKILL the leader alone and reap it (bounded); what it forked stays in the
+        group (``stop`` or ``kill`` still reach it)."""
+        if not self.alive:
+            raise RuntimeError(f"{self.name} is not running")
+        self._signal_leader(signal.SIGKILL)
+        self.wait(timeout)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """SIGSTOP the leader for the block, SIGCONT after: alive but unreachable (a
+        partition from every peer at once), with its sockets open."""
+        if not self.alive:
+            raise RuntimeError(f"{self.name} is not running")
+        self._signal_leader(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self._signal_leader(signal.SIGCONT)
+
+    def terminate(self) -> None:
+        """SIGTERM the leader and return at once (``stop`` waits)."""
+        self._signal_leader(signal.SIGTERM)
+
+    def stop(self, grace: float = 10.0, *, term_group: bool = True) -> None:
+        """SIGTERM the group (or, ``term_group=False``, the leader alone, which stops its
+        own children), then SIGKILL the group after ``grace`` seconds (bounded)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self._signal_group(signal.SIGTERM)
+            if term_group:
+                self._signal_group(signal.SIGTERM)
+            else:
+                self.terminate()
             self.wait(grace)
         self.kill(timeout=5.0)
 
