@@ -22,7 +22,8 @@ from pagesift.node.cli import amain
 from pagesift.shared.api.rpcerrors import Reason
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.pageerrors import ErrorCode
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import (
     ALICE,

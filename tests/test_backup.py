@@ -28,7 +28,7 @@ from pagesift.node import cli
 from pagesift.node.cli.backup import MANIFEST_FILE
 from pagesift.node.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from pagesift.shared.replication.slot import open_slot
-from pagesift.shared.store.db import WriteGroup
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (

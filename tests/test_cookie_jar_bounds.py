@@ -29,7 +29,8 @@ from pagesift.primary.engine.reqprofile import (
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.replication.log import Log
 from pagesift.shared.replication.slot import open_slot
-from pagesift.shared.store.db import GroupTooLarge, Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import GroupTooLarge, WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import ServeProc, all_documents, eventually, in_process_node, wait_terminal
 from tests.hostile import Handler, cookies, serve

@@ -36,7 +36,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from pagesift.node.cli import build_parser
 from pagesift.node.cli.serve import serve_overrides
 from pagesift.node.procs import Child
-from pagesift.shared.api.metrics import Metrics, ReplicationFigures, StorageFigures, WitnessGauges
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.api.metricsources import (
+    ReplicationFigures,
+    ScrapeSources,
+    StorageFigures,
+    WitnessGauges,
+)
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.config.settings import load_config
 from pagesift.shared.ha.election import MIN_TTL, parse_witness
@@ -310,18 +316,24 @@ def promql_metric_names(expr: str) -> set[str]:
 
 def exported_metric_names(tmp: Path) -> set[str]:
     """Every series name a node exports: a real Metrics() with every source set."""
-    m = Metrics()
     store = Store(tmp / "store")
     try:
-        m.jobs_store = lambda: store
-        m.webhook_queue_depth = lambda: 0
-        m.witness = lambda: WitnessGauges(up=True, lease_remaining=5.0, takeover_behind=0)
-        m.storage = lambda: StorageFigures(
-            free_bytes=1 << 30, volume_bytes=1 << 32, reserve_bytes=1 << 26, refusing=False
-        )
-        m.replication = lambda: ReplicationFigures(
-            role="primary", epoch=1, applied_offset=0, primary_offset=0, acked_offset=0,
-            lag_seconds=0.0, connected=False, backlog_bytes=0, full_resyncs=0, sync_degraded=0,
+        m = Metrics(
+            ScrapeSources(
+                jobs_store=lambda: store,
+                webhook_queue_depth=lambda: 0,
+                witness=lambda: WitnessGauges(up=True, lease_remaining=5.0, takeover_behind=0),
+                storage=lambda: StorageFigures(
+                    free_bytes=1 << 30, volume_bytes=1 << 32, reserve_bytes=1 << 26,
+                    refusing=False,
+                ),
+                replication=lambda: ReplicationFigures(
+                    role="primary", epoch=1, applied_offset=0, primary_offset=0,
+                    acked_offset=0, lag_seconds=0.0, connected=False, backlog_bytes=0,
+                    full_resyncs=0, sync_degraded=0,
+                ),
+                host_delays=lambda: {"example.com": 1.5},
+            )
         )  # fmt: skip
         text = m.exposition().decode()
     finally:

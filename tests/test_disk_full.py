@@ -34,14 +34,9 @@ from pagesift.node.node import Node, StartRefused
 from pagesift.node.storage import RESERVE_FILE, Look, Step, decide
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.ha.roles import Role
-from pagesift.shared.store.db import (
-    IO_ERROR,
-    NO_SPACE,
-    StorageUnavailable,
-    Store,
-    WriteGroup,
-    storage_error,
-)
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.errors import IO_ERROR, NO_SPACE, StorageUnavailable, storage_error
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import (
     all_documents,

@@ -45,7 +45,7 @@ from pagesift.shared.jobs.specs import Permissions, WebhookSecretMissing, crawl,
 from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
 from pagesift.shared.replication.backlog import BacklogLost
 from pagesift.shared.replication.identity import Fenced, NotWritable
-from pagesift.shared.store.db import NO_SPACE, StorageUnavailable
+from pagesift.shared.store.errors import NO_SPACE, StorageUnavailable
 from pagesift.v1 import jobs_pb2
 from tests.helpers import in_process_node
 

@@ -12,7 +12,8 @@ from pagesift.client.errors import error_info_of
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import SiteSpec, all_documents, in_process_node, wait_terminal
 

@@ -12,9 +12,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagesift.shared.api.metrics import Metrics, ReplicationFigures, bound_port, start_http
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.api.metricsgrpc import MetricsInterceptor
+from pagesift.shared.api.metricshttp import bound_port, start_http
+from pagesift.shared.api.metricsources import ReplicationFigures, ScrapeSources
 from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -47,14 +51,7 @@ def add_job(store: Store, job_id: str, kind: str, state: str) -> None:
 
 
 async def test_the_endpoint_serves_every_series(store: Store) -> None:
-    m = Metrics()
-    other = Metrics()  # a second registry in the same process: no clash
-    add_job(store, "1", "crawl", "scraping")
-    add_job(store, "2", "crawl", "scraping")
-    add_job(store, "3", "batch", "completed")
-    m.jobs_store = lambda: store
-    m.webhook_queue_depth = lambda: 7
-    m.replication = lambda: ReplicationFigures(
+    figures = ReplicationFigures(
         role="standby",
         epoch=3,
         applied_offset=120,
@@ -66,6 +63,18 @@ async def test_the_endpoint_serves_every_series(store: Store) -> None:
         full_resyncs=2,
         sync_degraded=1,
     )
+    m = Metrics(
+        ScrapeSources(
+            jobs_store=lambda: store,
+            webhook_queue_depth=lambda: 7,
+            replication=lambda: figures,
+            host_delays=lambda: None,  # no engine running: no host series
+        )
+    )
+    other = Metrics()  # a second registry in the same process: no clash
+    add_job(store, "1", "crawl", "scraping")
+    add_job(store, "2", "crawl", "scraping")
+    add_job(store, "3", "batch", "completed")
     m.page_recorded("crawl")
     m.page_recorded("crawl")
     m.page_recorded("batch")
@@ -107,16 +116,15 @@ async def test_the_endpoint_serves_every_series(store: Store) -> None:
     assert s[("pagesift_replication_backlog_bytes", ())] == 4096
     assert s[("pagesift_replication_full_resyncs_total", ())] == 2
     assert s[("pagesift_replication_sync_degraded_total", ())] == 1
+    assert not any(name == "pagesift_host_delay_seconds" for name, _ in s)
     assert parse(other.exposition().decode())[("pagesift_pages_total", (("kind", "crawl"),))] == 1
 
 
 async def test_a_failing_source_does_not_break_the_scrape() -> None:
-    m = Metrics()
-
     def broken() -> int:
         raise RuntimeError("store closed")
 
-    m.webhook_queue_depth = broken
+    m = Metrics(ScrapeSources(webhook_queue_depth=broken))
     m.page_recorded("batch")
     s = parse(m.exposition().decode())
     assert ("pagesift_webhook_queue_depth", ()) not in s
@@ -158,7 +166,7 @@ class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
 
 async def test_the_interceptor_counts_requests_by_method_and_final_code() -> None:
     m = Metrics()
-    server = grpc.aio.server(interceptors=[m.interceptor()])
+    server = grpc.aio.server(interceptors=[MetricsInterceptor(m)])
     health_pb2_grpc.add_HealthServicer_to_server(Health(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -207,7 +215,7 @@ async def test_the_interceptor_counts_requests_by_method_and_final_code() -> Non
 
 async def test_handling_time_by_method_and_code_build_info_and_process_series() -> None:
     m = Metrics()
-    server = grpc.aio.server(interceptors=[m.interceptor()])
+    server = grpc.aio.server(interceptors=[MetricsInterceptor(m)])
     health_pb2_grpc.add_HealthServicer_to_server(Health(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Account
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 
 H = 3600
 T0 = 1_800_000_000.0 - (1_800_000_000 % H)  # an hour boundary

@@ -24,7 +24,7 @@ from pagesift.shared.replication.follower import (
     SnapshotInstalled,
 )
 from pagesift.shared.replication.slot import open_slot
-from pagesift.shared.store.db import WriteGroup
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.standby.follower import Follower
 from tests.helpers import until
 

@@ -26,7 +26,7 @@ from pagesift.primary.replication import ReplicationServicer
 from pagesift.shared.replication.identity import NotWritable
 from pagesift.shared.replication.log import Log
 from pagesift.shared.replication.slot import StoreSlot, open_slot
-from pagesift.shared.store.db import WriteGroup
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.standby import follower as follower_module
 from pagesift.standby.fencing import fence_former_primary
 from pagesift.standby.follower import Follower, hello_message

@@ -25,7 +25,8 @@ from pagesift.shared.replication.identity import Fenced, NotWritable
 from pagesift.shared.replication.log import Log
 from pagesift.shared.replication.slot import open_slot
 from pagesift.shared.store.cuts import OffsetPassed, replicated_pairs, view_digest
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import replication_pb2
 
 

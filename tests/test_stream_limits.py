@@ -20,7 +20,8 @@ from pagesift.shared.api import rpcerrors
 from pagesift.shared.api.streams import WINDOW_DOCS
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import hash_key
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import RunningNode, in_process_node, until
 

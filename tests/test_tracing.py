@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from pagesift.node.logs import JsonLogFormatter
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.shared.util import tracing
 from pagesift.v1 import jobs_pb2
 from tests.helpers import eventually, in_process_node, serve_handler, until

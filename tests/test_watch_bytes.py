@@ -22,7 +22,8 @@ import pytest
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.api.streams import WatchBytes, fits
 from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile
 from tests.helpers import (

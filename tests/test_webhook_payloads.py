@@ -20,7 +20,8 @@ from aiohttp import web
 from pagesift.demo.site import Site
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     ALICE,

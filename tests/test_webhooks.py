@@ -19,7 +19,8 @@ from aiohttp import web
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from tests.helpers import free_port, until
 
 SECRET = "acme-webhook-secret-0123456789"

@@ -54,7 +54,7 @@ class Driver:
         self._paced_stop = asyncio.Event()
 
     def write_one(self) -> int:
-        from pagesift.shared.store.db import WriteGroup
+        from pagesift.shared.store.groups import WriteGroup
 
         doc, key, links = self.gen.page(self.n)
         key += str(self.n).encode()

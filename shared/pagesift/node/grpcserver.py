@@ -39,7 +39,8 @@ from pagesift.node.storage import StorageErrors
 from pagesift.primary.replication import add_to_server
 from pagesift.shared.api import tls
 from pagesift.shared.api.interceptors import MalformedRequests
-from pagesift.shared.api.metrics import start_http
+from pagesift.shared.api.metricsgrpc import MetricsInterceptor
+from pagesift.shared.api.metricshttp import start_http
 from pagesift.shared.api.service import MAX_SEND_MESSAGE_BYTES, JobService
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.accounts import bearer_token
@@ -199,7 +200,7 @@ async def run(
         jobs=JobService(node),
         health=health_servicer,
         interceptors=[
-            node.metrics.interceptor(),
+            MetricsInterceptor(node.metrics),
             _guards(node),
             MalformedRequests(),
             StorageErrors(),  # a full or failed volume: UNAVAILABLE, no path
@@ -216,7 +217,7 @@ async def run(
         repl_server = grpc_server(
             node.parts,
             admin=False,
-            interceptors=[node.metrics.interceptor(), MalformedRequests(), StorageErrors()],
+            interceptors=[MetricsInterceptor(node.metrics), MalformedRequests(), StorageErrors()],
         )
         creds = tls.server_credentials(
             config.tls_cert, config.tls_key, client_ca_file=config.replication_ca

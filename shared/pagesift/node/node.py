@@ -63,7 +63,8 @@ from pagesift.primary.jobs.runtime import Jobs
 from pagesift.primary.replication import ReplicationServicer
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api import tls
-from pagesift.shared.api.metrics import Metrics, ReplicationFigures, WitnessGauges
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.api.metricsources import ReplicationFigures, ScrapeSources, WitnessGauges
 from pagesift.shared.api.service import JobRuntime
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.ha import rolestate
@@ -101,7 +102,8 @@ from pagesift.shared.replication import backlog
 from pagesift.shared.replication.identity import Fenced
 from pagesift.shared.replication.protocol import FencingVerdict
 from pagesift.shared.replication.slot import StoreSlot, open_slot
-from pagesift.shared.store.db import NO_SPACE, Store, storage_error
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.errors import NO_SPACE, storage_error
 from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
@@ -147,15 +149,6 @@ class Node:
         self._write_deadline: float | None = CLOSED if config.witness else None
         self.slot.log.set_write_deadline(self._write_deadline)
         self.slot.add_listener(lambda _store, log: log.set_write_deadline(self._write_deadline))
-        self.metrics = Metrics()
-        self.metrics.jobs_store = lambda: self.slot.store
-        self.metrics.webhook_queue_depth = lambda: webhooks.queue_depth(self.slot.store)
-        self.metrics.replication = self._replication_figures
-        self.metrics.witness = self._witness_gauges
-        # always on, whatever the role: how late the event loop runs what is due
-        self.looplag = LoopLagMonitor(
-            self.metrics, config.loop_lag_interval, config.loop_lag_warn_seconds
-        )
         self.storage = StorageWatcher(
             lambda: self.slot.store,
             config.data,
@@ -163,7 +156,21 @@ class Node:
             on_change=self.role_changed_set,
             consistent=self._store_matches_log,
         )
-        self.metrics.storage = self.storage.figures
+        # every scrape-time series reads the node's current store, log and engine
+        self.metrics = Metrics(
+            ScrapeSources(
+                jobs_store=lambda: self.slot.store,
+                webhook_queue_depth=lambda: webhooks.queue_depth(self.slot.store),
+                replication=self._replication_figures,
+                witness=self._witness_gauges,
+                storage=self.storage.figures,
+                host_delays=self._host_delays,
+            )
+        )
+        # always on, whatever the role: how late the event loop runs what is due
+        self.looplag = LoopLagMonitor(
+            self.metrics, config.loop_lag_interval, config.loop_lag_warn_seconds
+        )
         self.parts = ReplicationParts(
             self.slot,
             node_id=self.node_id,
@@ -492,6 +499,11 @@ class Node:
             mode=self.config.replication_mode,
             sync_standby=st.peer if in_sync else "",
         )
+
+    def _host_delays(self) -> dict[str, float] | None:
+        """The slowed hosts of the engine running now (an HTTP engine's; None: none)."""
+        engine = self.engine
+        return engine.host_delays() if isinstance(engine, HttpEngine) else None
 
     def _witness_gauges(self) -> WitnessGauges | None:
         if self.elector is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared.api.metrics import ReplicationFigures
+from pagesift.shared.api.metricsources import ReplicationFigures
 from pagesift.shared.ha.roles import Role
 from pagesift.shared.replication.log import Log
 from pagesift.standby.follower import Follower

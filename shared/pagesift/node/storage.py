@@ -74,9 +74,10 @@ import grpc
 
 from pagesift.shared.api import errortable
 from pagesift.shared.api.interceptors import Behavior, rewrap
-from pagesift.shared.api.metrics import StorageFigures
+from pagesift.shared.api.metricsources import StorageFigures
 from pagesift.shared.api.tls import Handler, ServerInterceptor
-from pagesift.shared.store.db import IO_ERROR, NO_SPACE, StorageUnavailable, Store
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.errors import IO_ERROR, NO_SPACE, StorageUnavailable
 from pagesift.shared.util.backoff import backoff_delay
 from pagesift.shared.util.tasks import cancel_and_wait
 

@@ -45,7 +45,8 @@ from typing import Protocol, runtime_checkable
 from pagesift.primary.engine.protocol import Engine, FetchPolicy
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.scope import Entry, Scope
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

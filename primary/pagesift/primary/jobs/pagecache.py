@@ -50,7 +50,8 @@ from collections.abc import Sequence
 
 from pagesift.primary.engine.protocol import Page
 from pagesift.shared.jobs import urls
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, store_pb2
 
 __all__ = [

@@ -98,7 +98,8 @@ from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError, 
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import urls
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.shared.util.backoff import backoff_delay
 from pagesift.shared.util.loopwake import on_loop
 from pagesift.shared.util.tasks import cancel_and_wait_all

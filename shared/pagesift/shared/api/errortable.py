@@ -45,7 +45,7 @@ from pagesift.shared.jobs.specs import WebhookSecretMissing
 from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
 from pagesift.shared.replication.backlog import BacklogLost
 from pagesift.shared.replication.identity import Fenced, NotWritable
-from pagesift.shared.store.db import StorageUnavailable
+from pagesift.shared.store.errors import StorageUnavailable
 
 C = grpc.StatusCode
 

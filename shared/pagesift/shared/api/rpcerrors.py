@@ -37,7 +37,7 @@ not on the status code. They keep FAILED_PRECONDITION so that clients older than
 details still move on.
 
 ``STORAGE_UNAVAILABLE``: the node's store refuses writes (its volume is full, or it
-reported an I/O error; ``pagesift.shared.store.db.StorageUnavailable``). Nothing was
+reported an I/O error; ``pagesift.shared.store.errors.StorageUnavailable``). Nothing was
 written; reads still answer; writes resume by themselves once the node can write
 again (``pagesift.node.storage``). The message never names a filesystem path. Any
 servicer that lets ``StorageUnavailable`` escape answers this (the error table's row,

@@ -44,7 +44,7 @@ import grpc
 
 from pagesift.shared.api import rpcerrors
 
-# Typing aliases for grpc.aio interceptors, shared with pagesift.shared.api.metrics.
+# Typing aliases for grpc.aio interceptors, shared with pagesift.shared.api.metricsgrpc.
 if TYPE_CHECKING:  # grpc-stubs makes these generic; at run time they are plain classes
     Handler = grpc.RpcMethodHandler[Any, Any]
     ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Callable
 
 from pagesift.shared.jobs.records import JobKeys, job_of
-from pagesift.shared.store.db import Op, WriteGroup
+from pagesift.shared.store.groups import Op, WriteGroup
 from pagesift.shared.util.loopwake import on_loop
 
 

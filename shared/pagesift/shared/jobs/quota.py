@@ -36,7 +36,8 @@ from typing import Protocol
 
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Account
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 
 __all__ = [
     "WINDOW_HOURS",

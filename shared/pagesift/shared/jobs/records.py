@@ -80,7 +80,8 @@ from typing import Any, Literal
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from pagesift.shared.jobs.quarantine import Budget
-from pagesift.shared.store.db import Store, WriteGroup
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 
 JOBS_SET = "jobs"

@@ -50,7 +50,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pagesift.shared.store.db import Store, local_key
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.layout import local_key
 
 #: Default backlog bound: at least 60 s at peak write rate. The crawl bench peaks at
 #: ~240 pages/s with ~16 KB of Markdown per page (bench/out/crawl.md), i.e. ~4 MB/s

@@ -24,7 +24,7 @@ Protobuf, with the field numbers of replication.proto and store.proto::
     ListClear        list = 1, upto = 2 (varint)
     SetInsert        set = 1, member = 2, size = 3 (varint)
 
-Store rows (``pagesift.shared.store.db``): ``k{key}`` a value, ``l{list}\\0{seq:u64be}`` a
+Store rows (``pagesift.shared.store.layout``): ``k{key}`` a value, ``l{list}\\0{seq:u64be}`` a
 list item, ``m{list}`` a list's (head, next), ``s{set}\\0{member}`` a set member,
 ``c{set}`` a set's size.
 
@@ -147,7 +147,7 @@ def split_entries_message(raw: bytes) -> list[bytes] | None:
 
 
 def ops_from_pairs(pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[store_pb2.Op]:
-    """Re-express raw store rows (the layout in ``pagesift.shared.store.db``) as ops, so
+    """Re-express raw store rows (the layout in ``pagesift.shared.store.layout``) as ops, so
     a full resync rebuilds the standby through the one write path, ``Store.apply``.
 
     The one row -> op mapping is ``_row_op`` (which the snapshot encodes straight to

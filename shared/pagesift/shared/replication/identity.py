@@ -53,7 +53,9 @@ import uuid
 
 from pagesift.shared.ha.roles import Role
 from pagesift.shared.replication import protocol as replproto
-from pagesift.shared.store.db import Store, WriteGroup, local_key
+from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
+from pagesift.shared.store.layout import local_key
 
 logger = logging.getLogger(__name__)
 

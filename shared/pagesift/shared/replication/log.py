@@ -65,7 +65,8 @@ from pagesift.shared.replication import protocol as replproto
 from pagesift.shared.replication.backlog import DEFAULT_BACKLOG_BYTES, Backlog, Plan, tail_local
 from pagesift.shared.replication.identity import Identity, NotWritable
 from pagesift.shared.store.cuts import OffsetPassed, View, Waiters
-from pagesift.shared.store.db import Commit, Store, WriteGroup
+from pagesift.shared.store.db import Commit, Store
+from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import replication_pb2
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ offset. ``OffsetPassed`` says that offset is already behind the log.
 
 Layout
 ------
-No keys of its own. Node-local keys (``_`` + name, see ``pagesift.shared.store.db``) all
+No keys of its own. Node-local keys (``_`` + name, see ``pagesift.shared.store.layout``) all
 sort before ``_LOCAL_END``: a cut skips them with one seek, so they are never
 replicated and never digested.
 
@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pagesift.shared.store.db import LOCAL, digest_rows
+from pagesift.shared.store.layout import LOCAL, digest_rows
 from pagesift.shared.util.loopwake import on_loop
 
 T = TypeVar("T")

@@ -1,74 +1,36 @@
-"""The store: RocksDB (rocksdict) with KV, sequenced lists and sets, and ONE write path.
+"""The store: an open RocksDB directory (rocksdict) and its ONE write path.
 
-Every durable change in pagesift goes through ``Store.write``: a *write group*
-collects its changes in memory (reads inside the group see its own writes), then
-commits them atomically as one RocksDB ``WriteBatch`` and hands back the list of
-``Op`` messages that describe it, in write order. Replication ships exactly those
-ops; ``WriteGroup.apply_op`` on another store reproduces the group. No other code
-writes RocksDB (the write section is a lock, and observers such as the replication
-log stage their own node-local keys into the same batch, so "committed" and
-"logged" are one atomic fact). ``write`` returns a ``Commit``: ``fn``'s result, the
-ops, and the log offset the group was committed at (0 when no log observes the
-store, or the group wrote no ops).
+Every durable change in pagesift goes through ``Store.write``: it runs a function on
+a fresh ``groups.WriteGroup`` and commits the group atomically as one RocksDB
+``WriteBatch`` (the keys are ``layout``'s). This module is the only one that imports
+rocksdict or holds the database handle (``tests/test_write_path.py``). The write
+section is a lock, and observers such as the replication log stage their own
+node-local keys into the same batch, so "committed" and "logged" are one atomic fact.
+``write`` returns a ``Commit``: ``fn``'s result, the ops, and the log offset the group
+was committed at (0 when no log observes the store, or the group wrote no ops).
 
-Key layout (one byte of tag, then the name; names never contain NUL):
+Bounds: ``write`` measures a group after ``fn`` built it and before anything is
+staged or written, against the caller's ``max_bytes`` (the job runtime passes a
+page's bound, ``records.page_group_bytes``), else the store's ``max_group_bytes``.
+Nothing of a refused group is written, logged or replicated. ``apply`` (replicated
+groups) is never bounded: the primary bounded them when it wrote them.
 
-    k{key}                      -> value                  KV
-    m{list}                     -> u64 head, u64 next      list bounds (big-endian)
-    l{list}\\0{seq:u64be}         -> item                  list item, seq = push order
-    s{set}\\0{member}             -> b""                   set member
-    c{set}                      -> u64 count               set size
-    _{name}                     -> bytes                   node-local: never replicated or digested
-
-Why a replay once, twice, or after a partial replay ends in the same store (the
-log applies each entry once; this is the second line of defence):
-
-- ``ListPush(list, seq, item)`` is skipped when ``seq < next``: the item is there.
-- ``ListPopFront(list, seq)`` is skipped when ``seq < head``: already popped.
-- ``ListClear(list, upto)`` removes items below ``upto`` and raises head/next to it;
-  it carries ``upto`` instead of "everything" so a replayed clear can never delete
-  an item pushed after it (the seed's plain clear could).
-- KV puts/deletes and set clears are assignments, and so are set inserts/removes:
-  they carry the set's size after them (``size``), so applying one writes the
-  member and the size without reading either; replayed in log order, the last
-  op leaves the size the source had. (A standby applies six of them per crawled
-  page: the reads they used to need were a third of its apply time.)
-
-Bounded groups: ``write`` measures a group (``WriteGroup.size``: the serialized bytes
-of its ops, what its replication-log entry carries) after ``fn`` built it and before
-anything is staged or written, and raises ``GroupTooLarge`` past the bound: the
-caller's ``max_bytes`` (the job runtime passes a page's bound,
-``jobrecords.page_group_bytes``), else the store's ``max_group_bytes``
-(``DEFAULT_MAX_GROUP_BYTES``: a log entry is one protobuf message, which cannot pass
-2 GiB, and a standby receives it whole). Nothing of a refused group is written,
-logged or replicated. ``apply`` (replicated groups) is never bounded: the primary
-bounded them when it wrote them.
-
-Storage errors (disk full is a state, not an accident): RocksDB reports every I/O
-failure as a plain ``Exception`` whose text names the file ("IO error: No space left
-on device: While appending to file: /data/db/000009.log"). The write path turns each
-one into ``StorageUnavailable`` with a ``reason`` (``no_space`` / ``io_error``) and a
-message that names no path (the original is logged once, for the operator). After
-one, the store *refuses writes* (``refusing``): every group raises
-``StorageUnavailable`` at once, without touching RocksDB, until the node's storage
-watcher (``pagesift.node.storage``) has recovered it and calls ``accept_writes``.
-Recovery is ``reopen``: RocksDB keeps a failed WAL append as a sticky background
-error that only a reopen clears; a read-only instance serves reads meanwhile, so
-reads never stop. Nothing acknowledged is lost: a group is acknowledged only after
-its batch is in the WAL, and a batch whose append failed is torn at the WAL's end,
-which recovery drops whole (the group did not commit; its caller redoes it). The
-replication log's ``stage`` already tolerates a group whose commit failed.
+Storage errors (``errors``): after one, the store *refuses writes* (``refusing``):
+every group raises ``StorageUnavailable`` at once, without touching RocksDB, until the
+storage watcher (``pagesift.node.storage``) has recovered it and calls
+``accept_writes``. Recovery is ``reopen``: RocksDB keeps a failed WAL append as a
+sticky error that only a reopen clears; a read-only instance serves reads meanwhile.
+Nothing acknowledged is lost: a group is acknowledged only after its batch is in the
+WAL, and a batch whose append failed is torn at the WAL's end, which recovery drops
+whole (the group did not commit; its caller redoes it).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import logging
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -83,115 +45,28 @@ from rocksdict import (
     WriteOptions,
 )
 
+from pagesift.shared.store.errors import IO_ERROR, StorageUnavailable, storage_error
+from pagesift.shared.store.groups import DEFAULT_MAX_GROUP_BYTES, WriteGroup
+from pagesift.shared.store.layout import (
+    BOUNDS,
+    LOCAL,
+    U64,
+    bounds_key,
+    count_key,
+    digest_rows,
+    item_prefix,
+    kv_key,
+    member_prefix,
+    prefix_end,
+)
 from pagesift.shared.util import tracing
 from pagesift.v1 import store_pb2
 
-Op = store_pb2.Op
 T = TypeVar("T")
-logger = logging.getLogger("pagesift.store")
 R = TypeVar("R", covariant=True)
+logger = logging.getLogger("pagesift.store")
 
-_U64 = struct.Struct(">Q")
-_BOUNDS = struct.Struct(">QQ")
-LOCAL = b"_"
-
-
-def _kv(key: str) -> bytes:
-    return b"k" + key.encode()
-
-
-def _meta(name: str) -> bytes:
-    return b"m" + name.encode()
-
-
-def _item_prefix(name: str) -> bytes:
-    return b"l" + name.encode() + b"\x00"
-
-
-def _item(name: str, seq: int) -> bytes:
-    return _item_prefix(name) + _U64.pack(seq)
-
-
-def _member_prefix(name: str) -> bytes:
-    return b"s" + name.encode() + b"\x00"
-
-
-def _count(name: str) -> bytes:
-    return b"c" + name.encode()
-
-
-def _check_name(name: str) -> str:
-    if "\x00" in name:
-        raise ValueError(f"store names cannot contain NUL: {name!r}")
-    return name
-
-
-NO_SPACE = "no_space"
-IO_ERROR = "io_error"
-_REASON_TEXT = {
-    NO_SPACE: "the data volume is full",
-    IO_ERROR: "the data volume failed a read or a write",
-}
 _PROBE_KEY = LOCAL + b"storage_probe"
-
-
-class StorageUnavailable(Exception):
-    """The store refuses writes: ``reason`` is ``NO_SPACE`` or ``IO_ERROR``. The
-    message never names a path (clients see it: ``STORAGE_UNAVAILABLE``). Nothing of
-    the group that raised it was written."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(
-            f"the store refuses writes: {_REASON_TEXT.get(reason, reason)}; "
-            "they resume by themselves once the node can write again"
-        )
-
-
-def storage_error(exc: BaseException) -> StorageUnavailable | None:
-    """The ``StorageUnavailable`` a RocksDB error stands for, or None when it is no
-    storage error. RocksDB's statuses are text: "IO error: ..." for every failed
-    file operation, with the errno's text after it ("No space left on device")."""
-    if isinstance(exc, StorageUnavailable):
-        return exc
-    text = str(exc)
-    if isinstance(exc, OSError):
-        return StorageUnavailable(NO_SPACE if exc.errno == errno.ENOSPC else IO_ERROR)
-    if "No space left on device" in text or "ENOSPC" in text:
-        return StorageUnavailable(NO_SPACE)
-    if text.startswith("IO error") or "IO error:" in text:
-        return StorageUnavailable(IO_ERROR)
-    return None
-
-
-def local_key(name: str) -> bytes:
-    """A node-local key (applied offset, epoch, backlog): written only with a group."""
-    return LOCAL + name.encode()
-
-
-def digest_rows(rows: Iterable[tuple[bytes, bytes]]) -> str:
-    """THE store digest: SHA-256 over (u64be length, key, u64be length, value) of each
-    replicated row, in key order (``Store.digest`` and ``cuts.view_digest`` use it)."""
-    h = hashlib.sha256()
-    for key, value in rows:
-        h.update(_U64.pack(len(key)))
-        h.update(key)
-        h.update(_U64.pack(len(value)))
-        h.update(value)
-    return h.hexdigest()
-
-
-DEFAULT_MAX_GROUP_BYTES = 1 << 30  # a store's bound on one group (module docstring)
-
-
-class GroupTooLarge(Exception):
-    """``Store.write`` refused a group of ``size`` bytes of ops, over ``bound``;
-    nothing of it was written."""
-
-    def __init__(self, size: int, bound: int) -> None:
-        self.size = size
-        self.bound = bound
-        super().__init__(f"a write group of {size} bytes is over the {bound}-byte bound")
 
 
 @dataclass(frozen=True)
@@ -220,262 +95,6 @@ class Observer(Protocol):
 
     def committed(self, group: WriteGroup) -> None:
         """Called after the batch is durable, still inside the write section."""
-
-
-class WriteGroup:
-    """One atomic set of changes. Build it only through ``Store.write``."""
-
-    def __init__(self, db: Rdict) -> None:
-        self._db = db
-        self._pending: dict[bytes, bytes | None] = {}
-        self._ranges: list[tuple[bytes, bytes]] = []
-        self.ops: list[store_pb2.Op] = []
-        self.offset = 0  # the log offset, set by the replication log when it stages us
-
-    # raw access -------------------------------------------------------------
-    def _get(self, key: bytes) -> bytes | None:
-        if key in self._pending:
-            return self._pending[key]
-        for lo, hi in self._ranges:
-            if lo <= key < hi:
-                return None
-        value: bytes | None = self._db.get(key)
-        return value
-
-    def _delete_range(self, lo: bytes, hi: bytes) -> None:
-        self._ranges.append((lo, hi))
-        for key in [k for k in self._pending if lo <= k < hi]:
-            del self._pending[key]
-
-    def _bounds(self, name: str) -> tuple[int, int]:
-        raw = self._get(_meta(name))
-        if raw is None:
-            return 0, 0
-        head, nxt = _BOUNDS.unpack(raw)
-        return head, nxt
-
-    def _set_bounds(self, name: str, head: int, nxt: int) -> None:
-        self._pending[_meta(name)] = _BOUNDS.pack(head, nxt)
-
-    def _set_count(self, name: str, delta: int) -> int:
-        """Change the set's size by ``delta``; returns the new size."""
-        key = _count(name)
-        raw = self._get(key)
-        n = (_U64.unpack(raw)[0] if raw else 0) + delta
-        self._pending[key] = _U64.pack(n) if n > 0 else None
-        return n
-
-    def put_local(self, key: bytes, value: bytes | None) -> None:
-        """Stage a node-local key (must start with ``LOCAL``); never replicated."""
-        if not key.startswith(LOCAL):
-            raise ValueError("local keys start with '_'")
-        self._pending[key] = value
-
-    def get_local(self, key: bytes) -> bytes | None:
-        return self._get(key)
-
-    def size(self) -> int:
-        """Bytes of the group's ops, serialized (what its log entry carries)."""
-        return sum(op.ByteSize() for op in self.ops)
-
-    # KV ---------------------------------------------------------------------
-    def get(self, key: str) -> bytes | None:
-        return self._get(_kv(key))
-
-    def put(self, key: str, value: bytes) -> None:
-        self._pending[_kv(key)] = value
-        self.ops.append(Op(kv_put=store_pb2.KvPut(key=key, value=value)))
-
-    def delete(self, key: str) -> None:
-        self._pending[_kv(key)] = None
-        self.ops.append(Op(kv_delete=store_pb2.KvDelete(key=key)))
-
-    # lists ------------------------------------------------------------------
-    def push(self, name: str, item: bytes) -> int:
-        """Append ``item``; returns its sequence number."""
-        head, seq = self._bounds(_check_name(name))
-        self._pending[_item(name, seq)] = item
-        self._set_bounds(name, head, seq + 1)
-        self.ops.append(Op(list_push=store_pb2.ListPush(list=name, seq=seq, item=item)))
-        return seq
-
-    def list_len(self, name: str) -> int:
-        head, nxt = self._bounds(name)
-        return nxt - head
-
-    def pop_front(self, name: str) -> tuple[int, bytes] | None:
-        head, nxt = self._bounds(name)
-        if head >= nxt:
-            return None
-        item = self._get(_item(name, head)) or b""
-        self._pending[_item(name, head)] = None
-        self._set_bounds(name, head + 1, nxt)
-        self.ops.append(Op(list_pop_front=store_pb2.ListPopFront(list=name, seq=head)))
-        return head, item
-
-    def trim_front(self, name: str, upto: int) -> int:
-        """Drop the items below ``upto`` (a consumed prefix of a queue) without reading
-        them: one ``ListPopFront`` each, point deletes rather than a range tombstone.
-        Returns how many went."""
-        head, nxt = self._bounds(name)
-        end = min(upto, nxt)
-        for seq in range(head, end):
-            self._pending[_item(name, seq)] = None
-            self.ops.append(Op(list_pop_front=store_pb2.ListPopFront(list=name, seq=seq)))
-        if end <= head:
-            return 0
-        self._set_bounds(name, end, nxt)
-        return end - head
-
-    def clear_list(self, name: str, *, drop: bool = False) -> None:
-        """Remove every item; sequence numbers keep rising unless ``drop`` deletes the list."""
-        _, nxt = self._bounds(name)
-        self._clear_list_upto(name, nxt, drop)
-        self.ops.append(Op(list_clear=store_pb2.ListClear(list=name, upto=nxt, drop=drop)))
-
-    def _clear_list_upto(self, name: str, upto: int, drop: bool) -> None:
-        head, nxt = self._bounds(name)
-        self._delete_range(_item(name, 0), _item(name, upto))
-        new_head, new_next = max(head, upto), max(nxt, upto)
-        if drop:
-            self._pending[_meta(name)] = None
-        elif new_head or new_next:
-            self._set_bounds(name, new_head, new_next)
-
-    # sets -------------------------------------------------------------------
-    def insert(self, name: str, member: bytes) -> bool:
-        """Add ``member``; returns False (and records nothing) when it was there."""
-        key = _member_prefix(_check_name(name)) + member
-        if self._get(key) is not None:
-            return False
-        self._pending[key] = b""
-        size = self._set_count(name, 1)
-        self.ops.append(Op(set_insert=store_pb2.SetInsert(set=name, member=member, size=size)))
-        return True
-
-    def contains(self, name: str, member: bytes) -> bool:
-        return self._get(_member_prefix(name) + member) is not None
-
-    def set_len(self, name: str) -> int:
-        raw = self._get(_count(name))
-        return _U64.unpack(raw)[0] if raw else 0
-
-    def remove(self, name: str, member: bytes) -> bool:
-        key = _member_prefix(name) + member
-        if self._get(key) is None:
-            return False
-        self._pending[key] = None
-        size = self._set_count(name, -1)
-        self.ops.append(Op(set_remove=store_pb2.SetRemove(set=name, member=member, size=size)))
-        return True
-
-    def clear_set(self, name: str) -> None:
-        self._clear_set(name)
-        self.ops.append(Op(set_clear=store_pb2.SetClear(set=name)))
-
-    def _clear_set(self, name: str) -> None:
-        prefix = _member_prefix(name)
-        self._delete_range(prefix, prefix[:-1] + b"\x01")
-        self._pending[_count(name)] = None
-
-    # replication --------------------------------------------------------------
-    def apply_op(self, op: store_pb2.Op) -> None:
-        """Apply one replicated op idempotently, recording it like a local write."""
-        fn = _APPLY.get(op.WhichOneof("op") or "")
-        if fn is None:
-            raise ValueError(f"unknown store op {op.WhichOneof('op')!r}")
-        fn(self, op)
-
-    def _apply_ops(self, ops: Sequence[store_pb2.Op]) -> None:
-        # ``apply_op`` for many ops: the standby's hot path (hundreds of ops a batch).
-        table = _APPLY
-        for op in ops:
-            fn = table.get(op.WhichOneof("op") or "")
-            if fn is None:
-                raise ValueError(f"unknown store op {op.WhichOneof('op')!r}")
-            fn(self, op)
-
-    # Each ``_apply_*`` does what the matching public method does (same keys, same
-    # checks, same op recorded), minus the rebuilding of an equal ``Op`` message.
-    def _apply_kv_put(self, op: store_pb2.Op) -> None:
-        p = op.kv_put
-        self._pending[b"k" + p.key.encode()] = p.value
-        self.ops.append(op)
-
-    def _apply_kv_delete(self, op: store_pb2.Op) -> None:
-        self._pending[b"k" + op.kv_delete.key.encode()] = None
-        self.ops.append(op)
-
-    def _apply_list_push(self, op: store_pb2.Op) -> None:
-        p = op.list_push
-        name, seq = p.list, p.seq
-        raw_name = name.encode()
-        meta = b"m" + raw_name
-        pending = self._pending
-        raw = pending[meta] if meta in pending else self._get(meta)
-        head, nxt = _BOUNDS.unpack(raw) if raw is not None else (0, 0)
-        if seq < nxt:
-            return
-        pending[b"l" + raw_name + b"\x00" + _U64.pack(seq)] = p.item
-        pending[meta] = _BOUNDS.pack(head, seq + 1)
-        self.ops.append(op)
-
-    def _apply_list_pop_front(self, op: store_pb2.Op) -> None:
-        q = op.list_pop_front
-        head, nxt = self._bounds(q.list)
-        if q.seq < head:
-            return
-        self._pending[_item(q.list, q.seq)] = None
-        self._set_bounds(q.list, q.seq + 1, max(nxt, q.seq + 1))
-        self.ops.append(op)
-
-    def _apply_list_clear(self, op: store_pb2.Op) -> None:
-        c = op.list_clear
-        self._clear_list_upto(c.list, c.upto, c.drop)
-        self.ops.append(op)
-
-    def _apply_set_insert(self, op: store_pb2.Op) -> None:
-        p = op.set_insert
-        if p.size < 1:
-            raise ValueError(f"set insert into {p.set!r} without the set's size")
-        raw_name = _check_name(p.set).encode()
-        self._pending[b"s" + raw_name + b"\x00" + p.member] = b""
-        self._pending[b"c" + raw_name] = _U64.pack(p.size)
-        self.ops.append(op)
-
-    def _apply_set_remove(self, op: store_pb2.Op) -> None:
-        p = op.set_remove
-        raw_name = _check_name(p.set).encode()
-        self._pending[b"s" + raw_name + b"\x00" + p.member] = None
-        self._pending[b"c" + raw_name] = _U64.pack(p.size) if p.size else None
-        self.ops.append(op)
-
-    def _apply_set_clear(self, op: store_pb2.Op) -> None:
-        self._clear_set(op.set_clear.set)
-        self.ops.append(op)
-
-    def _batch(self) -> WriteBatch:
-        batch = WriteBatch(raw_mode=True)
-        for lo, hi in self._ranges:
-            batch.delete_range(lo, hi)
-        for key, value in self._pending.items():
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
-        return batch
-
-
-_APPLY: dict[str, Callable[[WriteGroup, store_pb2.Op], None]] = {
-    "kv_put": WriteGroup._apply_kv_put,
-    "kv_delete": WriteGroup._apply_kv_delete,
-    "list_push": WriteGroup._apply_list_push,
-    "list_pop_front": WriteGroup._apply_list_pop_front,
-    "list_clear": WriteGroup._apply_list_clear,
-    "set_insert": WriteGroup._apply_set_insert,
-    "set_remove": WriteGroup._apply_set_remove,
-    "set_clear": WriteGroup._apply_set_clear,
-}
 
 
 def rocksdb_options() -> Options:
@@ -570,8 +189,8 @@ class Store:
         with self._lock:
             if self.needs_reopen:
                 raise StorageUnavailable(self._refusing.reason if self._refusing else IO_ERROR)
-            group = WriteGroup(self._db)
-            group.put_local(_PROBE_KEY, _U64.pack(self._db.latest_sequence_number()))
+            group = WriteGroup(self._db.get)
+            group.put_local(_PROBE_KEY, U64.pack(self._db.latest_sequence_number()))
             self._commit(group, gate=False)
 
     def reopen(self) -> None:
@@ -641,12 +260,9 @@ class Store:
         """
         bound = self.max_group_bytes if max_bytes is None else max_bytes
         with self._lock:
-            group = WriteGroup(self._db)
+            group = WriteGroup(self._db.get)
             result = fn(group)
-            if bound > 0 and group.ops:
-                size = group.size()
-                if size > bound:
-                    raise GroupTooLarge(size, bound)
+            group.check_bound(bound)  # before anything is staged, logged or written
             self._commit(group)
             return Commit(result, group.ops, group.offset)
 
@@ -656,7 +272,7 @@ class Store:
         """Apply replicated ops (and node-local keys) as one group; idempotent."""
 
         def run(group: WriteGroup) -> WriteGroup:
-            group._apply_ops(ops)
+            group.apply_ops(ops)
             for key, value in (local or {}).items():
                 group.put_local(key, value)
             return group
@@ -664,7 +280,7 @@ class Store:
         return self.write(run, max_bytes=0).result
 
     def _commit(self, group: WriteGroup, *, gate: bool = True) -> None:
-        if not group.ops and not group._pending and not group._ranges:
+        if group.empty:
             return
         if gate and self._refusing is not None:
             raise StorageUnavailable(self._refusing.reason)
@@ -673,7 +289,7 @@ class Store:
                 for obs in self._observers:
                     obs.stage(group)
             try:
-                self._db.write(group._batch(), self._wopts)
+                self._db.write(_batch(group), self._wopts)
             except Exception as e:  # RocksDB raises plain Exception with a status text
                 raise self._failed(e) from None
             if group.ops:
@@ -685,7 +301,7 @@ class Store:
 
     # reads ----------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
-        value: bytes | None = self._db.get(_kv(key))
+        value: bytes | None = self._db.get(kv_key(key))
         return value
 
     def get_local(self, key: bytes) -> bytes | None:
@@ -704,14 +320,14 @@ class Store:
 
     def keys(self, prefix: str) -> list[str]:
         """KV keys starting with ``prefix``, in byte order."""
-        lo = _kv(prefix)
+        lo = kv_key(prefix)
         return [k[1:].decode() for k, _ in self._scan(lo, lo + b"\xff")]
 
     def list_bounds(self, name: str) -> tuple[int, int]:
-        raw: bytes | None = self._db.get(_meta(name))
+        raw: bytes | None = self._db.get(bounds_key(name))
         if raw is None:
             return 0, 0
-        head, nxt = _BOUNDS.unpack(raw)
+        head, nxt = BOUNDS.unpack(raw)
         return head, nxt
 
     def list_len(self, name: str) -> int:
@@ -728,23 +344,23 @@ class Store:
         out: list[tuple[int, bytes]] = []
         if count is not None and count <= 0:
             return out
-        prefix = _item_prefix(name)
-        for key, value in self._scan(prefix + _U64.pack(start), prefix[:-1] + b"\x01"):
-            out.append((_U64.unpack(key[len(prefix) :])[0], value))
+        prefix = item_prefix(name)
+        for key, value in self._scan(prefix + U64.pack(start), prefix_end(prefix)):
+            out.append((U64.unpack(key[len(prefix) :])[0], value))
             if count is not None and len(out) >= count:
                 break
         return out
 
     def set_contains(self, name: str, member: bytes) -> bool:
-        return self._db.get(_member_prefix(name) + member) is not None
+        return self._db.get(member_prefix(name) + member) is not None
 
     def set_len(self, name: str) -> int:
-        raw: bytes | None = self._db.get(_count(name))
-        return _U64.unpack(raw)[0] if raw else 0
+        raw: bytes | None = self._db.get(count_key(name))
+        return U64.unpack(raw)[0] if raw else 0
 
     def set_members(self, name: str) -> list[bytes]:
-        prefix = _member_prefix(name)
-        return [k[len(prefix) :] for k, _ in self._scan(prefix, prefix[:-1] + b"\x01")]
+        prefix = member_prefix(name)
+        return [k[len(prefix) :] for k, _ in self._scan(prefix, prefix_end(prefix))]
 
     def set_range(
         self, name: str, after: bytes | None = None, count: int = 100, *, reverse: bool = False
@@ -753,8 +369,8 @@ class Store:
         largest down), starting past ``after`` (None: from the first, or the last). A
         cursor read for paging: a member removed since it was handed out still works
         as ``after``."""
-        prefix = _member_prefix(name)
-        hi = prefix[:-1] + b"\x01"
+        prefix = member_prefix(name)
+        hi = prefix_end(prefix)
         out: list[bytes] = []
         if count <= 0:
             return out
@@ -815,3 +431,17 @@ class Store:
     def digest(self) -> str:
         """``digest_rows`` of every replicated row: equal digests, equal stores."""
         return digest_rows(self.replicated_items())
+
+
+def _batch(group: WriteGroup) -> WriteBatch:
+    """The group as one RocksDB batch: its range deletes, then its key writes."""
+    ranges, pending = group.staged()
+    batch = WriteBatch(raw_mode=True)
+    for lo, hi in ranges:
+        batch.delete_range(lo, hi)
+    for key, value in pending.items():
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
+    return batch
