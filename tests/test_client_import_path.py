@@ -1,4 +1,5 @@
-"""The client's public import path, and the deprecated one that still works for a version."""
+"""The client's public import path, and the deprecated one (it warns, then hands back the same
+objects)."""
 
 from __future__ import annotations
 

@@ -286,7 +286,7 @@ def test_the_retry_policy_and_channel_options_are_injectable(tmp_path: Path) -> 
     policy = RetryPolicy(budget=1.5, first=0.2, cap=0.4, rng=lambda: 0.0)
     assert policy.delays() == pytest.approx([0.2, 0.4, 0.4, 0.4, 0.1])
     assert JobClient("a:1", retry=policy).retry is policy
-    # retry_budget (the older knob) still works, over the policy's budget
+    # retry_budget, when given, replaces the policy's budget
     client = JobClient("a:1", retry=policy, retry_budget=0.5)
     assert (client.retry_budget, client.retry.first) == (0.5, 0.2)
     assert JobClient("a:1").retry == RetryPolicy(budget=10.0)
