@@ -108,7 +108,7 @@ ROUTES: Routes = [
 ]
 
 
-# --- callables a worker runs (tests of ``pagesift.primary.engine.workers``) --------------------
+# --- callables a worker runs (tests of ``pagesift.primary.engine.workers``, ``workerproc``) -----
 # Module-level (a worker imports them by name), and light to import.
 
 

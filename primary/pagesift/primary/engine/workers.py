@@ -1,96 +1,28 @@
 """The node's pool of extraction worker processes: who runs what, for how long, in how much memory.
 
 Owns the worker processes a node uses for CPU-heavy work on untrusted bytes (HTML
-extraction, document conversion): their start (lazy: no process starts until the
-first call), the limits each one runs under, which call each one runs, the order in
+extraction, document conversion; ``pages.PageMaker`` calls ``WorkerPool.call``): their
+lazy start (no process until the first call), which call each one runs, the order in
 which waiting calls get a worker, the kill of a worker a call outlived, the
-replacement of a worker that died or grew too big, and their shutdown.
-``fetch.HttpEngine`` only calls ``WorkerPool.call``/``run``.
-
-Layout and protocol. Each worker is a ``multiprocessing`` process of the
-``forkserver`` start method with one ``socketpair`` to the node, and runs one call
-at a time. Frames on the socket are an 8-byte big-endian length and a pickle:
-
-- worker -> node ``("ready", pid)`` once, after its limits are set;
-- node -> worker ``(fn, args, cpu_seconds)``; worker -> node ``("started",)`` once it
-  has the call, then one reply ``(kind, value, peak_rss_bytes)``: ``kind`` is
-  ``"ok"`` (``value`` the result), ``"error"`` (``value`` the exception ``fn`` raised)
-  or ``"memory"`` (``fn`` ran out of its address space: the worker exits after it);
-- the node closes its end (or the node dies): the worker reads EOF and exits.
-
-Guarantees:
+replacement of a worker that died or grew too big, and their shutdown. What runs
+inside a worker, and the frames it speaks, are ``workerproc``'s. The guarantees:
 
 - **A call's failure is charged to that call only.** The pool knows which process
-  runs which call, so a crash, a memory exhaustion or a deadline kill ends one
-  worker and fails exactly the call it was running (``WorkerCrashed``,
-  ``WorkerOutOfMemory``, ``WorkerTimeout``: each a ``WorkerLost`` whose message names
-  the cause). Every other call goes on in its own worker. A worker that dies
-  *before* it acknowledged a call (``"started"``) did not die of that call's input:
-  the call is sent again, once, to a fresh worker, and fails (``WorkerCrashed``,
-  ``charged=False``) only if that one dies before starting too.
-- **Limits enforced by the operating system.** Each worker runs under
-  ``RLIMIT_AS`` (``Limits.memory_bytes``): an allocation past it fails inside the
-  worker (``MemoryError`` for Python and lxml: a clean ``WorkerOutOfMemory``, and the
-  worker is replaced; PDFium or another C library may instead abort, which is a
-  ``WorkerCrashed``). A call with a ``timeout`` is SIGKILLed by the node when it
-  outlives it (through a pidfd: no pid reuse), counted once the call is on its
-  worker (queueing for a worker is not the call's fault); and, as a
-  backstop should the node's event loop itself be stuck, the worker's own
-  ``RLIMIT_CPU`` soft limit is set before every call to the CPU time it has used
-  plus ``timeout`` and a margin (SIGXCPU then ends it). After each call the worker
-  reports its peak resident memory *during that call* (``VmHWM``, reset before the
-  call through ``/proc/self/clear_refs``); a worker whose peak passed
-  ``Limits.recycle_rss_bytes`` is retired after the call, so no worker keeps the
-  memory a big page made it grow to.
-- **Fair between owners.** A call names its ``owner`` (an account); when every
-  worker is busy, waiting calls queue per owner and a freed worker goes to the
-  owners in turn (round robin, one call each), so one owner's many slow calls take
-  at most every other free worker while anyone else waits. A freed worker is sent
-  the next call in the same step that frees it, so it does not idle while the
-  caller's task wakes up (a loop turn or more between two pages, otherwise).
-- **No worker outlives its node**, however the node ends (SIGKILL, SIGTERM, a crash,
-  a normal exit): a worker exits within moments of its node's death, and with the
-  workers gone the forkserver and the resource tracker exit too. The bound is the
-  current Python instruction: a worker busy in one long C call that holds the GIL
-  exits when that call returns, or when its ``RLIMIT_CPU`` ends it.
-- Workers are never forked from the node: the ``forkserver`` start method forks them
-  from a small single-threaded server process, never from a process with
-  gRPC/asyncio threads (forking those can deadlock the child). The modules a pool is
-  told to ``preload`` are imported once in the forkserver, so a fresh worker (one
-  replacing a dead or retired worker) costs a fork, not a round of imports.
+  runs which call, so a crash, a memory exhaustion or a deadline kill ends one worker
+  and fails exactly the call it was running (``WorkerCrashed``, ``WorkerOutOfMemory``,
+  ``WorkerTimeout``: each a ``WorkerLost`` naming the cause). A worker that dies
+  *before* it acknowledged a call did not die of that call's input: the call is sent
+  again, once, to a fresh worker (``charged=False`` if that one dies first too).
+- **Deadlines and memory.** A call with a ``timeout`` is SIGKILLed through a pidfd
+  (no pid reuse) when it outlives it, counted once the call is on its worker
+  (queueing is not the call's fault); ``Limits`` bound each worker's address space
+  and CPU, and a worker whose peak memory in a call passed ``recycle_rss_bytes`` is
+  retired after it, so no worker keeps what a big page made it grow to.
+- **Fair between owners.** Waiting calls queue per owner (an account) and a freed
+  worker goes to the owners in turn, one call each, sent in the same step that frees
+  it (the worker does not idle while the caller's task wakes up).
 - After ``close`` no process is started again; every worker is SIGKILLed and the
   calls in flight or waiting raise ``PoolClosed``.
-
-Why workers used to outlive a SIGKILLed node (CPython 3.11's multiprocessing,
-as ``ProcessPoolExecutor`` used it): the forkserver exits when every holder of the
-write end of its "alive" pipe is gone, but each worker it forks inherits that write
-end; the resource tracker exits when every holder of its pipe is gone, and each
-worker holds it too; and an executor worker idled on a queue whose write end it
-also held, so it never saw EOF. Nothing told the workers that the node died, so all
-three kinds of process waited on each other forever.
-
-The fix, and why it is safe: each worker runs a watcher thread (started first
-thing in the worker) that blocks on ``multiprocessing.parent_process().sentinel``
-and ``os._exit``\\ s when it reads EOF. That sentinel is the read end of a pipe
-whose only write end is kept open by the node, for the worker's whole life, inside
-the node's ``Popen`` object (this pool keeps each worker's ``Process`` until the
-worker is gone); the kernel closes it when the node dies by any cause, so EOF means
-exactly "the node is gone": no pid is watched (no pid reuse race), nothing polls,
-and a node that died before the watcher started is seen at once. An idle worker
-also sees EOF on its socket, whose other end only the node holds. Once the workers
-are gone, the last holders of the forkserver's and the tracker's pipes are gone and
-both exit on their own. Alternatives considered: ``prctl(PR_SET_PDEATHSIG)`` fires on
-the death of the parent *thread*, and a forkserver worker's parent is the
-forkserver, not the node; ``os.pidfd_open(node_pid)`` in the worker races with pid
-reuse if the node died before the worker started; the ``spawn`` start method plus
-PDEATHSIG would tie worker lifetime to whichever node thread spawned them.
-
-Workers ignore SIGINT: a Ctrl-C on the terminal reaches the whole process group,
-and the node, which handles it, decides when its workers stop.
-
-Trust: replies are unpickled in the node. A worker runs only this package's code on
-untrusted *data*; a worker whose memory an exploit of a C parser had taken over
-could send a hostile pickle, as it could with ``ProcessPoolExecutor`` before.
 """
 
 from __future__ import annotations
@@ -100,19 +32,17 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
-import math
 import multiprocessing
 import os
 import pickle
-import resource
 import signal
 import socket
-import struct
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+from pagesift.primary.engine.workerproc import HEADER, worker_main
 
 __all__ = [
     "Limits",
@@ -123,15 +53,12 @@ __all__ = [
     "WorkerOutOfMemory",
     "WorkerPool",
     "WorkerTimeout",
+    "describe_bytes",
     "worker_count",
 ]
 
 T = TypeVar("T")
 
-# Exit status of a worker that saw its node die (no one reads it: the node is gone).
-NODE_GONE_EXIT = 70
-_DRAIN_MAX_READS = 1 << 20  # the node writes no more than the worker's start data
-_HEADER = struct.Struct("!Q")
 MAX_FRAME_BYTES = 1 << 30  # a reply longer than this is treated as a broken worker
 START_TIMEOUT = 60.0  # seconds a new worker may take to say "ready"
 REAP_TIMEOUT = 5.0  # seconds to wait for a dead worker's exit status
@@ -216,152 +143,7 @@ def describe_bytes(n: int) -> str:
 # --- the worker side ---------------------------------------------------------------------
 
 
-def _exit_when_node_dies(sentinel: int) -> None:
-    """Block until the node's end of ``sentinel`` closes, then end this process."""
-    # Blocking reads: EOF ("" from os.read) once the node's write end is closed.
-    # Bytes the worker's start-up left unread (there should be none) are drained.
-    for _ in range(_DRAIN_MAX_READS):
-        try:
-            if not os.read(sentinel, 65536):
-                break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries reads
-            continue
-        except OSError:
-            break  # the descriptor is unusable: the watch cannot be kept, fail closed
-    os._exit(NODE_GONE_EXIT)
-
-
-def _init_worker() -> None:
-    """Runs first in every worker: tie its lifetime to the node's."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = multiprocessing.parent_process()
-    if parent is None:  # pragma: no cover - only ever run inside a pool worker
-        raise RuntimeError("pagesift worker started outside a process pool")
-    watcher = threading.Thread(
-        target=_exit_when_node_dies,
-        args=(parent.sentinel,),
-        name="pagesift-node-watch",
-        daemon=True,
-    )
-    watcher.start()
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
-    """``n`` bytes from ``sock``, or None at EOF."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            return None
-        got += k
-    return bytes(buf)
-
-
-def _send_frame(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(payload)))
-    sock.sendall(payload)
-
-
-def _peak_rss_reset() -> None:
-    """Reset this process's VmHWM (Linux: ``clear_refs`` 5), so the next read is the
-    peak of what runs in between; without it the peak is the process's lifetime one."""
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak_rss() -> int:
-    """This process's resident high-water mark in bytes (VmHWM)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-def _cpu_used() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _set_cpu_limit(seconds: float | None) -> None:
-    """RLIMIT_CPU's soft limit to the CPU time used so far plus ``seconds`` (None: no
-    limit); the hard limit stays where it is, so the worker can move it each call."""
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    if seconds is None:
-        soft = hard
-    else:
-        soft = math.ceil(_cpu_used() + seconds)
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
-
-
-def _worker_main(sock: socket.socket, limits: Limits) -> None:
-    """A worker's life: limits, "ready", then one call at a time until EOF."""
-    _init_worker()
-    with contextlib.suppress(ValueError, OSError):  # no core files of a crash or SIGXCPU
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if limits.memory_bytes > 0:
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        soft = limits.memory_bytes
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    try:
-        _send_frame(sock, pickle.dumps(("ready", os.getpid())))
-        while True:
-            header = _recv_exactly(sock, _HEADER.size)
-            body = None if header is None else _recv_exactly(sock, _HEADER.unpack(header)[0])
-            if body is None:
-                break  # the node closed its end: retired, or the pool is closed
-            frame, kind = _run_one(sock, body)
-            _send_frame(sock, frame)
-            if kind == "memory":
-                break  # its heap may be left fragmented or half-built: a fresh worker follows
-    except OSError:
-        pass  # the node's end closed mid-frame (a pool closed while this one started)
-    os._exit(0)
-
-
-def _run_one(sock: socket.socket, body: bytes) -> tuple[bytes, str]:
-    """Acknowledge and run one call; its reply frame and kind. Never raises (but for
-    the process's death)."""
-    kind: str
-    value: object
-    try:
-        fn, args, cpu_seconds = pickle.loads(body)
-    except Exception as exc:
-        fn, args, cpu_seconds = None, (), None
-        value, kind = exc, "error"
-    _set_cpu_limit(cpu_seconds)
-    _peak_rss_reset()
-    _send_frame(sock, pickle.dumps(("started",)))
-    if fn is not None:
-        try:
-            value, kind = fn(*args), "ok"
-        except MemoryError:
-            value, kind = None, "memory"
-        except BaseException as exc:
-            value, kind = exc, "error"
-    try:
-        frame = pickle.dumps((kind, value, _peak_rss()))
-        if kind == "error":
-            pickle.loads(frame)  # an exception that pickles but cannot be rebuilt
-        return frame, kind
-    except MemoryError:
-        return pickle.dumps(("memory", None, _peak_rss())), "memory"
-    except Exception as exc:
-        problem = RuntimeError(f"{type(value).__name__} could not be sent back: {exc}")
-        return pickle.dumps(("error", problem, _peak_rss())), "error"
-
-
-# --- the node side -----------------------------------------------------------------------
+# --- the pool ----------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
@@ -547,7 +329,7 @@ class WorkerPool:
         """``worker`` is busy with the call ``payload``, written to it now (in the same
         step that freed it: the worker does not wait for the caller's task to wake)."""
         self._busy.add(worker)
-        worker.writer.write(_HEADER.pack(len(payload)))
+        worker.writer.write(HEADER.pack(len(payload)))
         worker.writer.write(payload)
 
     def _fill(self) -> None:
@@ -605,7 +387,9 @@ class WorkerPool:
         ours, theirs = socket.socketpair()
         try:
             proc = ctx.Process(  # type: ignore[attr-defined]
-                target=_worker_main, args=(theirs, self.limits), name="pagesift-worker"
+                target=worker_main,
+                args=(theirs, self.limits.memory_bytes),
+                name="pagesift-worker",
             )
             # Off the loop (the node's first start waits for the forkserver to import
             # the preload modules), in the one thread that does all of this module's
@@ -778,7 +562,7 @@ async def _exit_status(proc: Any, timeout: float) -> int | None:
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    (n,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    (n,) = HEADER.unpack(await reader.readexactly(HEADER.size))
     if n > MAX_FRAME_BYTES:
         raise ConnectionError(f"a frame of {n} bytes")
     return await reader.readexactly(n)
