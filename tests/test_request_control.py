@@ -22,10 +22,11 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 
 from pagesift.client.errors import details_of, status_of
+from pagesift.primary.engine.cookiejar import JobCookies
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import FetchPolicy
-from pagesift.primary.engine.reqprofile import JobCookies, ProxyPool, RequestProfile
+from pagesift.primary.engine.reqprofile import ProxyPool, RequestProfile
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import validate
