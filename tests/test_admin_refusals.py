@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -16,11 +16,14 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 from grpc_status import rpc_status
 
 from pagesift.node.admin import AdminServicer
 from pagesift.node.replication import ReplicationParts
 from pagesift.primary.replication import add_to_server
+from pagesift.shared.api import tls
 from pagesift.shared.api.rpcerrors import DOMAIN, Reason
 from pagesift.shared.replication.slot import open_slot
 from pagesift.shared.store.groups import WriteGroup
@@ -44,16 +47,23 @@ class Served:
         return stub.Stream(timeout=10)  # type: ignore[call-arg]
 
 
-async def serve(path: Path, *, primary: bool, backlog_bytes: int = 1 << 20) -> Served:
+async def serve(
+    path: Path,
+    *,
+    primary: bool,
+    backlog_bytes: int = 1 << 20,
+    interceptors: Sequence[tls.ServerInterceptor] = (),
+) -> Served:
     parts = ReplicationParts(
         open_slot(path, backlog_bytes=backlog_bytes), node_id=path.name, heartbeat_interval=0.05
     )
     if primary:
         parts.slot.log.open_for_writes()
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=list(interceptors))
     add_to_server(parts.sender, server)
     admin = AdminServicer(parts)
     replication_pb2_grpc.add_AdminServiceServicer_to_server(admin, server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -307,3 +317,48 @@ async def test_a_standby_behind_the_backlog_is_standby_too_slow(tmp_path: Path) 
         [],
     )
     assert got.message.startswith("standby too slow: ")
+
+
+# ---------------------------------------------------------------- the guard (before any handler)
+
+
+async def test_each_guard_refusal_names_its_reason_and_the_method(tmp_path: Path) -> None:
+    def never(md: tls.Metadata) -> bool:
+        return False
+
+    denied = C.PERMISSION_DENIED
+    guard = tls.MetadataGuard(
+        [
+            tls.GuardRule("/pagesift.v1.ReplicationService/", never, "needs the token", denied),
+            tls.GuardRule("/pagesift.v1.AdminService/", never, "needs the admin key", denied),
+            tls.GuardRule("/grpc.health.v1.Health/", never, "needs an API key"),
+        ]
+    )
+    node = await serve(tmp_path / "p", primary=True, interceptors=[guard])
+    stream = node.stream()
+    await stream.write(hello(node))
+    health = health_pb2_grpc.HealthStub(node.channel)
+    assert await refused(stream.read()) == Seen(
+        denied,
+        "needs the token",
+        Reason.REPLICATION_NOT_ALLOWED,
+        {"method": "/pagesift.v1.ReplicationService/Stream"},
+        [],
+        [],
+    )
+    assert await refused(node.admin().Role(pb.RoleRequest())) == Seen(
+        denied,
+        "needs the admin key",
+        Reason.ADMIN_KEY_REQUIRED,
+        {"method": "/pagesift.v1.AdminService/Role"},
+        [],
+        [],
+    )
+    assert await refused(health.Check(health_pb2.HealthCheckRequest())) == Seen(
+        C.UNAUTHENTICATED,
+        "needs an API key",
+        Reason.UNAUTHENTICATED,
+        {"method": "/grpc.health.v1.Health/Check"},
+        [],
+        [],
+    )

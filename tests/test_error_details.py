@@ -133,7 +133,7 @@ async def test_a_standby_refuses_writes_as_not_primary_naming_the_primary(tmp_pa
             node.stub.Scrape(jobs_pb2.ScrapeRequest(url=OK)),
         ):
             err = await refused(call)
-            assert err.code() == C.FAILED_PRECONDITION  # as before: older clients move on
+            assert err.code() == C.FAILED_PRECONDITION  # clients that read no details move on
             assert primary in (err.details() or "")
             info = info_of(err)
             assert info.reason == Reason.NOT_PRIMARY
@@ -156,7 +156,7 @@ async def test_limits_carry_quota_failure_retry_info_and_the_old_metadata(tmp_pa
         (retry,) = unpack(status, error_details_pb2.RetryInfo)
         assert 0 < retry.retry_delay.seconds <= 24 * 3600
         md = dict(cast(Any, err.trailing_metadata()) or ())
-        assert md["pagesift-limit"] == "pages_per_day"  # kept alongside, for one release
+        assert md["pagesift-limit"] == "pages_per_day"  # the same facts, alongside the details
         assert md["pagesift-limit-resets-at"] == info.metadata["resets_at"]
 
         # a concurrency limit has no known reset time: QuotaFailure, no RetryInfo

@@ -17,6 +17,7 @@ from pagesift.client.errors import details_of, status_of
 from pagesift.shared.api.errortable import (
     HANDLED,
     TABLE,
+    AdminKeyRequired,
     BackupFailed,
     BackupInProgress,
     CallFacts,
@@ -24,9 +25,12 @@ from pagesift.shared.api.errortable import (
     DigestOffsetPassed,
     DocumentTooLarge,
     JobNotFound,
+    KeyRequired,
+    MalformedRequest,
     NoLongerPrimary,
     OffsetNotReached,
     PageFailed,
+    ReplicationNotAllowed,
     ReplicationRefused,
     SkipOutOfRange,
     StandbyNode,
@@ -78,6 +82,12 @@ SAMPLES: dict[type[Exception], Exception] = {
     SteppedDownForPeer: SteppedDownForPeer(7, "peer 'b' has epoch 7 > ours 6"),
     NoLongerPrimary: NoLongerPrimary(),
     BacklogLost: BacklogLost("offset 4 was trimmed"),
+    MalformedRequest: MalformedRequest("pagesift.v1.GetJobRequest"),
+    KeyRequired: KeyRequired("/pagesift.v1.JobService/GetJob", "no key", C.UNAUTHENTICATED),
+    AdminKeyRequired: AdminKeyRequired("/pagesift.v1.AdminService/Role", "no", C.PERMISSION_DENIED),
+    ReplicationNotAllowed: ReplicationNotAllowed(
+        "/pagesift.v1.ReplicationService/Stream", "no token", C.UNAUTHENTICATED
+    ),
 }
 
 

@@ -8,9 +8,8 @@ domain exception, the exception types it maps and how one becomes a ``Refusal``
 (message, ErrorInfo metadata, extra details, trailing metadata), the way etcd's
 ``v3rpc/util.go`` keeps ``toGRPCErrorMap``. ``answers_errors`` applies it once per
 handler (JobService, AdminService, the replication stream), so handlers raise and
-read straight through; ``refuse`` applies it anywhere else (the storage interceptor).
-The reasons without a mapped exception (the request guards, malformed requests)
-are sent by their interceptors; their rows document them.
+read straight through; ``refuse`` applies it anywhere else (the interceptors: the
+request guard, malformed requests, storage). Every reason has its exceptions.
 
 Invariants (``tests/test_error_table.py``):
 - every ``Reason`` has exactly one row, and an exception type maps to one row (the
@@ -94,6 +93,39 @@ class PageFailed(Exception):
         super().__init__(str(error))
         self.error = error
         self.url = url
+
+
+# the interceptors (before any handler runs)
+
+
+class CallNotAllowed(Exception):
+    """A guard refused the call to ``method`` before its handler ran, with ``code``
+    (the guard rule's); a subclass per reason."""
+
+    def __init__(self, method: str, message: str, code: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.method = method
+        self.code = code
+
+
+class KeyRequired(CallNotAllowed):
+    """The call needs a valid API key (UNAUTHENTICATED)."""
+
+
+class AdminKeyRequired(CallNotAllowed):
+    """An AdminService call without the admin key."""
+
+
+class ReplicationNotAllowed(CallNotAllowed):
+    """The replication stream without the pair's token, or where mTLS serves it."""
+
+
+class MalformedRequest(Exception):
+    """The request bytes are not a ``message`` (the method's protobuf message name)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"request: not a valid {message}")
+        self.message = message
 
 
 # AdminService and the replication stream
@@ -226,8 +258,17 @@ def _key_reused(e: IdempotencyKeyReused, _: CallFacts) -> Refusal:
     return Refusal(message, md, [rpcerrors.bad_request([("idempotency_key", message)])])
 
 
-def _unauthenticated(e: Unauthenticated, _: CallFacts) -> Refusal:
-    return Refusal(str(e))
+def _unauthenticated(e: Unauthenticated | KeyRequired, facts: CallFacts) -> Refusal:
+    return _not_allowed(e, facts) if isinstance(e, KeyRequired) else Refusal(str(e))
+
+
+def _not_allowed(e: CallNotAllowed, _: CallFacts) -> Refusal:
+    return Refusal(str(e), {"method": e.method}, code=e.code)
+
+
+def _malformed(e: MalformedRequest, _: CallFacts) -> Refusal:
+    bad = rpcerrors.bad_request([("request", f"not a valid {e.message}")])
+    return Refusal(str(e), {"message": e.message}, [bad])
 
 
 def _denied(e: PermissionDenied, facts: CallFacts) -> Refusal:
@@ -358,7 +399,8 @@ TABLE: tuple[Row, ...] = (
          (InvalidArgument,), _invalid),
     _row(R.MALFORMED_REQUEST, C.INVALID_ARGUMENT,
          "`message` (+ `BadRequest`, field `request`)",
-         "the request bytes are not the method's protobuf message"),
+         "the request bytes are not the method's protobuf message",
+         (MalformedRequest,), _malformed),
     _row(R.IDEMPOTENCY_KEY_REUSED, C.INVALID_ARGUMENT,
          "`field` (= `idempotency_key`), `id` (the job the key created) "
          "(+ `BadRequest`, field `idempotency_key`)",
@@ -367,12 +409,14 @@ TABLE: tuple[Row, ...] = (
          (IdempotencyKeyReused,), _key_reused),
     _row(R.UNAUTHENTICATED, C.UNAUTHENTICATED, "`method` (from the guard)",
          "a JobService call without a valid API key",
-         (Unauthenticated,), _unauthenticated),
+         (Unauthenticated, KeyRequired), _unauthenticated),
     _row(R.ADMIN_KEY_REQUIRED, C.PERMISSION_DENIED, "`method`",
-         "an AdminService call (Role, Digest, Promote, Backup) without the admin key"),
+         "an AdminService call (Role, Digest, Promote, Backup) without the admin key",
+         (AdminKeyRequired,), _not_allowed),
     _row(R.REPLICATION_NOT_ALLOWED, (C.UNAUTHENTICATED, C.PERMISSION_DENIED), "`method`",
          "the replication stream without the pair's token, or on a port where mTLS "
-         "serves it"),
+         "serves it",
+         (ReplicationNotAllowed,), _not_allowed),
     _row(R.PERMISSION_DENIED_FIELD, C.PERMISSION_DENIED, "`field`, `account`",
          "the account may not use that option (`options.ignore_robots_txt`, "
          "`options.proxy_url`)",

@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from pagesift.shared.api import rpcerrors
+from pagesift.shared.api import errortable
 from pagesift.shared.api.tls import Handler, ServerInterceptor
 
 __all__ = ["Behavior", "Malformed", "MalformedRequests", "rewrap"]
@@ -98,13 +98,7 @@ class MalformedRequests(ServerInterceptor):
             if method not in self._logged:
                 self._logged.add(method)
                 logger.warning("%s: a request that is not a valid %s was refused", method, message)
-            await rpcerrors.invalid_argument(
-                context,
-                f"request: not a valid {message}",
-                [("request", f"not a valid {message}")],
-                rpcerrors.Reason.MALFORMED_REQUEST,
-                {"message": message},
-            )
+            await errortable.refuse(context, errortable.MalformedRequest(message))
 
         streaming_requests = handler.request_streaming
 

@@ -12,24 +12,26 @@ call, so the status a caller already saw is unchanged.
 
 Guarantees
 ----------
-- Every abort of every pagesift servicer and interceptor goes through ``abort`` (or
-  ``invalid_argument``), so every error carries an ``ErrorInfo`` whose ``domain`` is
-  ``DOMAIN`` and whose ``reason`` is one of ``Reason`` (UPPER_SNAKE, stable: part of
-  the API; a new one may be added, none is renamed).
+- Every refusal of every pagesift servicer and interceptor goes through ``abort``
+  (applied by the error table, ``errortable.refuse``), so every error carries an
+  ``ErrorInfo`` whose ``domain`` is ``DOMAIN`` and whose ``reason`` is one of
+  ``Reason`` (UPPER_SNAKE, stable: part of the API; a new one may be added, none is
+  renamed).
 - Every INVALID_ARGUMENT also carries a ``BadRequest`` with one field violation per
   bad field, each naming the field path (``urls[3]``, ``include_paths[1]``,
   ``options.headers['Host']``).
 - Every limit (reason ``QUOTA_EXCEEDED``, RESOURCE_EXHAUSTED) carries a
   ``QuotaFailure`` (subject ``account:NAME`` or ``node``, the limit as ``quota_id``)
-  and, when the limit has a known reset time, a ``RetryInfo``. The older
-  ``pagesift-limit`` / ``pagesift-limit-resets-at`` trailing metadata is still sent
-  alongside for one release (then only the details).
+  and, when the limit has a known reset time, a ``RetryInfo``; the
+  ``pagesift-limit`` / ``pagesift-limit-resets-at`` trailing metadata says the same
+  alongside, for clients that read no details.
 - Trailing metadata already set on the call is kept (``abort`` merges it).
 
 Reasons (domain ``pagesift.dev``): ``Reason`` lists them; which status each is, its
 metadata keys and when it happens are ``pagesift.shared.api.errortable.TABLE``'s (the
 API docs' reason table is generated from it), and so is the mapping of the
-JobService's domain exceptions to statuses.
+servicers' domain exceptions to statuses (JobService, AdminService, the replication
+stream).
 
 ``NOT_PRIMARY`` and ``FENCED`` are the only reasons that mean "nothing was done here,
 send it to the primary": the client (``pagesift.client.failover``) fails over on them,
@@ -76,7 +78,6 @@ __all__ = [
     "abort",
     "bad_request",
     "error_info",
-    "invalid_argument",
     "page_status",
     "quota_failure",
     "retry_info",
@@ -234,23 +235,3 @@ async def abort(
 
 #: how long a client asked to retry after STORAGE_UNAVAILABLE waits (seconds)
 STORAGE_RETRY_SECONDS = 5.0
-
-
-async def invalid_argument(
-    context: Any,
-    message: str,
-    violations: Sequence[tuple[str, str]],
-    reason: str = Reason.INVALID_FIELD,
-    metadata: Mapping[str, object] | None = None,
-) -> NoReturn:
-    """INVALID_ARGUMENT with a ``BadRequest`` naming each bad field; the ``ErrorInfo``
-    names the first one (metadata ``field``) unless ``metadata`` says otherwise."""
-    md = dict(metadata) if metadata is not None else {"field": violations[0][0]}
-    await abort(
-        context,
-        grpc.StatusCode.INVALID_ARGUMENT,
-        message,
-        reason,
-        md,
-        details=[bad_request(violations)],
-    )

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from pagesift.shared.api import rpcerrors
+from pagesift.shared.api import errortable
 
 # Typing aliases for grpc.aio interceptors, shared with pagesift.shared.api.metricsgrpc.
 if TYPE_CHECKING:  # grpc-stubs makes these generic; at run time they are plain classes
@@ -189,18 +189,16 @@ class GuardRule:
     allowed: Callable[[Metadata], bool]
     message: str
     code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED
-    reason: str = ""  # the ErrorInfo reason; "" = by the service (``default_reason``)
 
-    def default_reason(self) -> str:
-        """``reason``, else REPLICATION_NOT_ALLOWED / ADMIN_KEY_REQUIRED by the
-        service the prefix names, else UNAUTHENTICATED."""
-        if self.reason:
-            return self.reason
+    def refusal(self, method: str) -> errortable.CallNotAllowed:
+        """The refusal of a call to ``method``: REPLICATION_NOT_ALLOWED /
+        ADMIN_KEY_REQUIRED by the service the prefix names, else UNAUTHENTICATED (the
+        error table's rows)."""
         if "ReplicationService" in self.prefix:
-            return rpcerrors.Reason.REPLICATION_NOT_ALLOWED
+            return errortable.ReplicationNotAllowed(method, self.message, self.code)
         if "AdminService" in self.prefix:
-            return rpcerrors.Reason.ADMIN_KEY_REQUIRED
-        return rpcerrors.Reason.UNAUTHENTICATED
+            return errortable.AdminKeyRequired(method, self.message, self.code)
+        return errortable.KeyRequired(method, self.message, self.code)
 
 
 class MetadataGuard(ServerInterceptor):
@@ -221,18 +219,16 @@ class MetadataGuard(ServerInterceptor):
             return handler
         if rule.allowed(handler_call_details.invocation_metadata):
             return handler
-        return _refusal(handler, rule.code, rule.message, rule.default_reason(), method)
+        return _refusal(handler, rule.refusal(method))
 
 
 #: How long a refusal of a client-streaming call waits for the client's first message.
 FIRST_MESSAGE_WAIT = 1.0
 
 
-def _refusal(
-    handler: Handler, code: grpc.StatusCode, message: str, reason: str, method: str
-) -> Handler:
+def _refusal(handler: Handler, refused: errortable.CallNotAllowed) -> Handler:
     async def refuse(context: Any) -> None:
-        await rpcerrors.abort(context, code, message, reason, {"method": method})
+        await errortable.refuse(context, refused)
 
     async def deny(request: Any, context: Any) -> Any:
         await refuse(context)
