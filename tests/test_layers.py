@@ -13,7 +13,8 @@ to import both roles. Below it (``FLOORS``, each with its reason):
 - inside ``pagesift.shared``: ``replication`` and ``ha`` import nothing from ``jobs`` or
   ``api``; ``store`` imports only ``util``;
 - inside ``pagesift.primary``: ``engine`` and ``extract`` import nothing from ``jobs`` or
-  ``webhooks``; ``extract`` imports nothing from ``engine``.
+  ``webhooks``; ``extract`` imports nothing from ``engine``; ``jobs`` sees the engine
+  through ``engine.protocol`` alone, plus the values it hands down (``ENGINE_FOR_JOBS``).
 
 The pure state machines (``PURE``) import, transitively, only each other and modules
 that do no I/O and read no clock (``IO_MODULES`` lists what they must never reach).
@@ -67,6 +68,15 @@ CLIENT_MAY_IMPORT: tuple[str, ...] = (
 #: what the client may reach through those (``rpcerrors`` names ``ErrorCode``)
 CLIENT_MAY_REACH: tuple[str, ...] = (*CLIENT_MAY_IMPORT, "pagesift.shared.jobs.pageerrors")
 
+#: what job code may import of ``pagesift.primary.engine``: the ``Engine`` protocol, and
+#: the values it builds and hands down (request profiles, cookie jars, retry decisions)
+ENGINE_FOR_JOBS: tuple[str, ...] = (
+    "pagesift.primary.engine.protocol",
+    "pagesift.primary.engine.reqprofile",
+    "pagesift.primary.engine.cookiejar",
+    "pagesift.primary.engine.retrypolicy",
+)
+
 FLOORS: tuple[Floor, ...] = (
     Floor("pagesift.shared", ROLES_AND_ROOT, "shared code serves both roles"),
     Floor("pagesift.v1", ROLES_AND_ROOT, "generated wire code depends on nothing of ours"),
@@ -107,6 +117,12 @@ FLOORS: tuple[Floor, ...] = (
         "pagesift.primary.engine",
         ("pagesift.primary.jobs", "pagesift.primary.webhooks"),
         "the engine fetches for jobs; it does not know them",
+    ),
+    Floor(
+        "pagesift.primary.jobs",
+        ("pagesift.primary.engine",),
+        "job code sees the engine through protocol.Engine alone (tests run it on a fake)",
+        allowed=ENGINE_FOR_JOBS,
     ),
     Floor(
         "pagesift.primary.extract",
