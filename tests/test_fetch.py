@@ -231,7 +231,7 @@ async def _error(engine: HttpEngine, url: str, **kw: object) -> PageError:
 
 async def test_http_engine_has_every_engine_method_with_the_protocol_s_signature() -> None:
     engine: Engine = HttpEngine(CONFIG)  # mypy checks the signatures statically
-    kinds = {
+    kinds: dict[str, Callable[[object], bool]] = {
         "close": inspect.iscoroutinefunction,
         "host_delays": inspect.isfunction,
         "robots_allowed": inspect.iscoroutinefunction,
