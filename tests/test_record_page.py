@@ -2,19 +2,24 @@
 
 The functions run inside ``Store.write`` with no event loop and a fixed ``now``: each
 test reads back the records (pages, errors, done marks, frontier, quota buckets, page
-cache, cookies, webhook outbox, meta and run marker) a broken line would change.
+cache, cookies, webhook outbox, meta and run marker) a broken line would change. The
+last tests drive the one-off Scrape (``oneoff.scrape``, on a ``FakeEngine``): it is
+charged by the same ``charge_page``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
+
 from pagesift.primary.engine.cookiejar import JobCookies
 from pagesift.primary.engine.protocol import Page
-from pagesift.primary.jobs import pagecache, recording
+from pagesift.primary.jobs import oneoff, pagecache, recording
 from pagesift.primary.jobs.recording import NOTHING, PageResult, Recorded
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.jobs import quarantine as q
@@ -26,6 +31,7 @@ from pagesift.shared.jobs.scope import Entry
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
+from tests.fakeengine import FakeEngine, page
 
 T = TypeVar("T")
 NOW = 1_800_000_000.0  # a fixed unix time: no test reads the clock
@@ -147,14 +153,21 @@ def test_a_page_whose_alias_is_done_is_a_duplicate_error_naming_it(store: Store)
 def test_a_skipped_page_is_its_error_and_its_links_are_still_admitted(store: Store) -> None:
     start_job(store)
     links = [Entry(1, ROOT + "x", ROOT + "x")]
+    queued = ROOT + "n/"  # an alias waiting in the frontier: a duplicate of the skipped page
+    write(store, lambda g: g.insert(jr.JobKeys(JOB).seen, queued.encode()))
     skip = PageError(ErrorCode.ROBOTS_NOINDEX, "meta robots or X-Robots-Tag")
-    got = record(store, PageResult(b"/n", doc_page("n"), admitted=links, skip=skip))
+    result = PageResult(b"/n", doc_page("n"), admitted=links, aliases=[queued], skip=skip)
+    got = record(store, result)
     assert got == Recorded(kind="crawl", failed=str(ErrorCode.ROBOTS_NOINDEX))
-    assert pages(store) == [] and done(store, "/n")
-    assert errors(store) == [(ROOT + "n", str(ErrorCode.ROBOTS_NOINDEX), skip.message)]
+    assert pages(store) == [] and done(store, "/n") and done(store, queued)
+    assert errors(store) == [
+        (ROOT + "n", str(ErrorCode.ROBOTS_NOINDEX), skip.message),
+        (queued, "duplicate", f"same page as {ROOT}n"),
+    ]
     assert frontier_entries(store) == links
     failed = {"url": ROOT + "n", "code": str(ErrorCode.ROBOTS_NOINDEX), "message": skip.message}
-    assert events(store) == [("page_failed", failed, webhooks.rfc3339_ms(NOW))]
+    assert events(store)[0] == ("page_failed", failed, webhooks.rfc3339_ms(NOW))
+    assert [e[0] for e in events(store)] == ["page_failed", "page_failed"]
 
 
 def test_an_alias_still_queued_becomes_a_duplicate_of_the_stored_page(store: Store) -> None:
@@ -288,3 +301,29 @@ def test_a_cancel_keeps_no_note(store: Store) -> None:
     assert store.list_range(jr.JobKeys(JOB).notes) == []
     meta = jr.load_meta(store, JOB)
     assert meta is not None and meta.state == "cancelled" and meta.note == "by you"
+
+
+# the one-off Scrape is charged by the same ``charge_page``, with its page ------------
+
+
+def test_a_scrape_is_charged_one_page_and_refused_once_the_day_is_spent(store: Store) -> None:
+    engine = FakeEngine(lambda url: page(url, title="t"))
+    accounts = limited(1)
+    scrape = oneoff.scrape(store, engine, accounts, "acme", ROOT, jobs_pb2.ScrapeOptions())
+    doc = asyncio.run(scrape)
+    assert doc.url == ROOT and quota.used_today(store, "acme", time.time()) == 1
+    # spent since the service's check (another call took the last page): refused,
+    # worded as that check words it, and nothing more is charged
+    again = oneoff.scrape(store, engine, accounts, "acme", ROOT, jobs_pb2.ScrapeOptions())
+    with pytest.raises(quota.LimitExceeded) as refused:
+        asyncio.run(again)
+    assert refused.value.limit_name == "pages_per_day"
+    assert "used 1 of its pages_per_day limit of 1" in refused.value.message
+    assert quota.used_today(store, "acme", time.time()) == 1
+
+
+def test_a_scrape_of_an_account_without_a_daily_limit_writes_nothing(store: Store) -> None:
+    engine = FakeEngine(lambda url: page(url))
+    scrape = oneoff.scrape(store, engine, NO_LIMIT, "acme", ROOT, jobs_pb2.ScrapeOptions())
+    assert asyncio.run(scrape).url == ROOT
+    assert store.keys("usage/") == [] and store.keys("cache/") == []
