@@ -50,6 +50,7 @@ from pagesift.shared.replication.identity import Identity, NotWritable
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.errors import StorageUnavailable
 from pagesift.shared.store.groups import WriteGroup
+from pagesift.shared.util.tasks import cancel_and_wait_all
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["Jobs", "Registered", "WaitReplicated"]
@@ -151,11 +152,7 @@ class Jobs:
         running = list(self._tasks)
         tasks = list(self._tasks.values()) + list(self._later)
         tasks += [t for t in (self._sweeper, self._confirming) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait_all(tasks)  # a cancel of close() itself still propagates
         for job_id in running:  # a clean stop: these runs were not interrupted
             with contextlib.suppress(Exception):  # not writable (fenced, lease lost)
                 self.store.write(partial(self._clear_marker, job_id=job_id))
