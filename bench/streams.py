@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import shlex
 import tempfile
 import time
@@ -45,6 +44,7 @@ from bench.common import (
     stop_serve,
     write_json,
 )
+from pagesift.shared.util.tasks import cancel_and_wait
 
 READY_TIMEOUT = 30.0
 JOB_TIMEOUT = 300.0
@@ -237,9 +237,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 await stub.CancelJob(jobs_pb2.CancelJobRequest(id=resp.id), timeout=30)
                 await asyncio.sleep(1.0)
             finally:
-                sampler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sampler
+                await cancel_and_wait(sampler)  # a Ctrl-C meanwhile still ends the bench
             after_req = await _settle(proc.pid)
             say(
                 f"request {size:.1f} MB ({n} URLs): RSS {before_req:.1f} -> peak {peak[0]:.1f} "
