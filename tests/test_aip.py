@@ -21,6 +21,7 @@ from pagesift.client.errors import details_of, error_info_of, reason_of, status_
 from pagesift.node.cli import amain
 from pagesift.shared.api.rpcerrors import Reason
 from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs import views
 from pagesift.shared.jobs.pageerrors import ErrorCode
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.groups import WriteGroup
@@ -263,7 +264,9 @@ async def test_get_job_errors_pages_every_error_once_in_order_with_its_code_enum
         assert not whole.next_page_token and len(whole.errors) >= 7
         assert {err.url for err in whole.errors if err.url} == set(urls)
         for err in whole.errors:
-            assert err.code_enum == jr.code_enum(err.code) != jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
+            assert (
+                err.code_enum == views.code_enum(err.code) != jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
+            )
         for size in (1, 2, 3, len(whole.errors)):
             got: list[jobs_pb2.PageError] = []
             token = ""
@@ -296,10 +299,10 @@ async def test_get_job_errors_pages_every_error_once_in_order_with_its_code_enum
 
 def test_page_error_codes_and_webhook_events_are_closed_sets_with_enums() -> None:
     for code in ErrorCode:
-        assert jr.code_enum(str(code)) != jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED, code
+        assert views.code_enum(str(code)) != jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED, code
     for note in ("failed", "completed", "webhook_undeliverable"):
-        assert jr.code_enum(note) != jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
-    assert jr.code_enum("no_such_code") == jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
+        assert views.code_enum(note) != jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
+    assert views.code_enum("no_such_code") == jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
     named = [jr.event_name(v) for v in jobs_pb2.WebhookEvent.values()]
     assert sorted(n for n in named if n) == sorted(jr.WEBHOOK_EVENTS)
     assert jr.event_name(jobs_pb2.WEBHOOK_EVENT_UNSPECIFIED) == ""

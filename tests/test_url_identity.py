@@ -28,7 +28,7 @@ from pagesift.primary.engine.protocol import Page
 from pagesift.primary.engine.robots import page_directives
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import urls
+from pagesift.shared.jobs import urls, views
 from pagesift.shared.jobs.scope import in_scope
 from pagesift.shared.store.db import Store
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
@@ -486,7 +486,7 @@ async def test_www_and_bare_host_links_are_one_page_in_a_live_crawl_with_dedupe(
             return meta if meta is not None and meta.terminal else None
 
         meta = await eventually(finished, "the crawl's end", timeout=30)
-        docs = jr.read_documents(store, reg.id, 0, 100)
+        docs = views.read_documents(store, reg.id, 0, 100)
     finally:
         await jobs.close()
     assert meta.state == "completed", meta.note

@@ -19,6 +19,7 @@ from aiohttp import web
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs import views
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.groups import WriteGroup
 from tests.helpers import free_port, until
@@ -244,7 +245,7 @@ async def test_a_receiver_that_is_down_then_back_gets_everything(
         assert receiver.seqs("j") == [0, 0, 0, 1, 2, 3]
         assert metrics.webhook_deliveries.labels("error")._value.get() >= 3
         assert metrics.webhook_deliveries.labels("ok")._value.get() == 4
-        assert jr.read_errors(store, "j") == ([], [])  # nothing was given up
+        assert views.read_errors(store, "j") == ([], [])  # nothing was given up
     finally:
         await d.close()
 
@@ -315,7 +316,7 @@ async def test_an_undeliverable_event_becomes_a_job_note_and_the_cursor_moves_on
     finally:
         await d.close()
     assert receiver.seqs("j") == [0, 0, 0, 1, 2]
-    errors, robots = jr.read_errors(store, "j")
+    errors, robots = views.read_errors(store, "j")
     assert robots == []
     [note] = errors
     assert note.url == "" and note.code == webhooks.NOTE_CODE
@@ -351,7 +352,7 @@ async def test_the_address_guard_refuses_loopback_unless_allowed(
         ("j", "loopback", "webhook events 0-3 (from started)"),
         ("k", "localhost", "webhook event 0 (started)"),
     ):
-        [note] = jr.read_errors(store, job)[0]  # one note, however many events
+        [note] = views.read_errors(store, job)[0]  # one note, however many events
         assert note.code == webhooks.NOTE_CODE and word in note.message
         assert "address guard" in note.message and what in note.message
     assert metrics.webhook_deliveries.labels("blocked")._value.get() == 2
@@ -371,7 +372,7 @@ async def test_an_account_without_a_secret_gets_notes_not_unsigned_posts(
     finally:
         await d.close()
     assert receiver.got == []
-    [note] = jr.read_errors(store, "j")[0]
+    [note] = views.read_errors(store, "j")[0]
     assert "webhook_secret" in note.message and "events 0-1" in note.message
 
 

@@ -43,7 +43,7 @@ from pagesift.primary.jobs import frontier, oneoff, pagecache, recording
 from pagesift.primary.jobs.recording import PageResult
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import patterns, quota, validate
+from pagesift.shared.jobs import patterns, quota, validate, views
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Accounts
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
@@ -462,7 +462,7 @@ class Runner:
         if pages and pagecache.tracks_changes(req.options):
             await self.record_removed(meta, req.url)
         if pages == 0:
-            errors, _ = jr.read_errors(self.store, meta.id)
+            errors, _ = views.read_errors(self.store, meta.id)
             why = f"{errors[0].code}: {errors[0].message}" if errors else "nothing to crawl"
             await self._finish_when_writable(meta.id, "failed", f"the crawl found no page ({why})")
         else:

@@ -45,6 +45,7 @@ from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import quarantine as q
 from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs import views
 from pagesift.shared.jobs.accounts import Accounts
 from pagesift.shared.replication.identity import Identity, NotWritable
 from pagesift.shared.store.db import Store
@@ -122,7 +123,7 @@ class Jobs:
             meta = jr.load_meta(self.store, job_id)
             if meta is not None and meta.state == "scraping":
                 if self._wait_replicated is not None:
-                    self._visible[job_id] = jr.progress(self.store, meta).completed
+                    self._visible[job_id] = views.progress(self.store, meta).completed
                 resumed.append(job_id)
                 try:
                     self._resume_one(job_id)

@@ -50,7 +50,7 @@ from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.api.paging import field_bytes
 from pagesift.shared.api.streams import StreamBytes, StreamSlots, WatchBytes
 from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import quota, validate
+from pagesift.shared.jobs import quota, validate, views
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import specs as requestspecs
 from pagesift.shared.jobs.accounts import Account, Accounts
@@ -367,7 +367,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         await self._readable()
         store = self.node.store()
         visible = self._visible(meta.id)
-        p = jr.progress(store, meta, visible)
+        p = views.progress(store, meta, visible)
         if request.skip > p.completed and meta.terminal:
             raise SkipOutOfRange(request.skip, p.completed)
         resp = jobs_pb2.GetJobResponse(
@@ -381,8 +381,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             expires_at=jr.timestamp(meta.expires_ms),
             note=meta.note,
             next_skip=min(request.skip + limit, _MAX_INT32),  # sized at its largest
-            removed_urls=jr.read_removed(store, meta.id) if meta.terminal else (),
-            paused=jr.pause_info(store, meta),
+            removed_urls=views.read_removed(store, meta.id) if meta.terminal else (),
+            paused=views.pause_info(store, meta),
         )
         base = resp.ByteSize()
         resp.ClearField("next_skip")
@@ -437,7 +437,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 if fresh is None:
                     raise _no_job(meta.id, f"id: job {meta.id} expired")
                 visible = self._visible(meta.id)
-                p = jr.progress(store, fresh, visible)
+                p = views.progress(store, fresh, visible)
                 if index < p.completed:
                     raws = await self._watch_read(inflight, meta.id, index, visible)
                     peak = max(peak, inflight.held)
@@ -472,7 +472,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                             total=p.total,
                             completed=p.completed,
                             failed=p.failed,
-                            paused=jr.pause_info(store, fresh),
+                            paused=views.pause_info(store, fresh),
                         )
                     )
                 if fresh.terminal and index >= p.completed:
@@ -517,7 +517,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         meta = self._owned(caller, request.id)
         start = paging.errors_start(request.page_token, meta.id)
         await self._readable()
-        page = jr.read_errors_page(self.node.store(), meta.id, start, size)
+        page = views.read_errors_page(self.node.store(), meta.id, start, size)
         self._read_md(context)
         nxt = page.next
         return jobs_pb2.GetJobErrorsResponse(
@@ -577,7 +577,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             more = bool(fetch(last, 1))
         self._read_md(context)
         return jobs_pb2.ListJobsResponse(
-            jobs=[jr.summary(store, m, self._visible(m.id)) for m in metas],
+            jobs=[views.summary(store, m, self._visible(m.id)) for m in metas],
             next_page_token=paging.token(paging.JOBS_TOKEN, tag, last) if more and last else "",
         )
 

@@ -1,4 +1,9 @@
-"""Job records in the store: key layout, codecs, and the read side both roles serve.
+"""Job records in the store: key layout, codecs, and the changes a group makes to them.
+
+How the API presents a job (progress, summaries, error pages) is ``views``'; this
+module spells the records, encodes them, and writes them inside a caller's group
+(``delete_job``, ``pause``, ``mark_retry``, the owner index), with the point reads
+those need (``load_meta``, ``all_job_ids``, ``read_cookies``, ``retries_used``).
 
 Layout (every key of a job carries its id, so expiry can delete them all). ``JobKeys``
 is the one place that spells these names; everything else (the runtime, webhooks,
@@ -10,18 +15,18 @@ expiry, watchers, tests) asks it:
                                   first, ``Store.set_range``); written with the job,
                                   removed with it (``owner_member``)
     KV   owner_index              "1": every job is in its owner's set. Written by the
-                                  start-up migration of a store with jobs from before
-                                  the index (``build_owner_index``), or by the first
-                                  registration into an empty store; deleted with the
-                                  last job (an empty store has no key). Absent while
-                                  jobs exist: ListJobs scans the jobs set as before
+                                  start-up migration of a store whose jobs were stored
+                                  without the index (``build_owner_index``), or by the
+                                  first registration into an empty store; deleted with
+                                  the last job (an empty store has no key). Absent while
+                                  jobs exist: ListJobs scans the jobs set instead
     KV   job/{id}                 JobMeta as JSON: kind, state, owner, times, note, counters
     KV   job/{id}/request         the Start*Request protobuf, as sent (resume re-reads it)
     KV   job/{id}/seeded          present once a crawl's start URL and sitemap are queued
     KV   idem/{owner}/{sha(key)}  the job id an idempotency key created (the hash of the
                                   request it came with is the job's meta
-                                  ``extra["request_sha256"]``; a key of a job from before
-                                  has none and returns its job whatever the request)
+                                  ``extra["request_sha256"]``; a key whose job meta has
+                                  no hash returns its job whatever the request)
     list job/{id}/pages           Document protobufs in completion order; seq = paging index
     list job/{id}/errors          PageError protobufs (page errors)
     list job/{id}/notes           PageError protobufs without URL (job-level notes)
@@ -31,15 +36,16 @@ expiry, watchers, tests) asks it:
     set  job/{id}/attempts        "{n} {mark}": retry n of the page ``mark`` (its done
                                   mark) was scheduled (``retries_used``/``mark_retry``)
     KV   job/{id}/cookie/{slot}   one cookie of the job's jar, as JSON
-                                  (``pagesift.primary.engine.reqprofile.JobCookies.changes``):
+                                  (``pagesift.primary.engine.cookiejar.JobCookies.changes``):
                                   a cookie keeps its slot while it lives, so a change
                                   overwrites its record and its deletion deletes it;
                                   written in the group of the page that changed it
     KV   job/{id}/cookie_slots    how many slots were ever used (decimal): expiry deletes
                                   ``cookie/0`` up to it (at most ``MAX_JOB_COOKIES`` + the
                                   few reserved by a failed group), without a scan
-    KV   job/{id}/cookies         the jar of a job stored before records: its Set-Cookie
-                                  lines (read once on resume, deleted by the next page)
+    KV   job/{id}/cookies         a jar stored as one snapshot (a job stored without
+                                  ``cookie/{slot}`` records): its Set-Cookie lines
+                                  (read once on resume, deleted by the next page)
     KV   job/{id}/removed         a finished change-tracked crawl: the URLs of the previous
                                   one it did not find again, one per line (``pagecache``)
     KV   job/{id}/webhook         the job's webhook config (``pagesift.primary.webhooks.outbox``)
@@ -62,10 +68,10 @@ Quota usage (``usage/{account}/{hour}``, ``pagesift.shared.jobs.quota``) belongs
 account, not the job, and outlives it.
 
 A page's document and its done mark are written in the same group (see
-``Jobs._record_page`` in ``pagesift.primary.jobs.runtime``), so the pages list never holds a
-page twice and never lacks a page whose done mark exists. The read functions here
-touch only the store, which is why a standby answers them from its replica exactly
-as the primary does.
+``record_page`` in ``pagesift.primary.jobs.recording``), so the pages list never holds
+a page twice and never lacks a page whose done mark exists. The reads here touch only
+the store, which is why a standby answers them from its replica exactly as the primary
+does.
 """
 
 from __future__ import annotations
@@ -79,7 +85,6 @@ from typing import Any, Literal
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from pagesift.shared.jobs.quarantine import Budget
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
@@ -275,7 +280,7 @@ def delete_job(g: WriteGroup, job_id: str, meta: JobMeta | None) -> None:
 
 def read_cookies(store: Store, job_id: str) -> tuple[list[tuple[int, bytes]], int, bytes | None]:
     """A job's cookie jar as stored: its ``(slot, record)`` pairs, its slot count and
-    the snapshot of a job stored before records (None: none)."""
+    the snapshot of a job stored without records (None: none)."""
     keys = JobKeys(job_id)
     prefix = keys.cookie_prefix
     records: list[tuple[int, bytes]] = []
@@ -288,7 +293,7 @@ def read_cookies(store: Store, job_id: str) -> tuple[list[tuple[int, bytes]], in
     return records, count, store.get(keys.cookies)
 
 
-# The bound of one page's write group (``Jobs._record_page``; ``Store.write`` refuses a
+# The bound of one page's write group (``recording.record_page``; ``Store.write`` refuses a
 # bigger one with ``GroupTooLarge``, and the page gets a ``too_large`` error instead).
 # What a legitimate page's group holds, for a body of B = max_body_bytes:
 #   its Document: raw_html, html and markdown, each about the body's size      3 B
@@ -298,7 +303,7 @@ def read_cookies(store: Store, job_id: str) -> tuple[list[tuple[int, bytes]], in
 #     an absolute link costs its own length in the body, so at most            4 B
 #   = 13 B; PAGE_GROUP_FACTOR = 16 leaves 3 B for text a decoder widens (a
 #   Latin-1 byte is two UTF-8 bytes) and Set-Cookie changes are bounded apart:
-#   the jar holds at most reqprofile.MAX_JOB_COOKIE_BYTES (1 MiB) of cookies, so
+#   the jar holds at most cookiejar.MAX_JOB_COOKIE_BYTES (1 MiB) of cookies, so
 #   its records in one group stay under PAGE_GROUP_JAR_BYTES.
 # Defaults: 16 x 10 MiB + 2 MiB = 162 MiB. What passes it comes from a hostile page,
 # e.g. 60 KB of relative links under a 2,000-character URL, each one stored as a
@@ -394,20 +399,6 @@ def has_owner_index(store: Store) -> bool:
     return store.get(OWNER_INDEX_DONE) is not None or store.set_len(JOBS_SET) == 0
 
 
-# page error codes: the closed set -----------------------------------------------------
-
-
-def code_enum(code: str) -> jobs_pb2.PageErrorCode.ValueType:
-    """``PageError.code_enum`` of a code string (UNSPECIFIED for one this version does
-    not know)."""
-    if not code:
-        return jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
-    try:
-        return jobs_pb2.PageErrorCode.Value(f"PAGE_ERROR_CODE_{code.upper()}")
-    except ValueError:
-        return jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
-
-
 # webhook events: the one list, and the one validator (job start, webhooks.configure) ----
 
 WEBHOOK_EVENTS = ("started", "page", "page_failed", "completed", "failed", "cancelled")
@@ -483,108 +474,8 @@ def load_meta(store: Store, job_id: str) -> JobMeta | None:
     return JobMeta.decode(raw) if raw is not None else None
 
 
-@dataclass
-class Progress:
-    total: int
-    completed: int
-    failed: int
-
-
-def progress(store: Store, meta: JobMeta, visible: int | None = None) -> Progress:
-    """Counters derived from list lengths (no counter key to keep in step)."""
-    keys = JobKeys(meta.id)
-    completed = store.list_len(keys.pages)
-    if visible is not None:
-        completed = min(completed, visible)
-    failed = store.list_len(keys.errors)
-    total = store.list_len(keys.frontier) if meta.kind == "crawl" else meta.total
-    return Progress(total=total, completed=completed, failed=failed)
-
-
-def read_documents(
-    store: Store, job_id: str, skip: int, limit: int, visible: int | None = None
-) -> list[jobs_pb2.Document]:
-    if visible is not None:
-        limit = max(0, min(limit, visible - skip))
-    return [
-        jobs_pb2.Document.FromString(raw)
-        for raw in store.list_range(JobKeys(job_id).pages, skip, limit)
-    ]
-
-
-def read_removed(store: Store, job_id: str) -> list[str]:
-    """A finished change-tracked crawl's removed URLs (``JobKeys.removed``)."""
-    raw = store.get(JobKeys(job_id).removed)
-    return [u for u in raw.decode().split("\n") if u] if raw else []
-
-
-ROBOTS_CODES = ("robots_disallowed", "robots_noindex")
-
-
-def _page_error(raw: bytes) -> jobs_pb2.PageError:
-    e = jobs_pb2.PageError.FromString(raw)
-    e.code_enum = code_enum(e.code)
-    return e
-
-
-def read_errors(store: Store, job_id: str) -> tuple[list[jobs_pb2.PageError], list[str]]:
-    """Page errors then job notes, and the robots-blocked URLs among the errors
-    (robots.txt disallowed, or skipped for a noindex meta robots / X-Robots-Tag)."""
-    keys = JobKeys(job_id)
-    errors = [_page_error(r) for r in store.list_range(keys.errors)]
-    robots = [e.url for e in errors if e.code in ROBOTS_CODES]
-    errors += [_page_error(r) for r in store.list_range(keys.notes)]
-    return errors, robots
-
-
-@dataclass
-class ErrorsPage:
-    errors: list[jobs_pb2.PageError]
-    robots_blocked: list[str]
-    next: tuple[str, int] | None  # where the next page starts: ("errors"|"notes", seq)
-
-
-def read_errors_page(store: Store, job_id: str, start: tuple[str, int], count: int) -> ErrorsPage:
-    """At most ``count`` errors from ``start`` (a list, "errors" then "notes", and a
-    sequence number in it) on: page errors in record order, then job notes; the
-    robots-blocked URLs among them; where the next page starts (None at the end)."""
-    keys = JobKeys(job_id)
-    names = {"errors": keys.errors, "notes": keys.notes}
-    which, seq = start
-    out: list[jobs_pb2.PageError] = []
-    robots: list[str] = []
-    while True:
-        items = store.list_items(names[which], seq, count - len(out) + 1)
-        for item_seq, raw in items:
-            if len(out) == count:
-                return ErrorsPage(out, robots, (which, item_seq))
-            e = _page_error(raw)
-            out.append(e)
-            if which == "errors" and e.code in ROBOTS_CODES:
-                robots.append(e.url)
-        if which == "notes":
-            return ErrorsPage(out, robots, None)
-        which, seq = "notes", 0
-        if len(out) == count:
-            nxt = store.list_items(keys.notes, 0, 1)
-            return ErrorsPage(out, robots, ("notes", nxt[0][0]) if nxt else None)
-
-
 def all_job_ids(store: Store) -> list[str]:
     return [m.decode() for m in store.set_members(JOBS_SET)]
-
-
-def summary(store: Store, meta: JobMeta, visible: int | None = None) -> jobs_pb2.JobSummary:
-    p = progress(store, meta, visible)
-    return jobs_pb2.JobSummary(
-        id=meta.id,
-        kind=KIND_TO_PB[meta.kind],
-        state=STATE_TO_PB[meta.state],
-        total=p.total,
-        completed=p.completed,
-        created_at=timestamp(meta.created_ms),
-        paused=pause_info(store, meta),
-    )
 
 
 # pausing (quarantine, storage) ------------------------------------------------------
@@ -635,20 +526,3 @@ def unpause(g: WriteGroup, job_id: str) -> JobMeta | None:
     if poisoned:
         g.delete(keys.poison)
     return meta
-
-
-def pause_info(store: Store, meta: JobMeta) -> jobs_pb2.PauseInfo | None:
-    """Why a paused job is paused (None for a job that is not)."""
-    if not meta.paused:
-        return None
-    budget = Budget.decode(store.get(JobKeys(meta.id).poison))
-    return jobs_pb2.PauseInfo(
-        reason=PAUSE_REASONS.get(
-            str(meta.extra.get("pause_reason", "")), jobs_pb2.PAUSE_REASON_UNSPECIFIED
-        ),
-        evidence=meta.note,
-        in_flight_urls=budget.in_flight,
-        interruptions=budget.interruptions,
-        worker_losses=budget.worker_losses,
-        paused_at=timestamp(int(meta.extra.get("paused_ms", 0))),
-    )
