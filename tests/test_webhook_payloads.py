@@ -1,7 +1,7 @@
 """Webhook payloads: a job's own delivery headers, its metadata echoed in every event,
 and page events carrying the document (capped; over the cap the event says so and the
 document is fetched by index) -- on real crawls of a loopback site, delivered to a real
-receiver, signatures verified as the README shows."""
+receiver, signatures verified as docs/webhooks.md shows."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def site_spec() -> SiteSpec:
 
 
 def readme_verify(secret: str, ts: str, body: bytes, header: str, tolerance: int = 300) -> bool:
-    """The README's verification, verbatim."""
+    """docs/webhooks.md's verification, verbatim (tests/test_docs.py runs the doc's own)."""
     if not ts.isdigit() or abs(time.time() - int(ts)) > tolerance:
         return False
     want = "v1=" + hmac.new(secret.encode(), ts.encode() + b"." + body, hashlib.sha256).hexdigest()

@@ -1,6 +1,6 @@
 """What every ``pagesift`` subcommand shares: exit statuses, the JSON line, error lines.
 
-Owns the exit statuses (the one table of them: ``EXIT_*`` below, and the README's
+Owns the exit statuses (the one table of them: ``EXIT_*`` below, and docs/cli.md's
 "Exit codes"), the two handler signatures, ``dump`` (the one JSON object a ``--json``
 command prints on stdout), ``enum_name`` (how a proto enum value is spelled in
 output), and the one way a command reports an error:
@@ -38,7 +38,7 @@ from google.protobuf.descriptor import EnumDescriptor
 from pagesift.client import JobClient, Unreachable
 from pagesift.client.errors import reason_of
 
-# The exit statuses, by class (README "Exit codes"; a test pins the numbers).
+# The exit statuses, by class (docs/cli.md, "Exit codes"; a test pins the numbers).
 EXIT_OK = 0
 #: the command ran and its answer is no: a waited/watched job ended failed or
 #: cancelled, ``verify`` found different digests, a drill run failed

@@ -2,7 +2,7 @@
 
 What it owns: ``TABLE``, one ``Row`` per ``ErrorInfo`` reason (``rpcerrors.Reason``),
 in the order the API docs list them. A row names its status code(s), the metadata
-keys and when it happens (the README's reason table is generated from these:
+keys and when it happens (docs/api.md's reason table is generated from these:
 ``reason_table_markdown``), and, for the reasons a JobService handler raises as a
 domain exception, the exception types it maps and how one becomes a ``Refusal``
 (message, ErrorInfo metadata, extra details, trailing metadata), the way etcd's
@@ -226,7 +226,7 @@ Build = Callable[[Any, CallFacts], Refusal]
 
 @dataclass(frozen=True)
 class Row:
-    """One reason: its codes, documented metadata keys and when (README cells, in
+    """One reason: its codes, documented metadata keys and when (docs table cells, in
     markdown), and the exceptions that become it (``build``: how)."""
 
     reason: Reason
@@ -235,7 +235,7 @@ class Row:
     when: str
     raised_by: tuple[type[Exception], ...] = ()
     build: Build | None = None
-    status: str = ""  # the README's status cell when it is not the codes
+    status: str = ""  # the docs' status cell when it is not the codes
 
 
 def primary_address(hint: str) -> str:
@@ -489,8 +489,8 @@ TABLE: tuple[Row, ...] = (
     _row(R.STORAGE_UNAVAILABLE, C.UNAVAILABLE,
          "`cause` (`no_space`, `io_error`) (+ `RetryInfo`)",
          "the node's store refuses writes (its data volume is full or failing); nothing "
-         "was written, reads still answer, writes resume by themselves (\"Disk full\" "
-         "below)",
+         "was written, reads still answer, writes resume by themselves ([disk full]"
+         "(operations.md#disk-full))",
          (StorageUnavailable,), _storage),
 )  # fmt: skip
 
