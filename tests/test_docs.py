@@ -9,6 +9,7 @@
   messages), or a string the code spells (``"pagesift.replica"``, a health service; a
   logger; a span attribute). A refactor that moves a name fails here until the docs
   follow. CHANGELOG.md names old paths on purpose and is left out of this check.
+- The receiver code docs/webhooks.md gives verifies what the server signs.
 - Code and docs describe what is, not how it came to be: ``HISTORY_PHRASES`` may not
   appear in the project's sources or docs (CHANGELOG.md, whose job is history, and the
   generated ``pagesift.v1`` are exempt).
