@@ -122,7 +122,7 @@ def write_cookies(
     if changes.slots is not None:
         g.put(keys.cookie_slots, str(changes.slots).encode())
     if changes.drop_legacy:
-        g.delete(keys.cookies)  # the snapshot of a job stored before records
+        g.delete(keys.cookies)  # a jar stored as one snapshot: replaced by the records
     return changes
 
 

@@ -262,7 +262,7 @@ class Runner:
         self, meta: jr.JobMeta, options: jobs_pb2.ScrapeOptions, targets: list[str]
     ) -> RequestProfile | None:
         """The job's request profile, its cookie jar restored from the store; None
-        (the job failed) when its options use what the owner may no longer use."""
+        (the job failed) when its options use what today's accounts file denies its owner."""
         try:
             profile = oneoff.request_profile(self.accounts, meta.owner, options, targets)
         except PermissionError as e:
@@ -392,7 +392,7 @@ class Runner:
     async def _run_crawl(self, meta: jr.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
         try:  # compiled again at every (re)start, on the pattern pool, within the bounds
             scope = await Scope.build(req, meta.limit, validate.regex_limits(self.config))
-        except patterns.PatternError as e:  # stored before today's bounds: refuse it now
+        except patterns.PatternError as e:  # stored under wider bounds than today's: it fails
             field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
             self.finish(meta.id, "failed", f"{field}: {e.reason}")
             return

@@ -230,7 +230,7 @@ class Jobs:
         AIP-155: a key already used by ``owner`` returns its job when the request is
         the same (``jr.request_hash`` of ``kind`` and ``request``, kept in the job's
         meta); with another request it raises ``jr.IdempotencyKeyReused``, nothing
-        written. A key of a job stored before the hash was kept returns its job.
+        written. A key whose job keeps no request hash in its meta returns its job.
         """
         now = jr.now_ms()
         digest = jr.request_hash(kind, request) if idempotency_key else ""
@@ -444,7 +444,7 @@ class Jobs:
         self._release_suspect(job_id)
 
     def _release_suspect(self, job_id: str) -> None:
-        """``job_id`` no longer holds the suspects back: start the next that waits."""
+        """``job_id`` stops holding the suspects back: start the next that waits."""
         nxt = self._suspects.release(job_id)
         while nxt is not None and not self._closing:
             meta = jr.load_meta(self.store, nxt)
