@@ -9,7 +9,7 @@ connected standby), tracks each standby's acknowledged offset, and implements
 it (sync mode's waits, degradation and restoration, linger, heartbeats, the lag) is
 ``replsender.SenderState``'s, a pure state machine this shell feeds events with
 ``time.monotonic()`` as the time, carrying out the actions it returns; the entries,
-the consistent cuts and the identity live in ``replog.Log``. ``add_to_server``
+the consistent cuts and the identity live in the replication ``Log``. ``add_to_server``
 registers it (see step 4).
 
 The session, step by step, and why each step is safe

@@ -42,7 +42,7 @@ guarded by ``resourceVersion`` when the lease has expired by ``renewTime``;
 ``keepalive`` updates ``renewTime`` under ``resourceVersion``; the epoch is a counter
 kept in an annotation and raised by every successful takeover (``leaseTransitions``
 does exactly that); the pair state is a ConfigMap updated under the Lease's
-``resourceVersion`` check. The write deadline rule is unchanged.
+``resourceVersion`` check. The write deadline rule is the same.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
   fsync of names, node-to-node channels, optional tracing);
 - ``config``: ``ServerConfig`` (``schema``) and its loader from file, env and flags
   (``settings``);
-- ``store``: RocksDB and the one write path (``db``), consistent cuts (``cuts``);
+- ``store``: RocksDB and the one write path (``db``), write groups and their ops
+  (``groups``), the key layout (``layout``), storage errors (``errors``), consistent
+  cuts (``cuts``);
 - ``replication``: the log and its stream (protocol, sender and follower machines, log,
   backlog, identity, framing, the store slot);
 - ``ha``: who may write (role machine, witness rules, the elector machine);

@@ -7,7 +7,8 @@ What it owns
 1. **Stop following.** ``stop_follower()`` returns only once no apply is in flight
    (the follower applies on the event loop, between its awaits). From here on the
    applied offset cannot move: it becomes the *switch offset*.
-2. **Record the new identity durably.** ``Log.promote`` writes epoch + 1, a fresh
+2. **Record the new identity durably.** ``Log.promote`` writes the next epoch
+   (above every epoch this node has seen, and at least a witness's), a fresh
    history id, the previous history id and the switch offset as node-local keys in
    one WriteBatch, under the write section, and syncs the WAL. Only after that does
    the log accept writes. A crash before the sync leaves a standby (it never took a

@@ -43,7 +43,8 @@ that the session announced.
 its own: that primary is a stale one that lost a promotion.
 
 ``plan_promotion``: epoch + 1, a fresh history id, the previous id and the switch
-offset, all written durably (by ``replog.Log.promote``) before writes are taken.
+offset, all written durably (by ``Log.promote``, ``pagesift.shared.replication.log``)
+before writes are taken.
 
 ``fencing_verdict``: after a promotion, the new primary says hello (its new epoch) to
 the primary it used to follow until that one has stepped down; this judges each
@@ -51,11 +52,12 @@ answer as a ``FencingVerdict`` (``pagesift.standby.fencing`` is the shell).
 
 ``lag``: how far a follower is behind, in offsets and in seconds since it last held
 everything its leader held. One definition for both ends: the primary's view of a
-standby (``replsender``) and the standby's own (``replfollower``).
+standby (``pagesift.shared.replication.sender``) and the standby's own
+(``pagesift.shared.replication.follower``).
 
 The steady state of a session (sync mode, linger, heartbeats on the primary; ack
-pacing on the standby) is decided by the state machines in ``replsender`` and
-``replfollower``, pure like this module but with state.
+pacing on the standby) is decided by the state machines in ``sender`` and
+``follower`` (this package), pure like this module but with state.
 """
 
 from __future__ import annotations
