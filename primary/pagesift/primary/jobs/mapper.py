@@ -1,8 +1,8 @@
 """Map: a site's URLs from its sitemaps and a shallow link walk, with nothing stored.
 
-Owns the work of the ``Map`` call (``JobService.Map`` -> ``Jobs.map`` -> ``map_site``):
-which URLs of a site are listed, in which order, and which pages are fetched to find
-them. The guarantees:
+Owns the work of the ``Map`` call (``JobService.Map`` -> ``Jobs.map`` ->
+``oneoff.map_site`` -> ``map_site``): which URLs of a site are listed, in which order,
+and which pages are fetched to find them. The guarantees:
 
 - nothing is written to the store: a Map call is a read of the web, not a job (no
   meta, no frontier, no quota charge); what it holds lives in this call's memory and
