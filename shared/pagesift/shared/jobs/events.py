@@ -1,7 +1,7 @@
 """Change notification for job watchers, fed by the store itself.
 
 ``JobEvents`` is a store ``Observer``: every committed group wakes the watchers of
-the jobs its ops touched (``jobrecords.job_of`` names the job that owns a key).
+the jobs its ops touched (``records.job_of`` names the job that owns a key).
 Because it hangs on the one write path, it works the same on a primary (local
 writes) and on a standby (applied entries), and no writer can forget to notify.
 The job runtime also calls ``notify`` directly when a page becomes visible later
