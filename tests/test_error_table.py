@@ -95,6 +95,10 @@ def test_every_reason_has_exactly_one_row() -> None:
     assert sorted(row.reason for row in TABLE) == sorted(Reason)
 
 
+def test_every_row_maps_an_exception_so_no_refusal_is_built_by_hand() -> None:
+    assert [row.reason for row in TABLE if not row.raised_by or row.build is None] == []
+
+
 def test_every_mapped_exception_becomes_its_rows_reason_code_and_documented_keys() -> None:
     assert set(SAMPLES) == set(HANDLED), "a mapped exception without a sample here"
     for kind, exc in SAMPLES.items():

@@ -3,22 +3,22 @@
 What it owns: ``TABLE``, one ``Row`` per ``ErrorInfo`` reason (``rpcerrors.Reason``),
 in the order the API docs list them. A row names its status code(s), the metadata
 keys and when it happens (docs/api.md's reason table is generated from these:
-``reason_table_markdown``), and, for the reasons a JobService handler raises as a
-domain exception, the exception types it maps and how one becomes a ``Refusal``
-(message, ErrorInfo metadata, extra details, trailing metadata), the way etcd's
-``v3rpc/util.go`` keeps ``toGRPCErrorMap``. ``answers_errors`` applies it once per
-handler (JobService, AdminService, the replication stream), so handlers raise and
-read straight through; ``refuse`` applies it anywhere else (the interceptors: the
-request guard, malformed requests, storage). Every reason has its exceptions.
+``reason_table_markdown``), the domain exception types it maps and how one becomes a
+``Refusal`` (message, ErrorInfo metadata, extra details, trailing metadata), the way
+etcd's ``v3rpc/util.go`` keeps ``toGRPCErrorMap``. ``answers_errors`` applies it
+once per handler (JobService, AdminService, the replication stream), so handlers
+raise and read straight through; ``refuse`` applies it anywhere else (the
+interceptors: the request guard, malformed requests, storage).
 
 Invariants (``tests/test_error_table.py``):
-- every ``Reason`` has exactly one row, and an exception type maps to one row (the
-  most specific class wins: ``Fenced`` is FENCED, any other ``NotWritable``
-  NOT_PRIMARY);
+- every ``Reason`` has exactly one row with at least one exception type, and an
+  exception type maps to one row (the most specific class wins: ``Fenced`` is
+  FENCED, any other ``NotWritable`` NOT_PRIMARY);
 - a row's exceptions become its reason and its code (PAGE_FETCH_FAILED: the page
-  error code's, ``rpcerrors.page_status``), and every metadata key a refusal sends
-  is named in the row's documented keys;
-- a refusal never names a filesystem path or a key: its message is the exception's.
+  error code's, ``rpcerrors.page_status``; a guard's refusal: its rule's), and every
+  metadata key a refusal sends is named in the row's documented keys;
+- a refusal's message is the exception's: it names no filesystem path or key, but
+  for BACKUP_FAILED (the node's own error, told to the admin who asked).
 """
 
 from __future__ import annotations
