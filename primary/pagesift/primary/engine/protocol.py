@@ -1,33 +1,26 @@
 """The Engine: everything the job runtime needs from the web, behind one interface.
 
-``Engine`` is the only surface the job code (``pagesift.primary.jobs``) sees: it asks
-for a page (``scrape``), a site's sitemap URLs (``sitemap_urls``, or
-``sitemap_batches`` as they are parsed) and robots.txt verdicts on URLs it lists
-without fetching them (``robots_allowed``), and for nothing else. ``HttpEngine``
-(``engine.http``) is the real one; ``tests/fakeengine.py`` answers in process. Every
-engine obeys the same contract:
+``Engine`` is the only surface the job code (``pagesift.primary.jobs``) sees: a page
+(``scrape``), a site's sitemap URLs (``sitemap_urls``, or ``sitemap_batches`` as they
+are parsed), robots.txt verdicts on URLs listed without fetching (``robots_allowed``),
+and nothing else; the node's metrics read ``host_delays()`` (per-host politeness
+delays, empty for an engine without politeness). ``http.HttpEngine`` is the real one,
+``tests/fakeengine.py`` an in-process one. Every engine obeys the same contract:
 
-- ``scrape(url, options)`` returns a ``Page`` (the document plus the absolute,
-  normalized links found on it) or raises ``PageError`` with one of the codes in
-  ``ErrorCode`` (both in ``pagesift.shared.jobs.pageerrors``: ``JobService`` catches them
-  too). Robots.txt, per-host politeness (concurrency and delay, shared by every
-  job) and the address guard are the engine's business, applied inside ``scrape``:
-  a caller that awaits ``scrape`` has already waited its turn.
-- the ``Page`` also says what the page says about its identity, for the job runtime
-  to judge: ``document.final_url`` (after HTTP redirects and short meta refreshes,
-  followed like redirects), ``canonical`` (its rel=canonical, absolute, or ""),
-  and ``noindex``/``nofollow`` (meta robots and X-Robots-Tag). The engine itself
-  never drops a page for them.
+- ``scrape`` returns a ``Page`` (the document plus its absolute, normalized links) or
+  raises ``PageError`` with an ``ErrorCode`` (``pagesift.shared.jobs.pageerrors``).
+  Robots.txt, per-host politeness (shared by every job) and the address guard are
+  applied inside it: a caller that awaits ``scrape`` has already waited its turn;
+- the ``Page`` says what the page says about its identity, for the job runtime to
+  judge: ``document.final_url`` (after redirects and short meta refreshes),
+  ``canonical`` and ``noindex``/``nofollow``; the engine never drops a page for them;
 - a conditional request (``FetchPolicy.validators``) answered ``304 Not Modified``
-  returns a ``Page`` with ``not_modified`` set and an empty document.
-- ``sitemap_urls``/``sitemap_batches`` never raise (but ``CancelledError``) for a
-  missing or broken sitemap: they yield what was read, possibly nothing.
-- ``robots_allowed(targets, policy)`` says, per URL, whether ``scrape`` would let
-  robots.txt through for the policy's agent (all True when robots are not obeyed).
+  returns a ``Page`` with ``not_modified`` set and an empty document;
+- ``sitemap_urls``/``sitemap_batches`` never raise (but ``CancelledError``): a missing
+  or broken sitemap yields what was read, possibly nothing;
+- ``robots_allowed`` says, per URL, whether ``scrape`` would pass robots.txt for the
+  policy's agent (all True when robots are not obeyed);
 - every request sends what the policy's ``RequestProfile`` says (``reqprofile``).
-
-The node itself reads one more thing, for its metrics: ``host_delays()``, the current
-per-host politeness delays (empty for an engine without politeness).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Retry and adaptive-politeness decisions: pure functions and one state machine, no I/O.
 
-What it owns
-------------
-Every decision the fetch path and the job runtime take about trying a page again and
-about slowing down for a host. The I/O (sleeping, pausing a host's slot, writing the
-attempt count) lives in ``hops``, ``politeness`` and ``jobs.runner``; this module only
-decides, with the clock and the randomness handed in, so tests pin every value.
+Owns every decision the fetch path and the job runtime take about trying a page
+again and about slowing down for a host. The I/O (sleeping, pausing a host's slot,
+writing the attempt count) lives in ``hops``, ``politeness`` and ``jobs.runner``; this
+module only decides, with the clock and the randomness handed in, so tests pin every
+value.
 
 - ``is_transient(err)``: connect errors, resets, read/connect timeouts and the
   statuses in ``TRANSIENT_STATUSES`` (408, 425, 429, 500, 502, 503, 504) are worth
@@ -16,32 +15,12 @@ decides, with the clock and the randomness handed in, so tests pin every value.
   together spread over the whole window instead of retrying in step.
 - ``parse_retry_after(value, now)``: the header as delta-seconds or an HTTP date
   (RFC 9110 10.2.3), as seconds from ``now`` (wall clock); None when unparseable.
-- ``HostThrottle``: the adaptive per-host delay (in the spirit of Scrapy's
-  AutoThrottle and Crawlee's per-domain throttling). Per host a delay ``d``:
+- ``HostThrottle``: the adaptive per-host delay (its docstring).
 
-  * a 429 or 503 raises ``d`` to at least ``STEP``; one that follows another with
-    no success in between (the host keeps refusing) doubles ``d``, at most once per
-    ``d`` seconds (eight concurrent requests that all see the same 429 double it
-    once, not 2**8 times), never above ``max_delay``. So a host that refuses
-    everything is slowed exponentially, while one that refuses a request now and
-    then (a flaky page among good ones) is only held at ``STEP``;
-  * a success with latency ``L`` computes AutoThrottle's target ``L / concurrency``
-    (the spacing at which ``concurrency`` requests keep the host exactly busy): a
-    rising latency moves ``d`` half way up to it, otherwise ``d`` decays by
-    ``DECAY`` toward it; below ``FLOOR`` the host is forgotten (delay 0);
-  * other errors leave ``d`` alone (a 404 says nothing about load).
-
-  The table is bounded: at most ``max_hosts`` hosts, the least recently updated
-  dropped first (a dropped host simply starts again at 0), so memory and the
-  ``pagesift_host_delay_seconds`` label set stay bounded however many hosts a node
-  meets.
-
-Why it is safe
---------------
-Pure: no clock read, no global random; ``retry_delay`` lies in ``[0, cap]``, the
-throttle's delay in ``[0, max_delay]``, and a Retry-After is clamped at 0 (a date in
-the past means "now"). Nothing here can make a loop unbounded: the number of retries
-is the caller's ``max_retries``, counted in the store (``jobs.runner``).
+Why it is safe: no clock read, no global random; ``retry_delay`` lies in ``[0, cap]``,
+the throttle's delay in ``[0, max_delay]``, and a Retry-After is clamped at 0 (a date
+in the past means "now"). Nothing here can make a loop unbounded: the number of
+retries is the caller's ``max_retries``, counted in the store (``jobs.runner``).
 """
 
 from __future__ import annotations
@@ -120,7 +99,26 @@ class _HostState:
 
 
 class HostThrottle:
-    """The adaptive per-host delay (module docstring); ``now`` is any monotonic clock."""
+    """The adaptive per-host delay (in the spirit of Scrapy's AutoThrottle and Crawlee's
+    per-domain throttling); ``now`` is any monotonic clock. Per host a delay ``d``:
+
+    * a 429 or 503 raises ``d`` to at least ``STEP``; one that follows another with
+      no success in between (the host keeps refusing) doubles ``d``, at most once per
+      ``d`` seconds (eight concurrent requests that all see the same 429 double it
+      once, not 2**8 times), never above ``max_delay``. So a host that refuses
+      everything is slowed exponentially, while one that refuses a request now and
+      then (a flaky page among good ones) is only held at ``STEP``;
+    * a success with latency ``L`` computes AutoThrottle's target ``L / concurrency``
+      (the spacing at which ``concurrency`` requests keep the host exactly busy): a
+      rising latency moves ``d`` half way up to it, otherwise ``d`` decays by
+      ``DECAY`` toward it; below ``FLOOR`` the host is forgotten (delay 0);
+    * other errors leave ``d`` alone (a 404 says nothing about load).
+
+    The table is bounded: at most ``max_hosts`` hosts, the least recently updated
+    dropped first (a dropped host simply starts again at 0), so memory and the
+    ``pagesift_host_delay_seconds`` label set stay bounded however many hosts a node
+    meets.
+    """
 
     STEP = 0.05  # the first 429/503 delay, seconds
     DECAY = 0.5  # per success, toward the latency target

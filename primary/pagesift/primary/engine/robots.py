@@ -16,24 +16,9 @@ Owns the rules of each origin (scheme://host:port). The guarantees:
   ``Sitemap:`` lines are exposed. robots.txt itself is always fetched with the
   server's user agent, so one cached copy serves every job.
 - Memory is bounded: at most ``max_origins`` entries, oldest dropped first.
-- Matching is compiled once per origin and agent, and bounded: Protego parses the
-  file (in a thread: it is pure Python, so the loop keeps getting the GIL) and picks
-  the group; ``Matcher`` then compiles that group's rules, also in a thread, into a
-  form whose cost per URL does not grow with the rule count: plain prefixes by
-  length (a dict lookup per distinct length), ``$``-anchored literals in a dict, and
-  wildcard rules behind an RE2 set of one literal "atom" per rule (its longest
-  literal part: a rule whose atom is not in the URL cannot match), so only candidate
-  rules are tried, highest priority first, and
-  the first that matches decides. The verdict is Protego's (Google's): the longest
-  matching rule wins, ``Allow`` on ties, ``*`` any run of characters, a trailing
-  ``$`` the end, percent-encoding normalized; ``test_hostile_discovery`` checks it
-  against Protego on thousands of random rules and URLs. The work is capped: a URL
-  longer than ``MAX_MATCH_CHARS`` or one that would need wildcard rules to scan more
-  than ``MAX_MATCH_WORK`` characters (each rule tried is charged the URL's length
-  plus 200, so at most 5,000 rules are tried for one URL) is not allowed (a robots.txt built to be
-  expensive cannot cost more than that per URL; refusing is the polite answer).
-  ``HttpEngine.robots_allowed`` checks a batch (Map) on the loop in slices of at most
-  ``SLICE_SECONDS``, yielding to the loop between slices.
+- Matching is compiled once per origin and agent (off the loop) and bounded per URL
+  (``Matcher``); ``HttpEngine.robots_allowed`` checks a batch (Map) on the loop in
+  slices of at most ``SLICE_SECONDS``, yielding to the loop between slices.
 
 ``page_directives`` (pure) reads the page-level robots rules: ``<meta name="robots">``
 (or ``name=<our token>``) contents and ``X-Robots-Tag`` header values, where a value
@@ -106,13 +91,27 @@ def page_directives(meta: list[str], headers: list[str], agent: str) -> tuple[bo
 
 
 class Matcher:
-    """The rules of one robots.txt group, compiled for matching (module docstring).
+    """The rules of one robots.txt group, compiled for matching.
 
     Built from Protego's rule set for the group (its quoted patterns, priorities and
     fields, so parsing and quoting stay Protego's); ``allowed`` is Protego's
     ``can_fetch`` verdict for that group, within the work caps. Immutable once built;
     building costs one pass over the rules plus an RE2 set compile (run it off the
-    loop: ``RobotsCache.rules`` does)."""
+    loop: ``RobotsCache.rules`` does; Protego, pure Python, parses in a thread too).
+
+    The cost per URL does not grow with the rule count: plain prefixes by length (a
+    dict lookup per distinct length), ``$``-anchored literals in a dict, and wildcard
+    rules behind an RE2 set of one literal "atom" per rule (its longest literal part:
+    a rule whose atom is not in the URL cannot match), so only candidate rules are
+    tried, highest priority first, and the first that matches decides. The verdict is
+    Protego's (Google's): the longest matching rule wins, ``Allow`` on ties, ``*`` any
+    run of characters, a trailing ``$`` the end, percent-encoding normalized
+    (``test_hostile_discovery`` checks it against Protego on thousands of random rules
+    and URLs). The work is capped: a URL longer than ``MAX_MATCH_CHARS``, or one that
+    would need wildcard rules to scan more than ``MAX_MATCH_WORK`` characters (each
+    rule tried is charged the URL's length plus 200, so at most 5,000 rules are tried
+    for one URL), is not allowed: a robots.txt built to be expensive cannot cost more
+    than that per URL, and refusing is the polite answer."""
 
     __slots__ = ("_always", "_atom_rules", "_atoms", "_exact", "_lengths", "_plain", "_wild")
 

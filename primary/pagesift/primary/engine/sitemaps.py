@@ -19,29 +19,11 @@ request still passes the engine's address guard. The guarantees of ``batches`` (
   else ``fetch`` raises propagates.
 
 Why the event loop stays free, whatever the bytes (issue 19, finding 1): a body is
-inflated and parsed in slices of ``CHUNK`` bytes with an ``await asyncio.sleep(0)``
-between slices, and the work per slice is linear in the slice: zlib inflates at most
-``CHUNK`` bytes per call, the XML parser is a streaming one that never goes back over
-what it has read, and the URLs of one slice (at most ``CHUNK`` bytes of them) are
-joined and normalized ``LOCS_PER_TURN`` at a time, a turn of the loop after each
-group. So the loop waits at most one slice's parse or one group's URLs (measured:
-at most 2 ms for 50,000 short URLs or 13,000 URLs of 4,000 characters, 0.5 ms for
-the 80 KB of unclosed tags, not counting the interpreter's garbage collections) and
-a walk parses at most ``SITEMAP_MAX_TOTAL_BYTES``.
-
-The XML parser (``SitemapParser``) is libxml2's push parser through
-``lxml.etree.XMLPullParser`` rather than expat (stdlib or ``defusedxml``): the expat
-Python ships here (2.5) reparses a token from its start at every feed (CVE-2023-52425),
-which is quadratic for one huge token fed in slices, while libxml2 (2.14) keeps its
-place; and libxml2 decodes every encoding it declares or its byte-order mark says
-(UTF-16 included) before any check. It runs with ``resolve_entities=False`` (no entity
-is expanded, internal or external), ``no_network=True``, ``load_dtd=False`` and
-``huge_tree=False`` (libxml2's own caps: 256 levels of nesting, 10 MB text nodes,
-entity amplification), and a document with a DOCTYPE at all is refused when its root
-element starts: nothing of a DTD is ever used. Elements are dropped as soon as they
-end, so memory stays at the nesting depth, not the file. Not ``recover`` mode: in it
-libxml2 drops the text after an entity reference; a malformed file ends at its first
-error instead.
+inflated and parsed in slices of ``CHUNK`` bytes (``slices``) with a turn of the loop
+between slices, and the work per slice is linear in the slice (zlib inflates at most
+``CHUNK`` bytes per call; the XML parser, ``SitemapParser``, never goes back over what
+it read; URLs are normalized ``LOCS_PER_TURN`` at a time). Measured: the loop waits at
+most 2 ms for 50,000 short URLs or 13,000 URLs of 4,000 characters.
 """
 
 from __future__ import annotations
@@ -235,11 +217,24 @@ class SitemapParser:
     ``done`` that nothing more will come out (an error, a DTD, the end).
 
     The format is decided by the first non-whitespace byte within the first 2,048
-    bytes: ``<`` is XML (module docstring for the parser's settings), anything else a
-    text sitemap, one URL a line (lines not starting with http:// or https:// are
-    skipped). A ``<loc>`` counts when it is in the root element's namespace (the
+    bytes: ``<`` is XML (the settings below), anything else a text sitemap, one URL a
+    line (lines not starting with http:// or https:// are skipped). A ``<loc>`` counts when it is in the root element's namespace (the
     sitemaps.org one, or none): an ``<image:loc>`` of an image extension is no page.
     Pure: bytes in, strings out, no I/O.
+
+    The XML parser is libxml2's push parser through ``lxml.etree.XMLPullParser`` rather
+    than expat (stdlib or ``defusedxml``): the expat Python ships here (2.5) reparses a
+    token from its start at every feed (CVE-2023-52425), which is quadratic for one huge
+    token fed in slices, while libxml2 (2.14) keeps its place; and libxml2 decodes every
+    encoding it declares or its byte-order mark says (UTF-16 included) before any check.
+    It runs with ``resolve_entities=False`` (no entity is expanded, internal or
+    external), ``no_network=True``, ``load_dtd=False`` and ``huge_tree=False``
+    (libxml2's own caps: 256 levels of nesting, 10 MB text nodes, entity amplification),
+    and a document with a DOCTYPE at all is refused when its root element starts:
+    nothing of a DTD is ever used. Elements are dropped as soon as they end, so memory
+    stays at the nesting depth, not the file. Not ``recover`` mode: in it libxml2 drops
+    the text after an entity reference; a malformed file ends at its first error
+    instead.
     """
 
     def __init__(self) -> None:
