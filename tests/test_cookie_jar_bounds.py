@@ -21,7 +21,7 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.primary.engine.reqprofile import (
+from pagesift.primary.engine.cookiejar import (
     MAX_DOMAIN_COOKIES,
     MAX_JOB_COOKIE_BYTES,
     JobCookies,
