@@ -218,8 +218,9 @@ class SitemapParser:
 
     The format is decided by the first non-whitespace byte within the first 2,048
     bytes: ``<`` is XML (the settings below), anything else a text sitemap, one URL a
-    line (lines not starting with http:// or https:// are skipped). A ``<loc>`` counts when it is in the root element's namespace (the
-    sitemaps.org one, or none): an ``<image:loc>`` of an image extension is no page.
+    line (lines not starting with http:// or https:// are skipped). A ``<loc>`` counts
+    when it is in the root element's namespace (the sitemaps.org one, or none): an
+    ``<image:loc>`` of an image extension is no page.
     Pure: bytes in, strings out, no I/O.
 
     The XML parser is libxml2's push parser through ``lxml.etree.XMLPullParser`` rather
