@@ -141,7 +141,7 @@ def node_config(data: Path, **overrides: Any) -> ServerConfig:
 
 @contextlib.asynccontextmanager
 async def in_process_node(
-    data: Path, engine: Engine | None = None, **overrides: Any
+    data: Path, *, engine: Engine | None = None, **overrides: Any
 ) -> AsyncIterator[RunningNode]:
     """A real node (gRPC server + store + engine) inside the test's event loop. Its jobs
     fetch with an ``HttpEngine``, or with ``engine`` when given (``tests/fakeengine.py``:

@@ -30,7 +30,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.client.errors import error_info_of, reason_of
 from pagesift.node.health import NOT_SERVING, PRIMARY, SERVING, health_statuses
-from pagesift.node.node import Node, StartRefused
+from pagesift.node.node import Node
+from pagesift.node.startup import StartRefused
 from pagesift.node.storage import RESERVE_FILE, Look, Step, decide
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.ha.roles import Role

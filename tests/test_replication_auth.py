@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from pagesift.node import grpcserver
-from pagesift.node.node import StartRefused
+from pagesift.node.startup import StartRefused
 from pagesift.shared.api.tls import token_metadata
 from pagesift.shared.jobs.accounts import hash_key
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
@@ -55,7 +56,7 @@ async def hello_then_first_answer(
 async def test_an_unauthenticated_peer_gets_no_snapshot_and_cannot_depose_the_primary(
     tmp_path: Path, token: bool
 ) -> None:
-    overrides = {"accounts_file": str(accounts_file(tmp_path))}
+    overrides: dict[str, Any] = {"accounts_file": str(accounts_file(tmp_path))}
     if not token:
         overrides["replication_token_file"] = ""
     async with in_process_node(tmp_path / "p", **overrides) as n:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pagesift.node import grpcserver
-from pagesift.node.node import StartRefused
+from pagesift.node.startup import StartRefused
 from pagesift.shared.replication.slot import open_slot
 from tests.helpers import node_config
 

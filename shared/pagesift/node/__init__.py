@@ -7,6 +7,8 @@ once, so this package, and only this package, imports ``pagesift.primary`` and
 
 - ``node``: ``Node``, its role state and role changes (start, promotion, fencing,
   the job runtime started and stopped with the primary role);
+- ``startup``: what a node opens and checks before it runs (its id, store slot,
+  replication token and credential), each refusal a ``StartRefused``;
 - ``replication``: ``ReplicationParts``, a node's replication pieces (store slot,
   the primary's sender, the standby's follower and promoter, fencing) wired once for
   the server, the tests and the bench;

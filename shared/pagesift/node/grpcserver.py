@@ -33,8 +33,9 @@ from pagesift.node import reflection
 from pagesift.node.admin import AdminServicer
 from pagesift.node.health import HealthPublisher
 from pagesift.node.logs import setup_logging
-from pagesift.node.node import EngineFactory, Node, StartRefused, http_engine
+from pagesift.node.node import EngineFactory, Node, http_engine
 from pagesift.node.replication import ReplicationParts
+from pagesift.node.startup import StartRefused
 from pagesift.node.storage import StorageErrors
 from pagesift.primary.replication import add_to_server
 from pagesift.shared.api import tls

@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -54,8 +53,16 @@ import grpc
 from pagesift.node.elector import CLOSED, Elector, ElectorHost
 from pagesift.node.looplag import LoopLagMonitor
 from pagesift.node.replication import ReplicationParts
+from pagesift.node.startup import (
+    StartRefused,
+    advertised,
+    node_id,
+    open_slot_or_refuse,
+    read_token,
+    replication_credential,
+)
 from pagesift.node.status import RoleStatus, figures
-from pagesift.node.storage import StorageWatcher, release_reserve
+from pagesift.node.storage import StorageWatcher
 from pagesift.node.witness import EtcdWitness
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.protocol import Engine
@@ -101,17 +108,12 @@ from pagesift.shared.jobs.events import JobEvents
 from pagesift.shared.replication import backlog
 from pagesift.shared.replication.identity import Fenced
 from pagesift.shared.replication.protocol import FencingVerdict
-from pagesift.shared.replication.slot import StoreSlot, open_slot
 from pagesift.shared.store.db import Store
-from pagesift.shared.store.errors import NO_SPACE, storage_error
 from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
 
 logger = logging.getLogger("pagesift.server")
-
-#: The shortest replication token accepted (``secrets.token_urlsafe(32)`` gives 43).
-MIN_TOKEN_CHARS = 16
 
 
 #: Builds the engine of the job runtime each time this node starts its jobs (as primary).
@@ -123,10 +125,6 @@ def http_engine(config: ServerConfig, metrics: Metrics) -> Engine:
     return HttpEngine(config, metrics=metrics)
 
 
-class StartRefused(RuntimeError):
-    """The data directory does not allow the role asked for (see ``Node.start``)."""
-
-
 class Node:
     """The running node: its store slot, its role, and (as primary) its job runtime."""
 
@@ -135,13 +133,13 @@ class Node:
         ``tests/fakeengine.py``, where the test is about job logic, not fetching)."""
         self.config = config
         self._engine_factory = engine_factory
-        self.node_id = _node_id(config.data)
+        self.node_id = node_id(config.data)
         self.events = JobEvents()
         self.accounts = Accounts.load(Path(config.accounts_file) if config.accounts_file else None)
         for warning in self.accounts.warnings:
             logger.warning("%s", warning)
-        self.replication_token = _read_token(config.replication_token_file)
-        self.slot = _open_slot(config)
+        self.replication_token = read_token(config.replication_token_file)
+        self.slot = open_slot_or_refuse(config)
         self.slot.store.add_observer(self.events)
         self.slot.add_listener(lambda store, _log: store.add_observer(self.events))
         # with a witness, no write before a lease is won (the elector moves it); the
@@ -174,7 +172,7 @@ class Node:
         self.parts = ReplicationParts(
             self.slot,
             node_id=self.node_id,
-            address=_advertised(config.listen),
+            address=advertised(config.listen),
             on_fenced=self._on_fenced,
             role=lambda: self.role,
             mode=config.replication_mode,
@@ -431,7 +429,7 @@ class Node:
     # --- the witness -----------------------------------------------------------------------
     def _start_election(self) -> None:
         cfg = self.config
-        address = cfg.advertise or _advertised(cfg.listen)
+        address = cfg.advertise or advertised(cfg.listen)
         if not address:
             raise StartRefused(
                 "with a witness, --advertise HOST:PORT must say where peers reach this node "
@@ -536,77 +534,6 @@ class Node:
         self.slot.close()
 
 
-def _open_slot(config: ServerConfig) -> StoreSlot:
-    """The node's store slot. Opening replays the WAL into a table file, which needs
-    room: on a full volume the reserve (``pagesift.node.storage``) is released and the
-    open tried once more; a store that still cannot open refuses the start, saying so."""
-    try:
-        return open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
-    except Exception as e:
-        err = storage_error(e)
-        if err is None:
-            raise
-        failure: Exception = e
-    released = release_reserve(config.data)
-    if released:
-        logger.warning(
-            "the store did not open (%s): released the %d-byte reserve and tried again",
-            err.reason,
-            released,
-        )
-        try:
-            return open_slot(config.data, fsync=config.fsync, backlog_bytes=config.backlog_bytes)
-        except Exception as e:
-            err = storage_error(e)
-            if err is None:
-                raise
-            failure = e
-    hint = "free space on its volume" if err.reason == NO_SPACE else "check its disk"
-    raise StartRefused(f"the store in {config.data} cannot open ({failure}): {hint}, then start")
-
-
-def replication_credential(config: ServerConfig) -> str:
-    """What this node's replication stream trusts ("token", "mtls"), or "" for nothing."""
-    if config.replication_token_file:
-        return "token"
-    if config.replication_listen or config.replication_ca or config.replication_cert:
-        return "mtls"
-    return ""
-
-
-def _read_token(file: str) -> str:
-    """The replication token in ``file`` ("" without one); refuses a short one."""
-    if not file:
-        return ""
-    try:
-        token = Path(file).read_text().strip()
-    except OSError as e:
-        raise StartRefused(f"replication_token_file {file}: {e.strerror or e}") from None
-    if len(token) < MIN_TOKEN_CHARS:
-        raise StartRefused(
-            f"replication_token_file {file}: the token has {len(token)} characters, "
-            f"fewer than {MIN_TOKEN_CHARS} (make one: pagesift token new FILE)"
-        )
-    return token
-
-
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
         logger.critical("the elector failed: this node takes no write", exc_info=exc)
-
-
-def _advertised(listen: str) -> str:
-    """``listen`` as an address peers can hand to clients; "" for a wildcard host."""
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    return "" if host in ("", "0.0.0.0", "::") else listen
-
-
-def _node_id(data: Path) -> str:
-    """A stable id for this data directory (replication peers tell nodes apart by it)."""
-    data.mkdir(parents=True, exist_ok=True)
-    path = data / "NODE_ID"
-    if not path.exists():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(uuid.uuid4().hex[:16])
-        tmp.replace(path)
-    return path.read_text().strip()
