@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.node.cli import amain, build_parser
-from pagesift.node.cli.export import (
+from pagesift.node.cli.exportpaths import (
     _FILE_SUFFIXES,
     _WINDOWS_DEVICES,
     MAX_COMPONENT_BYTES,
