@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from pagesift.demo.site import Site
+from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.store.db import Store
@@ -264,8 +265,8 @@ async def test_a_resumed_delivery_sends_the_same_body_and_the_store_keeps_one_co
     (item,) = store.list_range(jr.JobKeys(job_id).outbox)
     assert b"text text" not in item  # the event names the page; it holds no copy of it
 
-    def deliverer() -> webhooks.Deliverer:
-        return webhooks.Deliverer(
+    def deliverer() -> delivery.Deliverer:
+        return delivery.Deliverer(
             lambda: store,
             None,
             secret_for=lambda account: ALICE.secret if account == "alice" else None,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.jobs import records as jr
@@ -137,7 +138,7 @@ def finish(store: Store, job_id: str) -> None:
     store.write(lambda g: webhooks.enqueue(g, job_id, "completed", {"state": "completed"}))
 
 
-def deliverer(store_getter: Callable[[], Store], **kw: object) -> webhooks.Deliverer:
+def deliverer(store_getter: Callable[[], Store], **kw: object) -> delivery.Deliverer:
     opts: dict[str, object] = {
         "secret_for": secret_for,
         "allow_private_networks": True,
@@ -146,7 +147,7 @@ def deliverer(store_getter: Callable[[], Store], **kw: object) -> webhooks.Deliv
         "timeout": 5.0,
     }
     opts.update(kw)
-    return webhooks.Deliverer(store_getter, None, **opts)  # type: ignore[arg-type]
+    return delivery.Deliverer(store_getter, None, **opts)  # type: ignore[arg-type]
 
 
 def check_delivery(d: Delivery, now: float) -> None:

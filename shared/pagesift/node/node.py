@@ -68,6 +68,7 @@ from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.primary.replication import ReplicationServicer
+from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api import tls
 from pagesift.shared.api.metrics import Metrics
@@ -388,7 +389,7 @@ class Node:
     async def _start_jobs(self) -> None:
         cfg = self.config
         self.engine = self._engine_factory(cfg, self.metrics)
-        deliverer = webhooks.Deliverer(
+        deliverer = delivery.Deliverer(
             lambda: self.slot.store,
             None,
             secret_for=self.accounts.webhook_secret,

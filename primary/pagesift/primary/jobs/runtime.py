@@ -40,6 +40,7 @@ from functools import partial
 from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.jobs import oneoff, sweep
 from pagesift.primary.jobs.runner import Runner, concurrency, first_unfinished, job_request
+from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.config.schema import ServerConfig
@@ -77,7 +78,7 @@ class Jobs:
         config: ServerConfig,
         *,
         accounts: Accounts | None = None,
-        deliverer: webhooks.Deliverer | None = None,
+        deliverer: delivery.Deliverer | None = None,
         metrics: Metrics | None = None,
         wait_replicated: WaitReplicated | None = None,
         on_visible: Callable[[str], None] | None = None,
