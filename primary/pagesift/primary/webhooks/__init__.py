@@ -1,1 +1,2 @@
-"""Signed, durable webhooks: the per-job outbox in the store and its in-order delivery."""
+"""Signed, durable webhooks: the per-job outbox in the store (``outbox``) and its
+in-order delivery (``delivery``)."""
