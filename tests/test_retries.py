@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -37,7 +38,7 @@ from tests.helpers import (
 )
 
 # fast retries for the tests (the defaults are 0.5 s / 30 s)
-FAST = {"retry_base_delay": 0.02, "retry_max_delay": 0.2}
+FAST: dict[str, Any] = {"retry_base_delay": 0.02, "retry_max_delay": 0.2}
 
 
 # ---------------------------------------------------------------- the pure policy
