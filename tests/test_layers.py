@@ -57,8 +57,8 @@ class Floor:
 
 ROLES_AND_ROOT = ("pagesift.primary", "pagesift.standby", "pagesift.node")
 
-#: the pagesift modules ``pagesift.client`` may import: the wire code and the small pure
-#: helpers (backoff, channels). A new entry is a module ``pip install pagesift`` must ship.
+#: the pagesift modules ``pagesift.client`` may import: the wire code and the small helpers
+#: it runs on (backoff, channels). A new entry is a module ``pip install pagesift`` must ship.
 CLIENT_MAY_IMPORT: tuple[str, ...] = (
     "pagesift.client",
     "pagesift.v1",
