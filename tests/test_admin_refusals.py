@@ -24,6 +24,7 @@ from pagesift.node.admin import AdminServicer
 from pagesift.node.replication import ReplicationParts
 from pagesift.primary.replication import add_to_server
 from pagesift.shared.api import tls
+from pagesift.shared.api.guard import GuardRule, MetadataGuard
 from pagesift.shared.api.rpcerrors import DOMAIN, Reason
 from pagesift.shared.replication.slot import open_slot
 from pagesift.shared.store.groups import WriteGroup
@@ -327,11 +328,11 @@ async def test_each_guard_refusal_names_its_reason_and_the_method(tmp_path: Path
         return False
 
     denied = C.PERMISSION_DENIED
-    guard = tls.MetadataGuard(
+    guard = MetadataGuard(
         [
-            tls.GuardRule("/pagesift.v1.ReplicationService/", never, "needs the token", denied),
-            tls.GuardRule("/pagesift.v1.AdminService/", never, "needs the admin key", denied),
-            tls.GuardRule("/grpc.health.v1.Health/", never, "needs an API key"),
+            GuardRule("/pagesift.v1.ReplicationService/", never, "needs the token", denied),
+            GuardRule("/pagesift.v1.AdminService/", never, "needs the admin key", denied),
+            GuardRule("/grpc.health.v1.Health/", never, "needs an API key"),
         ]
     )
     node = await serve(tmp_path / "p", primary=True, interceptors=[guard])

@@ -12,7 +12,7 @@ that refused it; both Maps answer within ``map_timeout`` and slack; no worker's 
 passes its memory cap (the node's own ``pagesift_worker_peak_memory_bytes``), and the
 event loop never lagged past ``LIVENESS`` (``pagesift_event_loop_lag_max_seconds``).
 
-The families' own modules test each input alone, against the old behaviour; this one
+The families' own modules test each input alone; this one
 shows they do not add up to an outage when they arrive together.
 """
 

@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.shared.api import tls
+from pagesift.shared.api.guard import GuardRule, MetadataGuard
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 from tests.helpers import make_ca, make_leaf
@@ -153,9 +154,9 @@ def test_the_token_check() -> None:
 
 
 async def test_the_guard_refuses_calls_without_the_token(serve: ServerFactory) -> None:
-    guard = tls.MetadataGuard(
+    guard = MetadataGuard(
         [
-            tls.GuardRule(
+            GuardRule(
                 "/grpc.health.v1.Health/",
                 lambda md: tls.token_ok(md, "s3cret-token"),
                 "the replication stream needs pagesift-replication-token",
@@ -200,8 +201,8 @@ class Echo(replication_pb2_grpc.ReplicationServiceServicer):
 
 
 async def test_a_refused_stream_reports_the_refusal_even_while_the_client_is_writing() -> None:
-    guard = tls.MetadataGuard(
-        [tls.GuardRule("/pagesift.v1.ReplicationService/", lambda md: False, "needs the token")]
+    guard = MetadataGuard(
+        [GuardRule("/pagesift.v1.ReplicationService/", lambda md: False, "needs the token")]
     )
     server = grpc.aio.server(interceptors=[guard])
     replication_pb2_grpc.add_ReplicationServiceServicer_to_server(Echo(), server)

@@ -38,7 +38,7 @@ from pagesift.node.replication import ReplicationParts
 from pagesift.node.startup import StartRefused
 from pagesift.node.storage import StorageErrors
 from pagesift.primary.replication import add_to_server
-from pagesift.shared.api import tls
+from pagesift.shared.api import guard, tls
 from pagesift.shared.api.interceptors import MalformedRequests
 from pagesift.shared.api.metricsgrpc import MetricsInterceptor
 from pagesift.shared.api.metricshttp import start_http
@@ -93,7 +93,7 @@ def grpc_server(
     return server
 
 
-def _guards(node: Node) -> tls.MetadataGuard:
+def _guards(node: Node) -> guard.MetadataGuard:
     """Who may call what, checked before any handler runs (first matching rule wins).
 
     - ``ReplicationService`` (the log stream: a snapshot of every account's data, and
@@ -112,20 +112,20 @@ def _guards(node: Node) -> tls.MetadataGuard:
     cfg, accounts = node.config, node.accounts
     token = node.replication_token
     if token:
-        repl = tls.GuardRule(
+        repl = guard.GuardRule(
             REPLICATION_METHODS,
             lambda md: tls.token_ok(md, token),
             "replication needs the shared token (replication_token_file)",
         )
     elif cfg.replication_listen:
-        repl = tls.GuardRule(
+        repl = guard.GuardRule(
             REPLICATION_METHODS,
             lambda md: False,
             f"replication is served with mTLS on {cfg.replication_listen}",
             grpc.StatusCode.PERMISSION_DENIED,
         )
     else:
-        repl = tls.GuardRule(
+        repl = guard.GuardRule(
             REPLICATION_METHODS,
             lambda md: False,
             "replication is refused: this node has no replication token or mTLS configured",
@@ -137,41 +137,41 @@ def _guards(node: Node) -> tls.MetadataGuard:
             return accounts.carries_admin_key(md)
         return tls.secret_ok([bearer_token(md) or ""], token)
 
-    promote = tls.GuardRule(
+    promote = guard.GuardRule(
         PROMOTE_METHOD,
         may_promote,
         "Promote needs the admin key (authorization: Bearer ADMIN_KEY); without an [admin] "
         "key, the pair's replication token is the admin key",
         grpc.StatusCode.PERMISSION_DENIED,
     )
-    admin = tls.GuardRule(
+    admin = guard.GuardRule(
         "/pagesift.v1.AdminService/",
         accounts.is_admin,
         "admin calls need the admin key (authorization: Bearer ADMIN_KEY)",
         grpc.StatusCode.PERMISSION_DENIED,
     )
-    jobs = tls.GuardRule(
+    jobs = guard.GuardRule(
         "/pagesift.v1.JobService/",
         accounts.is_caller,
         "a valid API key is needed (metadata 'authorization: Bearer KEY')",
     )
     # the admin key may also cancel or resume any job (pagesift.shared.api.service)
     job_control = [
-        tls.GuardRule(
+        guard.GuardRule(
             f"/pagesift.v1.JobService/{method}",
             lambda md: accounts.is_caller(md) or accounts.carries_admin_key(md),
             "a valid API key (or the admin key) is needed (metadata 'authorization: Bearer KEY')",
         )
         for method in ("CancelJob", "ResumeJob")
     ]
-    backup = tls.GuardRule(
+    backup = guard.GuardRule(
         BACKUP_METHOD,
         may_promote,
         "Backup needs the admin key (authorization: Bearer ADMIN_KEY); without an [admin] "
         "key, the pair's replication token is the admin key",
         grpc.StatusCode.PERMISSION_DENIED,
     )
-    return tls.MetadataGuard([promote, backup, admin, repl, *job_control, jobs])
+    return guard.MetadataGuard([promote, backup, admin, repl, *job_control, jobs])
 
 
 def _bind(server: grpc.aio.Server, listen: str, creds: grpc.ServerCredentials | None) -> None:

@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import Protocol, runtime_checkable
 
 from pagesift.primary.engine.protocol import Engine, FetchPolicy
 from pagesift.shared.jobs import records as jr
@@ -53,7 +52,6 @@ __all__ = [
     "SEEDED",
     "SEEDING",
     "Frontier",
-    "SitemapStreaming",
     "admit",
     "claim_aliases",
     "seed_sitemaps",
@@ -103,28 +101,14 @@ SEEDED = b"1"  # ``seeded``: seeding is over (the value a crawl had before: resu
 _MAX_SEED_GROUP = 1 << 20  # bytes of entries one sitemap group carries at most
 
 
-@runtime_checkable
-class SitemapStreaming(Protocol):
-    """An engine that hands out sitemap URLs as they are parsed (``HttpEngine``)."""
-
-    def sitemap_batches(
-        self, url: str, policy: FetchPolicy = ...
-    ) -> AsyncGenerator[list[str], None]: ...
-
-
 async def sitemap_stream(
     engine: Engine, root: str, policy: FetchPolicy
 ) -> AsyncGenerator[list[str], None]:
-    """The sitemap URLs of ``root``'s site in batches: the engine's own batches when it
-    streams them, else its ``sitemap_urls`` cut in batches."""
-    if isinstance(engine, SitemapStreaming):
-        async with contextlib.aclosing(engine.sitemap_batches(root, policy)) as batches:
-            async for batch in batches:
-                yield batch
-        return
-    found = await engine.sitemap_urls(root, policy)
-    for start in range(0, len(found), 512):
-        yield found[start : start + 512]
+    """The sitemap URLs of ``root``'s site in batches, as the engine parses them; closing
+    this generator closes the engine's (no sitemap read outlives its reader)."""
+    async with contextlib.aclosing(engine.sitemap_batches(root, policy)) as batches:
+        async for batch in batches:
+            yield batch
 
 
 def seed_state(store: Store, job_id: str) -> bytes | None:
