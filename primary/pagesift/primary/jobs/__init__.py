@@ -1,1 +1,15 @@
-"""The job runtime on the primary: register, run, record, resume, sweep."""
+"""The job runtime on the primary: register, run, record, resume, sweep.
+
+- ``runtime``: ``Jobs``, the facade the service and the node call (register with
+  idempotency, start and stop with the primary role, cancel, resume, quarantine);
+- ``runner``: the batch and crawl loops, attempts and retries, and committing what
+  ``recording`` writes;
+- ``recording``: pure functions that add a page's, an error's or a finish's records to a
+  write group (and ``charge_page``, the one place quota is charged);
+- ``oneoff``: the one-off ``Scrape`` and ``Map`` calls; ``mapper`` is the Map walk;
+- ``frontier``: a crawl's frontier in the store; ``pagecache``: what an account fetched
+  before; ``sweep``: expiry, quota pruning and cache sweeping.
+
+Imports flow one way: runtime -> runner -> recording. Job code sees the web only through
+``pagesift.primary.engine.protocol.Engine`` (``tests/test_layers.py``).
+"""
