@@ -53,11 +53,11 @@ typecheck: $(BIN)/.installed
 buf-lint: $(BUF)
 	cd proto && ../$(BUF) lint
 
-## system-deps: the Debian packages the tests run for real: etcd (the witness) and
-## promtool (the deploy kit's alert rules).
+## system-deps: the Debian packages the tests run for real: etcd (the witness), promtool
+## (the deploy kit's alert rules) and chromium-headless-shell (the browser engine).
 ## Installed with apt-get when missing (root, as CI runs); otherwise says what to install.
-SYSTEM_BINS := etcd promtool
-SYSTEM_PKGS := etcd-server prometheus
+SYSTEM_BINS := etcd promtool /usr/lib/chromium/chromium-headless-shell
+SYSTEM_PKGS := etcd-server prometheus chromium-headless-shell
 system-deps:
 	@missing=""; for b in $(SYSTEM_BINS); do command -v $$b >/dev/null 2>&1 || missing=1; done; \
 	if [ -n "$$missing" ]; then \

@@ -43,6 +43,11 @@ class _FormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Format.ValueTy
     the URL with change tracking (Document.change_status, and change_diff with
     ScrapeOptions.change_tracking_diff).
     """
+    FORMAT_SCREENSHOT: _Format.ValueType  # 7
+    """Document.screenshot: an image of the rendered page (ScrapeOptions.screenshot says
+    viewport or full page, PNG or JPEG); needs a browser engine (BROWSER, or AUTO, which
+    renders every page that asks for a screenshot).
+    """
 
 class Format(_Format, metaclass=_FormatEnumTypeWrapper):
     """Format is an output format of a document."""
@@ -61,7 +66,118 @@ FORMAT_CHANGE_TRACKING: Format.ValueType  # 6
 the URL with change tracking (Document.change_status, and change_diff with
 ScrapeOptions.change_tracking_diff).
 """
+FORMAT_SCREENSHOT: Format.ValueType  # 7
+"""Document.screenshot: an image of the rendered page (ScrapeOptions.screenshot says
+viewport or full page, PNG or JPEG); needs a browser engine (BROWSER, or AUTO, which
+renders every page that asks for a screenshot).
+"""
 Global___Format: _TypeAlias = Format  # noqa: Y015
+
+class _FetchEngine:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FetchEngineEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FetchEngine.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FETCH_ENGINE_UNSPECIFIED: _FetchEngine.ValueType  # 0
+    """AUTO when the node can render (a browser is installed), HTTP when it cannot."""
+    FETCH_ENGINE_AUTO: _FetchEngine.ValueType  # 1
+    """HTTP first; render with the browser only when the page needs it (an empty app
+    root, scripts and little text, a <noscript> asking for JavaScript), or when the
+    request asks for something only a browser does (waits, actions, a screenshot). A
+    crawl remembers per host that its pages needed rendering and renders them at once.
+    """
+    FETCH_ENGINE_HTTP: _FetchEngine.ValueType  # 2
+    """The HTTP client only: no JavaScript runs."""
+    FETCH_ENGINE_BROWSER: _FetchEngine.ValueType  # 3
+    """A headless browser renders every page (JavaScript, waits, actions, screenshots)."""
+
+class FetchEngine(_FetchEngine, metaclass=_FetchEngineEnumTypeWrapper):
+    """FetchEngine is how a page is fetched."""
+
+FETCH_ENGINE_UNSPECIFIED: FetchEngine.ValueType  # 0
+"""AUTO when the node can render (a browser is installed), HTTP when it cannot."""
+FETCH_ENGINE_AUTO: FetchEngine.ValueType  # 1
+"""HTTP first; render with the browser only when the page needs it (an empty app
+root, scripts and little text, a <noscript> asking for JavaScript), or when the
+request asks for something only a browser does (waits, actions, a screenshot). A
+crawl remembers per host that its pages needed rendering and renders them at once.
+"""
+FETCH_ENGINE_HTTP: FetchEngine.ValueType  # 2
+"""The HTTP client only: no JavaScript runs."""
+FETCH_ENGINE_BROWSER: FetchEngine.ValueType  # 3
+"""A headless browser renders every page (JavaScript, waits, actions, screenshots)."""
+Global___FetchEngine: _TypeAlias = FetchEngine  # noqa: Y015
+
+class _WaitUntil:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WaitUntilEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WaitUntil.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WAIT_UNTIL_UNSPECIFIED: _WaitUntil.ValueType  # 0
+    """load"""
+    WAIT_UNTIL_LOAD: _WaitUntil.ValueType  # 1
+    WAIT_UNTIL_DOMCONTENTLOADED: _WaitUntil.ValueType  # 2
+    WAIT_UNTIL_NETWORKIDLE: _WaitUntil.ValueType  # 3
+    """No network request for 500 ms (capped by the page's timeout). It can return before
+    content a timer inserts: wait_for a selector catches that.
+    """
+
+class WaitUntil(_WaitUntil, metaclass=_WaitUntilEnumTypeWrapper):
+    """WaitUntil is the navigation event a rendered page waits for before its waits and
+    actions run.
+    """
+
+WAIT_UNTIL_UNSPECIFIED: WaitUntil.ValueType  # 0
+"""load"""
+WAIT_UNTIL_LOAD: WaitUntil.ValueType  # 1
+WAIT_UNTIL_DOMCONTENTLOADED: WaitUntil.ValueType  # 2
+WAIT_UNTIL_NETWORKIDLE: WaitUntil.ValueType  # 3
+"""No network request for 500 ms (capped by the page's timeout). It can return before
+content a timer inserts: wait_for a selector catches that.
+"""
+Global___WaitUntil: _TypeAlias = WaitUntil  # noqa: Y015
+
+class _ImageFormat:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ImageFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ImageFormat.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    IMAGE_FORMAT_UNSPECIFIED: _ImageFormat.ValueType  # 0
+    """png"""
+    IMAGE_FORMAT_PNG: _ImageFormat.ValueType  # 1
+    IMAGE_FORMAT_JPEG: _ImageFormat.ValueType  # 2
+
+class ImageFormat(_ImageFormat, metaclass=_ImageFormatEnumTypeWrapper):
+    """ImageFormat is the encoding of a screenshot."""
+
+IMAGE_FORMAT_UNSPECIFIED: ImageFormat.ValueType  # 0
+"""png"""
+IMAGE_FORMAT_PNG: ImageFormat.ValueType  # 1
+IMAGE_FORMAT_JPEG: ImageFormat.ValueType  # 2
+Global___ImageFormat: _TypeAlias = ImageFormat  # noqa: Y015
+
+class _ScrollDirection:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ScrollDirectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ScrollDirection.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SCROLL_DIRECTION_UNSPECIFIED: _ScrollDirection.ValueType  # 0
+    """down"""
+    SCROLL_DIRECTION_DOWN: _ScrollDirection.ValueType  # 1
+    SCROLL_DIRECTION_UP: _ScrollDirection.ValueType  # 2
+
+class ScrollDirection(_ScrollDirection, metaclass=_ScrollDirectionEnumTypeWrapper):
+    """ScrollDirection is where a scroll action moves."""
+
+SCROLL_DIRECTION_UNSPECIFIED: ScrollDirection.ValueType  # 0
+"""down"""
+SCROLL_DIRECTION_DOWN: ScrollDirection.ValueType  # 1
+SCROLL_DIRECTION_UP: ScrollDirection.ValueType  # 2
+Global___ScrollDirection: _TypeAlias = ScrollDirection  # noqa: Y015
 
 class _JobKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -249,6 +365,14 @@ class _PageErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PageErr
     PAGE_ERROR_CODE_COMPLETED: _PageErrorCode.ValueType  # 17
     """the job completed early (limit, time budget)"""
     PAGE_ERROR_CODE_WEBHOOK_UNDELIVERABLE: _PageErrorCode.ValueType  # 18
+    PAGE_ERROR_CODE_ACTION_FAILED: _PageErrorCode.ValueType  # 19
+    """One of the request's actions failed (the message names its index) or the actions
+    ran past their time.
+    """
+    PAGE_ERROR_CODE_RENDER_FAILED: _PageErrorCode.ValueType  # 20
+    """The page needed a browser and none could render it (not installed, or it failed
+    to start), or the browser crashed rendering it past the job's retries.
+    """
 
 class PageErrorCode(_PageErrorCode, metaclass=_PageErrorCodeEnumTypeWrapper):
     """PageErrorCode is the closed set of PageError.code (the lower-case name after
@@ -279,7 +403,306 @@ the job failed
 PAGE_ERROR_CODE_COMPLETED: PageErrorCode.ValueType  # 17
 """the job completed early (limit, time budget)"""
 PAGE_ERROR_CODE_WEBHOOK_UNDELIVERABLE: PageErrorCode.ValueType  # 18
+PAGE_ERROR_CODE_ACTION_FAILED: PageErrorCode.ValueType  # 19
+"""One of the request's actions failed (the message names its index) or the actions
+ran past their time.
+"""
+PAGE_ERROR_CODE_RENDER_FAILED: PageErrorCode.ValueType  # 20
+"""The page needed a browser and none could render it (not installed, or it failed
+to start), or the browser crashed rendering it past the job's retries.
+"""
 Global___PageErrorCode: _TypeAlias = PageErrorCode  # noqa: Y015
+
+@_typing.final
+class WaitFor(_message.Message):
+    """WaitFor holds a rendered page until a selector is present or for a duration."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SELECTOR_FIELD_NUMBER: _builtins.int
+    DURATION_FIELD_NUMBER: _builtins.int
+    selector: _builtins.str
+    """A CSS selector (at most 1024 characters) that must match a visible element."""
+    @_builtins.property
+    def duration(self) -> _duration_pb2.Duration:
+        """A pause (at most the server's max_render_wait)."""
+
+    def __init__(
+        self,
+        *,
+        selector: _builtins.str = ...,
+        duration: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["condition", b"condition", "duration", b"duration", "selector", b"selector"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["condition", b"condition", "duration", b"duration", "selector", b"selector"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_condition: _TypeAlias = _typing.Literal["selector", "duration"]  # noqa: Y015
+    _WhichOneofArgType_condition: _TypeAlias = _typing.Literal["condition", b"condition"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_condition) -> _WhichOneofReturnType_condition | None: ...
+
+Global___WaitFor: _TypeAlias = WaitFor  # noqa: Y015
+
+@_typing.final
+class ScreenshotOptions(_message.Message):
+    """ScreenshotOptions shapes a screenshot (FORMAT_SCREENSHOT, or a screenshot action)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FULL_PAGE_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    QUALITY_FIELD_NUMBER: _builtins.int
+    MAX_HEIGHT_FIELD_NUMBER: _builtins.int
+    full_page: _builtins.bool
+    """The whole scrollable page (cut at max_height pixels) instead of the viewport."""
+    format: Global___ImageFormat.ValueType
+    quality: _builtins.int
+    """JPEG quality 1..100 (0: 80); refused with PNG."""
+    max_height: _builtins.int
+    """A full-page screenshot is cut at this many CSS pixels (0: the server's
+    max_screenshot_height, which is also the most it may be).
+    """
+    def __init__(
+        self,
+        *,
+        full_page: _builtins.bool = ...,
+        format: Global___ImageFormat.ValueType = ...,
+        quality: _builtins.int = ...,
+        max_height: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["format", b"format", "full_page", b"full_page", "max_height", b"max_height", "quality", b"quality"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScreenshotOptions: _TypeAlias = ScreenshotOptions  # noqa: Y015
+
+@_typing.final
+class Viewport(_message.Message):
+    """Viewport is the browser window's size in CSS pixels."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WIDTH_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
+    width: _builtins.int
+    """100..4096; 0: 1280 (390 with mobile)"""
+    height: _builtins.int
+    """100..4096; 0: 800 (844 with mobile)"""
+    def __init__(
+        self,
+        *,
+        width: _builtins.int = ...,
+        height: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Viewport: _TypeAlias = Viewport  # noqa: Y015
+
+@_typing.final
+class Action(_message.Message):
+    """Action is one step a browser takes on a rendered page, in order, after the page's
+    waits. A failing step fails the page with PAGE_ERROR_CODE_ACTION_FAILED naming the
+    step's index. At most 50 actions per request; all of them together run within the
+    server's max_actions_time.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_FIELD_NUMBER: _builtins.int
+    CLICK_FIELD_NUMBER: _builtins.int
+    WRITE_FIELD_NUMBER: _builtins.int
+    PRESS_FIELD_NUMBER: _builtins.int
+    SCROLL_FIELD_NUMBER: _builtins.int
+    EXECUTE_JAVASCRIPT_FIELD_NUMBER: _builtins.int
+    SCREENSHOT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def wait(self) -> Global___WaitAction: ...
+    @_builtins.property
+    def click(self) -> Global___ClickAction: ...
+    @_builtins.property
+    def write(self) -> Global___WriteAction: ...
+    @_builtins.property
+    def press(self) -> Global___PressAction: ...
+    @_builtins.property
+    def scroll(self) -> Global___ScrollAction: ...
+    @_builtins.property
+    def execute_javascript(self) -> Global___ExecuteJavascriptAction: ...
+    @_builtins.property
+    def screenshot(self) -> Global___ScreenshotOptions: ...
+    def __init__(
+        self,
+        *,
+        wait: Global___WaitAction | None = ...,
+        click: Global___ClickAction | None = ...,
+        write: Global___WriteAction | None = ...,
+        press: Global___PressAction | None = ...,
+        scroll: Global___ScrollAction | None = ...,
+        execute_javascript: Global___ExecuteJavascriptAction | None = ...,
+        screenshot: Global___ScreenshotOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "click", b"click", "execute_javascript", b"execute_javascript", "press", b"press", "screenshot", b"screenshot", "scroll", b"scroll", "wait", b"wait", "write", b"write"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "click", b"click", "execute_javascript", b"execute_javascript", "press", b"press", "screenshot", b"screenshot", "scroll", b"scroll", "wait", b"wait", "write", b"write"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["wait", "click", "write", "press", "scroll", "execute_javascript", "screenshot"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___Action: _TypeAlias = Action  # noqa: Y015
+
+@_typing.final
+class WaitAction(_message.Message):
+    """WaitAction pauses for a duration or until a selector matches a visible element."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DURATION_FIELD_NUMBER: _builtins.int
+    SELECTOR_FIELD_NUMBER: _builtins.int
+    selector: _builtins.str
+    @_builtins.property
+    def duration(self) -> _duration_pb2.Duration: ...
+    def __init__(
+        self,
+        *,
+        duration: _duration_pb2.Duration | None = ...,
+        selector: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["condition", b"condition", "duration", b"duration", "selector", b"selector"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["condition", b"condition", "duration", b"duration", "selector", b"selector"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_condition: _TypeAlias = _typing.Literal["duration", "selector"]  # noqa: Y015
+    _WhichOneofArgType_condition: _TypeAlias = _typing.Literal["condition", b"condition"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_condition) -> _WhichOneofReturnType_condition | None: ...
+
+Global___WaitAction: _TypeAlias = WaitAction  # noqa: Y015
+
+@_typing.final
+class ClickAction(_message.Message):
+    """ClickAction clicks the first element a selector matches (waiting for it, within
+    the actions' time).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SELECTOR_FIELD_NUMBER: _builtins.int
+    selector: _builtins.str
+    def __init__(
+        self,
+        *,
+        selector: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["selector", b"selector"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClickAction: _TypeAlias = ClickAction  # noqa: Y015
+
+@_typing.final
+class WriteAction(_message.Message):
+    """WriteAction types text into the focused element (click it first)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """at most 10,000 characters"""
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteAction: _TypeAlias = WriteAction  # noqa: Y015
+
+@_typing.final
+class PressAction(_message.Message):
+    """PressAction presses one key ("Enter", "Tab", "ArrowDown", "a", "Control+A")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PressAction: _TypeAlias = PressAction  # noqa: Y015
+
+@_typing.final
+class ScrollAction(_message.Message):
+    """ScrollAction scrolls by one viewport, or, with until_end, keeps scrolling down
+    until the page stops growing (infinite scroll) or max_steps scrolls have run.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIRECTION_FIELD_NUMBER: _builtins.int
+    UNTIL_END_FIELD_NUMBER: _builtins.int
+    MAX_STEPS_FIELD_NUMBER: _builtins.int
+    direction: Global___ScrollDirection.ValueType
+    until_end: _builtins.bool
+    max_steps: _builtins.int
+    """with until_end: 1..100 (0: 20)"""
+    def __init__(
+        self,
+        *,
+        direction: Global___ScrollDirection.ValueType = ...,
+        until_end: _builtins.bool = ...,
+        max_steps: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["direction", b"direction", "max_steps", b"max_steps", "until_end", b"until_end"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScrollAction: _TypeAlias = ScrollAction  # noqa: Y015
+
+@_typing.final
+class ExecuteJavascriptAction(_message.Message):
+    """ExecuteJavascriptAction runs a script in the page; its return value (JSON, at most
+    64 KiB serialized) lands in Document.action_results. Only for accounts with
+    allow_execute_javascript.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCRIPT_FIELD_NUMBER: _builtins.int
+    script: _builtins.str
+    """at most 64 KiB; a function body: "return document.title" """
+    def __init__(
+        self,
+        *,
+        script: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["script", b"script"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecuteJavascriptAction: _TypeAlias = ExecuteJavascriptAction  # noqa: Y015
 
 @_typing.final
 class PauseInfo(_message.Message):
@@ -395,6 +818,15 @@ class ScrapeOptions(_message.Message):
     REMOVE_BASE64_IMAGES_FIELD_NUMBER: _builtins.int
     MAX_AGE_FIELD_NUMBER: _builtins.int
     CHANGE_TRACKING_DIFF_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
+    WAIT_FOR_FIELD_NUMBER: _builtins.int
+    WAIT_UNTIL_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    VIEWPORT_FIELD_NUMBER: _builtins.int
+    MOBILE_FIELD_NUMBER: _builtins.int
+    LOCALE_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    SCREENSHOT_FIELD_NUMBER: _builtins.int
     only_main_content: _builtins.bool
     """Keep only the main content (drop nav, header, footer, aside, scripts)."""
     allow_non_html: _builtins.bool
@@ -428,6 +860,16 @@ class ScrapeOptions(_message.Message):
     """With FORMAT_CHANGE_TRACKING: a unified diff of the markdown against the
     previous scrape, in Document.change_diff.
     """
+    engine: Global___FetchEngine.ValueType
+    """Rendering (docs/crawling.md, "Rendering JavaScript"). How to fetch the page."""
+    wait_until: Global___WaitUntil.ValueType
+    """With a browser engine: the navigation event to wait for (default load)."""
+    mobile: _builtins.bool
+    locale: _builtins.str
+    """With a browser engine: the page's locale ("fr-FR"; also Accept-Language) and time
+    zone ("Europe/Paris", an IANA name).
+    """
+    timezone: _builtins.str
     @_builtins.property
     def formats(self) -> _containers.RepeatedScalarFieldContainer[Global___Format.ValueType]:
         """Formats to produce; empty means markdown only."""
@@ -477,6 +919,24 @@ class ScrapeOptions(_message.Message):
         cache.
         """
 
+    @_builtins.property
+    def wait_for(self) -> Global___WaitFor:
+        """With a browser engine: wait for a selector or a duration after wait_until."""
+
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Action]:
+        """With a browser engine: steps to take on the page before it is read."""
+
+    @_builtins.property
+    def viewport(self) -> Global___Viewport:
+        """With a browser engine: the window size, and phone emulation (touch, a mobile
+        user agent unless user_agent is set, device scale 3, 390x844 unless viewport).
+        """
+
+    @_builtins.property
+    def screenshot(self) -> Global___ScreenshotOptions:
+        """With FORMAT_SCREENSHOT: how the screenshot is taken."""
+
     def __init__(
         self,
         *,
@@ -497,10 +957,19 @@ class ScrapeOptions(_message.Message):
         remove_base64_images: _builtins.bool = ...,
         max_age: _duration_pb2.Duration | None = ...,
         change_tracking_diff: _builtins.bool = ...,
+        engine: Global___FetchEngine.ValueType = ...,
+        wait_for: Global___WaitFor | None = ...,
+        wait_until: Global___WaitUntil.ValueType = ...,
+        actions: _abc.Iterable[Global___Action] | None = ...,
+        viewport: Global___Viewport | None = ...,
+        mobile: _builtins.bool = ...,
+        locale: _builtins.str = ...,
+        timezone: _builtins.str = ...,
+        screenshot: Global___ScreenshotOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["max_age", b"max_age", "timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["max_age", b"max_age", "screenshot", b"screenshot", "timeout", b"timeout", "viewport", b"viewport", "wait_for", b"wait_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_non_html", b"allow_non_html", "change_tracking_diff", b"change_tracking_diff", "cookies", b"cookies", "exclude_tags", b"exclude_tags", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "include_tags", b"include_tags", "max_age", b"max_age", "max_pages", b"max_pages", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "remove_base64_images", b"remove_base64_images", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "user_agent", b"user_agent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "allow_non_html", b"allow_non_html", "change_tracking_diff", b"change_tracking_diff", "cookies", b"cookies", "engine", b"engine", "exclude_tags", b"exclude_tags", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "include_tags", b"include_tags", "locale", b"locale", "max_age", b"max_age", "max_pages", b"max_pages", "mobile", b"mobile", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "remove_base64_images", b"remove_base64_images", "screenshot", b"screenshot", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "timezone", b"timezone", "user_agent", b"user_agent", "viewport", b"viewport", "wait_for", b"wait_for", "wait_until", b"wait_until"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -551,6 +1020,9 @@ class Document(_message.Message):
     CHANGE_DIFF_FIELD_NUMBER: _builtins.int
     IMAGES_FIELD_NUMBER: _builtins.int
     LINK_DETAILS_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
+    SCREENSHOT_FIELD_NUMBER: _builtins.int
+    ACTION_RESULTS_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     final_url: _builtins.str
     status_code: _builtins.int
@@ -573,6 +1045,8 @@ class Document(_message.Message):
     """With FORMAT_CHANGE_TRACKING: new, same or changed since the previous scrape."""
     change_diff: _builtins.str
     """With change_tracking_diff and a changed page: the unified diff of the markdown."""
+    engine: Global___FetchEngine.ValueType
+    """The engine that produced this document: FETCH_ENGINE_HTTP or FETCH_ENGINE_BROWSER."""
     @_builtins.property
     def links(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -601,6 +1075,16 @@ class Document(_message.Message):
     def link_details(self) -> _containers.RepeatedCompositeFieldContainer[Global___Link]:
         """With FORMAT_LINKS: links (the same URLs, in the same order) with their text."""
 
+    @_builtins.property
+    def screenshot(self) -> Global___Screenshot:
+        """With FORMAT_SCREENSHOT: the rendered page's image."""
+
+    @_builtins.property
+    def action_results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ActionResult]:
+        """What the request's actions returned, one entry per execute_javascript or
+        screenshot action, in order.
+        """
+
     def __init__(
         self,
         *,
@@ -623,14 +1107,83 @@ class Document(_message.Message):
         change_diff: _builtins.str = ...,
         images: _abc.Iterable[_builtins.str] | None = ...,
         link_details: _abc.Iterable[Global___Link] | None = ...,
+        engine: Global___FetchEngine.ValueType = ...,
+        screenshot: Global___Screenshot | None = ...,
+        action_results: _abc.Iterable[Global___ActionResult] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["fetched_at", b"fetched_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fetched_at", b"fetched_at", "screenshot", b"screenshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hit", b"cache_hit", "change_diff", b"change_diff", "change_status", b"change_status", "content_type", b"content_type", "description", b"description", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "images", b"images", "language", b"language", "link_details", b"link_details", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "num_pages", b"num_pages", "raw_html", b"raw_html", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_results", b"action_results", "cache_hit", b"cache_hit", "change_diff", b"change_diff", "change_status", b"change_status", "content_type", b"content_type", "description", b"description", "engine", b"engine", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "images", b"images", "language", b"language", "link_details", b"link_details", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "num_pages", b"num_pages", "raw_html", b"raw_html", "screenshot", b"screenshot", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Document: _TypeAlias = Document  # noqa: Y015
+
+@_typing.final
+class Screenshot(_message.Message):
+    """Screenshot is an image of a rendered page (at most the server's
+    max_screenshot_bytes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    WIDTH_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    content_type: _builtins.str
+    """image/png or image/jpeg"""
+    width: _builtins.int
+    """pixels"""
+    height: _builtins.int
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        content_type: _builtins.str = ...,
+        width: _builtins.int = ...,
+        height: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "data", b"data", "height", b"height", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Screenshot: _TypeAlias = Screenshot  # noqa: Y015
+
+@_typing.final
+class ActionResult(_message.Message):
+    """ActionResult is what one action returned."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    JAVASCRIPT_RETURN_FIELD_NUMBER: _builtins.int
+    SCREENSHOT_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """the action's index in ScrapeOptions.actions"""
+    javascript_return: _builtins.str
+    """An execute_javascript action's return value, as JSON."""
+    @_builtins.property
+    def screenshot(self) -> Global___Screenshot: ...
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        javascript_return: _builtins.str = ...,
+        screenshot: Global___Screenshot | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["javascript_return", b"javascript_return", "result", b"result", "screenshot", b"screenshot"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "javascript_return", b"javascript_return", "result", b"result", "screenshot", b"screenshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["javascript_return", "screenshot"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___ActionResult: _TypeAlias = ActionResult  # noqa: Y015
 
 @_typing.final
 class Link(_message.Message):

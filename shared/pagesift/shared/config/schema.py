@@ -132,6 +132,39 @@ class ServerConfig:
     worker_recycle_rss: Annotated[
         int, Doc("a worker whose peak memory in one page passed this many bytes is replaced", ge=0)
     ] = 384 << 20
+    # rendering (pagesift.primary.engine.browser): the headless browser, how many pages
+    # render at once, when a browser is replaced, and the bounds of waits, actions and
+    # screenshots. Debian's chromium-headless-shell (apt) is the default browser; "" turns
+    # rendering off (FETCH_ENGINE_UNSPECIFIED then means HTTP).
+    browser_executable: Annotated[
+        str, Doc('the headless browser to render with; "" = no rendering')
+    ] = "/usr/lib/chromium/chromium-headless-shell"
+    max_browser_pages: Annotated[
+        int,
+        Doc("pages rendered at once; 0 = from CPUs and memory (2 per CPU, 1 per 256 MiB)", ge=0),
+    ] = 0
+    browser_recycle_pages: Annotated[
+        int, Doc("a browser is replaced after rendering this many pages; 0 = never", ge=0)
+    ] = 500
+    browser_memory_limit: Annotated[
+        int,
+        Doc("a browser whose processes pass this many bytes (PSS) is replaced; 0 = never", ge=0),
+    ] = 2 << 30
+    render_timeout: Annotated[
+        float, Doc("seconds one page's render may take (navigation, waits, actions)", ge=0.001)
+    ] = 30.0
+    max_render_wait: Annotated[
+        float, Doc("seconds a wait_for or wait action may ask for at most", ge=0.001)
+    ] = 10.0
+    max_actions_time: Annotated[
+        float, Doc("seconds a page's actions may take together", ge=0.001)
+    ] = 30.0
+    max_screenshot_bytes: Annotated[int, Doc("bytes of a screenshot at most (too_large)", ge=1)] = (
+        8 << 20
+    )
+    max_screenshot_height: Annotated[
+        int, Doc("CSS pixels a full-page screenshot is cut at", ge=100)
+    ] = 16_384
     # freshness (pagesift.primary.jobs.pagecache): how long a cached page and a change-
     # tracking record live; a request's max_age may not exceed page_cache_ttl
     page_cache_ttl: Annotated[

@@ -26,6 +26,8 @@ The file::
     webhook_secret = "<random string>"               # signs this account's webhooks
     allow_ignore_robots = false                      # may set options.ignore_robots_txt
     allow_proxy_url = false                          # may set options.proxy_url (own proxy)
+    allow_execute_javascript = false                 # may send execute_javascript actions
+    max_browser_pages = 2                            # pages this account renders at once
 
     [anonymous]                                      # only without [[account]] tables:
     pages_per_day = 1000                             # limits and webhook secret of the
@@ -88,11 +90,12 @@ LIMIT_FIELDS = (
     "max_batch_urls",
     "max_crawl_limit",
     "max_concurrent_streams",
+    "max_browser_pages",
 )
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-PERMISSION_FIELDS = ("allow_ignore_robots", "allow_proxy_url")
+PERMISSION_FIELDS = ("allow_ignore_robots", "allow_proxy_url", "allow_execute_javascript")
 _ACCOUNT_FIELDS = {"name", "key_sha256", "key", "webhook_secret", *LIMIT_FIELDS, *PERMISSION_FIELDS}
 _ANONYMOUS_FIELDS = {"webhook_secret", *LIMIT_FIELDS, *PERMISSION_FIELDS}
 _ADMIN_FIELDS = {"key_sha256", "key"}
@@ -124,11 +127,15 @@ class Account:
     max_batch_urls: int | None = None
     max_crawl_limit: int | None = None
     max_concurrent_streams: int | None = None
+    # rendered pages in flight at once (None: the server's max_browser_pages, shared)
+    max_browser_pages: int | None = None
     webhook_secret: str = ""
-    # Permissions (both off unless the accounts file grants them): ignoring robots.txt
-    # and sending the account's requests through a proxy URL of its own choosing.
+    # Permissions (all off unless the accounts file grants them): ignoring robots.txt,
+    # sending the account's requests through a proxy URL of its own choosing, and
+    # running its own JavaScript in rendered pages (execute_javascript actions).
     allow_ignore_robots: bool = False
     allow_proxy_url: bool = False
+    allow_execute_javascript: bool = False
 
     def limit(self, name: str) -> int | None:
         """The value of the limit called ``name`` (one of ``LIMIT_FIELDS``)."""
@@ -440,9 +447,11 @@ def _account(name: str, table: dict[str, Any], where: str) -> Account:
         max_batch_urls=limits["max_batch_urls"],
         max_crawl_limit=limits["max_crawl_limit"],
         max_concurrent_streams=limits["max_concurrent_streams"],
+        max_browser_pages=limits["max_browser_pages"],
         webhook_secret=secret,
         allow_ignore_robots=allowed["allow_ignore_robots"],
         allow_proxy_url=allowed["allow_proxy_url"],
+        allow_execute_javascript=allowed["allow_execute_javascript"],
     )
 
 

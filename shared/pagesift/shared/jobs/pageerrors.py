@@ -40,6 +40,12 @@ class ErrorCode(enum.StrEnum):
     # a PDF or office document that could not be read: broken, truncated, encrypted,
     # unsupported inside, or its conversion outlived ``document_timeout``
     PARSE_FAILED = "parse_failed"
+    # one of the request's browser actions failed (the message names its index), or the
+    # actions together ran past ``max_actions_time``
+    ACTION_FAILED = "action_failed"
+    # the page needed a browser and none could render it (not installed, failed to
+    # start), or the browser crashed on it past the job's retries
+    RENDER_FAILED = "render_failed"
 
 
 class PageError(Exception):
