@@ -3,8 +3,9 @@
 ``site`` serves a demo site (``pagesift.demo.site``) on 127.0.0.1 for one test;
 its size and speed come from the ``site_spec`` fixture, which a module overrides with
 its own (a module-level fixture of the same name wins over this one). ``store`` is a
-fresh RocksDB store under ``tmp_path``, closed at the end. ``nodes`` makes ``pagesift
-serve`` children; ``etcd`` runs a real etcd for the witness tests.
+fresh RocksDB store under ``tmp_path``, closed at the end. ``make_engine`` builds
+``HttpEngine``\\ s and closes them at the end. ``nodes`` makes ``pagesift serve``
+children; ``etcd`` runs a real etcd for the witness tests.
 
 Tiers: a test that kills, freezes or restarts real node processes, runs etcd, a drill,
 a fresh venv, a tmpfs mount or promtool is marked ``system`` (``make test-fast`` runs
@@ -14,16 +15,22 @@ here without that mark, so the fast tier cannot grow one by accident.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp.abc import AbstractResolver
 
 from pagesift.demo.site import Site, build_site, serve_site
 from pagesift.node.drill.fixture import Etcd
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.netguard import AddressGuard
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.store.db import Store
-from tests.helpers import NodeFactory, SiteSpec, serve_procs
+from tests.helpers import EngineMaker, NodeFactory, SiteSpec, serve_procs
 
 # Every ``pagesift serve`` child of the suite inherits this: no 64 MiB reserve file
 # (``pagesift.node.storage``) in each of hundreds of data directories. The tests of the
@@ -79,6 +86,26 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+async def make_engine() -> AsyncIterator[EngineMaker]:
+    """Builds ``HttpEngine``\\ s (``await make(config, ...)``, the class's arguments) on the
+    test's loop; every one it built is closed when the test ends, whatever happened."""
+    async with contextlib.AsyncExitStack() as made:
+
+        async def make(
+            config: ServerConfig,
+            *,
+            metrics: Metrics | None = None,
+            guard: AddressGuard | None = None,
+            resolver: AbstractResolver | None = None,
+        ) -> HttpEngine:
+            engine = HttpEngine(config, metrics=metrics, guard=guard, resolver=resolver)
+            made.push_async_callback(engine.close)
+            return engine
+
+        yield make
 
 
 @pytest.fixture

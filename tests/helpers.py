@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import grpc
@@ -38,9 +38,12 @@ from pagesift.node import grpcserver
 from pagesift.node.node import Node, http_engine
 from pagesift.node.procs import Child, serve_argv
 from pagesift.node.procs import free_port as free_port
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api import tls
+from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.accounts import hash_key
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
@@ -356,6 +359,21 @@ class ServeProc:
 
 
 NodeFactory = Callable[..., ServeProc]
+
+
+class EngineMaker(Protocol):
+    """The ``make_engine`` fixture: ``await make(config, ...)`` builds an ``HttpEngine`` from
+    the class's arguments on the running loop (its name resolver binds to it); the fixture
+    closes every engine it made when the test ends."""
+
+    async def __call__(
+        self,
+        config: ServerConfig,
+        *,
+        metrics: Metrics | None = None,
+        guard: AddressGuard | None = None,
+        resolver: AbstractResolver | None = None,
+    ) -> HttpEngine: ...
 
 
 @contextlib.contextmanager

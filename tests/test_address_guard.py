@@ -36,7 +36,7 @@ from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import urls, validate
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
-from tests.helpers import all_documents, in_process_node, wait_terminal
+from tests.helpers import EngineMaker, all_documents, in_process_node, wait_terminal
 
 GUARDED = ServerConfig(
     allow_private_networks=False,
@@ -355,10 +355,8 @@ async def listener() -> AsyncIterator[Listener]:
 
 
 @pytest.fixture
-async def guarded_engine() -> AsyncIterator[HttpEngine]:
-    engine = HttpEngine(GUARDED)
-    yield engine
-    await engine.close()
+async def guarded_engine(make_engine: EngineMaker) -> HttpEngine:
+    return await make_engine(GUARDED)
 
 
 @_SETTINGS
@@ -481,44 +479,39 @@ async def two_sites() -> AsyncIterator[TwoSites]:
         await secret_server.close()
 
 
-def _exempting(sites: TwoSites) -> HttpEngine:
+async def _exempting(make_engine: EngineMaker, sites: TwoSites) -> HttpEngine:
     assert sites.site.port is not None
     guard = AddressGuard(exempt=frozenset({("127.0.0.1", sites.site.port)}))
-    return HttpEngine(GUARDED, guard=guard)
+    return await make_engine(GUARDED, guard=guard)
 
 
-async def test_a_redirect_to_any_spelling_of_loopback_is_refused(two_sites: TwoSites) -> None:
-    engine = _exempting(two_sites)
-    try:
-        page = await engine.scrape(str(two_sites.site.make_url("/ok")), OPTS)
-        assert page.document.status_code == 200  # the exempt origin is reachable
-        for i in range(len(SECRET_SPELLINGS)):
-            with pytest.raises(PageError) as info:
-                await engine.scrape(str(two_sites.site.make_url(f"/hop/{i}")), OPTS)
-            assert info.value.code == ErrorCode.BLOCKED_ADDRESS, (i, info.value)
-    finally:
-        await engine.close()
+async def test_a_redirect_to_any_spelling_of_loopback_is_refused(
+    two_sites: TwoSites, make_engine: EngineMaker
+) -> None:
+    engine = await _exempting(make_engine, two_sites)
+    page = await engine.scrape(str(two_sites.site.make_url("/ok")), OPTS)
+    assert page.document.status_code == 200  # the exempt origin is reachable
+    for i in range(len(SECRET_SPELLINGS)):
+        with pytest.raises(PageError) as info:
+            await engine.scrape(str(two_sites.site.make_url(f"/hop/{i}")), OPTS)
+        assert info.value.code == ErrorCode.BLOCKED_ADDRESS, (i, info.value)
     assert two_sites.secret_hits == []
     # the control: unguarded, the same redirects do reach the secret site
-    open_engine = HttpEngine(replace(GUARDED, allow_private_networks=True))
-    try:
-        await open_engine.scrape(str(two_sites.site.make_url("/hop/0")), OPTS)
-    finally:
-        await open_engine.close()
+    open_engine = await make_engine(replace(GUARDED, allow_private_networks=True))
+    await open_engine.scrape(str(two_sites.site.make_url("/hop/0")), OPTS)
     assert two_sites.secret_hits == ["/secret/0"]
 
 
-async def test_a_crawled_link_to_any_spelling_of_loopback_is_refused(two_sites: TwoSites) -> None:
-    engine = _exempting(two_sites)
-    try:
-        page = await engine.scrape(str(two_sites.site.make_url("/links")), OPTS)
-        assert len(page.links) == len(SECRET_SPELLINGS)
-        for link in page.links:  # what the crawl's frontier would fetch next
-            with pytest.raises(PageError) as info:
-                await engine.scrape(link, OPTS)
-            assert info.value.code == ErrorCode.BLOCKED_ADDRESS, (link, info.value)
-    finally:
-        await engine.close()
+async def test_a_crawled_link_to_any_spelling_of_loopback_is_refused(
+    two_sites: TwoSites, make_engine: EngineMaker
+) -> None:
+    engine = await _exempting(make_engine, two_sites)
+    page = await engine.scrape(str(two_sites.site.make_url("/links")), OPTS)
+    assert len(page.links) == len(SECRET_SPELLINGS)
+    for link in page.links:  # what the crawl's frontier would fetch next
+        with pytest.raises(PageError) as info:
+            await engine.scrape(link, OPTS)
+        assert info.value.code == ErrorCode.BLOCKED_ADDRESS, (link, info.value)
     assert two_sites.secret_hits == []
 
 
@@ -590,12 +583,11 @@ async def cred_site() -> AsyncIterator[CredSite]:
         await server.close()
 
 
-async def test_the_engine_never_sends_or_keeps_url_credentials(cred_site: CredSite) -> None:
-    engine = HttpEngine(replace(GUARDED, allow_private_networks=True, respect_robots=True))
-    try:
-        page = await engine.scrape(cred_site.url("/creds"), OPTS)
-    finally:
-        await engine.close()
+async def test_the_engine_never_sends_or_keeps_url_credentials(
+    cred_site: CredSite, make_engine: EngineMaker
+) -> None:
+    engine = await make_engine(replace(GUARDED, allow_private_networks=True, respect_robots=True))
+    page = await engine.scrape(cred_site.url("/creds"), OPTS)
     assert [p for p, _ in cred_site.authorizations] == ["/robots.txt", "/creds", "/landing"]
     assert [a for _, a in cred_site.authorizations] == [None, None, None]
     doc = page.document

@@ -37,13 +37,19 @@ from fpdf.enums import XPos, YPos
 from openpyxl.cell.rich_text import CellRichText, TextBlock
 from openpyxl.cell.text import InlineFont
 
-from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.extract import zipguard
 from pagesift.primary.extract.converted import DocumentError
 from pagesift.primary.extract.documents import convert, convert_compact, kind_of
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
-from tests.helpers import all_documents, in_process_node, node_config, serve_handler, wait_terminal
+from tests.helpers import (
+    EngineMaker,
+    all_documents,
+    in_process_node,
+    node_config,
+    serve_handler,
+    wait_terminal,
+)
 from tests.pdfmaker import text_pdf as hand_made_pdf
 
 PDF = "application/pdf"
@@ -606,26 +612,23 @@ async def test_a_crawl_converts_the_documents_it_links_and_fails_broken_ones_as_
 
 
 async def test_a_conversion_past_document_timeout_is_parse_failed_and_the_pool_recovers(
-    tmp_path: Path,
+    tmp_path: Path, make_engine: EngineMaker
 ) -> None:
     config = node_config(tmp_path, extract_processes=1, document_timeout=0.000_001)
-    engine = HttpEngine(config)
+    engine = await make_engine(config)
 
     async def site(request: web.Request) -> web.StreamResponse:
         return web.Response(body=pages_pdf(2), headers={"Content-Type": PDF})
 
-    try:
-        async with serve_handler(site) as port:
-            url = f"http://127.0.0.1:{port}/slow.pdf"
-            with pytest.raises(PageError) as info:
-                await engine.scrape(url, jobs_pb2.ScrapeOptions())
-            assert info.value.code == ErrorCode.PARSE_FAILED
-            assert "took over" in info.value.message
-            engine.pages.config = replace(config, document_timeout=30.0)
-            page = await engine.scrape(url, jobs_pb2.ScrapeOptions())
-            assert page.document.num_pages == 2
-    finally:
-        await engine.close()
+    async with serve_handler(site) as port:
+        url = f"http://127.0.0.1:{port}/slow.pdf"
+        with pytest.raises(PageError) as info:
+            await engine.scrape(url, jobs_pb2.ScrapeOptions())
+        assert info.value.code == ErrorCode.PARSE_FAILED
+        assert "took over" in info.value.message
+        engine.pages.config = replace(config, document_timeout=30.0)
+        page = await engine.scrape(url, jobs_pb2.ScrapeOptions())
+        assert page.document.num_pages == 2
 
 
 async def test_max_pages_above_the_server_cap_is_invalid_argument_naming_the_field(

@@ -10,10 +10,9 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.primary.engine.http import HttpEngine
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.v1 import jobs_pb2
-from tests.helpers import in_process_node, serve_handler
+from tests.helpers import EngineMaker, in_process_node, serve_handler
 from tests.pdfmaker import text_pdf
 
 HEADERS = {
@@ -41,8 +40,10 @@ async def _site(request: web.Request) -> web.StreamResponse:
     return web.Response(text=PAGE.format(filler=filler), content_type="text/html", headers=HEADERS)
 
 
-async def test_headers_images_and_tag_controls_reach_the_document_inline_and_in_workers() -> None:
-    engine = HttpEngine(
+async def test_headers_images_and_tag_controls_reach_the_document_inline_and_in_workers(
+    make_engine: EngineMaker,
+) -> None:
+    engine = await make_engine(
         ServerConfig(allow_private_networks=True, respect_robots=False, extract_processes=1)
     )
     options = jobs_pb2.ScrapeOptions(
@@ -51,36 +52,33 @@ async def test_headers_images_and_tag_controls_reach_the_document_inline_and_in_
         exclude_tags=[".ad"],
         remove_base64_images=True,
     )
-    try:
-        async with serve_handler(_site) as port:
-            origin = f"http://127.0.0.1:{port}"
-            for path in ("/shop/page", "/big"):
-                doc = (await engine.scrape(origin + path, options)).document
-                assert doc.metadata["etag"] == '"v1-abc"', path
-                assert doc.metadata["last-modified"] == HEADERS["Last-Modified"]
-                assert doc.metadata["content-language"] == "en-GB"
-                assert doc.metadata["cache-control"] == "public, max-age=300"
-                assert doc.metadata["og:title"] == "The shop"
-                assert doc.metadata["favicon"] == origin + "/fav.svg"
-                base = origin + path.rsplit("/", 1)[0] + "/"
-                assert list(doc.images) == [
-                    origin + "/img/one.png",
-                    origin + "/img/one-2x.png",
-                    base + "hero.webp",
-                    base + "hero.jpg",
-                ]
-                assert "# Products" in doc.markdown
-                for gone in ("ADVERT", "FOOTER", "Nav link", "data:image"):
-                    assert gone not in doc.markdown, (path, gone)
-                # links (and their texts) are the whole page's, whatever the tags keep
-                details = {d.url: d.text for d in doc.link_details}
-                assert details == {origin + "/nav": "Nav link", origin + "/item/1": "First item"}
-            doc = (await engine.scrape(origin + "/doc.pdf", jobs_pb2.ScrapeOptions())).document
-            assert doc.metadata["source"] == "pdf"
-            assert doc.metadata["etag"] == '"v1-abc"'
+    async with serve_handler(_site) as port:
+        origin = f"http://127.0.0.1:{port}"
+        for path in ("/shop/page", "/big"):
+            doc = (await engine.scrape(origin + path, options)).document
+            assert doc.metadata["etag"] == '"v1-abc"', path
+            assert doc.metadata["last-modified"] == HEADERS["Last-Modified"]
+            assert doc.metadata["content-language"] == "en-GB"
             assert doc.metadata["cache-control"] == "public, max-age=300"
-    finally:
-        await engine.close()
+            assert doc.metadata["og:title"] == "The shop"
+            assert doc.metadata["favicon"] == origin + "/fav.svg"
+            base = origin + path.rsplit("/", 1)[0] + "/"
+            assert list(doc.images) == [
+                origin + "/img/one.png",
+                origin + "/img/one-2x.png",
+                base + "hero.webp",
+                base + "hero.jpg",
+            ]
+            assert "# Products" in doc.markdown
+            for gone in ("ADVERT", "FOOTER", "Nav link", "data:image"):
+                assert gone not in doc.markdown, (path, gone)
+            # links (and their texts) are the whole page's, whatever the tags keep
+            details = {d.url: d.text for d in doc.link_details}
+            assert details == {origin + "/nav": "Nav link", origin + "/item/1": "First item"}
+        doc = (await engine.scrape(origin + "/doc.pdf", jobs_pb2.ScrapeOptions())).document
+        assert doc.metadata["source"] == "pdf"
+        assert doc.metadata["etag"] == '"v1-abc"'
+        assert doc.metadata["cache-control"] == "public, max-age=300"
 
 
 async def test_the_api_refuses_a_selector_selectolax_cannot_parse_naming_it(

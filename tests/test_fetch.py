@@ -31,7 +31,7 @@ from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import urls
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
-from tests.helpers import free_port
+from tests.helpers import EngineMaker, free_port
 
 HTML = """<!doctype html><html lang="en"><head><title>Hello</title>
 <meta name="description" content="A page"></head>
@@ -210,10 +210,8 @@ CONFIG = ServerConfig(
 
 
 @pytest.fixture
-async def engine() -> AsyncIterator[HttpEngine]:
-    e = HttpEngine(CONFIG)
-    yield e
-    await e.close()
+async def engine(make_engine: EngineMaker) -> HttpEngine:
+    return await make_engine(CONFIG)
 
 
 OPTS = jobs_pb2.ScrapeOptions()
@@ -229,8 +227,10 @@ async def _error(engine: HttpEngine, url: str, **kw: object) -> PageError:
 # --- pages -------------------------------------------------------------------------------------
 
 
-async def test_http_engine_has_every_engine_method_with_the_protocol_s_signature() -> None:
-    engine: Engine = HttpEngine(CONFIG)  # mypy checks the signatures statically
+async def test_http_engine_has_every_engine_method_with_the_protocol_s_signature(
+    make_engine: EngineMaker,
+) -> None:
+    engine: Engine = await make_engine(CONFIG)  # mypy checks HttpEngine's signatures statically
     kinds: dict[str, Callable[[object], bool]] = {
         "close": inspect.iscoroutinefunction,
         "host_delays": inspect.isfunction,
@@ -239,15 +239,12 @@ async def test_http_engine_has_every_engine_method_with_the_protocol_s_signature
         "sitemap_batches": inspect.isasyncgenfunction,
         "sitemap_urls": inspect.iscoroutinefunction,
     }
-    try:
-        members = [n for n in vars(Engine) if not n.startswith("_")]
-        assert sorted(members) == sorted(kinds)
-        for name in members:
-            want, got = getattr(Engine, name), getattr(type(engine), name)
-            assert kinds[name](got), name
-            assert inspect.signature(got) == inspect.signature(want), name
-    finally:
-        await engine.close()
+    members = [n for n in vars(Engine) if not n.startswith("_")]
+    assert sorted(members) == sorted(kinds)
+    for name in members:
+        want, got = getattr(Engine, name), getattr(type(engine), name)
+        assert kinds[name](got), name
+        assert inspect.signature(got) == inspect.signature(want), name
 
 
 async def test_a_page_becomes_a_document_with_absolute_links(
@@ -365,14 +362,11 @@ async def test_compressed_bodies_are_decoded(
     assert f"# {heading}" in doc.markdown
 
 
-async def test_a_large_page_is_rendered_completely(site: Site) -> None:
+async def test_a_large_page_is_rendered_completely(site: Site, make_engine: EngineMaker) -> None:
     # three at once, extracted in workers: a loaded machine must not hit the 0.3 s read
     # timeout that the slow-page test relies on
-    engine = HttpEngine(replace(CONFIG, max_body_bytes=1 << 20, read_timeout=5.0))
-    try:
-        pages = await asyncio.gather(*(engine.scrape(site.url("/large"), OPTS) for _ in range(3)))
-    finally:
-        await engine.close()
+    engine = await make_engine(replace(CONFIG, max_body_bytes=1 << 20, read_timeout=5.0))
+    pages = await asyncio.gather(*(engine.scrape(site.url("/large"), OPTS) for _ in range(3)))
     for page in pages:
         assert page.document.markdown.startswith("# Large")
         assert "THE END" in page.document.markdown
@@ -422,21 +416,17 @@ async def test_robots_applies_to_every_redirect_hop(site: Site, engine: HttpEngi
     assert site.arrivals["/private/1"] == []
 
 
-async def test_robots_can_be_ignored_by_the_job_or_the_server(site: Site) -> None:
+async def test_robots_can_be_ignored_by_the_job_or_the_server(
+    site: Site, make_engine: EngineMaker
+) -> None:
     site.robots = "User-agent: *\nDisallow: /\n"
-    engine = HttpEngine(CONFIG)
-    try:
-        policy = FetchPolicy(request=RequestProfile(respect_robots=False))
-        page = await engine.scrape(site.url("/page"), OPTS, policy)
-        assert page.document.title == "Hello"
-    finally:
-        await engine.close()
-    engine = HttpEngine(replace(CONFIG, respect_robots=False))
-    try:
-        assert (await engine.scrape(site.url("/page"), OPTS)).document.title == "Hello"
-        assert site.arrivals["/robots.txt"] == []
-    finally:
-        await engine.close()
+    engine = await make_engine(CONFIG)
+    policy = FetchPolicy(request=RequestProfile(respect_robots=False))
+    page = await engine.scrape(site.url("/page"), OPTS, policy)
+    assert page.document.title == "Hello"
+    engine = await make_engine(replace(CONFIG, respect_robots=False))
+    assert (await engine.scrape(site.url("/page"), OPTS)).document.title == "Hello"
+    assert site.arrivals["/robots.txt"] == []
 
 
 async def test_a_robots_server_error_disallows_everything(site: Site, engine: HttpEngine) -> None:
@@ -550,14 +540,11 @@ async def test_an_unresolvable_host_is_dns(engine: HttpEngine) -> None:
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "[::ffff:127.0.0.1]", "localhost", "0.0.0.0"])
 async def test_loopback_targets_are_blocked_without_allow_private_networks(
-    site: Site, host: str
+    site: Site, make_engine: EngineMaker, host: str
 ) -> None:
     assert site.server is not None
-    engine = HttpEngine(replace(CONFIG, allow_private_networks=False))
-    try:
-        err = await _error(engine, f"http://{host}:{site.server.port}/page")
-    finally:
-        await engine.close()
+    engine = await make_engine(replace(CONFIG, allow_private_networks=False))
+    err = await _error(engine, f"http://{host}:{site.server.port}/page")
     assert err.code == ErrorCode.BLOCKED_ADDRESS
     assert sum(len(v) for v in site.arrivals.values()) == 0
 

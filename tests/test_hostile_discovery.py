@@ -33,12 +33,20 @@ from aiohttp import web
 from protego import Protego
 
 from pagesift.primary.engine import robots, sitemaps
-from pagesift.primary.engine.http import HttpEngine
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import scope as crawl
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile
-from tests.helpers import ALICE, BOB, TERMINAL, Metadata, NodeFactory, eventually, write_accounts
+from tests.helpers import (
+    ALICE,
+    BOB,
+    TERMINAL,
+    EngineMaker,
+    Metadata,
+    NodeFactory,
+    eventually,
+    write_accounts,
+)
 from tests.hostile import Handler
 from tests.hostile import robots as hostile_robots
 from tests.hostile import sitemaps as hostile_sitemaps
@@ -398,7 +406,9 @@ async def test_a_sitemap_index_of_slow_children_is_cut_at_the_discovery_deadline
     assert 1 <= children <= 6  # one child at a time, each cut by a deadline
 
 
-async def test_a_slow_sitemap_file_is_cut_at_sitemap_file_timeout() -> None:
+async def test_a_slow_sitemap_file_is_cut_at_sitemap_file_timeout(
+    make_engine: EngineMaker,
+) -> None:
     routes = [hostile_sitemaps.robots_route("slow/1.xml"), *hostile_sitemaps.ROUTES]
     async with _site(routes) as site:
         config = ServerConfig(
@@ -409,13 +419,10 @@ async def test_a_slow_sitemap_file_is_cut_at_sitemap_file_timeout() -> None:
             retry_base_delay=0.01,
             retry_max_delay=0.02,
         )
-        engine = HttpEngine(config)
-        try:
-            sent = time.monotonic()
-            assert await engine.sitemap_urls(site.root) == []
-            took = time.monotonic() - sent
-        finally:
-            await engine.close()
+        engine = await make_engine(config)
+        sent = time.monotonic()
+        assert await engine.sitemap_urls(site.root) == []
+        took = time.monotonic() - sent
     assert took < 10.0, took  # two attempts of 0.5 s, where a child takes 20 s
     assert sum(1 for _, p in site.arrivals if p == "/sitemaps/slow/1.xml") == 2
 

@@ -18,14 +18,20 @@ import pytest
 from aiohttp import web
 
 from pagesift.node.cli import amain
-from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.jobs import mapper
 from pagesift.shared.api.paging import MAP_BATCH_URLS, url_batches
 from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page
-from tests.helpers import MapResolver, RunningNode, in_process_node, node_config, serve_handler
+from tests.helpers import (
+    EngineMaker,
+    MapResolver,
+    RunningNode,
+    in_process_node,
+    node_config,
+    serve_handler,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -222,7 +228,9 @@ async def test_the_cli_prints_one_url_a_line_or_one_json_object(
 # ---------------------------------------------------------------- the address guard
 
 
-async def test_a_link_to_a_blocked_address_is_never_fetched_nor_listed(tmp_path: Path) -> None:
+async def test_a_link_to_a_blocked_address_is_never_fetched_nor_listed(
+    tmp_path: Path, make_engine: EngineMaker
+) -> None:
     secret_hits: list[str] = []
 
     async def secret(request: web.Request) -> web.StreamResponse:
@@ -243,7 +251,7 @@ async def test_a_link_to_a_blocked_address_is_never_fetched_nor_listed(tmp_path:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.2", port).start()
         config = node_config(tmp_path, allow_private_networks=False, respect_robots=False)
-        engine = HttpEngine(
+        engine = await make_engine(
             config,
             guard=AddressGuard(exempt=frozenset({("127.0.0.1", port)})),
             resolver=MapResolver({"site.test": "127.0.0.1", "inner.site.test": "127.0.0.2"}),
@@ -256,7 +264,6 @@ async def test_a_link_to_a_blocked_address_is_never_fetched_nor_listed(tmp_path:
             )
             got = await mapper.map_site(engine, req, config)
         finally:
-            await engine.close()
             await runner.cleanup()
     assert got == [f"http://site.test:{port}/", f"http://site.test:{port}/ok"]
     assert secret_hits == []

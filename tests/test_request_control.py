@@ -35,6 +35,7 @@ from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     Acct,
+    EngineMaker,
     MapResolver,
     ServeProc,
     eventually,
@@ -266,18 +267,15 @@ async def failure(engine: HttpEngine, url: str, options: jobs_pb2.ScrapeOptions)
     return info.value
 
 
-async def test_job_headers_agent_and_cookies_go_with_every_hop() -> None:
-    engine = HttpEngine(CONFIG)
+async def test_job_headers_agent_and_cookies_go_with_every_hop(make_engine: EngineMaker) -> None:
+    engine = await make_engine(CONFIG)
     options = opts(
         headers={"X-Team": "data", "Authorization": "Bearer t"},
         cookies={"pref": "dark"},
         user_agent="acme-bot/2.0",
     )
-    try:
-        async with echo_sites() as (site, port, _, _):
-            await scrape(engine, f"http://127.0.0.1:{port}/hop", options)
-    finally:
-        await engine.close()
+    async with echo_sites() as (site, port, _, _):
+        await scrape(engine, f"http://127.0.0.1:{port}/hop", options)
     hops = site.requests("/hop") + site.requests("/page")
     assert len(hops) == 2
     for headers in hops:
@@ -290,14 +288,13 @@ async def test_job_headers_agent_and_cookies_go_with_every_hop() -> None:
     assert "X-Team" not in robots[0] and "Cookie" not in robots[0]
 
 
-async def test_authorization_and_host_only_cookies_stay_on_their_origin() -> None:
-    engine = HttpEngine(CONFIG)
+async def test_authorization_and_host_only_cookies_stay_on_their_origin(
+    make_engine: EngineMaker,
+) -> None:
+    engine = await make_engine(CONFIG)
     options = opts(headers={"Authorization": "Bearer t", "X-Team": "data"}, cookies={"c": "1"})
-    try:
-        async with echo_sites() as (site, port, other, _):
-            doc = await scrape(engine, f"http://127.0.0.1:{port}/away", options)
-    finally:
-        await engine.close()
+    async with echo_sites() as (site, port, other, _):
+        doc = await scrape(engine, f"http://127.0.0.1:{port}/away", options)
     assert doc.final_url.endswith("/page")
     assert site.requests("/away")[0]["Authorization"] == "Bearer t"
     landed = other.requests("/page")[0]
@@ -307,61 +304,56 @@ async def test_authorization_and_host_only_cookies_stay_on_their_origin() -> Non
     assert landed["Cookie"] == "c=1"
 
 
-async def test_a_cookie_set_by_a_login_redirect_opens_the_rest_of_the_site() -> None:
-    engine = HttpEngine(CONFIG)
-    try:
-        async with echo_sites() as (site, port, _, _):
-            assert (
-                await failure(engine, f"http://127.0.0.1:{port}/secret/1", opts())
-            ).status == 403
-            options = opts()
-            profile = RequestProfile.build(
-                options, [], may_ignore_robots=False, may_use_proxy_url=False
-            )
-            policy = FetchPolicy(request=profile)
-            login = await engine.scrape(f"http://127.0.0.1:{port}/login", options, policy)
-            other = await engine.scrape(f"http://127.0.0.1:{port}/secret/2", options, policy)
-    finally:
-        await engine.close()
+async def test_a_cookie_set_by_a_login_redirect_opens_the_rest_of_the_site(
+    make_engine: EngineMaker,
+) -> None:
+    engine = await make_engine(CONFIG)
+    async with echo_sites() as (site, port, _, _):
+        assert (await failure(engine, f"http://127.0.0.1:{port}/secret/1", opts())).status == 403
+        options = opts()
+        profile = RequestProfile.build(
+            options, [], may_ignore_robots=False, may_use_proxy_url=False
+        )
+        policy = FetchPolicy(request=profile)
+        login = await engine.scrape(f"http://127.0.0.1:{port}/login", options, policy)
+        other = await engine.scrape(f"http://127.0.0.1:{port}/secret/2", options, policy)
     assert login.document.final_url.endswith("/secret")
     assert other.document.title == "ok"
     assert site.requests("/secret/2")[0]["Cookie"] == "session=s3cret"
     assert profile.cookies.dirty  # the job runtime persists it with the next page
 
 
-async def test_robots_groups_follow_the_jobs_user_agent_and_may_be_ignored_when_allowed() -> None:
-    engine = HttpEngine(CONFIG)
-    try:
-        async with echo_sites() as (_, port, _, _):
-            url = f"http://127.0.0.1:{port}/page"
-            assert (await scrape(engine, url, opts())).title == "ok"
-            err = await failure(engine, url, opts(user_agent="Picky/1.0 (+https://x.example)"))
-            assert err.code == ErrorCode.ROBOTS_DISALLOWED
-            ignored = opts(user_agent="picky/1.0", ignore_robots_txt=True)
-            assert (await scrape(engine, url, ignored)).title == "ok"
-            no_permission = RequestProfile.build(
-                ignored, [url], may_ignore_robots=False, may_use_proxy_url=False
-            )
-            with pytest.raises(PageError, match="robots"):
-                await engine.scrape(url, ignored, FetchPolicy(request=no_permission))
-    finally:
-        await engine.close()
+async def test_robots_groups_follow_the_jobs_user_agent_and_may_be_ignored_when_allowed(
+    make_engine: EngineMaker,
+) -> None:
+    engine = await make_engine(CONFIG)
+    async with echo_sites() as (_, port, _, _):
+        url = f"http://127.0.0.1:{port}/page"
+        assert (await scrape(engine, url, opts())).title == "ok"
+        err = await failure(engine, url, opts(user_agent="Picky/1.0 (+https://x.example)"))
+        assert err.code == ErrorCode.ROBOTS_DISALLOWED
+        ignored = opts(user_agent="picky/1.0", ignore_robots_txt=True)
+        assert (await scrape(engine, url, ignored)).title == "ok"
+        no_permission = RequestProfile.build(
+            ignored, [url], may_ignore_robots=False, may_use_proxy_url=False
+        )
+        with pytest.raises(PageError, match="robots"):
+            await engine.scrape(url, ignored, FetchPolicy(request=no_permission))
 
 
-async def test_a_job_timeout_fails_a_page_the_server_timeouts_would_wait_for() -> None:
-    engine = HttpEngine(CONFIG)
-    try:
-        async with echo_sites() as (_, port, _, _):
-            url = f"http://127.0.0.1:{port}/slow"
-            err = await failure(engine, url, opts(timeout=Duration(nanos=200_000_000)))
-            assert err.code == ErrorCode.TIMEOUT and "0.2" in err.message
-            assert (await scrape(engine, url, opts())).title == "ok"
-    finally:
-        await engine.close()
+async def test_a_job_timeout_fails_a_page_the_server_timeouts_would_wait_for(
+    make_engine: EngineMaker,
+) -> None:
+    engine = await make_engine(CONFIG)
+    async with echo_sites() as (_, port, _, _):
+        url = f"http://127.0.0.1:{port}/slow"
+        err = await failure(engine, url, opts(timeout=Duration(nanos=200_000_000)))
+        assert err.code == ErrorCode.TIMEOUT and "0.2" in err.message
+        assert (await scrape(engine, url, opts())).title == "ok"
 
 
 async def test_skip_tls_verification_accepts_a_self_signed_site_that_fails_as_tls_without(
-    tmp_path: Path,
+    tmp_path: Path, make_engine: EngineMaker
 ) -> None:
     make_ca(tmp_path, "ca")
     make_leaf(tmp_path, "site", "127.0.0.1", "subjectAltName=IP:127.0.0.1\n")
@@ -374,14 +366,13 @@ async def test_skip_tls_verification_accepts_a_self_signed_site_that_fails_as_tl
     tls_site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await tls_site.start()
     port = int(runner.addresses[0][1])
-    engine = HttpEngine(replace(CONFIG, respect_robots=False))
+    engine = await make_engine(replace(CONFIG, respect_robots=False))
     try:
         url = f"https://127.0.0.1:{port}/page"
         err = await failure(engine, url, opts())
         assert err.code == ErrorCode.TLS and "skip_tls_verification" in err.message
         assert (await scrape(engine, url, opts(skip_tls_verification=True))).title == "ok"
     finally:
-        await engine.close()
         await runner.cleanup()
 
 
@@ -436,48 +427,47 @@ async def proxies(backend: int, n: int) -> AsyncIterator[list[Proxy]]:
             await server.wait_closed()
 
 
-async def test_pool_proxies_by_name_sticky_per_host_and_rotating_per_request() -> None:
+async def test_pool_proxies_by_name_sticky_per_host_and_rotating_per_request(
+    make_engine: EngineMaker,
+) -> None:
     async with echo_sites() as (site, port, _, _), proxies(port, 2) as (p0, p1):
         pool = {"p0": f"http://127.0.0.1:{p0.port}", "p1": f"http://127.0.0.1:{p1.port}"}
-        sticky = HttpEngine(replace(CONFIG, respect_robots=False, proxies=pool))
-        rotating = HttpEngine(
+        sticky = await make_engine(replace(CONFIG, respect_robots=False, proxies=pool))
+        rotating = await make_engine(
             replace(CONFIG, respect_robots=False, proxies=pool, proxy_rotation="per_request")
         )
-        try:
-            await scrape(sticky, f"http://127.0.0.1:{port}/named", opts(proxy="p1"))
-            assert [t for t, _ in p1.seen] == [f"http://127.0.0.1:{port}/named"]
-            assert p0.seen == []
-            for i in range(4):
-                await scrape(sticky, f"http://127.0.0.1:{port}/s{i}", opts(proxy="pool"))
-            one_host = [len(p0.seen), len(p1.seen) - 1]
-            assert sorted(one_host) == [0, 4]  # all four through one proxy
-            before = len(p0.seen) + len(p1.seen)
-            for i in range(4):
-                await scrape(rotating, f"http://127.0.0.1:{port}/r{i}", opts(proxy="pool"))
-            assert len(p0.seen) + len(p1.seen) == before + 4
-            assert all(len(p.seen) >= 2 for p in (p0, p1))  # turns alternate
-            await scrape(sticky, f"http://127.0.0.1:{port}/direct", opts())
-        finally:
-            await sticky.close()
-            await rotating.close()
+        await scrape(sticky, f"http://127.0.0.1:{port}/named", opts(proxy="p1"))
+        assert [t for t, _ in p1.seen] == [f"http://127.0.0.1:{port}/named"]
+        assert p0.seen == []
+        for i in range(4):
+            await scrape(sticky, f"http://127.0.0.1:{port}/s{i}", opts(proxy="pool"))
+        one_host = [len(p0.seen), len(p1.seen) - 1]
+        assert sorted(one_host) == [0, 4]  # all four through one proxy
+        before = len(p0.seen) + len(p1.seen)
+        for i in range(4):
+            await scrape(rotating, f"http://127.0.0.1:{port}/r{i}", opts(proxy="pool"))
+        assert len(p0.seen) + len(p1.seen) == before + 4
+        assert all(len(p.seen) >= 2 for p in (p0, p1))  # turns alternate
+        await scrape(sticky, f"http://127.0.0.1:{port}/direct", opts())
     assert site.requests("/direct") and all("/direct" not in t for p in (p0, p1) for t, _ in p.seen)
 
 
-async def test_an_accounts_own_proxy_url_gets_its_credentials_as_proxy_authorization() -> None:
-    engine = HttpEngine(replace(CONFIG, respect_robots=False))
-    try:
-        async with echo_sites() as (site, port, _, _), proxies(port, 1) as (proxy,):
-            options = opts(proxy_url=f"http://user:pw@127.0.0.1:{proxy.port}")
-            assert (await scrape(engine, f"http://127.0.0.1:{port}/mine", options)).title == "ok"
-    finally:
-        await engine.close()
+async def test_an_accounts_own_proxy_url_gets_its_credentials_as_proxy_authorization(
+    make_engine: EngineMaker,
+) -> None:
+    engine = await make_engine(replace(CONFIG, respect_robots=False))
+    async with echo_sites() as (site, port, _, _), proxies(port, 1) as (proxy,):
+        options = opts(proxy_url=f"http://user:pw@127.0.0.1:{proxy.port}")
+        assert (await scrape(engine, f"http://127.0.0.1:{port}/mine", options)).title == "ok"
     assert proxy.seen == [(f"http://127.0.0.1:{port}/mine", "Basic dXNlcjpwdw==")]
     assert "Proxy-Authorization" not in site.requests("/mine")[0]
     with pytest.raises(PermissionError):
         RequestProfile.build(options, [], may_ignore_robots=False, may_use_proxy_url=False)
 
 
-async def test_the_guard_judges_proxied_targets_and_no_page_reaches_a_pool_proxy_directly() -> None:
+async def test_the_guard_judges_proxied_targets_and_no_page_reaches_a_pool_proxy_directly(
+    make_engine: EngineMaker,
+) -> None:
     names = MapResolver({"public.example": "93.184.216.34", "inside.example": "10.1.2.3"})
     async with echo_sites() as (_, port, _, _), proxies(port, 1) as (proxy,):
         config = replace(
@@ -487,20 +477,17 @@ async def test_the_guard_judges_proxied_targets_and_no_page_reaches_a_pool_proxy
             proxies={"corp": f"http://127.0.0.1:{proxy.port}"},
             default_proxy="corp",
         )
-        engine = HttpEngine(config, guard=AddressGuard(), resolver=names)
-        try:
-            doc = await scrape(engine, "http://public.example/page", opts())
-            assert doc.title == "ok"  # the pool proxy on loopback is allowed, as a proxy
-            inside = await failure(engine, "http://inside.example/page", opts())
-            assert inside.code == ErrorCode.BLOCKED_ADDRESS and "10.1.2.3" in inside.message
-            direct = await failure(engine, f"http://127.0.0.1:{proxy.port}/", opts())
-            assert direct.code == ErrorCode.BLOCKED_ADDRESS
-            own = opts(proxy_url=f"http://127.0.0.1:{proxy.port}")
-            assert (await failure(engine, "http://public.example/x", own)).code == (
-                ErrorCode.BLOCKED_ADDRESS
-            )  # an account's own proxy gets no exemption
-        finally:
-            await engine.close()
+        engine = await make_engine(config, guard=AddressGuard(), resolver=names)
+        doc = await scrape(engine, "http://public.example/page", opts())
+        assert doc.title == "ok"  # the pool proxy on loopback is allowed, as a proxy
+        inside = await failure(engine, "http://inside.example/page", opts())
+        assert inside.code == ErrorCode.BLOCKED_ADDRESS and "10.1.2.3" in inside.message
+        direct = await failure(engine, f"http://127.0.0.1:{proxy.port}/", opts())
+        assert direct.code == ErrorCode.BLOCKED_ADDRESS
+        own = opts(proxy_url=f"http://127.0.0.1:{proxy.port}")
+        assert (await failure(engine, "http://public.example/x", own)).code == (
+            ErrorCode.BLOCKED_ADDRESS
+        )  # an account's own proxy gets no exemption
     assert [t for t, _ in proxy.seen] == ["http://public.example/page"]
 
 

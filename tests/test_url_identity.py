@@ -22,7 +22,6 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import Page
 from pagesift.primary.engine.robots import page_directives
@@ -34,6 +33,7 @@ from pagesift.shared.store.db import Store
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.fakeengine import FakeEngine, page
 from tests.helpers import (
+    EngineMaker,
     MapResolver,
     ServeProc,
     all_documents,
@@ -423,7 +423,9 @@ async def test_noindex_and_nofollow_are_honoured_unless_ignored(
 # --- a non-ASCII host, resolved by a test resolver ------------------------------------------
 
 
-async def test_a_non_ascii_host_is_fetched_by_its_uts46_a_label(tmp_path: Path) -> None:
+async def test_a_non_ascii_host_is_fetched_by_its_uts46_a_label(
+    tmp_path: Path, make_engine: EngineMaker
+) -> None:
     seen_hosts: list[str] = []
 
     async def site(request: web.Request) -> web.Response:
@@ -437,16 +439,13 @@ async def test_a_non_ascii_host_is_fetched_by_its_uts46_a_label(tmp_path: Path) 
     async with serve_handler(site) as port:
         resolver = MapResolver({"xn--bcher-kva.test": "127.0.0.1"})
         config = node_config(tmp_path, allow_private_networks=False, respect_robots=False)
-        engine = HttpEngine(
+        engine = await make_engine(
             config,
             guard=AddressGuard(exempt=frozenset({("127.0.0.1", port)})),
             resolver=resolver,
         )
-        try:
-            page = await engine.scrape(f"http://bücher.test:{port}/", jobs_pb2.ScrapeOptions())
-            linked = await engine.scrape(page.links[0], jobs_pb2.ScrapeOptions())
-        finally:
-            await engine.close()
+        page = await engine.scrape(f"http://bücher.test:{port}/", jobs_pb2.ScrapeOptions())
+        linked = await engine.scrape(page.links[0], jobs_pb2.ScrapeOptions())
     assert seen_hosts == [f"xn--bcher-kva.test:{port}"] * 2
     assert set(resolver.asked) == {"xn--bcher-kva.test"}
     assert page.document.final_url == f"http://xn--bcher-kva.test:{port}/"
