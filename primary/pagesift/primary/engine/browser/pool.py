@@ -1,0 +1,452 @@
+"""The node's browser: launched lazily, shared fairly, replaced when worn or gone.
+
+Owns ``BrowserPool``: one Chromium per node (``async_playwright`` over a pipe, so the
+browser exits when the node dies), ``max_browser_pages`` pages at once (0: 2 per CPU,
+at most one per 256 MiB of memory) handed out by ``FairSlots``, and the browser's life:
+
+- fairness: a free slot goes to the waiting owner (account) with the fewest pages in
+  flight, ties to the longest waiting; an owner at its own limit
+  (``Account.max_browser_pages``) is passed over. One account's queue therefore never
+  holds another's first page beyond one slot;
+- recycling: after ``browser_recycle_pages`` pages, or when the PSS of the browser's
+  process tree (``/proc/PID/smaps_rollup``) passes ``browser_memory_limit``, new pages
+  go to a fresh browser; the old one closes when its last page ends;
+- a browser that disconnects (crash, SIGKILL) is dropped and the next page relaunches
+  one; a page in flight on it fails ``RENDER_FAILED`` with ``worker_lost`` set (the
+  runtime counts it toward quarantine like a lost extraction worker; the retry policy
+  retries it);
+- ``playwright_chromiumdev_profile-*`` folders left in the temp dir by a killed node are
+  swept at start, except those a running process still names.
+
+Why it is safe: every page holds a slot for its whole render and releases it in
+``finally``; each render is bounded by ``render_timeout``; ``available()`` says why
+rendering is off ("" or a missing executable) so callers fall back to HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pagesift.primary.engine.browser import actions
+from pagesift.primary.engine.browser.render import BrowserGone, Rendered, render_page
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.v1 import jobs_pb2
+
+__all__ = [
+    "LAUNCH_ARGS",
+    "Availability",
+    "BrowserPool",
+    "FairSlots",
+    "default_pages",
+    "sweep_profiles",
+    "tree_pss",
+]
+
+logger = logging.getLogger(__name__)
+
+LAUNCH_ARGS = (
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+)
+PROFILE_PREFIX = "playwright_chromiumdev_profile-"
+PAGE_MEMORY = 256 << 20
+MEMORY_CHECK_EVERY = 1.0  # seconds between two PSS readings
+LAUNCH_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether this node can render; ``reason`` says why not. Truthy when it can."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def default_pages(cpus: int, memory: int) -> int:
+    """``max_browser_pages`` 0: 2 per CPU, at most one per 256 MiB, at least 1."""
+    return max(1, min(2 * max(cpus, 1), memory // PAGE_MEMORY))
+
+
+def _memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 4 << 30
+
+
+class FairSlots:
+    """``total`` slots; a freed slot goes to the eligible owner with the fewest in use
+    (ties: who waited longest). ``limit`` None: only the total bounds an owner."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.in_use: dict[str, int] = {}
+        self._waiting: deque[tuple[str, int | None, asyncio.Future[None]]] = deque()
+
+    @property
+    def used(self) -> int:
+        return sum(self.in_use.values())
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def acquire(self, owner: str, limit: int | None = None) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((owner, limit, fut))
+        self._dispatch()
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(owner)  # granted as we were cancelled
+            else:
+                fut.cancel()
+                self._waiting = deque(w for w in self._waiting if w[2] is not fut)
+            raise
+
+    def release(self, owner: str) -> None:
+        n = self.in_use.get(owner, 0) - 1
+        if n > 0:
+            self.in_use[owner] = n
+        else:
+            self.in_use.pop(owner, None)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.used < self.total:
+            best = None
+            for pos, (owner, limit, fut) in enumerate(self._waiting):
+                if fut.done():
+                    continue
+                n = self.in_use.get(owner, 0)
+                if limit is not None and n >= max(limit, 1):
+                    continue
+                if best is None or n < self.in_use.get(self._waiting[best][0], 0):
+                    best = pos
+            if best is None:
+                return
+            owner, _, fut = self._waiting[best]
+            del self._waiting[best]
+            self.in_use[owner] = self.in_use.get(owner, 0) + 1
+            fut.set_result(None)
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, exe) of every readable process."""
+    table: dict[int, tuple[int, str]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            exe = os.readlink(Path(entry.path, "exe"))
+        except (OSError, ValueError, IndexError):
+            continue
+        table[int(entry.name)] = (ppid, exe)
+    return table
+
+
+def descendants(root: int, table: Mapping[int, tuple[int, str]]) -> set[int]:
+    """``root`` and every process below it in ``table``."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def browser_roots(executable: str, under: int) -> set[int]:
+    """Browser main processes (``executable`` whose parent is not) below ``under``."""
+    table = _proc_table()
+    real = os.path.realpath(executable)
+    mine = descendants(under, table)
+    return {
+        pid
+        for pid, (ppid, exe) in table.items()
+        if pid in mine and exe == real and table.get(ppid, (0, ""))[1] != real
+    }
+
+
+def tree_pss(root: int) -> int:
+    """Bytes of PSS of ``root`` and its descendants (smaps_rollup); 0 if unreadable."""
+    total = 0
+    for pid in descendants(root, _proc_table()):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+    return total
+
+
+def _live_profiles() -> set[str]:
+    live: set[str] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for arg in Path(entry.path, "cmdline").read_bytes().split(b"\0"):
+                if PROFILE_PREFIX.encode() in arg:
+                    live.add(os.path.basename(arg.decode(errors="replace").split("=", 1)[-1]))
+    return live
+
+
+def sweep_profiles(tmpdir: str | None = None, live: Iterable[str] | None = None) -> list[str]:
+    """Remove ``playwright_chromiumdev_profile-*`` folders of ``tmpdir`` that no running
+    process names (``live``: their base names; read from /proc when None)."""
+    base = tmpdir or tempfile.gettempdir()
+    keep = set(_live_profiles() if live is None else live)
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            if entry.name.startswith(PROFILE_PREFIX) and entry.name not in keep:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed
+
+
+@dataclass
+class _Browser:
+    browser: Any
+    pid: int | None
+    pages: int = 0  # pages started on it
+    in_flight: int = 0
+    retiring: bool = False
+    dead: bool = False
+    checked: float = field(default_factory=time.monotonic)
+
+
+class BrowserPool:
+    """The node's browser and its page slots (module docstring)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        proxy: Mapping[str, str] | None = None,
+        *,
+        launch_args: Sequence[str] = LAUNCH_ARGS,
+    ) -> None:
+        self.config = config
+        self.proxy = dict(proxy) if proxy else None
+        self.launch_args = list(launch_args)
+        total = config.max_browser_pages or default_pages(len(os.sched_getaffinity(0)), _memory())
+        self.slots = FairSlots(total)
+        self.bounds = actions.Bounds.of(config)
+        self.restarts = 0
+        self.launches = 0
+        self.pages_rendered = 0
+        self.swept: list[str] = []
+        self._playwright: Any = None
+        self._current: _Browser | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._old: set[asyncio.Task[None]] = set()
+
+    # availability and stats ----------------------------------------------------------
+    def available(self) -> Availability:
+        exe = self.config.browser_executable
+        if not exe:
+            return Availability(False, "browser_executable is empty: rendering is off")
+        if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
+            return Availability(False, f"browser_executable {exe} is missing or not executable")
+        return Availability(True)
+
+    def stats(self) -> dict[str, int]:
+        cur = self._current
+        return {
+            "in_use": self.slots.used,
+            "waiting": self.slots.waiting,
+            "capacity": self.slots.total,
+            "restarts": self.restarts,
+            "launches": self.launches,
+            "pages_rendered": self.pages_rendered,
+            "browser_pid": (cur.pid or 0) if cur and not cur.dead else 0,
+        }
+
+    def browser_pid(self) -> int | None:
+        """The running browser's main process, if any."""
+        cur = self._current
+        return cur.pid if cur is not None and not cur.dead else None
+
+    # the browser's life --------------------------------------------------------------
+    async def _launch(self) -> _Browser:
+        ok = self.available()
+        if not ok:
+            raise PageError(ErrorCode.RENDER_FAILED, ok.reason)
+        if self._playwright is None:
+            from playwright.async_api import async_playwright
+
+            self.swept = await asyncio.to_thread(sweep_profiles)
+            self._playwright = await async_playwright().start()
+        exe = self.config.browser_executable
+        before = browser_roots(exe, os.getpid())
+        try:
+            async with asyncio.timeout(LAUNCH_TIMEOUT):
+                browser = await self._playwright.chromium.launch(
+                    executable_path=exe,
+                    args=self.launch_args,
+                    proxy=self.proxy,
+                    handle_sigint=False,
+                    handle_sigterm=False,
+                    handle_sighup=False,
+                )
+        except Exception as e:
+            raise PageError(ErrorCode.RENDER_FAILED, f"browser launch: {actions.reason(e)}") from e
+        pids = browser_roots(exe, os.getpid()) - before
+        b = _Browser(browser, min(pids) if len(pids) == 1 else None)
+        browser.on("disconnected", lambda _: self._disconnected(b))
+        self.launches += 1
+        return b
+
+    def _disconnected(self, b: _Browser) -> None:
+        if not b.dead and not self._closed and not b.retiring:
+            self.restarts += 1
+            logger.warning("browser %s disconnected; the next page relaunches it", b.pid)
+        b.dead = True
+        if self._current is b:
+            self._current = None
+
+    async def _browser(self) -> _Browser:
+        async with self._lock:
+            if self._closed:
+                raise PageError(ErrorCode.RENDER_FAILED, "the browser pool is closed")
+            cur = self._current
+            if cur is None or cur.dead or cur.retiring or not cur.browser.is_connected():
+                if cur is not None and not cur.dead and cur.in_flight == 0:
+                    self._close_later(cur)
+                cur = self._current = await self._launch()
+            cur.pages += 1
+            cur.in_flight += 1
+            limit = self.config.browser_recycle_pages
+            if limit and cur.pages >= limit:
+                cur.retiring = True  # this page is its last
+            return cur
+
+    def _close_later(self, b: _Browser) -> None:
+        b.retiring = True
+        task = asyncio.create_task(self._close_browser(b))
+        self._old.add(task)
+        task.add_done_callback(self._old.discard)
+
+    async def _close_browser(self, b: _Browser) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(10):
+                await b.browser.close()
+        b.dead = True
+
+    async def _after(self, b: _Browser) -> None:
+        b.in_flight -= 1
+        limit = self.config.browser_memory_limit
+        if limit and not b.retiring and b.pid and time.monotonic() - b.checked >= 0:
+            b.checked = time.monotonic() + MEMORY_CHECK_EVERY
+            pss = await asyncio.to_thread(tree_pss, b.pid)
+            if pss > limit:
+                logger.info("browser %s at %d bytes PSS: replaced", b.pid, pss)
+                b.retiring = True
+        if b.retiring and b.in_flight == 0 and not b.dead:
+            if self._current is b:
+                self._current = None
+            self._close_later(b)
+
+    # one page ------------------------------------------------------------------------
+    async def render(
+        self,
+        url: str,
+        options: jobs_pb2.ScrapeOptions,
+        *,
+        owner: str,
+        owner_limit: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        user_agent: str | None = None,
+        cookies: Sequence[Mapping[str, Any]] = (),
+        proxy: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Rendered:
+        """Render ``url`` for ``owner`` (an account) within one page slot.
+
+        ``options`` gives the browser fields (wait_for, wait_until, actions, viewport,
+        mobile, locale, timezone, screenshot, formats); request control comes from the
+        caller's profile: ``headers`` (extra HTTP headers), ``user_agent`` (else
+        ``options.user_agent``, else the browser's or the mobile one), ``cookies``
+        (Playwright cookie dicts: name, value, domain or url, path...), ``proxy``
+        (Playwright's per-context proxy dict). ``owner_limit``: the account's
+        max_browser_pages (None: only the pool's total). ``timeout``: seconds for the
+        whole render (default ``render_timeout``). Raises ``PageError``: the page's
+        own failure, ``RENDER_FAILED`` (no browser; or a crash, with ``worker_lost``)."""
+        await self.slots.acquire(owner, owner_limit)
+        try:
+            b = await self._browser()
+            try:
+                got = await render_page(
+                    b.browser,
+                    url,
+                    options,
+                    bounds=self.bounds,
+                    timeout=timeout or self.config.render_timeout,
+                    max_html_bytes=self.config.max_body_bytes or (64 << 20),
+                    headers=headers,
+                    user_agent=user_agent,
+                    cookies=cookies,
+                    proxy=proxy,
+                )
+            except BrowserGone as e:
+                if not b.browser.is_connected():
+                    self._disconnected(b)
+                raise PageError(
+                    ErrorCode.RENDER_FAILED,
+                    f"the browser went away while rendering {url}: {e}",
+                    worker_lost=True,
+                ) from e
+            finally:
+                await self._after(b)
+            self.pages_rendered += 1
+            return got
+        finally:
+            self.slots.release(owner)
+
+    async def close(self) -> None:
+        """Close the browser and the Playwright driver; later renders fail."""
+        async with self._lock:
+            self._closed = True
+            cur, self._current = self._current, None
+        if cur is not None and not cur.dead:
+            await self._close_browser(cur)
+        for task in list(self._old):
+            with contextlib.suppress(Exception):
+                await task
+        if self._playwright is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(10):
+                    await self._playwright.stop()
+            self._playwright = None

@@ -1,0 +1,245 @@
+"""One page's render on a Playwright browser: a fresh context in, ``Rendered`` out.
+
+Owns ``render_page``: a new context per page (viewport, phone emulation, locale, time
+zone, user agent, extra headers, the job's cookies, an optional per-context proxy),
+``goto`` with ``wait_until``, the request's ``wait_for`` and actions
+(``actions.run_actions``), then the HTML, the final URL, the main response's status and
+headers, a screenshot when ``FORMAT_SCREENSHOT`` asks, and the context's cookies (the
+caller merges them into the job's jar). ``BrowserPool.render`` is the entry point; this
+module holds no state.
+
+Invariants and why they are safe:
+- isolation: every page gets its own context (cookies, localStorage, cache), closed in
+  ``finally`` (bounded) whatever happened; service workers blocked, downloads refused;
+- images, media and fonts are aborted by a context route unless a screenshot is asked;
+  the route handler catches every exception and aborts (an unhandled route hangs the
+  page);
+- the whole render runs under ``timeout`` (TIMEOUT past it); navigation errors map to
+  the HTTP engine's codes (``DNS``, ``CONNECT``, ``TLS``, ``TIMEOUT``); a browser or
+  page that went away raises ``BrowserGone`` for the pool to turn into a retryable
+  ``RENDER_FAILED``; the HTML is refused past ``max_body_bytes`` (TOO_LARGE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagesift.primary.engine.browser import actions
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.v1 import jobs_pb2
+
+__all__ = ["MOBILE_UA", "BrowserGone", "Rendered", "context_options", "render_page"]
+
+MOBILE_UA = (
+    "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/131.0.0.0 Mobile Safari/537.36"
+)
+BLOCKED_RESOURCES = frozenset({"image", "media", "font"})
+CLOSE_TIMEOUT = 5.0
+_WAIT_UNTIL = {
+    jobs_pb2.WAIT_UNTIL_UNSPECIFIED: "load",
+    jobs_pb2.WAIT_UNTIL_LOAD: "load",
+    jobs_pb2.WAIT_UNTIL_DOMCONTENTLOADED: "domcontentloaded",
+    jobs_pb2.WAIT_UNTIL_NETWORKIDLE: "networkidle",
+}
+# net::ERR_* of a navigation to the HTTP engine's page error codes
+_NET_ERRORS = (
+    ("ERR_NAME_NOT_RESOLVED", ErrorCode.DNS),
+    ("ERR_NAME_RESOLUTION_FAILED", ErrorCode.DNS),
+    ("ERR_TIMED_OUT", ErrorCode.TIMEOUT),
+    ("ERR_CONNECTION_TIMED_OUT", ErrorCode.TIMEOUT),
+    ("ERR_CERT_", ErrorCode.TLS),
+    ("ERR_SSL_", ErrorCode.TLS),
+    ("ERR_TOO_MANY_REDIRECTS", ErrorCode.REDIRECT_LOOP),
+    ("ERR_CONNECTION_", ErrorCode.CONNECT),
+    ("ERR_EMPTY_RESPONSE", ErrorCode.CONNECT),
+    ("ERR_ADDRESS_UNREACHABLE", ErrorCode.CONNECT),
+    ("ERR_TUNNEL_CONNECTION_FAILED", ErrorCode.CONNECT),
+    ("ERR_PROXY_CONNECTION_FAILED", ErrorCode.CONNECT),
+)
+
+
+class BrowserGone(Exception):
+    """The browser (or the page's renderer) went away during the render."""
+
+
+@dataclass
+class Rendered:
+    """A rendered page. ``cookies`` are the context's cookies at the end (Playwright's
+    dicts: name, value, domain, path, expires, httpOnly, secure, sameSite)."""
+
+    url: str
+    final_url: str
+    status: int
+    headers: dict[str, str]
+    html: bytes
+    screenshot: jobs_pb2.Screenshot | None = None
+    action_results: list[jobs_pb2.ActionResult] = field(default_factory=list)
+    cookies: list[dict[str, Any]] = field(default_factory=list)
+
+
+def context_options(
+    options: jobs_pb2.ScrapeOptions,
+    *,
+    headers: Mapping[str, str],
+    user_agent: str | None,
+    proxy: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    """``browser.new_context`` keywords for a request (pure)."""
+    mobile = options.mobile
+    width = options.viewport.width or (390 if mobile else 1280)
+    height = options.viewport.height or (844 if mobile else 800)
+    kw: dict[str, Any] = {
+        "viewport": {"width": width, "height": height},
+        "service_workers": "block",
+        "accept_downloads": False,
+        "java_script_enabled": True,
+    }
+    if mobile:
+        kw.update(is_mobile=True, has_touch=True, device_scale_factor=3)
+    agent = user_agent or options.user_agent or (MOBILE_UA if mobile else "")
+    if agent:
+        kw["user_agent"] = agent
+    if options.locale:
+        kw["locale"] = options.locale
+    if options.timezone:
+        kw["timezone_id"] = options.timezone
+    if headers:
+        kw["extra_http_headers"] = dict(headers)
+    if proxy:
+        kw["proxy"] = dict(proxy)
+    return kw
+
+
+async def _block_heavy(route: Any) -> None:
+    """Abort images, media and fonts; let the rest through. Never raises: a route left
+    unanswered hangs the page."""
+    try:
+        if route.request.resource_type in BLOCKED_RESOURCES:
+            await route.abort("blockedbyclient")
+        else:
+            await route.fallback()
+    except Exception:
+        with contextlib.suppress(Exception):
+            await route.abort()
+
+
+def gone(exc: BaseException) -> bool:
+    """Whether a Playwright error means the browser, context or page went away."""
+    name = type(exc).__name__
+    text = str(exc)
+    return name == "TargetClosedError" or "Target page, context or browser has been closed" in (
+        text
+    )
+
+
+def _navigation_error(exc: BaseException, url: str) -> PageError | BrowserGone:
+    text = actions.reason(exc)
+    if gone(exc) or ("ERR_ABORTED" in text and "frame was detached" in text):
+        return BrowserGone(text)
+    if type(exc).__name__ == "TimeoutError":
+        return PageError(ErrorCode.TIMEOUT, f"navigation to {url}: {text}")
+    for needle, code in _NET_ERRORS:
+        if needle in text:
+            return PageError(code, text)
+    return PageError(ErrorCode.RENDER_FAILED, text)
+
+
+async def render_page(
+    browser: Any,
+    url: str,
+    options: jobs_pb2.ScrapeOptions,
+    *,
+    bounds: actions.Bounds,
+    timeout: float,
+    max_html_bytes: int,
+    headers: Mapping[str, str] | None = None,
+    user_agent: str | None = None,
+    cookies: Sequence[Mapping[str, Any]] = (),
+    proxy: Mapping[str, str] | None = None,
+) -> Rendered:
+    """Render ``url`` in a new context of ``browser`` (module docstring). Raises
+    ``PageError`` for the page's own failures, ``BrowserGone`` when the browser went."""
+    steps = actions.plan(options, bounds)  # refuses before any network is spent
+    ctx_kw = context_options(options, headers=headers or {}, user_agent=user_agent, proxy=proxy)
+    try:
+        context = await browser.new_context(**ctx_kw)
+    except Exception as e:
+        if gone(e) or not browser.is_connected():
+            raise BrowserGone(actions.reason(e)) from e
+        raise PageError(ErrorCode.RENDER_FAILED, f"new context: {actions.reason(e)}") from e
+    try:
+        async with asyncio.timeout(timeout):
+            return await _render(context, url, options, steps, bounds, timeout, max_html_bytes,
+                                 cookies)  # fmt: skip
+    except TimeoutError as e:
+        raise PageError(ErrorCode.TIMEOUT, f"render took over {timeout:g} s") from e
+    except PageError:
+        raise
+    except BrowserGone:
+        raise
+    except Exception as e:
+        if gone(e) or not browser.is_connected():
+            raise BrowserGone(actions.reason(e)) from e
+        raise PageError(ErrorCode.RENDER_FAILED, actions.reason(e)) from e
+    finally:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await context.close()
+
+
+async def _render(
+    context: Any,
+    url: str,
+    options: jobs_pb2.ScrapeOptions,
+    steps: actions.Plan,
+    bounds: actions.Bounds,
+    timeout: float,
+    max_html_bytes: int,
+    cookies: Sequence[Mapping[str, Any]],
+) -> Rendered:
+    context.set_default_timeout(timeout * 1000)
+    context.set_default_navigation_timeout(timeout * 1000)
+    if steps.shot is None and not any(s.kind == "screenshot" for s in steps.steps):
+        await context.route("**/*", _block_heavy)
+    if cookies:
+        await context.add_cookies([dict(c) for c in cookies])
+    page = await context.new_page()
+    try:
+        response = await page.goto(url, wait_until=_WAIT_UNTIL.get(options.wait_until, "load"))
+    except Exception as e:
+        raise _navigation_error(e, url) from e
+    wait = bounds.max_render_wait if steps.wait_selector else steps.wait_seconds
+    await actions.wait_for(page, steps.wait_selector, wait)
+    results = await actions.run_actions(
+        page,
+        steps.steps,
+        budget=bounds.max_actions_time,
+        max_screenshot_bytes=bounds.max_screenshot_bytes,
+    )
+    html = (await page.content()).encode("utf-8", "replace")
+    if len(html) > max_html_bytes:
+        raise PageError(
+            ErrorCode.TOO_LARGE, f"rendered HTML of {len(html)} bytes, at most {max_html_bytes}"
+        )
+    shot = None
+    if steps.shot is not None:
+        shot = await actions.screenshot(page, steps.shot, bounds.max_screenshot_bytes)
+    status, resp_headers = 200, {}
+    if response is not None:
+        status = response.status
+        resp_headers = await response.all_headers()
+    return Rendered(
+        url=url,
+        final_url=page.url,
+        status=status,
+        headers=dict(resp_headers),
+        html=html,
+        screenshot=shot,
+        action_results=results,
+        cookies=[dict(c) for c in await context.cookies()],
+    )
