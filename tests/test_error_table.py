@@ -45,6 +45,7 @@ from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Account, Unauthenticated
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.records import IdempotencyKeyReused
+from pagesift.shared.jobs.rendering import RenderingUnavailable
 from pagesift.shared.jobs.specs import Permissions, WebhookSecretMissing, crawl, scrape
 from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
 from pagesift.shared.replication.backlog import BacklogLost
@@ -69,6 +70,7 @@ SAMPLES: dict[type[Exception], Exception] = {
     NotWritable: NotWritable("the witness lease lapsed"),
     Fenced: Fenced("met epoch 7"),
     WebhookSecretMissing: WebhookSecretMissing("acme"),
+    RenderingUnavailable: RenderingUnavailable("options.engine"),
     quota.LimitExceeded: quota.LimitExceeded("pages_per_day", "over 10 pages", 1e9 + 60),
     DocumentTooLarge: DocumentTooLarge(4, 99, 64, "skip"),
     PageFailed: PageFailed(PageError(ErrorCode.INVALID_URL, "no host"), "http://x/"),

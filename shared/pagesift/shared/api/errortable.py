@@ -40,6 +40,7 @@ from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Unauthenticated
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.records import IdempotencyKeyReused
+from pagesift.shared.jobs.rendering import RenderingUnavailable
 from pagesift.shared.jobs.specs import WebhookSecretMissing
 from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
 from pagesift.shared.replication.backlog import BacklogLost
@@ -419,7 +420,7 @@ TABLE: tuple[Row, ...] = (
          (ReplicationNotAllowed,), _not_allowed),
     _row(R.PERMISSION_DENIED_FIELD, C.PERMISSION_DENIED, "`field`, `account`",
          "the account may not use that option (`options.ignore_robots_txt`, "
-         "`options.proxy_url`)",
+         "`options.proxy_url`, `options.actions[N].execute_javascript`)",
          (PermissionDenied,), _denied),
     _row(R.JOB_NOT_FOUND, C.NOT_FOUND, "`id`",
          "no such job, someone else's, or expired (also mid-WatchJob)",
@@ -443,6 +444,10 @@ TABLE: tuple[Row, ...] = (
     _row(R.WEBHOOK_SECRET_MISSING, C.FAILED_PRECONDITION, "`account`",
          "a job asks for webhooks, but the account has no `webhook_secret`",
          (WebhookSecretMissing,), _webhook_secret),
+    _row(R.RENDERING_UNAVAILABLE, C.FAILED_PRECONDITION, "`field`",
+         "the request needs a browser (`options.engine` BROWSER, a wait, an action, a "
+         "screenshot, emulation) and this node cannot render: send it to one that can",
+         (RenderingUnavailable,), lambda e, _: Refusal(str(e), {"field": e.field})),
     _row(R.QUOTA_EXCEEDED, C.RESOURCE_EXHAUSTED,
          "`limit`, `resets_at` (RFC 3339, when known) (+ `QuotaFailure` subject "
          "`account:NAME` or `node`, `quota_id` = the limit; `RetryInfo` when `resets_at` "

@@ -12,8 +12,9 @@ Invariants:
   found (``InvalidArgument.combined``: the first leads the status message and the
   ErrorInfo; each is a BadRequest violation);
 - a bad field outranks a permission: ``PermissionDenied`` (the first one) is raised
-  only when no field is invalid, and ``WebhookSecretMissing`` only when the request
-  is otherwise acceptable;
+  only when no field is invalid, then ``RenderingUnavailable`` (the node cannot render:
+  ``renders``, by default whether ``browser_executable`` is set) and
+  ``WebhookSecretMissing`` only when the request is otherwise acceptable;
 - nothing here writes: a refused request leaves the store untouched.
 """
 
@@ -24,7 +25,7 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import quota, urls, validate
+from pagesift.shared.jobs import quota, rendering, urls, validate
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Account
 from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
@@ -42,7 +43,8 @@ class WebhookSecretMissing(Exception):
 @dataclass(frozen=True)
 class Permissions:
     """What the caller may do: its account (limits, ``allow_proxy_url``,
-    ``allow_ignore_robots``) and whether it can sign webhooks."""
+    ``allow_ignore_robots``, ``allow_execute_javascript``) and whether it can sign
+    webhooks."""
 
     account: Account
     can_sign_webhooks: bool
@@ -105,27 +107,36 @@ class _Violations:
 
 
 async def scrape(
-    req: jobs_pb2.ScrapeRequest, caller: Permissions, config: ServerConfig
+    req: jobs_pb2.ScrapeRequest,
+    caller: Permissions,
+    config: ServerConfig,
+    *,
+    renders: bool | None = None,
 ) -> ScrapeSpec:
     v = _Violations()
     with v:
         await validate.url(req.url, "url", config)
-    _options(v, req.options, config)
+    _options(v, req.options, caller, config)
     with v:
         await validate.request_control(req.options, caller.account, config)
     v.settle()
+    _can_render(req.options, config, renders)
     return ScrapeSpec(url=req.url, options=req.options)
 
 
 async def batch(
-    req: jobs_pb2.StartBatchScrapeRequest, caller: Permissions, config: ServerConfig
+    req: jobs_pb2.StartBatchScrapeRequest,
+    caller: Permissions,
+    config: ServerConfig,
+    *,
+    renders: bool | None = None,
 ) -> BatchSpec:
     v = _Violations()
     counted = False
     with v:
         _batch_size(req, config)
         counted = True
-    _options(v, req.options, config)
+    _options(v, req.options, caller, config)
     with v:
         validate.concurrency(req.max_concurrency, config)
     with v:
@@ -140,12 +151,17 @@ async def batch(
     with v:
         hook = await webhook(req.webhook, config)
     v.settle()
+    _can_render(req.options, config, renders)
     _can_sign(hook, caller)
     return BatchSpec(urls=kept[0], invalid=kept[1], webhook=hook)
 
 
 async def crawl(
-    req: jobs_pb2.StartCrawlRequest, caller: Permissions, config: ServerConfig
+    req: jobs_pb2.StartCrawlRequest,
+    caller: Permissions,
+    config: ServerConfig,
+    *,
+    renders: bool | None = None,
 ) -> CrawlSpec:
     v = _Violations()
     with v:
@@ -164,13 +180,14 @@ async def crawl(
         validate.max_retries(req, config)
     with v:
         validate.delay(req.delay)
-    _options(v, req.options, config)
+    _options(v, req.options, caller, config)
     with v:
         await validate.request_control(req.options, caller.account, config)
     hook: jobs_pb2.Webhook | None = None
     with v:
         hook = await webhook(req.webhook, config)
     v.settle()
+    _can_render(req.options, config, renders)
     _can_sign(hook, caller)
     limit = quota.crawl_limit_for(caller.account, req.limit, config.default_crawl_limit)
     return CrawlSpec(limit=limit, webhook=hook)
@@ -195,10 +212,26 @@ async def map_spec(req: jobs_pb2.MapRequest, caller: Permissions, config: Server
     return MapSpec(request=req)
 
 
-def _options(v: _Violations, opts: jobs_pb2.ScrapeOptions, config: ServerConfig) -> None:
-    """What shapes the document (``validate.options``); request control is apart."""
+def _options(
+    v: _Violations, opts: jobs_pb2.ScrapeOptions, caller: Permissions, config: ServerConfig
+) -> None:
+    """What shapes the document (``validate.options``), the rendering options
+    (``rendering.check``) and who may run JavaScript; request control is apart."""
     with v:
         validate.options(opts, config)
+    with v:
+        rendering.check(opts, config)
+    with v:
+        rendering.permissions(opts, caller.account)
+
+
+def _can_render(opts: jobs_pb2.ScrapeOptions, config: ServerConfig, renders: bool | None) -> None:
+    """``RenderingUnavailable`` when the request needs a browser and the node has none
+    (``renders``: the node's own word; None: ``browser_executable`` is set)."""
+    can = bool(config.browser_executable) if renders is None else renders
+    refusal = rendering.unavailable(opts, can)
+    if refusal is not None:
+        raise refusal
 
 
 def _can_sign(hook: jobs_pb2.Webhook | None, caller: Permissions) -> None:
