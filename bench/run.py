@@ -33,6 +33,7 @@ SECTIONS = (
     "map",
     "export",
     "hostile",
+    "render",
 )
 
 

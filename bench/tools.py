@@ -3,7 +3,8 @@
 - Debian packages (``nginx``, ``python-django-doc``): checked with ``dpkg-query``;
   missing ones are installed with ``apt-get update`` then ``apt-get install`` (root only).
 - Scrapy (pinned in ``SCRAPY_VERSION``) lives in its own virtualenv, ``bench/.venv-scrapy``,
-  so the project's ``.venv`` never sees it; ``py-spy`` (for ``--profile``) goes there too.
+  so the project's ``.venv`` never sees it; ``py-spy`` (for ``--profile``) and
+  scrapy-playwright + playwright (the render section's peer) go there too.
   The venv gets a ``.gitignore`` of ``*`` so git, ruff and friends skip it.
 """
 
@@ -19,6 +20,10 @@ from bench.common import BENCH_DIR, run_checked, say
 
 SCRAPY_VERSION = "2.19.0"  # what `pip install scrapy` gave on 2026-11-29; bump deliberately
 PY_SPY_VERSION = "0.4.3"
+# the render section's peer (bench/render_peer.py), in the same venv: it drives Debian's
+# chromium-headless-shell (no browser download); playwright pinned to the node's version
+SCRAPY_PLAYWRIGHT_VERSION = "0.0.48"
+PLAYWRIGHT_VERSION = "1.65.2"
 SCRAPY_VENV = BENCH_DIR / ".venv-scrapy"
 DJANGO_DOC_PACKAGE = "python-django-doc"
 APT_TIMEOUT = 900.0
@@ -90,8 +95,9 @@ def _pip_version(python: Path, dist: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def ensure_scrapy_venv(with_py_spy: bool = False) -> Path:
-    """``bench/.venv-scrapy`` with Scrapy (and optionally py-spy) pinned; returns its python."""
+def ensure_scrapy_venv(with_py_spy: bool = False, extra: dict[str, str] | None = None) -> Path:
+    """``bench/.venv-scrapy`` with Scrapy (and optionally py-spy, and the ``extra``
+    distributions: name -> version) pinned; returns its python."""
     python = _venv_python()
     if not python.exists():
         base = Path(os.path.realpath(sys.executable))
@@ -104,6 +110,7 @@ def ensure_scrapy_venv(with_py_spy: bool = False) -> Path:
     wanted = {"scrapy": SCRAPY_VERSION}
     if with_py_spy:
         wanted["py-spy"] = PY_SPY_VERSION
+    wanted.update(extra or {})
     todo = []
     for dist, version in wanted.items():
         have = _pip_version(python, dist)
@@ -118,6 +125,13 @@ def ensure_scrapy_venv(with_py_spy: bool = False) -> Path:
             timeout=PIP_TIMEOUT,
         )
     return python
+
+
+def ensure_render_peer() -> Path:
+    """``bench/.venv-scrapy`` with scrapy-playwright and playwright pinned as well."""
+    return ensure_scrapy_venv(
+        extra={"scrapy-playwright": SCRAPY_PLAYWRIGHT_VERSION, "playwright": PLAYWRIGHT_VERSION}
+    )
 
 
 def py_spy_path() -> Path:
