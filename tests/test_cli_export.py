@@ -239,6 +239,8 @@ def _fill(message: Message, descriptor: Descriptor, seed: int = 1) -> None:
             setattr(message, field.name, f"{field.name} ✓ {n}")
         elif field.type == FieldDescriptor.TYPE_BOOL:
             setattr(message, field.name, True)
+        elif field.type == FieldDescriptor.TYPE_BYTES:  # JSON: base64
+            setattr(message, field.name, b"\x89PNG\x00\xff" + bytes([n]))
         elif field.enum_type is not None:
             setattr(message, field.name, field.enum_type.values[-1].number)
         elif field.cpp_type in (FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_INT64):

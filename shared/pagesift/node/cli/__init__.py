@@ -41,7 +41,8 @@ The modules, by concern:
 - ``args``: argument types and the key/TLS/``--server`` option groups;
 - ``jobs``: scrape, batch, crawl, status, watch, errors, cancel, resume, jobs (flags,
   requests, handlers); ``jobview``: their JSON shapes and text lines;
-  ``progress``: following a job to its end (``JobProgress``, the bar);
+  ``progress``: following a job to its end (``JobProgress``, the bar); ``render``:
+  the rendering flags (engine, waits, ``--action``'s syntax) and the screenshot file;
 - ``admin``: role, promote, verify, with their output;
 - ``drill``: ``drill``, a failover rehearsal and its verdict (``pagesift.node.drill``);
 - ``backup``: ``backup``, a consistent copy of a node's store as a new data directory;

@@ -11,7 +11,8 @@ Layout of ``--dir DIR``::
     DIR/<host>[_<port>]/<path...>/<name>.<ext>
                                          one file per document: markdown (.md) by default,
                                          or --format html|raw_html (.html), links|images
-                                         (.txt, one URL a line), json (.json, the whole document)
+                                         (.txt, one URL a line), json (.json, the whole document),
+                                         screenshot (.png or .jpg, the image's bytes)
 
 ``--jsonl`` writes one line per document: the document's JSON as ``document_dict``
 gives it (every field of the message), to stdout or ``--out FILE``.
@@ -51,7 +52,7 @@ from typing import IO, Any, Protocol
 from pagesift.client import ClientError, JobClient
 from pagesift.node.cli.args import client_parent, nonneg_int
 from pagesift.node.cli.common import EXIT_OK, dump, fail
-from pagesift.node.cli.exportpaths import EXTENSIONS, PathAllocator
+from pagesift.node.cli.exportpaths import EXTENSIONS, IMAGE_EXTENSIONS, PathAllocator
 from pagesift.node.cli.jobview import document_dict, state_name
 from pagesift.node.cli.progress import TERMINAL_STATES, page_bar
 from pagesift.v1 import jobs_pb2
@@ -82,6 +83,13 @@ def page_content(doc: jobs_pb2.Document, fmt: str) -> str:
         return json.dumps(document_dict(doc), ensure_ascii=False) + "\n"
     text: str = getattr(doc, fmt)
     return text
+
+
+def page_bytes(doc: jobs_pb2.Document, fmt: str) -> bytes:
+    """The bytes ``--dir`` writes for ``doc``: the screenshot's image, or the text."""
+    if fmt == "screenshot":
+        return doc.screenshot.data
+    return page_content(doc, fmt).encode("utf-8", "surrogatepass")
 
 
 def index_entry(index: int, doc: jobs_pb2.Document, path: str) -> dict[str, Any]:
@@ -178,6 +186,8 @@ class DirSink:
         self.fmt = fmt
         self.next_index = from_index
         self.allocator = PathAllocator(EXTENSIONS[fmt])
+        # a JPEG screenshot is a .jpg; one set of taken paths for both extensions
+        self.jpeg = PathAllocator(IMAGE_EXTENSIONS["image/jpeg"], self.allocator.taken)
         self.empty = 0
         root.mkdir(parents=True, exist_ok=True)
         self._root_real = os.path.realpath(root)
@@ -193,17 +203,18 @@ class DirSink:
         self.index = index.open("a", encoding="utf-8")
 
     def write(self, index: int, doc: jobs_pb2.Document) -> None:
-        rel = self.allocator.allocate(doc.url)
+        jpeg = self.fmt == "screenshot" and doc.screenshot.content_type == "image/jpeg"
+        rel = (self.jpeg if jpeg else self.allocator).allocate(doc.url)
         target = self.root.joinpath(*rel.split("/"))
         target.parent.mkdir(parents=True, exist_ok=True)
         real = os.path.realpath(target.parent)
         if os.path.commonpath([real, self._root_real]) != self._root_real:
             raise OSError(f"{target}: outside {self.root} (a symbolic link in it?)")
-        content = page_content(doc, self.fmt)
+        content = page_bytes(doc, self.fmt)
         if not content:
             self.empty += 1
         tmp = self.root / _TMP_NAME
-        tmp.write_text(content, encoding="utf-8", errors="surrogatepass")
+        tmp.write_bytes(content)
         os.replace(tmp, target)
         self.index.write(json.dumps(index_entry(index, doc, rel), ensure_ascii=False) + "\n")
         self.next_index = index + 1

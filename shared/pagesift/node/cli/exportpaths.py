@@ -37,10 +37,13 @@ EXTENSIONS: dict[str, str] = {
     "links": ".txt",
     "images": ".txt",
     "json": ".json",
+    "screenshot": ".png",  # .jpg for a JPEG screenshot (IMAGE_EXTENSIONS)
 }
+#: a screenshot's extension by its content type (``screenshot``'s files)
+IMAGE_EXTENSIONS: dict[str, str] = {"image/png": ".png", "image/jpeg": ".jpg"}
 #: a directory name never ends with one of these (case-folded), so no file meets a
 #: directory of its own name; .jsonl: DIR/index.jsonl
-_FILE_SUFFIXES = (*sorted(set(EXTENSIONS.values())), ".jsonl")
+_FILE_SUFFIXES = (*sorted({*EXTENSIONS.values(), *IMAGE_EXTENSIONS.values()}), ".jsonl")
 MAX_COMPONENT_BYTES = 100  # ext4/xfs allow 255 bytes, NTFS 255 UTF-16 units
 MAX_PATH_BYTES = 240  # below Windows' 260 (MAX_PATH) with a short --dir
 _HASH_CHARS = 12

@@ -1,7 +1,8 @@
 """The job subcommands: ``scrape``, ``batch``, ``crawl``, ``status``, ``watch``,
 ``errors``, ``cancel``, ``resume``, ``jobs`` and ``map`` (and ``export``, from ``export``).
 
-Owns their flags (``add_job_commands``), the requests built from those flags
+Owns their flags (``add_job_commands``; the rendering ones are ``render``'s, which
+also writes ``scrape --format screenshot --out FILE``), the requests built from those flags
 (``scrape_options``, ``batch_request``, ``crawl_request``; ``--format`` is checked
 while parsing), and their handlers. Each handler is ``async def (args, client) ->
 int`` and sends its calls through the ``JobClient`` it is given (which fails over);
@@ -19,11 +20,12 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pagesift.client import JobClient
 from pagesift.node.cli.args import client_parent, nonneg_float, nonneg_int
-from pagesift.node.cli.common import EXIT_OK, dump
+from pagesift.node.cli.common import EXIT_OK, dump, enum_name, fail
 from pagesift.node.cli.export import (
     ExportTarget,
     add_export_command,
@@ -45,6 +47,12 @@ from pagesift.node.cli.jobview import (
     watch_line,
 )
 from pagesift.node.cli.progress import JobProgress, wait_for_job
+from pagesift.node.cli.render import (
+    add_render_flags,
+    apply_render_flags,
+    save_screenshot,
+    screenshot_line,
+)
 from pagesift.v1 import jobs_pb2
 
 FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
@@ -54,6 +62,7 @@ FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
     "links": jobs_pb2.FORMAT_LINKS,
     "images": jobs_pb2.FORMAT_IMAGES,
     "change_tracking": jobs_pb2.FORMAT_CHANGE_TRACKING,
+    "screenshot": jobs_pb2.FORMAT_SCREENSHOT,
 }
 SITEMAP_MODES: dict[str, jobs_pb2.SitemapMode.ValueType] = {
     "include": jobs_pb2.SITEMAP_MODE_INCLUDE,
@@ -115,6 +124,7 @@ def scrape_options(args: argparse.Namespace) -> jobs_pb2.ScrapeOptions:
         options.timeout.FromNanoseconds(int(args.timeout * 1e9))
     if args.max_age is not None:
         options.max_age.FromNanoseconds(int(args.max_age * 1e9))
+    apply_render_flags(options, args)
     return options
 
 
@@ -152,14 +162,23 @@ def crawl_request(args: argparse.Namespace) -> jobs_pb2.StartCrawlRequest:
 
 
 async def _cmd_scrape(args: argparse.Namespace, client: JobClient) -> int:
+    formats = parse_formats(args.format) or [jobs_pb2.FORMAT_MARKDOWN]
+    if args.out is not None and jobs_pb2.FORMAT_SCREENSHOT not in formats:
+        return fail("--out FILE (the image) goes with --format screenshot")
     doc = await client.scrape(args.url, scrape_options(args))
+    if args.out is not None:
+        save_screenshot(doc, args.out)
     if args.json:
         dump(document_json(doc, full=True))
         return EXIT_OK
-    formats = parse_formats(args.format) or [jobs_pb2.FORMAT_MARKDOWN]
-    print(f"{doc.status_code} {doc.final_url or doc.url}  {doc.title}", file=sys.stderr)
+    engine = enum_name(jobs_pb2.FetchEngine.DESCRIPTOR, doc.engine, "FETCH_ENGINE_")
+    print(f"{doc.status_code} {doc.final_url or doc.url}  {doc.title}  [{engine}]", file=sys.stderr)
     for fmt in formats:
         name = next(n for n, f in FORMATS.items() if f == fmt)
+        if fmt == jobs_pb2.FORMAT_SCREENSHOT:  # the bytes go to --out, never to a terminal
+            where = f" -> {args.out}" if args.out is not None else " (--out FILE writes it)"
+            print(screenshot_line(doc) + where, file=sys.stderr)
+            continue
         if len(formats) > 1:
             print(f"==> {name} <==")
         if fmt == jobs_pb2.FORMAT_LINKS:
@@ -443,6 +462,7 @@ def _scrape_options_parent() -> argparse.ArgumentParser:
     parent.add_argument(
         "--diff", action="store_true", help="with --format change_tracking: the markdown diff"
     )
+    add_render_flags(parent)
     return parent
 
 
@@ -455,6 +475,9 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("url")
     p.add_argument(
         "--json", action="store_true", help="print the whole document as JSON (every field)"
+    )
+    p.add_argument(
+        "--out", type=Path, metavar="FILE", help="with --format screenshot: write the image here"
     )
     p.set_defaults(handler=_cmd_scrape, uses_client=True)
 
