@@ -18,7 +18,10 @@ sees there (a plain GET of the page does not contain it: the tests' positive con
   it reads back (``#state``: "cookie=...;storage=...");
 - ``/probe.html``: an empty page for ``execute_javascript``/viewport probes; ``/form.html``
   an input whose typed value and pressed keys are echoed; ``/tall.html`` a 5000 px
-  page; ``/slow.html`` answers after ``?delay=`` seconds (for kills mid-render).
+  page; ``/slow.html`` answers after ``?delay=`` seconds (for kills mid-render);
+  ``/image.html`` shows ``/img.png`` and uses the font ``/font.woff2``.
+
+``serve_js_site(hits)`` counts the requests of each path in ``hits`` (a Counter).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import asyncio
 import base64
 import contextlib
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -50,6 +54,7 @@ PAGES = {
     "probe": "probe.html",
     "form": "form.html",
     "tall": "tall.html",
+    "image": "image.html",
 }
 MARKERS = {
     "fetch": "Fetched catalogue item gamma",
@@ -62,6 +67,9 @@ MARKERS = {
     "spa": "Script-rendered chapter",
 }
 
+_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
 _PROSE = " ".join(
     ["The reference manual describes every option of the command line tool in detail."] * 60
 )
@@ -70,7 +78,9 @@ _PROSE = " ".join(
 def _page(title: str, body: str, script: str = "") -> str:
     tag = f"<script>{script}</script>" if script else ""
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head>"
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>{title}</title></head>"
         f"<body>{body}{tag}</body></html>"
     )
 
@@ -192,6 +202,11 @@ def _pages() -> dict[str, str]:
         ),
         "probe.html": _page("Probe", "<p>probe</p>"),
         "form.html": _page("Form", "<input id='q'><p id='out'></p><p id='keys'></p>", form),
+        "image.html": _page(
+            "Image",
+            "<style>@font-face { font-family: F; src: url('/font.woff2'); }"
+            " p { font-family: F; }</style><p>pictured</p><img src='/img.png' alt='x'>",
+        ),
         "tall.html": _page(
             "Tall", "<div style='height:5000px;background:linear-gradient(red,blue)'>tall</div>"
         ),
@@ -199,12 +214,19 @@ def _pages() -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def serve_js_site() -> AsyncIterator[str]:
-    """The site on 127.0.0.1:<free port>; yields its root URL ("http://127.0.0.1:N/")."""
+async def serve_js_site(hits: Counter[str] | None = None) -> AsyncIterator[str]:
+    """The site on 127.0.0.1:<free port>; yields its root URL ("http://127.0.0.1:N/").
+    ``hits`` counts the requests of each path (without the leading "/")."""
     pages = _pages()
 
     async def handle(request: web.Request) -> web.StreamResponse:
         path = request.path.lstrip("/")
+        if hits is not None:
+            hits[path] += 1
+        if path in ("img.png", "font.woff2"):
+            return web.Response(
+                body=_PNG if path == "img.png" else b"wOF2", content_type="image/png"
+            )
         if path == "api/items.json":
             items = ["Fetched catalogue item alpha", "Fetched catalogue item beta",
                      MARKERS["fetch"]]  # fmt: skip

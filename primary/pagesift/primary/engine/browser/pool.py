@@ -70,6 +70,7 @@ PROFILE_PREFIX = "playwright_chromiumdev_profile-"
 PAGE_MEMORY = 256 << 20
 MEMORY_CHECK_EVERY = 1.0  # seconds between two PSS readings
 LAUNCH_TIMEOUT = 30.0
+PROFILE_MIN_AGE = 60.0  # seconds: a younger profile folder may belong to a launch
 
 
 @dataclass(frozen=True)
@@ -222,15 +223,27 @@ def _live_profiles() -> set[str]:
     return live
 
 
-def sweep_profiles(tmpdir: str | None = None, live: Iterable[str] | None = None) -> list[str]:
+def sweep_profiles(
+    tmpdir: str | None = None,
+    live: Iterable[str] | None = None,
+    *,
+    min_age: float = PROFILE_MIN_AGE,
+    now: float | None = None,
+) -> list[str]:
     """Remove ``playwright_chromiumdev_profile-*`` folders of ``tmpdir`` that no running
-    process names (``live``: their base names; read from /proc when None)."""
+    process names (``live``: their base names; read from /proc when None) and that are
+    at least ``min_age`` seconds old (one being created for a launch is spared)."""
     base = tmpdir or tempfile.gettempdir()
     keep = set(_live_profiles() if live is None else live)
+    at = time.time() if now is None else now
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(base):
-            if entry.name.startswith(PROFILE_PREFIX) and entry.name not in keep:
+            if not entry.name.startswith(PROFILE_PREFIX) or entry.name in keep:
+                continue
+            with contextlib.suppress(OSError):
+                if at - entry.stat(follow_symlinks=False).st_mtime < min_age:
+                    continue
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry.path)
     return removed
