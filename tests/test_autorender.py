@@ -107,7 +107,7 @@ def test_a_huge_text_page_stops_counting_early() -> None:
     body = b"<html><body>" + b"<p>word word word</p>" * 2_000_000 + b"<div id='root'></div>"
     started = time.perf_counter()
     assert needs_render(body, "text/html") is None
-    assert time.perf_counter() - started < 0.1
+    assert time.perf_counter() - started < 0.05
     assert RICH_TEXT < 10_000
 
 
