@@ -121,6 +121,20 @@ class HttpEngine:
             return page
 
     async def _scrape(self, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy) -> Page:
+        url = urls.strip_userinfo(url)  # the stored url goes without credentials
+        resp, kind, agent = await self.fetch_response(url, options, policy)
+        if kind == "not_modified":
+            unchanged = jobs_pb2.Document(url=url, final_url=resp.url, status_code=resp.status)
+            return Page(document=unchanged, validators=resp.validators, not_modified=True)
+        return await self.pages.page(url, resp, kind, options, agent, policy.owner)
+
+    async def fetch_response(
+        self, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy
+    ) -> tuple[Response, str, str]:
+        """``scrape`` up to the final response, before extraction: (the response after
+        redirects and meta refreshes, its kind (``pages.kind_of``; "not_modified" for
+        a 304), the robots agent its directives are read for). ``rendering`` reads
+        the body to decide whether to render it; raises PageError."""
         # Requests with credentials are refused at validation; a crawled link has them
         # stripped here, so the stored url and every request go without them.
         url = urls.strip_userinfo(url)
@@ -151,10 +165,10 @@ class HttpEngine:
 
         started = time.monotonic()
         max_hops = self.config.max_redirects
+        agent = profile.robots_agent(self.config.user_agent)
         resp = await get(url, max_hops, policy.validators)
         if resp.kind == "not_modified":
-            unchanged = jobs_pb2.Document(url=url, final_url=resp.url, status_code=resp.status)
-            return Page(document=unchanged, validators=resp.validators, not_modified=True)
+            return resp, "not_modified", agent
         hops, visited = resp.hops, {resp.url}
         while True:  # meta refresh: one more redirect hop each, same budget (bounded)
             kind = kind_of(resp, allow_non_html)
@@ -169,8 +183,7 @@ class HttpEngine:
             hops += resp.hops
         if self.metrics is not None:
             self.metrics.fetched(time.monotonic() - started, len(resp.body))
-        agent = profile.robots_agent(self.config.user_agent)
-        return await self.pages.page(url, resp, kind, options, agent, policy.owner)
+        return resp, kind, agent
 
     async def sitemap_urls(
         self,

@@ -28,6 +28,18 @@ pagesift_host_delay_seconds                 gauge      host: the current adaptiv
                                                        Retry-After pause left, for at most
                                                        the 50 most recently slowed hosts
                                                        (bounded label cardinality)
+pagesift_page_seconds                       histogram  engine: one page from request to
+                                                       Page (http, browser: a render)
+pagesift_auto_renders_total                 counter    reason: pages AUTO rendered (a
+                                                       needs_render reason, "requested",
+                                                       "host needs rendering")
+pagesift_browser_pages_in_use               gauge      pages the browser pool renders now
+pagesift_browser_pages_max                  gauge      the pool's page slots
+pagesift_browser_restarts_total             counter    browsers relaunched (crash, recycle)
+pagesift_browser_can_render                 gauge      1 when this node has a browser
+pagesift_guard_proxy_blocked_requests_total counter    browser requests the guard proxy
+                                                       refused (address rules)
+pagesift_guard_proxy_blocked_bytes_total    counter    ... bytes of them not relayed
 pagesift_limit_rejections_total             counter    limit: RESOURCE_EXHAUSTED by limit
 pagesift_worker_peak_memory_bytes           histogram  an extraction worker's peak resident
                                                        memory during one page (VmHWM),
@@ -141,6 +153,19 @@ class Metrics:
             "pagesift_fetch_seconds",
             "Time to fetch one page (every redirect hop included).",
             buckets=FETCH_BUCKETS,
+            registry=r,
+        )
+        self.page_seconds = Histogram(
+            "pagesift_page_seconds",
+            "Time to produce one page, by the engine that produced it (browser: a render).",
+            ["engine"],
+            buckets=FETCH_BUCKETS,
+            registry=r,
+        )
+        self.auto_renders = Counter(
+            "pagesift_auto_renders",
+            "Pages the AUTO engine rendered with the browser, by reason.",
+            ["reason"],
             registry=r,
         )
         self.fetched_bytes = Counter(
@@ -273,6 +298,12 @@ class Metrics:
         self.fetch_seconds.observe(seconds)
         if nbytes > 0:
             self.fetched_bytes.inc(nbytes)
+
+    def page_produced(self, engine: str, seconds: float) -> None:
+        self.page_seconds.labels(engine).observe(seconds)
+
+    def auto_rendered(self, reason: str) -> None:
+        self.auto_renders.labels(reason).inc()
 
     def fetch_retry(self, cause: str) -> None:
         self.fetch_retries.labels(cause).inc()

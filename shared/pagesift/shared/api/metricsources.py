@@ -80,6 +80,18 @@ class StorageFigures:
 
 
 @dataclass(frozen=True)
+class BrowserFigures:
+    """What the browser series show (``rendering.RenderingEngine.figures``)."""
+
+    can_render: bool
+    pages_in_use: int
+    pages_max: int
+    restarts: int
+    blocked_requests: int
+    blocked_bytes: int
+
+
+@dataclass(frozen=True)
 class ScrapeSources:
     """Where the scrape-time series come from; each is called at every scrape, on the
     scraping thread (``metricshttp`` renders in a worker thread). None (or a call
@@ -91,6 +103,7 @@ class ScrapeSources:
     witness: Callable[[], WitnessGauges | None] | None = None
     storage: Callable[[], StorageFigures | None] | None = None
     host_delays: Callable[[], dict[str, float] | None] | None = None
+    browser: Callable[[], BrowserFigures | None] | None = None
 
 
 class ScrapeTime(Collector):
@@ -108,6 +121,7 @@ class ScrapeTime(Collector):
             ("witness", self._witness),
             ("storage", self._storage),
             ("hosts", self._hosts),
+            ("browser", self._browser),
         ):
             try:
                 families = list(fn())
@@ -166,6 +180,32 @@ class ScrapeTime(Collector):
         for host, seconds in sorted(delays.items()):
             fam.add_metric([host], seconds)
         yield fam
+
+    def _browser(self) -> Iterable[Metric]:
+        fn = self._sources.browser
+        figures = fn() if fn is not None else None
+        if figures is None:
+            return
+        for name, doc, value in (
+            ("pagesift_browser_can_render", "1 when this node can render pages.",
+             float(figures.can_render)),
+            ("pagesift_browser_pages_in_use", "Pages the browser pool renders now.",
+             figures.pages_in_use),
+            ("pagesift_browser_pages_max", "Pages the browser pool renders at once at most.",
+             figures.pages_max),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(name, doc, value=value)
+        for name, doc, value in (
+            ("pagesift_browser_restarts", "Browsers relaunched (crash or recycle).",
+             figures.restarts),
+            ("pagesift_guard_proxy_blocked_requests",
+             "Browser requests the guard proxy refused by the address rules.",
+             figures.blocked_requests),
+            ("pagesift_guard_proxy_blocked_bytes",
+             "Bytes of browser requests the guard proxy refused, not relayed.",
+             figures.blocked_bytes),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, doc, value=value)
 
     def _witness(self) -> Iterable[Metric]:
         fn = self._sources.witness

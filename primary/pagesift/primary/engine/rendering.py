@@ -1,0 +1,407 @@
+"""RenderingEngine: the ``Engine`` every job sees, choosing HTTP or the browser per page.
+
+Owns the per-request engine choice (``choose``: ``ScrapeOptions.engine``; UNSPECIFIED
+is AUTO on a node that can render, else HTTP) and the render path around a
+``browser.pool.BrowserPool``; the HTTP path is ``http.HttpEngine``'s, untouched. AUTO
+fetches over HTTP and renders when ``autorender.needs_render`` names a reason, when the
+request asks for what only a browser does (waits, actions, a screenshot, phone
+emulation), or when ``autorender.HostMemory`` says the host's pages need it (no fetch
+first). The invariants, for a rendered page as for a fetched one:
+
+- the address guard refuses the start URL before the browser is asked; every request
+  the browser makes goes through the node's guard proxy (``browser.guardproxy``);
+- robots.txt is checked for the start URL (and the final URL after the browser's
+  redirects) with the profile's agent; the render holds the host's politeness slot
+  (``hops.Fetcher.slots``) with the same delay as a fetch;
+- the request profile's headers, user agent and cookies go into the render, and the
+  context's cookies come back into the job's jar (``cookiejar.JobCookies.absorb``), so
+  the page's write group stores them like a fetch's Set-Cookie lines;
+- the rendered HTML becomes a ``Page`` through the same ``pages.PageMaker`` (worker
+  processes, bounded), with ``Document.engine``, ``screenshot``, ``action_results``
+  and ``metadata["engine"]`` set; one attempt per call (retries are the job's: a
+  browser that crashed mid-render is a retryable ``RENDER_FAILED`` from the pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from email.utils import formatdate
+from typing import Any
+
+from aiohttp.abc import AbstractResolver
+from multidict import CIMultiDict
+
+from pagesift.primary.engine import autorender, retrypolicy
+from pagesift.primary.engine.browser.guardproxy import ERROR_HEADER, GuardProxy, launch_proxy
+from pagesift.primary.engine.browser.pool import BrowserPool
+from pagesift.primary.engine.hops import Response
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.politeness import effective_delay
+from pagesift.primary.engine.protocol import FetchPolicy, Page
+from pagesift.primary.engine.reqprofile import RequestProfile
+from pagesift.primary.extract.metadata import response_metadata
+from pagesift.shared.api.metricsources import BrowserFigures
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import urls
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.shared.util import tracing
+from pagesift.v1 import jobs_pb2
+
+__all__ = ["RenderingEngine", "browser_asked", "choose", "render_status"]
+
+HTTP = jobs_pb2.FETCH_ENGINE_HTTP
+BROWSER = jobs_pb2.FETCH_ENGINE_BROWSER
+AUTO = jobs_pb2.FETCH_ENGINE_AUTO
+ENGINE_NAMES: dict[int, str] = {HTTP: "http", BROWSER: "browser"}
+
+
+def choose(options: jobs_pb2.ScrapeOptions, can_render: bool) -> int:
+    """The engine a request runs with: its own, UNSPECIFIED as AUTO when the node can
+    render, else HTTP (AUTO without a browser is HTTP too)."""
+    engine = options.engine
+    if engine == jobs_pb2.FETCH_ENGINE_UNSPECIFIED:
+        return AUTO if can_render else HTTP
+    if engine == AUTO and not can_render:
+        return HTTP
+    return int(engine)
+
+
+def browser_asked(options: jobs_pb2.ScrapeOptions) -> str | None:
+    """What in a request only a browser does (AUTO renders it at once), or None."""
+    if jobs_pb2.FORMAT_SCREENSHOT in options.formats:
+        return "screenshot"
+    if options.actions:
+        return "actions"
+    if options.HasField("wait_for"):
+        return "wait_for"
+    if options.mobile:
+        return "mobile"
+    return None
+
+
+def render_status(config: ServerConfig) -> str:
+    """ "" when a node with ``config`` can render, else why not (no I/O but a stat)."""
+    if not config.browser_executable:
+        return "browser_executable is empty: rendering is off"
+    return BrowserPool(config).available().reason
+
+
+class RenderingEngine:
+    """The node's Engine: ``http`` for fetches and, with ``render``, a browser pool
+    behind the guard proxy, both started at the first render (nothing launched before)."""
+
+    def __init__(
+        self,
+        http: HttpEngine,
+        *,
+        render: bool = True,
+        resolver: AbstractResolver | None = None,
+        memory: autorender.HostMemory | None = None,
+    ) -> None:
+        """``render``: use the browser when ``config.browser_executable`` is there;
+        ``resolver``: the names under the guard proxy (default: aiohttp's, as
+        ``HttpEngine``'s)."""
+        self.http = http
+        self.config = http.config
+        self.metrics = http.metrics
+        self.memory = memory or autorender.HostMemory()
+        self.pool: BrowserPool | None = None
+        self.proxy: GuardProxy | None = None
+        if render:
+            self.pool = BrowserPool(self.config)  # launches nothing until a page comes
+            self.proxy = GuardProxy(http.sessions.guard, resolver, pool=http.sessions.pool)
+        self._started = asyncio.Lock()
+
+    def can_render(self) -> bool:
+        """Whether this node renders (a browser is configured and installed)."""
+        return self.pool is not None and bool(self.pool.available())
+
+    def render_status(self) -> str:
+        """ "" when this node can render, else why not (health and status say it)."""
+        if self.pool is None:
+            return "rendering is off on this node"
+        return self.pool.available().reason
+
+    async def _pool(self) -> tuple[BrowserPool, GuardProxy]:
+        """The pool, its browser to be launched with the started guard proxy."""
+        pool, proxy = self.pool, self.proxy
+        if pool is None or proxy is None or not pool.available():
+            raise PageError(ErrorCode.RENDER_FAILED, f"cannot render: {self.render_status()}")
+        async with self._started:
+            if pool.proxy is None:
+                await proxy.start()
+                pool.proxy = launch_proxy(proxy.server)
+        return pool, proxy
+
+    # --- Engine ----------------------------------------------------------------------------
+
+    async def scrape(
+        self,
+        url: str,
+        options: jobs_pb2.ScrapeOptions,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> Page:
+        engine = choose(options, self.can_render())
+        if engine == HTTP:
+            started = time.monotonic()
+            page = await self.http.scrape(url, options, policy)
+            return self._mark(page, HTTP, started)
+        if engine == BROWSER:
+            return await self._render(url, options, policy, "")
+        return await self._auto(url, options, policy)
+
+    async def _auto(self, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy) -> Page:
+        url = urls.strip_userinfo(url)
+        host = urls.host_of(url) if urls.validate(url, self.config.max_url_length) is None else ""
+        asked = browser_asked(options)
+        if asked is not None:
+            return await self._render(url, options, policy, "requested " + asked)
+        if host and self.memory.render_first(policy.owner, host):
+            return await self._render(url, options, policy, "host needs rendering")
+        started = time.monotonic()
+        resp, kind, agent = await self.http.fetch_response(url, options, policy)
+        if kind == "not_modified":
+            unchanged = jobs_pb2.Document(url=url, final_url=resp.url, status_code=resp.status)
+            return Page(document=unchanged, validators=resp.validators, not_modified=True)
+        reason = autorender.needs_render(resp.body, resp.content_type) if kind == "html" else None
+        if host:
+            self.memory.record(policy.owner, host, reason is not None)
+        if reason is None:
+            page = await self.http.pages.page(url, resp, kind, options, agent, policy.owner)
+            return self._mark(page, HTTP, started)
+        return await self._render(url, options, policy, reason)
+
+    async def _render(
+        self, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy, reason: str
+    ) -> Page:
+        if not tracing.enabled():
+            return await self._render_page(url, options, policy, reason)
+        attrs = {"server.address": urls.host_of(url), "pagesift.render_reason": reason}
+        with tracing.span("render", attrs) as span:
+            try:
+                page = await self._render_page(url, options, policy, reason)
+            except PageError as e:
+                if span is not None:
+                    span.set_attribute("error.type", e.code.value)
+                raise
+            if span is not None:
+                span.set_attribute("http.response.status_code", page.document.status_code)
+            return page
+
+    async def _render_page(
+        self, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy, reason: str
+    ) -> Page:
+        url = urls.strip_userinfo(url)
+        problem = urls.validate(url, self.config.max_url_length)
+        if problem is not None:
+            raise PageError(ErrorCode.INVALID_URL, problem)
+        profile = policy.request
+        if profile is None:  # a one-off scrape: validation checked its permissions
+            profile = RequestProfile.build(
+                options, [url], may_ignore_robots=True, may_use_proxy_url=True
+            )
+        try:
+            current = urls.fetch_url(url)
+        except ValueError as exc:
+            raise PageError(ErrorCode.INVALID_URL, f"invalid URL: {exc}") from None
+        host = urls.host_of(current)
+        guard = self.http.sessions.guard
+        if guard is not None:
+            refused = guard.refusal_for_url(current)
+            if refused is not None:
+                raise PageError(ErrorCode.BLOCKED_ADDRESS, refused)
+        agent = profile.robots_agent(self.config.user_agent)
+        robots = self.config.respect_robots and profile.respect_robots
+        crawl_delay = await self._robots_check(current, agent) if robots else None
+        fetcher = self.http.fetcher
+        delay = effective_delay(self.config.per_host_delay, policy.delay, crawl_delay)
+        if self.config.adaptive_throttle:
+            delay = max(delay, fetcher.throttle.delay(host))
+        pool, proxy = await self._pool()
+        started = time.monotonic()
+        creds = proxy.register(proxy=profile.proxy, proxy_url=profile.proxy_url)
+        try:
+            async with fetcher.slots.slot(host, delay):
+                rendered = await pool.render(
+                    current,
+                    options,
+                    owner=policy.owner,
+                    headers=dict(profile.headers),
+                    user_agent=profile.user_agent or None,
+                    cookies=_browser_cookies(profile, current),
+                    proxy=creds.playwright(),
+                    timeout=profile.timeout,
+                )
+        finally:
+            proxy.release(creds)
+        proxy_failed = _proxy_error(rendered.headers)
+        if proxy_failed is not None:
+            raise proxy_failed
+        _absorb_cookies(profile, rendered.cookies)
+        final = rendered.final_url or current
+        if robots and final != current:
+            await self._robots_check(final, agent)
+        if rendered.status >= 400:
+            raise _status_error(rendered.status, rendered.headers)
+        resp = _response(final, rendered.status, rendered.headers, rendered.html)
+        page = await self.http.pages.page(url, resp, "html", options, agent, policy.owner)
+        doc = page.document
+        if rendered.screenshot is not None:
+            doc.screenshot.CopyFrom(rendered.screenshot)
+        doc.action_results.extend(rendered.action_results)
+        if reason:
+            doc.metadata["render_reason"] = reason
+            if self.metrics is not None:
+                self.metrics.auto_rendered(reason)
+        return self._mark(page, BROWSER, started)
+
+    async def _robots_check(self, target: str, agent: str) -> float | None:
+        """robots.txt's verdict on ``target`` for ``agent``: its Crawl-delay, or the
+        page's error (the HTTP engine's, word for word)."""
+        rules = await self.http.fetcher.robots.rules(target, agent)
+        if not rules.allowed(target):
+            if isinstance(rules.error, PageError):
+                raise PageError(rules.error.code, f"{rules.error.message} (fetching robots.txt)")
+            raise PageError(ErrorCode.ROBOTS_DISALLOWED, f"robots.txt disallows {target}")
+        return rules.crawl_delay
+
+    def _mark(self, page: Page, engine: int, started: float) -> Page:
+        """Record which engine produced ``page`` (document, metadata, metrics)."""
+        if page.not_modified:
+            return page
+        page.document.engine = engine  # type: ignore[assignment]
+        page.document.metadata["engine"] = ENGINE_NAMES[engine]
+        if self.metrics is not None:
+            self.metrics.page_produced(ENGINE_NAMES[engine], time.monotonic() - started)
+        return page
+
+    async def sitemap_urls(
+        self,
+        url: str,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> list[str]:
+        return await self.http.sitemap_urls(url, policy)
+
+    def sitemap_batches(
+        self,
+        url: str,
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> AsyncGenerator[list[str], None]:
+        return self.http.sitemap_batches(url, policy)
+
+    async def robots_allowed(
+        self,
+        targets: Sequence[str],
+        policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
+    ) -> list[bool]:
+        return await self.http.robots_allowed(targets, policy)
+
+    def host_delays(self) -> dict[str, float]:
+        return self.http.host_delays()
+
+    def figures(self) -> BrowserFigures:
+        """What the browser series show (``metricsources.BrowserFigures``)."""
+        stats = self.pool.stats() if self.pool is not None else {}
+        blocked = self.proxy.stats() if self.proxy is not None else None
+        return BrowserFigures(
+            can_render=self.can_render(),
+            pages_in_use=stats.get("in_use", 0),
+            pages_max=stats.get("capacity", 0),
+            restarts=stats.get("restarts", 0),
+            blocked_requests=blocked.blocked if blocked is not None else 0,
+            blocked_bytes=blocked.blocked_bytes if blocked is not None else 0,
+        )
+
+    async def close(self) -> None:
+        try:
+            if self.pool is not None:
+                await self.pool.close()
+        finally:
+            try:
+                if self.proxy is not None:
+                    await self.proxy.close()
+            finally:
+                await self.http.close()
+
+
+def _proxy_error(headers: Mapping[str, str]) -> PageError | None:
+    """The page's error when the guard proxy itself answered the main request (its
+    ``ERROR_HEADER`` names the code: a blocked address, DNS, connect, timeout)."""
+    value = CIMultiDict(headers).get(ERROR_HEADER)
+    if not value:
+        return None
+    try:
+        code = ErrorCode(value.strip())
+    except ValueError:
+        code = ErrorCode.RENDER_FAILED
+    return PageError(code, f"the guard proxy refused the page: {value.strip()}")
+
+
+def _response(url: str, status: int, headers: Mapping[str, str], html: bytes) -> Response:
+    """The ``hops.Response`` of a rendered page (HTML, UTF-8: what ``content()`` gave)."""
+    h = CIMultiDict(headers)
+    robots_tag = tuple(v for k, v in headers.items() if k.lower() == "x-robots-tag")
+    return Response(
+        url=url,
+        status=status,
+        content_type="text/html; charset=utf-8",
+        mimetype="text/html",
+        charset="utf-8",
+        kind="html",
+        body=html,
+        robots_tag=robots_tag,
+        validators=(h.get("ETag", ""), h.get("Last-Modified", "")),
+        meta_headers=response_metadata(h),
+    )
+
+
+def _status_error(status: int, headers: Mapping[str, str]) -> PageError:
+    """The HTTP engine's HTTP_STATUS error for a rendered page's error status."""
+    retry_after = None
+    if status in retrypolicy.SLOW_DOWN_STATUSES:
+        value = CIMultiDict(headers).get("Retry-After")
+        retry_after = retrypolicy.parse_retry_after(value, time.time())
+    return PageError(
+        ErrorCode.HTTP_STATUS, f"HTTP {status}", status=status, retry_after=retry_after
+    )
+
+
+def _browser_cookies(profile: RequestProfile, url: str) -> list[dict[str, Any]]:
+    """The job's cookies for ``url`` in Playwright's form (bound to that URL)."""
+    header = profile.cookies.header(url)
+    if not header:
+        return []
+    out = []
+    for pair in header.split("; "):
+        name, sep, value = pair.partition("=")
+        if sep and name:
+            out.append({"name": name, "value": value, "url": url})
+    return out
+
+
+def _absorb_cookies(profile: RequestProfile, cookies: Sequence[Mapping[str, Any]]) -> None:
+    """The context's cookies at the end of a render into the job's jar, as the
+    Set-Cookie lines that would have set them (expired ones skipped)."""
+    now = time.time()
+    for c in cookies:
+        name, domain = str(c.get("name", "")), str(c.get("domain", ""))
+        if not name or not domain:
+            continue
+        path = str(c.get("path") or "/")
+        secure = bool(c.get("secure"))
+        parts = [f"{name}={c.get('value', '')}", f"Path={path}"]
+        if domain.startswith("."):
+            parts.append(f"Domain={domain[1:]}")
+        expires = c.get("expires", -1)
+        if isinstance(expires, int | float) and expires > 0:
+            if expires <= now:
+                continue
+            parts.append(f"Expires={formatdate(expires, usegmt=True)}")
+        if secure:
+            parts.append("Secure")
+        if c.get("httpOnly"):
+            parts.append("HttpOnly")
+        scheme = "https" if secure else "http"
+        profile.cookies.absorb(f"{scheme}://{domain.lstrip('.')}{path}", ["; ".join(parts)])
