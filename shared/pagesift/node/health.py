@@ -15,7 +15,10 @@ Service names and what SERVING means (``health_statuses`` decides, a pure functi
   load balancer at once; a standby that never synced is NOT_SERVING;
 - ``pagesift.v1.JobService``: SERVING while the process serves, on every role (a
   standby answers reads and refuses writes naming the primary; route writes by
-  ``pagesift.primary``).
+  ``pagesift.primary``);
+- ``pagesift.render``: this node can render pages (its ``browser_executable`` is
+  there), whatever its role: a standby without a browser is healthy (the names above)
+  and says NOT_SERVING here, so it cannot take over rendering work when promoted.
 
 ``HealthPublisher`` is the node's shell for it: every ``interval`` seconds, and at
 once when the role changes, it reads the node's figures and pushes each status that
@@ -42,6 +45,7 @@ LIVENESS = ""
 PRIMARY = "pagesift.primary"
 REPLICA = "pagesift.replica"
 JOB_SERVICE = "pagesift.v1.JobService"
+RENDER = "pagesift.render"
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -119,6 +123,9 @@ class _Node(Protocol):
 
     def role_status(self) -> RoleStatus: ...
 
+    @property
+    def can_render(self) -> bool: ...
+
 
 class HealthPublisher:
     """Pushes ``health_statuses`` of ``node`` to ``servicer`` as they change."""
@@ -143,7 +150,9 @@ class HealthPublisher:
             connected, lag = s.connected, s.lag_seconds
         takes_writes = self._node.takes_writes
         writable = self._node.store_writable
-        return health_statuses(s.role, takes_writes, connected, lag, self._max_lag, writable)
+        out = health_statuses(s.role, takes_writes, connected, lag, self._max_lag, writable)
+        out[RENDER] = SERVING if self._node.can_render else NOT_SERVING
+        return out
 
     async def publish(self) -> None:
         """Set every status that differs from the last one published."""

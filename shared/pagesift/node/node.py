@@ -66,13 +66,19 @@ from pagesift.node.storage import StorageWatcher
 from pagesift.node.witness import EtcdWitness
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.protocol import Engine
+from pagesift.primary.engine.rendering import RenderingEngine, render_status
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.primary.replication import ReplicationServicer
 from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api import tls
 from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.metricsources import ReplicationFigures, ScrapeSources, WitnessGauges
+from pagesift.shared.api.metricsources import (
+    BrowserFigures,
+    ReplicationFigures,
+    ScrapeSources,
+    WitnessGauges,
+)
 from pagesift.shared.api.service import JobRuntime
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.ha import rolestate
@@ -122,8 +128,11 @@ EngineFactory = Callable[[ServerConfig, Metrics], Engine]
 
 
 def http_engine(config: ServerConfig, metrics: Metrics) -> Engine:
-    """The engine a node runs: ``HttpEngine`` (fetches over HTTP, extraction workers)."""
-    return HttpEngine(config, metrics=metrics)
+    """The engine a node runs: ``RenderingEngine`` (per request, HTTP through
+    ``HttpEngine`` or a render), with the browser pool and its guard proxy when
+    ``browser_executable`` is set (nothing is launched before the first render)."""
+    http = HttpEngine(config, metrics=metrics)
+    return RenderingEngine(http, render=bool(config.browser_executable))
 
 
 class Node:
@@ -164,8 +173,14 @@ class Node:
                 witness=self._witness_gauges,
                 storage=self.storage.figures,
                 host_delays=self._host_delays,
+                browser=self._browser_figures,
             )
         )
+        #: "" when this node can render pages (a browser is installed), else why not;
+        #: a standby checks it too: it renders once promoted (health, ``can_render``)
+        self.render_problem = render_status(config)
+        if self.render_problem:
+            logger.warning("this node cannot render pages: %s", self.render_problem)
         # always on, whatever the role: how late the event loop runs what is due
         self.looplag = LoopLagMonitor(
             self.metrics, config.loop_lag_interval, config.loop_lag_warn_seconds
@@ -502,7 +517,19 @@ class Node:
     def _host_delays(self) -> dict[str, float] | None:
         """The slowed hosts of the engine running now (an HTTP engine's; None: none)."""
         engine = self.engine
-        return engine.host_delays() if isinstance(engine, HttpEngine) else None
+        return engine.host_delays() if isinstance(engine, HttpEngine | RenderingEngine) else None
+
+    @property
+    def can_render(self) -> bool:
+        """Whether this node renders pages (health's ``pagesift.render``)."""
+        return not self.render_problem
+
+    def _browser_figures(self) -> BrowserFigures:
+        """The browser series: the running engine's pool, else whether it could render."""
+        engine = self.engine
+        if isinstance(engine, RenderingEngine):
+            return engine.figures()
+        return BrowserFigures(self.can_render, 0, 0, 0, 0, 0)
 
     def _witness_gauges(self) -> WitnessGauges | None:
         if self.elector is None:

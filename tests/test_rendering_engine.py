@@ -1,0 +1,267 @@
+"""The engine every job sees (``engine.rendering.RenderingEngine``): HTTP, BROWSER and
+AUTO on the local JavaScript site (``tests/jssite.py``) with a real
+chromium-headless-shell, one engine (one browser) for the module's engine tests; then a
+real node: a crawl that renders a JS host without fetching twice per page once AUTO's
+host memory kicks in, a screenshot over gRPC, health saying whether a node renders."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pagesift.primary.engine.autorender import HostMemory
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.protocol import FetchPolicy
+from pagesift.primary.engine.rendering import RenderingEngine, choose
+from pagesift.primary.engine.reqprofile import RequestProfile
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.v1 import jobs_pb2
+from tests.helpers import in_process_node, wait_terminal
+from tests.jssite import MARKERS, SPA_PAGES, serve_js_site
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BROWSER = jobs_pb2.FETCH_ENGINE_BROWSER
+HTTP = jobs_pb2.FETCH_ENGINE_HTTP
+AUTO = jobs_pb2.FETCH_ENGINE_AUTO
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CONFIG = ServerConfig(allow_private_networks=True, extract_processes=0, max_browser_pages=4)
+
+
+class Rig:
+    def __init__(self, root: str, engine: RenderingEngine, hits: Counter[str]) -> None:
+        self.root, self.engine, self.hits = root, engine, hits
+
+    def rendered(self) -> int:
+        assert self.engine.pool is not None
+        return self.engine.pool.stats()["pages_rendered"]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def rig() -> AsyncIterator[Rig]:
+    hits: Counter[str] = Counter()
+    async with serve_js_site(hits) as root:
+        engine = RenderingEngine(HttpEngine(CONFIG, metrics=Metrics()))
+        try:
+            yield Rig(root, engine, hits)
+        finally:
+            await engine.close()
+
+
+def opts(engine: int, **kw: object) -> jobs_pb2.ScrapeOptions:
+    return jobs_pb2.ScrapeOptions(engine=engine, **kw)  # type: ignore[arg-type]
+
+
+async def test_unspecified_is_auto_on_a_node_that_renders_and_http_on_one_that_cannot() -> None:
+    unspecified = jobs_pb2.ScrapeOptions()
+    assert choose(unspecified, can_render=True) == AUTO
+    assert choose(unspecified, can_render=False) == HTTP
+    assert choose(opts(AUTO), can_render=False) == HTTP
+    assert choose(opts(BROWSER), can_render=False) == BROWSER  # fails: cannot render
+    assert choose(opts(HTTP), can_render=True) == HTTP
+
+
+async def test_http_misses_the_script_content_the_browser_renders(rig: Rig) -> None:
+    for page, marker in (("fetch", MARKERS["fetch"]), ("app", MARKERS["app"])):
+        url = f"{rig.root}{page}.html"
+        fetched = await rig.engine.scrape(url, opts(HTTP))
+        assert marker not in fetched.document.markdown
+        assert fetched.document.engine == HTTP
+        assert fetched.document.metadata["engine"] == "http"
+        rendered = await rig.engine.scrape(url, opts(BROWSER))
+        assert marker in rendered.document.markdown, page
+        assert rendered.document.engine == BROWSER
+        assert rendered.document.metadata["engine"] == "browser"
+        assert rendered.document.final_url == url
+
+
+async def test_a_wait_for_selector_catches_content_a_timer_inserts(rig: Rig) -> None:
+    url = f"{rig.root}timer.html"
+    waited = opts(AUTO, wait_for=jobs_pb2.WaitFor(selector="#late"))
+    page = await rig.engine.scrape(url, waited)
+    assert MARKERS["timer"] in page.document.markdown
+    assert page.document.engine == BROWSER
+    assert page.document.metadata["render_reason"] == "requested wait_for"
+
+
+async def test_auto_renders_the_pages_that_need_it_and_fetches_the_static_one(rig: Rig) -> None:
+    rig.engine.memory = HostMemory(threshold=1000)  # judge every page on its own
+    before = rig.rendered()
+    static = await rig.engine.scrape(f"{rig.root}static.html", opts(AUTO))
+    assert rig.rendered() == before  # the browser was not asked
+    assert static.document.engine == HTTP
+    assert "reference manual" in static.document.markdown
+    expect = {
+        "fetch": ("scripts and little text", MARKERS["fetch"]),
+        "app": ("empty app root #root", MARKERS["app"]),
+        "noscript": ("noscript asks for JavaScript", MARKERS["noscript"]),
+        "timer": ("scripts and little text", "Timer"),
+    }
+    for name, (reason, marker) in expect.items():
+        page = await rig.engine.scrape(f"{rig.root}{name}.html", opts(AUTO))
+        assert page.document.engine == BROWSER, name
+        assert page.document.metadata["render_reason"] == reason
+        assert marker in page.document.markdown, name
+    assert rig.rendered() == before + len(expect)
+
+
+async def test_auto_takes_the_links_a_script_adds(rig: Rig) -> None:
+    page = await rig.engine.scrape(f"{rig.root}links.html", opts(AUTO))
+    assert page.document.engine == BROWSER
+    for n in range(1, SPA_PAGES + 1):
+        assert f"{rig.root}spa/{n}.html" in page.links
+
+
+async def test_auto_goes_straight_to_the_browser_once_a_host_needed_it(rig: Rig) -> None:
+    rig.engine.memory = HostMemory(threshold=2)
+    policy = FetchPolicy(owner="acct-memory")
+    for n in range(1, SPA_PAGES + 1):
+        page = await rig.engine.scrape(f"{rig.root}spa/{n}.html", opts(AUTO), policy)
+        assert f"{MARKERS['spa']} {n}" in page.document.markdown
+        assert page.document.engine == BROWSER
+    # the first two were fetched, then rendered; from then on rendered at once
+    assert [rig.hits[f"spa/{n}.html"] for n in range(1, SPA_PAGES + 1)] == [2, 2, 1, 1]
+    third = await rig.engine.scrape(f"{rig.root}static.html", opts(AUTO), policy)
+    assert third.document.metadata["render_reason"] == "host needs rendering"
+
+
+async def test_the_jobs_cookies_go_into_the_render_and_its_cookies_come_back(rig: Rig) -> None:
+    url = f"{rig.root}setstate.html"
+    profile = RequestProfile.build(
+        jobs_pb2.ScrapeOptions(cookies={"seed": "s1"}),
+        [url],
+        may_ignore_robots=False,
+        may_use_proxy_url=False,
+    )
+    policy = FetchPolicy(request=profile)
+    await rig.engine.scrape(url, opts(BROWSER), policy)
+    assert "session=abc123" in (profile.cookies.header(f"{rig.root}readstate.html") or "")
+    assert profile.cookies.dirty  # the page's write group stores the change
+    read = await rig.engine.scrape(f"{rig.root}readstate.html", opts(BROWSER), policy)
+    assert "seed=s1" in read.document.markdown
+    assert "session=abc123" in read.document.markdown
+    assert "storage=v1" not in read.document.markdown  # storage stays with its context
+
+
+async def test_a_rendered_error_status_is_the_http_engines_error(rig: Rig) -> None:
+    with pytest.raises(PageError) as err:
+        await rig.engine.scrape(f"{rig.root}missing.html", opts(BROWSER))
+    assert err.value.code == ErrorCode.HTTP_STATUS
+    assert err.value.status == 404
+
+
+async def test_renders_show_in_the_metrics_by_engine_and_reason(rig: Rig) -> None:
+    metrics = rig.engine.metrics
+    assert metrics is not None
+    text = metrics.exposition().decode()
+    assert 'pagesift_page_seconds_count{engine="browser"}' in text
+    assert 'pagesift_page_seconds_count{engine="http"}' in text
+    assert 'pagesift_auto_renders_total{reason="empty app root #root"}' in text
+    figures = rig.engine.figures()
+    assert figures.can_render and figures.pages_max == 4 and figures.pages_in_use == 0
+
+
+async def test_the_guard_refuses_an_internal_address_before_the_browser_is_asked() -> None:
+    guarded = ServerConfig(extract_processes=0)
+    engine = RenderingEngine(HttpEngine(guarded))
+    try:
+        for choice in (BROWSER, AUTO):
+            with pytest.raises(PageError) as err:
+                await engine.scrape("http://127.0.0.1:9/app.html", opts(choice))
+            assert err.value.code == ErrorCode.BLOCKED_ADDRESS
+        assert engine.pool is not None and engine.pool.stats()["launches"] == 0
+    finally:
+        await engine.close()
+
+
+async def test_a_node_without_a_browser_fetches_over_http_and_browser_fails_clearly() -> None:
+    config = ServerConfig(allow_private_networks=True, extract_processes=0,
+                          browser_executable="/nonexistent/chromium")  # fmt: skip
+    engine = RenderingEngine(HttpEngine(config))
+    try:
+        assert not engine.can_render() and "missing" in engine.render_status()
+        async with serve_js_site() as root:
+            page = await engine.scrape(f"{root}app.html", jobs_pb2.ScrapeOptions())
+            assert page.document.engine == HTTP
+            with pytest.raises(PageError) as err:
+                await engine.scrape(f"{root}app.html", opts(BROWSER))
+        assert err.value.code == ErrorCode.RENDER_FAILED
+        assert "cannot render" in err.value.message
+    finally:
+        await engine.close()
+
+
+# ---------------------------------------------------------------- a real node
+
+
+async def _check(channel: grpc.aio.Channel, service: str) -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    got = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+    return int(got.status)
+
+
+async def test_a_crawl_renders_a_js_host_without_fetching_each_page_twice(tmp_path: Path) -> None:
+    hits: Counter[str] = Counter()
+    async with serve_js_site(hits) as root, in_process_node(tmp_path) as node:
+        assert (
+            await _check(node.channel, "pagesift.render") == health_pb2.HealthCheckResponse.SERVING
+        )
+        started = await node.stub.StartCrawl(
+            jobs_pb2.StartCrawlRequest(
+                url=f"{root}spa/1.html", limit=10, crawl_entire_domain=True, max_concurrency=1
+            )
+        )
+        done = await wait_terminal(node.stub, started.id, timeout=60)
+        assert done.state == jobs_pb2.JOB_STATE_COMPLETED
+        got = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=started.id, limit=50))
+        by_url = {d.url: d for d in got.documents}
+        for n in range(1, SPA_PAGES + 1):
+            doc = by_url[f"{root}spa/{n}.html"]
+            assert doc.engine == BROWSER
+            assert f"{MARKERS['spa']} {n}" in doc.markdown
+        chain = [hits[f"spa/{n}.html"] for n in range(1, SPA_PAGES + 1)]
+        assert chain[2:] == [1] * (SPA_PAGES - 2), chain  # rendered at once
+        assert sum(chain) <= SPA_PAGES + 2
+
+
+async def test_a_browser_scrape_over_grpc_returns_a_png_screenshot_scrape_and_job(
+    tmp_path: Path,
+) -> None:
+    shot = opts(BROWSER, formats=[jobs_pb2.FORMAT_MARKDOWN, jobs_pb2.FORMAT_SCREENSHOT])
+    async with serve_js_site() as root, in_process_node(tmp_path) as node:
+        url = f"{root}app.html"
+        resp = await node.stub.Scrape(jobs_pb2.ScrapeRequest(url=url, options=shot))
+        assert resp.document.engine == BROWSER
+        assert resp.document.screenshot.data.startswith(PNG_MAGIC)
+        assert resp.document.screenshot.content_type == "image/png"
+        assert MARKERS["app"] in resp.document.markdown
+        started = await node.stub.StartBatchScrape(
+            jobs_pb2.StartBatchScrapeRequest(urls=[url], options=shot)
+        )
+        done = await wait_terminal(node.stub, started.id, timeout=60)
+        assert done.state == jobs_pb2.JOB_STATE_COMPLETED
+        got = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=started.id, limit=5))
+        (doc,) = got.documents
+        assert doc.screenshot.data.startswith(PNG_MAGIC)
+        assert doc.engine == BROWSER
+
+
+async def test_a_node_without_a_browser_is_healthy_and_says_it_cannot_render(
+    tmp_path: Path,
+) -> None:
+    async with in_process_node(tmp_path, browser_executable="/nonexistent/chromium") as node:
+        assert not node.node.can_render
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert await _check(node.channel, "") == serving
+        assert await _check(node.channel, "pagesift.v1.JobService") == serving
+        assert await _check(node.channel, "pagesift.render") == (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )
