@@ -58,6 +58,8 @@ SERVER_ONLY = (
     "grpc_health",
     "grpc_reflection",
     "grpc_tools",
+    "playwright",  # the browser engine, and what it brings
+    "greenlet",
 )
 
 
