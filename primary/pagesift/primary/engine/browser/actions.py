@@ -126,7 +126,7 @@ def _refuse(what: str, reason: str) -> PageError:
 
 
 def _seconds(d: Any) -> float:
-    return float(d.seconds) + d.nanos / 1e9
+    return float(d.seconds) + float(d.nanos) / 1e9
 
 
 def _shot(opts: jobs_pb2.ScreenshotOptions, bounds: Bounds, what: str) -> Shot:
@@ -238,20 +238,22 @@ def _closed(exc: BaseException) -> bool:
 
 
 _JS_WRAP = """async () => {
-  const __v = await (async () => { %s
+  const __v = await (async () => { SCRIPT
   })();
   const __s = JSON.stringify(__v === undefined ? null : __v);
   if (typeof __s !== "string") return [false, "the value is not JSON"];
-  if (__s.length > %d) return [false, "the value is over %d KiB serialized"];
+  if (__s.length > MAX) return [false, "the value is over KIB KiB serialized"];
   return [true, __s];
 }"""
 
 
 async def _javascript(page: Any, script: str) -> str:
-    got = await page.evaluate(_JS_WRAP % (script, MAX_JS_RESULT, MAX_JS_RESULT >> 10))
+    head, tail = _JS_WRAP.split("SCRIPT")
+    tail = tail.replace("MAX", str(MAX_JS_RESULT)).replace("KIB", str(MAX_JS_RESULT >> 10))
+    got = await page.evaluate(head + script + tail)
     if not (isinstance(got, list) and len(got) == 2 and isinstance(got[1], str)):
         raise ValueError("the page returned no JSON string")
-    ok, text = got
+    ok, text = bool(got[0]), str(got[1])
     if not ok:
         raise ValueError(text[:_REASON_CHARS])
     if len(text.encode()) > MAX_JS_RESULT:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pagesift.primary.engine.browser import actions
+from pagesift.primary.engine.browser.guardproxy import GUARD_LAUNCH_ARGS
 from pagesift.primary.engine.browser.render import BrowserGone, Rendered, render_page
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
@@ -56,15 +57,20 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LAUNCH_ARGS = (
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+# no background traffic of the browser's own; the guard's flags (WebRTC's UDP only
+# through the proxy, no QUIC) are always part of it
+LAUNCH_ARGS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            *GUARD_LAUNCH_ARGS,
+        )
+    )
 )
 PROFILE_PREFIX = "playwright_chromiumdev_profile-"
 PAGE_MEMORY = 256 << 20
@@ -272,7 +278,7 @@ class BrowserPool:
     ) -> None:
         self.config = config
         self.proxy = dict(proxy) if proxy else None
-        self.launch_args = list(launch_args)
+        self.launch_args = list(dict.fromkeys((*launch_args, *GUARD_LAUNCH_ARGS)))
         total = config.max_browser_pages or default_pages(len(os.sched_getaffinity(0)), _memory())
         self.slots = FairSlots(total)
         self.bounds = actions.Bounds.of(config)
