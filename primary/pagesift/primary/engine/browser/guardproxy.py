@@ -1,0 +1,597 @@
+"""The address guard on every browser request: an in-node forward proxy on 127.0.0.1.
+
+Owns ``GuardProxy`` (asyncio server), the registrations that give each browser context
+its own credentials, the pure request-head functions it relays with, and the launch and
+context options that keep the browser's traffic on it (``GUARD_LAUNCH_ARGS``,
+``launch_proxy``, ``guarded_context_options``). Why nothing the page does reaches a blocked
+address:
+
+- **Every request is the proxy's to make.** A context's ``proxy=`` (``guarded_context_options``)
+  sends http as absolute-URI requests and https/ws/wss as ``CONNECT``; Playwright adds
+  ``<-loopback>`` so loopback is proxied too (never pass ``bypass``). The browser's
+  launch proxy has no credentials, so a context without its own gets 407: nothing
+  uses the proxy, or goes around it, without a registration.
+- **The proxy connects to exactly the address it checked.** It resolves the name
+  itself through ``netguard.GuardedResolver`` (``localhost`` refused without DNS; a
+  name refused when ANY address is blocked), re-checks the address, and connects to
+  that literal address, so a DNS answer that changes (rebinding) is judged where it is
+  used. A refusal is a 403 naming the reason; no upstream socket exists.
+- **A job's upstream proxy** (``proxy_url``, else the pool's choice, as ``sessions``)
+  is reached under the same guard (the pool's literal endpoints exempt, only for the
+  proxy itself) and asked to ``CONNECT`` to the checked address, never the name.
+- One request per upstream connection (``Connection: close`` both ways); heads are
+  bounded; connections, idle time per tunnel and connect time are bounded; ``close``
+  and ``release`` cancel every connection task they own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hmac
+import ipaddress
+import secrets
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
+
+from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError, GuardedResolver
+from pagesift.primary.engine.reqprofile import ProxyPool
+from pagesift.shared.jobs import urls
+
+__all__ = [
+    "ERROR_HEADER", "GUARD_LAUNCH_ARGS", "GuardProxy", "Head", "ProxyCredentials", "ProxyStats",
+    "Target", "Usage", "guarded_context_options", "launch_proxy", "parse_head", "parse_target",
+    "upstream_request",
+]  # fmt: skip
+
+# The launch flags the guard needs: WebRTC sends UDP (STUN/TURN) around any HTTP proxy
+# unless told not to; QUIC is UDP too. ``pool.LAUNCH_ARGS`` must include both.
+GUARD_LAUNCH_ARGS: tuple[str, ...] = (
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--disable-quic",
+)
+# On every response the proxy itself makes: the ``ErrorCode`` value of what failed
+# ("blocked_address", "dns", "connect", "timeout"), so a render can name it.
+ERROR_HEADER = "X-Pagesift-Proxy-Error"
+_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "proxy-authorization", "te"))
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_REALM = b'Proxy-Authenticate: Basic realm="pagesift"\r\n'
+_Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyCredentials:
+    """What one registration authenticates with; ``server`` is the proxy's URL."""
+
+    username: str
+    password: str
+    server: str
+
+    def playwright(self) -> dict[str, str]:
+        """The Playwright ``proxy=`` dict (no ``bypass``: loopback stays proxied)."""
+        return {"server": self.server, "username": self.username, "password": self.password}
+
+
+def launch_proxy(server: str) -> dict[str, str]:
+    """The browser's launch ``proxy=``: the guard proxy without credentials (a context
+    that names no proxy of its own gets 407 for every request)."""
+    return {"server": server}
+
+
+def guarded_context_options(
+    creds: ProxyCredentials, options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``browser.new_context`` keyword arguments: ``options`` (e.g. the render's) with
+    the guard's own set over them: the registration's proxy (no ``bypass``), service
+    workers blocked, downloads refused."""
+    return {
+        **(options or {}),
+        "proxy": creds.playwright(),
+        "service_workers": "block",
+        "accept_downloads": False,
+    }
+
+
+@dataclass
+class Usage:
+    """One registration's counters (the render reads ``blocked``/``last_refusal``)."""
+
+    requests: int = 0
+    blocked: int = 0
+    bytes_up: int = 0  # browser -> web
+    bytes_down: int = 0  # web -> browser
+    last_refusal: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyStats:
+    """The proxy's counters since start (``blocked_bytes``: request heads refused)."""
+
+    connections: int  # accepted
+    active: int  # open now
+    requests: int  # authorized
+    tunnels: int  # CONNECT relayed
+    blocked: int  # refused by the address guard
+    blocked_bytes: int
+    unauthorized: int  # 407 answers (a browser's first try per context is one)
+    bytes_up: int
+    bytes_down: int
+    registrations: int
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A parsed request head: method, request target, header (name, value) pairs."""
+
+    method: str
+    target: str
+    headers: tuple[tuple[str, str], ...]
+
+    def get(self, name: str) -> str | None:
+        low = name.lower()
+        return next((v for k, v in self.headers if k.lower() == low), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a request goes: a tunnel (CONNECT) or one http request for ``path``."""
+
+    tunnel: bool
+    host: str  # canonical, no brackets
+    port: int
+    path: str = "/"
+
+
+def parse_head(raw: bytes) -> Head:
+    """The head ending ``raw`` (through the blank line); ``ValueError`` when it is not
+    an HTTP/1.x request head (obsolete line folding refused)."""
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise ValueError("not an HTTP/1.x request line")
+    method, target = parts[0], parts[1]
+    if not method or not set(method) <= _TOKEN or not target:
+        raise ValueError("bad request line")
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or not set(name) <= _TOKEN:
+            raise ValueError("bad header line")
+        headers.append((name, value.strip(" \t")))
+    return Head(method, target, tuple(headers))
+
+
+def parse_target(head: Head) -> Target:
+    """The target of ``head``: ``CONNECT host:port`` or an absolute ``http://`` URI;
+    ``ValueError`` otherwise. The host is canonical (``urls.host_of``)."""
+    if head.method == "CONNECT":
+        authority = head.target
+        host_part, sep, port_text = authority.rpartition(":")
+        if not sep or not port_text.isdigit() or not host_part:
+            raise ValueError("CONNECT needs host:port")
+        host, port = urls.host_of(f"http://{authority}/"), int(port_text)
+        path = "/"
+    else:
+        parts = urlsplit(head.target)
+        if parts.scheme.lower() != "http" or not parts.netloc:
+            raise ValueError("only absolute http:// requests and CONNECT are proxied")
+        host = urls.host_of(head.target)
+        port = parts.port or 80  # ValueError for a bad port
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if not host or not 0 < port < 65536:
+        raise ValueError("bad host or port")
+    return Target(head.method == "CONNECT", host, port, path)
+
+
+def upstream_request(head: Head, target: Target) -> bytes:
+    """The head sent upstream: origin-form, hop-by-hop headers (and those ``Connection``
+    names) dropped, ``Connection: close`` (one request per upstream connection)."""
+    named = {n.strip().lower() for n in (head.get("connection") or "").split(",")}
+    lines = [f"{head.method} {target.path} HTTP/1.1"]
+    if head.get("host") is None:
+        lines.append(f"Host: {_authority(target.host, target.port)}")
+    lines += [f"{k}: {v}" for k, v in head.headers if k.lower() not in _HOP | {"upgrade"} | named]
+    lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def closing_response_head(raw: bytes) -> bytes:
+    """An upstream response head with its connection headers replaced by ``close``, so
+    the browser never sends a second request on this connection."""
+    lines = raw.decode("latin-1").split("\r\n")
+    kept = [lines[0]] + [
+        line for line in lines[1:] if line and line.partition(":")[0].strip().lower() not in _HOP
+    ]
+    kept += ["Connection: close", "Proxy-Connection: close"]
+    return ("\r\n".join(kept) + "\r\n\r\n").encode("latin-1")
+
+
+def _authority(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _response(status: int, reason: str, body: str, *extra: bytes) -> bytes:
+    data = body.encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\nProxy-Connection: close\r\n"
+    ).encode()
+    return head + b"".join(extra) + b"\r\n" + data
+
+
+def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
+    return _response(status, reason, message[:300] + "\n", f"{ERROR_HEADER}: {code}\r\n".encode())
+
+
+_BUSY = _response(503, "Service Unavailable", "too many connections\n")
+
+
+class _Failure(Exception):
+    """A request the proxy answers itself: status, reason phrase, error code, message."""
+
+    def __init__(self, status: int, reason: str, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.code, self.message = status, reason, code, message
+
+
+@dataclass
+class _Registration:
+    creds: ProxyCredentials
+    proxy: str  # "", "pool" or a pool name (ProxyPool.choose)
+    proxy_url: str  # the account's own proxy (wins)
+    usage: Usage = field(default_factory=Usage)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class GuardProxy:
+    """The forward proxy (module docstring). ``guard=None`` checks nothing (private
+    networks allowed) but still connects to the address it resolved."""
+
+    def __init__(
+        self,
+        guard: AddressGuard | None,
+        resolver: AbstractResolver | None = None,
+        *,
+        pool: ProxyPool | None = None,
+        max_head: int = 32768,
+        max_response_head: int = 262144,
+        max_connections: int = 256,
+        idle_timeout: float = 60.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.guard = guard
+        self.pool = pool or ProxyPool()
+        inner = resolver or DefaultResolver()
+        self._names = inner if guard is None else GuardedResolver(inner, guard)
+        self._proxy_guard = guard
+        if guard is not None:  # the pool's literal endpoints, for proxy connections only
+            self._proxy_guard = AddressGuard(exempt=guard.exempt | _pool_endpoints(self.pool))
+        self._proxy_names = (
+            inner if self._proxy_guard is None else GuardedResolver(inner, self._proxy_guard)
+        )
+        self.max_head, self.max_response_head = max_head, max_response_head
+        self.max_connections, self._turns = max_connections, 0
+        self.idle_timeout, self.connect_timeout = idle_timeout, connect_timeout
+        self._server: asyncio.Server | None = None
+        self.port = 0
+        self._registrations: dict[str, _Registration] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._c = dict.fromkeys(
+            ("connections", "requests", "tunnels", "blocked", "blocked_bytes",
+             "unauthorized", "bytes_up", "bytes_down"), 0,
+        )  # fmt: skip
+
+    @property
+    def server(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> int:
+        """Listen on 127.0.0.1 (an ephemeral port); returns the port."""
+        if self._server is None:
+            self._server = await asyncio.start_server(
+                self._accept, "127.0.0.1", 0, limit=self.max_head
+            )
+            self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    def register(self, *, proxy: str = "", proxy_url: str = "") -> ProxyCredentials:
+        """New credentials for one browser context, whose requests go through
+        ``proxy_url`` (an account's own proxy) or else the pool's choice for ``proxy``
+        ("" = the server's default, "pool" or a name), as the HTTP engine's do."""
+        if not self.port:
+            raise RuntimeError("register before start")
+        creds = ProxyCredentials(
+            f"ctx-{secrets.token_hex(8)}", secrets.token_urlsafe(24), self.server
+        )
+        self._registrations[creds.username] = _Registration(creds, proxy, proxy_url)
+        return creds
+
+    def usage(self, creds: ProxyCredentials) -> Usage:
+        """The counters of a live registration (``KeyError`` once released)."""
+        return self._registrations[creds.username].usage
+
+    def release(self, creds: ProxyCredentials) -> Usage | None:
+        """Forget ``creds`` (later requests get 407) and cancel its open connections;
+        returns its final counters (None if unknown)."""
+        reg = self._registrations.pop(creds.username, None)
+        if reg is None:
+            return None
+        for task in reg.tasks:
+            task.cancel()
+        return reg.usage
+
+    def stats(self) -> ProxyStats:
+        return ProxyStats(
+            active=len(self._tasks), registrations=len(self._registrations), **self._c
+        )
+
+    async def close(self) -> None:
+        """Stop listening and cancel every connection task; waits for them to end."""
+        if self._server is not None:
+            self._server.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        self._registrations.clear()
+
+    # ------------------------------------------------------------ one connection
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._c["connections"] += 1
+        if len(self._tasks) >= self.max_connections:
+            await _send_close(writer, _BUSY)
+            return
+        self._tasks.add(task)
+        try:
+            await self._serve(reader, writer, task)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, asyncio.CancelledError):
+            pass  # a side went away, or release/close (asyncio would log the cancel)
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[Any]
+    ) -> None:
+        try:
+            async with asyncio.timeout(self.idle_timeout):
+                raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            await _send_close(writer, _response(431, "Header Too Large", "header too large\n"))
+            return
+        try:
+            head = parse_head(raw)
+        except ValueError as exc:
+            await _send_close(writer, _response(400, "Bad Request", f"{exc}\n"))
+            return
+        reg = self._authorize(head)
+        if reg is None:
+            self._c["unauthorized"] += 1
+            await _send_close(writer, _response(407, "Proxy Authentication Required", "", _REALM))
+            return
+        reg.tasks.add(task)
+        try:
+            await self._relay((reader, writer), head, raw, reg)
+        finally:
+            reg.tasks.discard(task)
+
+    def _authorize(self, head: Head) -> _Registration | None:
+        scheme, _, token = (head.get("proxy-authorization") or "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            pair = base64.b64decode(token.strip(), validate=True).decode()
+            user, _, password = pair.partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        reg = self._registrations.get(user)
+        if reg is None or not hmac.compare_digest(reg.creds.password, password):
+            return None
+        return reg
+
+    async def _relay(self, client: _Conn, head: Head, raw: bytes, reg: _Registration) -> None:
+        writer = client[1]
+        self._c["requests"] += 1
+        reg.usage.requests += 1
+        try:
+            target = parse_target(head)
+        except ValueError as exc:
+            await _send_close(writer, _response(400, "Bad Request", f"{exc}\n"))
+            return
+        try:
+            up_reader, up_writer = await self._open(target, reg)
+        except _Failure as f:
+            if f.code == "blocked_address":
+                self._c["blocked"] += 1
+                self._c["blocked_bytes"] += len(raw)
+                reg.usage.blocked += 1
+                reg.usage.last_refusal = f.message[:300]
+            await _send_close(writer, _refusal(f.status, f.reason, f.code, f.message))
+            return
+        try:
+            if target.tunnel:
+                self._c["tunnels"] += 1
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+                first = b""
+            else:
+                up_writer.write(upstream_request(head, target))
+                try:
+                    async with asyncio.timeout(self.idle_timeout):
+                        first = closing_response_head(await up_reader.readuntil(b"\r\n\r\n"))
+                except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError):
+                    msg = "the server sent no complete response head"
+                    await _send_close(writer, _refusal(502, "Bad Gateway", "connect", msg))
+                    return
+            await self._splice(client, (up_reader, up_writer), reg, first)
+        finally:
+            up_writer.close()
+
+    async def _open(self, target: Target, reg: _Registration) -> _Conn:
+        """A connection to ``target``'s checked address: direct, or a tunnel through
+        the registration's upstream proxy. ``_Failure`` says why not."""
+        address = await self._checked(self._names, self.guard, target.host, target.port)
+        self._turns += 1
+        upstream = reg.proxy_url or self.pool.choose(reg.proxy, target.host, self._turns)
+        if upstream is None:
+            return await self._connect(address, target.port)
+        parts = urlsplit(upstream)
+        host = urls.host_of(upstream)
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https") or not host:
+            raise _Failure(502, "Bad Gateway", "connect", "the proxy URL is not http(s)://")
+        port = parts.port or (443 if scheme == "https" else 80)
+        if reg.proxy_url:  # an account's own proxy: the full guard, as ``sessions``
+            proxy_ip = await self._checked(self._names, self.guard, host, port)
+        else:
+            proxy_ip = await self._checked(self._proxy_names, self._proxy_guard, host, port)
+        tls = None
+        if scheme == "https":
+            tls = ssl.create_default_context()
+        r, w = await self._connect(proxy_ip, port, tls, host if tls else None)
+        auth = ""
+        if parts.username is not None:
+            pair = f"{parts.username}:{parts.password or ''}".encode()
+            auth = f"Proxy-Authorization: Basic {base64.b64encode(pair).decode()}\r\n"
+        where = _authority(address, target.port)
+        w.write(f"CONNECT {where} HTTP/1.1\r\nHost: {where}\r\n{auth}\r\n".encode())
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                answer = await r.readuntil(b"\r\n\r\n")
+        except (OSError, asyncio.LimitOverrunError, asyncio.IncompleteReadError) as exc:
+            w.close()
+            raise _Failure(502, "Bad Gateway", "connect", f"the proxy failed: {exc}") from None
+        except TimeoutError:
+            w.close()
+            raise _Failure(504, "Gateway Timeout", "timeout", "the proxy did not answer") from None
+        status = answer.split(b" ", 2)[1:2]
+        if not status or not status[0].startswith(b"2"):
+            w.close()
+            line = answer.split(b"\r\n", 1)[0].decode("latin-1")[:100]
+            raise _Failure(502, "Bad Gateway", "connect", f"the proxy refused: {line}")
+        return r, w
+
+    async def _checked(
+        self, names: AbstractResolver, guard: AddressGuard | None, host: str, port: int
+    ) -> str:
+        """The address ``host`` is connected to, judged by ``guard``: a literal is
+        checked as is; a name is resolved (refused when ANY address is blocked)."""
+        if _is_literal(host):
+            address = host
+        else:
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    results = await names.resolve(host, port, socket.AF_UNSPEC)
+            except BlockedAddressError as exc:
+                raise _Failure(403, "Forbidden", "blocked_address", f"{exc}") from None
+            except TimeoutError:
+                raise _Failure(
+                    504, "Gateway Timeout", "dns", f"resolving {host} timed out"
+                ) from None
+            except OSError as exc:
+                raise _Failure(502, "Bad Gateway", "dns", f"cannot resolve {host}: {exc}") from None
+            if not results:
+                raise _Failure(502, "Bad Gateway", "dns", f"{host} has no address")
+            address = str(results[0]["host"])
+        reason = None if guard is None else guard.refusal(address, port)
+        if reason is not None:
+            msg = f"blocked by the address guard: {host}:{port}: {reason}"
+            raise _Failure(403, "Forbidden", "blocked_address", msg)
+        return address
+
+    async def _connect(
+        self, ip: str, port: int, tls: ssl.SSLContext | None = None, name: str | None = None
+    ) -> _Conn:
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                return await asyncio.open_connection(
+                    ip, port, ssl=tls, server_hostname=name, limit=self.max_response_head
+                )
+        except TimeoutError:
+            msg = f"connect to {_authority(ip, port)} timed out"
+            raise _Failure(504, "Gateway Timeout", "timeout", msg) from None
+        except OSError as exc:
+            msg = f"cannot connect to {_authority(ip, port)}: {exc.strerror or exc}"
+            raise _Failure(502, "Bad Gateway", "connect", msg) from None
+
+    async def _splice(self, client: _Conn, up: _Conn, reg: _Registration, first: bytes) -> None:
+        """Relay both ways until either side ends or both are idle ``idle_timeout``."""
+        (reader, writer), (up_reader, up_writer) = client, up
+        last = [time.monotonic()]
+        if first:
+            writer.write(first)
+            self._count(reg, "bytes_down", len(first))
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, key: str) -> None:
+            while True:
+                try:
+                    async with asyncio.timeout(self.idle_timeout):
+                        data = await src.read(65536)
+                except TimeoutError:
+                    if time.monotonic() - last[0] < self.idle_timeout:
+                        continue  # the other direction is busy
+                    return
+                if not data:
+                    return
+                dst.write(data)
+                await dst.drain()
+                last[0] = time.monotonic()
+                self._count(reg, key, len(data))
+
+        pumps = [
+            asyncio.ensure_future(pump(reader, up_writer, "bytes_up")),
+            asyncio.ensure_future(pump(up_reader, writer, "bytes_down")),
+        ]
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for p in pumps:
+                p.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    def _count(self, reg: _Registration, key: str, n: int) -> None:
+        self._c[key] += n
+        setattr(reg.usage, key, getattr(reg.usage, key) + n)
+
+
+async def _send_close(writer: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+
+
+def _pool_endpoints(pool: ProxyPool) -> frozenset[tuple[str, int]]:
+    """The (address, port) of every pool proxy named by a literal address."""
+    named = ((urls.host_of(url), urlsplit(url)) for url in pool.endpoints())
+    return frozenset(
+        (host, parts.port or (443 if parts.scheme == "https" else 80))
+        for host, parts in named
+        if host and _is_literal(host)
+    )
