@@ -6,6 +6,10 @@ host memory kicks in, a screenshot over gRPC, health saying whether a node rende
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +20,7 @@ import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.primary.engine.autorender import HostMemory
+from pagesift.primary.engine.browser import pool as poolmod
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.protocol import FetchPolicy
 from pagesift.primary.engine.rendering import RenderingEngine, choose
@@ -23,9 +28,9 @@ from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.v1 import jobs_pb2
-from tests.helpers import in_process_node, wait_terminal
-from tests.jssite import MARKERS, SPA_PAGES, serve_js_site
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.helpers import NodeFactory, all_documents, in_process_node, until, wait_terminal
+from tests.jssite import MARKERS, PAGES, SPA_PAGES, serve_js_site
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -265,3 +270,86 @@ async def test_a_node_without_a_browser_is_healthy_and_says_it_cannot_render(
         assert await _check(node.channel, "pagesift.render") == (
             health_pb2.HealthCheckResponse.NOT_SERVING
         )
+
+
+# ---------------------------------------------------------------- crashes
+
+
+async def test_a_browser_killed_mid_render_is_retried_and_the_job_completes(
+    tmp_path: Path,
+) -> None:
+    async with serve_js_site() as root, in_process_node(tmp_path) as node:
+        url = f"{root}slow.html?delay=2"
+        started = await node.stub.StartBatchScrape(
+            jobs_pb2.StartBatchScrapeRequest(urls=[url], options=opts(BROWSER), max_retries=2)
+        )
+        engine = node.node.engine
+        assert isinstance(engine, RenderingEngine) and engine.pool is not None
+        pool = engine.pool
+        await until(lambda: pool.stats()["in_use"] > 0 and pool.browser_pid() is not None,
+                    "a render in flight", 30)  # fmt: skip
+        pid = pool.browser_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        done = await wait_terminal(node.stub, started.id, timeout=60)
+        assert done.state == jobs_pb2.JOB_STATE_COMPLETED, done.note
+        assert done.completed == 1 and done.failed == 0
+        assert pool.stats()["restarts"] == 1
+
+
+def _browsers_under(root_pid: int) -> set[int]:
+    table = poolmod._proc_table()
+    real = os.path.realpath(CONFIG.browser_executable)
+    return {pid for pid in poolmod.descendants(root_pid, table) if table[pid][1] == real}
+
+
+def _alive(pids: set[int]) -> set[int]:
+    table = poolmod._proc_table()
+    real = os.path.realpath(CONFIG.browser_executable)
+    return {pid for pid in pids if table.get(pid, (0, ""))[1] == real}
+
+
+@pytest.mark.system
+async def test_a_crawl_mixing_engines_survives_sigkill_with_every_page_once_and_no_browser_left(
+    nodes: NodeFactory,
+) -> None:
+    hits: Counter[str] = Counter()
+    async with serve_js_site(hits) as root:
+        server = nodes("server", config={"max_browser_pages": 2})
+        await server.start()
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            stub = jobs_pb2_grpc.JobServiceStub(ch)
+            job = await stub.StartCrawl(
+                jobs_pb2.StartCrawlRequest(url=root, limit=40, max_concurrency=2)
+            )
+            proc = server.proc
+            assert proc is not None
+            seen: set[int] = set()
+
+            async def rendering() -> bool:
+                seen.update(_browsers_under(proc.pid))
+                got = await stub.GetJob(jobs_pb2.GetJobRequest(id=job.id, limit=1))
+                return bool(seen) and got.completed >= 3
+
+            deadline = time.monotonic() + 60
+            while not await rendering():
+                assert time.monotonic() < deadline, "no render in flight after 60 s"
+                await asyncio.sleep(0.05)
+        server.kill()
+        await until(lambda: not _alive(seen), "every browser of the killed node gone", 15)
+        await server.start()
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            stub = jobs_pb2_grpc.JobServiceStub(ch)
+            final = await wait_terminal(stub, job.id, timeout=120)
+            assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
+            docs = await all_documents(stub, job.id)
+        got = [d.url for d in docs]
+        assert len(got) == len(set(got)), "a page is in the results twice"
+        expected = {root} | {f"{root}{p}" for p in PAGES.values()}
+        expected |= {f"{root}spa/{n}.html" for n in range(1, SPA_PAGES + 1)}
+        assert set(got) == expected
+        engines = {d.url: d.engine for d in docs}
+        assert engines[root] == HTTP  # the first page: fetched, judged static
+        assert engines[f"{root}app.html"] == BROWSER
+        assert MARKERS["app"] in next(d.markdown for d in docs if d.url == f"{root}app.html")
+        server.stop()

@@ -7,7 +7,8 @@ module only decides, with the clock and the randomness handed in, so tests pin e
 value.
 
 - ``is_transient(err)``: connect errors, resets, read/connect timeouts and the
-  statuses in ``TRANSIENT_STATUSES`` (408, 425, 429, 500, 502, 503, 504) are worth
+  statuses in ``TRANSIENT_STATUSES`` (408, 425, 429, 500, 502, 503, 504) and a browser
+  that went away mid-render (``RENDER_FAILED`` with ``worker_lost``) are worth
   another try; everything else (404, 410, robots, a blocked address, too large,
   unsupported content, an invalid URL, DNS, a Retry-After beyond the maximum) is not.
 - ``retry_delay(retry, base=, cap=, draw=)``: "full jitter" (AWS architecture blog,
@@ -52,6 +53,8 @@ def is_transient(err: PageError) -> bool:
     """Whether another attempt may succeed (module docstring lists the cases)."""
     if err.code in _TRANSIENT_CODES:
         return True
+    if err.code == ErrorCode.RENDER_FAILED:  # the browser went away mid-render (a crash)
+        return err.worker_lost
     return err.code == ErrorCode.HTTP_STATUS and err.status in TRANSIENT_STATUSES
 
 
