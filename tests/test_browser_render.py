@@ -301,6 +301,8 @@ async def test_screenshots_png_and_jpeg_viewport_and_full_page_cut(
         root + PAGES["tall"], shot(format=pb.IMAGE_FORMAT_JPEG, quality=30), owner="t"
     )
     assert jpeg.screenshot is not None and jpeg.screenshot.data[:3] == b"\xff\xd8\xff"
+    assert actions.image_size(jpeg.screenshot.data) == (1280, 800)
+    assert (jpeg.screenshot.width, jpeg.screenshot.height) == (1280, 800)
     assert jpeg.screenshot.content_type == "image/jpeg"
     assert len(jpeg.screenshot.data) < len(got.screenshot.data)
     full = await pool.render(root + PAGES["tall"], shot(full_page=True, max_height=1500), owner="t")
@@ -338,6 +340,9 @@ async def test_mobile_viewport_locale_and_timezone_are_what_the_page_sees(
     url = root + PAGES["probe"]
     mobile = await pool.render(url, pb.ScrapeOptions(mobile=True, actions=[js(script)]), owner="t")
     assert json.loads(mobile.action_results[0].javascript_return) == [390, 844, 3, True, True]
+    phone = pb.ScrapeOptions(mobile=True, formats=[pb.FORMAT_SCREENSHOT])
+    shot = (await pool.render(url, phone, owner="t")).screenshot
+    assert shot is not None and png_size(shot.data) == (1170, 2532) == (shot.width, shot.height)
     desk = await probe(pool, url, script)
     assert desk == [1280, 800, 1, False, False]
     sized = pb.ScrapeOptions(viewport=pb.Viewport(width=600, height=400), actions=[js(script)])
@@ -563,12 +568,13 @@ async def test_sigkill_of_a_process_running_a_pool_leaves_no_browser_process(roo
         tree = poolmod.descendants(proc.pid, table)
         browsers = {pid for pid in tree if table.get(pid, (0, ""))[1] == real}
         assert int(line) in browsers
+        below = {pid: table[pid][1] for pid in tree - {proc.pid}}  # the driver too
     finally:
         proc.kill()
         await asyncio.wait_for(proc.wait(), 10)
 
     def survivors() -> set[int]:
         table = poolmod._proc_table()
-        return {pid for pid in browsers if table.get(pid, (0, ""))[1] == real}
+        return {pid for pid, exe in below.items() if table.get(pid, (0, ""))[1] == exe}
 
-    await until(lambda: not survivors(), "every browser process of the killed node gone", 10)
+    await until(lambda: not survivors(), "every process below the killed node gone", 10)

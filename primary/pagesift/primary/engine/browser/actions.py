@@ -39,6 +39,7 @@ __all__ = [
     "Plan",
     "Shot",
     "Step",
+    "image_size",
     "plan",
     "run_actions",
     "screenshot",
@@ -342,27 +343,45 @@ async def screenshot(page: Any, shot: Shot, max_bytes: int) -> jobs_pb2.Screensh
     """The page as an image: the viewport, or the full page cut at ``shot.max_height``;
     TOO_LARGE past ``max_bytes``."""
     kind = "jpeg" if shot.jpeg else "png"
-    size = page.viewport_size or {"width": 1280, "height": 800}
-    width, height = size["width"], size["height"]
+    width = (page.viewport_size or {"width": 1280})["width"]
     kwargs: dict[str, Any] = {"type": kind, "animations": "disabled"}
     if shot.jpeg:
         kwargs["quality"] = shot.quality
     if shot.full_page:
-        full = await page.evaluate(
-            "() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
-        )
-        width = max(1, min(int(full[0]), 16_384))
-        height = max(1, min(int(full[1]), shot.max_height))
+        full = await page.evaluate("() => document.documentElement.scrollHeight")
+        height = max(1, min(int(full), shot.max_height))  # the viewport's width always
         kwargs.update(full_page=True, clip={"x": 0, "y": 0, "width": width, "height": height})
     data = await page.screenshot(**kwargs)
     if len(data) > max_bytes:
         raise PageError(
             ErrorCode.TOO_LARGE, f"screenshot of {len(data)} bytes, at most {max_bytes}"
         )
-    scale = await page.evaluate("() => window.devicePixelRatio")
+    pixels = image_size(data)
+    if pixels is None:
+        raise PageError(ErrorCode.RENDER_FAILED, f"the browser's {kind} screenshot is unreadable")
     return jobs_pb2.Screenshot(
-        data=data,
-        content_type=f"image/{kind}",
-        width=round(width * float(scale)),
-        height=round(height * float(scale)),
+        data=data, content_type=f"image/{kind}", width=pixels[0], height=pixels[1]
     )
+
+
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) in pixels of a PNG (IHDR) or a baseline/progressive JPEG (its SOF
+    segment), read from the bytes, not from the page; None when neither."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 9 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker in _SOF:
+            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(
+                data[i + 5 : i + 7], "big"
+            )
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
