@@ -66,8 +66,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--render-only", choices=("pagesift", "peer", "static"), help="one part only (default all)"
     )
-    g.add_argument("--render-static-limit", type=int, default=300, help="docs pages per crawl")
-    g.add_argument("--render-runs", type=int, default=3, help="AUTO and HTTP crawls each")
+    g.add_argument("--render-static-limit", type=int, default=500, help="docs pages per crawl")
+    g.add_argument("--render-runs", type=int, default=5, help="AUTO and HTTP crawls each")
+    g.add_argument("--render-js-runs", type=int, default=1, help="JS runs per side and level")
     g.add_argument("--render-timeout", type=float, default=300.0, help="seconds per run")
 
 
@@ -308,12 +309,45 @@ def _say_result(r: dict[str, Any]) -> None:
     )
 
 
+def _js_level(
+    python: Path | None,
+    with_pagesift: bool,
+    urls: dict[str, str],
+    c: int,
+    timeout: float,
+    peer_first: bool,
+    notes: list[str],
+) -> list[dict[str, Any]]:
+    """One run of each side at concurrency ``c`` (the peer if ``python``, pagesift if
+    ``with_pagesift``); a failed pagesift run becomes a note, so the peer's figures stay."""
+    out: list[dict[str, Any]] = []
+    for side in ("peer", "pagesift") if peer_first else ("pagesift", "peer"):
+        if side == "peer":
+            if python is None:
+                continue
+            r = run_peer(python, urls, c, timeout)
+        else:
+            if not with_pagesift:
+                continue
+            try:
+                r = run_pagesift(urls, "browser", c, timeout)
+            except Exception as exc:  # the peer's figures still count
+                notes.append(f"pagesift browser c={c} failed: {type(exc).__name__}: {exc}")
+                say(notes[-1])
+                continue
+        _say_result(r)
+        out.append(r)
+    return out
+
+
 def run(args: argparse.Namespace) -> None:
     from bench.crawl import pagesift_missing
     from bench.tools import DJANGO_DOC_PACKAGE, django_docs_root, ensure_apt, ensure_render_peer
 
     levels = [int(x) for x in str(args.render_concurrency).split(",") if x.strip()]
     if not levels or min(levels) < 1 or args.render_pages < 1 or not 1 <= args.render_runs <= 9:
+        raise SystemExit("need --render-concurrency >= 1, --render-pages >= 1, 1..9 runs")
+    if not 1 <= args.render_js_runs <= 9:
         raise SystemExit("need --render-concurrency >= 1, --render-pages >= 1, 1..9 runs")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     only = args.render_only
@@ -332,20 +366,11 @@ def run(args: argparse.Namespace) -> None:
                 control["crawler"] = CONTROL
                 _say_result(control)
                 js.append(control)
-            for c in levels:
-                if only in (None, "pagesift"):
-                    try:
-                        r = run_pagesift(urls, "browser", c, args.render_timeout)
-                    except Exception as exc:  # the peer's figures still count
-                        notes.append(f"pagesift browser c={c} failed: {type(exc).__name__}: {exc}")
-                        say(notes[-1])
-                    else:
-                        _say_result(r)
-                        js.append(r)
-                if python is not None:
-                    r = run_peer(python, urls, c, args.render_timeout)
-                    _say_result(r)
-                    js.append(r)
+            for i in range(args.render_js_runs):
+                for c in levels:
+                    js += _js_level(
+                        python, only != "peer", urls, c, args.render_timeout, i % 2 == 1, notes
+                    )
     static: list[dict[str, Any]] = []
     if only in (None, "static"):
         from bench.crawl import warm_page_cache
@@ -395,11 +420,16 @@ def report(
     md = ["## Render: browser engine vs scrapy-playwright; AUTO vs HTTP", ""]
     ratio: float | None = None
     cpu_ratio = float("nan")
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in js:
+        groups.setdefault((r["crawler"], r["engine"], r["concurrency"]), []).append(r)
+    js_median = [(_median(g), g) for g in groups.values()]
     if js:
         md += [
             f"JS site: {args.render_pages} pages on 127.0.0.1 (aiohttp, child process), each an "
             f"empty root filled after `fetch()` with a marker text and script-added links; "
-            f"wait for `{SELECTOR}`. Correct = marker in the document.",
+            f"wait for `{SELECTOR}`. Correct = marker in the document. "
+            f"{args.render_js_runs} run(s) per side and level (median by pages/s).",
             "",
             markdown_table(
                 [
@@ -413,6 +443,7 @@ def report(
                     "CPU ms/page",
                     "peak PSS MB",
                     "peak RSS MB",
+                    "runs pages/s",
                 ],
                 [
                     [
@@ -426,8 +457,9 @@ def report(
                         f"{r['cpu_s_per_page'] * 1000:.0f}",
                         f"{r['peak_pss_mb']:.0f}",
                         f"{r['peak_rss_mb']:.0f}",
+                        " ".join(f"{x['pages_per_s']:.1f}" for x in group),
                     ]
-                    for r in js
+                    for r, group in js_median
                 ],
             ),
             "",
@@ -492,7 +524,7 @@ def report(
         "",
         f"Machine: {facts['nproc']} CPUs ({facts['cpu_model']}), {facts['mem_total_gb']} GB, "
         f"Linux {facts['kernel']}, Python {facts['python']}; {facts['date']}; load average "
-        f"{load_before:.2f} before the runs.",
+        f"{load_before:.2f} before the runs, {facts['loadavg_1m']:.2f} after (2 cores shared).",
         "",
         f"Command: `{command}`",
     ]
@@ -508,7 +540,8 @@ def report(
             "playwright": PLAYWRIGHT_VERSION,
         },
         "js_pages": args.render_pages,
-        "js_results": js,
+        "js_results": [r for r, _ in js_median],
+        "js_all_runs": js,
         "static_results": static,
         "auto_over_http_pages_per_s": ratio,
         "auto_over_http_cpu_per_page": None if cpu_ratio != cpu_ratio else cpu_ratio,
