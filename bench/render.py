@@ -404,6 +404,22 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def _tree_state() -> str:
+    """The commit measured, and whether the work tree differed from it (bounded)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_DIR, capture_output=True, text=True, timeout=30, check=False,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "primary", "shared"],
+            cwd=REPO_DIR, capture_output=True, text=True, timeout=30, check=False,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{' + uncommitted changes' if dirty else ''}"
+
+
 def _mid(xs: list[float]) -> float:
     return xs[(len(xs) - 1) // 2]
 
@@ -415,7 +431,7 @@ def report(
     notes: list[str],
     load_before: float,
 ) -> None:
-    facts = {**machine_facts(), "loadavg_1m_before": load_before}
+    facts = {**machine_facts(), "loadavg_1m_before": load_before, "tree": _tree_state()}
     command = shlex.join([".venv/bin/python", "-m", "bench.run", *sys.argv[1:]])
     md = ["## Render: browser engine vs scrapy-playwright; AUTO vs HTTP", ""]
     ratio: float | None = None
@@ -524,7 +540,8 @@ def report(
         "",
         f"Machine: {facts['nproc']} CPUs ({facts['cpu_model']}), {facts['mem_total_gb']} GB, "
         f"Linux {facts['kernel']}, Python {facts['python']}; {facts['date']}; load average "
-        f"{load_before:.2f} before the runs, {facts['loadavg_1m']:.2f} after (2 cores shared).",
+        f"{load_before:.2f} before the runs, {facts['loadavg_1m']:.2f} after (2 cores shared). "
+        f"Code: {facts['tree']}.",
         "",
         f"Command: `{command}`",
     ]
