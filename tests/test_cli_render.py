@@ -15,9 +15,16 @@ from aiohttp import web
 from google.protobuf import duration_pb2
 
 from pagesift.node.cli import amain, build_parser, main
+from pagesift.node.cli.common import describe
 from pagesift.node.cli.export import DirSink
 from pagesift.node.cli.jobs import batch_request, crawl_request, scrape_options
-from pagesift.node.cli.render import parse_action, parse_viewport, parse_wait_for
+from pagesift.node.cli.render import (
+    parse_action,
+    parse_viewport,
+    parse_wait_for,
+    save_screenshot,
+    screenshot_line,
+)
 from pagesift.v1 import jobs_pb2
 from tests.helpers import in_process_node, serve_handler
 
@@ -150,6 +157,22 @@ def test_out_needs_the_screenshot_format(capsys: pytest.CaptureFixture[str]) -> 
     argv = ["scrape", "http://127.0.0.1:9/", "--out", "x.png", "--connect-timeout", "0"]
     assert main([*argv, "--server", "127.0.0.1:9"]) == 2
     assert "--out FILE (the image) goes with --format screenshot" in capsys.readouterr().err
+
+
+def test_out_writes_the_image_bytes_and_nothing_without_a_screenshot(tmp_path: Path) -> None:
+    shot = jobs_pb2.Screenshot(
+        data=PNG_MAGIC + b"x", content_type="image/png", width=1280, height=800
+    )
+    save_screenshot(jobs_pb2.Document(screenshot=shot), tmp_path / "a.png")
+    assert (tmp_path / "a.png").read_bytes() == PNG_MAGIC + b"x"
+    assert screenshot_line(jobs_pb2.Document(screenshot=shot)) == (
+        "screenshot: image/png 1280x800, 9 bytes"
+    )
+    with pytest.raises(OSError) as info:
+        save_screenshot(jobs_pb2.Document(), tmp_path / "b.png")
+    assert not (tmp_path / "b.png").exists()
+    failure = describe(info.value)
+    assert failure.exit == 5 and "has no screenshot" in failure.message
 
 
 def test_export_dir_writes_each_screenshot_as_an_image_file(tmp_path: Path) -> None:
