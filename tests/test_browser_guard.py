@@ -443,6 +443,28 @@ async def test_a_name_with_any_blocked_address_is_refused(
     assert internal.accepts == 0 and proxy.usage(creds).blocked == 1
 
 
+async def test_every_checked_address_of_a_name_is_tried_in_order(
+    site: PublicSite, proxies: list[GuardProxy]
+) -> None:
+    class Two(MapResolver):
+        async def resolve(
+            self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+        ) -> list[ResolveResult]:
+            first = await super().resolve(host, port, family)
+            return [*first, dict(first[0], host="127.0.0.1")]  # type: ignore[list-item]
+
+    # 127.0.0.3 (exempt, nothing listens) refuses; the second address is the site
+    names = Two({"two.test": "127.0.0.3"})
+    proxy = await _proxy(
+        proxies, ("127.0.0.1", site.port), ("127.0.0.3", site.port), resolver=names
+    )
+    creds = proxy.register()
+    status, _, body = await _get(proxy, creds, site.url(host="two.test"))
+    assert status == 200 and b"public page" in body
+    status, headers, _ = await _get(proxy, creds, site.url(host="nowhere.test"))
+    assert status == 502 and headers[ERROR_HEADER] == "dns"
+
+
 async def test_webrtc_sends_no_udp_with_the_guard_flag_and_does_without_it(
     browser: Browser,
     contexts: list[BrowserContext],

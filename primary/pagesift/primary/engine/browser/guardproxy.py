@@ -281,14 +281,10 @@ class GuardProxy:
     ) -> None:
         self.guard = guard
         self.pool = pool or ProxyPool()
-        inner = resolver or DefaultResolver()
-        self._names = inner if guard is None else GuardedResolver(inner, guard)
+        self._resolver, self._own_resolver = resolver, resolver is None  # made in start
         self._proxy_guard = guard
         if guard is not None:  # the pool's literal endpoints, for proxy connections only
             self._proxy_guard = AddressGuard(exempt=guard.exempt | _pool_endpoints(self.pool))
-        self._proxy_names = (
-            inner if self._proxy_guard is None else GuardedResolver(inner, self._proxy_guard)
-        )
         self.max_head, self.max_response_head = max_head, max_response_head
         self.max_connections, self._turns = max_connections, 0
         self.idle_timeout, self.connect_timeout = idle_timeout, connect_timeout
@@ -308,6 +304,7 @@ class GuardProxy:
     async def start(self) -> int:
         """Listen on 127.0.0.1 (an ephemeral port); returns the port."""
         if self._server is None:
+            self._resolver = self._resolver or DefaultResolver()  # binds to this loop
             self._server = await asyncio.start_server(
                 self._accept, "127.0.0.1", 0, limit=self.max_head
             )
@@ -356,6 +353,9 @@ class GuardProxy:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        if self._own_resolver and self._resolver is not None:
+            await self._resolver.close()
+            self._resolver = None
         self._registrations.clear()
 
     # ------------------------------------------------------------ one connection
@@ -456,30 +456,27 @@ class GuardProxy:
     async def _open(self, target: Target, reg: _Registration) -> _Conn:
         """A connection to ``target``'s checked address: direct, or a tunnel through
         the registration's upstream proxy. ``_Failure`` says why not."""
-        address = await self._checked(self._names, self.guard, target.host, target.port)
+        addresses = await self._checked(self.guard, target.host, target.port)
         self._turns += 1
         upstream = reg.proxy_url or self.pool.choose(reg.proxy, target.host, self._turns)
         if upstream is None:
-            return await self._connect(address, target.port)
+            return await self._connect(addresses, target.port)
         parts = urlsplit(upstream)
         host = urls.host_of(upstream)
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https") or not host:
             raise _Failure(502, "Bad Gateway", "connect", "the proxy URL is not http(s)://")
         port = parts.port or (443 if scheme == "https" else 80)
-        if reg.proxy_url:  # an account's own proxy: the full guard, as ``sessions``
-            proxy_ip = await self._checked(self._names, self.guard, host, port)
-        else:
-            proxy_ip = await self._checked(self._proxy_names, self._proxy_guard, host, port)
-        tls = None
-        if scheme == "https":
-            tls = ssl.create_default_context()
-        r, w = await self._connect(proxy_ip, port, tls, host if tls else None)
+        # an account's own proxy is judged by the full guard (as ``sessions``)
+        guard = self.guard if reg.proxy_url else self._proxy_guard
+        proxy_ips = await self._checked(guard, host, port)
+        tls = ssl.create_default_context() if scheme == "https" else None
+        r, w = await self._connect(proxy_ips, port, tls, host if tls else "")
         auth = ""
         if parts.username is not None:
             pair = f"{parts.username}:{parts.password or ''}".encode()
             auth = f"Proxy-Authorization: Basic {base64.b64encode(pair).decode()}\r\n"
-        where = _authority(address, target.port)
+        where = _authority(addresses[0], target.port)
         w.write(f"CONNECT {where} HTTP/1.1\r\nHost: {where}\r\n{auth}\r\n".encode())
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -497,48 +494,51 @@ class GuardProxy:
             raise _Failure(502, "Bad Gateway", "connect", f"the proxy refused: {line}")
         return r, w
 
-    async def _checked(
-        self, names: AbstractResolver, guard: AddressGuard | None, host: str, port: int
-    ) -> str:
-        """The address ``host`` is connected to, judged by ``guard``: a literal is
-        checked as is; a name is resolved (refused when ANY address is blocked)."""
-        if _is_literal(host):
-            address = host
-        else:
+    async def _checked(self, guard: AddressGuard | None, host: str, port: int) -> list[str]:
+        """The addresses ``host`` may be connected to, each judged by ``guard``: a
+        literal as is; a name resolved here (refused when ANY address is blocked)."""
+        addresses = [host]
+        if not _is_literal(host):
+            assert self._resolver is not None
+            names = self._resolver if guard is None else GuardedResolver(self._resolver, guard)
             try:
                 async with asyncio.timeout(self.connect_timeout):
                     results = await names.resolve(host, port, socket.AF_UNSPEC)
             except BlockedAddressError as exc:
                 raise _Failure(403, "Forbidden", "blocked_address", f"{exc}") from None
             except TimeoutError:
-                raise _Failure(
-                    504, "Gateway Timeout", "dns", f"resolving {host} timed out"
-                ) from None
+                msg = f"resolving {host} timed out"
+                raise _Failure(504, "Gateway Timeout", "dns", msg) from None
             except OSError as exc:
                 raise _Failure(502, "Bad Gateway", "dns", f"cannot resolve {host}: {exc}") from None
-            if not results:
+            addresses = list(dict.fromkeys(str(r["host"]) for r in results))[:4]
+            if not addresses:
                 raise _Failure(502, "Bad Gateway", "dns", f"{host} has no address")
-            address = str(results[0]["host"])
-        reason = None if guard is None else guard.refusal(address, port)
-        if reason is not None:
-            msg = f"blocked by the address guard: {host}:{port}: {reason}"
-            raise _Failure(403, "Forbidden", "blocked_address", msg)
-        return address
+        for address in addresses:  # again, on the very text connected to
+            reason = None if guard is None else guard.refusal(address, port)
+            if reason is not None:
+                msg = f"blocked by the address guard: {host}:{port}: {reason}"
+                raise _Failure(403, "Forbidden", "blocked_address", msg)
+        return addresses
 
     async def _connect(
-        self, ip: str, port: int, tls: ssl.SSLContext | None = None, name: str | None = None
+        self, ips: list[str], port: int, tls: ssl.SSLContext | None = None, name: str = ""
     ) -> _Conn:
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                return await asyncio.open_connection(
-                    ip, port, ssl=tls, server_hostname=name, limit=self.max_response_head
-                )
-        except TimeoutError:
-            msg = f"connect to {_authority(ip, port)} timed out"
-            raise _Failure(504, "Gateway Timeout", "timeout", msg) from None
-        except OSError as exc:
-            msg = f"cannot connect to {_authority(ip, port)}: {exc.strerror or exc}"
-            raise _Failure(502, "Bad Gateway", "connect", msg) from None
+        """A connection to the first of ``ips`` (checked addresses) that answers."""
+        failure = _Failure(502, "Bad Gateway", "connect", "no address")
+        for ip in ips:
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    return await asyncio.open_connection(
+                        ip, port, ssl=tls, server_hostname=name or None,
+                        limit=self.max_response_head,
+                    )  # fmt: skip
+            except OSError as exc:  # TimeoutError included
+                code = "timeout" if isinstance(exc, TimeoutError) else "connect"
+                why = "timed out" if code == "timeout" else exc.strerror or str(exc)
+                msg = f"cannot connect to {_authority(ip, port)}: {why}"
+                failure = _Failure(502, "Bad Gateway", code, msg)
+        raise failure
 
     async def _splice(self, client: _Conn, up: _Conn, reg: _Registration, first: bytes) -> None:
         """Relay both ways until either side ends or both are idle ``idle_timeout``."""
