@@ -32,7 +32,7 @@ from pagesift.primary.engine.browser.pool import BrowserPool, FairSlots, sweep_p
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2 as pb
-from tests.helpers import until
+from tests.helpers import free_port, until
 from tests.jssite import MARKERS, PAGES, SPA_PAGES, serve_js_site
 
 EXE = "/usr/lib/chromium/chromium-headless-shell"
@@ -421,6 +421,33 @@ async def test_a_render_past_its_timeout_fails_timeout_and_frees_its_slot(
     assert MARKERS["app"] in got.html.decode()
 
 
+async def test_navigation_failures_map_to_the_http_engines_codes(
+    pool: BrowserPool, root: str
+) -> None:
+    closed = free_port()
+    with pytest.raises(PageError) as err:
+        await pool.render(f"http://127.0.0.1:{closed}/", pb.ScrapeOptions(), owner="t")
+    assert err.value.code == ErrorCode.CONNECT and "ERR_CONNECTION_REFUSED" in err.value.message
+    missing = await pool.render(root + "nowhere.html", pb.ScrapeOptions(), owner="t")
+    assert missing.status == 404 and b"not found" in missing.html
+
+
+async def test_rendered_html_over_max_body_bytes_is_refused_in_the_page(
+    pool: BrowserPool, root: str
+) -> None:
+    grow = js("document.body.append('x'.repeat(300000)); return 1")
+    config = pool.config
+    pool.config = dataclasses.replace(config, max_body_bytes=200_000)
+    try:
+        small = await pool.render(root + PAGES["probe"], pb.ScrapeOptions(), owner="t")
+        assert small.html.startswith(b"<!DOCTYPE html><html>")
+        with pytest.raises(PageError) as err:
+            await pool.render(root + PAGES["probe"], acts(grow), owner="t")
+    finally:
+        pool.config = config
+    assert err.value.code == ErrorCode.TOO_LARGE and "at most 200000 bytes" in err.value.message
+
+
 async def test_the_browser_is_replaced_after_browser_recycle_pages(root: str) -> None:
     p = BrowserPool(dataclasses.replace(CONFIG, browser_recycle_pages=2))
     try:
@@ -471,6 +498,22 @@ async def test_one_accounts_queue_does_not_hold_another_accounts_page_beyond_one
     light = asyncio.create_task(one("b", 0.1))
     await asyncio.wait_for(asyncio.gather(light, *heavy), 20)
     assert order.index("b") <= 2, order  # after at most one of a's slots frees
+    most = 0
+
+    async def sample() -> None:
+        nonlocal most
+        while True:
+            most = max(most, pool.slots.in_use.get("c", 0))
+            await asyncio.sleep(0.01)
+
+    sampler = asyncio.create_task(sample())
+    limited = [
+        pool.render(f"{root}slow.html?delay=0.3", pb.ScrapeOptions(), owner="c", owner_limit=1)
+        for _ in range(3)
+    ]
+    await asyncio.wait_for(asyncio.gather(*limited), 20)
+    sampler.cancel()
+    assert most == 1
 
 
 async def test_fair_slots_grant_the_least_served_owner_and_hold_owner_limits() -> None:

@@ -149,6 +149,32 @@ def _navigation_error(exc: BaseException, url: str) -> PageError | BrowserGone:
     return PageError(ErrorCode.RENDER_FAILED, text)
 
 
+# page.content()'s serialization, refused in the page past the cap: a page that grew a
+# huge DOM never sends it over the pipe
+_CONTENT = """(max) => {
+  const d = document.doctype ? new XMLSerializer().serializeToString(document.doctype) : "";
+  const e = document.documentElement, h = e ? e.outerHTML : "";
+  if (typeof d !== "string" || typeof h !== "string") return null;
+  return d.length + h.length > max ? d.length + h.length : d + h;
+}"""
+
+
+async def _content(page: Any, max_bytes: int) -> bytes:
+    """The rendered HTML, TOO_LARGE past ``max_bytes`` (checked in characters in the
+    page, then in bytes here)."""
+    got = await page.evaluate(_CONTENT, max_bytes)
+    if isinstance(got, str):
+        html = got.encode("utf-8", "replace")
+        if len(html) <= max_bytes:
+            return html
+        got = len(html)
+    if isinstance(got, int):
+        raise PageError(
+            ErrorCode.TOO_LARGE, f"rendered HTML of {got} characters, at most {max_bytes} bytes"
+        )
+    raise PageError(ErrorCode.RENDER_FAILED, "the page's HTML could not be read")
+
+
 async def render_page(
     browser: Any,
     url: str,
@@ -221,11 +247,7 @@ async def _render(
         budget=bounds.max_actions_time,
         max_screenshot_bytes=bounds.max_screenshot_bytes,
     )
-    html = (await page.content()).encode("utf-8", "replace")
-    if len(html) > max_html_bytes:
-        raise PageError(
-            ErrorCode.TOO_LARGE, f"rendered HTML of {len(html)} bytes, at most {max_html_bytes}"
-        )
+    html = await _content(page, max_html_bytes)
     shot = None
     if steps.shot is not None:
         shot = await actions.screenshot(page, steps.shot, bounds.max_screenshot_bytes)
