@@ -408,6 +408,42 @@ async def test_sigkill_of_the_browser_mid_render_fails_fast_and_the_next_render_
     assert pool.browser_pid() not in (None, pid)
 
 
+def renderers(browser: int) -> list[int]:
+    found = []
+    for pid in poolmod.descendants(browser, poolmod._proc_table()):
+        try:
+            if b"--type=renderer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+async def test_a_renderer_killed_mid_render_fails_the_page_retryably_and_the_browser_lives(
+    pool: BrowserPool, root: str
+) -> None:
+    await pool.render(root + PAGES["probe"], pb.ScrapeOptions(), owner="t")
+    browser, restarts = pool.browser_pid(), pool.stats()["restarts"]
+    assert browser is not None
+    pause = acts(pb.Action(wait=pb.WaitAction(duration=ms(3000))))
+    for url, options in (
+        (root + "slow.html?delay=5", pb.ScrapeOptions()),
+        (root + PAGES["probe"], pause),
+    ):
+        task = asyncio.create_task(pool.render(url, options, owner="t"))
+        await until(lambda: pool.stats()["in_use"] == 1, "a render in flight")
+        await asyncio.sleep(0.8)
+        for pid in renderers(browser):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(PageError) as err:
+            await asyncio.wait_for(task, 10)
+        assert err.value.code == ErrorCode.RENDER_FAILED and err.value.worker_lost, url
+        assert "renderer crashed" in err.value.message
+    assert pool.browser_pid() == browser and pool.stats()["restarts"] == restarts
+    got = await pool.render(root + PAGES["app"], pb.ScrapeOptions(), owner="t")
+    assert MARKERS["app"] in got.html.decode()
+
+
 async def test_a_render_past_its_timeout_fails_timeout_and_frees_its_slot(
     pool: BrowserPool, root: str
 ) -> None:

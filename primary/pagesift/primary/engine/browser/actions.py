@@ -234,8 +234,9 @@ async def wait_for(page: Any, selector: str, seconds: float) -> None:
 
 
 def _closed(exc: BaseException) -> bool:
-    """The page, its context or the browser went away: not the action's fault."""
-    return type(exc).__name__ == "TargetClosedError"
+    """The page, its context or the browser went away, or the renderer crashed: not the
+    action's fault (the render reports it)."""
+    return type(exc).__name__ == "TargetClosedError" or "Target crashed" in str(exc)
 
 
 _JS_WRAP = """async () => {

@@ -444,7 +444,7 @@ class BrowserPool:
                     self._disconnected(b)
                 raise PageError(
                     ErrorCode.RENDER_FAILED,
-                    f"the browser went away while rendering {url}: {e}",
+                    f"the browser or the page's renderer crashed while rendering {url}: {e}",
                     worker_lost=True,
                 ) from e
             finally:

@@ -129,11 +129,12 @@ async def _block_heavy(route: Any) -> None:
 
 
 def gone(exc: BaseException) -> bool:
-    """Whether a Playwright error means the browser, context or page went away."""
+    """Whether a Playwright error means the browser, context or page went away (or the
+    page's renderer crashed)."""
     name = type(exc).__name__
     text = str(exc)
-    return name == "TargetClosedError" or "Target page, context or browser has been closed" in (
-        text
+    return name == "TargetClosedError" or any(
+        t in text for t in ("Target page, context or browser has been closed", "Target crashed")
     )
 
 
@@ -175,6 +176,19 @@ async def _content(page: Any, max_bytes: int) -> bytes:
     raise PageError(ErrorCode.RENDER_FAILED, "the page's HTML could not be read")
 
 
+async def _renderer_crashed(page: Any, crashed: list[str]) -> bool:
+    """Whether an aborted navigation was the renderer's death: its crash event, or a
+    page that no longer evaluates (a bounded probe)."""
+    if crashed:
+        return True
+    try:
+        async with asyncio.timeout(2.0):
+            await page.evaluate("1")
+    except Exception as e:
+        return bool(crashed) or gone(e)
+    return bool(crashed)
+
+
 async def render_page(
     browser: Any,
     url: str,
@@ -198,13 +212,18 @@ async def render_page(
         if gone(e) or not browser.is_connected():
             raise BrowserGone(actions.reason(e)) from e
         raise PageError(ErrorCode.RENDER_FAILED, f"new context: {actions.reason(e)}") from e
+    crashed: list[str] = []  # the page's "crash" event: its renderer died
     try:
         async with asyncio.timeout(timeout):
             return await _render(context, url, options, steps, bounds, timeout, max_html_bytes,
-                                 cookies)  # fmt: skip
+                                 cookies, crashed)  # fmt: skip
     except TimeoutError as e:
+        if crashed:
+            raise BrowserGone("the page's renderer crashed") from e
         raise PageError(ErrorCode.TIMEOUT, f"render took over {timeout:g} s") from e
-    except PageError:
+    except PageError as e:
+        if crashed:
+            raise BrowserGone(f"the page's renderer crashed ({e.message})") from e
         raise
     except BrowserGone:
         raise
@@ -227,6 +246,7 @@ async def _render(
     timeout: float,
     max_html_bytes: int,
     cookies: Sequence[Mapping[str, Any]],
+    crashed: list[str],
 ) -> Rendered:
     context.set_default_timeout(timeout * 1000)
     context.set_default_navigation_timeout(timeout * 1000)
@@ -235,10 +255,14 @@ async def _render(
     if cookies:
         await context.add_cookies([dict(c) for c in cookies])
     page = await context.new_page()
+    page.on("crash", lambda _: crashed.append("crash"))
     try:
         response = await page.goto(url, wait_until=_WAIT_UNTIL.get(options.wait_until, "load"))
     except Exception as e:
-        raise _navigation_error(e, url) from e
+        failure = _navigation_error(e, url)
+        if "ERR_ABORTED" in str(e) and await _renderer_crashed(page, crashed):
+            failure = BrowserGone(f"the page's renderer crashed ({actions.reason(e)})")
+        raise failure from e
     wait = bounds.max_render_wait if steps.wait_selector else steps.wait_seconds
     await actions.wait_for(page, steps.wait_selector, wait)
     results = await actions.run_actions(
