@@ -263,7 +263,7 @@ class _Browser:
     in_flight: int = 0
     retiring: bool = False
     dead: bool = False
-    checked: float = field(default_factory=time.monotonic)
+    next_check: float = field(default_factory=time.monotonic)  # of its memory
 
 
 class BrowserPool:
@@ -329,7 +329,7 @@ class BrowserPool:
             self.swept = await asyncio.to_thread(sweep_profiles)
             self._playwright = await async_playwright().start()
         exe = self.config.browser_executable
-        before = browser_roots(exe, os.getpid())
+        before = await asyncio.to_thread(browser_roots, exe, os.getpid())
         try:
             async with asyncio.timeout(LAUNCH_TIMEOUT):
                 browser = await self._playwright.chromium.launch(
@@ -342,7 +342,7 @@ class BrowserPool:
                 )
         except Exception as e:
             raise PageError(ErrorCode.RENDER_FAILED, f"browser launch: {actions.reason(e)}") from e
-        pids = browser_roots(exe, os.getpid()) - before
+        pids = await asyncio.to_thread(browser_roots, exe, os.getpid()) - before
         b = _Browser(browser, min(pids) if len(pids) == 1 else None)
         browser.on("disconnected", lambda _: self._disconnected(b))
         self.launches += 1
@@ -387,8 +387,8 @@ class BrowserPool:
     async def _after(self, b: _Browser) -> None:
         b.in_flight -= 1
         limit = self.config.browser_memory_limit
-        if limit and not b.retiring and b.pid and time.monotonic() - b.checked >= 0:
-            b.checked = time.monotonic() + MEMORY_CHECK_EVERY
+        if limit and not b.retiring and b.pid and time.monotonic() >= b.next_check:
+            b.next_check = time.monotonic() + MEMORY_CHECK_EVERY
             pss = await asyncio.to_thread(tree_pss, b.pid)
             if pss > limit:
                 logger.info("browser %s at %d bytes PSS: replaced", b.pid, pss)
