@@ -17,19 +17,32 @@ from pathlib import Path
 import grpc
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pagesift.primary.engine.autorender import HostMemory
 from pagesift.primary.engine.browser import pool as poolmod
 from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import FetchPolicy
 from pagesift.primary.engine.rendering import RenderingEngine, choose
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.shared.util import tracing
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import NodeFactory, all_documents, in_process_node, until, wait_terminal
+from tests.helpers import (
+    NodeFactory,
+    all_documents,
+    in_process_node,
+    serve_handler,
+    until,
+    wait_terminal,
+)
 from tests.jssite import MARKERS, PAGES, SPA_PAGES, serve_js_site
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -81,7 +94,8 @@ async def test_http_misses_the_script_content_the_browser_renders(rig: Rig) -> N
         assert marker not in fetched.document.markdown
         assert fetched.document.engine == HTTP
         assert fetched.document.metadata["engine"] == "http"
-        rendered = await rig.engine.scrape(url, opts(BROWSER))
+        idle = opts(BROWSER, wait_until=jobs_pb2.WAIT_UNTIL_NETWORKIDLE)  # after fetch()
+        rendered = await rig.engine.scrape(url, idle)
         assert marker in rendered.document.markdown, page
         assert rendered.document.engine == BROWSER
         assert rendered.document.metadata["engine"] == "browser"
@@ -187,6 +201,23 @@ async def test_the_guard_refuses_an_internal_address_before_the_browser_is_asked
         await engine.close()
 
 
+async def test_robots_txt_refuses_a_render_before_the_browser_is_asked(rig: Rig) -> None:
+    async def handle(request: web.Request) -> web.Response:
+        if request.path == "/robots.txt":
+            return web.Response(text="User-agent: *\nDisallow: /private/\n")
+        return web.Response(text="<div id='root'></div><script></script>", content_type="text/html")
+
+    async with serve_handler(handle) as port:
+        before = rig.rendered()
+        for choice in (BROWSER, AUTO):
+            with pytest.raises(PageError) as err:
+                await rig.engine.scrape(f"http://127.0.0.1:{port}/private/a", opts(choice))
+            assert err.value.code == ErrorCode.ROBOTS_DISALLOWED
+        assert rig.rendered() == before
+        await rig.engine.scrape(f"http://127.0.0.1:{port}/open", opts(BROWSER))
+        assert rig.rendered() == before + 1
+
+
 async def test_a_node_without_a_browser_fetches_over_http_and_browser_fails_clearly() -> None:
     config = ServerConfig(allow_private_networks=True, extract_processes=0,
                           browser_executable="/nonexistent/chromium")  # fmt: skip
@@ -202,6 +233,72 @@ async def test_a_node_without_a_browser_fetches_over_http_and_browser_fails_clea
         assert "cannot render" in err.value.message
     finally:
         await engine.close()
+
+
+async def test_a_render_is_a_span_when_tracing_is_on(rig: Rig) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        await rig.engine.scrape(f"{rig.root}app.html", opts(BROWSER))
+    finally:
+        tracing.shutdown()
+    (render,) = [s for s in exporter.get_finished_spans() if s.name == "render"]
+    assert render.attributes is not None
+    assert render.attributes["server.address"] == "127.0.0.1"
+    assert render.attributes["http.response.status_code"] == 200
+
+
+async def test_an_accounts_own_cap_holds_its_renders_to_one_at_a_time(rig: Rig) -> None:
+    assert rig.engine.pool is not None
+    pool = rig.engine.pool
+    rig.engine.owner_limit = lambda owner: 1 if owner == "solo" else None
+    peak = 0
+
+    async def sample() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, pool.stats()["in_use"])
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        slow = [f"{rig.root}slow.html?delay=0.{n}" for n in (6, 7, 8)]
+        await asyncio.gather(
+            *(rig.engine.scrape(u, opts(BROWSER), FetchPolicy(owner="solo")) for u in slow)
+        )
+    finally:
+        sampler.cancel()
+        rig.engine.owner_limit = lambda _owner: None
+    assert peak == 1
+
+
+async def test_requests_the_guard_proxy_refuses_show_in_the_browser_figures() -> None:
+    async def handle(request: web.Request) -> web.Response:
+        body = (
+            "<html><body><div id='root'></div><script>"
+            f"fetch('http://127.0.0.1:{request.url.port}/x').catch(() => 0);"
+            "fetch('http://169.254.169.254/y', {mode: 'no-cors'}).catch(() => 0);"
+            "fetch('http://localhost:9/z', {mode: 'no-cors'}).catch(() => 0);"
+            "document.getElementById('root').textContent = 'mounted';</script></body></html>"
+        )
+        return web.Response(text=body, content_type="text/html")
+
+    async with serve_handler(handle) as port:
+        url = f"http://127.0.0.1:{port}/"
+        guard = AddressGuard(exempt=frozenset({("127.0.0.1", port)}))
+        http = HttpEngine(ServerConfig(extract_processes=0), guard=guard)
+        engine = RenderingEngine(http)
+        try:
+            page = await engine.scrape(
+                url, opts(BROWSER, wait_until=jobs_pb2.WAIT_UNTIL_NETWORKIDLE)
+            )
+            assert "mounted" in page.document.markdown
+            await until(lambda: engine.figures().blocked_requests >= 1, "a refusal counted", 5)
+            assert engine.figures().blocked_bytes > 0
+        finally:
+            await engine.close()
 
 
 # ---------------------------------------------------------------- a real node

@@ -404,6 +404,8 @@ class Node:
     async def _start_jobs(self) -> None:
         cfg = self.config
         self.engine = self._engine_factory(cfg, self.metrics)
+        if isinstance(self.engine, RenderingEngine):
+            self.engine.owner_limit = self._browser_pages_of
         deliverer = delivery.Deliverer(
             lambda: self.slot.store,
             None,
@@ -523,6 +525,11 @@ class Node:
     def can_render(self) -> bool:
         """Whether this node renders pages (health's ``pagesift.render``)."""
         return not self.render_problem
+
+    def _browser_pages_of(self, owner: str) -> int | None:
+        """An account's cap on its pages rendering at once (None: the pool's only)."""
+        account = self.accounts.get(owner)
+        return account.max_browser_pages if account is not None else None
 
     def _browser_figures(self) -> BrowserFigures:
         """The browser series: the running engine's pool, else whether it could render."""

@@ -6,7 +6,8 @@ is AUTO on a node that can render, else HTTP) and the render path around a
 fetches over HTTP and renders when ``autorender.needs_render`` names a reason, when the
 request asks for what only a browser does (waits, actions, a screenshot, phone
 emulation), or when ``autorender.HostMemory`` says the host's pages need it (no fetch
-first). The invariants, for a rendered page as for a fetched one:
+first); without a ``wait_until`` of its own, an AUTO render waits for ``networkidle``.
+The invariants, for a rendered page as for a fetched one:
 
 - the address guard refuses the start URL before the browser is asked; every request
   the browser makes goes through the node's guard proxy (``browser.guardproxy``);
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from email.utils import formatdate
 from typing import Any
 
@@ -113,6 +114,9 @@ class RenderingEngine:
             self.pool = BrowserPool(self.config)  # launches nothing until a page comes
             self.proxy = GuardProxy(http.sessions.guard, resolver, pool=http.sessions.pool)
         self._started = asyncio.Lock()
+        #: an account's own cap on its pages rendering at once (None: the pool's only);
+        #: the node sets it from the accounts file (``Account.max_browser_pages``)
+        self.owner_limit: Callable[[str], int | None] = lambda _owner: None
 
     def can_render(self) -> bool:
         """Whether this node renders (a browser is configured and installed)."""
@@ -176,6 +180,13 @@ class RenderingEngine:
     async def _render(
         self, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy, reason: str
     ) -> Page:
+        if reason and options.wait_until == jobs_pb2.WAIT_UNTIL_UNSPECIFIED:
+            # AUTO rendering a page for what it is (not for a wait the caller chose):
+            # its content likely comes from fetch() after load, so wait for the network
+            settled = jobs_pb2.ScrapeOptions()
+            settled.CopyFrom(options)
+            settled.wait_until = jobs_pb2.WAIT_UNTIL_NETWORKIDLE
+            options = settled
         if not tracing.enabled():
             return await self._render_page(url, options, policy, reason)
         attrs = {"server.address": urls.host_of(url), "pagesift.render_reason": reason}
@@ -228,6 +239,7 @@ class RenderingEngine:
                     current,
                     options,
                     owner=policy.owner,
+                    owner_limit=self.owner_limit(policy.owner),
                     headers=dict(profile.headers),
                     user_agent=profile.user_agent or None,
                     cookies=_browser_cookies(profile, current),
