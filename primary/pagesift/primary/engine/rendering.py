@@ -164,18 +164,40 @@ class RenderingEngine:
             return await self._render(url, options, policy, "requested " + asked)
         if host and self.memory.render_first(policy.owner, host):
             return await self._render(url, options, policy, "host needs rendering")
+        if not tracing.enabled():
+            page, reason = await self._fetch_first(url, host, options, policy)
+        else:  # the same "fetch" span as HttpEngine.scrape's
+            with tracing.span("fetch", {"server.address": host}) as span:
+                try:
+                    page, reason = await self._fetch_first(url, host, options, policy)
+                except PageError as e:
+                    if span is not None:
+                        span.set_attribute("error.type", e.code.value)
+                        if e.status is not None:
+                            span.set_attribute("http.response.status_code", e.status)
+                    raise
+                if span is not None and page is not None:
+                    span.set_attribute("http.response.status_code", page.document.status_code)
+        if page is not None:
+            return page
+        return await self._render(url, options, policy, reason)
+
+    async def _fetch_first(
+        self, url: str, host: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy
+    ) -> tuple[Page | None, str]:
+        """AUTO's fetch: (the page, "") when it needs no browser, else (None, why)."""
         started = time.monotonic()
         resp, kind, agent = await self.http.fetch_response(url, options, policy)
         if kind == "not_modified":
             unchanged = jobs_pb2.Document(url=url, final_url=resp.url, status_code=resp.status)
-            return Page(document=unchanged, validators=resp.validators, not_modified=True)
+            return Page(document=unchanged, validators=resp.validators, not_modified=True), ""
         reason = autorender.needs_render(resp.body, resp.content_type) if kind == "html" else None
         if host:
             self.memory.record(policy.owner, host, reason is not None)
-        if reason is None:
-            page = await self.http.pages.page(url, resp, kind, options, agent, policy.owner)
-            return self._mark(page, HTTP, started)
-        return await self._render(url, options, policy, reason)
+        if reason is not None:
+            return None, reason
+        page = await self.http.pages.page(url, resp, kind, options, agent, policy.owner)
+        return self._mark(page, HTTP, started), ""
 
     async def _render(
         self, url: str, options: jobs_pb2.ScrapeOptions, policy: FetchPolicy, reason: str
