@@ -329,6 +329,10 @@ async def test_a_crawl_renders_a_js_host_without_fetching_each_page_twice(tmp_pa
             doc = by_url[f"{root}spa/{n}.html"]
             assert doc.engine == BROWSER
             assert f"{MARKERS['spa']} {n}" in doc.markdown
+        text = node.node.metrics.exposition().decode()
+        assert "pagesift_browser_can_render 1.0" in text
+        assert "pagesift_browser_pages_max" in text and "pagesift_browser_restarts_total" in text
+        assert 'pagesift_auto_renders_total{reason="host needs rendering"} 2.0' in text
         chain = [hits[f"spa/{n}.html"] for n in range(1, SPA_PAGES + 1)]
         assert chain[2:] == [1] * (SPA_PAGES - 2), chain  # rendered at once
         assert sum(chain) <= SPA_PAGES + 2
@@ -367,6 +371,7 @@ async def test_a_node_without_a_browser_is_healthy_and_says_it_cannot_render(
         assert await _check(node.channel, "pagesift.render") == (
             health_pb2.HealthCheckResponse.NOT_SERVING
         )
+        assert "pagesift_browser_can_render 0.0" in node.node.metrics.exposition().decode()
 
 
 # ---------------------------------------------------------------- crashes
