@@ -7,6 +7,7 @@ host memory kicks in, a screenshot over gRPC, health saying whether a node rende
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import time
@@ -216,6 +217,31 @@ async def test_robots_txt_refuses_a_render_before_the_browser_is_asked(rig: Rig)
         assert rig.rendered() == before
         await rig.engine.scrape(f"http://127.0.0.1:{port}/open", opts(BROWSER))
         assert rig.rendered() == before + 1
+
+
+async def test_renders_of_one_host_wait_their_turn_like_fetches() -> None:
+    starts: list[float] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        if request.path != "/robots.txt":
+            starts.append(time.monotonic())
+        return web.Response(text="<div id='root'></div><script></script>", content_type="text/html")
+
+    config = ServerConfig(allow_private_networks=True, extract_processes=0, per_host_delay=0.4)
+    engine = RenderingEngine(HttpEngine(config))
+    try:
+        async with serve_handler(handle) as port:
+            await engine.scrape(f"http://127.0.0.1:{port}/warm", opts(BROWSER))  # launched
+            await asyncio.sleep(0.5)
+            starts.clear()
+            pages = [f"http://127.0.0.1:{port}/p{n}" for n in range(3)]
+            await asyncio.gather(*(engine.scrape(u, opts(BROWSER)) for u in pages))
+    finally:
+        await engine.close()
+    assert len(starts) == 3
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # the slots start 0.4 s apart; a new context's set-up varies by some milliseconds
+    assert min(gaps) >= 0.3, gaps
 
 
 async def test_a_node_without_a_browser_fetches_over_http_and_browser_fails_clearly() -> None:
