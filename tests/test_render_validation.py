@@ -328,3 +328,24 @@ async def test_the_api_names_each_bad_action_and_refuses_rendering_on_a_node_wit
         (info,) = details_of(status_of(err), error_details_pb2.ErrorInfo)
         assert info.metadata["field"] == "options.actions[0].execute_javascript"
         assert list(node.node.store().replicated_items()) == []  # nothing was written
+
+
+async def test_a_node_whose_configured_browser_is_missing_refuses_what_needs_one(
+    tmp_path: Path,
+) -> None:
+    missing = str(tmp_path / "no-such-browser")
+    async with in_process_node(tmp_path, browser_executable=missing) as node:
+        assert not node.node.can_render
+        opts = Opts(engine=jobs_pb2.FETCH_ENGINE_BROWSER)
+        for call in (
+            node.stub.Scrape(jobs_pb2.ScrapeRequest(url=URL, options=opts)),
+            node.stub.StartBatchScrape(jobs_pb2.StartBatchScrapeRequest(urls=[URL], options=opts)),
+            node.stub.StartCrawl(jobs_pb2.StartCrawlRequest(url=URL, options=opts)),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            err: Any = e.value
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+            (info,) = details_of(status_of(err), error_details_pb2.ErrorInfo)
+            assert info.reason == Reason.RENDERING_UNAVAILABLE
+        assert list(node.node.store().replicated_items()) == []

@@ -79,7 +79,7 @@ from pagesift.shared.api.metricsources import (
     ScrapeSources,
     WitnessGauges,
 )
-from pagesift.shared.api.service import JobRuntime
+from pagesift.shared.api.ports import JobRuntime
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.ha import rolestate
 from pagesift.shared.ha.election import Candidate, Holder, PairState

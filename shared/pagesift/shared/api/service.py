@@ -30,9 +30,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
-from typing import Protocol
 
 import grpc
 
@@ -46,18 +45,15 @@ from pagesift.shared.api.errortable import (
     StandbyNode,
     answers_errors,
 )
-from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.api.paging import field_bytes
+from pagesift.shared.api.ports import JobRuntime, Node
 from pagesift.shared.api.streams import StreamBytes, StreamSlots, WatchBytes
-from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import quota, validate, views
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import specs as requestspecs
-from pagesift.shared.jobs.accounts import Account, Accounts
-from pagesift.shared.jobs.events import JobEvents
+from pagesift.shared.jobs.accounts import Account
 from pagesift.shared.jobs.pageerrors import PageError
 from pagesift.shared.jobs.specs import Permissions
-from pagesift.shared.store.db import Store
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
 WATCH_POLL_SECONDS = 1.0  # a watcher re-reads at least this often, even without a wake-up
@@ -80,65 +76,6 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _malloc_trim()
-
-
-class Registration(Protocol):
-    id: str
-    created: bool
-
-
-class JobRuntime(Protocol):
-    """What the service needs from the primary's job runtime."""
-
-    async def register(
-        self,
-        kind: str,
-        owner: str,
-        request: bytes,
-        idempotency_key: str,
-        *,
-        total: int = 0,
-        limit: int = 0,
-        webhook: jobs_pb2.Webhook | None = None,
-        check: Callable[[], None] | None = None,
-    ) -> Registration: ...
-
-    async def cancel(self, job_id: str) -> jr.JobMeta | None: ...
-
-    async def resume(self, job_id: str) -> jr.JobMeta | None: ...
-
-    def visible(self, job_id: str) -> int | None: ...
-
-    async def readable(self) -> None: ...
-
-    async def scrape(
-        self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
-    ) -> jobs_pb2.Document:
-        """One page for ``owner``, charged to its daily pages with the page (raises
-        ``quota.LimitExceeded`` when a concurrent call spent the last one)."""
-
-    async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]: ...
-
-
-class Node(Protocol):
-    """The running node as the API sees it; its role may change while it runs."""
-
-    config: ServerConfig
-    events: JobEvents
-    accounts: Accounts
-    metrics: Metrics
-
-    def store(self) -> Store: ...
-
-    def runtime(self) -> JobRuntime | None:
-        """The job runtime when this node is the primary, else None."""
-
-    def primary_hint(self) -> str:
-        """Where the writes go, for a standby's NOT_PRIMARY message (an address, or
-        an address followed by words, or "(unknown)")."""
-
-    def read_metadata(self) -> Sequence[tuple[str, str]]:
-        """Trailing metadata for reads (a standby's applied offset and lag)."""
 
 
 Context = grpc.aio.ServicerContext[object, object]
@@ -290,7 +227,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.ScrapeResponse:
         caller = self._caller(context)
         runtime = self._runtime()
-        spec = await requestspecs.scrape(request, self._permissions(caller), self.node.config)
+        spec = await requestspecs.scrape(
+            request, self._permissions(caller), self.node.config, renders=self.node.can_render
+        )
         self._limits(caller, "scrape")()
         doc = await _scrape(runtime, spec, caller.name)  # charged there, with its page
         return jobs_pb2.ScrapeResponse(document=doc)
@@ -301,7 +240,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.StartBatchScrapeResponse:
         caller = self._caller(context)
         runtime = self._runtime()
-        spec = await requestspecs.batch(request, self._permissions(caller), self.node.config)
+        spec = await requestspecs.batch(
+            request, self._permissions(caller), self.node.config, renders=self.node.can_render
+        )
         total = len(spec.urls)
         stored = paging.stored_batch(request, spec)  # serialized once; no copy of the request
         del spec.urls[:]  # the URL strings are in ``stored`` now
@@ -324,7 +265,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.StartCrawlResponse:
         caller = self._caller(context)
         runtime = self._runtime()
-        spec = await requestspecs.crawl(request, self._permissions(caller), self.node.config)
+        spec = await requestspecs.crawl(
+            request, self._permissions(caller), self.node.config, renders=self.node.can_render
+        )
         reg = await runtime.register(
             "crawl",
             caller.name,

@@ -1,0 +1,86 @@
+"""What ``JobService`` needs from the node it runs in: the ports it is wired through.
+
+The service is served by both roles and knows neither: it sees the running node
+through ``Node`` (its config, store, events, accounts, metrics, whether it renders, and
+the job runtime when it is the primary) and the primary's runtime through
+``JobRuntime``. ``pagesift.node.node.Node`` and ``pagesift.primary.jobs.runtime.Jobs``
+implement them; tests implement them with fakes. Keeping the ports apart keeps the
+service's imports to the shared packages (``tests/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs.accounts import Accounts
+from pagesift.shared.jobs.events import JobEvents
+from pagesift.shared.store.db import Store
+from pagesift.v1 import jobs_pb2
+
+
+class Registration(Protocol):
+    id: str
+    created: bool
+
+
+class JobRuntime(Protocol):
+    """What the service needs from the primary's job runtime."""
+
+    async def register(
+        self,
+        kind: str,
+        owner: str,
+        request: bytes,
+        idempotency_key: str,
+        *,
+        total: int = 0,
+        limit: int = 0,
+        webhook: jobs_pb2.Webhook | None = None,
+        check: Callable[[], None] | None = None,
+    ) -> Registration: ...
+
+    async def cancel(self, job_id: str) -> jr.JobMeta | None: ...
+
+    async def resume(self, job_id: str) -> jr.JobMeta | None: ...
+
+    def visible(self, job_id: str) -> int | None: ...
+
+    async def readable(self) -> None: ...
+
+    async def scrape(
+        self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
+    ) -> jobs_pb2.Document:
+        """One page for ``owner``, charged to its daily pages with the page (raises
+        ``quota.LimitExceeded`` when a concurrent call spent the last one)."""
+
+    async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]: ...
+
+
+class Node(Protocol):
+    """The running node as the API sees it; its role may change while it runs."""
+
+    config: ServerConfig
+    events: JobEvents
+    accounts: Accounts
+    metrics: Metrics
+
+    def store(self) -> Store: ...
+
+    def runtime(self) -> JobRuntime | None:
+        """The job runtime when this node is the primary, else None."""
+
+    def primary_hint(self) -> str:
+        """Where the writes go, for a standby's NOT_PRIMARY message (an address, or
+        an address followed by words, or "(unknown)")."""
+
+    def read_metadata(self) -> Sequence[tuple[str, str]]:
+        """Trailing metadata for reads (a standby's applied offset and lag)."""
+
+    @property
+    def can_render(self) -> bool:
+        """Whether this node renders pages (requests that need a browser are refused
+        with RENDERING_UNAVAILABLE otherwise)."""
