@@ -8,6 +8,8 @@ import time
 import pytest
 
 from pagesift.primary.engine.autorender import RICH_TEXT, HostMemory, needs_render
+from pagesift.primary.engine.rendering import browser_asked
+from pagesift.v1 import jobs_pb2
 
 PROSE = " ".join(["Reading the manual explains every option of the tool in detail."] * 40)
 
@@ -137,3 +139,25 @@ def test_host_memory_is_bounded_and_drops_the_least_recently_used() -> None:
     assert len(memory) == 3
     assert not memory.render_first("", "b")
     assert memory.render_first("", "a") and memory.render_first("", "d")
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        (jobs_pb2.ScrapeOptions(), None),
+        (jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_MARKDOWN]), None),
+        (jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_SCREENSHOT]), "screenshot"),
+        (jobs_pb2.ScrapeOptions(wait_for=jobs_pb2.WaitFor(selector="#a")), "wait_for"),
+        (jobs_pb2.ScrapeOptions(wait_until=jobs_pb2.WAIT_UNTIL_NETWORKIDLE), "wait_until"),
+        (jobs_pb2.ScrapeOptions(actions=[jobs_pb2.Action()]), "actions"),
+        (jobs_pb2.ScrapeOptions(viewport=jobs_pb2.Viewport(width=800)), "viewport"),
+        (jobs_pb2.ScrapeOptions(mobile=True), "mobile"),
+        (jobs_pb2.ScrapeOptions(locale="fr-FR"), "locale"),
+        (jobs_pb2.ScrapeOptions(timezone="Europe/Paris"), "timezone"),
+    ],
+)
+def test_auto_renders_at_once_whatever_only_a_browser_honours(
+    options: jobs_pb2.ScrapeOptions, reason: str | None
+) -> None:
+    """AUTO never fetches over HTTP a request whose options an HTTP fetch would ignore."""
+    assert browser_asked(options) == reason

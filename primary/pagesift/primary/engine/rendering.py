@@ -47,6 +47,7 @@ from pagesift.shared.api.metricsources import BrowserFigures
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import urls
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.shared.jobs.rendering import browser_fields
 from pagesift.shared.util import tracing
 from pagesift.v1 import jobs_pb2
 
@@ -70,16 +71,14 @@ def choose(options: jobs_pb2.ScrapeOptions, can_render: bool) -> int:
 
 
 def browser_asked(options: jobs_pb2.ScrapeOptions) -> str | None:
-    """What in a request only a browser does (AUTO renders it at once), or None."""
-    if jobs_pb2.FORMAT_SCREENSHOT in options.formats:
-        return "screenshot"
-    if options.actions:
-        return "actions"
-    if options.HasField("wait_for"):
-        return "wait_for"
-    if options.mobile:
-        return "mobile"
-    return None
+    """What in a request only a browser honours (AUTO renders it at once), or None: the
+    same list validation refuses on a node that cannot render (``rendering.browser_fields``),
+    so no option is accepted and then silently ignored by an HTTP fetch."""
+    fields = browser_fields(options, "")
+    if not fields:
+        return None
+    name = fields[0].lstrip(".").split("[", 1)[0]
+    return "screenshot" if name == "formats" else name
 
 
 def render_status(config: ServerConfig) -> str:
