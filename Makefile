@@ -79,7 +79,7 @@ test: check-proto lint typecheck buf-lint pytest
 ## (check-proto, buf-lint: node and the buf CLI; system-deps: etcd, promtool).
 test-fast: lint typecheck pytest-fast
 
-pytest-fast: $(BIN)/.installed
+pytest-fast: $(BIN)/.installed system-deps
 	$(BIN)/pytest -q -p no:cacheprovider -m "not system"
 
 ## make bench: crawl throughput vs Scrapy, replication figures (see BENCHMARKS.md).
