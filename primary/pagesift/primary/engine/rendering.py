@@ -4,8 +4,8 @@ Owns the per-request engine choice (``choose``: ``ScrapeOptions.engine``; UNSPEC
 is AUTO on a node that can render, else HTTP) and the render path around a
 ``browser.pool.BrowserPool``; the HTTP path is ``http.HttpEngine``'s, untouched. AUTO
 fetches over HTTP and renders when ``autorender.needs_render`` names a reason, when the
-request asks for what only a browser does (waits, actions, a screenshot, phone
-emulation), or when ``autorender.HostMemory`` says the host's pages need it (no fetch
+request sets an option only a browser honours (``browser_asked``: waits, actions, a
+screenshot, the viewport, phone emulation, locale, time zone), or when ``autorender.HostMemory`` says the host's pages need it (no fetch
 first); without a ``wait_until`` of its own, an AUTO render waits for ``networkidle``.
 The invariants, for a rendered page as for a fetched one:
 
