@@ -6,7 +6,8 @@ is AUTO on a node that can render, else HTTP) and the render path around a
 fetches over HTTP and renders when ``autorender.needs_render`` names a reason, when the
 request sets an option only a browser honours (``browser_asked``: waits, actions, a
 screenshot, the viewport, phone emulation, locale, time zone), or when
-``autorender.HostMemory`` says the host's pages need it (no fetch first); without a ``wait_until`` of its own, an AUTO render waits for ``networkidle``.
+``autorender.HostMemory`` says the host's pages need it (no fetch first); without a
+``wait_until`` of its own, an AUTO render waits for ``networkidle``.
 The invariants, for a rendered page as for a fetched one:
 
 - the address guard refuses the start URL before the browser is asked; every request
