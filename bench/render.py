@@ -372,6 +372,7 @@ def run(args: argparse.Namespace) -> None:
                         python, only != "peer", urls, c, args.render_timeout, i % 2 == 1, notes
                     )
     static: list[dict[str, Any]] = []
+    detect: dict[str, Any] = {}
     if only in (None, "static"):
         from bench.crawl import warm_page_cache
         from bench.nginx import Nginx
@@ -379,6 +380,8 @@ def run(args: argparse.Namespace) -> None:
         ensure_apt(["nginx", DJANGO_DOC_PACKAGE])
         docs = django_docs_root()
         warm_page_cache(docs)
+        detect = detection_cost(docs)
+        say(f"render: needs_render {detect['ms_per_page']:.3f} ms/page, {detect['flagged']}")
         with Nginx(docs) as site:
             for i in range(args.render_runs):
                 for engine in ("http", "auto") if i % 2 == 0 else ("auto", "http"):
@@ -396,7 +399,24 @@ def run(args: argparse.Namespace) -> None:
                         f"{r['wall_s']:.2f}s = {r['pages_per_s']:.1f}/s {r['document_engines']}"
                     )
                     static.append(r)
-    report(args, js, static, notes, load_before)
+    report(args, js, static, detect, notes, load_before)
+
+
+def detection_cost(root: Path) -> dict[str, Any]:
+    """CPU of AUTO's decision (``autorender.needs_render``) over every .html file under
+    ``root``, in this process: the cost AUTO adds to a static page, without the noise of
+    a crawl's wall time. Also the pages it would render."""
+    from pagesift.primary.engine.autorender import needs_render
+
+    bodies = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.html"))}
+    t0 = time.process_time()
+    reasons = {name: needs_render(body, "text/html") for name, body in bodies.items()}
+    cpu = time.process_time() - t0
+    return {
+        "pages": len(bodies),
+        "ms_per_page": 1000 * cpu / max(1, len(bodies)),
+        "flagged": {name: why for name, why in reasons.items() if why is not None},
+    }
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -428,6 +448,7 @@ def report(
     args: argparse.Namespace,
     js: list[dict[str, Any]],
     static: list[dict[str, Any]],
+    detect: dict[str, Any],
     notes: list[str],
     load_before: float,
 ) -> None:
@@ -496,6 +517,9 @@ def report(
         cpu = {e: sorted(r["cpu_s_per_page"] for r in rs) for e, rs in by.items() if rs}
         if cpu.get("http") and cpu.get("auto") and _mid(cpu["http"]) > 0:
             cpu_ratio = _mid(cpu["auto"]) / _mid(cpu["http"])
+        detect_ms = float(detect.get("ms_per_page", 0.0))
+        http_ms = 1000 * _mid(cpu["http"]) if cpu.get("http") else 0.0
+        share = 100 * detect_ms / http_ms if http_ms > 0 else float("nan")
         rendered = [r["document_engines"].get("FETCH_ENGINE_BROWSER", 0) for r in by["auto"]]
         md += [
             f"Static docs (Django docs, nginx on 127.0.0.1), crawl limit "
@@ -533,6 +557,11 @@ def report(
             f"with the browser per run: {rendered}. On a shared machine the CPU per page is the "
             "steadier figure: wall time moves with the other processes' load.",
             "",
+            f"AUTO's decision alone (`autorender.needs_render`, in-process over the "
+            f"{detect.get('pages', 0)} .html files): {detect_ms:.3f} ms CPU per page "
+            f"({share:.1f}% of HTTP's median CPU per page); it would render "
+            f"{detect.get('flagged') or 'none'}.",
+            "",
         ]
     md += [
         "Wall: pagesift StartBatchScrape/StartCrawl -> terminal state (node already up, "
@@ -564,6 +593,7 @@ def report(
         "js_all_runs": js,
         "static_results": static,
         "auto_over_http_pages_per_s": ratio,
+        "needs_render_cost": detect,
         "auto_over_http_cpu_per_page": None if cpu_ratio != cpu_ratio else cpu_ratio,
         "notes": notes,
     }
