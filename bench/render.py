@@ -25,16 +25,13 @@ include the lazy browser launch. Every wait is bounded by ``--render-timeout``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +47,11 @@ from bench.common import (
     wait_rusage,
     write_json,
 )
+from bench.proctree import TreeSampler, tree_cpu_seconds
 from bench.render_site import js_site, marker
 
 SELECTOR = "#content"
 CONTROL = "http-control"
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -70,81 +67,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--render-runs", type=int, default=5, help="AUTO and HTTP crawls each")
     g.add_argument("--render-js-runs", type=int, default=1, help="JS runs per side and level")
     g.add_argument("--render-timeout", type=float, default=300.0, help="seconds per run")
-
-
-# ---------------------------------------------------------------------------- tree sampling
-
-
-def _tree(root: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                raw = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(raw[raw.rindex(")") + 2 :].split()[1])
-    tree, todo = [root], [root]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parents.items() if pp == p]
-        tree += kids
-        todo += kids
-    return tree
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU of ``root`` and its live descendants, children they reaped included."""
-    total = 0.0
-    for p in _tree(root):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            raw = Path(f"/proc/{p}/stat").read_text()
-            total += sum(int(x) for x in raw[raw.rindex(")") + 2 :].split()[11:15]) / _CLK_TCK
-    return total
-
-
-def tree_memory(root: int) -> tuple[int, int, int]:
-    """``(summed PSS, summed RSS, processes)`` of the tree now, in bytes."""
-    pss = rss = n = 0
-    for p in _tree(root):
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Rss:"):
-                    rss += int(line.split()[1]) * 1024
-                elif line.startswith("Pss:"):
-                    pss += int(line.split()[1]) * 1024
-            n += 1
-    return pss, rss, n
-
-
-@dataclass
-class TreeSampler:
-    """Peak summed PSS/RSS of a process tree, sampled every ``interval`` s in a thread."""
-
-    root: int
-    interval: float = 0.25
-    peak_pss: int = 0
-    peak_rss: int = 0
-    peak_procs: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> TreeSampler:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        deadline = time.monotonic() + 3600
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            pss, rss, n = tree_memory(self.root)
-            self.peak_pss = max(self.peak_pss, pss)
-            self.peak_rss = max(self.peak_rss, rss)
-            self.peak_procs = max(self.peak_procs, n)
-            self._stop.wait(self.interval)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
 
 
 # ---------------------------------------------------------------------------- pagesift
