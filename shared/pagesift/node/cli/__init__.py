@@ -47,7 +47,7 @@ The modules, by concern:
 - ``drill``: ``drill``, a failover rehearsal and its verdict (``pagesift.node.drill``);
 - ``backup``: ``backup``, a consistent copy of a node's store as a new data directory;
 - ``serve``: ``serve`` and its flag->ServerConfig mapping; ``tokens``: ``token new``;
-  ``keys``: ``keys new``, ``keys hash``.
+  ``keys``: ``keys new``, ``keys hash``; ``gateway``: the Firecrawl HTTP gateway.
 
 It lives in the composition root (``pagesift.node``) because ``serve`` starts a node;
 the client subcommands import no role (``serve`` imports the server lazily, so a
@@ -88,6 +88,7 @@ from pagesift.node.cli.common import (
     report,
 )
 from pagesift.node.cli.drill import add_drill_command
+from pagesift.node.cli.gateway import add_gateway_command
 from pagesift.node.cli.jobs import add_job_commands
 from pagesift.node.cli.keys import add_keys_command
 from pagesift.node.cli.serve import add_serve_command
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_commands(sub)
     add_drill_command(sub)
     add_backup_command(sub)
+    add_gateway_command(sub)
     for leaf in _leaf_parsers(parser):  # --json on every command (serve: its errors)
         if "--json" not in leaf._option_string_actions:
             leaf.add_argument("--json", action="store_true", help="errors as one JSON object")

@@ -1,0 +1,15 @@
+"""A Firecrawl-compatible HTTP gateway in front of a pagesift pair (issue 22).
+
+A stateless aiohttp app that speaks Firecrawl's v2 HTTP API and translates each call
+onto JobService through ``pagesift.client.JobClient`` (so it follows a failover of the
+pair with the client's own rules). One module per concern:
+
+- ``models``: the strict request bodies (pydantic, camelCase as Firecrawl spells them);
+- ``translate``: pure mapping of requests to proto messages and of documents, status
+  pages and errors lists back to Firecrawl's shapes;
+- ``errors``: the one table from a gRPC error to Firecrawl's HTTP status and body;
+- ``app``: the routes, auth (``Authorization: Bearer KEY`` as the client's key) and
+  error answers; ``server``: running it (``pagesift gateway``).
+
+Floor: it imports the client, the generated code, aiohttp and pydantic, never a role.
+"""

@@ -1,0 +1,155 @@
+"""The gateway's one error table: a gRPC error from JobService -> a Firecrawl HTTP error.
+
+What it owns
+------------
+``TABLE`` (reason -> HTTP status and Firecrawl ``code``), its refinements by the error's
+metadata (``QUOTA_EXCEEDED`` by ``limit``, ``PAGE_FETCH_FAILED`` by page error ``code``),
+the fallback by gRPC status (``BY_STATUS``), and ``HttpError``: the status, the body
+``{success: false, error, code?, details?}`` and the headers (``Retry-After`` on 429/503).
+
+Invariants
+----------
+- Pure: ``from_rpc`` takes the status, reason, metadata, message, field violations and
+  retry delay already read off the error (``from_aio_error`` reads them with
+  ``pagesift.client.errors``), so the table is tested without a server.
+- Every 429 and 503 carries ``Retry-After`` in whole seconds (at least 1).
+- A reason the table does not know falls back to its gRPC status; a status it does not
+  know is 500. The message is the server's own; no internal address is added.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2
+
+from pagesift.client.errors import details_of, error_info_of, status_of
+
+__all__ = ["BY_STATUS", "TABLE", "HttpError", "bad_request", "from_aio_error", "from_rpc"]
+
+C = grpc.StatusCode
+
+
+@dataclass(frozen=True)
+class HttpError(Exception):
+    """A Firecrawl error answer: HTTP ``status`` with body ``body()`` and ``headers``."""
+
+    status: int
+    error: str
+    code: str = ""
+    details: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"success": False, "error": self.error}
+        if self.code:
+            out["code"] = self.code
+        if self.details is not None:
+            out["details"] = self.details
+        return out
+
+
+#: reason -> (HTTP status, Firecrawl code)
+TABLE: dict[str, tuple[int, str]] = {
+    "INVALID_FIELD": (400, "BAD_REQUEST"),
+    "MALFORMED_REQUEST": (400, "BAD_REQUEST"),
+    "IDEMPOTENCY_KEY_REUSED": (400, "BAD_REQUEST"),
+    "SKIP_OUT_OF_RANGE": (400, "BAD_REQUEST"),
+    "WEBHOOK_SECRET_MISSING": (400, "BAD_REQUEST"),
+    "RENDERING_UNAVAILABLE": (400, "RENDERING_UNAVAILABLE"),
+    "UNAUTHENTICATED": (401, "UNAUTHORIZED"),
+    "ADMIN_KEY_REQUIRED": (403, "FORBIDDEN"),
+    "PERMISSION_DENIED_FIELD": (403, "FORBIDDEN"),
+    "REPLICATION_NOT_ALLOWED": (403, "FORBIDDEN"),
+    "JOB_NOT_FOUND": (404, "NOT_FOUND"),
+    "QUOTA_EXCEEDED": (429, "RATE_LIMIT_EXCEEDED"),
+    "DOCUMENT_TOO_LARGE": (500, "DOCUMENT_TOO_LARGE"),
+    "PAGE_FETCH_FAILED": (500, "SCRAPE_FAILED"),
+    "NOT_PRIMARY": (503, "UNAVAILABLE"),
+    "FENCED": (503, "UNAVAILABLE"),
+    "STORAGE_UNAVAILABLE": (503, "UNAVAILABLE"),
+}
+
+#: QUOTA_EXCEEDED by its ``limit``: the account's allowance is used up (402), not a rate
+QUOTA_LIMITS = frozenset({"pages_per_day", "max_batch_urls", "max_crawl_limit"})
+
+#: PAGE_FETCH_FAILED by the page error ``code``
+PAGE_CODES: dict[str, tuple[int, str]] = {
+    "timeout": (408, "SCRAPE_TIMEOUT"),
+    "blocked_address": (403, "URL_BLOCKED"),
+    "robots_disallowed": (403, "ROBOTS_DISALLOWED"),
+    "invalid_url": (400, "BAD_REQUEST"),
+    "dns": (500, "SCRAPE_DNS_RESOLUTION_ERROR"),
+    "tls": (500, "SCRAPE_SSL_ERROR"),
+}
+
+#: fallback by gRPC status (a reason the table does not know, or none)
+BY_STATUS: dict[grpc.StatusCode, tuple[int, str]] = {
+    C.INVALID_ARGUMENT: (400, "BAD_REQUEST"),
+    C.OUT_OF_RANGE: (400, "BAD_REQUEST"),
+    C.UNAUTHENTICATED: (401, "UNAUTHORIZED"),
+    C.PERMISSION_DENIED: (403, "FORBIDDEN"),
+    C.NOT_FOUND: (404, "NOT_FOUND"),
+    C.DEADLINE_EXCEEDED: (408, "SCRAPE_TIMEOUT"),
+    C.RESOURCE_EXHAUSTED: (429, "RATE_LIMIT_EXCEEDED"),
+    C.UNAVAILABLE: (503, "UNAVAILABLE"),
+}
+
+
+def _retry_after(seconds: float | None) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds or 1)))}
+
+
+def from_rpc(
+    status: grpc.StatusCode,
+    reason: str | None,
+    metadata: Mapping[str, str],
+    message: str,
+    *,
+    violations: Sequence[tuple[str, str]] = (),
+    retry_after: float | None = None,
+) -> HttpError:
+    """The HTTP error for one gRPC error (see the module docstring)."""
+    http, code = TABLE.get(reason or "", BY_STATUS.get(status, (500, "INTERNAL_SERVER_ERROR")))
+    details: Any = None
+    if reason == "QUOTA_EXCEEDED" and metadata.get("limit") in QUOTA_LIMITS:
+        http, code = 402, "QUOTA_EXCEEDED"
+    if reason == "PAGE_FETCH_FAILED":
+        http, code = PAGE_CODES.get(metadata.get("code", ""), (http, code))
+        details = {k: metadata[k] for k in ("code", "http_status", "url") if k in metadata}
+    if violations:
+        details = [{"field": f, "message": d} for f, d in violations]
+        if reason == "INVALID_FIELD" and {f for f, _ in violations} == {"id"}:
+            http, code = 404, "NOT_FOUND"  # a job id that cannot exist: unknown, as Firecrawl
+    headers = _retry_after(retry_after) if http in (429, 503) else {}
+    return HttpError(http, message or status.name, code, details, headers)
+
+
+def from_aio_error(err: grpc.aio.AioRpcError) -> HttpError:
+    """``from_rpc`` of an error raised by ``JobClient``, its details read off the call."""
+    info = error_info_of(err)
+    status = status_of(err)
+    violations = [
+        (v.field, v.description)
+        for bad in details_of(status, error_details_pb2.BadRequest)
+        for v in bad.field_violations
+    ]
+    delays = details_of(status, error_details_pb2.RetryInfo)
+    retry = delays[0].retry_delay.ToTimedelta().total_seconds() if delays else None
+    return from_rpc(
+        err.code(),
+        str(info.reason) if info is not None else None,
+        dict(info.metadata) if info is not None else {},
+        err.details() or "",
+        violations=violations,
+        retry_after=retry,
+    )
+
+
+def bad_request(message: str, details: Any = None) -> HttpError:
+    """A 400 the gateway itself answers (an unknown key, an option it cannot honour)."""
+    return HttpError(400, message, "BAD_REQUEST", details)

@@ -1,0 +1,59 @@
+"""``/healthz``: whether the gateway can reach a primary of the pair.
+
+What it owns
+------------
+``PrimaryProbe``: one plaintext channel per ``--server`` address (made on first use,
+closed with the app) and ``check()``, which asks every address's ``grpc.health.v1``
+for the service ``pagesift.primary`` concurrently (each bounded by ``PROBE_SECONDS``)
+and returns the first address that says SERVING, or None.
+
+Why the health service and not AdminService.Role: a node with an accounts file keeps
+Role for its admin key, while health is open (it is what load balancers ask), so the
+probe needs no credential and a gateway never holds an admin key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pagesift.shared.util.channels import open_channel
+
+__all__ = ["PROBE_SECONDS", "PrimaryProbe"]
+
+PROBE_SECONDS = 2.0
+PRIMARY_SERVICE = "pagesift.primary"
+
+
+class PrimaryProbe:
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self.addresses = list(addresses)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def _serving(self, address: str) -> bool:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = open_channel(address, None)
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            resp = await stub.Check(
+                health_pb2.HealthCheckRequest(service=PRIMARY_SERVICE), timeout=PROBE_SECONDS
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def check(self) -> str | None:
+        """The first address whose node takes writes now, or None."""
+        results = await asyncio.gather(*(self._serving(a) for a in self.addresses))
+        return next((a for a, ok in zip(self.addresses, results, strict=True) if ok), None)
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        self._channels.clear()
+        for channel in channels:
+            await channel.close(None)

@@ -1,0 +1,153 @@
+"""The Firecrawl v2 request bodies the gateway accepts, as strict pydantic models.
+
+What it owns
+------------
+One model per request body (``ScrapeRequest``, ``CrawlRequest``, ``BatchScrapeRequest``,
+``MapRequest``) and the scrape options they share (``ScrapeOptions``), with Firecrawl's
+camelCase field names (as its ``apps/api/src/controllers/v2/types.ts`` spells them) as
+aliases of snake_case attributes.
+
+Invariants
+----------
+- ``extra="forbid"`` everywhere: an unknown key is a validation error naming it (the
+  app answers 400), as Firecrawl's strict schemas do.
+- Every field Firecrawl defines that pagesift cannot honour (yet) is declared here with
+  a neutral default, so that ``pagesift.gateway.translate`` refuses it by name with a
+  400 saying so instead of it being dropped: declared, never silently ignored.
+- Defaults are Firecrawl's where they change behaviour (``onlyMainContent`` and
+  ``removeBase64Images`` true, ``deduplicateSimilarURLs`` true).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BatchScrapeRequest",
+    "CrawlRequest",
+    "FormatObject",
+    "MapRequest",
+    "ScrapeOptions",
+    "ScrapeRequest",
+    "Viewport",
+]
+
+Sitemap = Literal["skip", "include", "only"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=False)
+
+
+class Viewport(Strict):
+    width: int = Field(gt=0, le=7680)
+    height: int = Field(gt=0, le=4320)
+
+
+class FormatObject(Strict):
+    """A format given as an object: ``{"type": "screenshot", "fullPage": true}``; only
+    the keys of the formats the gateway maps are declared (others are refused)."""
+
+    type: str
+    full_page: bool = Field(False, alias="fullPage")
+    quality: int | None = Field(None, ge=1, le=100)
+    viewport: Viewport | None = None
+
+
+class ScrapeOptions(Strict):
+    """Firecrawl's scrape options (``scrapeOptions`` of a crawl, the top level of a scrape
+    or a batch scrape). Times are milliseconds, as in Firecrawl."""
+
+    formats: list[str | FormatObject] | None = None
+    headers: dict[str, str] | None = None
+    include_tags: list[str] | None = Field(None, alias="includeTags")
+    exclude_tags: list[str] | None = Field(None, alias="excludeTags")
+    only_main_content: bool = Field(True, alias="onlyMainContent")
+    timeout: int | None = Field(None, gt=0)
+    wait_for: int = Field(0, ge=0, alias="waitFor")
+    mobile: bool = False
+    skip_tls_verification: bool = Field(False, alias="skipTlsVerification")
+    remove_base64_images: bool = Field(True, alias="removeBase64Images")
+    max_age: int | None = Field(None, ge=0, alias="maxAge")
+    store_in_cache: bool = Field(True, alias="storeInCache")
+    # accepted at any value: pagesift fetches no ad resources it could block
+    block_ads: bool = Field(True, alias="blockAds")
+    fast_mode: bool = Field(False, alias="fastMode")
+    proxy: str | None = None
+    # declared so that they are refused by name (translate.UNSUPPORTED_SCRAPE)
+    actions: list[Any] | None = None
+    location: Any = None
+    parsers: list[Any] | None = None
+    min_age: int | None = Field(None, alias="minAge")
+    use_mock: str | None = Field(None, alias="useMock")
+    redact_pii: Any = Field(None, alias="redactPII")
+    check_prompt_injection: bool | None = Field(None, alias="checkPromptInjection")
+    threat_protection: Any = Field(None, alias="threatProtection")
+    audit_metadata: Any = Field(None, alias="auditMetadata")
+    change_tracking_options: Any = Field(None, alias="changeTrackingOptions")
+
+
+class _Job(Strict):
+    zero_data_retention: bool = Field(False, alias="zeroDataRetention")
+    integration: str | None = None  # the caller's own tag; no effect on the job
+    origin: str | None = None  # the same (Firecrawl's analytics)
+
+
+class ScrapeRequest(ScrapeOptions, _Job):
+    """``POST /v2/scrape``."""
+
+    url: str = Field(min_length=1)
+
+
+class BatchScrapeRequest(ScrapeOptions, _Job):
+    """``POST /v2/batch/scrape``: the scrape options at the top level, as in Firecrawl."""
+
+    urls: list[str] = Field(min_length=1)
+    ignore_invalid_urls: bool = Field(False, alias="ignoreInvalidURLs")
+    max_concurrency: int | None = Field(None, gt=0, alias="maxConcurrency")
+    webhook: Any = None
+    append_to_id: str | None = Field(None, alias="appendToId")
+
+
+class CrawlRequest(_Job):
+    """``POST /v2/crawl``."""
+
+    url: str = Field(min_length=1)
+    include_paths: list[str] | None = Field(None, alias="includePaths")
+    exclude_paths: list[str] | None = Field(None, alias="excludePaths")
+    max_discovery_depth: int | None = Field(None, ge=0, alias="maxDiscoveryDepth")
+    sitemap: Sitemap = "include"
+    ignore_query_parameters: bool = Field(False, alias="ignoreQueryParameters")
+    limit: int | None = Field(None, gt=0)
+    crawl_entire_domain: bool = Field(False, alias="crawlEntireDomain")
+    allow_external_links: bool = Field(False, alias="allowExternalLinks")
+    allow_subdomains: bool = Field(False, alias="allowSubdomains")
+    ignore_robots_txt: bool = Field(False, alias="ignoreRobotsTxt")
+    delay: float | None = Field(None, ge=0)
+    max_concurrency: int | None = Field(None, gt=0, alias="maxConcurrency")
+    deduplicate_similar_urls: bool = Field(True, alias="deduplicateSimilarURLs")
+    regex_on_full_url: bool = Field(False, alias="regexOnFullURL")
+    scrape_options: ScrapeOptions | None = Field(None, alias="scrapeOptions")
+    # declared so that they are refused by name (translate.UNSUPPORTED_CRAWL)
+    prompt: str | None = None
+    webhook: Any = None
+    robots_user_agent: str | None = Field(None, alias="robotsUserAgent")
+
+
+class MapRequest(_Job):
+    """``POST /v2/map``."""
+
+    url: str = Field(min_length=1)
+    search: str | None = None
+    include_subdomains: bool = Field(True, alias="includeSubdomains")
+    ignore_query_parameters: bool = Field(True, alias="ignoreQueryParameters")
+    limit: int | None = Field(None, gt=0)
+    sitemap: Sitemap = "include"
+    timeout: int | None = Field(None, gt=0)  # ms: the whole call's bound (408 past it)
+    # declared so that they are refused by name (translate.UNSUPPORTED_MAP)
+    location: Any = None
+    use_index: bool | None = Field(None, alias="useIndex")
+    threat_protection: Any = Field(None, alias="threatProtection")
+    audit_metadata: Any = Field(None, alias="auditMetadata")

@@ -1,0 +1,347 @@
+"""Pure translation between Firecrawl's v2 shapes and JobService's messages.
+
+What it owns
+------------
+Requests: a validated Firecrawl body (``pagesift.gateway.models``) -> the proto request
+(``scrape_options``, ``crawl_request``, ``batch_request``, ``map_arguments``).
+Answers: a proto ``Document`` -> Firecrawl's document dict (``document``), a
+``GetJobResponse`` page -> Firecrawl's status body with ``next`` (``status_page``), a
+``GetJobErrorsResponse`` -> Firecrawl's errors body (``errors_body``).
+
+Invariants
+----------
+- No I/O, no clock: every function maps its arguments only (tests/test_gateway_translate.py).
+- Nothing is dropped silently: an option pagesift cannot honour, or that the gateway
+  does not map yet, raises ``HttpError`` 400 naming its Firecrawl field path
+  (``scrapeOptions.actions``, ``formats[1]``).
+- ``status_page`` keeps a page's JSON under ``max_bytes`` (at least one document per
+  page, so paging always advances) and points ``next`` at the first document left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf import duration_pb2
+
+from pagesift.gateway.errors import HttpError, bad_request
+from pagesift.gateway.models import (
+    BatchScrapeRequest,
+    CrawlRequest,
+    FormatObject,
+    MapRequest,
+    ScrapeOptions,
+    ScrapeRequest,
+)
+from pagesift.v1 import jobs_pb2
+
+__all__ = [
+    "FORMATS",
+    "STATES",
+    "batch_request",
+    "crawl_request",
+    "document",
+    "errors_body",
+    "map_arguments",
+    "scrape_options",
+    "scrape_request",
+    "status_page",
+]
+
+#: Firecrawl format name -> pagesift Format (every other name is refused)
+FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
+    "markdown": jobs_pb2.FORMAT_MARKDOWN,
+    "html": jobs_pb2.FORMAT_HTML,
+    "rawHtml": jobs_pb2.FORMAT_RAW_HTML,
+    "links": jobs_pb2.FORMAT_LINKS,
+    "images": jobs_pb2.FORMAT_IMAGES,
+    "screenshot": jobs_pb2.FORMAT_SCREENSHOT,
+}
+
+#: JobState -> Firecrawl status (a paused job is not finished: still "scraping")
+STATES: dict[int, str] = {
+    jobs_pb2.JOB_STATE_SCRAPING: "scraping",
+    jobs_pb2.JOB_STATE_PAUSED: "scraping",
+    jobs_pb2.JOB_STATE_COMPLETED: "completed",
+    jobs_pb2.JOB_STATE_FAILED: "failed",
+    jobs_pb2.JOB_STATE_CANCELLED: "cancelled",
+}
+
+_SITEMAP = {
+    "include": jobs_pb2.SITEMAP_MODE_INCLUDE,
+    "skip": jobs_pb2.SITEMAP_MODE_SKIP,
+    "only": jobs_pb2.SITEMAP_MODE_ONLY,
+}
+
+#: scrape option attribute -> (Firecrawl name, why it is refused when set)
+UNSUPPORTED_SCRAPE: dict[str, tuple[str, str]] = {
+    "actions": ("actions", "not mapped by this gateway yet"),
+    "location": ("location", "not mapped by this gateway yet"),
+    "parsers": ("parsers", "not mapped by this gateway yet"),
+    "min_age": ("minAge", "pagesift has no minimum cache age"),
+    "use_mock": ("useMock", "pagesift has no mock responses"),
+    "redact_pii": ("redactPII", "pagesift does not redact documents"),
+    "check_prompt_injection": ("checkPromptInjection", "needs an LLM; pagesift runs none"),
+    "threat_protection": ("threatProtection", "pagesift's address guard is not configurable"),
+    "audit_metadata": ("auditMetadata", "pagesift keeps no audit log per request"),
+    "change_tracking_options": ("changeTrackingOptions", "not mapped by this gateway yet"),
+}
+UNSUPPORTED_CRAWL: dict[str, tuple[str, str]] = {
+    "prompt": ("prompt", "needs an LLM; pagesift runs none"),
+    "webhook": ("webhook", "Firecrawl-shaped webhooks are not mapped by this gateway yet"),
+    "robots_user_agent": ("robotsUserAgent", "not mapped by this gateway yet"),
+}
+UNSUPPORTED_BATCH: dict[str, tuple[str, str]] = {
+    "webhook": ("webhook", "Firecrawl-shaped webhooks are not mapped by this gateway yet"),
+    "append_to_id": ("appendToId", "not mapped by this gateway yet"),
+}
+UNSUPPORTED_MAP: dict[str, tuple[str, str]] = {
+    "location": ("location", "not mapped by this gateway yet"),
+    "use_index": ("useIndex", "pagesift keeps no index of other accounts' pages"),
+    "threat_protection": ("threatProtection", "pagesift's address guard is not configurable"),
+    "audit_metadata": ("auditMetadata", "pagesift keeps no audit log per request"),
+}
+_DEFAULTS = ScrapeOptions.model_validate({})  # Firecrawl's defaults, as sent by nobody
+_PROXIES = {"basic", "auto"}  # the server's own proxy setting; stealth/enhanced refused
+
+
+def _refuse(field: str, why: str) -> HttpError:
+    return bad_request(f"{field}: {why}", [{"field": field, "message": why}])
+
+
+def _refuse_set(model: Any, table: Mapping[str, tuple[str, str]], prefix: str) -> None:
+    for attr, (name, why) in table.items():
+        if getattr(model, attr) not in (None, False):
+            raise _refuse(prefix + name, why)
+
+
+def _millis(ms: int) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromMilliseconds(ms)
+    return d
+
+
+def _format(opts: jobs_pb2.ScrapeOptions, fmt: str | FormatObject, field: str) -> None:
+    name = fmt if isinstance(fmt, str) else fmt.type
+    value = FORMATS.get(name)
+    if value is None:
+        raise _refuse(field, f"format {name!r} is not supported by pagesift")
+    if isinstance(fmt, FormatObject):
+        if name != "screenshot" and (fmt.full_page or fmt.quality or fmt.viewport):
+            raise _refuse(field, f"format {name!r} takes no options")
+        if name == "screenshot":
+            opts.screenshot.full_page = fmt.full_page
+            if fmt.quality is not None:
+                opts.screenshot.format = jobs_pb2.IMAGE_FORMAT_JPEG
+                opts.screenshot.quality = fmt.quality
+            if fmt.viewport is not None:
+                opts.viewport.width = fmt.viewport.width
+                opts.viewport.height = fmt.viewport.height
+    if value not in opts.formats:
+        opts.formats.append(value)
+
+
+def scrape_options(o: ScrapeOptions, prefix: str = "") -> jobs_pb2.ScrapeOptions:
+    """Firecrawl scrape options -> ``ScrapeOptions`` (``prefix``: the path that names
+    them in a refusal, ``scrapeOptions.`` inside a crawl)."""
+    _refuse_set(o, UNSUPPORTED_SCRAPE, prefix)
+    if o.fast_mode:
+        raise _refuse(prefix + "fastMode", "pagesift has no fast mode")
+    if o.proxy is not None and o.proxy not in _PROXIES:
+        raise _refuse(prefix + "proxy", f"proxy {o.proxy!r}: pagesift has no stealth proxies")
+    if not o.store_in_cache and o.max_age:
+        raise _refuse(prefix + "storeInCache", "pagesift stores every page read with maxAge")
+    opts = jobs_pb2.ScrapeOptions(
+        only_main_content=o.only_main_content,
+        headers=o.headers or {},
+        include_tags=o.include_tags or (),
+        exclude_tags=o.exclude_tags or (),
+        skip_tls_verification=o.skip_tls_verification,
+        remove_base64_images=o.remove_base64_images,
+        mobile=o.mobile,
+    )
+    for i, fmt in enumerate(o.formats or ()):
+        _format(opts, fmt, f"{prefix}formats[{i}]")
+    if o.timeout is not None:
+        opts.timeout.CopyFrom(_millis(o.timeout))
+    if o.wait_for:
+        opts.wait_for.duration.CopyFrom(_millis(o.wait_for))
+    if o.max_age:
+        opts.max_age.CopyFrom(_millis(o.max_age))
+    return opts
+
+
+def _job_checks(r: Any, prefix: str = "") -> None:
+    if r.zero_data_retention:
+        raise _refuse(prefix + "zeroDataRetention", "pagesift keeps every job's documents")
+
+
+def scrape_request(r: ScrapeRequest) -> jobs_pb2.ScrapeOptions:
+    """``POST /v2/scrape``'s body -> the ``ScrapeOptions`` of a Scrape of ``r.url``."""
+    _job_checks(r)
+    return scrape_options(r)
+
+
+def crawl_request(r: CrawlRequest) -> jobs_pb2.StartCrawlRequest:
+    """``POST /v2/crawl``'s body -> ``StartCrawlRequest``."""
+    _job_checks(r)
+    _refuse_set(r, UNSUPPORTED_CRAWL, "")
+    options = scrape_options(r.scrape_options or _DEFAULTS, "scrapeOptions.")
+    if r.ignore_robots_txt:
+        options.ignore_robots_txt = True
+    return jobs_pb2.StartCrawlRequest(
+        url=r.url,
+        limit=r.limit or 0,
+        max_depth=r.max_discovery_depth or 0,
+        include_paths=r.include_paths or (),
+        exclude_paths=r.exclude_paths or (),
+        allow_subdomains=r.allow_subdomains,
+        allow_external_links=r.allow_external_links,
+        ignore_query_parameters=r.ignore_query_parameters,
+        sitemap=_SITEMAP[r.sitemap],
+        max_concurrency=r.max_concurrency or 0,
+        delay=r.delay or 0.0,
+        options=options,
+        dedupe_similar_urls=r.deduplicate_similar_urls,
+        crawl_entire_domain=r.crawl_entire_domain,
+        regex_on_full_url=r.regex_on_full_url,
+    )
+
+
+def batch_request(r: BatchScrapeRequest) -> jobs_pb2.StartBatchScrapeRequest:
+    """``POST /v2/batch/scrape``'s body -> ``StartBatchScrapeRequest``."""
+    _job_checks(r)
+    _refuse_set(r, UNSUPPORTED_BATCH, "")
+    return jobs_pb2.StartBatchScrapeRequest(
+        urls=r.urls,
+        options=scrape_options(r),
+        max_concurrency=r.max_concurrency or 0,
+        ignore_invalid_urls=r.ignore_invalid_urls,
+    )
+
+
+def map_arguments(r: MapRequest) -> dict[str, Any]:
+    """``POST /v2/map``'s body -> ``JobClient.map``'s keyword arguments (Firecrawl's
+    default limit 5000; the server caps it at its ``max_map_urls``)."""
+    _job_checks(r)
+    _refuse_set(r, UNSUPPORTED_MAP, "")
+    return {
+        "limit": r.limit or 5000,
+        "search": r.search or "",
+        "sitemap": _SITEMAP[r.sitemap],
+        "allow_subdomains": r.include_subdomains,
+        "ignore_query_parameters": r.ignore_query_parameters,
+    }
+
+
+# ---------------------------------------------------------------- answers
+
+_OG = re.compile(r"^og:([a-z0-9_:]+)$", re.I)
+
+
+def _camel(key: str) -> str:
+    parts = re.split(r"[:_]", key)
+    return parts[0] + "".join(p[:1].upper() + p[1:] for p in parts[1:])
+
+
+def _rfc3339(ts: Any) -> str:
+    return str(ts.ToJsonString())
+
+
+def metadata(doc: jobs_pb2.Document) -> dict[str, Any]:
+    """Firecrawl's ``metadata``: the page's own meta tags (``og:title`` also as
+    ``ogTitle``), then the fields Firecrawl names, which win."""
+    out: dict[str, Any] = {}
+    for key, value in sorted(doc.metadata.items()):
+        out[key] = value
+        m = _OG.match(key)
+        if m:
+            name = _camel(m.group(1))
+            out["og" + name[:1].upper() + name[1:]] = value
+    named = {
+        "title": doc.title,
+        "description": doc.description,
+        "language": doc.language,
+        "sourceURL": doc.url,
+        "url": doc.final_url or doc.url,
+        "statusCode": doc.status_code,
+        "contentType": doc.content_type,
+        "cacheState": "hit" if doc.cache_hit else "miss",
+    }
+    out.update({k: v for k, v in named.items() if v != ""})
+    if doc.num_pages:
+        out["numPages"] = doc.num_pages
+    if doc.cache_hit and doc.HasField("fetched_at"):
+        out["cachedAt"] = _rfc3339(doc.fetched_at)
+    return out
+
+
+def document(doc: jobs_pb2.Document) -> dict[str, Any]:
+    """A ``Document`` as Firecrawl's document: the formats it carries, and ``metadata``."""
+    out: dict[str, Any] = {}
+    if doc.markdown:
+        out["markdown"] = doc.markdown
+    if doc.html:
+        out["html"] = doc.html
+    if doc.raw_html:
+        out["rawHtml"] = doc.raw_html
+    if doc.links:
+        out["links"] = list(doc.links)
+    if doc.images:
+        out["images"] = list(doc.images)
+    if doc.screenshot.data:
+        data = base64.b64encode(doc.screenshot.data).decode("ascii")
+        out["screenshot"] = f"data:{doc.screenshot.content_type or 'image/png'};base64,{data}"
+    out["metadata"] = metadata(doc)
+    return out
+
+
+def status_page(
+    resp: jobs_pb2.GetJobResponse, skip: int, next_url: str, max_bytes: int
+) -> dict[str, Any]:
+    """One status page in Firecrawl's shape. ``next_url`` is the page URL without its
+    query; ``next`` is absent at the end of a finished job."""
+    data: list[dict[str, Any]] = []
+    size = 0
+    for doc in resp.documents:
+        d = document(doc)
+        n = len(json.dumps(d, ensure_ascii=False).encode()) + 1
+        if data and size + n > max_bytes:
+            break
+        data.append(d)
+        size += n
+    out: dict[str, Any] = {
+        "success": True,
+        "status": STATES.get(resp.state, "scraping"),
+        "total": resp.total,
+        "completed": resp.completed,
+        "creditsUsed": resp.completed,
+        "expiresAt": _rfc3339(resp.expires_at),
+    }
+    if len(data) < len(resp.documents):
+        out["next"] = f"{next_url}?skip={skip + len(data)}"
+    elif resp.HasField("next_skip"):
+        out["next"] = f"{next_url}?skip={resp.next_skip}"
+    out["data"] = data
+    return out
+
+
+def errors_body(resp: jobs_pb2.GetJobErrorsResponse, job_id: str) -> dict[str, Any]:
+    """Firecrawl's ``GET .../errors`` body: the failed pages (job notes, whose url is
+    empty, are not page errors) and the URLs robots.txt kept out."""
+    errors = [
+        {
+            "id": f"{job_id}-{i}",
+            "timestamp": _rfc3339(e.time),
+            "url": e.url,
+            "code": e.code,
+            "error": e.message,
+        }
+        for i, e in enumerate(resp.errors)
+        if e.url
+    ]
+    return {"success": True, "errors": errors, "robotsBlocked": list(resp.robots_blocked)}

@@ -1,0 +1,232 @@
+"""The Firecrawl gateway, driven by Firecrawl's own Python SDK (firecrawl-py).
+
+A real gateway (``pagesift.gateway.server.run`` on a free loopback port) in front of a
+real in-process node crawling the demo site. The SDK is synchronous (requests), so its
+calls run in a thread while the node and the gateway serve on the test's event loop.
+Paging is made small (``PAGE_DOCS`` documents a page) so that the SDK's own paging
+follows ``next`` across several pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+from firecrawl import Firecrawl
+from firecrawl.v2.utils.error_handler import (
+    BadRequestError,
+    FirecrawlError,
+    UnauthorizedError,
+)
+
+from pagesift.demo.site import CALENDAR_EXCLUDE, Site
+from pagesift.gateway.server import run
+from tests.helpers import ALICE, SiteSpec, in_process_node, write_accounts
+
+PAGE_DOCS = 3
+T = TypeVar("T")
+
+
+@pytest.fixture
+def site_spec() -> SiteSpec:
+    return SiteSpec(pages=8, slow_seconds=0.1, big_bytes=64 * 1024)
+
+
+@contextlib.asynccontextmanager
+async def gateway(data: Path, **node_kw: Any) -> AsyncIterator[str]:
+    """A node and a gateway in front of it; yields the gateway's base URL."""
+    async with in_process_node(data, **node_kw) as node:
+        stop = asyncio.Event()
+        started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            run("127.0.0.1:0", [node.address], stop, started, page_documents=PAGE_DOCS)
+        )
+        try:
+            yield f"http://{await asyncio.wait_for(started, 10)}"
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+
+
+async def sdk(call: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """Run one blocking SDK call off the loop, bounded."""
+    return await asyncio.wait_for(asyncio.to_thread(call, *args, **kw), 60)
+
+
+async def done(status: Callable[[str], Any], job_id: str) -> None:
+    """Poll the SDK's status call until the job is finished (bounded)."""
+    for _ in range(300):
+        if (await sdk(status, job_id)).status != "scraping":
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def client(base: str, key: str = "anonymous") -> Firecrawl:
+    return Firecrawl(api_key=key, api_url=base)
+
+
+async def test_sdk_scrape_returns_the_formats_asked_for_and_firecrawl_metadata(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path) as base:
+        doc = await sdk(
+            client(base).scrape, root + "about.html", formats=["markdown", "html", "links"]
+        )
+    assert doc.markdown and "About" in doc.markdown
+    assert doc.html and "<" in doc.html
+    assert doc.links and all(link.startswith("http") for link in doc.links)
+    assert doc.raw_html is None  # not asked for, not sent
+    md = doc.metadata
+    assert md is not None
+    assert md.status_code == 200
+    assert md.source_url == root + "about.html"
+    assert md.title and md.language
+    assert (md.content_type or "").startswith("text/html")
+
+
+async def test_sdk_map_lists_the_site_as_link_objects(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path) as base:
+        result = await sdk(client(base).map, root, limit=50, sitemap="only")
+    urls = {link.url for link in result.links}
+    assert root in urls or root.rstrip("/") in urls
+    assert any(u.endswith("/about.html") for u in urls)
+    assert len(urls) == len(result.links) <= 50
+
+
+async def test_sdk_crawl_waits_and_pages_every_document_once(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path) as base:
+        job = await sdk(
+            client(base).crawl,
+            root,
+            limit=12,
+            exclude_paths=[CALENDAR_EXCLUDE],
+            poll_interval=1,
+            timeout=50,
+        )
+        errors = await sdk(client(base).get_crawl_errors, job.id)
+    assert job.status == "completed"
+    assert job.completed > PAGE_DOCS  # the SDK followed `next` over several pages
+    assert len(job.data) == job.completed
+    sources = [d.metadata.source_url for d in job.data if d.metadata]
+    assert len(sources) == len(set(sources)) == job.completed
+    assert job.credits_used == job.completed and job.expires_at is not None
+    for err in errors.errors:
+        assert err.url and err.error
+
+
+async def test_sdk_batch_scrape_returns_one_document_per_url(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    urls = [root + "about.html", root + "docs/", root + "blog/", root + "guides/"]
+    async with gateway(tmp_path) as base:
+        fc = client(base)
+        job = await sdk(fc.batch_scrape, urls, formats=["markdown"], poll_interval=1, timeout=50)
+        started = await sdk(fc.start_batch_scrape, urls[:2])
+        await done(fc.get_batch_scrape_status, started.id)
+        again = await sdk(fc.get_batch_scrape_status, started.id)
+        errors = await sdk(fc.get_batch_scrape_errors, started.id)
+    assert job.status == "completed" and job.completed == len(urls)
+    assert {d.metadata.source_url for d in job.data if d.metadata} == set(urls)
+    assert all(d.markdown for d in job.data)
+    assert again.status == "completed"
+    assert {d.metadata.source_url for d in again.data if d.metadata} == set(urls[:2])
+    assert errors.errors == []
+
+
+async def test_sdk_cancel_stops_a_running_crawl_and_409s_a_finished_one(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path) as base:
+        fc = client(base)
+        started = await sdk(fc.start_crawl, root, limit=5000, delay=1, max_concurrency=1)
+        assert await sdk(fc.cancel_crawl, started.id) is True
+        status = await sdk(fc.get_crawl_status, started.id)
+        assert status.status == "cancelled"
+        assert await sdk(fc.cancel_crawl, started.id) is True  # idempotent
+        small = await sdk(fc.start_crawl, root, limit=1)
+        await done(fc.get_crawl_status, small.id)
+        assert await sdk(fc.cancel_crawl, small.id) is False  # 409: it completed
+        batch = await sdk(fc.start_batch_scrape, [root + "about.html"])
+        await done(fc.get_batch_scrape_status, batch.id)
+        with pytest.raises(FirecrawlError) as err:
+            await sdk(fc.cancel_batch_scrape, batch.id)
+        assert err.value.status_code == 409
+
+
+async def test_unknown_body_keys_are_400_naming_them(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+        cases = [
+            ("/v2/scrape", {"url": root, "bogusKey": 1}, "bogusKey"),
+            ("/v2/crawl", {"url": root, "scrapeOptions": {"nope": True}}, "scrapeOptions.nope"),
+            ("/v2/map", {"url": root, "maxDepth": 2}, "maxDepth"),
+            ("/v2/batch/scrape", {"urls": [root], "extra": []}, "extra"),
+        ]
+        for path, body, named in cases:
+            async with http.post(base + path, json=body) as resp:
+                answer = await resp.json()
+            assert resp.status == 400, (path, answer)
+            assert answer["success"] is False
+            assert f"'{named}'" in answer["error"], answer
+            assert any(d["path"] == named for d in answer["details"])
+
+
+async def test_options_pagesift_cannot_honour_are_400_not_dropped(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path) as base:
+        fc = client(base)
+        with pytest.raises(BadRequestError, match="summary"):
+            await sdk(fc.scrape, root, formats=["summary"])
+        with pytest.raises(BadRequestError, match="proxy"):
+            await sdk(fc.scrape, root, proxy="stealth")
+        with pytest.raises(BadRequestError, match="prompt"):
+            await sdk(fc.start_crawl, root, prompt="only the blog")
+        with pytest.raises(BadRequestError, match=r"scrapeOptions\.actions"):
+            await sdk(fc.start_crawl, root, scrape_options={"actions": [{"type": "scrape"}]})
+
+
+async def test_unknown_job_is_404(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+        paths = ["/v2/crawl/no-such-job", "/v2/batch/scrape/no-such-job"]
+        paths += [f"/v2/crawl/{uuid.uuid4()}", f"/v2/batch/scrape/{uuid.uuid4()}/errors"]
+        paths += [f"/v2/crawl/{uuid.uuid4()}/errors"]
+        for path in paths:
+            async with http.get(base + path) as resp:
+                answer = await resp.json()
+            assert resp.status == 404, answer
+            assert answer["success"] is False and answer["error"]
+
+
+async def test_a_bad_api_key_is_401_and_a_good_one_scrapes(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    accounts = write_accounts(tmp_path / "accounts.toml")
+    async with gateway(tmp_path / "data", accounts_file=str(accounts)) as base:
+        with pytest.raises(UnauthorizedError):
+            await sdk(client(base, "psk_test_wrong_0123456789").scrape, root + "about.html")
+        doc = await sdk(client(base, ALICE.key).scrape, root + "about.html")
+        assert doc.markdown
+        async with aiohttp.ClientSession() as http, http.get(base + "/healthz") as resp:
+            assert resp.status == 200
+            assert (await resp.json())["ok"] is True
