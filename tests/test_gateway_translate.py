@@ -1,0 +1,460 @@
+"""The gateway's pure parts: Firecrawl bodies -> proto requests, documents and status
+pages -> Firecrawl's shapes, and the one gRPC -> HTTP error table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import pydantic
+import pytest
+from google.protobuf import timestamp_pb2
+from grpc_status import rpc_status
+
+from pagesift.gateway import translate
+from pagesift.gateway.errors import BY_STATUS, TABLE, HttpError, from_aio_error, from_rpc
+from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
+from pagesift.shared.api import rpcerrors
+from pagesift.v1 import jobs_pb2
+
+C = grpc.StatusCode
+URL = "https://example.com/"
+
+
+def scrape(**body: Any) -> jobs_pb2.ScrapeOptions:
+    return translate.scrape_request(ScrapeRequest.model_validate({"url": URL, **body}))
+
+
+def refused(call: Any) -> HttpError:
+    with pytest.raises(HttpError) as err:
+        call()
+    assert err.value.status == 400 and err.value.code == "BAD_REQUEST"
+    return err.value
+
+
+# ---------------------------------------------------------------- requests
+
+
+def test_scrape_options_map_onto_their_proto_fields_with_firecrawls_defaults() -> None:
+    opts = scrape(
+        formats=["markdown", "rawHtml", {"type": "links"}, "images", "html", "markdown"],
+        headers={"X-A": "1"},
+        includeTags=["main"],
+        excludeTags=[".ad"],
+        timeout=15000,
+        waitFor=1500,
+        mobile=True,
+        skipTlsVerification=True,
+        maxAge=60000,
+    )
+    assert list(opts.formats) == [
+        jobs_pb2.FORMAT_MARKDOWN,
+        jobs_pb2.FORMAT_RAW_HTML,
+        jobs_pb2.FORMAT_LINKS,
+        jobs_pb2.FORMAT_IMAGES,
+        jobs_pb2.FORMAT_HTML,
+    ]
+    assert dict(opts.headers) == {"X-A": "1"}
+    assert list(opts.include_tags) == ["main"] and list(opts.exclude_tags) == [".ad"]
+    assert opts.timeout.ToMilliseconds() == 15000
+    assert opts.wait_for.duration.ToMilliseconds() == 1500
+    assert opts.max_age.ToMilliseconds() == 60000
+    assert opts.mobile and opts.skip_tls_verification
+    # Firecrawl's defaults: main content only, base64 images removed
+    assert opts.only_main_content and opts.remove_base64_images
+    plain = scrape()
+    assert plain.only_main_content and plain.remove_base64_images
+    assert not plain.HasField("timeout") and not plain.HasField("max_age")
+    assert not plain.HasField("wait_for") and list(plain.formats) == []
+    off = scrape(onlyMainContent=False, removeBase64Images=False)
+    assert not off.only_main_content and not off.remove_base64_images
+
+
+def test_a_screenshot_format_object_maps_its_options() -> None:
+    opts = scrape(
+        formats=[{"type": "screenshot", "fullPage": True, "quality": 70,
+                  "viewport": {"width": 800, "height": 600}}]
+    )  # fmt: skip
+    assert list(opts.formats) == [jobs_pb2.FORMAT_SCREENSHOT]
+    assert opts.screenshot.full_page and opts.screenshot.quality == 70
+    assert opts.screenshot.format == jobs_pb2.IMAGE_FORMAT_JPEG
+    assert (opts.viewport.width, opts.viewport.height) == (800, 600)
+    png = scrape(formats=["screenshot"])
+    assert png.screenshot.format == jobs_pb2.IMAGE_FORMAT_UNSPECIFIED
+
+
+@pytest.mark.parametrize(
+    "name", ["summary", "json", "changeTracking", "branding", "attributes", "rawBase64"]
+)
+def test_a_format_pagesift_does_not_produce_is_refused_by_position(name: str) -> None:
+    for second in (name, {"type": name}):
+        err = refused(lambda second=second: scrape(formats=["markdown", second]))
+        assert err.error.startswith("formats[1]:") and repr(name) in err.error
+
+
+@pytest.mark.parametrize(
+    ("attr", "name"), [(a, n) for a, (n, _) in translate.UNSUPPORTED_SCRAPE.items()]
+)
+def test_every_scrape_option_not_mapped_is_refused_by_name(attr: str, name: str) -> None:
+    value: Any = [{"type": "scrape"}] if attr in ("actions", "parsers") else "x"
+    if attr in ("min_age",):
+        value = 1000
+    if attr == "check_prompt_injection":
+        value = True
+    assert refused(lambda: scrape(**{name: value})).error.startswith(f"{name}:")
+    # inside a crawl the path names scrapeOptions; a batch takes them at the top level
+    body = {"url": URL, "scrapeOptions": {name: value}}
+    nested = refused(lambda: translate.crawl_request(CrawlRequest.model_validate(body)))
+    assert nested.error.startswith(f"scrapeOptions.{name}:")
+    assert nested.details[0]["field"] == f"scrapeOptions.{name}"
+    batch = BatchScrapeRequest.model_validate({"urls": [URL], name: value})
+    assert refused(lambda: translate.batch_request(batch)).error.startswith(f"{name}:")
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"proxy": "stealth"}, "proxy"),
+        ({"proxy": "enhanced"}, "proxy"),
+        ({"fastMode": True}, "fastMode"),
+        ({"storeInCache": False, "maxAge": 1000}, "storeInCache"),
+        ({"zeroDataRetention": True}, "zeroDataRetention"),
+    ],
+)
+def test_options_pagesift_cannot_honour_are_refused_by_name(
+    body: dict[str, Any], named: str
+) -> None:
+    assert refused(lambda: scrape(**body)).error.startswith(f"{named}:")
+
+
+def test_options_pagesift_honours_as_firecrawl_sends_them_are_accepted() -> None:
+    # the SDK sends these defaults with every scrape options object
+    opts = scrape(proxy="basic", blockAds=True, fastMode=False, storeInCache=True,
+                  maxAge=14400000, integration="sdk")  # fmt: skip
+    assert opts.max_age.ToMilliseconds() == 14400000
+    assert scrape(proxy="auto", storeInCache=False).max_age.ToMilliseconds() == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "named"),
+    [
+        (CrawlRequest, {"prompt": "docs only"}, "prompt"),
+        (CrawlRequest, {"webhook": "https://hooks.example/x"}, "webhook"),
+        (CrawlRequest, {"robotsUserAgent": "x"}, "robotsUserAgent"),
+        (BatchScrapeRequest, {"webhook": {"url": "https://h.example"}}, "webhook"),
+        (BatchScrapeRequest, {"appendToId": "abc"}, "appendToId"),
+        (MapRequest, {"location": {"country": "US"}}, "location"),
+        (MapRequest, {"useIndex": True}, "useIndex"),
+    ],
+)
+def test_job_options_not_mapped_are_refused_by_name(
+    model: type[pydantic.BaseModel], body: dict[str, Any], named: str
+) -> None:
+    base = {"urls": [URL]} if model is BatchScrapeRequest else {"url": URL}
+    request: Any = model.model_validate({**base, **body})
+    call: dict[type[pydantic.BaseModel], Callable[[Any], object]] = {
+        CrawlRequest: translate.crawl_request,
+        BatchScrapeRequest: translate.batch_request,
+        MapRequest: translate.map_arguments,
+    }
+    assert refused(lambda: call[model](request)).error.startswith(f"{named}:")
+
+
+def test_crawl_options_map_onto_start_crawl() -> None:
+    body = {
+        "url": URL,
+        "includePaths": ["^/docs/"],
+        "excludePaths": ["^/docs/old"],
+        "maxDiscoveryDepth": 3,
+        "sitemap": "skip",
+        "ignoreQueryParameters": True,
+        "limit": 40,
+        "crawlEntireDomain": True,
+        "allowExternalLinks": True,
+        "allowSubdomains": True,
+        "ignoreRobotsTxt": True,
+        "delay": 1.5,
+        "maxConcurrency": 4,
+        "deduplicateSimilarURLs": False,
+        "regexOnFullURL": True,
+        "scrapeOptions": {"formats": ["html"], "onlyMainContent": False},
+    }
+    req = translate.crawl_request(CrawlRequest.model_validate(body))
+    assert req.url == URL and req.limit == 40 and req.max_depth == 3
+    assert list(req.include_paths) == ["^/docs/"] and list(req.exclude_paths) == ["^/docs/old"]
+    assert req.sitemap == jobs_pb2.SITEMAP_MODE_SKIP
+    assert req.ignore_query_parameters and req.crawl_entire_domain and req.regex_on_full_url
+    assert req.allow_external_links and req.allow_subdomains
+    assert req.options.ignore_robots_txt and not req.dedupe_similar_urls
+    assert req.delay == 1.5 and req.max_concurrency == 4
+    assert list(req.options.formats) == [jobs_pb2.FORMAT_HTML]
+    assert not req.options.only_main_content
+    plain = translate.crawl_request(CrawlRequest.model_validate({"url": URL}))
+    assert plain.dedupe_similar_urls and plain.options.only_main_content  # Firecrawl's
+    assert plain.sitemap == jobs_pb2.SITEMAP_MODE_INCLUDE and plain.limit == 0
+
+
+def test_batch_and_map_options_map_onto_their_calls() -> None:
+    batch = BatchScrapeRequest.model_validate(
+        {"urls": [URL, URL + "a"], "formats": ["links"], "ignoreInvalidURLs": True,
+         "maxConcurrency": 2}
+    )  # fmt: skip
+    req = translate.batch_request(batch)
+    assert list(req.urls) == [URL, URL + "a"] and req.ignore_invalid_urls
+    assert req.max_concurrency == 2 and list(req.options.formats) == [jobs_pb2.FORMAT_LINKS]
+    kw = translate.map_arguments(MapRequest.model_validate({"url": URL}))
+    assert kw == {
+        "limit": 5000,
+        "search": "",
+        "sitemap": jobs_pb2.SITEMAP_MODE_INCLUDE,
+        "allow_subdomains": True,
+        "ignore_query_parameters": True,
+    }
+    kw = translate.map_arguments(
+        MapRequest.model_validate(
+            {"url": URL, "limit": 7, "search": "blog", "sitemap": "only",
+             "includeSubdomains": False, "ignoreQueryParameters": False}
+        )
+    )  # fmt: skip
+    assert kw["limit"] == 7 and kw["search"] == "blog"
+    assert kw["sitemap"] == jobs_pb2.SITEMAP_MODE_ONLY
+    assert not kw["allow_subdomains"] and not kw["ignore_query_parameters"]
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "path"),
+    [
+        (ScrapeRequest, {"url": URL, "bogus": 1}, "bogus"),
+        (CrawlRequest, {"url": URL, "scrapeOptions": {"x": 1}}, "scrapeOptions.x"),
+        (ScrapeRequest, {"url": URL, "formats": [{"type": "screenshot", "zoom": 2}]},
+         "formats.0.FormatObject.zoom"),
+        (MapRequest, {"url": URL, "ignoreSitemap": True}, "ignoreSitemap"),
+    ],
+)  # fmt: skip
+def test_bodies_are_strict(
+    model: type[pydantic.BaseModel], body: dict[str, Any], path: str
+) -> None:
+    with pytest.raises(pydantic.ValidationError) as err:
+        model.model_validate(body)
+    paths = [".".join(str(p) for p in e["loc"]) for e in err.value.errors()]
+    assert path in paths
+    assert any(e["type"] == "extra_forbidden" for e in err.value.errors())
+
+
+# ---------------------------------------------------------------- answers
+
+
+def doc(**kw: Any) -> jobs_pb2.Document:
+    base: dict[str, Any] = {
+        "url": URL,
+        "final_url": URL + "final",
+        "status_code": 200,
+        "content_type": "text/html; charset=utf-8",
+        "title": "T",
+        "description": "D",
+        "language": "en",
+        "markdown": "# T",
+    }
+    return jobs_pb2.Document(**{**base, **kw})
+
+
+def test_a_document_carries_its_formats_and_firecrawls_metadata() -> None:
+    d = translate.document(
+        doc(
+            html="<p>x</p>",
+            raw_html="<html>",
+            links=["https://a.example/"],
+            images=["https://a.example/i.png"],
+            screenshot=jobs_pb2.Screenshot(data=b"\x89PNG", content_type="image/png"),
+            metadata={"og:title": "OT", "og:site_name": "S", "og:locale:alternate": "fr",
+                      "twitter:card": "summary", "title": "shadowed"},
+            num_pages=3,
+        )
+    )  # fmt: skip
+    assert d["markdown"] == "# T" and d["html"] == "<p>x</p>" and d["rawHtml"] == "<html>"
+    assert d["links"] == ["https://a.example/"] and d["images"] == ["https://a.example/i.png"]
+    assert d["screenshot"] == "data:image/png;base64,iVBORw=="
+    md = d["metadata"]
+    assert md["title"] == "T" and md["description"] == "D" and md["language"] == "en"
+    assert md["sourceURL"] == URL and md["url"] == URL + "final"
+    assert md["statusCode"] == 200 and md["contentType"].startswith("text/html")
+    assert md["ogTitle"] == "OT" and md["og:title"] == "OT" and md["ogSiteName"] == "S"
+    assert md["ogLocaleAlternate"] == "fr" and md["twitter:card"] == "summary"
+    assert md["numPages"] == 3 and md["cacheState"] == "miss" and "cachedAt" not in md
+    json.dumps(d)  # JSON as it is
+
+
+def test_a_document_omits_formats_it_does_not_carry() -> None:
+    d = translate.document(doc(final_url=""))
+    assert set(d) == {"markdown", "metadata"}
+    assert d["metadata"]["url"] == URL
+    fetched = timestamp_pb2.Timestamp(seconds=1_800_000_000)
+    cached = translate.document(doc(cache_hit=True, fetched_at=fetched))["metadata"]
+    assert cached["cacheState"] == "hit" and cached["cachedAt"] == "2027-01-15T08:00:00Z"
+
+
+def page(
+    n: int, state: jobs_pb2.JobState.ValueType = jobs_pb2.JOB_STATE_COMPLETED, **kw: Any
+) -> jobs_pb2.GetJobResponse:
+    return jobs_pb2.GetJobResponse(
+        id="j",
+        state=state,
+        total=n,
+        completed=n,
+        expires_at=timestamp_pb2.Timestamp(seconds=1_800_000_000),
+        documents=[doc(url=f"{URL}{i}", markdown="x" * 1000) for i in range(n)],
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "status"),
+    [
+        (jobs_pb2.JOB_STATE_SCRAPING, "scraping"),
+        (jobs_pb2.JOB_STATE_PAUSED, "scraping"),
+        (jobs_pb2.JOB_STATE_COMPLETED, "completed"),
+        (jobs_pb2.JOB_STATE_FAILED, "failed"),
+        (jobs_pb2.JOB_STATE_CANCELLED, "cancelled"),
+    ],
+)
+def test_a_status_page_says_firecrawls_status(
+    state: jobs_pb2.JobState.ValueType, status: str
+) -> None:
+    body = translate.status_page(page(2, state), 0, "http://g/v2/crawl/j", 10 << 20)
+    assert body["status"] == status and body["success"] is True
+    assert body["total"] == body["completed"] == body["creditsUsed"] == 2
+    assert body["expiresAt"] == "2027-01-15T08:00:00Z"
+    assert "next" not in body and len(body["data"]) == 2
+
+
+def test_next_follows_the_servers_next_skip() -> None:
+    body = translate.status_page(page(3, next_skip=13), 10, "http://g/v2/crawl/j", 10 << 20)
+    assert body["next"] == "http://g/v2/crawl/j?skip=13" and len(body["data"]) == 3
+
+
+def test_a_page_is_cut_at_its_byte_cap_and_next_resumes_after_the_last_document() -> None:
+    one = len(json.dumps(translate.document(page(1).documents[0]))) + 1
+    body = translate.status_page(page(10, next_skip=30), 20, "http://g/x", 3 * one + 10)
+    assert len(body["data"]) == 3 and body["next"] == "http://g/x?skip=23"
+    assert len(json.dumps(body["data"])) <= 3 * one + 10
+    tiny = translate.status_page(page(4), 0, "http://g/x", 10)  # one document at least
+    assert len(tiny["data"]) == 1 and tiny["next"] == "http://g/x?skip=1"
+
+
+def test_the_errors_body_lists_failed_pages_not_job_notes() -> None:
+    resp = jobs_pb2.GetJobErrorsResponse(
+        errors=[
+            jobs_pb2.PageError(url=URL + "missing", code="http_status", message="404"),
+            jobs_pb2.PageError(url="", code="completed", message="limit reached"),
+        ],
+        robots_blocked=[URL + "private/"],
+    )
+    body = translate.errors_body(resp, "j")
+    assert [e["url"] for e in body["errors"]] == [URL + "missing"]
+    assert body["errors"][0]["code"] == "http_status" and body["errors"][0]["error"] == "404"
+    assert body["robotsBlocked"] == [URL + "private/"]
+
+
+# ---------------------------------------------------------------- the error table
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "metadata", "http", "code"),
+    [
+        (C.INVALID_ARGUMENT, "INVALID_FIELD", {}, 400, "BAD_REQUEST"),
+        (C.INVALID_ARGUMENT, "IDEMPOTENCY_KEY_REUSED", {}, 400, "BAD_REQUEST"),
+        (C.UNAUTHENTICATED, "UNAUTHENTICATED", {}, 401, "UNAUTHORIZED"),
+        (C.PERMISSION_DENIED, "PERMISSION_DENIED_FIELD", {}, 403, "FORBIDDEN"),
+        (C.NOT_FOUND, "JOB_NOT_FOUND", {}, 404, "NOT_FOUND"),
+        (C.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED", {"limit": "pages_per_day"}, 402,
+         "QUOTA_EXCEEDED"),
+        (C.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED", {"limit": "max_crawl_limit"}, 402,
+         "QUOTA_EXCEEDED"),
+        (C.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED", {"limit": "max_concurrent_jobs"}, 429,
+         "RATE_LIMIT_EXCEEDED"),
+        (C.UNAVAILABLE, "PAGE_FETCH_FAILED", {"code": "timeout"}, 408, "SCRAPE_TIMEOUT"),
+        (C.INVALID_ARGUMENT, "PAGE_FETCH_FAILED", {"code": "blocked_address"}, 403,
+         "URL_BLOCKED"),
+        (C.PERMISSION_DENIED, "PAGE_FETCH_FAILED", {"code": "robots_disallowed"}, 403,
+         "ROBOTS_DISALLOWED"),
+        (C.UNAVAILABLE, "PAGE_FETCH_FAILED", {"code": "dns"}, 500,
+         "SCRAPE_DNS_RESOLUTION_ERROR"),
+        (C.UNKNOWN, "PAGE_FETCH_FAILED", {"code": "http_status", "http_status": "404"}, 500,
+         "SCRAPE_FAILED"),
+        (C.FAILED_PRECONDITION, "NOT_PRIMARY", {}, 503, "UNAVAILABLE"),
+        (C.DEADLINE_EXCEEDED, None, {}, 408, "SCRAPE_TIMEOUT"),
+        (C.UNAVAILABLE, None, {}, 503, "UNAVAILABLE"),
+        (C.INVALID_ARGUMENT, "A_REASON_FROM_THE_FUTURE", {}, 400, "BAD_REQUEST"),
+        (C.INTERNAL, None, {}, 500, "INTERNAL_SERVER_ERROR"),
+        (C.DATA_LOSS, "A_REASON_FROM_THE_FUTURE", {}, 500, "INTERNAL_SERVER_ERROR"),
+    ],
+)  # fmt: skip
+def test_the_error_table(
+    status: grpc.StatusCode, reason: str | None, metadata: dict[str, str], http: int, code: str
+) -> None:
+    err = from_rpc(status, reason, metadata, "it failed")
+    assert (err.status, err.code) == (http, code)
+    body = err.body()
+    assert body["success"] is False and body["error"] == "it failed" and body["code"] == code
+    assert ("Retry-After" in err.headers) == (http in (429, 503))
+
+
+def test_every_server_reason_has_a_row_or_a_deliberate_fallback() -> None:
+    unmapped = {r.value for r in rpcerrors.Reason} - set(TABLE)
+    # the admin and replication reasons never reach a JobService caller
+    assert unmapped == {
+        "CANNOT_PROMOTE", "OFFSET_PASSED", "OFFSET_NOT_REACHED", "BACKUP_IN_PROGRESS",
+        "BACKUP_FAILED", "REPLICATION_REFUSED", "STEPPED_DOWN", "NO_LONGER_PRIMARY",
+        "STANDBY_TOO_SLOW",
+    }  # fmt: skip
+    assert all(400 <= http <= 503 for http, _ in [*TABLE.values(), *BY_STATUS.values()])
+
+
+def test_retry_after_is_whole_seconds_at_least_one() -> None:
+    assert from_rpc(C.RESOURCE_EXHAUSTED, None, {}, "", retry_after=2.2).headers == {
+        "Retry-After": "3"
+    }
+    assert from_rpc(C.UNAVAILABLE, None, {}, "", retry_after=0.0).headers == {"Retry-After": "1"}
+
+
+def test_a_malformed_job_id_is_an_unknown_job() -> None:
+    err = from_rpc(C.INVALID_ARGUMENT, "INVALID_FIELD", {}, "bad id", violations=[("id", "no")])
+    assert err.status == 404
+    other = from_rpc(C.INVALID_ARGUMENT, "INVALID_FIELD", {}, "x", violations=[("limit", "<0")])
+    assert other.status == 400 and other.details == [{"field": "limit", "message": "<0"}]
+
+
+def rpc_error(code: grpc.StatusCode, trailing: grpc.aio.Metadata, details: str) -> Any:
+    """An ``AioRpcError`` as grpc.aio raises it, with ``trailing`` metadata."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details, None)
+
+
+def test_an_rpc_errors_rich_details_are_read_into_the_answer() -> None:
+    rich = rpcerrors.rich_status(
+        C.RESOURCE_EXHAUSTED,
+        "too many jobs",
+        "QUOTA_EXCEEDED",
+        {"limit": "max_concurrent_jobs"},
+        [rpcerrors.retry_info(4.5)],
+    )
+    trailing = grpc.aio.Metadata(*rpc_status.to_status(rich).trailing_metadata)
+    err = rpc_error(C.RESOURCE_EXHAUSTED, trailing, "too many jobs")
+    answer = from_aio_error(err)
+    assert (answer.status, answer.code, answer.error) == (
+        429,
+        "RATE_LIMIT_EXCEEDED",
+        "too many jobs",
+    )
+    assert answer.headers == {"Retry-After": "5"}
+    bad = rpcerrors.rich_status(
+        C.INVALID_ARGUMENT, "urls[1]: not a URL", "INVALID_FIELD", {},
+        [rpcerrors.bad_request([("urls[1]", "not a URL")])],
+    )  # fmt: skip
+    trailing = grpc.aio.Metadata(*rpc_status.to_status(bad).trailing_metadata)
+    answer = from_aio_error(rpc_error(C.INVALID_ARGUMENT, trailing, "x"))
+    assert answer.status == 400 and answer.details == [{"field": "urls[1]", "message": "not a URL"}]
+    plain = from_aio_error(rpc_error(C.UNAVAILABLE, grpc.aio.Metadata(), ""))
+    assert plain.status == 503 and plain.error == "UNAVAILABLE"
