@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,12 +23,15 @@ from firecrawl import Firecrawl
 from firecrawl.v2.utils.error_handler import (
     BadRequestError,
     FirecrawlError,
+    PaymentRequiredError,
     UnauthorizedError,
+    WebsiteNotSupportedError,
 )
 
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.gateway.server import run
-from tests.helpers import ALICE, SiteSpec, in_process_node, write_accounts
+from pagesift.node.procs import free_port
+from tests.helpers import ALICE, SMALL, SOLO, SiteSpec, in_process_node, write_accounts
 
 PAGE_DOCS = 3
 T = TypeVar("T")
@@ -230,3 +234,97 @@ async def test_a_bad_api_key_is_401_and_a_good_one_scrapes(
         async with aiohttp.ClientSession() as http, http.get(base + "/healthz") as resp:
             assert resp.status == 200
             assert (await resp.json())["ok"] is True
+
+
+async def test_account_limits_are_402_for_quota_and_429_with_retry_after_for_concurrency(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    accounts = write_accounts(tmp_path / "accounts.toml")
+    async with gateway(tmp_path / "data", accounts_file=str(accounts)) as base:
+        urls = [root + p for p in ("about.html", "docs/", "blog/", "guides/")]
+        with pytest.raises(PaymentRequiredError):  # max_batch_urls = 3
+            await sdk(client(base, SMALL.key).start_batch_scrape, urls)
+        solo = client(base, SOLO.key)
+        first = await sdk(solo.start_crawl, root, limit=5000, delay=1, max_concurrency=1)
+        async with aiohttp.ClientSession() as http:
+            headers = {"Authorization": f"Bearer {SOLO.key}"}
+            async with http.post(base + "/v2/crawl", json={"url": root}, headers=headers) as r:
+                answer = await r.json()
+                assert r.status == 429, answer  # max_concurrent_jobs = 1
+                assert int(r.headers["Retry-After"]) >= 1
+                assert answer["success"] is False and answer["code"] == "RATE_LIMIT_EXCEEDED"
+        assert await sdk(solo.cancel_crawl, first.id) is True
+
+
+async def test_the_address_guard_applies_through_the_gateway(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path, allow_private_networks=False) as base:
+        with pytest.raises(WebsiteNotSupportedError) as err:  # 403
+            await sdk(client(base).scrape, root + "about.html")
+    assert err.value.status_code == 403
+
+
+async def test_status_paging_honours_limit_and_bodies_are_bounded(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+        job = await sdk(
+            client(base).crawl, root, limit=6, exclude_paths=[CALENDAR_EXCLUDE],
+            poll_interval=1, timeout=50,
+        )  # fmt: skip
+        seen: list[str] = []
+        url: str | None = f"{base}/v2/crawl/{job.id}?limit=2"
+        while url:
+            async with http.get(url) as resp:
+                body = await resp.json()
+            assert resp.status == 200 and len(body["data"]) <= 2
+            seen += [d["metadata"]["sourceURL"] for d in body["data"]]
+            url = body.get("next")
+            assert url is None or url.endswith("&limit=2")
+        assert len(seen) == len(set(seen)) == job.completed
+        big = b'{"url": "' + b"x" * (9 * 1024 * 1024) + b'"}'
+        async with http.post(base + "/v2/scrape", data=big) as resp:
+            assert resp.status == 413
+            assert (await resp.json())["success"] is False
+        async with http.post(base + "/v2/scrape", data=b"[1, 2]") as resp:
+            assert resp.status == 400 and "object" in (await resp.json())["error"]
+
+
+async def test_the_gateway_command_serves_in_front_of_a_node(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with in_process_node(tmp_path) as node:
+        port = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pagesift.node.cli", "gateway",
+            "--listen", f"127.0.0.1:{port}", "--server", f"127.0.0.1:1,{node.address}",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            async with aiohttp.ClientSession() as http:
+
+                async def healthy() -> bool:
+                    try:
+                        async with http.get(base + "/healthz") as resp:
+                            return resp.status == 200
+                    except aiohttp.ClientError:
+                        return False
+
+                for _ in range(200):
+                    if await healthy():
+                        break
+                    await asyncio.sleep(0.05)
+                else:
+                    raise AssertionError("the gateway did not become healthy")
+            doc = await sdk(client(base).scrape, root + "about.html")
+            assert doc.markdown
+        finally:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 10)
+        assert proc.returncode == 0, await proc.stderr.read() if proc.stderr else b""

@@ -342,6 +342,8 @@ def test_a_page_is_cut_at_its_byte_cap_and_next_resumes_after_the_last_document(
     assert len(json.dumps(body["data"])) <= 3 * one + 10
     tiny = translate.status_page(page(4), 0, "http://g/x", 10)  # one document at least
     assert len(tiny["data"]) == 1 and tiny["next"] == "http://g/x?skip=1"
+    limited = translate.status_page(page(2, next_skip=7), 5, "http://g/x", 10 << 20, 2)
+    assert limited["next"] == "http://g/x?skip=7&limit=2"  # the caller's limit, kept
 
 
 def test_the_errors_body_lists_failed_pages_not_job_notes() -> None:
@@ -425,6 +427,12 @@ def test_a_malformed_job_id_is_an_unknown_job() -> None:
     assert err.status == 404
     other = from_rpc(C.INVALID_ARGUMENT, "INVALID_FIELD", {}, "x", violations=[("limit", "<0")])
     assert other.status == 400 and other.details == [{"field": "limit", "message": "<0"}]
+
+
+def test_a_url_the_address_guard_refuses_is_403() -> None:
+    why = "http://10.0.0.1/ is refused: 10.0.0.1 is a private address"
+    err = from_rpc(C.INVALID_ARGUMENT, "INVALID_FIELD", {}, why, violations=[("urls[2]", why)])
+    assert (err.status, err.code) == (403, "URL_BLOCKED")
 
 
 def rpc_error(code: grpc.StatusCode, trailing: grpc.aio.Metadata, details: str) -> Any:

@@ -16,7 +16,8 @@ Invariants
   anonymous, which a node with an accounts file refuses with 401); every account limit
   and the address guard apply on the node exactly as over gRPC.
 - Request bodies are bounded (``MAX_BODY_BYTES``); a status page's JSON by
-  ``PAGE_BYTES``, at most ``PAGE_DOCUMENTS`` documents (a ``?limit=`` may ask fewer).
+  ``PAGE_BYTES``; it holds ``PAGE_DOCUMENTS`` documents unless ``?limit=`` asks for
+  another number (at most ``MAX_LIMIT``).
 - Every failure is ``{success: false, error, code?, details?}`` (``errors.HttpError``);
   an unexpected exception is a 500 that names no internals.
 """
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 PAGE_BYTES = 10 * 1024 * 1024  # Firecrawl's cap on one status page
 PAGE_DOCUMENTS = 100
+MAX_LIMIT = 1000  # the most documents a ?limit= may ask for (the node's max_page_size)
 MAX_CLIENTS = 256  # API keys with an open client (least recently used closed first)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -212,10 +214,11 @@ def _status(kind: int, route: str) -> Handler:
     async def status(request: web.Request) -> web.StreamResponse:
         documents, max_bytes = request.app[PAGING]
         skip = _int_query(request, "skip", 0)
-        limit = min(_int_query(request, "limit", documents) or documents, documents)
+        asked = _int_query(request, "limit", 0) or None
+        limit = min(asked or documents, MAX_LIMIT)
         resp = await _job(request, kind, skip=skip, limit=limit)
         url = f"{_base(request)}/v2/{route}/{request.match_info['id']}"
-        return web.json_response(translate.status_page(resp, skip, url, max_bytes))
+        return web.json_response(translate.status_page(resp, skip, url, max_bytes, asked))
 
     return status
 

@@ -3,7 +3,8 @@
 What it owns
 ------------
 ``TABLE`` (reason -> HTTP status and Firecrawl ``code``), its refinements by the error's
-metadata (``QUOTA_EXCEEDED`` by ``limit``, ``PAGE_FETCH_FAILED`` by page error ``code``),
+metadata (``QUOTA_EXCEEDED`` by ``limit``, ``PAGE_FETCH_FAILED`` by page error ``code``,
+``INVALID_FIELD`` on ``id`` as an unknown job, on a guarded URL as blocked),
 the fallback by gRPC status (``BY_STATUS``), and ``HttpError``: the status, the body
 ``{success: false, error, code?, details?}`` and the headers (``Retry-After`` on 429/503).
 
@@ -87,6 +88,11 @@ PAGE_CODES: dict[str, tuple[int, str]] = {
     "tls": (500, "SCRAPE_SSL_ERROR"),
 }
 
+#: how the node's request validation words a URL its address guard refuses
+#: (``pagesift.shared.jobs.validate``: "URL is refused: REASON"; the server sends no
+#: structured flag for it; tests/test_gateway.py catches a change of wording)
+BLOCKED_MARK = " is refused: "
+
 #: fallback by gRPC status (a reason the table does not know, or none)
 BY_STATUS: dict[grpc.StatusCode, tuple[int, str]] = {
     C.INVALID_ARGUMENT: (400, "BAD_REQUEST"),
@@ -125,6 +131,8 @@ def from_rpc(
         details = [{"field": f, "message": d} for f, d in violations]
         if reason == "INVALID_FIELD" and {f for f, _ in violations} == {"id"}:
             http, code = 404, "NOT_FOUND"  # a job id that cannot exist: unknown, as Firecrawl
+        if reason == "INVALID_FIELD" and any(BLOCKED_MARK in d for _, d in violations):
+            http, code = 403, "URL_BLOCKED"  # the address guard refused a URL of the request
     headers = _retry_after(retry_after) if http in (429, 503) else {}
     return HttpError(http, message or status.name, code, details, headers)
 

@@ -301,10 +301,15 @@ def document(doc: jobs_pb2.Document) -> dict[str, Any]:
 
 
 def status_page(
-    resp: jobs_pb2.GetJobResponse, skip: int, next_url: str, max_bytes: int
+    resp: jobs_pb2.GetJobResponse,
+    skip: int,
+    next_url: str,
+    max_bytes: int,
+    limit: int | None = None,
 ) -> dict[str, Any]:
     """One status page in Firecrawl's shape. ``next_url`` is the page URL without its
-    query; ``next`` is absent at the end of a finished job."""
+    query; ``next`` (``?skip=N``, and ``&limit=`` when the caller gave one, as
+    Firecrawl) is absent at the end of a finished job."""
     data: list[dict[str, Any]] = []
     size = 0
     for doc in resp.documents:
@@ -322,10 +327,11 @@ def status_page(
         "creditsUsed": resp.completed,
         "expiresAt": _rfc3339(resp.expires_at),
     }
+    more = f"&limit={limit}" if limit is not None else ""
     if len(data) < len(resp.documents):
-        out["next"] = f"{next_url}?skip={skip + len(data)}"
+        out["next"] = f"{next_url}?skip={skip + len(data)}{more}"
     elif resp.HasField("next_skip"):
-        out["next"] = f"{next_url}?skip={resp.next_skip}"
+        out["next"] = f"{next_url}?skip={resp.next_skip}{more}"
     out["data"] = data
     return out
 
