@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,11 +20,13 @@ from typing import Any, TypeVar
 
 import aiohttp
 import pytest
+from aiohttp import web
 from firecrawl import Firecrawl
 from firecrawl.v2.utils.error_handler import (
     BadRequestError,
     FirecrawlError,
     PaymentRequiredError,
+    RequestTimeoutError,
     UnauthorizedError,
     WebsiteNotSupportedError,
 )
@@ -31,7 +34,15 @@ from firecrawl.v2.utils.error_handler import (
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.gateway.server import run
 from pagesift.node.procs import free_port
-from tests.helpers import ALICE, SMALL, SOLO, SiteSpec, in_process_node, write_accounts
+from tests.helpers import (
+    ALICE,
+    SMALL,
+    SOLO,
+    SiteSpec,
+    in_process_node,
+    serve_handler,
+    write_accounts,
+)
 
 PAGE_DOCS = 3
 T = TypeVar("T")
@@ -150,6 +161,10 @@ async def test_sdk_batch_scrape_returns_one_document_per_url(
     assert again.status == "completed"
     assert {d.metadata.source_url for d in again.data if d.metadata} == set(urls[:2])
     assert errors.errors == []
+    async with gateway(tmp_path / "again") as base, aiohttp.ClientSession() as http:
+        batch = await sdk(client(base).start_batch_scrape, urls[:1])
+        async with http.get(f"{base}/v2/crawl/{batch.id}") as resp:
+            assert resp.status == 404  # a batch is not a crawl
 
 
 async def test_sdk_cancel_stops_a_running_crawl_and_409s_a_finished_one(
@@ -328,3 +343,16 @@ async def test_the_gateway_command_serves_in_front_of_a_node(
             proc.terminate()
             await asyncio.wait_for(proc.wait(), 10)
         assert proc.returncode == 0, await proc.stderr.read() if proc.stderr else b""
+
+
+async def test_a_scrape_past_its_timeout_is_408(tmp_path: Path) -> None:
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(5)
+        return web.Response(text="<html><body>late</body></html>", content_type="text/html")
+
+    async with serve_handler(slow) as port, gateway(tmp_path) as base:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeoutError) as err:
+            await sdk(client(base).scrape, f"http://127.0.0.1:{port}/", timeout=500)
+    assert err.value.status_code == 408
+    assert time.monotonic() - started < 4.5  # bounded by the request's timeout, not the page

@@ -144,8 +144,10 @@ def _answer(handler: Handler) -> Handler:
             e = from_aio_error(err)
             return web.json_response(e.body(), status=e.status, headers=e.headers)
         except web.HTTPRequestEntityTooLarge:
-            e = bad_request(f"Bad Request: the body is larger than {MAX_BODY_BYTES} bytes")
-            return web.json_response(e.body(), status=413)
+            e = HttpError(
+                413, f"the body is larger than {MAX_BODY_BYTES} bytes", "PAYLOAD_TOO_LARGE"
+            )
+            return web.json_response(e.body(), status=e.status)
         except Exception:
             log.exception("gateway: %s %s failed", request.method, request.path)
             body = {"success": False, "error": "internal error", "code": "INTERNAL_SERVER_ERROR"}
@@ -176,7 +178,13 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
 
 async def scrape(request: web.Request) -> web.StreamResponse:
     body: ScrapeRequest = await _body(request, ScrapeRequest)
-    doc = await _client(request).scrape(body.url, translate.scrape_request(body))
+    call = _client(request).scrape(body.url, translate.scrape_request(body))
+    try:  # Firecrawl's timeout bounds the whole scrape, retries included
+        doc = await asyncio.wait_for(call, body.timeout / 1000 if body.timeout else None)
+    except TimeoutError:
+        raise HttpError(
+            408, f"Scrape timed out after {body.timeout} ms", "SCRAPE_TIMEOUT"
+        ) from None
     return web.json_response({"success": True, "data": translate.document(doc)})
 
 
