@@ -32,6 +32,7 @@ from firecrawl.v2.utils.error_handler import (
 )
 
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
+from pagesift.gateway.app import Clients
 from pagesift.gateway.server import run
 from pagesift.node.procs import free_port
 from tests.helpers import (
@@ -356,3 +357,25 @@ async def test_a_scrape_past_its_timeout_is_408(tmp_path: Path) -> None:
             await sdk(client(base).scrape, f"http://127.0.0.1:{port}/", timeout=500)
     assert err.value.status_code == 408
     assert time.monotonic() - started < 4.5  # bounded by the request's timeout, not the page
+
+
+async def test_a_client_evicted_while_in_use_is_closed_after_its_last_request() -> None:
+    clients = Clients(["127.0.0.1:1"], limit=1)
+    async with clients.use("key-a") as a:
+        a.stub("127.0.0.1:1")  # a channel, opened lazily (nothing listens there)
+        async with clients.use("key-b") as b:
+            assert b is not a and len(clients) == 2  # a: evicted, still in use
+            assert a.addresses == ["127.0.0.1:1"]
+        await asyncio.sleep(0)
+        assert len(clients) == 2  # b stays cached; a is still in use
+    for _ in range(100):  # a's close runs as a task once its request is done
+        if len(clients) == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert len(clients) == 1
+    async with clients.use("key-b") as again:
+        assert again is b  # the cached one
+    async with clients.use("key-a") as fresh:
+        assert fresh is not a  # a new client for the evicted key
+    await clients.close()
+    assert len(clients) == 0

@@ -25,10 +25,11 @@ Invariants
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -56,6 +57,7 @@ MAX_CLIENTS = 256  # API keys with an open client (least recently used closed fi
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CLIENTS: web.AppKey[Clients] = web.AppKey("clients")
 PROBE: web.AppKey[PrimaryProbe] = web.AppKey("probe")
+REQUEST_CLIENT: web.RequestKey[JobClient] = web.RequestKey("client")  # chosen by _answer
 PAGING: web.AppKey[tuple[int, int]] = web.AppKey("paging")  # (documents, bytes) per page
 
 
@@ -71,8 +73,13 @@ class Clients:
         self.client_kw = client_kw
         self._clients: OrderedDict[str, JobClient] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
+        self._busy: dict[JobClient, int] = {}  # requests in flight per client
+        self._evicted: set[JobClient] = set()  # out of the cache, closed when idle
 
-    def get(self, api_key: str) -> JobClient:
+    @contextlib.asynccontextmanager
+    async def use(self, api_key: str) -> AsyncIterator[JobClient]:
+        """The client of ``api_key`` for one request; a client evicted meanwhile is
+        closed only once its last request is done."""
         client = self._clients.get(api_key)
         if client is None:
             client = self._clients[api_key] = JobClient(
@@ -80,19 +87,39 @@ class Clients:
             )
             while len(self._clients) > self.limit:
                 _, old = self._clients.popitem(last=False)
-                task = asyncio.ensure_future(old.close())
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
+                if self._busy.get(old):
+                    self._evicted.add(old)
+                else:
+                    self._close_later(old)
         self._clients.move_to_end(api_key)
-        return client
+        self._busy[client] = self._busy.get(client, 0) + 1
+        try:
+            yield client
+        finally:
+            self._busy[client] -= 1
+            if not self._busy[client]:
+                del self._busy[client]
+                if client in self._evicted:
+                    self._evicted.discard(client)
+                    self._close_later(client)
+
+    def _close_later(self, client: JobClient) -> None:
+        task = asyncio.ensure_future(client.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        clients = list(self._clients.values())
+        clients = [*self._clients.values(), *self._evicted]
         self._clients.clear()
+        self._evicted.clear()
         for c in clients:
             await c.close()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+    def __len__(self) -> int:
+        """Open clients (the cached ones and those evicted but still in use)."""
+        return len(self._clients) + len(self._evicted)
 
 
 def _key(request: web.Request) -> str:
@@ -104,7 +131,8 @@ def _key(request: web.Request) -> str:
 
 
 def _client(request: web.Request) -> JobClient:
-    return request.app[CLIENTS].get(_key(request))
+    """The request's client (``_answer`` chose it by the request's key)."""
+    return request[REQUEST_CLIENT]
 
 
 def _validation(err: pydantic.ValidationError) -> HttpError:
@@ -137,7 +165,9 @@ def _answer(handler: Handler) -> Handler:
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
-            return await handler(request)
+            async with request.app[CLIENTS].use(_key(request)) as client:
+                request[REQUEST_CLIENT] = client
+                return await handler(request)
         except HttpError as err:
             return web.json_response(err.body(), status=err.status, headers=err.headers)
         except grpc.aio.AioRpcError as err:

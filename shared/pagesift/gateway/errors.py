@@ -35,7 +35,7 @@ __all__ = ["BY_STATUS", "TABLE", "HttpError", "bad_request", "from_aio_error", "
 C = grpc.StatusCode
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)  # an exception: not frozen (raising sets __traceback__)
 class HttpError(Exception):
     """A Firecrawl error answer: HTTP ``status`` with body ``body()`` and ``headers``."""
 
