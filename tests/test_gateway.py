@@ -306,6 +306,9 @@ async def test_status_paging_honours_limit_and_bodies_are_bounded(
         async with http.post(base + "/v2/scrape", data=big) as resp:
             assert resp.status == 413
             assert (await resp.json())["success"] is False
+        padded = {"url": root, "headers": {"X-Pad": "x" * 100_000}, "bogus": 1}
+        async with http.post(base + "/v2/scrape", json=padded) as resp:  # parsed off-loop
+            assert resp.status == 400 and "'bogus'" in (await resp.json())["error"]
         async with http.post(base + "/v2/scrape", data=b"[1, 2]") as resp:
             assert resp.status == 400 and "object" in (await resp.json())["error"]
 

@@ -3,7 +3,7 @@
 What it owns
 ------------
 ``make_app(clients)``: the routes (``POST /v2/scrape``, ``/v2/crawl`` and its status,
-cancel and errors, ``/v2/batch/scrape`` and its status and cancel, ``POST /v2/map``,
+cancel and errors, ``/v2/batch/scrape`` and its status, cancel and errors, ``POST /v2/map``,
 ``GET /healthz``), request parsing (a JSON object, validated by the strict models of
 ``pagesift.gateway.models``), and the one place errors become answers (``_answer``).
 ``Clients`` keeps one ``JobClient`` per API key (bounded), so every call follows the
@@ -15,9 +15,10 @@ Invariants
 - ``Authorization: Bearer KEY`` is passed through as the client's API key (no header:
   anonymous, which a node with an accounts file refuses with 401); every account limit
   and the address guard apply on the node exactly as over gRPC.
-- Request bodies are bounded (``MAX_BODY_BYTES``); a status page's JSON by
-  ``PAGE_BYTES``; it holds ``PAGE_DOCUMENTS`` documents unless ``?limit=`` asks for
-  another number (at most ``MAX_LIMIT``).
+- Request bodies are bounded (``MAX_BODY_BYTES``) and past ``OFF_LOOP_BYTES`` parsed
+  in a thread; every document answer is built and serialized in one. A status page's
+  JSON is bounded by ``PAGE_BYTES``; it holds ``PAGE_DOCUMENTS`` documents unless
+  ``?limit=`` asks for another number (at most ``MAX_LIMIT``).
 - Every failure is ``{success: false, error, code?, details?}`` (``errors.HttpError``);
   an unexpected exception is a 500 that names no internals.
 """
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 PAGE_BYTES = 10 * 1024 * 1024  # Firecrawl's cap on one status page
 PAGE_DOCUMENTS = 100
+OFF_LOOP_BYTES = 64 * 1024  # a larger request body is parsed in a thread
 MAX_LIMIT = 1000  # the most documents a ?limit= may ask for (the node's max_page_size)
 MAX_CLIENTS = 256  # API keys with an open client (least recently used closed first)
 
@@ -146,9 +148,8 @@ def _validation(err: pydantic.ValidationError) -> HttpError:
     return bad_request(f"Bad Request: {details[0]['message']} ({details[0]['path']})", details)
 
 
-async def _body(request: web.Request, model: type[pydantic.BaseModel]) -> Any:
+def _parse(raw: bytes, model: type[pydantic.BaseModel]) -> Any:
     try:
-        raw = await request.read()
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request("Bad Request: the body is not JSON") from exc
@@ -158,6 +159,21 @@ async def _body(request: web.Request, model: type[pydantic.BaseModel]) -> Any:
         return model.model_validate(value)
     except pydantic.ValidationError as err:
         raise _validation(err) from None
+
+
+async def _body(request: web.Request, model: type[pydantic.BaseModel]) -> Any:
+    """The request's body as ``model`` (a large one parsed off the event loop)."""
+    raw = await request.read()
+    if len(raw) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(_parse, raw, model)
+    return _parse(raw, model)
+
+
+async def _json(make: Callable[[], Any]) -> web.Response:
+    """``make()``'s value as a JSON answer, built and serialized off the event loop (a
+    status page or a document may be megabytes)."""
+    text = await asyncio.to_thread(lambda: json.dumps(make(), ensure_ascii=False))
+    return web.Response(text=text, content_type="application/json")
 
 
 def _answer(handler: Handler) -> Handler:
@@ -215,7 +231,7 @@ async def scrape(request: web.Request) -> web.StreamResponse:
         raise HttpError(
             408, f"Scrape timed out after {body.timeout} ms", "SCRAPE_TIMEOUT"
         ) from None
-    return web.json_response({"success": True, "data": translate.document(doc)})
+    return await _json(lambda: {"success": True, "data": translate.document(doc)})
 
 
 async def start_crawl(request: web.Request) -> web.StreamResponse:
@@ -256,7 +272,7 @@ def _status(kind: int, route: str) -> Handler:
         limit = min(asked or documents, MAX_LIMIT)
         resp = await _job(request, kind, skip=skip, limit=limit)
         url = f"{_base(request)}/v2/{route}/{request.match_info['id']}"
-        return web.json_response(translate.status_page(resp, skip, url, max_bytes, asked))
+        return await _json(lambda: translate.status_page(resp, skip, url, max_bytes, asked))
 
     return status
 
