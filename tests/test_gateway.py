@@ -55,14 +55,13 @@ def site_spec() -> SiteSpec:
 
 
 @contextlib.asynccontextmanager
-async def gateway(data: Path, **node_kw: Any) -> AsyncIterator[str]:
+async def gateway(data: Path, page_bytes: int = 10 << 20, **node_kw: Any) -> AsyncIterator[str]:
     """A node and a gateway in front of it; yields the gateway's base URL."""
     async with in_process_node(data, **node_kw) as node:
         stop = asyncio.Event()
         started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            run("127.0.0.1:0", [node.address], stop, started, page_documents=PAGE_DOCS)
-        )
+        paging = {"page_documents": PAGE_DOCS, "page_bytes": page_bytes}
+        task = asyncio.create_task(run("127.0.0.1:0", [node.address], stop, started, **paging))
         try:
             yield f"http://{await asyncio.wait_for(started, 10)}"
         finally:
@@ -382,3 +381,35 @@ async def test_a_client_evicted_while_in_use_is_closed_after_its_last_request() 
         assert fresh is not a  # a new client for the evicted key
     await clients.close()
     assert len(clients) == 0
+
+
+async def test_a_page_over_its_byte_cap_is_cut_and_the_sdk_pages_on(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with gateway(tmp_path, page_bytes=1) as base, aiohttp.ClientSession() as http:
+        fc = client(base)
+        job = await sdk(
+            fc.crawl, root, limit=5, exclude_paths=[CALENDAR_EXCLUDE], poll_interval=1,
+            timeout=50,
+        )  # fmt: skip
+        async with http.get(f"{base}/v2/crawl/{job.id}") as resp:
+            first = await resp.json()
+    assert len(first["data"]) == 1 and first["next"].endswith("?skip=1")  # cut at 1 byte
+    assert job.status == "completed" and len(job.data) == job.completed > 1
+    sources = {d.metadata.source_url for d in job.data if d.metadata}
+    assert len(sources) == job.completed
+
+
+async def test_healthz_is_503_while_no_primary_answers() -> None:
+    stop = asyncio.Event()
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run("127.0.0.1:0", ["127.0.0.1:1"], stop, started))
+    try:
+        base = f"http://{await asyncio.wait_for(started, 10)}"
+        async with aiohttp.ClientSession() as http, http.get(base + "/healthz") as resp:
+            assert resp.status == 503
+            assert await resp.json() == {"ok": False, "primary": None}
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
