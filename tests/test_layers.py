@@ -9,7 +9,8 @@ to import both roles. Below it (``FLOORS``, each with its reason):
   nor ``pagesift.demo`` (the demo site is for ``make run``, drills, tests and bench);
 - ``pagesift.demo`` imports no role and not the root;
 - ``pagesift.client`` imports only ``CLIENT_MAY_IMPORT`` (what ``pip install pagesift``
-  must ship), directly or through those;
+  must ship), directly or through those; ``pagesift.gateway`` (the HTTP gateway, a
+  client of the pair) imports only those and itself;
 - inside ``pagesift.shared``: ``replication`` and ``ha`` import nothing from ``jobs`` or
   ``api``; ``store`` imports only ``util``;
 - inside ``pagesift.primary``: ``engine`` and ``extract`` import nothing from ``jobs`` or
@@ -93,6 +94,12 @@ FLOORS: tuple[Floor, ...] = (
         ("pagesift",),
         "the installed client ships without the store, the roles and the demo",
         allowed=CLIENT_MAY_IMPORT,
+    ),
+    Floor(
+        "pagesift.gateway",
+        ("pagesift",),
+        "the HTTP gateway is a client of the pair: it reaches the server only over gRPC",
+        allowed=(*CLIENT_MAY_IMPORT, "pagesift.gateway"),
     ),
     Floor(
         "pagesift.shared.replication",
