@@ -155,20 +155,36 @@ async def test_auto_goes_straight_to_the_browser_once_a_host_needed_it(rig: Rig)
 
 async def test_the_jobs_cookies_go_into_the_render_and_its_cookies_come_back(rig: Rig) -> None:
     url = f"{rig.root}setstate.html"
-    profile = RequestProfile.build(
-        jobs_pb2.ScrapeOptions(cookies={"seed": "s1"}),
-        [url],
-        may_ignore_robots=False,
-        may_use_proxy_url=False,
-    )
-    policy = FetchPolicy(request=profile)
+
+    def job(cookies: dict[str, str]) -> FetchPolicy:
+        profile = RequestProfile.build(
+            jobs_pb2.ScrapeOptions(cookies=cookies),
+            [url],
+            may_ignore_robots=False,
+            may_use_proxy_url=False,
+        )
+        return FetchPolicy(request=profile, owner="acct-cookies")
+
+    policy = job({"seed": "s1"})
+    profile = policy.request
+    assert profile is not None
     await rig.engine.scrape(url, opts(BROWSER), policy)
     assert "session=abc123" in (profile.cookies.header(f"{rig.root}readstate.html") or "")
     assert profile.cookies.dirty  # the page's write group stores the change
     read = await rig.engine.scrape(f"{rig.root}readstate.html", opts(BROWSER), policy)
     assert "seed=s1" in read.document.markdown
     assert "session=abc123" in read.document.markdown
-    assert "storage=v1" not in read.document.markdown  # storage stays with its context
+    assert "storage=v1" in read.document.markdown  # the job's own context: its storage
+    # another job of the same account (even with the same options) sees neither
+    other = job({"other": "o1"})
+    alone = await rig.engine.scrape(f"{rig.root}readstate.html", opts(BROWSER), other)
+    assert "other=o1" in alone.document.markdown
+    for leak in ("seed=s1", "session=abc123", "storage=v1"):
+        assert leak not in alone.document.markdown
+    # a one-off scrape (no job profile) gets a context of its own
+    once = await rig.engine.scrape(f"{rig.root}readstate.html", opts(BROWSER))
+    for leak in ("seed=s1", "session=abc123", "storage=v1", "other=o1"):
+        assert leak not in once.document.markdown
 
 
 async def test_a_rendered_error_status_is_the_http_engines_error(rig: Rig) -> None:

@@ -17,7 +17,8 @@ The invariants, for a rendered page as for a fetched one:
   (``hops.Fetcher.slots``) with the same delay as a fetch;
 - the request profile's headers, user agent and cookies go into the render, and the
   context's cookies come back into the job's jar (``cookiejar.JobCookies.absorb``), so
-  the page's write group stores them like a fetch's Set-Cookie lines;
+  the page's write group stores them like a fetch's Set-Cookie lines; a job's pages
+  share one context (scope: its profile), a one-off scrape's page gets its own;
 - the rendered HTML becomes a ``Page`` through the same ``pages.PageMaker`` (worker
   processes, bounded), with ``Document.engine``, ``screenshot``, ``action_results``
   and ``metadata["engine"]`` set; one attempt per call (retries are the job's: a
@@ -255,8 +256,10 @@ class RenderingEngine:
         pool, proxy = await self._pool()
         started = time.monotonic()
         creds = proxy.register(proxy=profile.proxy, proxy_url=profile.proxy_url)
+        handed = False  # once the pool has them, it releases the credentials
         try:
             async with fetcher.slots.slot(host, delay):
+                handed = True
                 rendered = await pool.render(
                     current,
                     options,
@@ -267,9 +270,15 @@ class RenderingEngine:
                     cookies=_browser_cookies(profile, current),
                     proxy=creds.playwright(),
                     timeout=profile.timeout,
+                    # a job's pages share its context (the profile lives as the job);
+                    # the pool releases the credentials when no context uses them
+                    scope=policy.request,
+                    release=lambda: proxy.release(creds),
                 )
-        finally:
-            proxy.release(creds)
+        except BaseException:
+            if not handed:
+                proxy.release(creds)
+            raise
         proxy_failed = _proxy_error(rendered.headers)
         if proxy_failed is not None:
             raise proxy_failed

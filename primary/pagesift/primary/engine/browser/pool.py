@@ -16,7 +16,13 @@ at most one per 256 MiB of memory) handed out by ``FairSlots``, and the browser'
   runtime counts it toward quarantine like a lost extraction worker; the retry policy
   retries it);
 - ``playwright_chromiumdev_profile-*`` folders left in the temp dir by a killed node are
-  swept at start, except those a running process still names.
+  swept at start, except those a running process still names (``procs``);
+- a job's pages (``scope``: an object alive as long as the job) with the same options
+  share one context, made with the job's first proxy credentials; the key holds the
+  owner, the scope's identity and the options, and a hit also needs the scope's weak
+  reference to be that very object, so two jobs never share one. A context whose page
+  failed takes no new page; unused ones close after ``CONTEXT_IDLE`` or once their job
+  is gone, their credentials released then.
 
 Why it is safe: every page holds a slot for its whole render and releases it in
 ``finally``; each render is bounded by ``render_timeout``; ``available()`` says why
@@ -29,18 +35,39 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
 import time
+import weakref
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pagesift.primary.engine.browser import actions
 from pagesift.primary.engine.browser.guardproxy import GUARD_LAUNCH_ARGS
-from pagesift.primary.engine.browser.render import BrowserGone, Rendered, render_page
+from pagesift.primary.engine.browser.procs import (  # the /proc readers, still pool's names
+    _live_profiles as _live_profiles,
+)
+from pagesift.primary.engine.browser.procs import (
+    _proc_table as _proc_table,
+)
+from pagesift.primary.engine.browser.procs import (
+    browser_roots,
+    sweep_profiles,
+    tree_pss,
+)
+from pagesift.primary.engine.browser.procs import (
+    descendants as descendants,
+)
+from pagesift.primary.engine.browser.render import (
+    BrowserGone,
+    Rendered,
+    blocks_heavy,
+    context_options,
+    new_context,
+    render_in,
+    render_page,
+)
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
@@ -51,6 +78,7 @@ __all__ = [
     "BrowserPool",
     "FairSlots",
     "default_pages",
+    "descendants",
     "sweep_profiles",
     "tree_pss",
 ]
@@ -72,11 +100,11 @@ LAUNCH_ARGS: tuple[str, ...] = tuple(
         )
     )
 )
-PROFILE_PREFIX = "playwright_chromiumdev_profile-"
 PAGE_MEMORY = 256 << 20
 MEMORY_CHECK_EVERY = 1.0  # seconds between two PSS readings
 LAUNCH_TIMEOUT = 30.0
-PROFILE_MIN_AGE = 60.0  # seconds: a younger profile folder may belong to a launch
+CONTEXT_IDLE = 20.0  # seconds a job's unused context is kept for its next page
+CONTEXT_CLOSE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -163,96 +191,20 @@ class FairSlots:
             fut.set_result(None)
 
 
-def _proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, exe) of every readable process."""
-    table: dict[int, tuple[int, str]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            exe = os.readlink(Path(entry.path, "exe"))
-        except (OSError, ValueError, IndexError):
-            continue
-        table[int(entry.name)] = (ppid, exe)
-    return table
+@dataclass
+class _Context:
+    """A job's context: only pages of the live ``scope`` (the job) with the same
+    options use it; ``release`` frees the proxy credentials it was made with."""
 
+    context: Any
+    scope: weakref.ref[object]
+    release: Callable[[], object] | None
+    in_flight: int = 0
+    idle_since: float = field(default_factory=time.monotonic)
+    broken: bool = False  # a render on it failed: no new page goes to it
 
-def descendants(root: int, table: Mapping[int, tuple[int, str]]) -> set[int]:
-    """``root`` and every process below it in ``table``."""
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = {root}, [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def browser_roots(executable: str, under: int) -> set[int]:
-    """Browser main processes (``executable`` whose parent is not) below ``under``."""
-    table = _proc_table()
-    real = os.path.realpath(executable)
-    mine = descendants(under, table)
-    return {
-        pid
-        for pid, (ppid, exe) in table.items()
-        if pid in mine and exe == real and table.get(ppid, (0, ""))[1] != real
-    }
-
-
-def tree_pss(root: int) -> int:
-    """Bytes of PSS of ``root`` and its descendants (smaps_rollup); 0 if unreadable."""
-    total = 0
-    for pid in descendants(root, _proc_table()):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-    return total
-
-
-def _live_profiles() -> set[str]:
-    live: set[str] = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            for arg in Path(entry.path, "cmdline").read_bytes().split(b"\0"):
-                if PROFILE_PREFIX.encode() in arg:
-                    live.add(os.path.basename(arg.decode(errors="replace").split("=", 1)[-1]))
-    return live
-
-
-def sweep_profiles(
-    tmpdir: str | None = None,
-    live: Iterable[str] | None = None,
-    *,
-    min_age: float = PROFILE_MIN_AGE,
-    now: float | None = None,
-) -> list[str]:
-    """Remove ``playwright_chromiumdev_profile-*`` folders of ``tmpdir`` that no running
-    process names (``live``: their base names; read from /proc when None) and that are
-    at least ``min_age`` seconds old (one being created for a launch is spared)."""
-    base = tmpdir or tempfile.gettempdir()
-    keep = set(_live_profiles() if live is None else live)
-    at = time.time() if now is None else now
-    removed = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(base):
-            if not entry.name.startswith(PROFILE_PREFIX) or entry.name in keep:
-                continue
-            with contextlib.suppress(OSError):
-                if at - entry.stat(follow_symlinks=False).st_mtime < min_age:
-                    continue
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed.append(entry.path)
-    return removed
+    def reusable(self, scope: object) -> bool:
+        return not self.broken and self.scope() is scope
 
 
 @dataclass
@@ -264,6 +216,8 @@ class _Browser:
     retiring: bool = False
     dead: bool = False
     next_check: float = field(default_factory=time.monotonic)  # of its memory
+    contexts: dict[tuple[str, int, str], _Context] = field(default_factory=dict)
+    orphans: list[_Context] = field(default_factory=list)  # replaced, pages in flight
 
 
 class BrowserPool:
@@ -291,6 +245,8 @@ class BrowserPool:
         self._lock = asyncio.Lock()
         self._closed = False
         self._old: set[asyncio.Task[None]] = set()
+        self._contexts_lock = asyncio.Lock()
+        self._sweeper: asyncio.Task[None] | None = None
 
     # availability and stats ----------------------------------------------------------
     def available(self) -> Availability:
@@ -311,6 +267,7 @@ class BrowserPool:
             "launches": self.launches,
             "pages_rendered": self.pages_rendered,
             "browser_pid": (cur.pid or 0) if cur and not cur.dead else 0,
+            "contexts": self.contexts(),
         }
 
     def browser_pid(self) -> int | None:
@@ -355,6 +312,7 @@ class BrowserPool:
         b.dead = True
         if self._current is b:
             self._current = None
+        self._forget_contexts(b)
 
     async def _browser(self) -> _Browser:
         async with self._lock:
@@ -383,6 +341,93 @@ class BrowserPool:
             async with asyncio.timeout(10):
                 await b.browser.close()
         b.dead = True
+        self._forget_contexts(b)
+
+    # jobs' contexts ------------------------------------------------------------------
+    @staticmethod
+    def _forget_contexts(b: _Browser) -> None:
+        """The browser went or closed (its contexts with it): free their credentials."""
+        entries = [*b.contexts.values(), *b.orphans]
+        b.contexts.clear()
+        b.orphans.clear()
+        for e in entries:
+            _release(e)
+
+    async def _job_context(
+        self,
+        b: _Browser,
+        scope: object,
+        owner: str,
+        options: jobs_pb2.ScrapeOptions,
+        heavy: bool,
+        headers: Mapping[str, str] | None,
+        user_agent: str | None,
+        proxy: Mapping[str, str] | None,
+        release: Callable[[], object] | None,
+    ) -> tuple[_Context, bool]:
+        """The context of ``scope`` for these options (made, and adopting ``proxy``'s
+        credentials, when it has none live); ``(entry, adopted)``; one page counted."""
+        kw = context_options(options, headers=headers or {}, user_agent=user_agent, proxy=None)
+        server = (proxy or {}).get("server", "")
+        key = (owner, id(scope), repr(sorted(kw.items())) + f"|{heavy}|{server}")
+        async with self._contexts_lock:
+            self._sweep(b)
+            entry = b.contexts.get(key)
+            if entry is not None and entry.reusable(scope):
+                entry.in_flight += 1
+                return entry, False
+            context = await new_context(
+                b.browser, options, block_heavy=heavy, headers=headers,
+                user_agent=user_agent, proxy=proxy,
+            )  # fmt: skip
+            if entry is not None:  # its job is gone (id reused) or it broke
+                b.orphans.append(entry)
+            entry = b.contexts[key] = _Context(context, weakref.ref(scope), release, 1)
+            self._arm_sweep()
+            return entry, True
+
+    def _sweep(self, b: _Browser, now: float | None = None) -> None:
+        """Close the contexts no page uses whose job is gone, that broke, or idle past
+        ``CONTEXT_IDLE``."""
+        at = time.monotonic() if now is None else now
+        for key, e in list(b.contexts.items()):
+            if e.in_flight == 0 and (
+                e.broken or e.scope() is None or at - e.idle_since >= CONTEXT_IDLE
+            ):
+                del b.contexts[key]
+                self._close_context(e)
+        for e in [e for e in b.orphans if e.in_flight == 0]:
+            b.orphans.remove(e)
+            self._close_context(e)
+
+    def _close_context(self, e: _Context) -> None:
+        async def close() -> None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CONTEXT_CLOSE_TIMEOUT):
+                    await e.context.close()
+            _release(e)
+
+        task = asyncio.create_task(close())
+        self._old.add(task)
+        task.add_done_callback(self._old.discard)
+
+    def _arm_sweep(self) -> None:
+        """A sweep later, so an idle job's context closes with no page to come."""
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep_later())
+
+    async def _sweep_later(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(CONTEXT_IDLE / 2)
+            b = self._current
+            if b is None or b.dead or not (b.contexts or b.orphans):
+                return  # a retired browser's contexts close with it
+            self._sweep(b)
+
+    def contexts(self) -> int:
+        """Jobs' contexts open on the running browser."""
+        cur = self._current
+        return len(cur.contexts) + len(cur.orphans) if cur is not None else 0
 
     async def _after(self, b: _Browser) -> None:
         b.in_flight -= 1
@@ -411,6 +456,8 @@ class BrowserPool:
         cookies: Sequence[Mapping[str, Any]] = (),
         proxy: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        scope: object | None = None,
+        release: Callable[[], object] | None = None,
     ) -> Rendered:
         """Render ``url`` for ``owner`` (an account) within one page slot.
 
@@ -421,44 +468,74 @@ class BrowserPool:
         (Playwright cookie dicts: name, value, domain or url, path...), ``proxy``
         (Playwright's per-context proxy dict). ``owner_limit``: the account's
         max_browser_pages (None: only the pool's total). ``timeout``: seconds for the
-        whole render (default ``render_timeout``). Raises ``PageError``: the page's
+        whole render (default ``render_timeout``). ``scope``: the job the page is for
+        (an object alive as long as the job, e.g. its ``RequestProfile``): its pages with
+        the same options share one context (cookies, storage, cache), never another
+        job's; None: a fresh context for this page alone. ``release``: called exactly
+        once when ``proxy``'s credentials are no longer in use (after this render, or
+        when the job's context made with them closes). Raises ``PageError``: the page's
         own failure, ``RENDER_FAILED`` (no browser; or a crash, with ``worker_lost``)."""
-        await self.slots.acquire(owner, owner_limit)
+        adopted = False
         try:
-            b = await self._browser()
+            heavy = blocks_heavy(options, self.bounds)  # refuses before any network
+            await self.slots.acquire(owner, owner_limit)
             try:
-                got = await render_page(
-                    b.browser,
-                    url,
-                    options,
-                    bounds=self.bounds,
-                    timeout=timeout or self.config.render_timeout,
-                    max_html_bytes=self.config.max_body_bytes or (64 << 20),
-                    headers=headers,
-                    user_agent=user_agent,
-                    cookies=cookies,
-                    proxy=proxy,
-                )
-            except BrowserGone as e:
-                if not b.browser.is_connected():
-                    self._disconnected(b)
-                raise PageError(
-                    ErrorCode.RENDER_FAILED,
-                    f"the browser or the page's renderer crashed while rendering {url}: {e}",
-                    worker_lost=True,
-                ) from e
+                b = await self._browser()
+                entry: _Context | None = None
+                try:
+                    limits: dict[str, Any] = {
+                        "bounds": self.bounds,
+                        "timeout": timeout or self.config.render_timeout,
+                        "max_html_bytes": self.config.max_body_bytes or (64 << 20),
+                    }
+                    if scope is None:
+                        got = await render_page(
+                            b.browser, url, options, headers=headers, user_agent=user_agent,
+                            cookies=cookies, proxy=proxy, **limits,
+                        )  # fmt: skip
+                    else:
+                        entry, adopted = await self._job_context(
+                            b, scope, owner, options, heavy, headers, user_agent, proxy, release
+                        )
+                        got = await render_in(
+                            b.browser, entry.context, url, options, cookies=cookies, **limits
+                        )
+                except BrowserGone as e:
+                    if entry is not None:
+                        entry.broken = True
+                    if not b.browser.is_connected():
+                        self._disconnected(b)
+                    raise PageError(
+                        ErrorCode.RENDER_FAILED,
+                        f"the browser or the page's renderer crashed while rendering {url}: {e}",
+                        worker_lost=True,
+                    ) from e
+                except BaseException:
+                    if entry is not None:
+                        entry.broken = True  # a failed page's context takes no new one
+                    raise
+                finally:
+                    if entry is not None:
+                        entry.in_flight -= 1
+                        entry.idle_since = time.monotonic()
+                        if entry.in_flight == 0 and (entry.broken or b.dead):
+                            self._sweep(b)
+                    await self._after(b)
+                self.pages_rendered += 1
+                return got
             finally:
-                await self._after(b)
-            self.pages_rendered += 1
-            return got
+                self.slots.release(owner)
         finally:
-            self.slots.release(owner)
+            if release is not None and not adopted:
+                release()
 
     async def close(self) -> None:
         """Close the browser and the Playwright driver; later renders fail."""
         async with self._lock:
             self._closed = True
             cur, self._current = self._current, None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if cur is not None and not cur.dead:
             await self._close_browser(cur)
         for task in list(self._old):
@@ -469,3 +546,11 @@ class BrowserPool:
                 async with asyncio.timeout(10):
                     await self._playwright.stop()
             self._playwright = None
+
+
+def _release(e: _Context) -> None:
+    """Free a context's proxy credentials, once."""
+    release, e.release = e.release, None
+    if release is not None:
+        with contextlib.suppress(Exception):
+            release()

@@ -1,16 +1,18 @@
-"""One page's render on a Playwright browser: a fresh context in, ``Rendered`` out.
+"""One page's render on a Playwright browser: a context in, ``Rendered`` out.
 
-Owns ``render_page``: a new context per page (viewport, phone emulation, locale, time
-zone, user agent, extra headers, the job's cookies, an optional per-context proxy),
-``goto`` with ``wait_until``, the request's ``wait_for`` and actions
+Owns ``render_page`` (a fresh context for one page) and ``new_context`` + ``render_in``
+(the pool's per-job contexts, a new page each). A context holds the viewport, phone
+emulation, locale, time zone, user agent, extra headers and a per-context proxy; a page
+gets the job's cookies, ``goto`` with ``wait_until``, the request's ``wait_for`` and actions
 (``actions.run_actions``), then the HTML, the final URL, the main response's status and
 headers, a screenshot when ``FORMAT_SCREENSHOT`` asks, and the context's cookies (the
 caller merges them into the job's jar). ``BrowserPool.render`` is the entry point; this
 module holds no state.
 
 Invariants and why they are safe:
-- isolation: every page gets its own context (cookies, localStorage, cache), closed in
-  ``finally`` (bounded) whatever happened; service workers blocked, downloads refused;
+- isolation: a context (cookies, localStorage, cache) serves one page or one job's
+  pages (``pool``); pages and fresh contexts are closed in ``finally`` (bounded);
+  service workers blocked, downloads refused;
 - images, media and fonts are aborted by a context route unless a screenshot is asked;
   the route handler catches every exception and aborts (an unhandled route hangs the
   page);
@@ -32,7 +34,10 @@ from pagesift.primary.engine.browser import actions
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["MOBILE_UA", "BrowserGone", "Rendered", "context_options", "render_page"]
+__all__ = [
+    "MOBILE_UA", "BrowserGone", "Rendered", "blocks_heavy", "context_options", "new_context",
+    "render_in", "render_page",
+]  # fmt: skip
 
 MOBILE_UA = (
     "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) "
@@ -189,6 +194,42 @@ async def _renderer_crashed(page: Any, crashed: list[str]) -> bool:
     return bool(crashed)
 
 
+def blocks_heavy(options: jobs_pb2.ScrapeOptions, bounds: actions.Bounds) -> bool:
+    """Whether a render of ``options`` aborts images, media and fonts (no screenshot
+    asked, neither by the format nor by an action). Refuses bad plans (``PageError``)."""
+    steps = actions.plan(options, bounds)
+    return steps.shot is None and not any(s.kind == "screenshot" for s in steps.steps)
+
+
+async def new_context(
+    browser: Any,
+    options: jobs_pb2.ScrapeOptions,
+    *,
+    block_heavy: bool,
+    headers: Mapping[str, str] | None = None,
+    user_agent: str | None = None,
+    proxy: Mapping[str, str] | None = None,
+) -> Any:
+    """A context for ``options`` (``context_options``), with the heavy-resource route
+    when ``block_heavy``. ``BrowserGone`` when the browser went, else ``PageError``."""
+    ctx_kw = context_options(options, headers=headers or {}, user_agent=user_agent, proxy=proxy)
+    try:
+        context = await browser.new_context(**ctx_kw)
+    except Exception as e:
+        if gone(e) or not browser.is_connected():
+            raise BrowserGone(actions.reason(e)) from e
+        raise PageError(ErrorCode.RENDER_FAILED, f"new context: {actions.reason(e)}") from e
+    try:
+        if block_heavy:
+            await context.route("**/*", _block_heavy)
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await context.close()
+        raise BrowserGone(actions.reason(e)) from e
+    return context
+
+
 async def render_page(
     browser: Any,
     url: str,
@@ -202,21 +243,44 @@ async def render_page(
     cookies: Sequence[Mapping[str, Any]] = (),
     proxy: Mapping[str, str] | None = None,
 ) -> Rendered:
-    """Render ``url`` in a new context of ``browser`` (module docstring). Raises
-    ``PageError`` for the page's own failures, ``BrowserGone`` when the browser went."""
-    steps = actions.plan(options, bounds)  # refuses before any network is spent
-    ctx_kw = context_options(options, headers=headers or {}, user_agent=user_agent, proxy=proxy)
+    """Render ``url`` in a new context of ``browser`` (module docstring), closed after.
+    Raises ``PageError`` for the page's own failures, ``BrowserGone`` when the browser
+    went."""
+    heavy = blocks_heavy(options, bounds)  # refuses before any network is spent
+    context = await new_context(
+        browser, options, block_heavy=heavy, headers=headers, user_agent=user_agent, proxy=proxy
+    )
     try:
-        context = await browser.new_context(**ctx_kw)
-    except Exception as e:
-        if gone(e) or not browser.is_connected():
-            raise BrowserGone(actions.reason(e)) from e
-        raise PageError(ErrorCode.RENDER_FAILED, f"new context: {actions.reason(e)}") from e
+        return await render_in(
+            browser, context, url, options, bounds=bounds, timeout=timeout,
+            max_html_bytes=max_html_bytes, cookies=cookies,
+        )  # fmt: skip
+    finally:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await context.close()
+
+
+async def render_in(
+    browser: Any,
+    context: Any,
+    url: str,
+    options: jobs_pb2.ScrapeOptions,
+    *,
+    bounds: actions.Bounds,
+    timeout: float,
+    max_html_bytes: int,
+    cookies: Sequence[Mapping[str, Any]] = (),
+) -> Rendered:
+    """Render ``url`` on a new page of ``context`` (made by ``new_context`` for these
+    options), the page closed after (bounded); errors as ``render_page``'s."""
+    steps = actions.plan(options, bounds)
     crashed: list[str] = []  # the page's "crash" event: its renderer died
+    pages: list[Any] = []
     try:
         async with asyncio.timeout(timeout):
             return await _render(context, url, options, steps, bounds, timeout, max_html_bytes,
-                                 cookies, crashed)  # fmt: skip
+                                 cookies, crashed, pages)  # fmt: skip
     except TimeoutError as e:
         if crashed:
             raise BrowserGone("the page's renderer crashed") from e
@@ -232,9 +296,10 @@ async def render_page(
             raise BrowserGone(actions.reason(e)) from e
         raise PageError(ErrorCode.RENDER_FAILED, actions.reason(e)) from e
     finally:
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await context.close()
+        for page in pages:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await page.close()
 
 
 async def _render(
@@ -247,14 +312,14 @@ async def _render(
     max_html_bytes: int,
     cookies: Sequence[Mapping[str, Any]],
     crashed: list[str],
+    pages: list[Any],
 ) -> Rendered:
-    context.set_default_timeout(timeout * 1000)
-    context.set_default_navigation_timeout(timeout * 1000)
-    if steps.shot is None and not any(s.kind == "screenshot" for s in steps.steps):
-        await context.route("**/*", _block_heavy)
     if cookies:
         await context.add_cookies([dict(c) for c in cookies])
     page = await context.new_page()
+    pages.append(page)
+    page.set_default_timeout(timeout * 1000)
+    page.set_default_navigation_timeout(timeout * 1000)
     page.on("crash", lambda _: crashed.append("crash"))
     try:
         response = await page.goto(url, wait_until=_WAIT_UNTIL.get(options.wait_until, "load"))

@@ -1,0 +1,190 @@
+"""A job's pages share one browser context; two jobs never do (``BrowserPool`` with
+``scope``), on a real chromium-headless-shell against the local JavaScript site.
+
+Each test uses fresh scope objects (stand-ins for a job's ``RequestProfile``) and reads
+what a page can see (localStorage, ``document.cookie``) through an executed script, so a
+context shared across jobs, or one not reused within a job, fails an assertion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import pytest_asyncio
+
+from pagesift.primary.engine.browser import pool as poolmod
+from pagesift.primary.engine.browser.pool import BrowserPool
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.v1 import jobs_pb2 as pb
+from tests.jssite import PAGES, serve_js_site
+
+EXE = "/usr/lib/chromium/chromium-headless-shell"
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(not os.access(EXE, os.X_OK), reason="chromium-headless-shell missing"),
+]
+CONFIG = ServerConfig(max_browser_pages=4, max_render_wait=2.0, render_timeout=20.0)
+# sets a value in localStorage and a cookie (once), answers what this context had before
+REMEMBER = """
+const before = {storage: localStorage.getItem('k'), cookie: document.cookie};
+if (before.storage === null) {
+  localStorage.setItem('k', '%s');
+  document.cookie = 'job=%s; path=/';
+}
+return before;"""
+
+
+class Job:
+    """A stand-in for a job's profile: any object alive as long as the job."""
+
+
+class Releases:
+    """Counts the release of each page's proxy credentials."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def of(self, name: str) -> Callable[[], object]:
+        return lambda: self.calls.update([name])
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def site() -> AsyncIterator[tuple[str, Counter[str]]]:
+    hits: Counter[str] = Counter()
+    async with serve_js_site(hits) as root:
+        yield root, hits
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool() -> AsyncIterator[BrowserPool]:
+    p = BrowserPool(CONFIG)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+def script(value: str) -> pb.ScrapeOptions:
+    action = pb.Action(
+        execute_javascript=pb.ExecuteJavascriptAction(script=REMEMBER % (value, value))
+    )
+    return pb.ScrapeOptions(actions=[action])
+
+
+async def remember(pool: BrowserPool, url: str, value: str, **kw: object) -> dict[str, object]:
+    got = await pool.render(url, script(value), owner="acct", **kw)  # type: ignore[arg-type]
+    answer: dict[str, object] = json.loads(got.action_results[0].javascript_return)
+    return answer
+
+
+async def test_a_jobs_pages_share_its_context_and_another_job_sees_none_of_it(
+    pool: BrowserPool, site: tuple[str, Counter[str]]
+) -> None:
+    url = site[0] + PAGES["probe"]
+    jobs, rel = {"a": Job(), "b": Job()}, Releases()
+    first = await remember(pool, url, "a", scope=jobs["a"], release=rel.of("a1"))
+    assert first == {"storage": None, "cookie": ""}
+    assert rel.calls["a1"] == 0  # its context holds the credentials it was made with
+    again = await remember(pool, url, "x", scope=jobs["a"], release=rel.of("a2"))
+    assert again == {"storage": "a", "cookie": "job=a"}
+    assert rel.calls["a2"] == 1  # not needed: the job's context already had its own
+    # another job, same account and options, at once with the first job's next page
+    other, third = await asyncio.gather(
+        remember(pool, url, "b", scope=jobs["b"], release=rel.of("b1")),
+        remember(pool, url, "y", scope=jobs["a"], release=rel.of("a3")),
+    )
+    assert other == {"storage": None, "cookie": ""}
+    assert third == {"storage": "a", "cookie": "job=a"}
+    # no scope: a fresh context for the page alone, its credentials released after it
+    alone = await remember(pool, url, "z", release=rel.of("none"))
+    assert alone == {"storage": None, "cookie": ""} and rel.calls["none"] == 1
+    assert pool.stats()["contexts"] == 2
+    # a job gone (its profile collected): its context closes, its credentials freed
+    del jobs["a"]  # (held in a dict: a frame's locals snapshot may outlive ``del``)
+    gc.collect()
+    cur = pool._current
+    assert cur is not None
+    pool._sweep(cur)
+    await asyncio.gather(*pool._old)
+    assert rel.calls["a1"] == 1 and rel.calls["b1"] == 0
+    assert pool.stats()["contexts"] == 1
+    # an idle context closes after CONTEXT_IDLE
+    pool._sweep(cur, now=cur.contexts[next(iter(cur.contexts))].idle_since + 1e6)
+    await asyncio.gather(*pool._old)
+    assert rel.calls["b1"] == 1 and pool.stats()["contexts"] == 0
+    assert all(n == 1 for n in rel.calls.values())  # each released exactly once
+
+
+async def test_a_failed_page_retires_its_jobs_context(
+    pool: BrowserPool, site: tuple[str, Counter[str]]
+) -> None:
+    url = site[0] + PAGES["probe"]
+    job, rel = Job(), Releases()
+    assert (await remember(pool, url, "f", scope=job, release=rel.of("1")))["storage"] is None
+    missing = pb.ScrapeOptions()
+    missing.wait_for.selector = "#never-there"
+    with pytest.raises(PageError) as err:
+        await pool.render(url, missing, owner="acct", scope=job, release=rel.of("2"))
+    assert err.value.code == ErrorCode.ACTION_FAILED
+    await asyncio.gather(*pool._old)
+    assert rel.calls["1"] == 1 and rel.calls["2"] == 1  # the broken context is closed
+    # the job's next page gets a new context: nothing of the old one
+    assert (await remember(pool, url, "g", scope=job, release=rel.of("3")))["storage"] is None
+    assert rel.calls["3"] == 0
+
+
+async def test_a_jobs_reused_context_still_refuses_images_and_a_screenshot_gets_its_own(
+    pool: BrowserPool, site: tuple[str, Counter[str]]
+) -> None:
+    root, hits = site
+    job, rel = Job(), Releases()
+    before = hits["img.png"]
+    for n in range(3):
+        await pool.render(
+            root + PAGES["image"],
+            pb.ScrapeOptions(),
+            owner="acct",
+            scope=job,
+            release=rel.of(str(n)),
+        )
+    assert hits["img.png"] == before and hits["font.woff2"] == 0
+    assert sum(rel.calls.values()) == 2  # one context for the three pages
+    shot = pb.ScrapeOptions(formats=[pb.FORMAT_SCREENSHOT])
+    got = await pool.render(root + PAGES["image"], shot, owner="acct", scope=job)
+    assert got.screenshot is not None and got.screenshot.data and hits["img.png"] == before + 1
+    cur = pool._current
+    assert cur is not None
+    assert sum(1 for e in cur.contexts.values() if e.scope() is job) == 2
+
+
+async def test_a_browser_that_dies_frees_every_jobs_credentials(
+    site: tuple[str, Counter[str]],
+) -> None:
+    url = site[0] + PAGES["probe"]
+    p = BrowserPool(CONFIG)
+    try:
+        jobs, rel = [Job(), Job()], Releases()
+        for n, job in enumerate(jobs):
+            await remember(p, url, str(n), scope=job, release=rel.of(str(n)))
+        assert rel.calls == Counter() and p.stats()["contexts"] == 2
+        pid = p.browser_pid()
+        assert pid is not None
+        os.kill(pid, 9)
+        for _ in range(200):
+            if rel.calls["0"] and rel.calls["1"]:
+                break
+            await asyncio.sleep(0.05)
+        assert rel.calls == Counter({"0": 1, "1": 1})
+        # and the job renders again, in a new browser and a new context
+        again = await remember(p, url, "x", scope=jobs[0], release=rel.of("new"))
+        assert again["storage"] is None and p.launches == 2
+    finally:
+        await p.close()
+    assert poolmod.CONTEXT_IDLE > 0
