@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
+from google.protobuf.duration_pb2 import Duration
 
 from pagesift.primary.engine.browser import pool as poolmod
 from pagesift.primary.engine.browser.pool import BrowserPool
@@ -188,3 +189,22 @@ async def test_a_browser_that_dies_frees_every_jobs_credentials(
     finally:
         await p.close()
     assert poolmod.CONTEXT_IDLE > 0
+
+
+async def test_a_popup_the_page_opened_closes_with_it_in_a_jobs_context(
+    pool: BrowserPool, site: tuple[str, Counter[str]]
+) -> None:
+    url = site[0] + PAGES["probe"]
+    job = Job()
+    opener = pb.Action(
+        execute_javascript=pb.ExecuteJavascriptAction(
+            script=f"return window.open({json.dumps(url)}) !== null"
+        )
+    )
+    pause = pb.Action(wait=pb.WaitAction(duration=Duration(nanos=400_000_000)))
+    got = await pool.render(url, pb.ScrapeOptions(actions=[opener, pause]), owner="acct", scope=job)
+    assert json.loads(got.action_results[0].javascript_return) is True
+    cur = pool._current
+    assert cur is not None
+    entry = next(e for e in cur.contexts.values() if e.scope() is job)
+    assert entry.context.pages == []  # neither the page nor its popup lingers

@@ -318,6 +318,7 @@ async def _render(
         await context.add_cookies([dict(c) for c in cookies])
     page = await context.new_page()
     pages.append(page)
+    page.on("popup", lambda popup: pages.append(popup))  # closed with the page
     page.set_default_timeout(timeout * 1000)
     page.set_default_navigation_timeout(timeout * 1000)
     page.on("crash", lambda _: crashed.append("crash"))
