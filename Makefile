@@ -74,13 +74,14 @@ pytest: $(BIN)/.installed system-deps
 ## make test: lint, types, protos, then the whole test suite.
 test: check-proto lint typecheck buf-lint pytest
 
-## make test-fast: lint, types, and every test not marked `system` (about two minutes):
-## the edit-run loop. Leaves out what only a proto change or a system test needs
-## (check-proto, buf-lint: node and the buf CLI; system-deps: etcd, promtool).
+## make test-fast: lint, types, and every test not marked `system` or `browser` (about two
+## minutes): the edit-run loop. Leaves out what only a proto change, a system test or a
+## real browser needs (check-proto, buf-lint: node and the buf CLI; system-deps: etcd,
+## promtool, chromium-headless-shell).
 test-fast: lint typecheck pytest-fast
 
-pytest-fast: $(BIN)/.installed system-deps
-	$(BIN)/pytest -q -p no:cacheprovider -m "not system"
+pytest-fast: $(BIN)/.installed
+	$(BIN)/pytest -q -p no:cacheprovider -m "not system and not browser"
 
 ## make bench: crawl throughput vs Scrapy, replication figures (see BENCHMARKS.md).
 bench: $(BIN)/.installed

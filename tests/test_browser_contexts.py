@@ -28,6 +28,7 @@ from tests.jssite import PAGES, serve_js_site
 
 EXE = "/usr/lib/chromium/chromium-headless-shell"
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.skipif(not os.access(EXE, os.X_OK), reason="chromium-headless-shell missing"),
 ]

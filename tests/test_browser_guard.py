@@ -47,7 +47,7 @@ from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.reqprofile import ProxyPool
 from tests.helpers import MapResolver, until
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 
 CHROMIUM = "/usr/lib/chromium/chromium-headless-shell"
 SETTLE = 0.3  # seconds a refused request is given to (wrongly) reach the listener

@@ -38,6 +38,7 @@ from tests.jssite import MARKERS, PAGES, SPA_PAGES, serve_js_site
 EXE = "/usr/lib/chromium/chromium-headless-shell"
 REPO = str(Path(__file__).resolve().parent.parent)
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.skipif(not os.access(EXE, os.X_OK), reason="chromium-headless-shell missing"),
 ]

@@ -227,6 +227,7 @@ async def test_scrape_engine_http_prints_the_document_with_the_engine_used(
         assert "# Catalogue" in out.out and "[http]" in out.err
 
 
+@pytest.mark.browser
 async def test_scrape_engine_browser_writes_the_screenshot_to_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -46,7 +46,7 @@ from tests.helpers import (
 )
 from tests.jssite import MARKERS, PAGES, SPA_PAGES, serve_js_site
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 
 BROWSER = jobs_pb2.FETCH_ENGINE_BROWSER
 HTTP = jobs_pb2.FETCH_ENGINE_HTTP
