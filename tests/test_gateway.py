@@ -32,7 +32,7 @@ from firecrawl.v2.utils.error_handler import (
 )
 
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
-from pagesift.gateway.app import Clients
+from pagesift.gateway.clients import Clients
 from pagesift.gateway.server import run
 from pagesift.node.procs import free_port
 from tests.helpers import (

@@ -8,8 +8,10 @@ pair with the client's own rules). One module per concern:
 - ``translate``: pure mapping of requests to proto messages and of documents, status
   pages and errors lists back to Firecrawl's shapes;
 - ``errors``: the one table from a gRPC error to Firecrawl's HTTP status and body;
-- ``app``: the routes, auth (``Authorization: Bearer KEY`` as the client's key) and
-  error answers; ``server``: running it (``pagesift gateway``).
+- ``clients``: one ``JobClient`` per API key; ``health``: the ``/healthz`` probe;
+- ``handling``: what every route shares (auth, body parsing, JSON answers, errors);
+- ``v2``: the v2 routes; ``app``: the application with every route module on it;
+  ``server``: running it (``pagesift gateway``).
 
 Floor: it imports the client, the generated code, aiohttp and pydantic, never a role.
 """

@@ -22,7 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
-from pagesift.gateway.app import Clients, make_app
+from pagesift.gateway.app import make_app
+from pagesift.gateway.clients import Clients
 
 __all__ = ["run", "serve_forever"]
 

@@ -1,0 +1,168 @@
+"""What every gateway route shares: app keys, auth, body parsing, JSON answers, errors.
+
+What it owns
+------------
+The application keys (``CLIENTS``, ``PROBE``, ``PAGING``) and the request's chosen client
+(``client_of``); ``answer(handler)``, the one place a failure becomes Firecrawl's error
+body; ``body(request, model)`` (a JSON object validated by a strict model of
+``pagesift.gateway.models``); ``json_answer`` (built and serialized off the loop);
+``job_of`` (GetJob of the route's job, 404 for a job of another kind); ``int_query``
+and ``base_url``. Route modules (``v2``, and any other API version) import these and
+never each other.
+
+Invariants
+----------
+- ``Authorization: Bearer KEY`` is passed through as the client's API key (no header:
+  anonymous, which a node with an accounts file refuses with 401).
+- Request bodies are bounded (``MAX_BODY_BYTES``) and past ``OFF_LOOP_BYTES`` parsed in
+  a thread; every document answer is built and serialized in one.
+- Every failure is ``{success: false, error, code?, details?}`` (``errors.HttpError``);
+  an unexpected exception is a 500 that names no internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import pydantic
+from aiohttp import web
+
+from pagesift.client import JobClient
+from pagesift.gateway.clients import Clients
+from pagesift.gateway.errors import HttpError, bad_request, from_aio_error
+from pagesift.gateway.health import PrimaryProbe
+from pagesift.v1 import jobs_pb2
+
+__all__ = [
+    "CLIENTS", "MAX_BODY_BYTES", "MAX_LIMIT", "OFF_LOOP_BYTES", "PAGE_BYTES", "PAGE_DOCUMENTS",
+    "PAGING", "PROBE", "Handler", "answer", "api_key", "base_url", "body", "client_of",
+    "int_query", "job_of", "json_answer",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+PAGE_BYTES = 10 * 1024 * 1024  # Firecrawl's cap on one status page
+PAGE_DOCUMENTS = 100
+OFF_LOOP_BYTES = 64 * 1024  # a larger request body is parsed in a thread
+MAX_LIMIT = 1000  # the most documents a ?limit= may ask for (the node's max_page_size)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CLIENTS: web.AppKey[Clients] = web.AppKey("clients")
+PROBE: web.AppKey[PrimaryProbe] = web.AppKey("probe")
+PAGING: web.AppKey[tuple[int, int]] = web.AppKey("paging")  # (documents, bytes) per page
+_REQUEST_CLIENT: web.RequestKey[JobClient] = web.RequestKey("client")  # chosen by answer
+
+
+def api_key(request: web.Request) -> str:
+    """The caller's API key from ``Authorization: Bearer KEY`` ("" when absent)."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if header and scheme.lower() != "bearer":
+        raise HttpError(401, "Authorization must be 'Bearer KEY'", "UNAUTHORIZED")
+    return token.strip()
+
+
+def client_of(request: web.Request) -> JobClient:
+    """The request's client (``answer`` chose it by the request's key)."""
+    return request[_REQUEST_CLIENT]
+
+
+def _validation(err: pydantic.ValidationError) -> HttpError:
+    details = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            details.append({"path": path, "message": f"Unrecognized key in body: '{path}'"})
+        else:
+            details.append({"path": path, "message": e["msg"]})
+    return bad_request(f"Bad Request: {details[0]['message']} ({details[0]['path']})", details)
+
+
+def _parse(raw: bytes, model: type[pydantic.BaseModel]) -> Any:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request("Bad Request: the body is not JSON") from exc
+    if not isinstance(value, dict):
+        raise bad_request("Bad Request: the body must be a JSON object")
+    try:
+        return model.model_validate(value)
+    except pydantic.ValidationError as err:
+        raise _validation(err) from None
+
+
+async def body(request: web.Request, model: type[pydantic.BaseModel]) -> Any:
+    """The request's body as ``model`` (a large one parsed off the event loop)."""
+    raw = await request.read()
+    if len(raw) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(_parse, raw, model)
+    return _parse(raw, model)
+
+
+async def json_answer(make: Callable[[], Any]) -> web.Response:
+    """``make()``'s value as a JSON answer, built and serialized off the event loop (a
+    status page or a document may be megabytes)."""
+    text = await asyncio.to_thread(lambda: json.dumps(make(), ensure_ascii=False))
+    return web.Response(text=text, content_type="application/json")
+
+
+def answer(handler: Handler) -> Handler:
+    """Run ``handler`` with the client of the caller's key; any failure becomes
+    Firecrawl's error body."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            async with request.app[CLIENTS].use(api_key(request)) as client:
+                request[_REQUEST_CLIENT] = client
+                return await handler(request)
+        except HttpError as err:
+            return web.json_response(err.body(), status=err.status, headers=err.headers)
+        except grpc.aio.AioRpcError as err:
+            e = from_aio_error(err)
+            return web.json_response(e.body(), status=e.status, headers=e.headers)
+        except web.HTTPRequestEntityTooLarge:
+            e = HttpError(
+                413, f"the body is larger than {MAX_BODY_BYTES} bytes", "PAYLOAD_TOO_LARGE"
+            )
+            return web.json_response(e.body(), status=e.status)
+        except Exception:
+            log.exception("gateway: %s %s failed", request.method, request.path)
+            out = {"success": False, "error": "internal error", "code": "INTERNAL_SERVER_ERROR"}
+            return web.json_response(out, status=500)
+
+    return wrapped
+
+
+def base_url(request: web.Request) -> str:
+    """``scheme://host`` of the request, for the absolute URLs of answers."""
+    return f"{request.scheme}://{request.host}"
+
+
+def int_query(request: web.Request, name: str, default: int) -> int:
+    """The non-negative integer query parameter ``name`` (400 naming it otherwise)."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"Bad Request: {name} must be an integer") from None
+    if value < 0:
+        raise bad_request(f"Bad Request: {name} must not be negative")
+    return value
+
+
+async def job_of(request: web.Request, kind: int, **kw: Any) -> jobs_pb2.GetJobResponse:
+    """GetJob of the route's job (``{id}``); a job of the other kind is unknown here (404)."""
+    job_id = request.match_info["id"]
+    resp = await client_of(request).get_job(job_id, **kw)
+    if resp.kind != kind:
+        raise HttpError(404, f"Job not found: {job_id}", "NOT_FOUND")
+    return resp
