@@ -4,7 +4,7 @@ What it owns
 ------------
 Requests: a validated Firecrawl body (``pagesift.gateway.models``) -> the proto request
 (``scrape_options``, ``crawl_request``, ``batch_request``, ``map_arguments``).
-Answers: a proto ``Document`` -> Firecrawl's document dict (``document``), a
+Answers (documents in ``pagesift.client.firecrawl``'s shape, re-exported here): a
 ``GetJobResponse`` page -> Firecrawl's status body with ``next`` (``status_page``), a
 ``GetJobErrorsResponse`` -> Firecrawl's errors body (``errors_body``).
 
@@ -20,14 +20,13 @@ Invariants
 
 from __future__ import annotations
 
-import base64
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf import duration_pb2
 
+from pagesift.client.firecrawl import STATES, document, metadata
 from pagesift.gateway.errors import HttpError, bad_request
 from pagesift.gateway.models import (
     BatchScrapeRequest,
@@ -47,6 +46,7 @@ __all__ = [
     "document",
     "errors_body",
     "map_arguments",
+    "metadata",
     "scrape_options",
     "scrape_request",
     "status_page",
@@ -60,15 +60,6 @@ FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
     "links": jobs_pb2.FORMAT_LINKS,
     "images": jobs_pb2.FORMAT_IMAGES,
     "screenshot": jobs_pb2.FORMAT_SCREENSHOT,
-}
-
-#: JobState -> Firecrawl status (a paused job is not finished: still "scraping")
-STATES: dict[int, str] = {
-    jobs_pb2.JOB_STATE_SCRAPING: "scraping",
-    jobs_pb2.JOB_STATE_PAUSED: "scraping",
-    jobs_pb2.JOB_STATE_COMPLETED: "completed",
-    jobs_pb2.JOB_STATE_FAILED: "failed",
-    jobs_pb2.JOB_STATE_CANCELLED: "cancelled",
 }
 
 _SITEMAP = {
@@ -240,64 +231,9 @@ def map_arguments(r: MapRequest) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- answers
 
-_OG = re.compile(r"^og:([a-z0-9_:]+)$", re.I)
-
-
-def _camel(key: str) -> str:
-    parts = re.split(r"[:_]", key)
-    return parts[0] + "".join(p[:1].upper() + p[1:] for p in parts[1:])
-
 
 def _rfc3339(ts: Any) -> str:
     return str(ts.ToJsonString())
-
-
-def metadata(doc: jobs_pb2.Document) -> dict[str, Any]:
-    """Firecrawl's ``metadata``: the page's own meta tags (``og:title`` also as
-    ``ogTitle``), then the fields Firecrawl names, which win."""
-    out: dict[str, Any] = {}
-    for key, value in sorted(doc.metadata.items()):
-        out[key] = value
-        m = _OG.match(key)
-        if m:
-            name = _camel(m.group(1))
-            out["og" + name[:1].upper() + name[1:]] = value
-    named = {
-        "title": doc.title,
-        "description": doc.description,
-        "language": doc.language,
-        "sourceURL": doc.url,
-        "url": doc.final_url or doc.url,
-        "statusCode": doc.status_code,
-        "contentType": doc.content_type,
-        "cacheState": "hit" if doc.cache_hit else "miss",
-    }
-    out.update({k: v for k, v in named.items() if v != ""})
-    if doc.num_pages:
-        out["numPages"] = doc.num_pages
-    if doc.cache_hit and doc.HasField("fetched_at"):
-        out["cachedAt"] = _rfc3339(doc.fetched_at)
-    return out
-
-
-def document(doc: jobs_pb2.Document) -> dict[str, Any]:
-    """A ``Document`` as Firecrawl's document: the formats it carries, and ``metadata``."""
-    out: dict[str, Any] = {}
-    if doc.markdown:
-        out["markdown"] = doc.markdown
-    if doc.html:
-        out["html"] = doc.html
-    if doc.raw_html:
-        out["rawHtml"] = doc.raw_html
-    if doc.links:
-        out["links"] = list(doc.links)
-    if doc.images:
-        out["images"] = list(doc.images)
-    if doc.screenshot.data:
-        data = base64.b64encode(doc.screenshot.data).decode("ascii")
-        out["screenshot"] = f"data:{doc.screenshot.content_type or 'image/png'};base64,{data}"
-    out["metadata"] = metadata(doc)
-    return out
 
 
 def status_page(
