@@ -307,6 +307,48 @@ CHANGE_STATUS_SAME: ChangeStatus.ValueType  # 2
 CHANGE_STATUS_CHANGED: ChangeStatus.ValueType  # 3
 Global___ChangeStatus: _TypeAlias = ChangeStatus  # noqa: Y015
 
+class _WebhookFormat:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WebhookFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WebhookFormat.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WEBHOOK_FORMAT_UNSPECIFIED: _WebhookFormat.ValueType  # 0
+    """pagesift's shape (as WEBHOOK_FORMAT_PAGESIFT)."""
+    WEBHOOK_FORMAT_PAGESIFT: _WebhookFormat.ValueType  # 1
+    """{"id", "seq", "event_id", "event", "data", "metadata"?, "created_at"}, signed with
+    pagesift-signature (timestamped).
+    """
+    WEBHOOK_FORMAT_FIRECRAWL: _WebhookFormat.ValueType  # 2
+    """Firecrawl's: {"success", "type", "id", "webhookId", "data", "metadata", "error"?}
+    with type crawl.* or batch_scrape.* (started, page, completed, failed), signed
+    with X-Firecrawl-Signature: sha256=<hex HMAC-SHA256 of the raw body>. page events
+    carry the document in Firecrawl's shape; page_failed has no Firecrawl event (a
+    Firecrawl-shaped webhook listing it is INVALID_ARGUMENT); cancelled is sent as
+    <kind>.failed.
+    """
+
+class WebhookFormat(_WebhookFormat, metaclass=_WebhookFormatEnumTypeWrapper):
+    """WebhookFormat is the shape of a webhook's deliveries; either way they come from the
+    job's durable outbox, in order, retried.
+    """
+
+WEBHOOK_FORMAT_UNSPECIFIED: WebhookFormat.ValueType  # 0
+"""pagesift's shape (as WEBHOOK_FORMAT_PAGESIFT)."""
+WEBHOOK_FORMAT_PAGESIFT: WebhookFormat.ValueType  # 1
+"""{"id", "seq", "event_id", "event", "data", "metadata"?, "created_at"}, signed with
+pagesift-signature (timestamped).
+"""
+WEBHOOK_FORMAT_FIRECRAWL: WebhookFormat.ValueType  # 2
+"""Firecrawl's: {"success", "type", "id", "webhookId", "data", "metadata", "error"?}
+with type crawl.* or batch_scrape.* (started, page, completed, failed), signed
+with X-Firecrawl-Signature: sha256=<hex HMAC-SHA256 of the raw body>. page events
+carry the document in Firecrawl's shape; page_failed has no Firecrawl event (a
+Firecrawl-shaped webhook listing it is INVALID_ARGUMENT); cancelled is sent as
+<kind>.failed.
+"""
+Global___WebhookFormat: _TypeAlias = WebhookFormat  # noqa: Y015
+
 class _WebhookEvent:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1311,6 +1353,7 @@ class Webhook(_message.Message):
     METADATA_FIELD_NUMBER: _builtins.int
     INCLUDE_DOCUMENT_FIELD_NUMBER: _builtins.int
     EVENT_TYPES_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     include_document: _builtins.bool
     """page events carry the document ("document", the JSON mapping of Document with
@@ -1319,6 +1362,8 @@ class Webhook(_message.Message):
     "document_omitted": "too_large" with "document_bytes": fetch it with
     GetJob(skip = the event's index, limit = 1).
     """
+    format: Global___WebhookFormat.ValueType
+    """The shape of each delivery: pagesift's (the default) or Firecrawl's (docs/webhooks.md)."""
     @_builtins.property
     def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Events wanted: started, page, page_failed, completed, failed, cancelled; empty = all.
@@ -1357,10 +1402,11 @@ class Webhook(_message.Message):
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         include_document: _builtins.bool = ...,
         event_types: _abc.Iterable[Global___WebhookEvent.ValueType] | None = ...,
+        format: Global___WebhookFormat.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_types", b"event_types", "events", b"events", "headers", b"headers", "include_document", b"include_document", "metadata", b"metadata", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_types", b"event_types", "events", b"events", "format", b"format", "headers", b"headers", "include_document", b"include_document", "metadata", b"metadata", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
