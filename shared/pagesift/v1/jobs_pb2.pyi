@@ -2251,3 +2251,128 @@ class MapResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MapResponse: _TypeAlias = MapResponse  # noqa: Y015
+
+@_typing.final
+class GetAccountUsageRequest(_message.Message):
+    """GetAccountUsageRequest asks for the caller's own account figures (the account is
+    the one the call's API key names; anonymous mode: the single anonymous account).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAccountUsageRequest: _TypeAlias = GetAccountUsageRequest  # noqa: Y015
+
+@_typing.final
+class GetAccountUsageResponse(_message.Message):
+    """GetAccountUsageResponse is one account's usage and limits, read at one moment
+    without a write. Pages are counted in the store's hour buckets (docs/api.md,
+    "Quotas"): only for an account with a pages_per_day limit.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCOUNT_FIELD_NUMBER: _builtins.int
+    PAGES_USED_FIELD_NUMBER: _builtins.int
+    PAGES_PER_DAY_FIELD_NUMBER: _builtins.int
+    PAGES_REMAINING_FIELD_NUMBER: _builtins.int
+    PERIOD_START_FIELD_NUMBER: _builtins.int
+    PERIOD_END_FIELD_NUMBER: _builtins.int
+    RESETS_AT_FIELD_NUMBER: _builtins.int
+    RUNNING_JOBS_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENT_JOBS_FIELD_NUMBER: _builtins.int
+    PAGES_QUEUED_FIELD_NUMBER: _builtins.int
+    PAGES_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    LAST_PAGE_AT_FIELD_NUMBER: _builtins.int
+    account: _builtins.str
+    """The account's name ("anonymous" in anonymous mode)."""
+    pages_used: _builtins.int
+    """Pages charged in the rolling day (this hour and the 23 before it); 0 when the
+    account has no pages_per_day limit (nothing is counted then).
+    """
+    pages_per_day: _builtins.int
+    """The account's pages_per_day limit; absent: unlimited."""
+    pages_remaining: _builtins.int
+    """pages_per_day minus pages_used (never negative); absent: unlimited."""
+    running_jobs: _builtins.int
+    """The account's jobs that are not finished (running, waiting or paused): what
+    max_concurrent_jobs counts.
+    """
+    max_concurrent_jobs: _builtins.int
+    """The account's max_concurrent_jobs limit; absent: unlimited."""
+    pages_queued: _builtins.int
+    """Pages of those jobs waiting for a worker: in a crawl's frontier or a batch's
+    list, not finished and not being fetched (sleeping retries included). On a
+    standby, every page not finished.
+    """
+    pages_in_flight: _builtins.int
+    """Pages being fetched now, by those jobs and by Scrape calls; 0 on a standby (only
+    the primary fetches).
+    """
+    max_concurrency: _builtins.int
+    """The most pages at once one job may ask for (the server's max_concurrency)."""
+    @_builtins.property
+    def period_start(self) -> _timestamp_pb2.Timestamp:
+        """The start of the oldest hour the rolling day counts."""
+
+    @_builtins.property
+    def period_end(self) -> _timestamp_pb2.Timestamp:
+        """The end of the current hour: the rolling day moves on by one hour then."""
+
+    @_builtins.property
+    def resets_at(self) -> _timestamp_pb2.Timestamp:
+        """When pages_remaining next grows: the oldest counted hour leaves the day (when the
+        allowance is spent: the first moment the account can use a page again). Unset
+        when no page is counted.
+        """
+
+    @_builtins.property
+    def last_page_at(self) -> _timestamp_pb2.Timestamp:
+        """The time of the account's most recent successful page on this primary since it
+        started; unset when unknown (none yet, or a standby answered).
+        """
+
+    def __init__(
+        self,
+        *,
+        account: _builtins.str = ...,
+        pages_used: _builtins.int = ...,
+        pages_per_day: _builtins.int | None = ...,
+        pages_remaining: _builtins.int | None = ...,
+        period_start: _timestamp_pb2.Timestamp | None = ...,
+        period_end: _timestamp_pb2.Timestamp | None = ...,
+        resets_at: _timestamp_pb2.Timestamp | None = ...,
+        running_jobs: _builtins.int = ...,
+        max_concurrent_jobs: _builtins.int | None = ...,
+        pages_queued: _builtins.int = ...,
+        pages_in_flight: _builtins.int = ...,
+        max_concurrency: _builtins.int = ...,
+        last_page_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_jobs", b"_max_concurrent_jobs", "_pages_per_day", b"_pages_per_day", "_pages_remaining", b"_pages_remaining", "last_page_at", b"last_page_at", "max_concurrent_jobs", b"max_concurrent_jobs", "pages_per_day", b"pages_per_day", "pages_remaining", b"pages_remaining", "period_end", b"period_end", "period_start", b"period_start", "resets_at", b"resets_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_jobs", b"_max_concurrent_jobs", "_pages_per_day", b"_pages_per_day", "_pages_remaining", b"_pages_remaining", "account", b"account", "last_page_at", b"last_page_at", "max_concurrency", b"max_concurrency", "max_concurrent_jobs", b"max_concurrent_jobs", "pages_in_flight", b"pages_in_flight", "pages_per_day", b"pages_per_day", "pages_queued", b"pages_queued", "pages_remaining", b"pages_remaining", "pages_used", b"pages_used", "period_end", b"period_end", "period_start", b"period_start", "resets_at", b"resets_at", "running_jobs", b"running_jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_concurrent_jobs: _TypeAlias = _typing.Literal["max_concurrent_jobs"]  # noqa: Y015
+    _WhichOneofArgType__max_concurrent_jobs: _TypeAlias = _typing.Literal["_max_concurrent_jobs", b"_max_concurrent_jobs"]  # noqa: Y015
+    _WhichOneofReturnType__pages_per_day: _TypeAlias = _typing.Literal["pages_per_day"]  # noqa: Y015
+    _WhichOneofArgType__pages_per_day: _TypeAlias = _typing.Literal["_pages_per_day", b"_pages_per_day"]  # noqa: Y015
+    _WhichOneofReturnType__pages_remaining: _TypeAlias = _typing.Literal["pages_remaining"]  # noqa: Y015
+    _WhichOneofArgType__pages_remaining: _TypeAlias = _typing.Literal["_pages_remaining", b"_pages_remaining"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_concurrent_jobs) -> _WhichOneofReturnType__max_concurrent_jobs | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pages_per_day) -> _WhichOneofReturnType__pages_per_day | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pages_remaining) -> _WhichOneofReturnType__pages_remaining | None: ...
+
+Global___GetAccountUsageResponse: _TypeAlias = GetAccountUsageResponse  # noqa: Y015

@@ -87,6 +87,11 @@ class JobServiceStub:
                 request_serializer=pagesift_dot_v1_dot_jobs__pb2.MapRequest.SerializeToString,
                 response_deserializer=pagesift_dot_v1_dot_jobs__pb2.MapResponse.FromString,
                 _registered_method=True)
+        self.GetAccountUsage = channel.unary_unary(
+                '/pagesift.v1.JobService/GetAccountUsage',
+                request_serializer=pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageRequest.SerializeToString,
+                response_deserializer=pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -174,6 +179,16 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAccountUsage(self, request, context):
+        """GetAccountUsage returns the caller's account figures: pages used in the rolling
+        day and its pages_per_day allowance, running jobs and max_concurrent_jobs, the
+        pages queued and in flight in those jobs. A read: a standby answers it from its
+        replica (without the primary's in-flight pages and last page time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -226,6 +241,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.Map,
                     request_deserializer=pagesift_dot_v1_dot_jobs__pb2.MapRequest.FromString,
                     response_serializer=pagesift_dot_v1_dot_jobs__pb2.MapResponse.SerializeToString,
+            ),
+            'GetAccountUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAccountUsage,
+                    request_deserializer=pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageRequest.FromString,
+                    response_serializer=pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -501,6 +521,33 @@ class JobService:
             '/pagesift.v1.JobService/Map',
             pagesift_dot_v1_dot_jobs__pb2.MapRequest.SerializeToString,
             pagesift_dot_v1_dot_jobs__pb2.MapResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAccountUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagesift.v1.JobService/GetAccountUsage',
+            pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageRequest.SerializeToString,
+            pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,6 +73,12 @@ class JobServiceStub:
     of one call, ranked, then sent: the stream keeps each message small however
     many URLs there are, and needs no cursor kept on the server.
     """
+    GetAccountUsage: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetAccountUsageRequest, _jobs_pb2.GetAccountUsageResponse]
+    """GetAccountUsage returns the caller's account figures: pages used in the rolling
+    day and its pages_per_day allowance, running jobs and max_concurrent_jobs, the
+    pages queued and in flight in those jobs. A read: a standby answers it from its
+    replica (without the primary's in-flight pages and last page time).
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -116,6 +122,12 @@ class JobServiceAsyncStub(JobServiceStub):
     storing anything; primary only. The URLs come in batches (MapResponse), all
     of one call, ranked, then sent: the stream keeps each message small however
     many URLs there are, and needs no cursor kept on the server.
+    """
+    GetAccountUsage: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetAccountUsageRequest, _jobs_pb2.GetAccountUsageResponse]  # type: ignore[assignment]
+    """GetAccountUsage returns the caller's account figures: pages used in the rolling
+    day and its pages_per_day allowance, running jobs and max_concurrent_jobs, the
+    pages queued and in flight in those jobs. A read: a standby answers it from its
+    replica (without the primary's in-flight pages and last page time).
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -217,6 +229,18 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         storing anything; primary only. The URLs come in batches (MapResponse), all
         of one call, ranked, then sent: the stream keeps each message small however
         many URLs there are, and needs no cursor kept on the server.
+        """
+
+    @_abc_1.abstractmethod
+    def GetAccountUsage(
+        self,
+        request: _jobs_pb2.GetAccountUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.GetAccountUsageResponse, _abc.Awaitable[_jobs_pb2.GetAccountUsageResponse]]:
+        """GetAccountUsage returns the caller's account figures: pages used in the rolling
+        day and its pages_per_day allowance, running jobs and max_concurrent_jobs, the
+        pages queued and in flight in those jobs. A read: a standby answers it from its
+        replica (without the primary's in-flight pages and last page time).
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
