@@ -12,12 +12,23 @@ import grpc.aio
 import pydantic
 import pytest
 from google.protobuf import timestamp_pb2
+from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from pagesift.client.errors import BLOCKED_ADDRESS
 from pagesift.gateway import translate
-from pagesift.gateway.errors import BY_STATUS, TABLE, HttpError, from_aio_error, from_rpc
+from pagesift.gateway.errors import (
+    BY_STATUS,
+    TABLE,
+    VIOLATION_REASONS,
+    HttpError,
+    from_aio_error,
+    from_rpc,
+)
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
 from pagesift.shared.api import rpcerrors
+from pagesift.shared.api.errortable import CallFacts, refusal_of
+from pagesift.shared.jobs import validate
 from pagesift.v1 import jobs_pb2
 
 C = grpc.StatusCode
@@ -429,9 +440,44 @@ def test_a_malformed_job_id_is_an_unknown_job() -> None:
     assert other.status == 400 and other.details == [{"field": "limit", "message": "<0"}]
 
 
-def test_a_url_the_address_guard_refuses_is_403() -> None:
+def test_a_url_the_address_guard_refuses_is_403_by_its_violation_reason_not_its_words() -> None:
     why = "http://10.0.0.1/ is refused: 10.0.0.1 is a private address"
-    err = from_rpc(C.INVALID_ARGUMENT, "INVALID_FIELD", {}, why, violations=[("urls[2]", why)])
+    bad = [("urls[0]", "not a URL"), ("urls[2]", why)]
+    err = from_rpc(
+        C.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+        {},
+        why,
+        violations=bad,
+        violation_reasons=["", BLOCKED_ADDRESS],
+    )
+    assert (err.status, err.code) == (403, "URL_BLOCKED")
+    words_only = from_rpc(C.INVALID_ARGUMENT, "INVALID_FIELD", {}, why, violations=bad)
+    assert (words_only.status, words_only.code) == (400, "BAD_REQUEST")
+
+
+def test_the_blocked_address_reason_is_one_wire_constant_on_both_sides() -> None:
+    assert BLOCKED_ADDRESS == validate.BLOCKED_ADDRESS == "BLOCKED_ADDRESS"
+    assert set(VIOLATION_REASONS) == {BLOCKED_ADDRESS}
+
+
+def test_the_node_sends_the_guards_refusal_as_a_violation_reason_the_gateway_reads() -> None:
+    guard = validate.InvalidArgument(
+        "url", "http://10.0.0.1/ is refused: private", cause=BLOCKED_ADDRESS
+    )
+    other = validate.InvalidArgument("limit", "must be positive")
+    both = validate.InvalidArgument.combined([other, guard])
+    _, reason, refusal = refusal_of(both, CallFacts())
+    (bad,) = [d for d in refusal.details if isinstance(d, error_details_pb2.BadRequest)]
+    assert [(v.field, v.reason) for v in bad.field_violations] == [
+        ("limit", ""),
+        ("url", BLOCKED_ADDRESS),
+    ]
+    rich = rpcerrors.rich_status(
+        C.INVALID_ARGUMENT, str(both), reason, refusal.metadata, refusal.details
+    )
+    trailing = grpc.aio.Metadata(*rpc_status.to_status(rich).trailing_metadata)
+    err = from_aio_error(rpc_error(C.INVALID_ARGUMENT, trailing, str(both)))
     assert (err.status, err.code) == (403, "URL_BLOCKED")
 
 

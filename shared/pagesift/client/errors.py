@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
 __all__ = [
+    "BLOCKED_ADDRESS",
     "DETAILS_KEY",
     "DOMAIN",
     "SEND_ELSEWHERE",
@@ -46,6 +47,10 @@ DETAILS_KEY = "grpc-status-details-bin"  # grpc_status's GRPC_DETAILS_METADATA_K
 #: Reasons that mean "nothing was done here; the primary (metadata ``primary``) takes it":
 #: a standby, or a deposed primary, refusing a write.
 SEND_ELSEWHERE = frozenset({"NOT_PRIMARY", "FENCED"})
+
+#: ``BadRequest.FieldViolation.reason`` of a URL the server's address guard refuses
+#: (``pagesift.shared.jobs.validate.BLOCKED_ADDRESS``; also on Scrape's ``blocked_address``)
+BLOCKED_ADDRESS = "BLOCKED_ADDRESS"
 
 
 class ClientError(Exception):

@@ -4,7 +4,8 @@ What it owns
 ------------
 ``TABLE`` (reason -> HTTP status and Firecrawl ``code``), its refinements by the error's
 metadata (``QUOTA_EXCEEDED`` by ``limit``, ``PAGE_FETCH_FAILED`` by page error ``code``,
-``INVALID_FIELD`` on ``id`` as an unknown job, on a guarded URL as blocked),
+``INVALID_FIELD`` on ``id`` as an unknown job, a violation of reason ``BLOCKED_ADDRESS``
+(the address guard refused a URL) as blocked),
 the fallback by gRPC status (``BY_STATUS``), and ``HttpError``: the status, the body
 ``{success: false, error, code?, details?}`` and the headers (``Retry-After`` on 429/503).
 
@@ -28,9 +29,17 @@ from typing import Any
 import grpc
 from google.rpc import error_details_pb2
 
-from pagesift.client.errors import details_of, error_info_of, status_of
+from pagesift.client.errors import BLOCKED_ADDRESS, details_of, error_info_of, status_of
 
-__all__ = ["BY_STATUS", "TABLE", "HttpError", "bad_request", "from_aio_error", "from_rpc"]
+__all__ = [
+    "BY_STATUS",
+    "TABLE",
+    "VIOLATION_REASONS",
+    "HttpError",
+    "bad_request",
+    "from_aio_error",
+    "from_rpc",
+]
 
 C = grpc.StatusCode
 
@@ -88,10 +97,9 @@ PAGE_CODES: dict[str, tuple[int, str]] = {
     "tls": (500, "SCRAPE_SSL_ERROR"),
 }
 
-#: how the node's request validation words a URL its address guard refuses
-#: (``pagesift.shared.jobs.validate``: "URL is refused: REASON"; the server sends no
-#: structured flag for it; tests/test_gateway.py catches a change of wording)
-BLOCKED_MARK = " is refused: "
+#: BadRequest violation reasons -> (HTTP status, Firecrawl code): the node's address
+#: guard refusing a URL of the request (``FieldViolation.reason``, a wire constant)
+VIOLATION_REASONS: dict[str, tuple[int, str]] = {BLOCKED_ADDRESS: (403, "URL_BLOCKED")}
 
 #: fallback by gRPC status (a reason the table does not know, or none)
 BY_STATUS: dict[grpc.StatusCode, tuple[int, str]] = {
@@ -117,9 +125,11 @@ def from_rpc(
     message: str,
     *,
     violations: Sequence[tuple[str, str]] = (),
+    violation_reasons: Sequence[str] = (),
     retry_after: float | None = None,
 ) -> HttpError:
-    """The HTTP error for one gRPC error (see the module docstring)."""
+    """The HTTP error for one gRPC error (see the module docstring); ``violation_reasons``
+    are the BadRequest violations' stable reasons ("" for none), in their order."""
     http, code = TABLE.get(reason or "", BY_STATUS.get(status, (500, "INTERNAL_SERVER_ERROR")))
     details: Any = None
     if reason == "QUOTA_EXCEEDED" and metadata.get("limit") in QUOTA_LIMITS:
@@ -131,8 +141,8 @@ def from_rpc(
         details = [{"field": f, "message": d} for f, d in violations]
         if reason == "INVALID_FIELD" and {f for f, _ in violations} == {"id"}:
             http, code = 404, "NOT_FOUND"  # a job id that cannot exist: unknown, as Firecrawl
-        if reason == "INVALID_FIELD" and any(BLOCKED_MARK in d for _, d in violations):
-            http, code = 403, "URL_BLOCKED"  # the address guard refused a URL of the request
+        for why in violation_reasons:
+            http, code = VIOLATION_REASONS.get(why, (http, code))
     headers = _retry_after(retry_after) if http in (429, 503) else {}
     return HttpError(http, message or status.name, code, details, headers)
 
@@ -141,10 +151,8 @@ def from_aio_error(err: grpc.aio.AioRpcError) -> HttpError:
     """``from_rpc`` of an error raised by ``JobClient``, its details read off the call."""
     info = error_info_of(err)
     status = status_of(err)
-    violations = [
-        (v.field, v.description)
-        for bad in details_of(status, error_details_pb2.BadRequest)
-        for v in bad.field_violations
+    found = [
+        v for b in details_of(status, error_details_pb2.BadRequest) for v in b.field_violations
     ]
     delays = details_of(status, error_details_pb2.RetryInfo)
     retry = delays[0].retry_delay.ToTimedelta().total_seconds() if delays else None
@@ -153,7 +161,8 @@ def from_aio_error(err: grpc.aio.AioRpcError) -> HttpError:
         str(info.reason) if info is not None else None,
         dict(info.metadata) if info is not None else {},
         err.details() or "",
-        violations=violations,
+        violations=[(v.field, v.description) for v in found],
+        violation_reasons=[v.reason for v in found],
         retry_after=retry,
     )
 

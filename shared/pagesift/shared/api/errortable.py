@@ -42,7 +42,7 @@ from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.records import IdempotencyKeyReused
 from pagesift.shared.jobs.rendering import RenderingUnavailable
 from pagesift.shared.jobs.specs import WebhookSecretMissing
-from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.shared.jobs.validate import BLOCKED_ADDRESS, InvalidArgument, PermissionDenied
 from pagesift.shared.replication.backlog import BacklogLost
 from pagesift.shared.replication.identity import Fenced, NotWritable
 from pagesift.shared.store.errors import StorageUnavailable
@@ -247,7 +247,7 @@ def primary_address(hint: str) -> str:
 
 def _invalid(e: InvalidArgument, _: CallFacts) -> Refusal:
     md = {"field": e.violations[0][0]}
-    return Refusal(str(e), md, [rpcerrors.bad_request(e.violations)])
+    return Refusal(str(e), md, [rpcerrors.bad_request(e.violations, e.causes)])
 
 
 def _key_reused(e: IdempotencyKeyReused, _: CallFacts) -> Refusal:
@@ -340,7 +340,8 @@ def _page_failed(e: PageFailed, _: CallFacts) -> Refusal:
     if err.retry_after is not None and status == C.UNAVAILABLE:
         details.append(rpcerrors.retry_info(err.retry_after))
     if status == C.INVALID_ARGUMENT or code in _URL_PAGE_ERRORS:
-        details.append(rpcerrors.bad_request([("url", err.message)]))
+        blocked = BLOCKED_ADDRESS if code == ErrorCode.BLOCKED_ADDRESS else ""
+        details.append(rpcerrors.bad_request([("url", err.message)], [blocked]))
     return Refusal(
         f"page error {err.code}: {err.message}",
         {"code": code, "http_status": err.status, "url": e.url[:1024]},
@@ -394,7 +395,9 @@ def _row(
 
 R = Reason
 TABLE: tuple[Row, ...] = (
-    _row(R.INVALID_FIELD, C.INVALID_ARGUMENT, "`field` (+ `BadRequest`)",
+    _row(R.INVALID_FIELD, C.INVALID_ARGUMENT,
+         "`field` (+ `BadRequest`; a URL the address guard refuses: violation reason "
+         "`BLOCKED_ADDRESS`)",
          "a request field cannot be accepted; each bad field (each bad URL of a batch) "
          "is a violation, the first one leads the message",
          (InvalidArgument,), _invalid),

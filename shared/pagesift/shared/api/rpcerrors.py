@@ -19,7 +19,8 @@ Guarantees
   renamed).
 - Every INVALID_ARGUMENT also carries a ``BadRequest`` with one field violation per
   bad field, each naming the field path (``urls[3]``, ``include_paths[1]``,
-  ``options.headers['Host']``).
+  ``options.headers['Host']``); a URL the address guard refuses has the violation
+  reason ``BLOCKED_ADDRESS`` (``pagesift.shared.jobs.validate.BLOCKED_ADDRESS``).
 - Every limit (reason ``QUOTA_EXCEEDED``, RESOURCE_EXHAUSTED) carries a
   ``QuotaFailure`` (subject ``account:NAME`` or ``node``, the limit as ``quota_id``)
   and, when the limit has a known reset time, a ``RetryInfo``; the
@@ -163,12 +164,15 @@ def error_info(reason: str, metadata: Mapping[str, object] | None = None) -> Any
     return error_details_pb2.ErrorInfo(reason=str(reason), domain=DOMAIN, metadata=md)
 
 
-def bad_request(violations: Iterable[tuple[str, str]]) -> Any:
-    """A ``BadRequest`` with one field violation per ``(field, description)``."""
+def bad_request(violations: Iterable[tuple[str, str]], reasons: Sequence[str] = ()) -> Any:
+    """A ``BadRequest`` with one field violation per ``(field, description)``; ``reasons``
+    (aligned with them, "" for none) set each violation's stable ``reason``."""
+    pairs = list(violations)
+    causes = list(reasons) + [""] * (len(pairs) - len(reasons))
     return error_details_pb2.BadRequest(
         field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
-            for f, d in violations
+            error_details_pb2.BadRequest.FieldViolation(field=f, description=d, reason=r)
+            for (f, d), r in zip(pairs, causes, strict=False)
         ]
     )
 

@@ -32,13 +32,22 @@ class InvalidArgument(ValueError):
     ``str()`` is ``"field: reason"``, the status message.
 
     ``violations`` are the ``(field path, description)`` pairs for the status's
-    ``BadRequest`` details: this one field, or each bad element (``urls[3]``...)."""
+    ``BadRequest`` details: this one field, or each bad element (``urls[3]``...).
+    ``causes`` holds each violation's stable reason (``FieldViolation.reason``:
+    ``BLOCKED_ADDRESS`` for a URL the address guard refuses), "" where the words are all."""
 
-    def __init__(self, field: str, reason: str, violations: Sequence[tuple[str, str]] = ()) -> None:
+    def __init__(
+        self,
+        field: str,
+        reason: str,
+        violations: Sequence[tuple[str, str]] = (),
+        cause: str = "",
+    ) -> None:
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
         self.violations: list[tuple[str, str]] = list(violations) or [(field, reason)]
+        self.causes: list[str] = [cause] * len(self.violations)
 
     @classmethod
     def combined(cls, errors: Sequence[InvalidArgument]) -> InvalidArgument:
@@ -49,11 +58,13 @@ class InvalidArgument(ValueError):
             return errors[0]
         first, rest = errors[0], errors[1:]
         others = ", ".join(e.field for e in rest)
-        return cls(
+        out = cls(
             first.field,
             f"{first.reason} (and {len(rest)} more: {others})",
             [v for e in errors for v in e.violations],
         )
+        out.causes = [c for e in errors for c in e.causes]
+        return out
 
 
 class PermissionDenied(PermissionError):
@@ -75,12 +86,17 @@ def job_id(value: str, field: str = "id") -> str:
     return value
 
 
+#: ``FieldViolation.reason`` of a URL the address guard refuses (a wire constant:
+#: ``pagesift.client.errors.BLOCKED_ADDRESS`` is the same, tests/test_gateway_translate.py)
+BLOCKED_ADDRESS = "BLOCKED_ADDRESS"
+
+
 async def _guard(url: str, field: str, config: ServerConfig) -> None:
     if config.allow_private_networks:
         return
     reason = await urls.blocked_reason(url)
     if reason is not None:
-        raise InvalidArgument(field, f"{url[:200]} is refused: {reason}")
+        raise InvalidArgument(field, f"{url[:200]} is refused: {reason}", cause=BLOCKED_ADDRESS)
 
 
 async def url(value: str, field: str, config: ServerConfig) -> str:
