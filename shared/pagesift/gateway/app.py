@@ -4,7 +4,9 @@ What it owns
 ------------
 ``make_app(clients)``: the application (body size bound, the app keys of
 ``pagesift.gateway.handling``, the clients and the health probe closed with it), the
-routes of each API module (``v2.add_v2_routes``) and ``GET /healthz``.
+routes of each API module (``v2.add_v2_routes``), ``GET /healthz``, ``GET /metrics``
+(``pagesift.gateway.metrics``, whose middleware times every request) and ``GET
+/v2/openapi.json`` (``pagesift.gateway.openapi``).
 
 Invariants
 ----------
@@ -25,8 +27,11 @@ from pagesift.gateway.handling import (
     PAGE_DOCUMENTS,
     PAGING,
     PROBE,
+    TRUST_FORWARDED,
 )
 from pagesift.gateway.health import PrimaryProbe
+from pagesift.gateway.metrics import METRICS, GatewayMetrics, metrics, middleware
+from pagesift.gateway.openapi import add_openapi_route
 from pagesift.gateway.v2 import add_v2_routes
 
 __all__ = ["make_app"]
@@ -40,14 +45,21 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 
 
 def make_app(
-    clients: Clients, *, page_documents: int = PAGE_DOCUMENTS, page_bytes: int = PAGE_BYTES
+    clients: Clients,
+    *,
+    page_documents: int = PAGE_DOCUMENTS,
+    page_bytes: int = PAGE_BYTES,
+    trust_forwarded: bool = False,
 ) -> web.Application:
     """The gateway application over ``clients`` (closed with the app); a status page
-    holds at most ``page_documents`` documents and ``page_bytes`` of JSON."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    holds at most ``page_documents`` documents and ``page_bytes`` of JSON;
+    ``trust_forwarded``: a proxy's ``Forwarded`` headers make the absolute URLs."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[middleware])
     app[CLIENTS] = clients
     app[PAGING] = (page_documents, page_bytes)
-    app[PROBE] = probe = PrimaryProbe(clients.addresses)
+    app[TRUST_FORWARDED] = trust_forwarded
+    app[METRICS] = GatewayMetrics()
+    app[PROBE] = probe = PrimaryProbe(clients.addresses, clients.client_kw.get("credentials"))
 
     async def close(_app: web.Application) -> None:
         await clients.close()
@@ -56,4 +68,6 @@ def make_app(
     app.on_cleanup.append(close)
     add_v2_routes(app)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    add_openapi_route(app)  # last: it documents every route above
     return app

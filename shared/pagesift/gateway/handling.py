@@ -2,10 +2,10 @@
 
 What it owns
 ------------
-The application keys (``CLIENTS``, ``PROBE``, ``PAGING``) and the request's chosen client
-(``client_of``); ``answer(handler)``, the one place a failure becomes Firecrawl's error
-body; ``body(request, model)`` (a JSON object validated by a strict model of
-``pagesift.gateway.models``); ``json_answer`` (built and serialized off the loop);
+The application keys (``CLIENTS``, ``PROBE``, ``PAGING``, ``TRUST_FORWARDED``) and the
+request's chosen client (``client_of``); ``answer(handler)``, the one place a failure
+becomes Firecrawl's error body; ``body(request, model)`` (a JSON object validated by a
+strict model of ``pagesift.gateway.models``); ``json_answer`` (built and serialized off the loop);
 ``job_of`` (GetJob of the route's job, 404 for a job of another kind); ``int_query``
 and ``base_url``. Route modules (``v2``, and any other API version) import these and
 never each other.
@@ -36,13 +36,15 @@ from aiohttp import web
 from pagesift.client import JobClient
 from pagesift.gateway.clients import Clients
 from pagesift.gateway.errors import HttpError, bad_request, from_aio_error
+from pagesift.gateway.forwarded import origin
 from pagesift.gateway.health import PrimaryProbe
+from pagesift.gateway.metrics import note_grpc_error
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
     "CLIENTS", "MAX_BODY_BYTES", "MAX_LIMIT", "OFF_LOOP_BYTES", "PAGE_BYTES", "PAGE_DOCUMENTS",
-    "PAGING", "PROBE", "Handler", "answer", "api_key", "base_url", "body", "client_of",
-    "int_query", "job_of", "json_answer",
+    "PAGING", "PROBE", "TRUST_FORWARDED", "Handler", "answer", "api_key", "base_url", "body",
+    "client_of", "int_query", "job_of", "json_answer",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CLIENTS: web.AppKey[Clients] = web.AppKey("clients")
 PROBE: web.AppKey[PrimaryProbe] = web.AppKey("probe")
 PAGING: web.AppKey[tuple[int, int]] = web.AppKey("paging")  # (documents, bytes) per page
+TRUST_FORWARDED: web.AppKey[bool] = web.AppKey("trust_forwarded", bool)  # --trust-forwarded
 _REQUEST_CLIENT: web.RequestKey[JobClient] = web.RequestKey("client")  # chosen by answer
 
 
@@ -125,6 +128,7 @@ def answer(handler: Handler) -> Handler:
         except HttpError as err:
             return web.json_response(err.body(), status=err.status, headers=err.headers)
         except grpc.aio.AioRpcError as err:
+            note_grpc_error(request, err.code())
             e = from_aio_error(err)
             return web.json_response(e.body(), status=e.status, headers=e.headers)
         except web.HTTPRequestEntityTooLarge:
@@ -141,8 +145,10 @@ def answer(handler: Handler) -> Handler:
 
 
 def base_url(request: web.Request) -> str:
-    """``scheme://host`` of the request, for the absolute URLs of answers."""
-    return f"{request.scheme}://{request.host}"
+    """``scheme://host`` of the request, for the absolute URLs of answers (a trusted
+    proxy's ``Forwarded`` headers decide it: ``pagesift.gateway.forwarded``)."""
+    trust = request.app.get(TRUST_FORWARDED, False)
+    return origin(request.headers, request.scheme, request.host, trust)
 
 
 def int_query(request: web.Request, name: str, default: int) -> int:

@@ -2,10 +2,11 @@
 
 What it owns
 ------------
-``PrimaryProbe``: one plaintext channel per ``--server`` address (made on first use,
-closed with the app) and ``check()``, which asks every address's ``grpc.health.v1``
-for the service ``pagesift.primary`` concurrently (each bounded by ``PROBE_SECONDS``)
-and returns the first address that says SERVING, or None.
+``PrimaryProbe``: one channel per ``--server`` address (made on first use, closed with
+the app; TLS with the same credentials as the gateway's ``JobClient``s) and
+``check()``, which asks every address's ``grpc.health.v1`` for the service
+``pagesift.primary`` concurrently (each bounded by ``PROBE_SECONDS``) and returns the
+first address that says SERVING, or None.
 
 Why the health service and not AdminService.Role: a node with an accounts file keeps
 Role for its admin key, while health is open (it is what load balancers ask), so the
@@ -30,14 +31,17 @@ PRIMARY_SERVICE = "pagesift.primary"
 
 
 class PrimaryProbe:
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(
+        self, addresses: Sequence[str], credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
         self.addresses = list(addresses)
+        self.credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def _serving(self, address: str) -> bool:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = open_channel(address, None)
+            channel = self._channels[address] = open_channel(address, self.credentials)
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             resp = await stub.Check(

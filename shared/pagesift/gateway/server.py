@@ -2,32 +2,103 @@
 
 What it owns
 ------------
-``run(listen, addresses, stop, started)``: the site's life in an event loop (tests run
-it in-process; ``pagesift gateway`` runs it under ``serve_forever`` until SIGINT or
-SIGTERM). ``started`` resolves to the bound ``host:port`` (port 0 picks a free one).
+``Options`` (TLS of the gateway's port, the credentials that reach the pair, whether a
+proxy's ``Forwarded`` headers are trusted), ``start`` (the site up, with its bound
+``host:port``: ``pagesift serve --http-listen`` runs it in the node's loop and cleans it
+up with the node), ``run(listen, addresses, stop, started)`` (``start`` until ``stop``
+is set; tests run it in-process) and ``serve_forever`` (``pagesift gateway``: ``run``
+until SIGINT or SIGTERM). Port 0 picks a free port.
 
 Invariants
 ----------
 - Stateless: the gateway keeps no job state, so stopping it loses nothing; its
-  ``JobClient``s (one per API key) are closed with the app.
-- ``/healthz`` answers 200 only while a primary of the pair answers its Role.
+  ``JobClient``s (one per API key) and the health probe are closed with the app.
+- TLS files are read once, before the port is bound: a missing or bad file is an
+  error at start (``OSError``/``ssl.SSLError``/``ValueError``), never a plaintext port.
+- The ``JobClient``s and the ``/healthz`` probe use the same channel credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from aiohttp import web
 
+from pagesift.client.auth import tls_credentials
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients
 
-__all__ = ["run", "serve_forever"]
+__all__ = ["SHUTDOWN_SECONDS", "Options", "run", "serve_forever", "start"]
 
 SHUTDOWN_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """``tls_cert``/``tls_key``: TLS on the gateway's port (PEM files, as ``serve``);
+    ``tls_ca``, ``client_cert``/``client_key``: TLS (and mTLS) to reach the pair, as
+    the client commands' ``--tls-ca``/``--tls-cert``/``--tls-key``, or ``credentials``
+    made already (they win); ``trust_forwarded``: read a proxy's ``Forwarded`` /
+    ``X-Forwarded-*`` for the answers' absolute URLs (``pagesift.gateway.forwarded``)."""
+
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    client_cert: str = ""
+    client_key: str = ""
+    credentials: grpc.ChannelCredentials | None = None
+    trust_forwarded: bool = False
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server TLS context of the gateway's port (None: plaintext)."""
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("the gateway's TLS needs both a certificate and its key")
+        if not self.tls_cert:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        return ctx
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """The credentials of the channels to the pair (None: plaintext)."""
+        if self.credentials is not None:
+            return self.credentials
+        return tls_credentials(self.tls_ca, self.client_cert, self.client_key)
+
+
+def _bound(runner: web.AppRunner, host: str) -> str:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return f"{host}:{address[1]}"
+    raise RuntimeError("the gateway is not listening")
+
+
+async def start(
+    listen: str, addresses: Sequence[str], options: Options | None = None, **app_kw: Any
+) -> tuple[web.AppRunner, str]:
+    """The gateway serving on ``listen``: its runner (stop it with ``cleanup()``) and
+    the bound ``host:port``. ``app_kw``: ``make_app``'s paging bounds."""
+    opts = options or Options()
+    ctx = opts.ssl_context()
+    clients = Clients(addresses, credentials=opts.channel_credentials())
+    app = make_app(clients, trust_forwarded=opts.trust_forwarded, **app_kw)
+    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_SECONDS, access_log=None)
+    await runner.setup()
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    try:
+        await web.TCPSite(runner, host, int(port), ssl_context=ctx).start()
+        return runner, _bound(runner, host)
+    except BaseException:
+        await runner.cleanup()
+        raise
 
 
 async def run(
@@ -35,26 +106,21 @@ async def run(
     addresses: Sequence[str],
     stop: asyncio.Event,
     started: asyncio.Future[str] | None = None,
+    options: Options | None = None,
     **app_kw: Any,
 ) -> None:
-    """Serve the gateway on ``listen`` until ``stop`` is set (``app_kw``: ``make_app``'s
-    paging bounds)."""
-    host, _, port = listen.rpartition(":")
-    app = make_app(Clients(addresses), **app_kw)
-    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_SECONDS, access_log=None)
-    await runner.setup()
+    """Serve the gateway on ``listen`` until ``stop`` is set; ``started`` gets the bound
+    ``host:port``."""
+    runner, bound = await start(listen, addresses, options, **app_kw)
     try:
-        site = web.TCPSite(runner, host.strip("[]"), int(port))
-        await site.start()
-        bound = runner.addresses[0]
         if started is not None and not started.done():
-            started.set_result(f"{host.strip('[]')}:{bound[1]}")
+            started.set_result(bound)
         await stop.wait()
     finally:
         await runner.cleanup()
 
 
-def serve_forever(listen: str, addresses: Sequence[str]) -> None:
+def serve_forever(listen: str, addresses: Sequence[str], options: Options | None = None) -> None:
     """``run`` in a new event loop until SIGINT or SIGTERM."""
 
     async def main() -> None:
@@ -62,6 +128,6 @@ def serve_forever(listen: str, addresses: Sequence[str]) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run(listen, addresses, stop)
+        await run(listen, addresses, stop, options=options)
 
     asyncio.run(main())

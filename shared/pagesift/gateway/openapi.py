@@ -1,0 +1,145 @@
+"""``GET /v2/openapi.json``: the gateway's OpenAPI 3.1 document, made from what it runs.
+
+What it owns
+------------
+``REQUEST_MODELS`` (each route with a JSON body -> the ``pagesift.gateway.models``
+class its handler validates the body with), ``document(routes)`` (pure: the document
+of a route list, every request model's JSON Schema, by alias, under
+``components.schemas``) and ``add_openapi_route(app)``, which builds the document
+once, when the app starts (every route module is registered by then), from the app's
+own router.
+
+Invariants
+----------
+- Cannot drift: the paths are the router's routes (templates as registered); a body's
+  schema is ``model_json_schema(by_alias=True)`` of the same strict model that
+  rejects an unknown key (``additionalProperties: false``); a route with a body and no
+  model in ``REQUEST_MODELS`` fails ``tests/test_gateway_server.py``.
+- Pure but for ``add_openapi_route``: ``document`` takes (method, path) pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import pydantic
+from aiohttp import web
+from pydantic.json_schema import models_json_schema
+
+from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
+
+__all__ = ["BODY_METHODS", "REQUEST_MODELS", "add_openapi_route", "document", "routes_of"]
+
+OPENAPI_PATH = "/v2/openapi.json"
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: (method, route template) -> the model its body is validated with
+REQUEST_MODELS: dict[tuple[str, str], type[pydantic.BaseModel]] = {
+    ("POST", "/v2/scrape"): ScrapeRequest,
+    ("POST", "/v2/crawl"): CrawlRequest,
+    ("POST", "/v2/batch/scrape"): BatchScrapeRequest,
+    ("POST", "/v2/map"): MapRequest,
+}
+#: routes that need no ``Authorization`` (probes and this document)
+OPEN_PATHS = frozenset({"/healthz", "/metrics", OPENAPI_PATH})
+_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "success": {"const": False},
+        "error": {"type": "string"},
+        "code": {"type": "string"},
+        "details": {},
+    },
+    "required": ["success", "error"],
+}
+
+OPENAPI: web.AppKey[dict[str, bytes]] = web.AppKey("openapi")  # "json": the document
+
+
+def routes_of(app: web.Application) -> list[tuple[str, str]]:
+    """The (method, template) of every route on ``app`` (aiohttp's implicit HEAD of
+    each GET left out)."""
+    out = []
+    for route in app.router.routes():
+        if route.method in ("HEAD", "*") or route.resource is None:
+            continue
+        out.append((route.method, _PARAM.sub(r"{\1}", route.resource.canonical)))
+    return out
+
+
+def _operation(method: str, path: str, model: type[pydantic.BaseModel] | None) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "operationId": f"{method.lower()}{re.sub(r'[^A-Za-z0-9]+', '_', path).rstrip('_')}",
+        "responses": {"200": {"description": "success"}},
+    }
+    params = _PARAM.findall(path)
+    if params:
+        op["parameters"] = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in params
+        ]
+    if model is not None:
+        ref = f"#/components/schemas/{model.__name__}"
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": ref}}},
+        }
+    if path not in OPEN_PATHS:
+        op["security"] = [{"bearer": []}]
+        op["responses"]["default"] = {
+            "description": "a Firecrawl error body",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+    return op
+
+
+def document(
+    routes: Iterable[tuple[str, str]],
+    models: dict[tuple[str, str], type[pydantic.BaseModel]] | None = None,
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes`` with the request ``models``."""
+    table = REQUEST_MODELS if models is None else models
+    paths: dict[str, dict[str, Any]] = {}
+    used: list[type[pydantic.BaseModel]] = []
+    for method, path in sorted(set(routes), key=lambda r: (r[1], r[0])):
+        model = table.get((method, path))
+        if model is not None and model not in used:
+            used.append(model)
+        paths.setdefault(path, {})[method.lower()] = _operation(method, path, model)
+    _, defs = models_json_schema(
+        [(m, "validation") for m in used],
+        by_alias=True,
+        ref_template="#/components/schemas/{model}",
+    )
+    schemas = {**defs.get("$defs", {}), "Error": _ERROR}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "pagesift Firecrawl-compatible gateway",
+            "version": "2",
+            "description": "Firecrawl's HTTP API in front of a pagesift pair (docs/gateway.md).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+async def _openapi(request: web.Request) -> web.StreamResponse:
+    return web.Response(body=request.app[OPENAPI]["json"], content_type="application/json")
+
+
+def add_openapi_route(app: web.Application) -> None:
+    """``GET /v2/openapi.json`` on ``app``; the document is built when the app starts."""
+    app.router.add_get(OPENAPI_PATH, _openapi)
+    app[OPENAPI] = built = {}  # filled at start-up (the app is frozen by then)
+
+    async def build(app: web.Application) -> None:
+        built["json"] = json.dumps(document(routes_of(app))).encode()
+
+    app.on_startup.append(build)
