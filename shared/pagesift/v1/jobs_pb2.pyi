@@ -1493,6 +1493,101 @@ class StartBatchScrapeResponse(_message.Message):
 Global___StartBatchScrapeResponse: _TypeAlias = StartBatchScrapeResponse  # noqa: Y015
 
 @_typing.final
+class AppendBatchScrapeRequest(_message.Message):
+    """AppendBatchScrapeRequest adds URLs to a batch-scrape job (Firecrawl's appendToId)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    URLS_FIELD_NUMBER: _builtins.int
+    IGNORE_INVALID_URLS_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The batch-scrape job to add to (the caller's; anyone else's is NOT_FOUND)."""
+    ignore_invalid_urls: _builtins.bool
+    """Skip invalid URLs (listed back in the response) instead of rejecting the request."""
+    idempotency_key: _builtins.str
+    """AIP-155, as StartBatchScrapeRequest.idempotency_key: a retry with the same key and
+    request adds nothing and returns the first call's answer (the job keeps its 256
+    latest keys); the same key with another request is IDEMPOTENCY_KEY_REUSED.
+    """
+    max_concurrency: _builtins.int
+    """When not 0, must equal the job's max_concurrency (INVALID_ARGUMENT otherwise)."""
+    @_builtins.property
+    def urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The URLs to add, in order: their batch indices follow the job's last one."""
+
+    @_builtins.property
+    def options(self) -> Global___ScrapeOptions:
+        """When set, must equal the job's own options (the added URLs are scraped with
+        those); INVALID_ARGUMENT naming options otherwise.
+        """
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        urls: _abc.Iterable[_builtins.str] | None = ...,
+        ignore_invalid_urls: _builtins.bool = ...,
+        idempotency_key: _builtins.str = ...,
+        options: Global___ScrapeOptions | None = ...,
+        max_concurrency: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "idempotency_key", b"idempotency_key", "ignore_invalid_urls", b"ignore_invalid_urls", "max_concurrency", b"max_concurrency", "options", b"options", "urls", b"urls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendBatchScrapeRequest: _TypeAlias = AppendBatchScrapeRequest  # noqa: Y015
+
+@_typing.final
+class AppendBatchScrapeResponse(_message.Message):
+    """AppendBatchScrapeResponse says where the added URLs went."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    INVALID_URLS_FIELD_NUMBER: _builtins.int
+    FIRST_INDEX_FIELD_NUMBER: _builtins.int
+    ADDED_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    REOPENED_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The job's id (the request's)."""
+    first_index: _builtins.int
+    """The batch index of the first URL added (the job's total before the call)."""
+    added: _builtins.int
+    """How many URLs the call added (the valid ones)."""
+    total: _builtins.int
+    """The job's URLs after the call."""
+    reopened: _builtins.bool
+    """Whether the call ran a completed job again."""
+    @_builtins.property
+    def invalid_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """URLs skipped because they were invalid (only with ignore_invalid_urls)."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        invalid_urls: _abc.Iterable[_builtins.str] | None = ...,
+        first_index: _builtins.int = ...,
+        added: _builtins.int = ...,
+        total: _builtins.int = ...,
+        reopened: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "first_index", b"first_index", "id", b"id", "invalid_urls", b"invalid_urls", "reopened", b"reopened", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendBatchScrapeResponse: _TypeAlias = AppendBatchScrapeResponse  # noqa: Y015
+
+@_typing.final
 class StartCrawlRequest(_message.Message):
     """StartCrawlRequest starts a crawl job."""
 

@@ -47,6 +47,11 @@ class JobServiceStub:
                 request_serializer=pagesift_dot_v1_dot_jobs__pb2.StartBatchScrapeRequest.SerializeToString,
                 response_deserializer=pagesift_dot_v1_dot_jobs__pb2.StartBatchScrapeResponse.FromString,
                 _registered_method=True)
+        self.AppendBatchScrape = channel.unary_unary(
+                '/pagesift.v1.JobService/AppendBatchScrape',
+                request_serializer=pagesift_dot_v1_dot_jobs__pb2.AppendBatchScrapeRequest.SerializeToString,
+                response_deserializer=pagesift_dot_v1_dot_jobs__pb2.AppendBatchScrapeResponse.FromString,
+                _registered_method=True)
         self.StartCrawl = channel.unary_unary(
                 '/pagesift.v1.JobService/StartCrawl',
                 request_serializer=pagesift_dot_v1_dot_jobs__pb2.StartCrawlRequest.SerializeToString,
@@ -109,6 +114,15 @@ class JobServiceServicer:
 
     def StartBatchScrape(self, request, context):
         """StartBatchScrape registers a job that scrapes a list of URLs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendBatchScrape(self, request, context):
+        """AppendBatchScrape adds URLs to a batch-scrape job the caller started: they are
+        scraped after the job's own, with its options; a completed job runs again, a
+        failed or cancelled one is FAILED_PRECONDITION (reason JOB_NOT_APPENDABLE).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -201,6 +215,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.StartBatchScrape,
                     request_deserializer=pagesift_dot_v1_dot_jobs__pb2.StartBatchScrapeRequest.FromString,
                     response_serializer=pagesift_dot_v1_dot_jobs__pb2.StartBatchScrapeResponse.SerializeToString,
+            ),
+            'AppendBatchScrape': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendBatchScrape,
+                    request_deserializer=pagesift_dot_v1_dot_jobs__pb2.AppendBatchScrapeRequest.FromString,
+                    response_serializer=pagesift_dot_v1_dot_jobs__pb2.AppendBatchScrapeResponse.SerializeToString,
             ),
             'StartCrawl': grpc.unary_unary_rpc_method_handler(
                     servicer.StartCrawl,
@@ -305,6 +324,33 @@ class JobService:
             '/pagesift.v1.JobService/StartBatchScrape',
             pagesift_dot_v1_dot_jobs__pb2.StartBatchScrapeRequest.SerializeToString,
             pagesift_dot_v1_dot_jobs__pb2.StartBatchScrapeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendBatchScrape(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagesift.v1.JobService/AppendBatchScrape',
+            pagesift_dot_v1_dot_jobs__pb2.AppendBatchScrapeRequest.SerializeToString,
+            pagesift_dot_v1_dot_jobs__pb2.AppendBatchScrapeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,11 @@ class JobServiceStub:
     """Scrape fetches one page synchronously and returns its document."""
     StartBatchScrape: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.StartBatchScrapeRequest, _jobs_pb2.StartBatchScrapeResponse]
     """StartBatchScrape registers a job that scrapes a list of URLs."""
+    AppendBatchScrape: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.AppendBatchScrapeRequest, _jobs_pb2.AppendBatchScrapeResponse]
+    """AppendBatchScrape adds URLs to a batch-scrape job the caller started: they are
+    scraped after the job's own, with its options; a completed job runs again, a
+    failed or cancelled one is FAILED_PRECONDITION (reason JOB_NOT_APPENDABLE).
+    """
     StartCrawl: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.StartCrawlRequest, _jobs_pb2.StartCrawlResponse]
     """StartCrawl registers a job that crawls a site from one URL."""
     GetJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetJobRequest, _jobs_pb2.GetJobResponse]
@@ -92,6 +97,11 @@ class JobServiceAsyncStub(JobServiceStub):
     """Scrape fetches one page synchronously and returns its document."""
     StartBatchScrape: _aio.UnaryUnaryMultiCallable[_jobs_pb2.StartBatchScrapeRequest, _jobs_pb2.StartBatchScrapeResponse]  # type: ignore[assignment]
     """StartBatchScrape registers a job that scrapes a list of URLs."""
+    AppendBatchScrape: _aio.UnaryUnaryMultiCallable[_jobs_pb2.AppendBatchScrapeRequest, _jobs_pb2.AppendBatchScrapeResponse]  # type: ignore[assignment]
+    """AppendBatchScrape adds URLs to a batch-scrape job the caller started: they are
+    scraped after the job's own, with its options; a completed job runs again, a
+    failed or cancelled one is FAILED_PRECONDITION (reason JOB_NOT_APPENDABLE).
+    """
     StartCrawl: _aio.UnaryUnaryMultiCallable[_jobs_pb2.StartCrawlRequest, _jobs_pb2.StartCrawlResponse]  # type: ignore[assignment]
     """StartCrawl registers a job that crawls a site from one URL."""
     GetJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetJobRequest, _jobs_pb2.GetJobResponse]  # type: ignore[assignment]
@@ -151,6 +161,17 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.StartBatchScrapeResponse, _abc.Awaitable[_jobs_pb2.StartBatchScrapeResponse]]:
         """StartBatchScrape registers a job that scrapes a list of URLs."""
+
+    @_abc_1.abstractmethod
+    def AppendBatchScrape(
+        self,
+        request: _jobs_pb2.AppendBatchScrapeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.AppendBatchScrapeResponse, _abc.Awaitable[_jobs_pb2.AppendBatchScrapeResponse]]:
+        """AppendBatchScrape adds URLs to a batch-scrape job the caller started: they are
+        scraped after the job's own, with its options; a completed job runs again, a
+        failed or cancelled one is FAILED_PRECONDITION (reason JOB_NOT_APPENDABLE).
+        """
 
     @_abc_1.abstractmethod
     def StartCrawl(
