@@ -77,14 +77,29 @@ def client_of(request: web.Request) -> JobClient:
     return request[_REQUEST_CLIENT]
 
 
+def _model_names() -> set[str]:
+    names, todo = set(), [pydantic.BaseModel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            names.add(sub.__name__)
+            todo.append(sub)
+    return names
+
+
 def _validation(err: pydantic.ValidationError) -> HttpError:
-    details = []
+    """400 naming each bad field by its body path: a union member's tag that pydantic
+    puts in ``loc`` (``formats.0.FormatObject.bogus``) is left out, and unknown keys
+    come first (``formats.0.bogus`` leads, not the ``str`` branch's type error)."""
+    tags = _model_names() | {"str"}
+    details, unknown = [], []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
+        loc = [p for i, p in enumerate(e["loc"]) if not (i and p in tags)]
+        path = ".".join(str(p) for p in loc)
         if e["type"] == "extra_forbidden":
-            details.append({"path": path, "message": f"Unrecognized key in body: '{path}'"})
+            unknown.append({"path": path, "message": f"Unrecognized key in body: '{path}'"})
         else:
             details.append({"path": path, "message": e["msg"]})
+    details = unknown + details
     return bad_request(f"Bad Request: {details[0]['message']} ({details[0]['path']})", details)
 
 
