@@ -272,6 +272,10 @@ class Jobs:
                     headers=dict(webhook.headers), metadata=dict(webhook.metadata),
                     include_document=webhook.include_document,
                     max_document_bytes=self.config.webhook_max_document_bytes,
+                    format=webhooks.FIRECRAWL
+                    if webhook.format == jobs_pb2.WEBHOOK_FORMAT_FIRECRAWL
+                    else webhooks.PAGESIFT,
+                    kind=kind,
                 )  # fmt: skip
                 webhooks.enqueue(
                     g, meta.id, "started", {"kind": kind, "total": total, "limit": limit}

@@ -47,11 +47,11 @@ from pagesift.primary.webhooks.outbox import (
     NOTE_CODE,
     WebhookConfig,
     build_body,
+    delivery_headers,
     load_config,
     page_of,
     pending,
     read_ack,
-    sign,
 )
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.jobs import records as jr
@@ -314,15 +314,7 @@ class Deliverer:
             raise RuntimeError("Deliverer.start() was not awaited")
         url = cfg.url
         timestamp = str(int(time.time()))
-        headers = {
-            **dict(cfg.headers),  # the job's own first: none can replace the scheme's below
-            "content-type": "application/json",
-            "pagesift-event": event,
-            "pagesift-delivery": f"{job_id}:{seq}",
-            "pagesift-event-id": json.loads(body).get("event_id", ""),
-            "pagesift-timestamp": timestamp,
-            "pagesift-signature": sign(secret, timestamp, body),
-        }
+        headers = delivery_headers(cfg, job_id, seq, event, body, secret, timestamp)
         try:
             target = urls.fetch_url(url)
         except ValueError as e:

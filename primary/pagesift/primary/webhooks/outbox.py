@@ -10,7 +10,8 @@ Storage layout (every key carries the job id, so job expiry removes them with th
 
     KV   job/{id}/webhook       the job's webhook, JSON: {"url", "events": [...], "account",
                                 "headers", "metadata", "include_document",
-                                "max_document_bytes"} (the last four only when set; the
+                                "max_document_bytes", "format", "kind"} (the last six
+                                only when set; the
                                 signing secret is NOT stored: ``account`` names it, and
                                 the accounts file on each node holds it)
     list job/{id}/outbox        one item per event, JSON {"event", "data", "created_at"};
@@ -33,7 +34,8 @@ and headers ``content-type: application/json``, ``pagesift-event``,
 ``pagesift-delivery: {job}:{seq}``, ``pagesift-event-id``, ``pagesift-timestamp: <unix s>``,
 ``pagesift-signature: v1=<hex HMAC-SHA256(secret, f"{timestamp}.{body}")>``, plus the
 job's own ``headers`` (validated at job start: none of these names). Receivers check it
-with ``verify_signature`` (or its ten lines, in any language).
+with ``verify_signature`` (or its ten lines, in any language). A webhook of ``format``
+FIRECRAWL sends Firecrawl's body and signature instead (``pagesift.primary.webhooks.firecrawl``).
 
 Payloads: headers, metadata and the document
 --------------------------------------------
@@ -72,6 +74,7 @@ from typing import Protocol
 
 from google.protobuf.json_format import MessageToDict
 
+from pagesift.primary.webhooks import firecrawl
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import urls
 from pagesift.shared.store.db import Store
@@ -79,10 +82,13 @@ from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
+    "FIRECRAWL",
     "NOTE_CODE",
+    "PAGESIFT",
     "WebhookConfig",
     "check_url",
     "configure",
+    "delivery_headers",
     "document_json",
     "enqueue",
     "pending",
@@ -94,6 +100,7 @@ __all__ = [
 logger = logging.getLogger("pagesift.webhooks")
 
 NOTE_CODE = "webhook_undeliverable"
+PAGESIFT, FIRECRAWL = "pagesift", "firecrawl"  # WebhookConfig.format
 
 
 class Reader(Protocol):
@@ -118,6 +125,8 @@ class WebhookConfig:
     metadata: tuple[tuple[str, str], ...] = ()  # echoed as "metadata" in every body
     include_document: bool = False  # page events embed the document (up to the cap)
     max_document_bytes: int = 0  # the cap on the document's JSON, fixed at job start
+    format: str = PAGESIFT  # the deliveries' shape: PAGESIFT or FIRECRAWL
+    kind: str = ""  # the job's kind (Firecrawl's event namespace); FIRECRAWL only
 
     def encode(self) -> bytes:
         doc: dict[str, object] = {
@@ -132,6 +141,9 @@ class WebhookConfig:
         if self.include_document:
             doc["include_document"] = True
             doc["max_document_bytes"] = self.max_document_bytes
+        if self.format != PAGESIFT:
+            doc["format"] = self.format
+            doc["kind"] = self.kind
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -145,6 +157,8 @@ class WebhookConfig:
             tuple((str(k), str(v)) for k, v in doc.get("metadata", {}).items()),
             bool(doc.get("include_document", False)),
             int(doc.get("max_document_bytes", 0)),
+            str(doc.get("format", PAGESIFT)),
+            str(doc.get("kind", "")),
         )
 
 
@@ -171,19 +185,31 @@ def configure(
     metadata: Mapping[str, str] | None = None,
     include_document: bool = False,
     max_document_bytes: int = 0,
+    format: str = PAGESIFT,
+    kind: str = "",
 ) -> None:
     """Give the job a webhook; call it in the registration group, BEFORE ``enqueue``
     of the ``started`` event (a group reads its own writes). ``headers`` and
     ``metadata`` (validated by the caller: ``validate.webhook_payload``) and the
-    document cap are stored with it, so every delivery of the job uses the same."""
+    document cap are stored with it, so every delivery of the job uses the same.
+    ``format`` FIRECRAWL (``kind``: the job's kind) always embeds the document and
+    keeps only the events Firecrawl has (``firecrawl.EVENTS``: no ``page_failed``)."""
+    wanted = jr.webhook_events(events)
+    if format == FIRECRAWL:
+        wanted = tuple(e for e in wanted if e in firecrawl.EVENTS)
+        include_document = True
+    elif format != PAGESIFT:
+        raise ValueError(f"unknown webhook format {format!r}")
     cfg = WebhookConfig(
         url,
-        jr.webhook_events(events),
+        wanted,
         account,
         tuple(sorted((headers or {}).items())),
         tuple(sorted((metadata or {}).items())),
         include_document,
         max_document_bytes if include_document else 0,
+        format,
+        kind if format == FIRECRAWL else "",
     )
     g.put(jr.JobKeys(job_id).webhook, cfg.encode())
 
@@ -286,6 +312,9 @@ def build_body(
     (``include_document``) the stored page it names (``page_of``), all written once
     and never changed, so every delivery of the event sends the same bytes."""
     doc = json.loads(item)
+    if cfg is not None and cfg.format == FIRECRAWL:
+        meta = dict(cfg.metadata)
+        return firecrawl.body(job_id, cfg.kind, doc, meta, page, cfg.max_document_bytes)
     data = doc["data"]
     if cfg is not None and cfg.include_document and doc["event"] == "page":
         data = _with_document(data, page, cfg.max_document_bytes)
@@ -300,6 +329,24 @@ def build_body(
         body["metadata"] = dict(cfg.metadata)
     body["created_at"] = doc["created_at"]
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def delivery_headers(
+    cfg: WebhookConfig, job_id: str, seq: int, event: str, body: bytes, secret: str, timestamp: str
+) -> dict[str, str]:
+    """One POST's headers in the config's format: the job's own first, then the
+    scheme's (which none of the job's may name: ``specs.webhook``)."""
+    if cfg.format == FIRECRAWL:
+        return firecrawl.headers(dict(cfg.headers), body, secret)
+    return {
+        **dict(cfg.headers),
+        "content-type": "application/json",
+        "pagesift-event": event,
+        "pagesift-delivery": f"{job_id}:{seq}",
+        "pagesift-event-id": json.loads(body).get("event_id", ""),
+        "pagesift-timestamp": timestamp,
+        "pagesift-signature": sign(secret, timestamp, body),
+    }
 
 
 def sign(secret: str, timestamp: int | str, body: bytes) -> str:
