@@ -33,6 +33,7 @@ from pagesift.gateway.health import PrimaryProbe
 from pagesift.gateway.metrics import METRICS, GatewayMetrics, metrics, middleware
 from pagesift.gateway.openapi import add_openapi_route
 from pagesift.gateway.v2 import add_v2_routes
+from pagesift.gateway.watch import add_watch
 
 __all__ = ["make_app"]
 
@@ -66,6 +67,7 @@ def make_app(
         await probe.close()
 
     app.on_cleanup.append(close)
+    add_watch(app)  # the WebSocket watch of /v2/crawl/{id} (pagesift.gateway.watch)
     add_v2_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

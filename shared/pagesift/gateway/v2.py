@@ -3,8 +3,9 @@
 What it owns
 ------------
 ``add_v2_routes(app)``: ``POST /v2/scrape``; ``POST /v2/crawl``, ``GET|DELETE
-/v2/crawl/{id}``, ``GET /v2/crawl/{id}/errors``; ``POST /v2/batch/scrape``, ``GET|DELETE
-/v2/batch/scrape/{id}``, ``GET /v2/batch/scrape/{id}/errors``; ``POST /v2/map``. Each
+/v2/crawl/{id}`` (a WebSocket upgrade of the GET: ``watch``), ``GET
+/v2/crawl/{id}/errors``; ``POST /v2/batch/scrape``, ``GET|DELETE /v2/batch/scrape/{id}``,
+``GET /v2/batch/scrape/{id}/errors``; ``POST /v2/map``. Each
 handler parses its body with ``handling.body``, maps it with ``translate`` and calls the
 request's ``JobClient``; ``handling.answer`` turns every failure into Firecrawl's error.
 
@@ -39,6 +40,7 @@ from pagesift.gateway.handling import (
     json_answer,
 )
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
+from pagesift.gateway.watch import upgrading
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["add_v2_routes"]
@@ -126,7 +128,7 @@ def add_v2_routes(app: web.Application) -> None:
     r = app.router
     r.add_post("/v2/scrape", answer(scrape))
     r.add_post("/v2/crawl", answer(start_crawl))
-    r.add_get("/v2/crawl/{id}", answer(_status(crawl, "crawl")))
+    r.add_get("/v2/crawl/{id}", upgrading(crawl, answer(_status(crawl, "crawl"))))  # + the watch
     r.add_delete("/v2/crawl/{id}", answer(_cancel(crawl)))
     r.add_get("/v2/crawl/{id}/errors", answer(_errors(crawl)))
     r.add_post("/v2/batch/scrape", answer(start_batch))
