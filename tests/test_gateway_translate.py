@@ -153,9 +153,7 @@ def test_options_pagesift_honours_as_firecrawl_sends_them_are_accepted() -> None
     ("model", "body", "named"),
     [
         (CrawlRequest, {"prompt": "docs only"}, "prompt"),
-        (CrawlRequest, {"webhook": "https://hooks.example/x"}, "webhook"),
         (CrawlRequest, {"robotsUserAgent": "x"}, "robotsUserAgent"),
-        (BatchScrapeRequest, {"webhook": {"url": "https://h.example"}}, "webhook"),
         (BatchScrapeRequest, {"appendToId": "abc"}, "appendToId"),
         (MapRequest, {"location": {"country": "US"}}, "location"),
         (MapRequest, {"useIndex": True}, "useIndex"),

@@ -20,9 +20,9 @@ Invariants
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 __all__ = [
     "BatchScrapeRequest",
@@ -32,6 +32,7 @@ __all__ = [
     "ScrapeOptions",
     "ScrapeRequest",
     "Viewport",
+    "WebhookOptions",
 ]
 
 Sitemap = Literal["skip", "include", "only"]
@@ -89,6 +90,24 @@ class ScrapeOptions(Strict):
     change_tracking_options: Any = Field(None, alias="changeTrackingOptions")
 
 
+class WebhookOptions(Strict):
+    """Firecrawl's ``webhook`` option of a crawl or a batch scrape (a bare URL string is
+    ``{"url": ...}``, as Firecrawl's schema preprocesses it); ``events`` are Firecrawl's
+    names, none = all four."""
+
+    url: str = Field(min_length=1)
+    headers: dict[str, str] | None = None
+    metadata: dict[str, str] | None = None
+    events: list[Literal["completed", "failed", "page", "started"]] | None = None
+
+
+def _webhook_url(value: Any) -> Any:
+    return {"url": value} if isinstance(value, str) else value
+
+
+Webhook = Annotated[WebhookOptions | None, BeforeValidator(_webhook_url)]
+
+
 class _Job(Strict):
     zero_data_retention: bool = Field(False, alias="zeroDataRetention")
     integration: str | None = None  # the caller's own tag; no effect on the job
@@ -107,7 +126,7 @@ class BatchScrapeRequest(ScrapeOptions, _Job):
     urls: list[str] = Field(min_length=1)
     ignore_invalid_urls: bool = Field(False, alias="ignoreInvalidURLs")
     max_concurrency: int | None = Field(None, gt=0, alias="maxConcurrency")
-    webhook: Any = None
+    webhook: Webhook = None
     append_to_id: str | None = Field(None, alias="appendToId")
 
 
@@ -130,9 +149,9 @@ class CrawlRequest(_Job):
     deduplicate_similar_urls: bool = Field(True, alias="deduplicateSimilarURLs")
     regex_on_full_url: bool = Field(False, alias="regexOnFullURL")
     scrape_options: ScrapeOptions | None = Field(None, alias="scrapeOptions")
+    webhook: Webhook = None
     # declared so that they are refused by name (translate.UNSUPPORTED_CRAWL)
     prompt: str | None = None
-    webhook: Any = None
     robots_user_agent: str | None = Field(None, alias="robotsUserAgent")
 
 

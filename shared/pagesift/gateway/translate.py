@@ -35,6 +35,7 @@ from pagesift.gateway.models import (
     MapRequest,
     ScrapeOptions,
     ScrapeRequest,
+    WebhookOptions,
 )
 from pagesift.v1 import jobs_pb2
 
@@ -50,6 +51,7 @@ __all__ = [
     "scrape_options",
     "scrape_request",
     "status_page",
+    "webhook",
 ]
 
 #: Firecrawl format name -> pagesift Format (every other name is refused)
@@ -83,11 +85,9 @@ UNSUPPORTED_SCRAPE: dict[str, tuple[str, str]] = {
 }
 UNSUPPORTED_CRAWL: dict[str, tuple[str, str]] = {
     "prompt": ("prompt", "needs an LLM; pagesift runs none"),
-    "webhook": ("webhook", "Firecrawl-shaped webhooks are not mapped by this gateway yet"),
     "robots_user_agent": ("robotsUserAgent", "not mapped by this gateway yet"),
 }
 UNSUPPORTED_BATCH: dict[str, tuple[str, str]] = {
-    "webhook": ("webhook", "Firecrawl-shaped webhooks are not mapped by this gateway yet"),
     "append_to_id": ("appendToId", "not mapped by this gateway yet"),
 }
 UNSUPPORTED_MAP: dict[str, tuple[str, str]] = {
@@ -166,6 +166,29 @@ def scrape_options(o: ScrapeOptions, prefix: str = "") -> jobs_pb2.ScrapeOptions
     return opts
 
 
+#: Firecrawl's webhook event name -> the pagesift events it selects (a cancelled job
+#: is Firecrawl's ``failed``; pagesift's page_failed has no Firecrawl event)
+WEBHOOK_EVENTS: dict[str, tuple[jobs_pb2.WebhookEvent.ValueType, ...]] = {
+    "started": (jobs_pb2.WEBHOOK_EVENT_STARTED,),
+    "page": (jobs_pb2.WEBHOOK_EVENT_PAGE,),
+    "completed": (jobs_pb2.WEBHOOK_EVENT_COMPLETED,),
+    "failed": (jobs_pb2.WEBHOOK_EVENT_FAILED, jobs_pb2.WEBHOOK_EVENT_CANCELLED),
+}
+
+
+def webhook(w: WebhookOptions) -> jobs_pb2.Webhook:
+    """Firecrawl's ``webhook`` option -> a Firecrawl-shaped ``Webhook`` (no events = all)."""
+    hook = jobs_pb2.Webhook(
+        url=w.url,
+        headers=w.headers or {},
+        metadata=w.metadata or {},
+        format=jobs_pb2.WEBHOOK_FORMAT_FIRECRAWL,
+    )
+    for name in w.events or WEBHOOK_EVENTS:
+        hook.event_types.extend(e for e in WEBHOOK_EVENTS[name] if e not in hook.event_types)
+    return hook
+
+
 def _job_checks(r: Any, prefix: str = "") -> None:
     if r.zero_data_retention:
         raise _refuse(prefix + "zeroDataRetention", "pagesift keeps every job's documents")
@@ -184,7 +207,7 @@ def crawl_request(r: CrawlRequest) -> jobs_pb2.StartCrawlRequest:
     options = scrape_options(r.scrape_options or _DEFAULTS, "scrapeOptions.")
     if r.ignore_robots_txt:
         options.ignore_robots_txt = True
-    return jobs_pb2.StartCrawlRequest(
+    out = jobs_pb2.StartCrawlRequest(
         url=r.url,
         limit=r.limit or 0,
         max_depth=r.max_discovery_depth or 0,
@@ -201,18 +224,24 @@ def crawl_request(r: CrawlRequest) -> jobs_pb2.StartCrawlRequest:
         crawl_entire_domain=r.crawl_entire_domain,
         regex_on_full_url=r.regex_on_full_url,
     )
+    if r.webhook is not None:
+        out.webhook.CopyFrom(webhook(r.webhook))
+    return out
 
 
 def batch_request(r: BatchScrapeRequest) -> jobs_pb2.StartBatchScrapeRequest:
     """``POST /v2/batch/scrape``'s body -> ``StartBatchScrapeRequest``."""
     _job_checks(r)
     _refuse_set(r, UNSUPPORTED_BATCH, "")
-    return jobs_pb2.StartBatchScrapeRequest(
+    out = jobs_pb2.StartBatchScrapeRequest(
         urls=r.urls,
         options=scrape_options(r),
         max_concurrency=r.max_concurrency or 0,
         ignore_invalid_urls=r.ignore_invalid_urls,
     )
+    if r.webhook is not None:
+        out.webhook.CopyFrom(webhook(r.webhook))
+    return out
 
 
 def map_arguments(r: MapRequest) -> dict[str, Any]:
