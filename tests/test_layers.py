@@ -12,7 +12,7 @@ to import both roles. Below it (``FLOORS``, each with its reason):
   must ship), directly or through those; ``pagesift.gateway`` (the HTTP gateway, a
   client of the pair) imports only those and itself;
 - inside ``pagesift.shared``: ``replication`` and ``ha`` import nothing from ``jobs`` or
-  ``api``; ``store`` imports only ``util``;
+  ``api``; ``store`` and ``cluster`` import only ``util``;
 - inside ``pagesift.primary``: ``engine`` and ``extract`` import nothing from ``jobs`` or
   ``webhooks``; ``extract`` imports nothing from ``engine``; ``jobs`` sees the engine
   through ``engine.protocol`` alone, plus the values it hands down (``ENGINE_FOR_JOBS``).
@@ -73,6 +73,9 @@ ENGINE_FOR_JOBS: tuple[str, ...] = (
     "pagesift.primary.engine.reqprofile",
     "pagesift.primary.engine.cookiejar",
     "pagesift.primary.engine.retrypolicy",
+    "pagesift.shared.cluster.placement",
+    "pagesift.shared.cluster.budgets",
+    "pagesift.shared.cluster.registry",
 )
 
 FLOORS: tuple[Floor, ...] = (
@@ -110,6 +113,12 @@ FLOORS: tuple[Floor, ...] = (
         "pagesift.shared.ha",
         ("pagesift.shared.jobs", "pagesift.shared.api"),
         "role and election rules know no job or RPC",
+    ),
+    Floor(
+        "pagesift.shared.cluster",
+        ("pagesift",),
+        "the cluster's rules are shared by clients and nodes: they build on util alone",
+        allowed=("pagesift.shared.util", "pagesift.shared.cluster"),
     ),
     Floor(
         "pagesift.shared.store",

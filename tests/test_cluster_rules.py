@@ -1,0 +1,223 @@
+"""The cluster's pure rules (``pagesift.shared.cluster``): ids, placement, registry, budgets."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+
+import pytest
+
+from pagesift.shared.cluster import budgets, ids, placement, registry
+from pagesift.shared.cluster.registry import Load, PairRecord
+
+U = "6f1c2a9e-3b4d-4e5f-8a7b-1c2d3e4f5a6b"
+
+
+# ---------------------------------------------------------------- ids
+
+
+@pytest.mark.parametrize("pair", ["a", "p1", "eu-west-2", "x" * 32, "0"])
+def test_a_cluster_id_splits_back_into_its_pair_and_uuid(pair: str) -> None:
+    assert ids.split_job_id(ids.cluster_job_id(pair, U)) == (pair, U)
+    assert ids.pair_of(f"{pair}.{U}") == pair
+
+
+def test_a_single_pairs_bare_uuid_has_no_pair() -> None:
+    assert ids.split_job_id(U) == (None, U)
+    assert ids.pair_of(U.upper()) is None
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "p1", "p1.", f"P1.{U}", f"-p.{U}", f"p-.{U}", f"{'x' * 33}.{U}", f"a/b.{U}",
+            f".{U}", "p1.not-a-uuid", f"a.b.{U}"],
+)  # fmt: skip
+def test_a_malformed_id_is_refused_not_guessed(bad: str) -> None:
+    with pytest.raises(ValueError):
+        ids.split_job_id(bad)
+
+
+# ---------------------------------------------------------------- placement
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        ("https://Docs.Example.com/a?b", "https://docs.example.com:443"),
+        ("http://example.com:8080/x", "http://example.com:8080"),
+        ("http://example.com./", "http://example.com:80"),
+        ("http://[::1]:9/x", "http://[::1]:9"),
+    ],
+)
+def test_the_origin_of_a_url_is_scheme_host_and_port(url: str, origin: str) -> None:
+    assert placement.origin_of(url) == origin
+
+
+def test_every_client_places_an_origin_on_the_same_pair_whatever_the_order() -> None:
+    pairs = ["p1", "p2", "p3", "p4"]
+    for i in range(200):
+        key = f"https://site{i}.example:443"
+        shuffled = random.Random(i).sample(pairs, len(pairs))
+        assert placement.owner(key, pairs) == placement.owner(key, shuffled)
+
+
+def test_a_pair_joining_moves_only_the_keys_it_wins() -> None:
+    keys = [f"https://site{i}.example:443" for i in range(3000)]
+    before = {k: placement.owner(k, ["p1", "p2", "p3"]) for k in keys}
+    after = {k: placement.owner(k, ["p1", "p2", "p3", "p4"]) for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert all(after[k] == "p4" for k in moved)
+    assert 0.18 < len(moved) / len(keys) < 0.32  # about a quarter
+    shares = {p: sum(1 for v in after.values() if v == p) for p in ["p1", "p2", "p3", "p4"]}
+    assert all(600 < n < 900 for n in shares.values()), shares
+
+
+def test_a_pair_leaving_moves_only_the_keys_it_held() -> None:
+    keys = [f"k{i}" for i in range(2000)]
+    before = {k: placement.owner(k, ["a", "b", "c"]) for k in keys}
+    after = {k: placement.owner(k, ["a", "c"]) for k in keys}
+    assert all(before[k] == after[k] for k in keys if before[k] != "b")
+
+
+def test_no_pair_means_no_placement() -> None:
+    with pytest.raises(ValueError):
+        placement.owner("k", [])
+
+
+def test_a_batch_splits_by_origin_keeping_each_urls_index_in_order() -> None:
+    pairs = ["p1", "p2", "p3"]
+    urls = [f"https://site{i % 7}.example/page{i}" for i in range(40)] + ["not a url"]
+    parts = placement.split_by_origin(urls, pairs)
+    flat = sorted(x for part in parts.values() for x in part)
+    assert flat == list(enumerate(urls))
+    for pair, part in parts.items():
+        assert [i for i, _ in part] == sorted(i for i, _ in part)
+        for _, url in part:
+            if url != "not a url":
+                assert placement.owner(placement.origin_of(url), pairs) == pair
+    origins = {placement.origin_of(u) for u in urls[:-1]}
+    for origin in origins:  # one origin, one pair
+        assert len({p for p, part in parts.items() for _, u in part
+                    if u != "not a url" and placement.origin_of(u) == origin}) == 1  # fmt: skip
+    home = placement.owner(placement.origin_of(urls[0]), pairs)
+    assert (40, "not a url") in parts[home]
+
+
+# ---------------------------------------------------------------- registry
+
+
+def test_a_record_round_trips_and_bad_ones_are_refused() -> None:
+    rec = PairRecord("p1", "10.0.0.1:50051", "10.0.0.2:50051", epoch=7, lag=3, capacity=64,
+                     load=Load(running_jobs=2, queued_pages=40, pages_per_s=120.5, cpu=1.5),
+                     updated=1.7e9)  # fmt: skip
+    assert registry.decode_record(registry.encode_record(rec)) == rec
+    good = json.loads(registry.encode_record(rec))
+    changes: list[dict[str, object]] = [
+        {"pair": "P1"}, {"epoch": -1}, {"epoch": "7"}, {"accepting": 1},
+        {"load": {"cpu": "x"}}, {"load": []}, {"primary": "x" * 400},
+    ]  # fmt: skip
+    for change in changes:
+        with pytest.raises(ValueError):
+            registry.decode_record(json.dumps({**good, **change}).encode())
+    for raw in (b"[]", b"{", b"\xff", b"{}" + b" " * registry.MAX_RECORD_BYTES):
+        with pytest.raises(ValueError):
+            registry.decode_record(raw)
+
+
+def test_only_pairs_with_a_primary_that_accept_take_new_work() -> None:
+    recs = [PairRecord("p3", "h:3"), PairRecord("p1", "h:1"), PairRecord("p2", ""),
+            PairRecord("p4", "h:4", accepting=False)]  # fmt: skip
+    assert registry.placeable(recs) == ["p1", "p3"]
+
+
+def test_keys_are_laid_out_under_the_clusters_prefix() -> None:
+    assert registry.pair_key("prod", "p1") == "/pagesift-cluster/prod/pairs/p1"
+    assert registry.slot_key("prod", "", 3) == "/pagesift-cluster/prod/slots/-/3"
+    assert registry.pages_key("prod", "acme", "2026-12-01").endswith("/pages/acme/2026-12-01")
+    with pytest.raises(ValueError):
+        registry.slot_key("prod", "a/b", 0)
+
+
+# ---------------------------------------------------------------- budgets
+
+
+def test_the_free_slot_is_the_lowest_not_taken() -> None:
+    assert budgets.free_slot({0, 1, 3}, 5) == 2
+    assert budgets.free_slot({0, 1}, 2) is None
+    assert budgets.free_slot(set(), 0) is None
+
+
+def test_block_size_is_an_eighth_of_a_fair_share_within_bounds() -> None:
+    assert budgets.block_size(50_000, 3) == 256
+    assert budgets.block_size(1000, 3) == 41
+    assert budgets.block_size(5, 3) == 1
+
+
+class Counter:
+    """etcd's compare-and-swap on one key, as the budget plans see it."""
+
+    def __init__(self) -> None:
+        self.value, self.revision = 0, 1
+
+    def swap(self, draw: budgets.Draw) -> bool:
+        if draw.revision != self.revision:
+            return False
+        self.value, self.revision = draw.value, self.revision + 1
+        return True
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pages_across_racing_pairs_never_exceed_the_allowance(seed: int) -> None:
+    rng = random.Random(seed)
+    allowance, pairs, day = 1000, 3, "d1"
+    block = budgets.block_size(allowance, pairs)
+    counter, ledgers = Counter(), [budgets.BlockLedger() for _ in range(pairs)]
+    fetched, refused, writes = 0, 0, 0
+    for _ in range(5000):
+        p = rng.randrange(pairs)
+        grant = ledgers[p].take("acme", day)
+        if grant.ok:
+            fetched += 1
+            continue
+        if not grant.draw:
+            refused += 1
+            continue
+        seen = (counter.value, counter.revision)  # a read, then maybe a racing draw
+        if rng.random() < 0.3:
+            other = (p + 1) % pairs
+            plan = budgets.plan_draw(counter.value, counter.revision, allowance, block)
+            if plan and counter.swap(plan):
+                writes += 1
+                ledgers[other].drawn("acme", day, plan.granted)
+        plan = budgets.plan_draw(seen[0], seen[1], allowance, block)
+        if plan is None:
+            ledgers[p].drawn("acme", day, 0)
+        elif counter.swap(plan):
+            writes += 1
+            ledgers[p].drawn("acme", day, plan.granted)
+    held = sum(ledger.held("acme") for ledger in ledgers)
+    assert fetched + held == counter.value <= allowance
+    assert allowance - fetched <= pairs * block  # unused: at most a block per pair
+    assert refused > 0 and writes <= allowance // block + pairs
+    for ledger in ledgers:  # returned blocks go back to the counter
+        unused = ledger.release("acme", day)
+        back = budgets.plan_return(counter.value, counter.revision, unused)
+        if back:
+            assert counter.swap(back)
+    assert counter.value == fetched
+
+
+def test_a_block_of_an_earlier_day_is_not_spent_today() -> None:
+    ledger = budgets.BlockLedger()
+    ledger.drawn("acme", "d1", 5)
+    assert ledger.take("acme", "d1").ok
+    assert ledger.take("acme", "d2") == budgets.Grant(ok=False, draw=True)
+    assert ledger.release("acme", "d2") == 0
+    ledger.drawn("acme", "d2", 0)
+    assert ledger.take("acme", "d2") == budgets.Grant(ok=False, draw=False)
+
+
+def test_a_pair_name_and_uuid_make_ids_unique_across_pairs() -> None:
+    a = {ids.cluster_job_id("p1", str(uuid.uuid4())) for _ in range(100)}
+    b = {ids.cluster_job_id("p2", str(uuid.uuid4())) for _ in range(100)}
+    assert not a & b and all(ids.pair_of(x) == "p1" for x in a)
