@@ -1,7 +1,8 @@
 """``make run``: a local primary + standby pair under ./data, and a demo site to crawl.
 
 Starts the bundled demo site (``pagesift.demo.site``) on loopback, a
-primary on 127.0.0.1:50051 and a standby on 127.0.0.1:50052 as child processes
+primary on 127.0.0.1:50051 and a standby on 127.0.0.1:50052 as child processes, each
+with the Firecrawl HTTP gateway (``--http-listen``: 127.0.0.1:3002, 127.0.0.1:3003)
 (stores under ``DATA/primary`` and ``DATA/standby``; the pair's replication token,
 made on first run, in ``DATA/replication.token``), prints the commands to try,
 and stops everything on Ctrl-C. Each child is a plain ``pagesift serve``, so
@@ -23,6 +24,8 @@ from pagesift.shared.api.tls import write_new_token
 
 PRIMARY = "127.0.0.1:50051"
 STANDBY = "127.0.0.1:50052"
+GATEWAY = "127.0.0.1:3002"  # the primary's Firecrawl gateway (--http-listen)
+STANDBY_GATEWAY = "127.0.0.1:3003"
 
 
 def _serve(role: str, listen: str, data: Path, extra: list[str]) -> subprocess.Popen[bytes]:
@@ -44,8 +47,13 @@ async def main_async(data: Path, pages: int, site_port: int) -> int:
     site = build_site(pages)
     runner, root = await serve_site(site, port=site_port)
     procs = [
-        _serve("primary", PRIMARY, data / "primary", token),
-        _serve("standby", STANDBY, data / "standby", ["--primary", PRIMARY, *token]),
+        _serve("primary", PRIMARY, data / "primary", [*token, "--http-listen", GATEWAY]),
+        _serve(
+            "standby",
+            STANDBY,
+            data / "standby",
+            ["--primary", PRIMARY, *token, "--http-listen", STANDBY_GATEWAY],
+        ),
     ]
     cli = Path(sys.executable).parent / "pagesift"
     print(
@@ -54,6 +62,7 @@ pagesift demo
   demo site : {root}  ({pages} pages, robots.txt, sitemap, redirects, traps)
   primary   : {PRIMARY}   (log: {data / "primary" / "server.log"})
   standby   : {STANDBY}   (log: {data / "standby" / "server.log"})
+  gateway   : http://{GATEWAY}  (Firecrawl's HTTP API; the standby's: {STANDBY_GATEWAY})
 
 Try, in another shell (the CLI is {cli}; or `source .venv/bin/activate` first):
   pagesift crawl {root} --exclude '{CALENDAR_EXCLUDE}' --wait
@@ -67,6 +76,8 @@ Try, in another shell (the CLI is {cli}; or `source .venv/bin/activate` first):
   pagesift status JOB_ID --server {STANDBY}   # reads answered by the standby
   pagesift promote --server {STANDBY} --admin-key "$(cat {token_file})"   # promote by hand
   pagesift drill --local --auto    # a whole failover rehearsal on a pair (and etcd) of its own
+  curl -s http://{GATEWAY}/v2/scrape -H 'Content-Type: application/json' \\
+    -d '{{"url": "{root}about.html"}}'    # the Firecrawl gateway (docs/gateway.md)
 
 Ctrl-C stops the pair and the site; the data stays in {data}.
 """,

@@ -12,7 +12,8 @@ a standby follows its primary. Interceptors count every call (metrics) and guard
 admin calls (admin key) and the replication stream (shared token; or mTLS on a port
 of its own, ``replication_listen``). The health service answers per role
 (``pagesift.node.health``: ``""``, ``pagesift.primary``, ``pagesift.replica``).
-Prometheus metrics are served on ``metrics_listen``; OpenTelemetry traces are exported
+Prometheus metrics are served on ``metrics_listen``, the Firecrawl gateway on
+``http_listen`` (``pagesift.node.httpgateway``); OpenTelemetry traces are exported
 when the standard ``OTEL_*`` environment asks for them (``pagesift.shared.util.tracing``).
 ``serve`` runs it until SIGTERM/SIGINT; SIGKILL at any instant is safe because every
 durable change is one atomic store group.
@@ -29,7 +30,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from pagesift.node import reflection
+from pagesift.node import httpgateway, reflection
 from pagesift.node.admin import AdminServicer
 from pagesift.node.health import HealthPublisher
 from pagesift.node.logs import setup_logging
@@ -211,6 +212,8 @@ async def run(
     if config.tls_cert:
         public_creds = tls.server_credentials(config.tls_cert, config.tls_key)
     _bind(server, config.listen, public_creds)
+    # --http-listen: the gateway's way in to this node (pagesift.node.httpgateway)
+    local = httpgateway.bind_local(server) if config.http_listen else ""
     servers = [server]
     if config.replication_listen:
         # mTLS needs a port of its own: gRPC Python cannot make client certificates
@@ -242,11 +245,16 @@ async def run(
         else node.role
     )
     logger.info("pagesift %s serving on %s (data %s)", role, config.listen, config.data)
-    if started is not None:
-        started.set_result(node)
+    gateway = None
     try:
+        if local:
+            gateway = await httpgateway.start(config, local)
+        if started is not None:
+            started.set_result(node)
         await stop.wait()
     finally:
+        if gateway is not None:  # first: it is a client of this node
+            await gateway.cleanup()
         await health.stop()
         await health_servicer.enter_graceful_shutdown()
         for srv in servers:

@@ -2,13 +2,18 @@
 
 Owns the ``gateway`` command: it runs ``pagesift.gateway.server.serve_forever`` (imported
 lazily, like ``serve``'s node, so client commands never load aiohttp or pydantic) in
-front of the ``--server`` addresses until SIGINT or SIGTERM. A port that cannot be
-bound is exit 5.
+front of the ``--server`` addresses until SIGINT or SIGTERM. Its port takes TLS with
+``serve``'s flags (``--tls-cert``/``--tls-key``); the pair is reached as the client
+commands reach it (``--tls-ca``; a client certificate, for a pair behind an mTLS proxy,
+is ``--client-cert``/``--client-key``, since ``--tls-cert`` names the port's own).
+``--trust-forwarded`` reads a proxy's ``Forwarded`` headers for the absolute URLs.
+Flags that do not go together are exit 2; a port or a file that cannot be used, exit 5.
 """
 
 from __future__ import annotations
 
 import argparse
+import ssl
 from typing import Any
 
 from pagesift.node.cli.args import host_port
@@ -20,16 +25,31 @@ def _servers(value: str) -> list[str]:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return fail("--tls-cert and --tls-key go together")
+    if bool(args.client_cert) != bool(args.client_key):
+        return fail("--client-cert and --client-key go together")
     missing = server_extra_missing("gateway")
     if missing:
         return fail(missing, exit=EXIT_FAILED)
-    from pagesift.gateway.server import serve_forever
+    from pagesift.gateway.server import Options, serve_forever
 
+    options = Options(
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
+        trust_forwarded=args.trust_forwarded,
+    )
     addresses = [a for group in args.server or [["127.0.0.1:50051"]] for a in group]
     try:
-        serve_forever(args.listen, list(dict.fromkeys(addresses)))
+        serve_forever(args.listen, list(dict.fromkeys(addresses)), options)
+    except ssl.SSLError as err:
+        return fail(f"gateway: TLS: {err}", exit=EXIT_FAILED)
     except OSError as err:
-        return fail(f"gateway: {args.listen}: {err.strerror or err}", exit=EXIT_FAILED)
+        where = f"{err.filename}: " if err.filename else f"{args.listen}: "
+        return fail(f"gateway: {where}{err.strerror or err}", exit=EXIT_FAILED)
     return EXIT_OK
 
 
@@ -42,5 +62,23 @@ def add_gateway_command(sub: Any) -> None:
         action="append",
         metavar="ADDR[,ADDR]",
         help="the pair's gRPC addresses (repeatable; default 127.0.0.1:50051)",
+    )
+    p.add_argument("--tls-cert", default="", metavar="PEM", help="TLS certificate for this port")
+    p.add_argument("--tls-key", default="", metavar="PEM", help="TLS private key for this port")
+    p.add_argument(
+        "--tls-ca", default="", metavar="PEM", help="reach the pair with TLS, trusting this CA"
+    )
+    p.add_argument(
+        "--client-cert",
+        default="",
+        metavar="PEM",
+        help="present this client certificate to the pair (mTLS; with --client-key)",
+    )
+    p.add_argument("--client-key", default="", metavar="PEM", help="its private key")
+    p.add_argument(
+        "--trust-forwarded",
+        action="store_true",
+        help="a proxy in front sets Forwarded / X-Forwarded-Proto / X-Forwarded-Host: "
+        "use them for the absolute URLs of answers (else they are ignored)",
     )
     p.set_defaults(handler=_cmd_gateway, uses_client=False)

@@ -39,6 +39,8 @@ SERVE_FLAGS = (
     "advertise",
     "accounts_file",
     "metrics_listen",
+    "http_listen",
+    "http_trust_forwarded",
     "tls_cert",
     "tls_key",
     "replication_listen",
@@ -143,6 +145,18 @@ def add_serve_command(sub: Any) -> None:
     )
     p.add_argument("--accounts", dest="accounts_file", metavar="FILE", help="accounts TOML")
     p.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve /metrics here")
+    p.add_argument(
+        "--http-listen",
+        type=host_port,
+        metavar="HOST:PORT",
+        help="also serve the Firecrawl HTTP gateway here, in front of this node",
+    )
+    p.add_argument(
+        "--http-trust-forwarded",
+        action="store_true",
+        default=None,
+        help="that gateway reads a proxy's Forwarded headers for its absolute URLs",
+    )
     p.add_argument("--tls-cert", metavar="PEM", help="TLS certificate for the public port")
     p.add_argument("--tls-key", metavar="PEM", help="TLS private key for the public port")
     p.add_argument(

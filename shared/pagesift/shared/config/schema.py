@@ -272,6 +272,12 @@ class ServerConfig:
         int, Doc("bytes of a page event's embedded document JSON at most", ge=0)
     ] = 256 * 1024
     metrics_listen: Annotated[str, Doc('HOST:PORT of plain-HTTP /metrics; "" = off')] = ""
+    http_listen: Annotated[
+        str, Doc('HOST:PORT of the Firecrawl HTTP gateway run in this node; "" = off')
+    ] = ""
+    http_trust_forwarded: Annotated[
+        bool, Doc("that gateway reads a proxy's Forwarded headers for its absolute URLs")
+    ] = False
     tls_cert: Annotated[str, Doc("PEM certificate for TLS on the public port")] = ""
     tls_key: Annotated[str, Doc("PEM private key for TLS on the public port")] = ""
     replication_listen: Annotated[

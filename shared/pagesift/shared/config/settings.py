@@ -57,7 +57,9 @@ OTHER_VARIABLES = frozenset(
     }
 )
 #: keys that are HOST:PORT when set (``listen`` always); a bad one would fail at bind
-ADDRESS_KEYS = frozenset({"listen", "advertise", "primary", "metrics_listen", "replication_listen"})
+ADDRESS_KEYS = frozenset(
+    {"listen", "advertise", "primary", "metrics_listen", "http_listen", "replication_listen"}
+)
 
 
 def _key_types() -> dict[str, tuple[Any, Doc]]:
