@@ -1065,6 +1065,7 @@ class Document(_message.Message):
     ENGINE_FIELD_NUMBER: _builtins.int
     SCREENSHOT_FIELD_NUMBER: _builtins.int
     ACTION_RESULTS_FIELD_NUMBER: _builtins.int
+    PREVIOUS_SCRAPE_AT_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     final_url: _builtins.str
     status_code: _builtins.int
@@ -1127,6 +1128,12 @@ class Document(_message.Message):
         screenshot action, in order.
         """
 
+    @_builtins.property
+    def previous_scrape_at(self) -> _timestamp_pb2.Timestamp:
+        """With FORMAT_CHANGE_TRACKING and a page seen before (SAME or CHANGED): when the
+        account's previous change-tracked scrape of the URL, compared against, was stored.
+        """
+
     def __init__(
         self,
         *,
@@ -1152,10 +1159,11 @@ class Document(_message.Message):
         engine: Global___FetchEngine.ValueType = ...,
         screenshot: Global___Screenshot | None = ...,
         action_results: _abc.Iterable[Global___ActionResult] | None = ...,
+        previous_scrape_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["fetched_at", b"fetched_at", "screenshot", b"screenshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fetched_at", b"fetched_at", "previous_scrape_at", b"previous_scrape_at", "screenshot", b"screenshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_results", b"action_results", "cache_hit", b"cache_hit", "change_diff", b"change_diff", "change_status", b"change_status", "content_type", b"content_type", "description", b"description", "engine", b"engine", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "images", b"images", "language", b"language", "link_details", b"link_details", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "num_pages", b"num_pages", "raw_html", b"raw_html", "screenshot", b"screenshot", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_results", b"action_results", "cache_hit", b"cache_hit", "change_diff", b"change_diff", "change_status", b"change_status", "content_type", b"content_type", "description", b"description", "engine", b"engine", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "images", b"images", "language", b"language", "link_details", b"link_details", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "num_pages", b"num_pages", "previous_scrape_at", b"previous_scrape_at", "raw_html", b"raw_html", "screenshot", b"screenshot", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -152,6 +152,7 @@ def remember(
     doc.cache_hit = False
     doc.change_status = jobs_pb2.CHANGE_STATUS_UNSPECIFIED
     doc.change_diff = ""
+    doc.ClearField("previous_scrape_at")
     entry = store_pb2.CachedPage(
         document=doc,
         stored_ms=now_ms,
@@ -192,12 +193,16 @@ def compare(
 
 
 def track(g: WriteGroup, owner: str, doc: jobs_pb2.Document, want_diff: bool, now_ms: int) -> None:
-    """Inside the page's group: set ``doc``'s change status (and diff) against the
-    account's previous scrape of its URL, and record this scrape in its place."""
+    """Inside the page's group: set ``doc``'s change status (and diff, and when the
+    previous scrape was stored) against the account's previous scrape of its URL, and
+    record this scrape in its place."""
     key = f"{TRACK_PREFIX}{owner}/{_digest(_page_key(doc.url).encode())}"
     raw = g.get(key)
     previous = None if raw is None else store_pb2.TrackedPage.FromString(raw)
     doc.change_status, doc.change_diff = compare(previous, doc.markdown, want_diff)
+    doc.ClearField("previous_scrape_at")
+    if previous is not None:
+        doc.previous_scrape_at.FromMilliseconds(previous.scraped_ms)
     record = store_pb2.TrackedPage(
         scraped_ms=now_ms,
         markdown_sha256=hashlib.sha256(doc.markdown.encode()).digest(),
