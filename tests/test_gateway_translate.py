@@ -11,12 +11,12 @@ import grpc
 import grpc.aio
 import pydantic
 import pytest
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from pagesift.client.errors import BLOCKED_ADDRESS
-from pagesift.gateway import translate
+from pagesift.gateway import options, translate
 from pagesift.gateway.errors import (
     BY_STATUS,
     TABLE,
@@ -28,7 +28,7 @@ from pagesift.gateway.errors import (
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
 from pagesift.shared.api import rpcerrors
 from pagesift.shared.api.errortable import CallFacts, refusal_of
-from pagesift.shared.jobs import validate
+from pagesift.shared.jobs import rendering, validate
 from pagesift.v1 import jobs_pb2
 
 C = grpc.StatusCode
@@ -98,7 +98,7 @@ def test_a_screenshot_format_object_maps_its_options() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["summary", "json", "changeTracking", "branding", "attributes", "rawBase64"]
+    "name", ["summary", "json", "question", "branding", "attributes", "rawBase64", "bogus"]
 )
 def test_a_format_pagesift_does_not_produce_is_refused_by_position(name: str) -> None:
     for second in (name, {"type": name}):
@@ -113,7 +113,7 @@ def test_every_scrape_option_not_mapped_is_refused_by_name(attr: str, name: str)
     value: Any = [{"type": "scrape"}] if attr in ("actions", "parsers") else "x"
     if attr in ("min_age",):
         value = 1000
-    if attr == "check_prompt_injection":
+    if attr in ("check_prompt_injection", "fast_mode"):
         value = True
     assert refused(lambda: scrape(**{name: value})).error.startswith(f"{name}:")
     # inside a crawl the path names scrapeOptions; a batch takes them at the top level
@@ -510,3 +510,222 @@ def test_an_rpc_errors_rich_details_are_read_into_the_answer() -> None:
     assert answer.status == 400 and answer.details == [{"field": "urls[1]", "message": "not a URL"}]
     plain = from_aio_error(rpc_error(C.UNAVAILABLE, grpc.aio.Metadata(), ""))
     assert plain.status == 503 and plain.error == "UNAVAILABLE"
+
+
+# ------------------------------------------- actions, location, parsers, change tracking
+
+
+def _action(**a: Any) -> jobs_pb2.Action:
+    (one,) = scrape(actions=[a]).actions
+    return one
+
+
+@pytest.mark.parametrize(
+    ("firecrawl", "pagesift"),
+    [
+        ({"type": "wait", "milliseconds": 1500},
+         jobs_pb2.Action(wait=jobs_pb2.WaitAction(
+             duration=duration_pb2.Duration(seconds=1, nanos=500_000_000)))),
+        ({"type": "wait", "selector": "#done"},
+         jobs_pb2.Action(wait=jobs_pb2.WaitAction(selector="#done"))),
+        ({"type": "click", "selector": "button.more"},
+         jobs_pb2.Action(click=jobs_pb2.ClickAction(selector="button.more"))),
+        ({"type": "write", "text": "hello"},
+         jobs_pb2.Action(write=jobs_pb2.WriteAction(text="hello"))),
+        ({"type": "press", "key": "Enter"},
+         jobs_pb2.Action(press=jobs_pb2.PressAction(key="Enter"))),
+        ({"type": "scroll"},
+         jobs_pb2.Action(scroll=jobs_pb2.ScrollAction(direction=jobs_pb2.SCROLL_DIRECTION_DOWN))),
+        ({"type": "scroll", "direction": "up"},
+         jobs_pb2.Action(scroll=jobs_pb2.ScrollAction(direction=jobs_pb2.SCROLL_DIRECTION_UP))),
+        ({"type": "executeJavascript", "script": "return 1"},
+         jobs_pb2.Action(execute_javascript=jobs_pb2.ExecuteJavascriptAction(script="return 1"))),
+        ({"type": "screenshot"}, jobs_pb2.Action(screenshot=jobs_pb2.ScreenshotOptions())),
+        ({"type": "screenshot", "fullPage": True, "quality": 60},
+         jobs_pb2.Action(screenshot=jobs_pb2.ScreenshotOptions(
+             full_page=True, format=jobs_pb2.IMAGE_FORMAT_JPEG, quality=60))),
+    ],
+)  # fmt: skip
+def test_each_firecrawl_action_becomes_its_pagesift_step(
+    firecrawl: dict[str, Any], pagesift: jobs_pb2.Action
+) -> None:
+    assert _action(**firecrawl) == pagesift
+
+
+def test_actions_keep_their_order_and_ask_for_the_browser_engine() -> None:
+    opts = scrape(actions=[{"type": "click", "selector": "a"}, {"type": "wait", "milliseconds": 5}])
+    assert [a.WhichOneof("action") for a in opts.actions] == ["click", "wait"]
+    assert opts.engine == jobs_pb2.FETCH_ENGINE_BROWSER
+    assert scrape().engine == jobs_pb2.FETCH_ENGINE_UNSPECIFIED  # no actions: the node's AUTO
+
+
+@pytest.mark.parametrize(
+    ("action", "named"),
+    [
+        ({"type": "scrape"}, "actions[1]"),
+        ({"type": "pdf", "format": "A4"}, "actions[1]"),
+        ({"type": "click", "selector": "a", "all": True}, "actions[1].all"),
+        ({"type": "scroll", "selector": "#list"}, "actions[1].selector"),
+        ({"type": "screenshot", "viewport": {"width": 800, "height": 600}}, "actions[1].viewport"),
+        ({"type": "wait"}, "actions[1]"),
+        ({"type": "wait", "milliseconds": 5, "selector": "a"}, "actions[1]"),
+    ],
+)
+def test_an_action_pagesift_has_no_step_for_is_refused_by_index(
+    action: dict[str, Any], named: str
+) -> None:
+    err = refused(lambda: scrape(actions=[{"type": "press", "key": "Tab"}, action]))
+    assert err.error.startswith(f"{named}:") and err.details[0]["field"] == named
+    body = {"url": URL, "scrapeOptions": {"actions": [{"type": "press", "key": "a"}, action]}}
+    nested = refused(lambda: translate.crawl_request(CrawlRequest.model_validate(body)))
+    assert nested.details[0]["field"] == f"scrapeOptions.{named}"
+
+
+def test_an_unknown_action_type_is_a_validation_error_listing_the_known_ones() -> None:
+    with pytest.raises(pydantic.ValidationError, match="unknown action type: one of wait, click"):
+        scrape(actions=[{"type": "hover", "selector": "a"}])
+
+
+def test_location_languages_are_accept_language_and_the_locale_only_when_rendering() -> None:
+    plain = scrape(location={"languages": ["fr-CH", "fr", "en"]})
+    assert dict(plain.headers) == {"Accept-Language": "fr-CH, fr;q=0.9, en;q=0.8"}
+    assert plain.locale == ""  # a locale would make every page render
+    rendered = scrape(location={"languages": ["de-DE"]}, formats=["markdown", "screenshot"])
+    assert rendered.locale == "de-DE" and rendered.headers["Accept-Language"] == "de-DE"
+    acted = scrape(location={"languages": ["ja"]}, actions=[{"type": "press", "key": "End"}])
+    assert acted.locale == "ja"
+    assert scrape(location={}).headers == {}
+
+
+def test_location_country_and_a_second_accept_language_are_refused() -> None:
+    err = refused(lambda: scrape(location={"country": "DE", "languages": ["de"]}))
+    assert err.details[0]["field"] == "location.country" and "country" in err.error
+    clash = {"headers": {"accept-language": "en"}, "location": {"languages": ["de"]}}
+    assert refused(lambda: scrape(**clash)).details[0]["field"] == "location.languages"
+    with pytest.raises(pydantic.ValidationError):
+        scrape(location={"languages": ["not a tag"]})
+
+
+def test_a_user_agent_header_becomes_the_jobs_user_agent() -> None:
+    opts = scrape(headers={"user-agent": "Acme-Bot/2.0", "X-Team": "a"})
+    assert opts.user_agent == "Acme-Bot/2.0" and dict(opts.headers) == {"X-Team": "a"}
+
+
+@pytest.mark.parametrize(
+    ("parsers", "max_pages"),
+    [(["pdf"], 0), ([{"type": "pdf"}], 0), ([{"type": "pdf", "maxPages": 7, "mode": "fast"}], 7)],
+)
+def test_the_pdf_parser_maps_its_page_limit(parsers: list[Any], max_pages: int) -> None:
+    assert scrape(parsers=parsers).max_pages == max_pages
+
+
+@pytest.mark.parametrize(
+    ("parsers", "named"),
+    [
+        ([], "parsers"),
+        (["pdf", "image"], "parsers[1]"),
+        ([{"type": "image"}], "parsers[0]"),
+        ([{"type": "pdf", "mode": "ocr"}], "parsers[0].mode"),
+        ([{"type": "pdf", "pages": True}], "parsers[0].pages"),
+        ([{"type": "pdf", "blocks": True}], "parsers[0].blocks"),
+        ([{"type": "pdf", "pageMarkers": True}], "parsers[0].pageMarkers"),
+    ],
+)
+def test_a_parser_setting_pagesift_cannot_honour_is_refused(parsers: list[Any], named: str) -> None:
+    assert refused(lambda: scrape(parsers=parsers)).details[0]["field"] == named
+
+
+def test_the_change_tracking_format_and_its_git_diff_mode_map_onto_change_tracking() -> None:
+    plain = scrape(formats=["markdown", "changeTracking"])
+    assert jobs_pb2.FORMAT_CHANGE_TRACKING in plain.formats and not plain.change_tracking_diff
+    diff = scrape(formats=["markdown", {"type": "changeTracking", "modes": ["git-diff"]}])
+    assert diff.change_tracking_diff
+    v1_style = scrape(
+        formats=["markdown", "changeTracking"], changeTrackingOptions={"modes": ["git-diff"]}
+    )
+    assert v1_style.change_tracking_diff
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"formats": ["changeTracking"]}, "formats"),
+        ({"formats": ["markdown", {"type": "changeTracking", "modes": ["json"]}]},
+         "formats[1].modes[0]"),
+        ({"formats": ["markdown", {"type": "changeTracking", "prompt": "x"}]}, "formats[1].prompt"),
+        ({"formats": ["markdown", {"type": "changeTracking", "tag": "daily"}]}, "formats[1].tag"),
+        ({"formats": ["markdown", {"type": "links", "modes": ["git-diff"]}]}, "formats[1]"),
+        ({"formats": ["markdown", "changeTracking"], "changeTrackingOptions": {"schema": {}}},
+         "changeTrackingOptions.schema"),
+    ],
+)  # fmt: skip
+def test_change_tracking_settings_pagesift_cannot_honour_are_refused(
+    body: dict[str, Any], named: str
+) -> None:
+    assert refused(lambda: scrape(**body)).details[0]["field"] == named
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        jobs_pb2.ScrapeOptions(),
+        jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_MARKDOWN, jobs_pb2.FORMAT_SCREENSHOT]),
+        jobs_pb2.ScrapeOptions(mobile=True),
+        jobs_pb2.ScrapeOptions(wait_for=jobs_pb2.WaitFor(selector="a")),
+        jobs_pb2.ScrapeOptions(viewport=jobs_pb2.Viewport(width=800)),
+        jobs_pb2.ScrapeOptions(timezone="Europe/Paris"),
+        jobs_pb2.ScrapeOptions(actions=[jobs_pb2.Action(click=jobs_pb2.ClickAction(selector="a"))]),
+        jobs_pb2.ScrapeOptions(headers={"A": "b"}, max_pages=3),
+    ],
+)
+def test_the_gateways_renders_rule_is_the_nodes_browser_fields(
+    opts: jobs_pb2.ScrapeOptions,
+) -> None:
+    assert options.renders(opts) == bool(rendering.browser_fields(opts))
+
+
+def test_a_document_carries_firecrawls_actions_answer() -> None:
+    doc = jobs_pb2.Document(
+        url=URL,
+        action_results=[
+            jobs_pb2.ActionResult(index=1, javascript_return='"Title"'),
+            jobs_pb2.ActionResult(
+                index=2, screenshot=jobs_pb2.Screenshot(data=b"\x89PNG", content_type="image/png")
+            ),
+            jobs_pb2.ActionResult(index=3, javascript_return="[1, 2]"),
+            jobs_pb2.ActionResult(index=4, javascript_return="3.5"),
+            jobs_pb2.ActionResult(index=5, javascript_return="null"),
+        ],
+    )
+    out = translate.document(doc)["actions"]
+    assert out["screenshots"] == ["data:image/png;base64,iVBORw=="]
+    assert out["javascriptReturns"] == [
+        {"type": "string", "value": "Title"},
+        {"type": "object", "value": [1, 2]},
+        {"type": "number", "value": 3.5},
+        {"type": "object", "value": None},
+    ]
+    assert out["scrapes"] == [] and out["pdfs"] == []
+    assert "actions" not in translate.document(jobs_pb2.Document(url=URL))
+
+
+def test_a_document_carries_firecrawls_change_tracking_answer() -> None:
+    new = translate.document(jobs_pb2.Document(url=URL, change_status=jobs_pb2.CHANGE_STATUS_NEW))
+    assert new["changeTracking"] == {
+        "previousScrapeAt": None, "changeStatus": "new", "visibility": "visible"
+    }  # fmt: skip
+    diff = "--- previous\n+++ current\n@@ -1,2 +1,2 @@\n a\n-b\n+B"
+    changed = jobs_pb2.Document(
+        url=URL, change_status=jobs_pb2.CHANGE_STATUS_CHANGED, change_diff=diff,
+        previous_scrape_at=timestamp_pb2.Timestamp(seconds=1_700_000_000),
+    )  # fmt: skip
+    out = translate.document(changed)["changeTracking"]
+    assert out["changeStatus"] == "changed"
+    assert out["previousScrapeAt"] == "2023-11-14T22:13:20Z"
+    assert out["diff"]["text"] == diff
+    (file,) = out["diff"]["json"]["files"]
+    assert (file["from"], file["to"]) == ("previous", "current")
+    assert [(c["type"], c.get("ln"), c["content"]) for c in file["chunks"][0]["changes"]] == [
+        ("normal", None, " a"), ("del", 2, "-b"), ("add", 2, "+B"),
+    ]  # fmt: skip
+    assert "changeTracking" not in translate.document(jobs_pb2.Document(url=URL))

@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from pagesift.gateway.optionmodels import Action, ChangeTrackingOptions, Location, Parser, Viewport
+
 __all__ = [
     "BatchScrapeRequest",
     "CrawlRequest",
@@ -42,19 +44,20 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=False)
 
 
-class Viewport(Strict):
-    width: int = Field(gt=0, le=7680)
-    height: int = Field(gt=0, le=4320)
-
-
 class FormatObject(Strict):
-    """A format given as an object: ``{"type": "screenshot", "fullPage": true}``; only
-    the keys of the formats the gateway maps are declared (others are refused)."""
+    """A format given as an object: ``{"type": "screenshot", "fullPage": true}``,
+    ``{"type": "changeTracking", "modes": ["git-diff"]}``; the keys of the screenshot and
+    change-tracking formats are declared (a key of another format is refused by name)."""
 
     type: str
     full_page: bool = Field(False, alias="fullPage")
     quality: int | None = Field(None, ge=1, le=100)
     viewport: Viewport | None = None
+    # changeTracking's (prompt and schema are also json's, refused with it)
+    modes: list[Literal["git-diff", "json"]] | None = None
+    prompt: str | None = None
+    schema_: Any = Field(None, alias="schema")
+    tag: str | None = None
 
 
 class ScrapeOptions(Strict):
@@ -77,17 +80,19 @@ class ScrapeOptions(Strict):
     block_ads: bool = Field(True, alias="blockAds")
     fast_mode: bool = Field(False, alias="fastMode")
     proxy: str | None = None
+    actions: list[Action] | None = Field(None, max_length=50)
+    location: Location | None = None
+    parsers: list[Parser] | None = None
+    change_tracking_options: ChangeTrackingOptions | None = Field(
+        None, alias="changeTrackingOptions"
+    )
     # declared so that they are refused by name (translate.UNSUPPORTED_SCRAPE)
-    actions: list[Any] | None = None
-    location: Any = None
-    parsers: list[Any] | None = None
     min_age: int | None = Field(None, alias="minAge")
     use_mock: str | None = Field(None, alias="useMock")
     redact_pii: Any = Field(None, alias="redactPII")
     check_prompt_injection: bool | None = Field(None, alias="checkPromptInjection")
     threat_protection: Any = Field(None, alias="threatProtection")
     audit_metadata: Any = Field(None, alias="auditMetadata")
-    change_tracking_options: Any = Field(None, alias="changeTrackingOptions")
 
 
 class WebhookOptions(Strict):

@@ -27,6 +27,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 
 from pagesift.client.firecrawl import STATES, document, metadata
+from pagesift.gateway import options
 from pagesift.gateway.errors import HttpError, bad_request
 from pagesift.gateway.models import (
     BatchScrapeRequest,
@@ -36,6 +37,7 @@ from pagesift.gateway.models import (
     ScrapeOptions,
     ScrapeRequest,
     WebhookOptions,
+    _Job,
 )
 from pagesift.v1 import jobs_pb2
 
@@ -62,6 +64,24 @@ FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
     "links": jobs_pb2.FORMAT_LINKS,
     "images": jobs_pb2.FORMAT_IMAGES,
     "screenshot": jobs_pb2.FORMAT_SCREENSHOT,
+    "changeTracking": jobs_pb2.FORMAT_CHANGE_TRACKING,
+}
+_LLM = "needs an LLM; pagesift runs none"
+#: Firecrawl's other format names -> why pagesift refuses them (an unknown name too)
+UNSUPPORTED_FORMATS: dict[str, str] = {
+    "summary": _LLM,
+    "json": _LLM,
+    "question": _LLM,
+    "highlights": _LLM,
+    "query": _LLM,
+    "branding": _LLM,
+    "product": _LLM,
+    "menu": _LLM,
+    "deterministicJson": "runs generated extractors in Firecrawl's code sandbox; pagesift has none",
+    "rawBase64": "pagesift keeps a page as text (rawHtml), not its raw bytes",
+    "attributes": "pagesift extracts no element attributes",
+    "audio": "pagesift downloads no media",
+    "video": "pagesift downloads no media",
 }
 
 _SITEMAP = {
@@ -72,29 +92,46 @@ _SITEMAP = {
 
 #: scrape option attribute -> (Firecrawl name, why it is refused when set)
 UNSUPPORTED_SCRAPE: dict[str, tuple[str, str]] = {
-    "actions": ("actions", "not mapped by this gateway yet"),
-    "location": ("location", "not mapped by this gateway yet"),
-    "parsers": ("parsers", "not mapped by this gateway yet"),
-    "min_age": ("minAge", "pagesift has no minimum cache age"),
+    "fast_mode": ("fastMode", "pagesift has no fast mode"),
+    "min_age": (
+        "minAge",
+        "pagesift has no cache-only read: a copy older than maxAge is revalidated or fetched",
+    ),
     "use_mock": ("useMock", "pagesift has no mock responses"),
     "redact_pii": ("redactPII", "pagesift does not redact documents"),
     "check_prompt_injection": ("checkPromptInjection", "needs an LLM; pagesift runs none"),
     "threat_protection": ("threatProtection", "pagesift's address guard is not configurable"),
     "audit_metadata": ("auditMetadata", "pagesift keeps no audit log per request"),
-    "change_tracking_options": ("changeTrackingOptions", "not mapped by this gateway yet"),
 }
 UNSUPPORTED_CRAWL: dict[str, tuple[str, str]] = {
     "prompt": ("prompt", "needs an LLM; pagesift runs none"),
-    "robots_user_agent": ("robotsUserAgent", "not mapped by this gateway yet"),
+    "robots_user_agent": (
+        "robotsUserAgent",
+        "pagesift matches robots.txt with the job's own User-Agent (a User-Agent header), "
+        "not a separate agent",
+    ),
 }
 UNSUPPORTED_BATCH: dict[str, tuple[str, str]] = {
     "append_to_id": ("appendToId", "not mapped by this gateway yet"),
 }
 UNSUPPORTED_MAP: dict[str, tuple[str, str]] = {
-    "location": ("location", "not mapped by this gateway yet"),
+    "location": ("location", "pagesift's map sends no request options (headers, locale)"),
     "use_index": ("useIndex", "pagesift keeps no index of other accounts' pages"),
     "threat_protection": ("threatProtection", "pagesift's address guard is not configurable"),
     "audit_metadata": ("auditMetadata", "pagesift keeps no audit log per request"),
+}
+UNSUPPORTED_JOB: dict[str, tuple[str, str]] = {
+    "zero_data_retention": ("zeroDataRetention", "pagesift keeps every job's documents"),
+}
+#: request model -> its refused fields (the nested models' are ``options.REFUSED``):
+#: what docs/gateway.md's field table says "refused" for (tests/test_gateway_fields.py)
+REFUSED: dict[type[Any], Mapping[str, tuple[str, str]]] = {
+    ScrapeOptions: UNSUPPORTED_SCRAPE,
+    CrawlRequest: UNSUPPORTED_CRAWL,
+    BatchScrapeRequest: UNSUPPORTED_BATCH,
+    MapRequest: UNSUPPORTED_MAP,
+    _Job: UNSUPPORTED_JOB,
+    **options.REFUSED,
 }
 _DEFAULTS = ScrapeOptions.model_validate({})  # Firecrawl's defaults, as sent by nobody
 _PROXIES = {"basic", "auto"}  # the server's own proxy setting; stealth/enhanced refused
@@ -120,10 +157,16 @@ def _format(opts: jobs_pb2.ScrapeOptions, fmt: str | FormatObject, field: str) -
     name = fmt if isinstance(fmt, str) else fmt.type
     value = FORMATS.get(name)
     if value is None:
-        raise _refuse(field, f"format {name!r} is not supported by pagesift")
+        why = UNSUPPORTED_FORMATS.get(name, "not a format pagesift knows")
+        raise _refuse(field, f"format {name!r}: {why}")
     if isinstance(fmt, FormatObject):
         if name != "screenshot" and (fmt.full_page or fmt.quality or fmt.viewport):
-            raise _refuse(field, f"format {name!r} takes no options")
+            raise _refuse(field, f"format {name!r} takes no screenshot options")
+        tracking = (fmt.modes, fmt.prompt, fmt.schema_, fmt.tag)
+        if name != "changeTracking" and any(k is not None for k in tracking):
+            raise _refuse(field, f"format {name!r} takes no change-tracking options")
+        if name == "changeTracking":
+            options.change_tracking(fmt, opts, field)
         if name == "screenshot":
             opts.screenshot.full_page = fmt.full_page
             if fmt.quality is not None:
@@ -140,8 +183,6 @@ def scrape_options(o: ScrapeOptions, prefix: str = "") -> jobs_pb2.ScrapeOptions
     """Firecrawl scrape options -> ``ScrapeOptions`` (``prefix``: the path that names
     them in a refusal, ``scrapeOptions.`` inside a crawl)."""
     _refuse_set(o, UNSUPPORTED_SCRAPE, prefix)
-    if o.fast_mode:
-        raise _refuse(prefix + "fastMode", "pagesift has no fast mode")
     if o.proxy is not None and o.proxy not in _PROXIES:
         raise _refuse(prefix + "proxy", f"proxy {o.proxy!r}: pagesift has no stealth proxies")
     if not o.store_in_cache and o.max_age:
@@ -157,12 +198,17 @@ def scrape_options(o: ScrapeOptions, prefix: str = "") -> jobs_pb2.ScrapeOptions
     )
     for i, fmt in enumerate(o.formats or ()):
         _format(opts, fmt, f"{prefix}formats[{i}]")
+    tracked = jobs_pb2.FORMAT_CHANGE_TRACKING in opts.formats
+    if tracked and jobs_pb2.FORMAT_MARKDOWN not in opts.formats:
+        why = "the changeTracking format compares markdown: add the markdown format (as Firecrawl)"
+        raise _refuse(prefix + "formats", why)
     if o.timeout is not None:
         opts.timeout.CopyFrom(_millis(o.timeout))
     if o.wait_for:
         opts.wait_for.duration.CopyFrom(_millis(o.wait_for))
     if o.max_age:
         opts.max_age.CopyFrom(_millis(o.max_age))
+    options.apply(o, opts, prefix)
     return opts
 
 
@@ -190,8 +236,7 @@ def webhook(w: WebhookOptions) -> jobs_pb2.Webhook:
 
 
 def _job_checks(r: Any, prefix: str = "") -> None:
-    if r.zero_data_retention:
-        raise _refuse(prefix + "zeroDataRetention", "pagesift keeps every job's documents")
+    _refuse_set(r, UNSUPPORTED_JOB, prefix)
 
 
 def scrape_request(r: ScrapeRequest) -> jobs_pb2.ScrapeOptions:
