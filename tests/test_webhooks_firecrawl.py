@@ -139,6 +139,21 @@ def test_firecrawl_headers_sign_the_raw_body_and_keep_the_jobs_own() -> None:
     assert not fw.verify_signature("s3cret", raw + b" ", headers["X-Firecrawl-Signature"])
 
 
+def test_the_docs_verification_accepts_what_the_server_signs() -> None:
+    """docs/webhooks.md's Firecrawl receiver code, run as written, against ``fw.sign``."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "webhooks.md").read_text()
+    start = text.index("def firecrawl_signature_ok")
+    start = text.rindex("```python\n", 0, start) + len("```python\n")
+    code = text[start : text.index("```", start)]
+    space: dict[str, Any] = {}
+    exec(compile(code, "docs/webhooks.md", "exec"), space)
+    ok = space["firecrawl_signature_ok"]
+    raw = fw.body("j", "crawl", item("started"), {})
+    assert ok("s3cret", raw, fw.sign("s3cret", raw)) is True
+    assert ok("s3cret", raw + b" ", fw.sign("s3cret", raw)) is False
+    assert ok("another", raw, fw.sign("s3cret", raw)) is False
+
+
 def test_a_firecrawl_config_keeps_firecrawls_events_and_documents_and_pagesifts_is_unchanged(
     store: Store,
 ) -> None:
@@ -157,7 +172,7 @@ def test_a_firecrawl_config_keeps_firecrawls_events_and_documents_and_pagesifts_
     assert (cfg.format, cfg.kind) == (outbox.FIRECRAWL, "crawl")
     plain = configure(outbox.PAGESIFT)
     assert plain.events == jr.WEBHOOK_EVENTS and not plain.include_document
-    # a pagesift config is stored exactly as before the format existed
+    # a pagesift config names no format: its bytes are those of a config without one
     assert store.get(jr.JobKeys("j").webhook) == (
         b'{"url":"http://h","events":["started","page","page_failed","completed","failed",'
         b'"cancelled"],"account":"alice"}'
