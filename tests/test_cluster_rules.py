@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from pagesift.shared.cluster import budgets, ids, placement, registry
-from pagesift.shared.cluster.registry import Load, PairRecord
+from pagesift.shared.cluster.registry import Load, NodeRecord
 
 U = "6f1c2a9e-3b4d-4e5f-8a7b-1c2d3e4f5a6b"
 
@@ -107,14 +107,15 @@ def test_a_batch_splits_by_origin_keeping_each_urls_index_in_order() -> None:
 
 
 def test_a_record_round_trips_and_bad_ones_are_refused() -> None:
-    rec = PairRecord("p1", "10.0.0.1:50051", "10.0.0.2:50051", epoch=7, lag=3, capacity=64,
+    rec = NodeRecord("p1", "n-a", "10.0.0.1:50051", "primary", epoch=7, lag=0, capacity=64,
                      load=Load(running_jobs=2, queued_pages=40, pages_per_s=120.5, cpu=1.5),
                      updated=1.7e9)  # fmt: skip
     assert registry.decode_record(registry.encode_record(rec)) == rec
     good = json.loads(registry.encode_record(rec))
     changes: list[dict[str, object]] = [
-        {"pair": "P1"}, {"epoch": -1}, {"epoch": "7"}, {"accepting": 1},
-        {"load": {"cpu": "x"}}, {"load": []}, {"primary": "x" * 400},
+        {"pair": "P1"}, {"epoch": -1}, {"epoch": "7"}, {"accepting": 1}, {"role": "leader"},
+        {"node": ""}, {"node": "a/b"}, {"load": {"cpu": "x"}}, {"load": []},
+        {"address": "x" * 400},
     ]  # fmt: skip
     for change in changes:
         with pytest.raises(ValueError):
@@ -124,18 +125,43 @@ def test_a_record_round_trips_and_bad_ones_are_refused() -> None:
             registry.decode_record(raw)
 
 
+def node(pair: str, name: str, role: str, epoch: int = 1, **kw: object) -> NodeRecord:
+    return NodeRecord(pair, name, f"{name}:1", role, epoch=epoch, **kw)  # type: ignore[arg-type]
+
+
+def test_a_pairs_view_names_the_primary_with_the_highest_epoch() -> None:
+    views = registry.pair_views([
+        node("p1", "a", "primary", 3, load=Load(running_jobs=4)),
+        node("p1", "b", "standby", 3, lag=12),
+        node("p2", "c", "primary", 5), node("p2", "d", "primary", 9),  # d took over
+        node("p3", "e", "standby", 2),  # its primary is gone
+    ])  # fmt: skip
+    assert views["p1"].primary == "a:1" and views["p1"].standbys == ("b:1",)
+    assert views["p1"].lag == 12 and views["p1"].load.running_jobs == 4
+    assert views["p2"].primary == "d:1" and views["p2"].standbys == ("c:1",)
+    assert views["p3"].primary == "" and views["p3"].standbys == ("e:1",)
+    assert registry.placeable(views.values()) == ["p1", "p2"]
+
+
 def test_only_pairs_with_a_primary_that_accept_take_new_work() -> None:
-    recs = [PairRecord("p3", "h:3"), PairRecord("p1", "h:1"), PairRecord("p2", ""),
-            PairRecord("p4", "h:4", accepting=False)]  # fmt: skip
-    assert registry.placeable(recs) == ["p1", "p3"]
+    views = registry.pair_views([
+        node("p3", "a", "primary"), node("p1", "b", "primary"), node("p2", "c", "standby"),
+        node("p4", "d", "primary", accepting=False),
+    ])  # fmt: skip
+    assert registry.placeable(views.values()) == ["p1", "p3"]
 
 
 def test_keys_are_laid_out_under_the_clusters_prefix() -> None:
-    assert registry.pair_key("prod", "p1") == "/pagesift-cluster/prod/pairs/p1"
+    assert registry.node_key("prod", "p1", "n1") == "/pagesift-cluster/prod/nodes/p1/n1"
+    assert registry.node_key("prod", "p1", "n1").startswith(registry.nodes_prefix("prod"))
     assert registry.slot_key("prod", "", 3) == "/pagesift-cluster/prod/slots/-/3"
     assert registry.pages_key("prod", "acme", "2026-12-01").endswith("/pages/acme/2026-12-01")
     with pytest.raises(ValueError):
         registry.slot_key("prod", "a/b", 0)
+    with pytest.raises(ValueError):
+        registry.node_key("prod", "p1", "a/b")
+    with pytest.raises(ValueError):
+        registry.node_key("Prod", "p1", "n")
 
 
 # ---------------------------------------------------------------- budgets
