@@ -495,6 +495,15 @@ class JobClient:
         )
         return await self.call(lambda s: s.ListJobs(req, timeout=self.timeout), retryable=True)
 
+    async def account_usage(self) -> jobs_pb2.GetAccountUsageResponse:
+        """GetAccountUsage: the caller's pages used and allowance in the rolling day, its
+        running jobs and max_concurrent_jobs, pages queued and in flight (a read: the
+        primary, else a standby's replica without in-flight pages)."""
+        req = jobs_pb2.GetAccountUsageRequest()
+        return await self.call(
+            lambda s: s.GetAccountUsage(req, timeout=self.timeout), retryable=True
+        )
+
     async def list_jobs(
         self,
         *,

@@ -42,7 +42,7 @@ __all__ = [
     "with_idempotency_key",
 ]
 
-READ_METHODS = frozenset({"GetJob", "WatchJob", "GetJobErrors", "ListJobs"})
+READ_METHODS = frozenset({"GetJob", "WatchJob", "GetJobErrors", "ListJobs", "GetAccountUsage"})
 IDEMPOTENT_WRITES = frozenset({"Scrape", "CancelJob"})
 KEYED_WRITES = frozenset({"StartCrawl", "StartBatchScrape"})
 #: idempotent, and the owner must be able to stop a job while the pair fails over:

@@ -175,6 +175,7 @@ class SyncJobClient:
     map = _blocking(JobClient.map)
     list_jobs_page = _blocking(JobClient.list_jobs_page)
     list_jobs = _blocking(JobClient.list_jobs)
+    account_usage = _blocking(JobClient.account_usage)
     role = _blocking(JobClient.role)
     promote = _blocking(JobClient.promote)
     find_primary = _blocking(JobClient.find_primary)

@@ -40,6 +40,7 @@ from pagesift.primary.engine.cookiejar import JarChanges, JobCookies
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.jobs import frontier, oneoff, pagecache, recording
+from pagesift.primary.jobs.activity import Activity
 from pagesift.primary.jobs.recording import PageResult
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.config.schema import ServerConfig
@@ -142,7 +143,10 @@ class _Run:
     (the crawl counts them as in flight so its workers wait for what they admit).
     """
 
-    def __init__(self, permits: int, max_retries: int, on_change: Callable[[int], None]) -> None:
+    def __init__(
+        self, permits: int, max_retries: int, on_change: Callable[[int], None], owner: str
+    ) -> None:
+        self.owner = owner  # the job's account (its pages in flight are counted: Activity)
         self.permits = asyncio.Semaphore(permits)
         self.max_retries = max_retries
         self.on_change = on_change
@@ -182,6 +186,7 @@ class Runner:
         self._host = host
         self._random = random.Random()
         self._jars: dict[str, JobCookies] = {}  # of the jobs running here
+        self.activity = Activity()  # per account: jobs, pages in flight (GetAccountUsage)
 
     async def run(self, meta: jr.JobMeta, req: JobRequest) -> None:
         """One run of the job, until it finishes (or its task is cancelled)."""
@@ -288,7 +293,7 @@ class Runner:
     ) -> None:
         """One attempt at a page inside one of the job's permits; a transient failure
         with retries left is scheduled again (module docstring), else recorded."""
-        async with run.permits:
+        async with run.permits, self.activity.fetching(run.owner, job_id):
             try:
                 page = await fetch()
             except PageError as e:
@@ -367,7 +372,7 @@ class Runner:
             return
         policy = FetchPolicy(request=profile, owner=meta.owner)
         workers = concurrency(self.config, req.max_concurrency)
-        run = _Run(workers, self._max_retries(req), lambda delta: None)
+        run = _Run(workers, self._max_retries(req), lambda delta: None, meta.owner)
 
         async def worker() -> None:
             for i, url in pending:
@@ -417,7 +422,7 @@ class Runner:
                 self._seed_sitemaps(meta.id, req, scope, policy, queue, retries_in_flight)
             )
         workers = concurrency(self.config, req.max_concurrency)
-        run = _Run(workers, self._max_retries(req), retries_in_flight)
+        run = _Run(workers, self._max_retries(req), retries_in_flight, meta.owner)
 
         async def worker() -> None:
             async for entry in queue.entries():
@@ -531,6 +536,7 @@ class Runner:
             return
         if done.seq is None:
             return
+        self.activity.page_stored(job_id)
         if self.metrics is not None:
             self.metrics.page_recorded(done.kind)
         await self._host.published(job_id, done.seq, commit.offset)

@@ -43,6 +43,7 @@ from pagesift.primary.jobs.runner import Runner, concurrency, first_unfinished, 
 from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.api.ports import AccountActivity
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import quarantine as q
 from pagesift.shared.jobs import records as jr
@@ -122,6 +123,8 @@ class Jobs:
         resumed: list[str] = []
         for job_id in jr.all_job_ids(self.store):
             meta = jr.load_meta(self.store, job_id)
+            if meta is not None and not meta.terminal:  # counted by GetAccountUsage
+                self.runner.activity.job_started(meta.owner, job_id)
             if meta is not None and meta.state == "scraping":
                 if self._wait_replicated is not None:
                     self._visible[job_id] = views.progress(self.store, meta).completed
@@ -187,11 +190,16 @@ class Jobs:
         self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
     ) -> jobs_pb2.Document:
         """The Scrape call for account ``owner`` (``oneoff.scrape``)."""
-        return await oneoff.scrape(self.store, self.engine, self.accounts, owner, url, options)
+        async with self.runner.activity.fetching(owner):  # in flight, then its last page
+            return await oneoff.scrape(self.store, self.engine, self.accounts, owner, url, options)
 
     async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]:
         """The Map call for account ``owner`` (``oneoff.map_site``); nothing is stored."""
         return await oneoff.map_site(self.engine, self.config, self.accounts, request, owner)
+
+    def activity(self, owner: str) -> AccountActivity:
+        """GetAccountUsage: ``owner``'s unfinished jobs and pages in flight (``activity``)."""
+        return self.runner.activity.of(self.store, owner)
 
     # what a run asks of the runtime (runner.Host) ----------------------------------
     @property
@@ -284,6 +292,7 @@ class Jobs:
 
         reg = self.store.write(group).result
         if reg.created:
+            self.runner.activity.job_started(owner, meta.id)
             self.wake(meta.id)
             if self._wait_replicated is not None:
                 self._visible[meta.id] = 0

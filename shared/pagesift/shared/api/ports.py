@@ -10,7 +10,8 @@ service's imports to the shared packages (``tests/test_layers.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from pagesift.shared.api.metrics import Metrics
@@ -25,6 +26,16 @@ from pagesift.v1 import jobs_pb2
 class Registration(Protocol):
     id: str
     created: bool
+
+
+@dataclass(frozen=True)
+class AccountActivity:
+    """What the primary's runtime knows of one account now (``GetAccountUsage``)."""
+
+    jobs: tuple[jr.JobMeta, ...]  # its jobs not finished (running, waiting, paused)
+    in_flight: Mapping[str, int]  # job id -> its pages being fetched now
+    scrapes_in_flight: int  # Scrape calls being fetched now
+    last_page_ms: int  # its most recent successful page on this primary (0: none)
 
 
 class JobRuntime(Protocol):
@@ -58,6 +69,9 @@ class JobRuntime(Protocol):
         ``quota.LimitExceeded`` when a concurrent call spent the last one)."""
 
     async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]: ...
+
+    def activity(self, owner: str) -> AccountActivity:
+        """``owner``'s unfinished jobs and pages in flight, read without a write."""
 
 
 class Node(Protocol):

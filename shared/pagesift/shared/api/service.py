@@ -1,8 +1,9 @@
 """The public ``JobService`` (gRPC), served by both roles: authenticate, validate, register.
 
-Reads (GetJob, WatchJob, GetJobErrors, ListJobs) come from the store only, so a
-standby answers them from its replica like the primary; the node adds its replication
-position to the response metadata. Writes (Scrape, StartBatchScrape, StartCrawl,
+Reads (GetJob, WatchJob, GetJobErrors, ListJobs, GetAccountUsage) come from the store
+(GetAccountUsage adds the primary's pages in flight), so a standby answers them from
+its replica like the primary; the node adds its replication position to the response
+metadata. Writes (Scrape, StartBatchScrape, StartCrawl,
 CancelJob, ResumeJob, Map) need the job runtime, which only a primary has: a standby
 refuses them (NOT_PRIMARY, naming the primary).
 
@@ -35,7 +36,7 @@ from contextvars import ContextVar
 
 import grpc
 
-from pagesift.shared.api import paging
+from pagesift.shared.api import paging, usage
 from pagesift.shared.api.errortable import (
     CallFacts,
     DocumentTooLarge,
@@ -523,6 +524,24 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             jobs=[views.summary(store, m, self._visible(m.id)) for m in metas],
             next_page_token=paging.token(paging.JOBS_TOKEN, tag, last) if more and last else "",
         )
+
+    @answers_errors
+    async def GetAccountUsage(
+        self,
+        request: jobs_pb2.GetAccountUsageRequest,
+        context: Context,
+    ) -> jobs_pb2.GetAccountUsageResponse:
+        """The caller's own usage and limits (``pagesift.shared.api.usage``: what one call
+        costs). A read: a standby answers from its replica, without in-flight pages."""
+        caller = self._caller(context)
+        await self._readable()
+        runtime = self.node.runtime()
+        activity = runtime.activity(caller.name) if runtime is not None else None
+        resp = usage.account_usage(
+            self.node.store(), caller, activity, self.node.config.max_concurrency, time.time()
+        )
+        self._read_md(context)
+        return resp
 
     # Map ------------------------------------------------------------------------------
     @answers_errors
