@@ -216,6 +216,16 @@ def test_the_webhook_option_maps_onto_a_firecrawl_shaped_webhook(
     )
 
 
+def test_the_json_schema_of_the_option_says_a_url_or_the_object() -> None:
+    for model in (CrawlRequest, BatchScrapeRequest):
+        schema = model.model_json_schema(by_alias=True)
+        kinds = schema["properties"]["webhook"]["anyOf"]
+        assert kinds[0]["type"] == "string" and kinds[1] == {"$ref": "#/$defs/WebhookOptions"}
+        options = schema["$defs"]["WebhookOptions"]
+        assert options["additionalProperties"] is False
+        assert set(options["properties"]) == {"url", "headers", "metadata", "events"}
+
+
 @pytest.mark.parametrize(
     ("option", "path"),
     [
@@ -251,14 +261,16 @@ class Delivery:
 class FirecrawlReceiver:
     """A webhook endpoint on 127.0.0.1 recording every POST (raw body and headers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: Callable[[Delivery], int] = lambda d: 200) -> None:
+        self.status = status  # the answer to each delivery
         self.got: list[Delivery] = []
         self.runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
-        self.got.append(Delivery(json.loads(raw), raw, dict(request.headers)))
-        return web.Response(status=200)
+        d = Delivery(json.loads(raw), raw, dict(request.headers))
+        self.got.append(d)
+        return web.Response(status=self.status(d))
 
     async def start(self) -> str:
         app = web.Application()
@@ -285,15 +297,17 @@ class FirecrawlReceiver:
 
 
 @contextlib.asynccontextmanager
-async def stack(tmp: Path) -> AsyncIterator[tuple[RunningNode, str, FirecrawlReceiver, str]]:
+async def stack(
+    tmp: Path, receiver: FirecrawlReceiver | None = None, **node_kw: Any
+) -> AsyncIterator[tuple[RunningNode, str, FirecrawlReceiver, str]]:
     """A node with accounts, a gateway in front of it and a receiver: (node, gateway
     base URL, receiver, hook URL)."""
-    receiver = FirecrawlReceiver()
+    receiver = receiver or FirecrawlReceiver()
     hook = await receiver.start()
     accounts = write_accounts(tmp / "accounts.toml")
     try:
         async with in_process_node(
-            tmp / "n", accounts_file=str(accounts), extract_processes=0
+            tmp / "n", accounts_file=str(accounts), extract_processes=0, **node_kw
         ) as node:
             stop = asyncio.Event()
             started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -358,6 +372,42 @@ async def test_a_crawl_started_with_the_sdks_webhook_delivers_started_pages_comp
     assert by_url == {doc["metadata"]["sourceURL"]: doc for doc in docs}
     assert all(p[0]["markdown"] for p in pages)
     assert got[0].body["data"] == [] and got[-1].body["data"] == []
+
+
+async def test_a_refused_delivery_is_retried_with_the_same_bytes_and_the_next_waits_for_it(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    seen: set[str] = set()
+
+    def first_refused(d: Delivery) -> int:
+        webhook_id = str(d.body["webhookId"])
+        if webhook_id in seen:
+            return 200
+        seen.add(webhook_id)
+        return 503
+
+    receiver = FirecrawlReceiver(first_refused)
+    async with stack(tmp_path, receiver, webhook_base_delay=0.05, webhook_max_delay=0.1) as (
+        _node,
+        base,
+        _receiver,
+        hook,
+    ):
+        fc = Firecrawl(api_key=ALICE.key, api_url=base)
+        job = await sdk(fc.start_batch_scrape, [root, root + "about.html"], webhook=hook)
+        got = await receiver.until_type(job.id, ".completed")
+        await until(lambda: len(receiver.of(job.id)) == 8, "the completed event's retry", 10)
+        got = receiver.of(job.id)
+    check_signed(got)
+    # each event twice in a row (refused, then accepted), byte for byte the same
+    assert [g.raw for g in got[0::2]] == [g.raw for g in got[1::2]]
+    assert [g.headers["X-Firecrawl-Signature"] for g in got[0::2]] == [
+        g.headers["X-Firecrawl-Signature"] for g in got[1::2]
+    ]
+    assert [g.body["type"] for g in got[0::2]] == (
+        ["batch_scrape.started"] + ["batch_scrape.page"] * 2 + ["batch_scrape.completed"]
+    )
 
 
 async def test_the_events_filter_and_a_bare_url_on_batch_scrapes(

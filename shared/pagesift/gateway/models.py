@@ -110,7 +110,16 @@ def _webhook_url(value: Any) -> Any:
     return {"url": value} if isinstance(value, str) else value
 
 
-Webhook = Annotated[WebhookOptions | None, BeforeValidator(_webhook_url)]
+def _url_or_object(schema: dict[str, Any]) -> None:
+    """The JSON Schema says what the validator takes: the URL alone, or the object."""
+    schema["anyOf"] = [{"type": "string", "description": "the URL alone"}, *schema["anyOf"]]
+
+
+Webhook = Annotated[
+    WebhookOptions | None,
+    BeforeValidator(_webhook_url),
+    Field(json_schema_extra=_url_or_object),
+]
 
 
 class _Job(Strict):
