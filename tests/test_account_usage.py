@@ -178,3 +178,17 @@ async def test_the_clients_read_the_usage_of_their_key(tmp_path: Path) -> None:
 
         mine = await asyncio.to_thread(blocking)
     assert (mine.account, mine.max_concurrent_jobs) == ("meter", 3)
+
+
+async def test_list_jobs_names_a_crawls_start_url_and_not_a_batchs(tmp_path: Path) -> None:
+    async with gated_site(1) as site, in_process_node(tmp_path / "d") as node:
+        site.open()
+        crawled = await node.stub.StartCrawl(crawl(site.root))
+        batch = await node.stub.StartBatchScrape(
+            jobs_pb2.StartBatchScrapeRequest(urls=[site.root + "p0"])
+        )
+        await wait_done(node.stub, crawled.id)
+        await wait_done(node.stub, batch.id)
+        listed = await node.stub.ListJobs(jobs_pb2.ListJobsRequest())
+    urls = {j.id: j.url for j in listed.jobs}
+    assert urls == {crawled.id: site.root, batch.id: ""}

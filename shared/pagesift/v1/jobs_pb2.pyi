@@ -2209,11 +2209,16 @@ class JobSummary(_message.Message):
     COMPLETED_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: Global___JobKind.ValueType
     state: Global___JobState.ValueType
     total: _builtins.int
     completed: _builtins.int
+    url: _builtins.str
+    """A crawl's start URL, as it was asked for; empty for a batch scrape (its URLs are
+    many: GetJob's documents name them).
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -2230,10 +2235,11 @@ class JobSummary(_message.Message):
         completed: _builtins.int = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         paused: Global___PauseInfo | None = ...,
+        url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "paused", b"paused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "created_at", b"created_at", "id", b"id", "kind", b"kind", "paused", b"paused", "state", b"state", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "created_at", b"created_at", "id", b"id", "kind", b"kind", "paused", b"paused", "state", b"state", "total", b"total", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

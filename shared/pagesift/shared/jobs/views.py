@@ -141,7 +141,17 @@ def summary(store: Store, meta: JobMeta, visible: int | None = None) -> jobs_pb2
         completed=p.completed,
         created_at=timestamp(meta.created_ms),
         paused=pause_info(store, meta),
+        url=crawl_url(store, meta),
     )
+
+
+def crawl_url(store: Store, meta: JobMeta) -> str:
+    """A crawl's start URL from its stored request ("" for a batch: its request holds
+    every URL, too much to read for one line of a list)."""
+    if meta.kind != "crawl":
+        return ""
+    raw = store.get(JobKeys(meta.id).request) or b""
+    return jobs_pb2.StartCrawlRequest.FromString(raw).url
 
 
 def pause_info(store: Store, meta: JobMeta) -> jobs_pb2.PauseInfo | None:
