@@ -70,7 +70,7 @@ def routes_of(app: web.Application) -> list[tuple[str, str]]:
     return out
 
 
-def _operation(method: str, path: str, model: type[pydantic.BaseModel] | None) -> dict[str, Any]:
+def _operation(method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": f"{method.lower()}{re.sub(r'[^A-Za-z0-9]+', '_', path).rstrip('_')}",
         "responses": {"200": {"description": "success"}},
@@ -81,12 +81,8 @@ def _operation(method: str, path: str, model: type[pydantic.BaseModel] | None) -
             {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
             for p in params
         ]
-    if model is not None:
-        ref = f"#/components/schemas/{model.__name__}"
-        op["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": ref}}},
-        }
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
     if path not in OPEN_PATHS:
         op["security"] = [{"bearer": []}]
         op["responses"]["default"] = {
@@ -102,18 +98,18 @@ def document(
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``routes`` with the request ``models``."""
     table = REQUEST_MODELS if models is None else models
-    paths: dict[str, dict[str, Any]] = {}
-    used: list[type[pydantic.BaseModel]] = []
-    for method, path in sorted(set(routes), key=lambda r: (r[1], r[0])):
-        model = table.get((method, path))
-        if model is not None and model not in used:
-            used.append(model)
-        paths.setdefault(path, {})[method.lower()] = _operation(method, path, model)
-    _, defs = models_json_schema(
+    listed = sorted(set(routes), key=lambda r: (r[1], r[0]))
+    used = list(dict.fromkeys(m for r in listed if (m := table.get(r)) is not None))
+    refs, defs = models_json_schema(
         [(m, "validation") for m in used],
         by_alias=True,
         ref_template="#/components/schemas/{model}",
-    )
+    )  # refs: each model's {"$ref": ...} (two models of one name are told apart)
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path in listed:
+        model = table.get((method, path))
+        body = dict(refs[(model, "validation")]) if model is not None else None
+        paths.setdefault(path, {})[method.lower()] = _operation(method, path, body)
     schemas = {**defs.get("$defs", {}), "Error": _ERROR}
     return {
         "openapi": "3.1.0",
