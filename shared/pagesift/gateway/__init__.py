@@ -9,9 +9,11 @@ pair with the client's own rules). One module per concern:
   pages and errors lists back to Firecrawl's shapes;
 - ``errors``: the one table from a gRPC error to Firecrawl's HTTP status and body;
 - ``clients``: one ``JobClient`` per API key; ``health``: the ``/healthz`` probe;
+  ``metrics``: ``/metrics``; ``openapi``: ``/v2/openapi.json``; ``forwarded``: the
+  absolute URLs' origin behind a trusted proxy;
 - ``handling``: what every route shares (auth, body parsing, JSON answers, errors);
 - ``v2``: the v2 routes; ``app``: the application with every route module on it;
-  ``server``: running it (``pagesift gateway``).
+  ``server``: running it, TLS included (``pagesift gateway``, ``serve --http-listen``).
 
 Floor: it imports the client, the generated code, aiohttp and pydantic, never a role.
 """
