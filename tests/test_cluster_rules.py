@@ -151,6 +151,15 @@ def test_only_pairs_with_a_primary_that_accept_take_new_work() -> None:
     assert registry.placeable(views.values()) == ["p1", "p3"]
 
 
+def test_a_cluster_url_names_its_endpoints_and_cluster() -> None:
+    got = registry.parse_cluster_url("etcd://127.0.0.1:2379,[::1]:2380/prod")
+    assert got == ([("127.0.0.1", 2379), ("::1", 2380)], "prod")
+    for bad in ("etcd://h:1", "http://h:1/prod", "etcd://h/prod", "etcd://h:0/prod",
+                "etcd://h:1/Prod", "etcd:///prod"):  # fmt: skip
+        with pytest.raises(ValueError):
+            registry.parse_cluster_url(bad)
+
+
 def test_keys_are_laid_out_under_the_clusters_prefix() -> None:
     assert registry.node_key("prod", "p1", "n1") == "/pagesift-cluster/prod/nodes/p1/n1"
     assert registry.node_key("prod", "p1", "n1").startswith(registry.nodes_prefix("prod"))

@@ -42,12 +42,31 @@ from pagesift.shared.cluster.ids import check_pair_name
 __all__ = [
     "MAX_RECORD_BYTES", "REFRESH_SECONDS", "Load", "NodeRecord", "PairView", "cluster_prefix",
     "decode_record", "encode_record", "node_key", "nodes_prefix", "pages_key", "pair_views",
-    "placeable", "slot_key",
+    "parse_cluster_url", "placeable", "slot_key",
 ]  # fmt: skip
 
 MAX_RECORD_BYTES = 8 * 1024
 REFRESH_SECONDS = 2.0
 _ROOT = "/pagesift-cluster"
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
+    """``etcd://HOST:PORT[,HOST:PORT...]/NAME`` as (endpoints, cluster name);
+    ``ValueError`` names what is wrong."""
+    scheme, sep, rest = url.partition("://")
+    endpoints_text, slash, name = rest.partition("/")
+    if scheme != "etcd" or not sep or not slash or not endpoints_text:
+        raise ValueError(
+            f"cluster must look like etcd://HOST:PORT[,HOST:PORT...]/NAME, not {url!r}"
+        )
+    endpoints: list[tuple[str, int]] = []
+    for part in endpoints_text.split(","):
+        host, colon, port = part.strip().rpartition(":")
+        host = host.strip("[]")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"cluster endpoint {part!r}: expected HOST:PORT")
+        endpoints.append((host, int(port)))
+    return endpoints, check_pair_name(name.strip("/"))
 
 
 def cluster_prefix(cluster: str) -> str:

@@ -1,0 +1,102 @@
+"""The cluster registry on a real etcd: records under leases, lapsing by themselves."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pagesift.node.drill.fixture import Etcd
+from pagesift.node.registry import EtcdRegistry, Registrar, RegistryUnavailable
+from pagesift.shared.cluster.registry import Load, NodeRecord, pair_views, placeable
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.system
+
+
+def record(pair: str, node: str, role: str, epoch: int = 1, running: int = 0) -> NodeRecord:
+    return NodeRecord(pair, node, f"127.0.0.1:{1000 + len(node)}", role, epoch=epoch,
+                      load=Load(running_jobs=running))  # fmt: skip
+
+
+async def test_registered_nodes_are_listed_and_merged_into_pairs(etcd: Etcd) -> None:
+    url = f"{etcd.endpoint}/prod"
+    registrars = [
+        Registrar(EtcdRegistry(url), lambda r=r: r, ttl=2)  # type: ignore[misc]
+        for r in (
+            record("p1", "a", "primary", 3, running=2),
+            record("p1", "bb", "standby", 3),
+            record("p2", "ccc", "primary", 1),
+        )
+    ]
+    reader = EtcdRegistry(url)
+    try:
+        for r in registrars:
+            await r.step()
+        views = pair_views(await reader.nodes())
+        assert placeable(views.values()) == ["p1", "p2"]
+        assert views["p1"].primary == "127.0.0.1:1001" and views["p1"].load.running_jobs == 2
+        assert views["p1"].standbys == ("127.0.0.1:1002",)
+        other = EtcdRegistry(f"{etcd.endpoint}/staging")  # another cluster, same etcd
+        assert await other.nodes() == []
+        await other.close()
+    finally:
+        for r in registrars:
+            await r.close()
+        assert await reader.nodes() == []  # a clean stop withdraws at once
+        await reader.close()
+
+
+async def test_a_node_that_stops_refreshing_drops_out_after_its_ttl(etcd: Etcd) -> None:
+    url = f"{etcd.endpoint}/prod"
+    gone = Registrar(EtcdRegistry(url), lambda: record("p1", "a", "primary"), ttl=2)
+    stays = Registrar(EtcdRegistry(url), lambda: record("p1", "bb", "standby"), ttl=2)
+    reader = EtcdRegistry(url)
+    task = asyncio.create_task(stays.run())
+    try:
+        await gone.step()  # and never again: as if SIGKILLed
+        await asyncio.wait_for(stays.registered.wait(), 5)
+        assert len(await reader.nodes()) == 2
+
+        async def lapsed() -> bool | None:
+            return [n.node for n in await reader.nodes()] == ["bb"] or None
+
+        await eventually(lapsed, "the silent node's record to lapse", timeout=8)
+        views = pair_views(await reader.nodes())
+        assert views["p1"].primary == "" and placeable(views.values()) == []
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await stays.close()
+        await gone.registry.close()
+        await reader.close()
+
+
+async def test_the_registrar_re_registers_after_etcd_comes_back(etcd: Etcd) -> None:
+    url = f"{etcd.endpoint}/prod"
+    reg = Registrar(EtcdRegistry(url, timeout=0.5), lambda: record("p1", "a", "primary"), ttl=2)
+    task = asyncio.create_task(reg.run())
+    reader = EtcdRegistry(url)
+    try:
+        await asyncio.wait_for(reg.registered.wait(), 5)
+        etcd.child.kill()
+        try:
+            await reader.nodes()
+            raise AssertionError("etcd answered after SIGKILL")
+        except RegistryUnavailable:
+            pass
+        await asyncio.sleep(3)  # longer than the ttl: the lease lapses meanwhile
+        await etcd.start()
+
+        async def back() -> bool | None:
+            try:
+                return [n.node for n in await reader.nodes()] == ["a"] or None
+            except RegistryUnavailable:
+                return None
+
+        await eventually(back, "the record to come back with etcd", timeout=15)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await reg.close()
+        await reader.close()
