@@ -44,7 +44,7 @@ from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Account, Unauthenticated
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.jobs.records import IdempotencyKeyReused
+from pagesift.shared.jobs.records import IdempotencyKeyReused, JobNotAppendable
 from pagesift.shared.jobs.rendering import RenderingUnavailable
 from pagesift.shared.jobs.specs import Permissions, WebhookSecretMissing, crawl, scrape
 from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
@@ -65,6 +65,7 @@ SAMPLES: dict[type[Exception], Exception] = {
     Unauthenticated: Unauthenticated("no API key"),
     PermissionDenied: PermissionDenied("options.proxy_url", "not this account"),
     JobNotFound: JobNotFound("job-1", "id: no job job-1"),
+    JobNotAppendable: JobNotAppendable("job-1", "batch", "cancelled"),
     SkipOutOfRange: SkipOutOfRange(9, 3),
     StandbyNode: StandbyNode(),
     NotWritable: NotWritable("the witness lease lapsed"),

@@ -325,6 +325,34 @@ class JobClient:
             retryable=is_retryable("StartBatchScrape", req.idempotency_key),
         )
 
+    async def append_batch(
+        self,
+        job_id: str,
+        urls: Sequence[str],
+        *,
+        ignore_invalid_urls: bool = False,
+        options: jobs_pb2.ScrapeOptions | None = None,
+        max_concurrency: int = 0,
+        idempotency_key: str = "",
+    ) -> jobs_pb2.AppendBatchScrapeResponse:
+        """Add ``urls`` to the batch job ``job_id`` (AppendBatchScrape; ``options`` and
+        ``max_concurrency``, when given, must be the job's); a call without key gets
+        one, so a retry through a failover adds nothing twice."""
+        req = with_idempotency_key(
+            jobs_pb2.AppendBatchScrapeRequest(
+                id=job_id,
+                urls=urls,
+                ignore_invalid_urls=ignore_invalid_urls,
+                options=options,
+                max_concurrency=max_concurrency,
+                idempotency_key=idempotency_key,
+            )
+        )
+        return await self.call(
+            lambda s: s.AppendBatchScrape(req, timeout=self.timeout),
+            retryable=is_retryable("AppendBatchScrape", req.idempotency_key),
+        )
+
     async def start_crawl(self, request: jobs_pb2.StartCrawlRequest) -> str:
         """Register a crawl job and return its id; a request without key gets one."""
         req = with_idempotency_key(request)

@@ -167,6 +167,7 @@ class SyncJobClient:
     scrape = _blocking(JobClient.scrape)
     start_batch = _blocking(JobClient.start_batch)
     start_crawl = _blocking(JobClient.start_crawl)
+    append_batch = _blocking(JobClient.append_batch)
     get_job = _blocking(JobClient.get_job)
     errors_page = _blocking(JobClient.errors_page)
     errors = _blocking(JobClient.errors)

@@ -34,12 +34,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from pagesift.primary.engine import retrypolicy
 from pagesift.primary.engine.cookiejar import JarChanges, JobCookies
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
-from pagesift.primary.jobs import frontier, oneoff, pagecache, recording
+from pagesift.primary.jobs import appending, frontier, oneoff, pagecache, recording
 from pagesift.primary.jobs.activity import Activity
 from pagesift.primary.jobs.recording import PageResult
 from pagesift.shared.api.metrics import Metrics
@@ -113,11 +114,10 @@ def first_unfinished(store: Store, job_id: str, req: JobRequest, count: int) -> 
     count = max(1, count)
     out: list[str] = []
     if isinstance(req, jobs_pb2.StartBatchScrapeRequest):
-        for i, url in enumerate(req.urls):
-            if not store.set_contains(keys.done, str(i).encode()):
-                out.append(url)
-                if len(out) >= count:
-                    break
+        for _, url in appending.batch_urls(store, job_id, req):  # the added URLs too
+            out.append(url)
+            if len(out) >= count:
+                break
         return tuple(out)
     if store.get(keys.seeded) is None:
         return (req.url,)  # still seeding: the start URL and its sitemaps
@@ -360,16 +360,16 @@ class Runner:
 
     # the run loops -------------------------------------------------------------------
     async def _run_batch(self, meta: jr.JobMeta, req: jobs_pb2.StartBatchScrapeRequest) -> None:
-        done = jr.JobKeys(meta.id).done
-        pending: Iterator[tuple[int, str]] = (
-            (i, url)
-            for i, url in enumerate(req.urls)
-            if not self.store.set_contains(done, str(i).encode())
-        )
-
-        profile = self._profile(meta, req.options, list(req.urls))
+        """The batch's URLs not done, in index order, URLs added meanwhile included
+        (``appending``): it ends once a check in the end's group finds none it missed."""
+        targets = [u for _, u in appending.batch_urls(self.store, meta.id, req, undone=False)]
+        profile = self._profile(meta, req.options, targets)
         if profile is None:
             return
+        known, seeded = len(targets), {urlsplit(u).netloc for u in targets}
+        del targets
+        covered = appending.Covered()
+        pending: Iterator[tuple[int, str]] = iter(())
         policy = FetchPolicy(request=profile, owner=meta.owner)
         workers = concurrency(self.config, req.max_concurrency)
         run = _Run(workers, self._max_retries(req), lambda delta: None, meta.owner)
@@ -377,6 +377,9 @@ class Runner:
         async def worker() -> None:
             for i, url in pending:
                 mark = str(i).encode()
+                if i >= known and req.options.cookies and urlsplit(url).netloc not in seeded:
+                    seeded.add(urlsplit(url).netloc)  # added while it runs: its cookies
+                    profile.cookies.seed(req.options.cookies, [url])
 
                 async def record(page: Page, mark: bytes = mark, url: str = url) -> None:
                     result = PageResult(mark, page, source=(url, req.options))
@@ -388,11 +391,27 @@ class Runner:
                 await self._attempt(run, meta.id, mark, url, fetch, record)
 
         try:
-            await asyncio.gather(*(worker() for _ in range(workers)))
-            await run.drain()
+            while True:
+                start, covered.end = covered.end, 0
+                pending = appending.batch_urls(self.store, meta.id, req, start, covered)
+                await asyncio.gather(*(worker() for _ in range(workers)))
+                await run.drain()
+                if await self._end_batch(meta.id, covered.end):
+                    return
         finally:
             run.cancel()
-        await self._finish_when_writable(meta.id, "completed", "")
+
+    async def _end_batch(self, job_id: str, covered: int) -> bool:
+        """``appending.record_end`` (waiting while the store refuses): True once the
+        job ended, False when URLs were added past ``covered``."""
+        ttl = int(self.config.job_ttl_seconds * 1000)
+        group = partial(appending.record_end, job_id=job_id, covered=covered, ttl_ms=ttl)
+        ended, meta = (await self.write_when_writable(partial(group, now_ms=jr.now_ms()))).result
+        if ended:
+            self._host.wake(job_id)
+            if meta is not None:
+                logger.info("job %s %s", job_id, meta.state, extra={"job": job_id})
+        return ended
 
     async def _run_crawl(self, meta: jr.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
         try:  # compiled again at every (re)start, on the pattern pool, within the bounds

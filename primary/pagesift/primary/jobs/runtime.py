@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from pagesift.primary.engine.protocol import Engine
-from pagesift.primary.jobs import oneoff, sweep
+from pagesift.primary.jobs import appending, oneoff, sweep
 from pagesift.primary.jobs.runner import Runner, concurrency, first_unfinished, job_request
 from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
@@ -71,7 +71,7 @@ class Registered:
     created: bool  # False when an idempotency key matched an existing job
 
 
-class Jobs:
+class Jobs(appending.Appending):
     def __init__(
         self,
         store: Store,

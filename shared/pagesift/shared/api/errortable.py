@@ -39,7 +39,7 @@ from pagesift.shared.api.rpcerrors import Reason
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Unauthenticated
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.jobs.records import IdempotencyKeyReused
+from pagesift.shared.jobs.records import IdempotencyKeyReused, JobNotAppendable
 from pagesift.shared.jobs.rendering import RenderingUnavailable
 from pagesift.shared.jobs.specs import WebhookSecretMissing
 from pagesift.shared.jobs.validate import BLOCKED_ADDRESS, InvalidArgument, PermissionDenied
@@ -428,6 +428,10 @@ TABLE: tuple[Row, ...] = (
     _row(R.JOB_NOT_FOUND, C.NOT_FOUND, "`id`",
          "no such job, someone else's, or expired (also mid-WatchJob)",
          (JobNotFound,), _no_job),
+    _row(R.JOB_NOT_APPENDABLE, C.FAILED_PRECONDITION, "`id`, `kind`, `state`",
+         "AppendBatchScrape to a crawl, or to a batch scrape that ended failed or cancelled",
+         (JobNotAppendable,), lambda e, _: Refusal(str(e), {"id": e.job_id, "kind": e.kind,
+                                                            "state": e.state})),
     _row(R.SKIP_OUT_OF_RANGE, C.OUT_OF_RANGE,
          "`skip`, `completed` (+ `BadRequest`, field `skip`)",
          "GetJob `skip` past the last document of a finished job",

@@ -19,6 +19,7 @@ from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Accounts
 from pagesift.shared.jobs.events import JobEvents
+from pagesift.shared.jobs.specs import AppendSpec
 from pagesift.shared.store.db import Store
 from pagesift.v1 import jobs_pb2
 
@@ -38,6 +39,19 @@ class AccountActivity:
     last_page_ms: int  # its most recent successful page on this primary (0: none)
 
 
+class Appended(Protocol):
+    """What an append did (``pagesift.primary.jobs.appending.Appended``)."""
+
+    @property
+    def first(self) -> int: ...
+    @property
+    def added(self) -> int: ...
+    @property
+    def total(self) -> int: ...
+    @property
+    def reopened(self) -> bool: ...
+
+
 class JobRuntime(Protocol):
     """What the service needs from the primary's job runtime."""
 
@@ -53,6 +67,10 @@ class JobRuntime(Protocol):
         webhook: jobs_pb2.Webhook | None = None,
         check: Callable[[], None] | None = None,
     ) -> Registration: ...
+
+    async def append(self, spec: AppendSpec, check: Callable[[int, bool], None]) -> Appended | None:
+        """AppendBatchScrape in one group, ``check(total_after, running)`` inside it
+        before any write (None: no such job of the owner's)."""
 
     async def cancel(self, job_id: str) -> jr.JobMeta | None: ...
 

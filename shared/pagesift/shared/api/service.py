@@ -36,7 +36,7 @@ from contextvars import ContextVar
 
 import grpc
 
-from pagesift.shared.api import paging, usage
+from pagesift.shared.api import appends, paging, usage
 from pagesift.shared.api.errortable import (
     CallFacts,
     DocumentTooLarge,
@@ -259,6 +259,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if len(stored) >= TRIM_AFTER_BYTES:
             _trim_heap_soon()
         return jobs_pb2.StartBatchScrapeResponse(id=reg.id, invalid_urls=spec.invalid)
+
+    @answers_errors
+    async def AppendBatchScrape(
+        self, request: jobs_pb2.AppendBatchScrapeRequest, context: Context
+    ) -> jobs_pb2.AppendBatchScrapeResponse:
+        """URLs added to the caller's batch job (``pagesift.shared.api.appends``)."""
+        return await appends.append_batch(self.node, self._caller(context), request)
 
     @answers_errors
     async def StartCrawl(

@@ -31,6 +31,10 @@ expiry, watchers, tests) asks it:
     list job/{id}/errors          PageError protobufs (page errors)
     list job/{id}/notes           PageError protobufs without URL (job-level notes)
     list job/{id}/frontier        "{depth} {url}" crawl entries in enqueue order (never popped)
+    list job/{id}/added           URLs AppendBatchScrape added to a batch, in order (never
+                                  popped): batch index = len(request.urls) + seq
+    KV   job/{id}/appends         JSON {sha(key): [request hash, first, count, reopened]} of
+                                  the job's latest keyed appends (AIP-155 replays)
     set  job/{id}/seen            page keys ever queued, and aliases claimed (crawl dedup)
     set  job/{id}/done            finished page keys and aliases (crawl) or indices (batch)
     set  job/{id}/attempts        "{n} {mark}": retry n of the page ``mark`` (its done
@@ -154,6 +158,14 @@ class JobKeys:
         return self._part("frontier")
 
     @property
+    def added(self) -> str:
+        return self._part("added")
+
+    @property
+    def appends(self) -> str:
+        return self._part("appends")
+
+    @property
     def seen(self) -> str:
         return self._part("seen")
 
@@ -213,6 +225,7 @@ class JobKeys:
             ("list", self.errors),
             ("list", self.notes),
             ("list", self.frontier),
+            ("list", self.added),
             ("set", self.seen),
             ("set", self.done),
             ("set", self.attempts),
@@ -221,6 +234,7 @@ class JobKeys:
             ("kv", self.cookies),
             ("kv", self.cookie_slots),
             ("kv", self.removed),
+            ("kv", self.appends),
             ("kv", self.run),
             ("kv", self.poison),
             ("list", self.outbox),
@@ -336,6 +350,18 @@ class IdempotencyKeyReused(Exception):
     def __init__(self, job_id: str) -> None:
         super().__init__(job_id)
         self.job_id = job_id
+
+
+class JobNotAppendable(Exception):
+    """AppendBatchScrape on a job that cannot take URLs: not a batch scrape, or one
+    that ended ``failed`` or ``cancelled`` (a completed one runs again)."""
+
+    def __init__(self, job_id: str, kind: str, state: str) -> None:
+        what = "not a batch-scrape job" if kind != "batch" else f"the job ended {state}"
+        super().__init__(f"id: job {job_id} takes no more URLs: {what} (kind {kind})")
+        self.job_id = job_id
+        self.kind = kind
+        self.state = state
 
 
 REQUEST_HASH = (

@@ -64,6 +64,19 @@ class BatchSpec:
 
 
 @dataclass(frozen=True)
+class AppendSpec:
+    """An AppendBatchScrape to make: the owner's job ``id`` takes ``urls`` (the valid
+    ones, in order); ``key`` and ``digest`` (of the request) are its AIP-155 pair."""
+
+    id: str
+    owner: str
+    urls: list[str]
+    invalid: list[str]
+    key: str
+    digest: str
+
+
+@dataclass(frozen=True)
 class CrawlSpec:
     limit: int  # the effective page limit (``quota.crawl_limit_for``)
     webhook: jobs_pb2.Webhook | None
@@ -156,6 +169,37 @@ async def batch(
     return BatchSpec(urls=kept[0], invalid=kept[1], webhook=hook)
 
 
+async def append(
+    req: jobs_pb2.AppendBatchScrapeRequest,
+    caller: Permissions,
+    config: ServerConfig,
+    job: jobs_pb2.StartBatchScrapeRequest,
+) -> AppendSpec:
+    """An append to the batch ``job`` (its stored request): its URLs as a start's
+    (count, rules, address guard); ``options`` and ``max_concurrency``, when given,
+    must be the job's own (the added URLs are scraped as the job's)."""
+    v = _Violations()
+    kept: tuple[list[str], list[str]] = ([], [])
+    with v:
+        _batch_size(req, config)
+        kept = await _batch_urls(req, config)
+    if req.HasField("options") and req.options != job.options:
+        with v:
+            raise InvalidArgument("options", _NOT_THE_JOBS.format("scrape options"))
+    if req.max_concurrency and req.max_concurrency != job.max_concurrency:
+        with v:
+            raise InvalidArgument("max_concurrency", _NOT_THE_JOBS.format("max_concurrency"))
+    v.settle()
+    digest = jr.request_hash("append", req.SerializeToString(deterministic=True))
+    return AppendSpec(req.id, caller.account.name, *kept, req.idempotency_key, digest)
+
+
+_NOT_THE_JOBS = (
+    "an append is scraped with the job's own {}; these differ (leave them unset, or "
+    "start a new batch)"
+)
+
+
 async def crawl(
     req: jobs_pb2.StartCrawlRequest,
     caller: Permissions,
@@ -239,7 +283,10 @@ def _can_sign(hook: jobs_pb2.Webhook | None, caller: Permissions) -> None:
         raise WebhookSecretMissing(caller.account.name)
 
 
-def _batch_size(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> None:
+_Batch = jobs_pb2.StartBatchScrapeRequest | jobs_pb2.AppendBatchScrapeRequest
+
+
+def _batch_size(req: _Batch, config: ServerConfig) -> None:
     if not req.urls:
         raise InvalidArgument("urls", "must list at least one URL")
     if len(req.urls) > config.max_batch_urls:
@@ -248,9 +295,7 @@ def _batch_size(req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig) -> 
         )
 
 
-async def _batch_urls(
-    req: jobs_pb2.StartBatchScrapeRequest, config: ServerConfig
-) -> tuple[list[str], list[str]]:
+async def _batch_urls(req: _Batch, config: ServerConfig) -> tuple[list[str], list[str]]:
     """(the valid URLs, the invalid ones) of a batch, each bad URL a violation of its
     own (``urls[3]``) unless ``ignore_invalid_urls`` skips them. The address guard
     resolves each origin once."""
