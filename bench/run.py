@@ -34,6 +34,7 @@ SECTIONS = (
     "export",
     "hostile",
     "render",
+    "gateway",
 )
 
 
