@@ -301,6 +301,7 @@ async def _batch_urls(req: _Batch, config: ServerConfig) -> tuple[list[str], lis
     resolves each origin once."""
     bad: list[int] = []
     problems: dict[int, str] = {}
+    blocked: set[int] = set()  # refused by the address guard (BLOCKED_ADDRESS)
     checked_hosts: dict[str, str | None] = {}
     for i, u in enumerate(req.urls):
         problem = urls.validate(u, config.max_url_length)
@@ -310,17 +311,21 @@ async def _batch_urls(req: _Batch, config: ServerConfig) -> tuple[list[str], lis
                 checked_hosts[origin] = await urls.blocked_reason(u)
             reason = checked_hosts[origin]
             problem = f"refused: {reason}" if reason else None
+            if reason:
+                blocked.add(i)
         if problem is not None:
             bad.append(i)
             problems[i] = problem
     if bad and not req.ignore_invalid_urls:
         shown = "; ".join(f"urls[{i}]: {problems[i]}" for i in bad[:10])
         more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
-        raise InvalidArgument(
+        err = InvalidArgument(
             "urls",
             f"invalid URLs at indices {bad[:50]}{more}: {shown}",
             [(f"urls[{i}]", problems[i]) for i in bad[:100]],
         )
+        err.causes = [validate.BLOCKED_ADDRESS if i in blocked else "" for i in bad[:100]]
+        raise err
     keep = [u for i, u in enumerate(req.urls) if i not in problems]
     if not keep:
         raise InvalidArgument("urls", "no valid URL left after skipping the invalid ones")
