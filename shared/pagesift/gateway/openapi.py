@@ -30,6 +30,12 @@ from aiohttp import web
 from pydantic.json_schema import models_json_schema
 
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
+from pagesift.gateway.v1models import (
+    BatchScrapeRequestV1,
+    CrawlRequestV1,
+    MapRequestV1,
+    ScrapeRequestV1,
+)
 
 __all__ = ["BODY_METHODS", "REQUEST_MODELS", "add_openapi_route", "document", "routes_of"]
 
@@ -41,6 +47,10 @@ REQUEST_MODELS: dict[tuple[str, str], type[pydantic.BaseModel]] = {
     ("POST", "/v2/crawl"): CrawlRequest,
     ("POST", "/v2/batch/scrape"): BatchScrapeRequest,
     ("POST", "/v2/map"): MapRequest,
+    ("POST", "/v1/scrape"): ScrapeRequestV1,
+    ("POST", "/v1/crawl"): CrawlRequestV1,
+    ("POST", "/v1/batch/scrape"): BatchScrapeRequestV1,
+    ("POST", "/v1/map"): MapRequestV1,
 }
 #: routes that need no ``Authorization`` (probes and this document)
 OPEN_PATHS = frozenset({"/healthz", "/metrics", OPENAPI_PATH})
