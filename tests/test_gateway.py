@@ -60,7 +60,7 @@ async def gateway(data: Path, page_bytes: int = 10 << 20, **node_kw: Any) -> Asy
     async with in_process_node(data, **node_kw) as node:
         stop = asyncio.Event()
         started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        paging = {"page_documents": PAGE_DOCS, "page_bytes": page_bytes}
+        paging: dict[str, Any] = {"page_documents": PAGE_DOCS, "page_bytes": page_bytes}
         task = asyncio.create_task(run("127.0.0.1:0", [node.address], stop, started, **paging))
         try:
             yield f"http://{await asyncio.wait_for(started, 10)}"

@@ -53,7 +53,9 @@ async def gateway(
     """A gateway in front of ``addresses``; yields its bound ``host:port``."""
     stop = asyncio.Event()
     started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(run("127.0.0.1:0", addresses, stop, started, options, **app_kw))
+    task = asyncio.create_task(
+        run("127.0.0.1:0", addresses, stop, started, options=options, **app_kw)
+    )
     try:
         yield await asyncio.wait_for(started, 10)
     finally:

@@ -81,7 +81,7 @@ def _bound(runner: web.AppRunner, host: str) -> str:
 
 
 async def start(
-    listen: str, addresses: Sequence[str], options: Options | None = None, **app_kw: Any
+    listen: str, addresses: Sequence[str], *, options: Options | None = None, **app_kw: Any
 ) -> tuple[web.AppRunner, str]:
     """The gateway serving on ``listen``: its runner (stop it with ``cleanup()``) and
     the bound ``host:port``. ``app_kw``: ``make_app``'s paging bounds."""
@@ -106,12 +106,13 @@ async def run(
     addresses: Sequence[str],
     stop: asyncio.Event,
     started: asyncio.Future[str] | None = None,
+    *,
     options: Options | None = None,
     **app_kw: Any,
 ) -> None:
     """Serve the gateway on ``listen`` until ``stop`` is set; ``started`` gets the bound
     ``host:port``."""
-    runner, bound = await start(listen, addresses, options, **app_kw)
+    runner, bound = await start(listen, addresses, options=options, **app_kw)
     try:
         if started is not None and not started.done():
             started.set_result(bound)

@@ -50,7 +50,7 @@ async def start(config: ServerConfig, address: str) -> web.AppRunner:
         trust_forwarded=config.http_trust_forwarded,
     )
     try:
-        runner, bound = await start_gateway(config.http_listen, [address], options)
+        runner, bound = await start_gateway(config.http_listen, [address], options=options)
     except OSError as err:
         raise SystemExit(f"cannot listen on {config.http_listen}: {err.strerror or err}") from err
     scheme = "https" if config.tls_cert else "http"
