@@ -8,7 +8,9 @@ strictness at nested levels, 401 key, 402 daily quota, 403 guarded URL, 404 unkn
 other-kind job, 408 scrape timeout, 409 finished job, 413 body bound, 429 and 503 with
 ``Retry-After``); ``?skip``/``?limit`` validation; the 10 MiB cap of one status page
 with ``next`` at the first document left out (the node's own GetJob byte bound is
-raised here, so the gateway's cap is the one that cuts).
+raised here, so the gateway's cap is the one that cuts). The cross-route checks (401 for
+a bad key, 404 for an unknown job, 413, an unknown key named) walk every route the app
+registers, v1 and the account routes included, so a route added later is covered.
 """
 
 from __future__ import annotations
@@ -267,6 +269,74 @@ async def test_unknown_jobs_and_jobs_of_the_other_kind_are_404_on_every_job_rout
         assert (await ask(http, "GET", f"{base}/v2/batch/scrape/{batch_id}")).status == 200
 
 
+# ---------------------------------------------------------------- every route of the app
+
+#: routes with no key and no Firecrawl body (probes and documents)
+OPEN_ROUTES = {"/healthz", "/metrics", "/v2/openapi.json"}
+
+
+def app_routes() -> list[tuple[str, str]]:
+    """(method, path template) of every keyed route the gateway registers (v1, v2, the
+    account routes, and any added later): the cross-route checks cannot miss one."""
+    app = make_app(Clients([]))
+    routes = {
+        (r.method, r.resource.canonical)
+        for r in app.router.routes()
+        if r.method != "HEAD" and r.resource is not None
+    }
+    return sorted((m, p) for m, p in routes if p not in OPEN_ROUTES)
+
+
+def valid_body(path: str, root: str) -> dict[str, Any] | None:
+    """A minimal body each POST route accepts (None for the other methods)."""
+    if path.endswith("/batch/scrape"):
+        return {"urls": [root]}
+    return {"url": root}
+
+
+async def test_every_keyed_route_refuses_a_bad_key_with_401_in_firecrawls_shape(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    routes = app_routes()
+    assert len(routes) >= 28 and ("GET", "/v1/crawl/{id}") in routes
+    accounts = write_accounts(tmp_path / "accounts.toml")
+    async with (
+        node_and_gateway(tmp_path / "data", accounts_file=str(accounts)) as base,
+        aiohttp.ClientSession() as http,
+    ):
+        for method, path in routes:
+            body = valid_body(path, root) if method == "POST" else None
+            url = base + path.replace("{id}", str(uuid.uuid4()))
+            a = await ask(http, method, url, body, key="psk_test_wrong_0123456789")
+            assert a.status == 401, (method, path, a.body)
+            assert_error(a, 401, "UNAUTHORIZED")
+
+
+async def test_every_route_of_both_versions_keeps_the_contract_for_jobs_and_bodies(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    routes = app_routes()
+    posts = [p for m, p in routes if m == "POST"]
+    jobs = [(m, p) for m, p in routes if "{id}" in p]
+    assert {"/v1/crawl", "/v2/crawl", "/v1/batch/scrape", "/v2/batch/scrape"} <= set(posts)
+    over = b'{"url": "' + b"x" * MAX_BODY_BYTES + b'"}'
+    async with node_and_gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+        for method, path in jobs:  # an unknown job, on every job route of v1 and v2
+            a = await ask(http, method, base + path.replace("{id}", str(uuid.uuid4())))
+            assert a.status == 404, (method, path, a.body)
+            assert_error(a, 404, "NOT_FOUND")
+        for path in posts:
+            a = await ask(http, "POST", base + path, raw=over)
+            assert a.status == 413, (path, a.body)
+            assert_error(a, 413, "PAYLOAD_TOO_LARGE")
+            body = {**(valid_body(path, root) or {}), "notAFirecrawlKey": 1}
+            a = await ask(http, "POST", base + path, body)
+            assert a.status == 400, (path, a.body)
+            assert "'notAFirecrawlKey'" in assert_error(a, 400, "BAD_REQUEST")["error"]
+
+
 # ---------------------------------------------------------------- 400 and 413
 
 
@@ -466,27 +536,11 @@ async def test_a_url_the_address_guard_refuses_is_403_url_blocked(
         for path, body in [
             ("/v2/scrape", {"url": root}),
             ("/v2/crawl", {"url": root}),
+            ("/v2/batch/scrape", {"urls": [root]}),
             ("/v2/map", {"url": root}),
         ]:
             a = await ask(http, "POST", base + path, body)
             assert_error(a, 403, "URL_BLOCKED")
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the node's batch URL check (specs._batch_urls) gives its guard refusals no "
-    "BLOCKED_ADDRESS cause, so the gateway answers 400, not 403",
-)
-async def test_a_batch_url_the_address_guard_refuses_is_403_url_blocked(
-    tmp_path: Path, site: tuple[Site, str]
-) -> None:
-    _, root = site
-    async with (
-        node_and_gateway(tmp_path, allow_private_networks=False) as base,
-        aiohttp.ClientSession() as http,
-    ):
-        a = await ask(http, "POST", base + "/v2/batch/scrape", {"urls": [root]})
-        assert_error(a, 403, "URL_BLOCKED")
 
 
 # ---------------------------------------------------------------- 408, 503
