@@ -6,7 +6,8 @@ address. The gateway keeps nothing of a job, so what HTTP shows must be what gRP
 the same documents in the same order (``pagesift.client.firecrawl.document`` of each
 gRPC document equals the HTTP one), the same errors, cancel on one side seen on the
 other; and the account isolation holds across both (another account's key sees 404 over
-HTTP and NOT_FOUND over gRPC, and its cancel changes nothing).
+HTTP and NOT_FOUND over gRPC, and its cancel changes nothing). A job started over
+Firecrawl's v1 routes is the same job over v2 and gRPC.
 """
 
 from __future__ import annotations
@@ -182,3 +183,28 @@ async def test_a_job_started_over_http_is_read_and_cancelled_over_grpc(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await bob.get_job(a.body["id"])
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_job_started_over_v1_is_the_same_job_over_v2_and_grpc_for_its_account_only(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with (
+        pair_of_apis(tmp_path) as (base, address),
+        JobClient(address, api_key=ALICE.key) as alice,
+        aiohttp.ClientSession() as http,
+    ):
+        body = {"url": root, "excludePaths": [CALENDAR_EXCLUDE], "limit": 10}
+        started = await ask(http, "POST", base + "/v1/crawl", body, key=ALICE.key)
+        assert started.status == 200, started.body
+        job_id = started.body["id"]
+        assert started.body["url"] == f"{base}/v1/crawl/{job_id}"
+        job = await grpc_finished(alice, job_id)
+        assert job.state == jobs_pb2.JOB_STATE_COMPLETED and job.completed == 10
+        over_grpc = [document(d) for d in await grpc_documents(alice, job_id)]
+        assert await http_documents(http, started.body["url"], ALICE.key) == over_grpc
+        assert await http_documents(http, f"{base}/v2/crawl/{job_id}", ALICE.key) == over_grpc
+        for version in ("v1", "v2"):
+            for method, tail in (("GET", ""), ("GET", "/errors"), ("DELETE", "")):
+                url = f"{base}/{version}/crawl/{job_id}{tail}"
+                assert_error(await ask(http, method, url, key=BOB.key), 404, "NOT_FOUND")
