@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -16,7 +20,7 @@ pytestmark = pytest.mark.system
 
 def record(pair: str, node: str, role: str, epoch: int = 1, running: int = 0) -> NodeRecord:
     return NodeRecord(pair, node, f"127.0.0.1:{1000 + len(node)}", role, epoch=epoch,
-                      load=Load(running_jobs=running))  # fmt: skip
+                      load=Load(running_jobs=running), updated=time.time())  # fmt: skip
 
 
 async def test_registered_nodes_are_listed_and_merged_into_pairs(etcd: Etcd) -> None:
@@ -100,3 +104,42 @@ async def test_the_registrar_re_registers_after_etcd_comes_back(etcd: Etcd) -> N
         await asyncio.gather(task, return_exceptions=True)
         await reg.close()
         await reader.close()
+
+
+async def test_cluster_status_shows_every_pair_and_what_is_unhealthy(etcd: Etcd) -> None:
+    url = f"{etcd.endpoint}/prod"
+    registrars = [
+        Registrar(EtcdRegistry(url), lambda r=r: r, ttl=5)  # type: ignore[misc]
+        for r in (
+            record("p1", "a", "primary", 3, running=2),
+            record("p1", "bb", "standby", 3),
+            record("p2", "ccc", "primary", 1),
+        )
+    ]
+    try:
+        for r in registrars:
+            await r.step()
+        cmd = [sys.executable, "-m", "pagesift.node.cli", "cluster", "status", "--cluster", url]
+        done = await asyncio.to_thread(
+            subprocess.run, [*cmd, "--json"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 1, done.stderr  # p2 has no standby
+        out = json.loads(done.stdout)
+        assert out["cluster"] == "prod" and out["placeable"] == ["p1", "p2"]
+        by_pair = {p["pair"]: p for p in out["pairs"]}
+        assert by_pair["p1"]["primary"] == "127.0.0.1:1001" and by_pair["p1"]["problems"] == []
+        assert by_pair["p1"]["load"]["running_jobs"] == 2
+        assert any("no standby" in x for x in by_pair["p2"]["problems"])
+        text = await asyncio.to_thread(
+            subprocess.run, cmd, capture_output=True, text=True, timeout=60
+        )
+        assert "p1: primary 127.0.0.1:1001, standby 127.0.0.1:1002" in text.stdout
+        assert "healthy" in text.stdout and "no standby" in text.stdout
+    finally:
+        for r in registrars:
+            await r.close()
+    etcd.child.kill()
+    down = await asyncio.to_thread(
+        subprocess.run, [*cmd, "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert down.returncode == 4 and "error" in json.loads(down.stdout)

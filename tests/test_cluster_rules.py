@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from typing import Any
 
 import pytest
 
@@ -141,6 +142,24 @@ def test_a_pairs_view_names_the_primary_with_the_highest_epoch() -> None:
     assert views["p2"].primary == "d:1" and views["p2"].standbys == ("c:1",)
     assert views["p3"].primary == "" and views["p3"].standbys == ("e:1",)
     assert registry.placeable(views.values()) == ["p1", "p2"]
+
+
+def test_a_pairs_problems_are_named() -> None:
+    now = 1000.0
+    fresh: dict[str, Any] = {"updated": now - 1}
+    views = registry.pair_views([
+        node("ok", "a", "primary", **fresh), node("ok", "b", "standby", lag=5),
+        node("solo", "c", "primary", **fresh),
+        node("orphan", "d", "standby"),
+        node("slow", "e", "primary", **fresh), node("slow", "f", "standby", lag=50_000),
+        node("old", "g", "primary", updated=now - 60), node("old", "h", "standby"),
+    ])  # fmt: skip
+    said = {pair: registry.problems(v, now) for pair, v in views.items()}
+    assert said["ok"] == []
+    assert ["no standby" in x for x in said["solo"]] == [True]
+    assert any("no primary" in x for x in said["orphan"])
+    assert ["50000 entries behind" in x for x in said["slow"]] == [True]
+    assert ["60 s old" in x for x in said["old"]] == [True]
 
 
 def test_only_pairs_with_a_primary_that_accept_take_new_work() -> None:

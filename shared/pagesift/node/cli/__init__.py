@@ -47,7 +47,8 @@ The modules, by concern:
 - ``drill``: ``drill``, a failover rehearsal and its verdict (``pagesift.node.drill``);
 - ``backup``: ``backup``, a consistent copy of a node's store as a new data directory;
 - ``serve``: ``serve`` and its flag->ServerConfig mapping; ``tokens``: ``token new``;
-  ``keys``: ``keys new``, ``keys hash``; ``gateway``: the Firecrawl HTTP gateway.
+  ``keys``: ``keys new``, ``keys hash``; ``gateway``: the Firecrawl HTTP gateway;
+  ``cluster``: ``cluster status``, the pairs of a cluster (the etcd registry).
 
 It lives in the composition root (``pagesift.node``) because ``serve`` starts a node;
 the client subcommands import no role (``serve`` imports the server lazily, so a
@@ -78,6 +79,7 @@ from pagesift.client import ClientError, JobClient, Unreachable
 from pagesift.node.cli.admin import add_admin_commands
 from pagesift.node.cli.args import server_addresses
 from pagesift.node.cli.backup import add_backup_command
+from pagesift.node.cli.cluster import add_cluster_command
 from pagesift.node.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_USAGE,
@@ -146,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_drill_command(sub)
     add_backup_command(sub)
     add_gateway_command(sub)
+    add_cluster_command(sub)
     for leaf in _leaf_parsers(parser):  # --json on every command (serve: its errors)
         if "--json" not in leaf._option_string_actions:
             leaf.add_argument("--json", action="store_true", help="errors as one JSON object")

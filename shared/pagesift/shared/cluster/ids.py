@@ -4,7 +4,7 @@ Format
 ------
 A pair's name is 1..32 characters of ``[a-z0-9-]``, starting and ending with a letter
 or digit (``PAIR_NAME``). A job placed in a cluster has the id ``{pair}.{uuid}``; a job
-of a single pair keeps a bare UUID, as before clusters existed. The dot cannot occur in
+of a single pair (no cluster) has a bare UUID. The dot cannot occur in
 a UUID or a pair name, so ``split_job_id`` is unambiguous.
 
 Guarantees

@@ -42,7 +42,7 @@ from pagesift.shared.cluster.ids import check_pair_name
 __all__ = [
     "MAX_RECORD_BYTES", "REFRESH_SECONDS", "Load", "NodeRecord", "PairView", "cluster_prefix",
     "decode_record", "encode_record", "node_key", "nodes_prefix", "pages_key", "pair_views",
-    "parse_cluster_url", "placeable", "slot_key",
+    "parse_cluster_url", "placeable", "problems", "slot_key",
 ]  # fmt: skip
 
 MAX_RECORD_BYTES = 8 * 1024
@@ -136,6 +136,7 @@ class PairView:
     capacity: int
     accepting: bool
     load: Load
+    updated: float  # the primary's last record, by its wall clock (0: no primary)
 
 
 def encode_record(record: NodeRecord) -> bytes:
@@ -213,6 +214,7 @@ def pair_views(records: Iterable[NodeRecord]) -> dict[str, PairView]:
             capacity=lead.capacity if lead else 0,
             accepting=lead.accepting if lead else False,
             load=lead.load if lead else Load(),
+            updated=lead.updated if lead else 0.0,
         )
     return views
 
@@ -220,3 +222,19 @@ def pair_views(records: Iterable[NodeRecord]) -> dict[str, PairView]:
 def placeable(views: Iterable[PairView]) -> list[str]:
     """The pairs that take new work: a primary named, accepting; sorted by name."""
     return sorted(v.pair for v in views if v.primary and v.accepting)
+
+
+def problems(view: PairView, now: float, *, max_lag: int = 10_000) -> list[str]:
+    """What is unhealthy about a pair, in words (empty: nothing)."""
+    out: list[str] = []
+    if not view.primary:
+        out.append("no primary: its jobs are read-only on the standby, new jobs go elsewhere")
+    if not view.standbys:
+        out.append("no standby: a failure of the primary loses the pair")
+    if view.primary and not view.accepting:
+        out.append("draining: takes no new work")
+    if view.lag > max_lag:
+        out.append(f"standby {view.lag} entries behind")
+    if view.primary and now - view.updated > 3 * REFRESH_SECONDS:
+        out.append(f"primary's record is {now - view.updated:.0f} s old")
+    return out
