@@ -315,8 +315,8 @@ def test_v1_webhook_given_as_a_url_is_a_webhook_of_every_event() -> None:
         ({"parsePDF": False}, "parsePDF"),
         ({"extract": {"prompt": "x"}}, "extract"),
         ({"jsonOptions": {"prompt": "x"}}, "jsonOptions"),
-        ({"geolocation": {"country": "DE"}}, "geolocation"),
-        ({"__experimental_cache": True}, "__experimental_cache"),
+        ({"geolocation": {"country": "DE"}}, "location.country"),  # as v2's location
+        ({"__experimental_omce": True}, "__experimental_omce"),
         ({"agent": {"model": "FIRE-1", "prompt": "x"}}, "agent"),
         ({"proxy": "stealth"}, "proxy"),
         ({"fastMode": True}, "fastMode"),
@@ -342,6 +342,13 @@ def test_v1_scrape_keeps_v2s_defaults_and_its_timeout() -> None:
     assert v2.timeout == 30000 and not opts.only_main_content and opts.remove_base64_images
     assert opts.wait_for.duration.ToMilliseconds() == 500
     assert opts.max_age.ToMilliseconds() == 60000
+    _, cached = v1translate.scrape_request(
+        ScrapeRequestV1.model_validate(
+            {"url": "http://h/", "__experimental_cache": True, "geolocation": {"languages": ["de"]}}
+        )
+    )
+    assert cached.max_age.ToMilliseconds() == 4 * 3600 * 1000
+    assert cached.headers["Accept-Language"].startswith("de")
     crawl = {"url": "http://h/", "scrapeOptions": {"parsePDF": False}}
     err = refused(v1translate.crawl_request, CrawlRequestV1.model_validate(crawl))
     assert err.error.startswith("scrapeOptions.parsePDF:")

@@ -63,12 +63,14 @@ class ScrapeOptionsV1(Strict):
     location: Any = None
     change_tracking_options: Any = Field(None, alias="changeTrackingOptions")
     use_mock: str | None = Field(None, alias="useMock")
+    # v1 only: geolocation is location when that is absent; __experimental_cache is
+    # maxAge 4 h when that is absent (as Firecrawl's own v1 -> v2 conversion)
+    geolocation: Any = None
+    experimental_cache: bool = Field(False, alias="__experimental_cache")
     # v1 only: refused by name (v1translate.UNSUPPORTED_SCRAPE_V1)
     parse_pdf: bool = Field(True, alias="parsePDF")
     extract: Any = None
     json_options: Any = Field(None, alias="jsonOptions")
-    geolocation: Any = None
-    experimental_cache: bool = Field(False, alias="__experimental_cache")
     search_preview_token: str | None = Field(None, alias="__searchPreviewToken")
     experimental_omce: bool = Field(False, alias="__experimental_omce")
     experimental_omce_domain: str | None = Field(None, alias="__experimental_omceDomain")

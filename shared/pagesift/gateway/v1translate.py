@@ -71,8 +71,6 @@ UNSUPPORTED_SCRAPE_V1: dict[str, tuple[str, str]] = {
     "parse_pdf": ("parsePDF", "pagesift always extracts a PDF's text"),
     "extract": ("extract", "needs an LLM; pagesift runs none"),
     "json_options": ("jsonOptions", "needs an LLM; pagesift runs none"),
-    "geolocation": ("geolocation", "not mapped by this gateway yet (as location)"),
-    "experimental_cache": ("__experimental_cache", "a Firecrawl-internal flag"),
     "search_preview_token": ("__searchPreviewToken", "a Firecrawl-internal flag"),
     "experimental_omce": ("__experimental_omce", "a Firecrawl-internal flag"),
     "experimental_omce_domain": ("__experimental_omceDomain", "a Firecrawl-internal flag"),
@@ -144,7 +142,8 @@ def _formats(formats: list[str], prefix: str) -> list[Any]:
     return out
 
 
-_V1_ONLY = frozenset(UNSUPPORTED_SCRAPE_V1)
+_V1_ONLY = frozenset({*UNSUPPORTED_SCRAPE_V1, "geolocation", "experimental_cache"})
+EXPERIMENTAL_CACHE_MS = 4 * 60 * 60 * 1000  # v1's __experimental_cache: maxAge 4 hours
 _SCRAPE_KEYS = frozenset(ScrapeOptionsV1.model_fields) - _V1_ONLY
 
 
@@ -153,6 +152,10 @@ def _options(o: ScrapeOptionsV1, prefix: str = "") -> dict[str, Any]:
     defaults, which are v1's, apply)."""
     _refuse_changed(o, UNSUPPORTED_SCRAPE_V1, prefix)
     data = o.model_dump(by_alias=True, exclude_unset=True, include=set(_SCRAPE_KEYS))
+    if o.location is None and o.geolocation is not None:
+        data["location"] = o.geolocation  # v1's deprecated spelling, as Firecrawl reads it
+    if o.experimental_cache and o.max_age is None:
+        data["maxAge"] = EXPERIMENTAL_CACHE_MS  # as Firecrawl's v1 -> v2 conversion
     if o.formats is not None:
         data["formats"] = _formats(o.formats, prefix)
     return data
