@@ -32,6 +32,7 @@ from pagesift.gateway.handling import (
 from pagesift.gateway.health import PrimaryProbe
 from pagesift.gateway.metrics import METRICS, GatewayMetrics, metrics, middleware
 from pagesift.gateway.openapi import add_openapi_route
+from pagesift.gateway.team import add_team_routes
 from pagesift.gateway.v1 import add_v1_routes
 from pagesift.gateway.v2 import add_v2_routes
 from pagesift.gateway.watch import add_watch
@@ -69,6 +70,7 @@ def make_app(
 
     app.on_cleanup.append(close)
     add_watch(app)  # the WebSocket watch of /v2/crawl/{id} (pagesift.gateway.watch)
+    add_team_routes(app)  # before v2: /v2/crawl/active is not a crawl id (gateway.team)
     add_v2_routes(app)
     add_v1_routes(app)  # Firecrawl v1, for older SDKs (pagesift.gateway.v1)
     app.router.add_get("/healthz", healthz)

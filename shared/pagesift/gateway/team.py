@@ -1,0 +1,165 @@
+"""Firecrawl's account routes: credits, the queue, concurrency and the running crawls.
+
+What it owns
+------------
+``add_team_routes(app)``: ``GET /v2/team/credit-usage``, ``/v2/team/queue-status`` and
+``/v2/concurrency-check`` (one ``GetAccountUsage`` each), ``GET /v2/crawl/active`` and
+its alias ``/v2/crawl/ongoing`` (the caller's running crawls, from ``ListJobs``), and
+the routes the SDK calls that pagesift cannot answer, refused by name with a 400
+saying why: ``/v2/team/token-usage`` (pagesift runs no LLM, so it has no tokens) and
+the two ``.../historical`` ones (it keeps only the rolling day's usage). The bodies
+are the pure ``credit_usage``, ``queue_status``, ``concurrency`` and ``active_crawls``.
+
+Mapping (docs/gateway.md, "Account routes")
+-------------------------------------------
+- One page is one credit, as the account's ``pages_per_day`` counts pages; the billing
+  period is the rolling day (``period_start`` .. ``period_end``).
+- ``UNLIMITED`` (99999999, what Firecrawl's own self-hosted server reports when it
+  enforces no limit) stands for a limit the account does not have.
+- concurrency-check counts jobs (``running_jobs`` of ``max_concurrent_jobs``: the limit
+  a new job is refused by, 429); queue-status counts pages (in flight, waiting), its
+  ``maxConcurrency`` the account's most pages at once (``max_concurrent_jobs`` jobs of
+  ``max_concurrency`` pages).
+- Registered before the v2 job routes: ``/v2/crawl/active`` is not a crawl id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from pagesift.gateway.errors import HttpError, bad_request
+from pagesift.gateway.handling import answer, client_of
+from pagesift.v1 import jobs_pb2
+
+__all__ = [
+    "REFUSED",
+    "UNLIMITED",
+    "active_crawls",
+    "add_team_routes",
+    "concurrency",
+    "credit_usage",
+    "queue_status",
+]
+
+#: Firecrawl's self-hosted stand-in for "no limit" (its ACUC without authentication)
+UNLIMITED = 99999999
+
+#: route -> why pagesift cannot answer it (a 400 naming the route and the reason)
+REFUSED: dict[str, str] = {
+    "/v2/team/token-usage": "pagesift runs no LLM, so it has no tokens to count; "
+    "pages are credits: GET /v2/team/credit-usage",
+    "/v2/team/token-usage/historical": "pagesift runs no LLM, so it has no tokens to count",
+    "/v2/team/credit-usage/historical": "pagesift keeps only the rolling day's usage: "
+    "GET /v2/team/credit-usage",
+}
+
+
+def _time(ts: Any) -> str:
+    return str(ts.ToJsonString())
+
+
+def credit_usage(u: jobs_pb2.GetAccountUsageResponse) -> dict[str, Any]:
+    """``GET /v2/team/credit-usage``: pages left in the rolling day as credits."""
+    limited = u.HasField("pages_per_day")
+    return {
+        "success": True,
+        "data": {
+            "remainingCredits": u.pages_remaining if limited else UNLIMITED,
+            "planCredits": u.pages_per_day if limited else None,
+            "billingPeriodStart": _time(u.period_start),
+            "billingPeriodEnd": _time(u.period_end),
+        },
+    }
+
+
+def _page_ceiling(u: jobs_pb2.GetAccountUsageResponse) -> int:
+    """The most pages the account's jobs fetch at once (``UNLIMITED`` without a
+    ``max_concurrent_jobs``)."""
+    if not u.HasField("max_concurrent_jobs"):
+        return UNLIMITED
+    return min(UNLIMITED, u.max_concurrent_jobs * u.max_concurrency)
+
+
+def queue_status(u: jobs_pb2.GetAccountUsageResponse) -> dict[str, Any]:
+    """``GET /v2/team/queue-status``: the account's pages in flight and waiting."""
+    return {
+        "success": True,
+        "jobsInQueue": u.pages_in_flight + u.pages_queued,
+        "activeJobsInQueue": u.pages_in_flight,
+        "waitingJobsInQueue": u.pages_queued,
+        "maxConcurrency": _page_ceiling(u),
+        "mostRecentSuccess": _time(u.last_page_at) if u.HasField("last_page_at") else None,
+    }
+
+
+def concurrency(u: jobs_pb2.GetAccountUsageResponse) -> dict[str, Any]:
+    """``GET /v2/concurrency-check``: running jobs of ``max_concurrent_jobs``."""
+    limit = u.max_concurrent_jobs if u.HasField("max_concurrent_jobs") else UNLIMITED
+    return {"success": True, "concurrency": u.running_jobs, "maxConcurrency": limit}
+
+
+def active_crawls(account: str, jobs: Sequence[jobs_pb2.JobSummary]) -> dict[str, Any]:
+    """``GET /v2/crawl/active``: the running crawls among ``jobs`` (ListJobs' summaries
+    of ``account``), newest first. Firecrawl's ``options`` (the crawl's request) are
+    left out: ListJobs does not carry a job's request, and the SDK reads them as
+    optional."""
+    crawls = [
+        {
+            "id": j.id,
+            "teamId": account,
+            "url": j.url,
+            "created_at": _time(j.created_at),
+        }
+        for j in jobs
+        if j.kind == jobs_pb2.JOB_KIND_CRAWL and j.state == jobs_pb2.JOB_STATE_SCRAPING
+    ]
+    return {"success": True, "crawls": crawls}
+
+
+async def _usage(request: web.Request) -> jobs_pb2.GetAccountUsageResponse:
+    return await client_of(request).account_usage()
+
+
+async def credit_usage_route(request: web.Request) -> web.StreamResponse:
+    return web.json_response(credit_usage(await _usage(request)))
+
+
+async def queue_status_route(request: web.Request) -> web.StreamResponse:
+    return web.json_response(queue_status(await _usage(request)))
+
+
+async def concurrency_route(request: web.Request) -> web.StreamResponse:
+    return web.json_response(concurrency(await _usage(request)))
+
+
+async def active_crawls_route(request: web.Request) -> web.StreamResponse:
+    client = client_of(request)
+    account = (await client.account_usage()).account
+    jobs = await client.list_jobs(active_only=True)
+    return web.json_response(active_crawls(account, jobs))
+
+
+async def refused_route(request: web.Request) -> web.StreamResponse:
+    await _usage(request)  # the key first, as Firecrawl's auth runs first (401)
+    raise refusal(request.path)
+
+
+def refusal(path: str) -> HttpError:
+    """The 400 of a route in ``REFUSED``."""
+    why = REFUSED[path]
+    return bad_request(f"{path}: {why}", [{"route": path, "message": why}])
+
+
+def add_team_routes(app: web.Application) -> None:
+    """Register the account routes on ``app`` (before ``v2.add_v2_routes``)."""
+    r = app.router
+    r.add_get("/v2/team/credit-usage", answer(credit_usage_route))
+    r.add_get("/v2/team/queue-status", answer(queue_status_route))
+    r.add_get("/v2/concurrency-check", answer(concurrency_route))
+    r.add_get("/v2/crawl/active", answer(active_crawls_route))
+    r.add_get("/v2/crawl/ongoing", answer(active_crawls_route))
+    for path in REFUSED:
+        r.add_get(path, answer(refused_route))
