@@ -5,7 +5,8 @@ What it owns
 ``TABLE`` (reason -> HTTP status and Firecrawl ``code``), its refinements by the error's
 metadata (``QUOTA_EXCEEDED`` by ``limit``, ``PAGE_FETCH_FAILED`` by page error ``code``,
 ``INVALID_FIELD`` on ``id`` as an unknown job, a violation of reason ``BLOCKED_ADDRESS``
-(the address guard refused a URL) as blocked),
+(the address guard refused a URL) as blocked, ``JOB_NOT_APPENDABLE`` of a crawl as an
+unknown batch),
 the fallback by gRPC status (``BY_STATUS``), and ``HttpError``: the status, the body
 ``{success: false, error, code?, details?}`` and the headers (``Retry-After`` on 429/503).
 
@@ -76,6 +77,7 @@ TABLE: dict[str, tuple[int, str]] = {
     "PERMISSION_DENIED_FIELD": (403, "FORBIDDEN"),
     "REPLICATION_NOT_ALLOWED": (403, "FORBIDDEN"),
     "JOB_NOT_FOUND": (404, "NOT_FOUND"),
+    "JOB_NOT_APPENDABLE": (409, "CONFLICT"),  # appendToId: a batch that ended failed/cancelled
     "QUOTA_EXCEEDED": (429, "RATE_LIMIT_EXCEEDED"),
     "DOCUMENT_TOO_LARGE": (500, "DOCUMENT_TOO_LARGE"),
     "PAGE_FETCH_FAILED": (500, "SCRAPE_FAILED"),
@@ -134,6 +136,8 @@ def from_rpc(
     details: Any = None
     if reason == "QUOTA_EXCEEDED" and metadata.get("limit") in QUOTA_LIMITS:
         http, code = 402, "QUOTA_EXCEEDED"
+    if reason == "JOB_NOT_APPENDABLE" and metadata.get("kind") != "batch":
+        http, code = 404, "NOT_FOUND"  # a crawl is unknown on the batch routes (job_of)
     if reason == "PAGE_FETCH_FAILED":
         http, code = PAGE_CODES.get(metadata.get("code", ""), (http, code))
         details = {k: metadata[k] for k in ("code", "http_status", "url") if k in metadata}

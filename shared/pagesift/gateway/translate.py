@@ -44,6 +44,7 @@ from pagesift.v1 import jobs_pb2
 __all__ = [
     "FORMATS",
     "STATES",
+    "append_arguments",
     "batch_request",
     "crawl_request",
     "document",
@@ -111,9 +112,7 @@ UNSUPPORTED_CRAWL: dict[str, tuple[str, str]] = {
         "not a separate agent",
     ),
 }
-UNSUPPORTED_BATCH: dict[str, tuple[str, str]] = {
-    "append_to_id": ("appendToId", "not mapped by this gateway yet"),
-}
+UNSUPPORTED_BATCH: dict[str, tuple[str, str]] = {}
 UNSUPPORTED_MAP: dict[str, tuple[str, str]] = {
     "location": ("location", "pagesift's map sends no request options (headers, locale)"),
     "use_index": ("useIndex", "pagesift keeps no index of other accounts' pages"),
@@ -275,9 +274,12 @@ def crawl_request(r: CrawlRequest) -> jobs_pb2.StartCrawlRequest:
 
 
 def batch_request(r: BatchScrapeRequest) -> jobs_pb2.StartBatchScrapeRequest:
-    """``POST /v2/batch/scrape``'s body -> ``StartBatchScrapeRequest``."""
+    """``POST /v2/batch/scrape``'s body -> ``StartBatchScrapeRequest`` (a body with
+    ``appendToId`` is ``append_arguments``': refused here, never dropped)."""
     _job_checks(r)
     _refuse_set(r, UNSUPPORTED_BATCH, "")
+    if r.append_to_id is not None:
+        raise _refuse("appendToId", "adding to a batch is mapped on POST /v2/batch/scrape only")
     out = jobs_pb2.StartBatchScrapeRequest(
         urls=r.urls,
         options=scrape_options(r),
@@ -287,6 +289,30 @@ def batch_request(r: BatchScrapeRequest) -> jobs_pb2.StartBatchScrapeRequest:
     if r.webhook is not None:
         out.webhook.CopyFrom(webhook(r.webhook))
     return out
+
+
+#: the scrape options of a batch body (set in an append: they must be the job's own)
+_OPTION_FIELDS = frozenset(ScrapeOptions.model_fields)
+
+
+def append_arguments(r: BatchScrapeRequest, idempotency_key: str) -> dict[str, Any]:
+    """``POST /v2/batch/scrape`` with ``appendToId`` -> ``JobClient.append_batch``'s
+    arguments: the URLs join that job, scraped with its options (scrape options and
+    ``maxConcurrency`` given here must be the job's: the node refuses others by name);
+    the job keeps its webhook (``webhook`` here is a 400)."""
+    _job_checks(r)
+    _refuse_set(r, UNSUPPORTED_BATCH, "")
+    if r.webhook is not None:
+        raise _refuse("webhook", "an append keeps the webhook the job started with")
+    given = bool(_OPTION_FIELDS & r.model_fields_set)
+    return {
+        "job_id": r.append_to_id or "",
+        "urls": r.urls,
+        "ignore_invalid_urls": r.ignore_invalid_urls,
+        "options": scrape_options(r) if given else None,
+        "max_concurrency": r.max_concurrency or 0,
+        "idempotency_key": idempotency_key,
+    }
 
 
 def map_arguments(r: MapRequest) -> dict[str, Any]:

@@ -65,8 +65,15 @@ async def start_crawl(request: web.Request) -> web.StreamResponse:
 
 
 async def start_batch(request: web.Request) -> web.StreamResponse:
+    """A new batch, or (``appendToId``) the URLs added to that job of the caller's,
+    answered with its id and url as Firecrawl does (``x-idempotency-key``: AIP-155)."""
     req: BatchScrapeRequest = await body(request, BatchScrapeRequest)
-    resp = await client_of(request).start_batch(translate.batch_request(req))
+    client = client_of(request)
+    if req.append_to_id is not None:
+        key = request.headers.get("x-idempotency-key", "")
+        resp: Any = await client.append_batch(**translate.append_arguments(req, key))
+    else:
+        resp = await client.start_batch(translate.batch_request(req))
     out: dict[str, Any] = {
         "success": True,
         "id": resp.id,
