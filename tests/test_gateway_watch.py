@@ -8,28 +8,47 @@ status pages, and so whose catchups, hold ``PAGE_DOCS`` documents).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import socket
 import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import WSMsgType
+from aiohttp import WSMsgType, web
 from firecrawl import AsyncFirecrawl
 
 from pagesift.client.firecrawl import document
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
+from pagesift.gateway.app import make_app
+from pagesift.gateway.clients import Clients
+from pagesift.gateway.server import run
 from pagesift.gateway.watch import (
+    WATCH,
+    WatchLimits,
     catchup,
     close_code,
     close_reason,
     is_upgrade,
     key_of,
+    resume_at,
     stalled,
 )
 from pagesift.v1 import jobs_pb2
-from tests.helpers import ALICE, BOB, SiteSpec, write_accounts
+from tests.helpers import (
+    ALICE,
+    BOB,
+    NodeFactory,
+    SiteSpec,
+    in_process_node,
+    serve_handler,
+    write_accounts,
+)
+from tests.test_failover import promote, start_pair
 from tests.test_gateway import PAGE_DOCS, client, gateway, sdk
 
 WRONG_KEY = "psk_test_wrong_0123456789"
@@ -112,8 +131,16 @@ async def test_the_sdk_watcher_streams_every_page_once_then_done(
         snapshots: list[Any] = []
         ended = threading.Event()
         watcher.add_event_listener("document", lambda e: docs.append(e["data"]))
-        watcher.add_event_listener("done", lambda e: (dones.append(e), ended.set()))
-        watcher.add_event_listener("error", lambda e: (errors.append(e), ended.set()))
+
+        def ending(into: list[dict[str, Any]]) -> Callable[[dict[str, Any]], None]:
+            def record(event: dict[str, Any]) -> None:
+                into.append(event)
+                ended.set()
+
+            return record
+
+        watcher.add_event_listener("done", ending(dones))
+        watcher.add_event_listener("error", ending(errors))
         watcher.add_listener(snapshots.append)
         watcher.start()
         try:
@@ -167,7 +194,7 @@ async def test_the_key_as_subprotocol_is_accepted_and_answered_and_a_wrong_key_i
             assert messages[-1]["type"] == "done" and json.loads(reason) == {"type": "done"}
             got = sources(streamed(messages))
             assert len(got) == len(set(got)) == job.completed
-            refusals = [
+            refusals: list[dict[str, Any]] = [
                 {"protocols": (WRONG_KEY,)},
                 {"headers": {"Authorization": f"Bearer {WRONG_KEY}"}},
                 {"headers": {"Authorization": f"Basic {ALICE.key}"}},
@@ -270,6 +297,156 @@ async def test_an_unknown_job_or_a_batch_is_an_error_and_a_plain_get_stays_the_s
         assert resp.status == 200 and body["success"] is True and "status" in body
 
 
+async def test_a_gateway_shutting_down_closes_its_watches_with_going_away(
+    tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    async with aiohttp.ClientSession() as http:
+        async with gateway(tmp_path) as base:
+            job_id = await slow_crawl(base, root)
+            ws = await http.ws_connect(ws_url(base, job_id))
+            first = await asyncio.wait_for(ws.receive_json(), 10)
+            assert first["type"] == "catchup"
+            reading = asyncio.create_task(read_all(ws))
+        messages, _ = await asyncio.wait_for(reading, 15)
+        assert ws.close_code == 1001  # going away: reconnect (here or elsewhere)
+        assert all(m["type"] == "document" for m in messages)
+        await ws.close()
+
+
+@pytest.mark.system
+async def test_a_failover_of_the_pair_mid_watch_is_no_error_to_the_websocket_client(
+    nodes: NodeFactory, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    primary, standby = await start_pair(
+        nodes,
+        primary_config={"sync_timeout": 10.0},  # sync: what a watcher saw is on the standby
+        primary_extra=("--replication-mode", "sync"),
+    )
+    stop = asyncio.Event()
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    addresses = [primary.address, standby.address]
+    task = asyncio.create_task(run("127.0.0.1:0", addresses, stop, started, page_documents=1))
+    try:
+        base = f"http://{await asyncio.wait_for(started, 10)}"
+        job_id = await slow_crawl(base, root)
+        async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(base, job_id)) as ws:
+            before, _ = await read_all(ws, stop_after=3)  # the catchup and two documents
+            primary.kill()
+            await promote(standby.address)
+            after, reason = await read_all(ws, timeout=90)
+            assert ws.close_code == 1000, (after[-1:], reason)
+        assert before[0]["data"]["status"] == "scraping"
+        assert any(m["type"] == "document" for m in after)  # streamed past the failover
+        messages = before + after
+        assert [m["type"] for m in messages if m["type"] in ("error", "done")] == ["done"]
+        got = sources(streamed(messages))
+        assert len(got) == len(set(got)) and set(got) == await every_source(base, job_id)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+@contextlib.asynccontextmanager
+async def serve_app(app: web.Application) -> AsyncIterator[str]:
+    """``app`` on a free loopback port; yields its base URL."""
+    runner = web.AppRunner(app, shutdown_timeout=5, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def big_pages(request: web.Request) -> web.StreamResponse:
+    """A site of ``BIG_PAGES`` pages of ~0.85 MB of text each, linked from its root."""
+    if request.path == "/":
+        links = "".join(f'<a href="/p{i}">p{i}</a> ' for i in range(BIG_PAGES))
+        body = f"<html><body>{links}</body></html>"
+    else:
+        body = "<html><body><p>" + " ".join(f"w{i}" for i in range(120_000)) + "</p></body></html>"
+    return web.Response(text=body, content_type="text/html")
+
+
+BIG_PAGES = 12
+
+
+async def test_a_client_that_reads_nothing_is_dropped_and_the_watch_holds_no_job(
+    tmp_path: Path,
+) -> None:
+    loop = asyncio.get_running_loop()
+    async with serve_handler(big_pages) as port, in_process_node(tmp_path) as node:
+        app = make_app(Clients([node.address]), page_documents=1)
+        app[WATCH] = WatchLimits(send_seconds=1, close_seconds=1)
+        async with serve_app(app) as base:
+            job = await sdk(
+                client(base).crawl, f"http://127.0.0.1:{port}/", limit=BIG_PAGES + 1,
+                poll_interval=1, timeout=50,
+            )  # fmt: skip
+            assert job.completed == BIG_PAGES + 1  # ~10 MB of documents to send
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a tiny window
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, ("127.0.0.1", int(base.rsplit(":", 1)[1])))
+                await loop.sock_sendall(sock, (
+                    f"GET /v2/crawl/{job.id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    "Sec-WebSocket-Version: 13\r\n\r\n"
+                ).encode())  # fmt: skip
+                await asyncio.sleep(4)  # reads nothing: the gateway's sends block, then it drops us
+                data = bytearray()
+                async with asyncio.timeout(20):  # the gateway closed: reading ends
+                    while True:
+                        try:
+                            chunk = await loop.sock_recv(sock, 1 << 20)
+                        except ConnectionResetError:
+                            break
+                        if not chunk:
+                            break
+                        data += chunk
+            finally:
+                sock.close()
+            assert data.startswith(b"HTTP/1.1 101")
+            assert b'"type": "done"' not in data  # dropped before the end of the job
+            assert len(data) < 7 << 20  # no more than the sockets' buffers and one document
+
+
+@pytest.mark.system
+async def test_a_stream_stuck_on_a_frozen_primary_resumes_on_the_promoted_standby(
+    nodes: NodeFactory, site: tuple[Site, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, root = site
+    caplog.set_level(logging.INFO, logger="pagesift.gateway.watch")
+    primary, standby = await start_pair(
+        nodes,
+        primary_config={"sync_timeout": 10.0},
+        primary_extra=("--replication-mode", "sync"),
+    )
+    app = make_app(Clients([primary.address, standby.address], timeout=3.0), page_documents=1)
+    app[WATCH] = WatchLimits(stall_seconds=2)
+    async with serve_app(app) as base, aiohttp.ClientSession() as http:
+        job_id = await slow_crawl(base, root)
+        async with http.ws_connect(ws_url(base, job_id)) as ws:
+            before, _ = await read_all(ws, stop_after=3)
+            with primary.frozen():  # alive, its sockets open, answering nothing
+                await promote(standby.address)
+                after, reason = await read_all(ws, timeout=90)
+                assert ws.close_code == 1000, (after[-1:], reason)
+        assert any(m["type"] == "document" for m in after)
+        assert "stuck behind its job; resumed" in caplog.text  # not the client's own rules
+        messages = before + after
+        assert [m["type"] for m in messages if m["type"] in ("error", "done")] == ["done"]
+        got = sources(streamed(messages))
+        async with http.get(f"{base}/v2/crawl/{job_id}?limit=100") as resp:
+            status = await resp.json()
+        expected = sources(status["data"])
+        assert status["status"] == "completed" and sorted(got) == sorted(expected)
+
+
 # ---------------------------------------------------------------- the pure rules
 
 
@@ -323,6 +500,17 @@ def test_keys_close_codes_and_reasons() -> None:
     long = close_reason({"type": "error", "error": "é" * 500})
     assert len(long) <= 123 and json.loads(long)["type"] == "error"
     assert json.loads(close_reason({"type": "done"})) == {"type": "done"}
+
+
+def test_a_stuck_stream_resumes_on_the_node_that_shows_the_most() -> None:
+    def page(completed: int, state: int = jobs_pb2.JOB_STATE_SCRAPING) -> jobs_pb2.GetJobResponse:
+        return jobs_pb2.GetJobResponse(state=state, completed=completed)  # type: ignore[arg-type]
+
+    assert resume_at(5, [("a", None), ("b", page(5))]) is None  # quiet, not stuck
+    assert resume_at(5, [("a", None), ("b", None)]) is None  # nobody answered
+    assert resume_at(5, [("a", page(6)), ("b", page(9))]) == "b"
+    assert resume_at(5, [("a", page(9)), ("b", page(9))]) == "a"  # the client's order
+    assert resume_at(5, [("a", None), ("b", page(5, jobs_pb2.JOB_STATE_CANCELLED))]) == "b"
 
 
 def test_a_quiet_stream_is_stuck_only_when_the_job_moved_past_it() -> None:

@@ -19,7 +19,7 @@ Invariants
   one at a time. Its status is the job's only when it holds every document of a
   finished job (else ``scraping``: the SDKs stop at a finished catchup).
 - Every wait is bounded: a send the client does not take in ``send_seconds`` drops it;
-  a stream quiet ``stall_seconds`` while GetJob shows more is resumed at its index.
+  a stream quiet ``stall_seconds`` while a node shows more is resumed there.
 - Resumable: a reconnect gets a new catchup; failovers are ``JobClient.watch``'s.
 """
 
@@ -30,7 +30,7 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -45,7 +45,7 @@ from pagesift.v1 import jobs_pb2
 
 __all__ = [
     "WATCH", "WatchLimits", "add_watch", "catchup", "close_code", "close_reason",
-    "done_message", "is_upgrade", "key_of", "stalled", "upgrading",
+    "done_message", "is_upgrade", "key_of", "resume_at", "stalled", "upgrading",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ TERMINAL = frozenset(
     {jobs_pb2.JOB_STATE_COMPLETED, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED}
 )
 DONE = {"type": "done"}
+MAX_SILENT_PROBES = 4  # probes of a quiet stream in a row that no node answers: 503
 
 T = TypeVar("T")
 Document = Callable[[jobs_pb2.Document], dict[str, Any]]
@@ -166,6 +167,21 @@ def stalled(next_index: int, probe: jobs_pb2.GetJobResponse) -> bool:
     return probe.completed > next_index or probe.state in TERMINAL
 
 
+def resume_at(
+    next_index: int, answers: Sequence[tuple[str, jobs_pb2.GetJobResponse | None]]
+) -> str | None:
+    """Where a quiet stream resumes: of the nodes that answered the probe (``answers``
+    in the client's failover order, None: no answer), the first with the most progress
+    among those by which it is stuck (``stalled``); None: it is not stuck, keep waiting."""
+    best: tuple[str, jobs_pb2.GetJobResponse] | None = None
+    for address, page in answers:
+        if page is None or not stalled(next_index, page):
+            continue
+        if best is None or page.completed > best[1].completed:
+            best = (address, page)
+    return best[0] if best else None
+
+
 # ---------------------------------------------------------------- the I/O shell
 
 
@@ -255,11 +271,14 @@ async def _serve(
     ):
         log.warning("gateway: the watch of %s ended: %r", job_id, results[0])
         ending = (1011, close_reason({"type": "error", "error": "internal error"}))
-    if not ws.closed:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                ws.close(code=ending[0], message=ending[1]), limits.close_seconds
-            )
+    if ws.closed:  # the client closed first (its close frame was answered)
+        return
+    try:
+        await asyncio.wait_for(ws.close(code=ending[0], message=ending[1]), limits.close_seconds)
+    except (TimeoutError, ConnectionError):
+        transport = request.transport  # a client that reads nothing: drop what it holds
+        if transport is not None:
+            transport.abort()
 
 
 async def _read_until_closed(ws: web.WebSocketResponse) -> None:
@@ -340,8 +359,11 @@ async def _events(
     client: JobClient, job_id: str, index: int, limits: WatchLimits
 ) -> AsyncGenerator[jobs_pb2.WatchJobResponse, None]:
     """WatchJob's events from ``index`` (one held at a time: the stream is read only as
-    fast as they are taken); a stream quiet ``stall_seconds`` while GetJob shows more
-    (``stalled``) is dropped and resumed at the next index."""
+    fast as they are taken). A stream quiet ``stall_seconds`` is checked by asking every
+    node (``_probe``): one stuck behind the job (``resume_at``) is dropped and resumed at
+    the next index on the node that showed the most; ``MAX_SILENT_PROBES`` probes in a
+    row that no node answers end the watch (503)."""
+    silent = 0
     while True:
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
         producer = asyncio.ensure_future(_produce(client.watch(job_id, index), queue))
@@ -350,11 +372,19 @@ async def _events(
                 try:
                     item = await asyncio.wait_for(queue.get(), limits.stall_seconds)
                 except TimeoutError:
-                    if queue.empty() and stalled(
-                        index, await client.get_job(job_id, status_only=True)
-                    ):
-                        break
-                    continue
+                    if not queue.empty():
+                        continue
+                    answers = await _probe(client, job_id, limits.stall_seconds)
+                    heard = any(page is not None for _, page in answers)
+                    silent = 0 if heard else silent + 1
+                    if silent >= MAX_SILENT_PROBES:
+                        error = HttpError(503, "no node of the pair answers", "UNAVAILABLE")
+                        raise error from None
+                    address = resume_at(index, answers)
+                    if address is None:
+                        continue
+                    client.failover.prefer(address)
+                    break
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
@@ -376,7 +406,25 @@ async def _events(
             if item.WhichOneof("event") == "document":
                 index = item.document.index + 1
             yield item
-        log.info("gateway: the watch of %s was quiet while the job moved on; resumed", job_id)
+        log.info("gateway: the watch of %s was stuck behind its job; resumed", job_id)
+
+
+async def _probe(
+    client: JobClient, job_id: str, bound: float
+) -> list[tuple[str, jobs_pb2.GetJobResponse | None]]:
+    """GetJob (status only) of every node at once, each bounded by ``bound``: the
+    client's own reads stay on its preferred node, which is the one that may be frozen."""
+    req = jobs_pb2.GetJobRequest(id=job_id, status_only=True)
+    order = client.failover.order()
+    results = await asyncio.gather(
+        *(client.stub(a).GetJob(req, timeout=bound) for a in order), return_exceptions=True
+    )
+    out: list[tuple[str, jobs_pb2.GetJobResponse | None]] = []
+    for address, r in zip(order, results, strict=True):
+        if isinstance(r, BaseException) and not isinstance(r, grpc.aio.AioRpcError):
+            raise r  # a cancellation or a bug, not a node that could not answer
+        out.append((address, r if isinstance(r, jobs_pb2.GetJobResponse) else None))
+    return out
 
 
 async def _produce(
