@@ -219,15 +219,19 @@ def test_batch_and_map_options_map_onto_their_calls() -> None:
         "limit": 5000,
         "search": "",
         "sitemap": jobs_pb2.SITEMAP_MODE_INCLUDE,
+        "include_paths": (),
+        "exclude_paths": (),
         "allow_subdomains": True,
         "ignore_query_parameters": True,
     }
     kw = translate.map_arguments(
         MapRequest.model_validate(
             {"url": URL, "limit": 7, "search": "blog", "sitemap": "only",
-             "includeSubdomains": False, "ignoreQueryParameters": False}
+             "includeSubdomains": False, "ignoreQueryParameters": False,
+             "includePaths": ["^/blog/"], "excludePaths": ["^/blog/old"]}
         )
     )  # fmt: skip
+    assert kw["include_paths"] == ["^/blog/"] and kw["exclude_paths"] == ["^/blog/old"]
     assert kw["limit"] == 7 and kw["search"] == "blog"
     assert kw["sitemap"] == jobs_pb2.SITEMAP_MODE_ONLY
     assert not kw["allow_subdomains"] and not kw["ignore_query_parameters"]

@@ -174,6 +174,8 @@ class MapRequest(_Job):
 
     url: str = Field(min_length=1)
     search: str | None = None
+    include_paths: list[str] | None = Field(None, alias="includePaths")
+    exclude_paths: list[str] | None = Field(None, alias="excludePaths")
     include_subdomains: bool = Field(True, alias="includeSubdomains")
     ignore_query_parameters: bool = Field(True, alias="ignoreQueryParameters")
     limit: int | None = Field(None, gt=0)

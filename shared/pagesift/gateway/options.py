@@ -6,7 +6,9 @@ What it owns
 ``apply(o, opts, prefix)``: the options of ``pagesift.gateway.optionmodels`` (and the
 change-tracking keys of a format object, ``change_tracking``) written into the proto
 ``translate.scrape_options`` is building; ``REFUSED``: per nested model, the fields pagesift
-cannot honour and why (docs/gateway.md's field table is checked against it).
+cannot honour and why, and ``REFUSED_WHOLE``: the models refused whatever they say (the
+``scrape`` and ``pdf`` actions, the ``image`` parser); docs/gateway.md's field table is
+checked against both (tests/test_gateway_fields.py).
 
 Invariants
 ----------
@@ -31,13 +33,16 @@ from pydantic import BaseModel
 from pagesift.gateway.errors import HttpError, bad_request
 from pagesift.gateway.models import FormatObject, ScrapeOptions
 from pagesift.gateway.optionmodels import (
+    ACTION_MODELS,
     ChangeTrackingOptions,
     ClickAction,
     ExecuteJavascriptAction,
     ImageParser,
     Location,
+    PdfAction,
     PdfParser,
     PressAction,
+    ScrapeAction,
     ScreenshotAction,
     ScrollAction,
     WaitAction,
@@ -47,6 +52,7 @@ from pagesift.v1 import jobs_pb2
 
 __all__ = [
     "REFUSED",
+    "REFUSED_WHOLE",
     "UNSUPPORTED_ACTIONS",
     "apply",
     "change_tracking",
@@ -93,10 +99,15 @@ REFUSED: dict[type[BaseModel], dict[str, tuple[str, str]]] = {
 }
 REFUSED[FormatObject] = REFUSED[ChangeTrackingOptions]
 
+#: nested models refused whole, whatever their fields say -> why
+REFUSED_WHOLE: dict[type[BaseModel], str] = {
+    ScrapeAction: "pagesift reads the page once, after its actions (no mid-action snapshot)",
+    PdfAction: "pagesift prints no PDFs of a page",
+    ImageParser: "pagesift has no OCR: an image URL is unsupported_content",
+}
 #: Firecrawl action type -> why pagesift has no step for it
 UNSUPPORTED_ACTIONS: dict[str, str] = {
-    "scrape": "pagesift reads the page once, after its actions (no mid-action snapshot)",
-    "pdf": "pagesift prints no PDFs of a page",
+    kind: REFUSED_WHOLE[m] for kind, m in ACTION_MODELS.items() if m in REFUSED_WHOLE
 }
 
 
@@ -119,9 +130,9 @@ def _millis(ms: int) -> duration_pb2.Duration:
 
 
 def _action(a: Any, where: str) -> jobs_pb2.Action:
+    if type(a) in REFUSED_WHOLE:
+        raise refuse(where, f"action {a.type!r}: {REFUSED_WHOLE[type(a)]}")
     refuse_set(a, REFUSED.get(type(a), {}), where + ".")
-    if a.type in UNSUPPORTED_ACTIONS:
-        raise refuse(where, f"action {a.type!r}: {UNSUPPORTED_ACTIONS[a.type]}")
     if isinstance(a, WaitAction):
         if (a.milliseconds is None) == (a.selector is None):
             raise refuse(where, "a wait takes milliseconds or selector, one of the two")
@@ -165,8 +176,8 @@ def _parsers(parsers: Sequence[Any], opts: jobs_pb2.ScrapeOptions, prefix: str) 
     for i, p in enumerate(parsers):
         where = f"{prefix}parsers[{i}]"
         kind = p if isinstance(p, str) else p.type
-        if kind == "image" or isinstance(p, ImageParser):
-            raise refuse(where, "pagesift has no OCR: an image URL is unsupported_content")
+        if kind == "image":
+            raise refuse(where, REFUSED_WHOLE[ImageParser])
         pdf = True
         if isinstance(p, PdfParser):
             refuse_set(p, REFUSED[PdfParser], where + ".")

@@ -324,6 +324,8 @@ def map_arguments(r: MapRequest) -> dict[str, Any]:
         "limit": r.limit or 5000,
         "search": r.search or "",
         "sitemap": _SITEMAP[r.sitemap],
+        "include_paths": r.include_paths or (),
+        "exclude_paths": r.exclude_paths or (),
         "allow_subdomains": r.include_subdomains,
         "ignore_query_parameters": r.ignore_query_parameters,
     }
