@@ -546,6 +546,14 @@ class FakeJobs(jobs_pb2_grpc.JobServiceServicer):
         self.calls.append("ListJobs")
         return jobs_pb2.ListJobsResponse(jobs=[jobs_pb2.JobSummary(id="job-1", total=25)])
 
+    async def GetAccountUsage(
+        self,
+        request: jobs_pb2.GetAccountUsageRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> jobs_pb2.GetAccountUsageResponse:
+        self.calls.append("GetAccountUsage")  # a read: a standby answers it too
+        return jobs_pb2.GetAccountUsageResponse(account="anonymous", running_jobs=0)
+
     async def CancelJob(
         self,
         request: jobs_pb2.CancelJobRequest,
