@@ -8,12 +8,15 @@ import subprocess
 import sys
 import time
 
+import grpc
 import pytest
 
+from pagesift.demo.site import Site
 from pagesift.node.drill.fixture import Etcd
 from pagesift.node.registry import EtcdRegistry, Registrar, RegistryUnavailable
-from pagesift.shared.cluster.registry import Load, NodeRecord, pair_views, placeable
-from tests.helpers import eventually
+from pagesift.shared.cluster.registry import Load, NodeRecord, PairView, pair_views, placeable
+from pagesift.v1 import jobs_pb2_grpc
+from tests.helpers import NodeFactory, crawl, eventually
 
 pytestmark = pytest.mark.system
 
@@ -143,3 +146,52 @@ async def test_cluster_status_shows_every_pair_and_what_is_unhealthy(etcd: Etcd)
         subprocess.run, [*cmd, "--json"], capture_output=True, text=True, timeout=60
     )
     assert down.returncode == 4 and "error" in json.loads(down.stdout)
+
+
+# ---------------------------------------------------------------- a real pair in a cluster
+
+
+async def pair_view(url: str, pair: str) -> PairView | None:
+    reader = EtcdRegistry(url)
+    try:
+        return pair_views(await reader.nodes()).get(pair)
+    finally:
+        await reader.close()
+
+
+async def test_a_pairs_nodes_register_and_the_view_follows_a_failover(
+    nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    url = f"{etcd.endpoint}/prod"
+    extra = ("--witness", etcd.endpoint, "--pair", "p1", "--witness-ttl", "2",
+             "--cluster", "prod")  # fmt: skip
+    a = nodes("a", role="", extra=extra)
+    b = nodes("b", role="", extra=extra)
+    await asyncio.gather(a.start(), b.start())
+
+    async def settled() -> PairView | None:
+        v = await pair_view(url, "p1")
+        return v if v and v.primary and len(v.standbys) == 1 else None
+
+    first = await eventually(settled, "p1 registered with a primary and a standby", 30)
+    primary, standby = (a, b) if first.primary == a.address else (b, a)
+    assert first.standbys == (standby.address,)
+    async with grpc.aio.insecure_channel(primary.address) as ch:
+        req = crawl(root, max_concurrency=2, delay=0.2)
+        job = (await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(req, timeout=5)).id
+
+    async def busy() -> PairView | None:
+        v = await pair_view(url, "p1")
+        return v if v and v.load.running_jobs == 1 and v.load.queued_pages > 0 else None
+
+    await eventually(busy, "the running crawl in p1's load", 15)
+    primary.kill()
+
+    async def took_over() -> PairView | None:
+        v = await pair_view(url, "p1")
+        return v if v and v.primary == standby.address and not v.standbys else None
+
+    after = await eventually(took_over, "the standby registered as p1's primary", 30)
+    assert after.epoch > first.epoch
+    assert job  # the crawl goes on on the new primary (tests/test_witness.py checks its pages)

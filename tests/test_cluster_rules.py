@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pagesift.node import cli
 from pagesift.shared.cluster import budgets, ids, placement, registry
 from pagesift.shared.cluster.registry import Load, NodeRecord
 
@@ -275,3 +277,15 @@ def test_a_pair_name_and_uuid_make_ids_unique_across_pairs() -> None:
     a = {ids.cluster_job_id("p1", str(uuid.uuid4())) for _ in range(100)}
     b = {ids.cluster_job_id("p2", str(uuid.uuid4())) for _ in range(100)}
     assert not a & b and all(ids.pair_of(x) == "p1" for x in a)
+
+
+def test_serve_refuses_a_cluster_without_a_witness_or_with_a_bad_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = ["--data", str(tmp_path)]
+    assert cli.main(["serve", "--cluster", "prod", *data]) == 2
+    assert "--cluster needs --witness" in capsys.readouterr().err
+    witness = ["--witness", "etcd://127.0.0.1:9"]
+    assert cli.main(["serve", *witness, "--cluster", "Prod", *data]) == 2
+    assert "not a pair name" in capsys.readouterr().err
+    assert cli.main(["serve", *witness, "--cluster", "prod", "--pair", "a/b", *data]) == 2

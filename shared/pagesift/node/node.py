@@ -50,8 +50,10 @@ from pathlib import Path
 
 import grpc
 
+from pagesift.node import clustering
 from pagesift.node.elector import CLOSED, Elector, ElectorHost
 from pagesift.node.looplag import LoopLagMonitor
+from pagesift.node.registry import Registrar
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.startup import (
     StartRefused,
@@ -198,6 +200,7 @@ class Node:
         self._elector_task: asyncio.Task[None] | None = None
         self.jobs: Jobs | None = None
         self.engine: Engine | None = None
+        self._registration: tuple[Registrar, asyncio.Task[None]] | None = None
         # the node's role, and what it runs: the one place it is kept (see ``rolestate``)
         self._state = RoleState.initial(
             RoleConfig(
@@ -294,6 +297,7 @@ class Node:
     async def start(self) -> None:
         self.looplag.start()
         await self.storage.start()
+        self._registration = clustering.start_registrar(self)
         log = self.slot.log
         await self._carry_out(
             self._step(
@@ -563,6 +567,10 @@ class Node:
             await engine.close()
 
     async def close(self) -> None:
+        registration, self._registration = self._registration, None
+        if registration is not None:  # out of the cluster first: clients stop routing here
+            await cancel_and_wait(registration[1])
+            await registration[0].close()
         await self.looplag.stop()
         await self._carry_out(self._step(Stopping()))
         await self.storage.stop()

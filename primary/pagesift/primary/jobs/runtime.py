@@ -197,6 +197,10 @@ class Jobs(appending.Appending):
         """The Map call for account ``owner`` (``oneoff.map_site``); nothing is stored."""
         return await oneoff.map_site(self.engine, self.config, self.accounts, request, owner)
 
+    def running(self) -> list[str]:
+        """The ids of the jobs this runtime runs now."""
+        return list(self._tasks)
+
     def activity(self, owner: str) -> AccountActivity:
         """GetAccountUsage: ``owner``'s unfinished jobs and pages in flight (``activity``)."""
         return self.runner.activity.of(self.store, owner)

@@ -16,6 +16,7 @@ from typing import Any
 
 from pagesift.node.cli.args import host_port, nonneg_float
 from pagesift.node.cli.common import EXIT_FAILED, fail, server_extra_missing
+from pagesift.shared.cluster.ids import check_pair_name
 from pagesift.shared.ha.election import MIN_TTL, parse_witness
 from pagesift.shared.ha.roles import Role
 
@@ -34,6 +35,7 @@ SERVE_FLAGS = (
     "witness",
     "witness_ttl",
     "pair",
+    "cluster",
     "witness_user",
     "witness_password_file",
     "advertise",
@@ -80,6 +82,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             return fail(f"config: witness_ttl must be at least {MIN_TTL} seconds")
         if bool(config.witness_user) != bool(config.witness_password_file):
             return fail("config: witness_user and witness_password_file go together")
+        if config.cluster:
+            try:
+                check_pair_name(config.cluster)
+                check_pair_name(config.pair)
+            except ValueError as err:
+                return fail(f"config: with --cluster: {err}")
+    elif config.cluster:
+        return fail("config: --cluster needs --witness (the cluster lives in the witness's etcd)")
     elif config.role == "standby" and not config.primary:
         return fail("config: a standby needs --primary HOST:PORT")
     # imported here: the server pulls in both roles, the store and replication, which
@@ -133,6 +143,11 @@ def add_serve_command(sub: Any) -> None:
         help="the primary's lease in the witness (default 5)",
     )
     p.add_argument("--pair", metavar="NAME", help="this pair's key prefix in the witness")
+    p.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="join cluster NAME in the witness's etcd (pagesift cluster status lists it)",
+    )
     p.add_argument("--witness-user", metavar="USER", help="etcd user (etcd auth)")
     p.add_argument(
         "--witness-password-file", metavar="FILE", help="that etcd user's password, in a file"

@@ -249,6 +249,9 @@ class ServerConfig:
     pair: Annotated[str, Doc("the pair's key prefix in the witness (several pairs, one etcd)")] = (
         "pagesift"
     )
+    cluster: Annotated[
+        str, Doc('the cluster this pair joins in the witness\'s etcd; "" = a pair alone')
+    ] = ""
     witness_user: Annotated[str, Doc('an etcd user (etcd auth); "" = no authentication')] = ""
     witness_password_file: Annotated[
         str, Doc("that user's password, alone in a file (mode 600)")

@@ -1,0 +1,119 @@
+"""A node in a cluster: its registration record, built from what the node is doing now.
+
+What it owns
+------------
+``start_registrar(node)``: with ``cluster`` set (and a witness, whose etcd holds the
+cluster), a ``pagesift.node.registry.Registrar`` that keeps this node's ``NodeRecord``
+under its own lease (ttl = ``witness_ttl``), so ``pagesift cluster status`` and cluster
+clients see the pair; None without a cluster. ``LoadMeter`` turns the node's counters
+into rates between two records: pages/s from ``pagesift_pages_total`` and the CPU of
+the node's process (and its extraction workers) from ``os.times``.
+
+What a record says (``node_record``)
+------------------------------------
+role "primary" while the node takes writes, else "standby"; the log's epoch; a
+standby's lag in log entries; ``max_concurrency`` as capacity; and, on the primary,
+its running jobs and the pages they still have to fetch (``views.progress`` of each
+running job: bounded by the running jobs, no scan of the store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pagesift.node.registry import EtcdRegistry, Registrar
+from pagesift.node.startup import advertised
+from pagesift.shared.cluster.registry import Load, NodeRecord
+from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs import views
+
+if TYPE_CHECKING:
+    from pagesift.node.node import Node
+
+__all__ = ["LoadMeter", "node_record", "start_registrar"]
+
+log = logging.getLogger(__name__)
+
+
+def _pages_total(node: Node) -> float:
+    return sum(
+        s.value
+        for family in node.metrics.pages.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    )
+
+
+class LoadMeter:
+    """Rates since the previous ``read``: pages stored per second, CPU cores used."""
+
+    def __init__(self, pages: float, now: float) -> None:
+        self._pages, self._cpu, self._at = pages, self._cpu_seconds(), now
+
+    @staticmethod
+    def _cpu_seconds() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def read(self, pages: float, now: float) -> tuple[float, float]:
+        cpu = self._cpu_seconds()
+        span = max(now - self._at, 1e-3)
+        rates = (max(0.0, pages - self._pages) / span, max(0.0, cpu - self._cpu) / span)
+        self._pages, self._cpu, self._at = pages, cpu, now
+        return rates
+
+
+def node_record(node: Node, meter: LoadMeter, now_wall: float, now: float) -> NodeRecord:
+    """This node's record now (see the module docstring)."""
+    cfg = node.config
+    status = node.role_status()
+    primary = node.takes_writes
+    running, queued = 0, 0
+    if primary and node.jobs is not None:
+        store = node.slot.store
+        for job_id in node.jobs.running():
+            meta = jr.load_meta(store, job_id)
+            if meta is None or meta.terminal:
+                continue
+            running += 1
+            p = views.progress(store, meta)
+            queued += max(0, p.total - p.completed - p.failed)
+    pages_per_s, cpu = meter.read(_pages_total(node), now)
+    return NodeRecord(
+        pair=cfg.pair,
+        node=node.node_id,
+        address=cfg.advertise or advertised(cfg.listen),
+        role="primary" if primary else "standby",
+        epoch=node.slot.log.epoch,
+        lag=0 if primary else status.lag_offsets,
+        capacity=cfg.max_concurrency,
+        load=Load(running_jobs=running, queued_pages=queued, pages_per_s=pages_per_s, cpu=cpu),
+        updated=now_wall,
+    )
+
+
+def start_registrar(node: Node) -> tuple[Registrar, asyncio.Task[None]] | None:
+    """The node's registrar, running (None without ``cluster``)."""
+    cfg = node.config
+    if not cfg.cluster:
+        return None
+    password = ""
+    if cfg.witness_password_file:
+        password = Path(cfg.witness_password_file).read_text().strip()
+    endpoints = cfg.witness.split("://", 1)[-1].rstrip("/")
+    registry = EtcdRegistry(
+        f"etcd://{endpoints}/{cfg.cluster}", user=cfg.witness_user, password=password
+    )
+    meter = LoadMeter(_pages_total(node), time.monotonic())
+    ttl = max(2, round(cfg.witness_ttl))
+    registrar = Registrar(
+        registry, lambda: node_record(node, meter, time.time(), time.monotonic()), ttl=ttl
+    )
+    task = asyncio.create_task(registrar.run())
+    log.info("registering in cluster %s as pair %s", cfg.cluster, cfg.pair)
+    return registrar, task
