@@ -103,7 +103,12 @@ async def test_a_primary_killed_during_appends_ends_with_every_url_once_on_both_
         assert not early, early[:5]
 
         async def standby_has_it() -> list[str] | None:
-            job = await get_job(standby.address, job_id)
+            try:
+                job = await get_job(standby.address, job_id)
+            except grpc.aio.AioRpcError as e:  # not there yet (it may be resyncing)
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                return None
             if job.state != jobs_pb2.JOB_STATE_COMPLETED or job.completed < len(expected):
                 return None
             async with grpc.aio.insecure_channel(standby.address) as ch:
