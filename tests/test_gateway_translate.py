@@ -113,7 +113,7 @@ def test_every_scrape_option_not_mapped_is_refused_by_name(attr: str, name: str)
     value: Any = [{"type": "scrape"}] if attr in ("actions", "parsers") else "x"
     if attr in ("min_age",):
         value = 1000
-    if attr in ("check_prompt_injection", "fast_mode"):
+    if attr in ("check_prompt_injection", "fast_mode", "only_clean_content", "lockdown"):
         value = True
     assert refused(lambda: scrape(**{name: value})).error.startswith(f"{name}:")
     # inside a crawl the path names scrapeOptions; a batch takes them at the top level

@@ -93,6 +93,9 @@ class ScrapeOptions(Strict):
     check_prompt_injection: bool | None = Field(None, alias="checkPromptInjection")
     threat_protection: Any = Field(None, alias="threatProtection")
     audit_metadata: Any = Field(None, alias="auditMetadata")
+    only_clean_content: bool = Field(False, alias="onlyCleanContent")
+    lockdown: bool = False
+    profile: Any = None
 
 
 class WebhookOptions(Strict):

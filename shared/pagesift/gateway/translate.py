@@ -103,6 +103,18 @@ UNSUPPORTED_SCRAPE: dict[str, tuple[str, str]] = {
     "check_prompt_injection": ("checkPromptInjection", "needs an LLM; pagesift runs none"),
     "threat_protection": ("threatProtection", "pagesift's address guard is not configurable"),
     "audit_metadata": ("auditMetadata", "pagesift keeps no audit log per request"),
+    "only_clean_content": (
+        "onlyCleanContent",
+        "pagesift has no content cleaner beyond onlyMainContent and include/excludeTags",
+    ),
+    "lockdown": (
+        "lockdown",
+        "pagesift has no cache-only mode: a page is fetched unless a maxAge copy is fresh",
+    ),
+    "profile": (
+        "profile",
+        "pagesift keeps no browser profile across jobs: each job gets a fresh context",
+    ),
 }
 UNSUPPORTED_CRAWL: dict[str, tuple[str, str]] = {
     "prompt": ("prompt", "needs an LLM; pagesift runs none"),
