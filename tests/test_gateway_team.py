@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from firecrawl import V1FirecrawlApp
 from firecrawl.v2.client import FirecrawlClient
 from firecrawl.v2.utils.error_handler import BadRequestError, UnauthorizedError
 
@@ -139,6 +140,29 @@ async def test_token_usage_and_history_are_400_saying_why_and_keys_are_checked_f
                     assert await resp.json() == {"success": True, "crawls": []}
 
 
+async def test_the_v1_sdk_reads_the_same_credits_and_is_refused_tokens(tmp_path: Path) -> None:
+    accounts = write_accounts(tmp_path / "accounts.toml", ACCOUNTS)
+    kw: dict[str, Any] = {"accounts_file": str(accounts), "read_timeout": 30}
+    async with gated_site(5) as site, gateway(tmp_path / "d", **kw) as base:
+        v1 = V1FirecrawlApp(api_key=METER.key, api_url=base)
+        credit = (await sdk(v1.get_credit_usage)).data
+        assert (credit.remaining_credits, credit.plan_credits) == (50, 50)
+        assert credit.billing_period_start and credit.billing_period_end
+        with pytest.raises(Exception, match="no LLM"):
+            await sdk(v1.get_token_usage)
+        job = await sdk(client(base, METER.key).start_crawl, site.root, limit=10, sitemap="skip")
+        await site.held(1)
+        headers = {"Authorization": f"Bearer {METER.key}"}
+        async with aiohttp.ClientSession(headers=headers) as http:
+            async with http.get(base + "/v1/crawl/active") as resp:
+                active = await resp.json()
+            async with http.get(base + "/v1/concurrency-check") as resp:
+                conc = await resp.json()
+        assert [(c["id"], c["url"]) for c in active["crawls"]] == [(job.id, site.root)]
+        assert conc == {"success": True, "concurrency": 1, "maxConcurrency": 3}
+        site.open()
+
+
 # ---------------------------------------------------------------- the mapping, as tables
 
 
@@ -178,6 +202,9 @@ def test_credit_usage_is_pages_left_in_the_rolling_day(
             "billingPeriodEnd": "1970-01-02T00:00:00Z",
         },
     }
+    v1 = credit_usage(_usage(**fields), v1=True)["data"]
+    assert (v1["remaining_credits"], v1["plan_credits"]) == (remaining, plan)
+    assert v1["billing_period_end"] == "1970-01-02T00:00:00Z" and len(v1) == 4
 
 
 @pytest.mark.parametrize(

@@ -4,23 +4,22 @@ What it owns
 ------------
 ``add_team_routes(app)``: ``GET /v2/team/credit-usage``, ``/v2/team/queue-status`` and
 ``/v2/concurrency-check`` (one ``GetAccountUsage`` each), ``GET /v2/crawl/active`` and
-its alias ``/v2/crawl/ongoing`` (the caller's running crawls, from ``ListJobs``), and
-the routes the SDK calls that pagesift cannot answer, refused by name with a 400
-saying why: ``/v2/team/token-usage`` (pagesift runs no LLM, so it has no tokens) and
-the two ``.../historical`` ones (it keeps only the rolling day's usage). The bodies
-are the pure ``credit_usage``, ``queue_status``, ``concurrency`` and ``active_crawls``.
+its alias ``/v2/crawl/ongoing`` (the caller's running crawls, from ``ListJobs``), the
+same under ``/v1/`` (v1's credit names are snake_case), and the routes the SDKs call
+that pagesift cannot answer, refused by name with a 400 saying why (``REFUSED``):
+``team/token-usage`` (pagesift runs no LLM, so it has no tokens) and the two
+``.../historical`` ones (it keeps only the rolling day's usage). The bodies are the
+pure ``credit_usage``, ``queue_status``, ``concurrency`` and ``active_crawls``.
 
 Mapping (docs/gateway.md, "Account routes")
 -------------------------------------------
-- One page is one credit, as the account's ``pages_per_day`` counts pages; the billing
-  period is the rolling day (``period_start`` .. ``period_end``).
-- ``UNLIMITED`` (99999999, what Firecrawl's own self-hosted server reports when it
-  enforces no limit) stands for a limit the account does not have.
-- concurrency-check counts jobs (``running_jobs`` of ``max_concurrent_jobs``: the limit
-  a new job is refused by, 429); queue-status counts pages (in flight, waiting), its
-  ``maxConcurrency`` the account's most pages at once (``max_concurrent_jobs`` jobs of
-  ``max_concurrency`` pages).
-- Registered before the v2 job routes: ``/v2/crawl/active`` is not a crawl id.
+- One page is one credit (``pages_per_day`` counts pages); the period is the rolling day.
+- ``UNLIMITED`` (99999999, what Firecrawl's self-hosted server reports when it enforces
+  no limit) stands for a limit the account does not have.
+- concurrency-check counts jobs (of ``max_concurrent_jobs``, the limit a new job is
+  refused by, 429); queue-status counts pages (in flight, waiting; ``maxConcurrency``:
+  ``max_concurrent_jobs`` jobs of ``max_concurrency`` pages).
+- Registered before the job routes: ``/v2/crawl/active`` is not a crawl id.
 """
 
 from __future__ import annotations
@@ -47,13 +46,19 @@ __all__ = [
 #: Firecrawl's self-hosted stand-in for "no limit" (its ACUC without authentication)
 UNLIMITED = 99999999
 
+_NO_TOKENS = "pagesift runs no LLM, so it has no tokens to count"
 #: route -> why pagesift cannot answer it (a 400 naming the route and the reason)
 REFUSED: dict[str, str] = {
-    "/v2/team/token-usage": "pagesift runs no LLM, so it has no tokens to count; "
-    "pages are credits: GET /v2/team/credit-usage",
-    "/v2/team/token-usage/historical": "pagesift runs no LLM, so it has no tokens to count",
-    "/v2/team/credit-usage/historical": "pagesift keeps only the rolling day's usage: "
-    "GET /v2/team/credit-usage",
+    f"/{v}/team/{route}": why
+    for v in ("v2", "v1")
+    for route, why in (
+        ("token-usage", f"{_NO_TOKENS}; pages are credits: GET /{v}/team/credit-usage"),
+        ("token-usage/historical", _NO_TOKENS),
+        (
+            "credit-usage/historical",
+            f"pagesift keeps only the rolling day's usage: GET /{v}/team/credit-usage",
+        ),
+    )
 }
 
 
@@ -61,18 +66,27 @@ def _time(ts: Any) -> str:
     return str(ts.ToJsonString())
 
 
-def credit_usage(u: jobs_pb2.GetAccountUsageResponse) -> dict[str, Any]:
-    """``GET /v2/team/credit-usage``: pages left in the rolling day as credits."""
+def credit_usage(u: jobs_pb2.GetAccountUsageResponse, *, v1: bool = False) -> dict[str, Any]:
+    """``GET /v2/team/credit-usage``: pages left in the rolling day as credits (``v1``:
+    ``/v1/team/credit-usage``, the same figures under v1's snake_case names)."""
     limited = u.HasField("pages_per_day")
-    return {
-        "success": True,
-        "data": {
-            "remainingCredits": u.pages_remaining if limited else UNLIMITED,
-            "planCredits": u.pages_per_day if limited else None,
-            "billingPeriodStart": _time(u.period_start),
-            "billingPeriodEnd": _time(u.period_end),
-        },
+    data = {
+        "remainingCredits": u.pages_remaining if limited else UNLIMITED,
+        "planCredits": u.pages_per_day if limited else None,
+        "billingPeriodStart": _time(u.period_start),
+        "billingPeriodEnd": _time(u.period_end),
     }
+    if v1:
+        data = {_V1_NAMES[k]: v for k, v in data.items()}
+    return {"success": True, "data": data}
+
+
+_V1_NAMES = {
+    "remainingCredits": "remaining_credits",
+    "planCredits": "plan_credits",
+    "billingPeriodStart": "billing_period_start",
+    "billingPeriodEnd": "billing_period_end",
+}
 
 
 def _page_ceiling(u: jobs_pb2.GetAccountUsageResponse) -> int:
@@ -124,7 +138,8 @@ async def _usage(request: web.Request) -> jobs_pb2.GetAccountUsageResponse:
 
 
 async def credit_usage_route(request: web.Request) -> web.StreamResponse:
-    return web.json_response(credit_usage(await _usage(request)))
+    v1 = request.path.startswith("/v1/")
+    return web.json_response(credit_usage(await _usage(request), v1=v1))
 
 
 async def queue_status_route(request: web.Request) -> web.StreamResponse:
@@ -154,12 +169,13 @@ def refusal(path: str) -> HttpError:
 
 
 def add_team_routes(app: web.Application) -> None:
-    """Register the account routes on ``app`` (before ``v2.add_v2_routes``)."""
+    """Register the account routes of v2 and v1 on ``app`` (before the job routes)."""
     r = app.router
-    r.add_get("/v2/team/credit-usage", answer(credit_usage_route))
-    r.add_get("/v2/team/queue-status", answer(queue_status_route))
-    r.add_get("/v2/concurrency-check", answer(concurrency_route))
-    r.add_get("/v2/crawl/active", answer(active_crawls_route))
-    r.add_get("/v2/crawl/ongoing", answer(active_crawls_route))
+    for v in ("v2", "v1"):
+        r.add_get(f"/{v}/team/credit-usage", answer(credit_usage_route))
+        r.add_get(f"/{v}/team/queue-status", answer(queue_status_route))
+        r.add_get(f"/{v}/concurrency-check", answer(concurrency_route))
+        r.add_get(f"/{v}/crawl/active", answer(active_crawls_route))
+        r.add_get(f"/{v}/crawl/ongoing", answer(active_crawls_route))
     for path in REFUSED:
         r.add_get(path, answer(refused_route))
