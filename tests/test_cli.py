@@ -443,6 +443,7 @@ class FakeJobs(jobs_pb2_grpc.JobServiceServicer):
         self.break_watch_at = break_watch_at
         self.calls: list[str] = []
         self.crawls: list[jobs_pb2.StartCrawlRequest] = []
+        self.appends: list[jobs_pb2.AppendBatchScrapeRequest] = []
         self.watch_from: list[int] = []
 
     async def _write(self, name: str, context: grpc.aio.ServicerContext[object, object]) -> None:
@@ -486,6 +487,19 @@ class FakeJobs(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.StartBatchScrapeResponse:
         await self._write("StartBatchScrape", context)
         return jobs_pb2.StartBatchScrapeResponse(id="job-1", invalid_urls=["nope"])
+
+    async def AppendBatchScrape(
+        self,
+        request: jobs_pb2.AppendBatchScrapeRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> jobs_pb2.AppendBatchScrapeResponse:
+        await self._write("AppendBatchScrape", context)
+        await self._job(request.id, context)
+        self.appends.append(request)
+        added = len(request.urls)
+        return jobs_pb2.AppendBatchScrapeResponse(
+            id=request.id, first_index=25, added=added, total=25 + added
+        )
 
     async def GetJob(
         self,
@@ -610,6 +624,18 @@ async def test_writes_fail_over_to_the_primary_and_reads_stick_to_it(
         await client.get_job("job-1")
         assert primary.calls[-1] == "GetJob"
         assert "GetJob" not in standby.calls
+
+
+async def test_an_append_is_a_keyed_write_that_fails_over_to_the_primary(
+    pair: tuple[FakeJobs, str, FakeJobs, str],
+) -> None:
+    standby, s_addr, primary, p_addr = pair
+    async with JobClient([s_addr, p_addr]) as client:
+        resp = await client.append_batch("job-1", ["http://site/c", "http://site/d"])
+    assert (resp.id, resp.first_index, resp.added, resp.total) == ("job-1", 25, 2, 27)
+    assert standby.calls == primary.calls == ["AppendBatchScrape"]  # the standby refused
+    (sent,) = primary.appends
+    assert len(sent.idempotency_key) == 36  # set by the client, so a retry adds nothing twice
 
 
 async def test_a_dead_address_is_skipped(pair: tuple[FakeJobs, str, FakeJobs, str]) -> None:
