@@ -233,3 +233,22 @@ async def test_an_append_meets_the_limits_of_a_start_of_the_job_as_it_will_be(
             "pages_per_day",
         )
         assert (await tiny.get_job(job, status_only=True)).state == jobs_pb2.JOB_STATE_COMPLETED
+
+
+async def test_an_expired_batch_takes_its_appended_urls_and_keys_with_it(tmp_path: Path) -> None:
+    engine = GateEngine()
+    engine.gate.set()
+    async with (
+        in_process_node(tmp_path, engine=engine, job_ttl_seconds=1.0) as n,
+        JobClient([n.address], timeout=10) as c,
+    ):
+        job = await start(c, ["p1"])
+        await c.append_batch(job, urls("p2"), idempotency_key="k")
+        await wait_done(n.stub, job)
+        store = n.node.store()
+        assert store.list_len(f"job/{job}/added") == 1 and store.get(f"job/{job}/appends")
+        for _ in range(100):  # the sweeper deletes every replicated key of the job
+            if not list(store.replicated_items()):
+                break
+            await asyncio.sleep(0.05)
+        assert list(store.replicated_items()) == []
