@@ -206,6 +206,26 @@ def test_crawl_options_map_onto_start_crawl() -> None:
     assert plain.sitemap == jobs_pb2.SITEMAP_MODE_INCLUDE and plain.limit == 0
 
 
+@pytest.mark.parametrize(
+    ("body", "limit", "max_depth", "sitemap"),
+    [
+        ({}, 0, 0, jobs_pb2.SITEMAP_MODE_INCLUDE),  # no depth: unlimited, as both say
+        ({"maxDiscoveryDepth": 0}, 1, 0, jobs_pb2.SITEMAP_MODE_SKIP),  # the start page only
+        ({"maxDiscoveryDepth": 0, "limit": 50}, 1, 0, jobs_pb2.SITEMAP_MODE_SKIP),
+        ({"maxDiscoveryDepth": 0, "sitemap": "only"}, 1, 0, jobs_pb2.SITEMAP_MODE_SKIP),
+        ({"maxDiscoveryDepth": 1}, 0, 1, jobs_pb2.SITEMAP_MODE_INCLUDE),
+        ({"maxDiscoveryDepth": 2, "limit": 9}, 9, 2, jobs_pb2.SITEMAP_MODE_INCLUDE),
+    ],
+)
+def test_max_discovery_depth_zero_is_the_start_page_alone(
+    body: dict[str, Any], limit: int, max_depth: int, sitemap: int
+) -> None:
+    """Firecrawl's ``maxDiscoveryDepth: 0`` is the start page only; pagesift's
+    ``max_depth`` 0 is unlimited, so 0 becomes ``limit`` 1 with the sitemap skipped."""
+    req = translate.crawl_request(CrawlRequest.model_validate({"url": URL, **body}))
+    assert (req.limit, req.max_depth, req.sitemap) == (limit, max_depth, sitemap)
+
+
 def test_batch_and_map_options_map_onto_their_calls() -> None:
     batch = BatchScrapeRequest.model_validate(
         {"urls": [URL, URL + "a"], "formats": ["links"], "ignoreInvalidURLs": True,
@@ -380,7 +400,7 @@ def test_the_errors_body_lists_failed_pages_not_job_notes() -> None:
     ("status", "reason", "metadata", "http", "code"),
     [
         (C.INVALID_ARGUMENT, "INVALID_FIELD", {}, 400, "BAD_REQUEST"),
-        (C.INVALID_ARGUMENT, "IDEMPOTENCY_KEY_REUSED", {}, 400, "BAD_REQUEST"),
+        (C.INVALID_ARGUMENT, "IDEMPOTENCY_KEY_REUSED", {}, 409, "CONFLICT"),
         (C.UNAUTHENTICATED, "UNAUTHENTICATED", {}, 401, "UNAUTHORIZED"),
         (C.PERMISSION_DENIED, "PERMISSION_DENIED_FIELD", {}, 403, "FORBIDDEN"),
         (C.NOT_FOUND, "JOB_NOT_FOUND", {}, 404, "NOT_FOUND"),

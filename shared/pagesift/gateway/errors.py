@@ -68,7 +68,6 @@ class HttpError(Exception):
 TABLE: dict[str, tuple[int, str]] = {
     "INVALID_FIELD": (400, "BAD_REQUEST"),
     "MALFORMED_REQUEST": (400, "BAD_REQUEST"),
-    "IDEMPOTENCY_KEY_REUSED": (400, "BAD_REQUEST"),
     "SKIP_OUT_OF_RANGE": (400, "BAD_REQUEST"),
     "WEBHOOK_SECRET_MISSING": (400, "BAD_REQUEST"),
     "RENDERING_UNAVAILABLE": (400, "RENDERING_UNAVAILABLE"),
@@ -78,6 +77,9 @@ TABLE: dict[str, tuple[int, str]] = {
     "REPLICATION_NOT_ALLOWED": (403, "FORBIDDEN"),
     "JOB_NOT_FOUND": (404, "NOT_FOUND"),
     "JOB_NOT_APPENDABLE": (409, "CONFLICT"),  # appendToId: a batch that ended failed/cancelled
+    # x-idempotency-key already used with another body: 409 as Firecrawl's own reuse
+    # answer (a retry with the same body is the same job, not a 409: AIP-155)
+    "IDEMPOTENCY_KEY_REUSED": (409, "CONFLICT"),
     "QUOTA_EXCEEDED": (429, "RATE_LIMIT_EXCEEDED"),
     "DOCUMENT_TOO_LARGE": (500, "DOCUMENT_TOO_LARGE"),
     "PAGE_FETCH_FAILED": (500, "SCRAPE_FAILED"),

@@ -6,9 +6,9 @@ The application keys (``CLIENTS``, ``PROBE``, ``PAGING``, ``TRUST_FORWARDED``) a
 request's chosen client (``client_of``); ``answer(handler)``, the one place a failure
 becomes Firecrawl's error body; ``body(request, model)`` (a JSON object validated by a
 strict model of ``pagesift.gateway.models``); ``json_answer`` (built and serialized off the loop);
-``job_of`` (GetJob of the route's job, 404 for a job of another kind); ``int_query``
-and ``base_url``. Route modules (``v2``, and any other API version) import these and
-never each other.
+``job_of`` (GetJob of the route's job, 404 for a job of another kind); ``int_query``,
+``base_url`` and ``idempotency_key``. Route modules (``v2``, and any other API
+version) import these and never each other.
 
 Invariants
 ----------
@@ -44,7 +44,7 @@ from pagesift.v1 import jobs_pb2
 __all__ = [
     "CLIENTS", "MAX_BODY_BYTES", "MAX_LIMIT", "OFF_LOOP_BYTES", "PAGE_BYTES", "PAGE_DOCUMENTS",
     "PAGING", "PROBE", "TRUST_FORWARDED", "Handler", "answer", "api_key", "base_url", "body",
-    "client_of", "int_query", "job_of", "json_answer",
+    "client_of", "idempotency_key", "int_query", "job_of", "json_answer",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,12 @@ def api_key(request: web.Request) -> str:
     if header and scheme.lower() != "bearer":
         raise HttpError(401, "Authorization must be 'Bearer KEY'", "UNAUTHORIZED")
     return token.strip()
+
+
+def idempotency_key(request: web.Request) -> str:
+    """The job start's AIP-155 key: Firecrawl's ``x-idempotency-key`` header, which its
+    SDKs send on crawl and batch starts ("" without one: ``JobClient`` makes one up)."""
+    return request.headers.get("x-idempotency-key", "").strip()
 
 
 def client_of(request: web.Request) -> JobClient:

@@ -257,22 +257,27 @@ def scrape_request(r: ScrapeRequest) -> jobs_pb2.ScrapeOptions:
 
 
 def crawl_request(r: CrawlRequest) -> jobs_pb2.StartCrawlRequest:
-    """``POST /v2/crawl``'s body -> ``StartCrawlRequest``."""
+    """``POST /v2/crawl``'s body -> ``StartCrawlRequest``. ``maxDiscoveryDepth: 0`` is
+    Firecrawl's "the start page only" (its sitemap's URLs, at discovery depth 0, are
+    filtered off too), where pagesift's ``max_depth`` 0 is unlimited: it maps onto
+    ``limit`` 1 with the sitemap skipped (the start URL is queued first, and the
+    frontier never grows past the limit)."""
     _job_checks(r)
     _refuse_set(r, UNSUPPORTED_CRAWL, "")
     options = scrape_options(r.scrape_options or _DEFAULTS, "scrapeOptions.")
     if r.ignore_robots_txt:
         options.ignore_robots_txt = True
+    start_only = r.max_discovery_depth == 0  # Firecrawl: the start page alone
     out = jobs_pb2.StartCrawlRequest(
         url=r.url,
-        limit=r.limit or 0,
+        limit=1 if start_only else r.limit or 0,
         max_depth=r.max_discovery_depth or 0,
         include_paths=r.include_paths or (),
         exclude_paths=r.exclude_paths or (),
         allow_subdomains=r.allow_subdomains,
         allow_external_links=r.allow_external_links,
         ignore_query_parameters=r.ignore_query_parameters,
-        sitemap=_SITEMAP[r.sitemap],
+        sitemap=jobs_pb2.SITEMAP_MODE_SKIP if start_only else _SITEMAP[r.sitemap],
         max_concurrency=r.max_concurrency or 0,
         delay=r.delay or 0.0,
         options=options,

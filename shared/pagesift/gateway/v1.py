@@ -18,6 +18,7 @@ Invariants
 - Only the shapes v1 spells differently differ: map's ``links`` are strings; a
   cancel answers ``{success, status: "cancelled"}`` (409 for a finished job, as v2).
 - Stateless, as every route module: nothing of a job lives here.
+- ``x-idempotency-key`` on a crawl or batch start is its AIP-155 key, as on v2.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pagesift.gateway.handling import (
     base_url,
     body,
     client_of,
+    idempotency_key,
     int_query,
     job_of,
     json_answer,
@@ -66,7 +68,9 @@ async def scrape(request: web.Request) -> web.StreamResponse:
 
 async def start_crawl(request: web.Request) -> web.StreamResponse:
     req: CrawlRequestV1 = await body(request, CrawlRequestV1)
-    job_id = await client_of(request).start_crawl(v1translate.crawl_request(req))
+    start = v1translate.crawl_request(req)
+    start.idempotency_key = idempotency_key(request)  # a retried start is the same job
+    job_id = await client_of(request).start_crawl(start)
     return web.json_response(
         {"success": True, "id": job_id, "url": f"{base_url(request)}/v1/crawl/{job_id}"}
     )
@@ -74,7 +78,9 @@ async def start_crawl(request: web.Request) -> web.StreamResponse:
 
 async def start_batch(request: web.Request) -> web.StreamResponse:
     req: BatchScrapeRequestV1 = await body(request, BatchScrapeRequestV1)
-    resp = await client_of(request).start_batch(v1translate.batch_request(req))
+    start = v1translate.batch_request(req)
+    start.idempotency_key = idempotency_key(request)
+    resp = await client_of(request).start_batch(start)
     out: dict[str, Any] = {
         "success": True,
         "id": resp.id,

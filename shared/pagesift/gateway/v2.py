@@ -16,6 +16,8 @@ Invariants
   documents unless ``?limit=`` asks for another number (at most ``MAX_LIMIT``), and
   ``next`` points at the first document left out.
 - Firecrawl's ``timeout`` bounds a whole scrape or map (retries included): 408 past it.
+- A crawl or batch start's ``x-idempotency-key`` is its AIP-155 key: a retry with the
+  same key and body is the same job; with another body, 409 (``errors.TABLE``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pagesift.gateway.handling import (
     base_url,
     body,
     client_of,
+    idempotency_key,
     int_query,
     job_of,
     json_answer,
@@ -58,7 +61,9 @@ async def scrape(request: web.Request) -> web.StreamResponse:
 
 async def start_crawl(request: web.Request) -> web.StreamResponse:
     req: CrawlRequest = await body(request, CrawlRequest)
-    job_id = await client_of(request).start_crawl(translate.crawl_request(req))
+    start = translate.crawl_request(req)
+    start.idempotency_key = idempotency_key(request)  # a retried start is the same job
+    job_id = await client_of(request).start_crawl(start)
     return web.json_response(
         {"success": True, "id": job_id, "url": f"{base_url(request)}/v2/crawl/{job_id}"}
     )
@@ -69,11 +74,13 @@ async def start_batch(request: web.Request) -> web.StreamResponse:
     answered with its id and url as Firecrawl does (``x-idempotency-key``: AIP-155)."""
     req: BatchScrapeRequest = await body(request, BatchScrapeRequest)
     client = client_of(request)
+    key = idempotency_key(request)
     if req.append_to_id is not None:
-        key = request.headers.get("x-idempotency-key", "")
         resp: Any = await client.append_batch(**translate.append_arguments(req, key))
     else:
-        resp = await client.start_batch(translate.batch_request(req))
+        start = translate.batch_request(req)
+        start.idempotency_key = key
+        resp = await client.start_batch(start)
     out: dict[str, Any] = {
         "success": True,
         "id": resp.id,
