@@ -2,9 +2,10 @@
 
 What it owns
 ------------
-- ``append``: the ONE group of an AppendBatchScrape (pure over the group; the runtime
-  commits it): the URLs pushed onto ``job/{id}/added``, the meta's ``total`` grown, a
-  ``completed`` job reopened (``scraping``, a fresh TTL), the idempotency record.
+- ``append``: the ONE group of an AppendBatchScrape (pure over the group): the URLs
+  pushed onto ``job/{id}/added``, the meta's ``total`` grown, a ``completed`` job
+  reopened (``scraping``, a fresh TTL), the idempotency record. ``Appending`` (a base of
+  ``runtime.Jobs``) commits it and runs a reopened job once its ending run is gone.
 - ``batch_urls``: a batch's ``(index, url)`` from an index on: the request's URLs, then
   the added ones (read in chunks, and again at their end: a run sees what is appended
   while it runs).
