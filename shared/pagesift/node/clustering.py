@@ -24,16 +24,34 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pagesift.node.registry import EtcdRegistry, Registrar
 from pagesift.node.startup import advertised
+from pagesift.node.status import RoleStatus
+from pagesift.primary.jobs.runtime import Jobs
+from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.cluster.registry import Load, NodeRecord
+from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import views
+from pagesift.shared.replication.slot import StoreSlot
 
-if TYPE_CHECKING:
-    from pagesift.node.node import Node
+
+class Node(Protocol):
+    """What a record reads of the node (``pagesift.node.node.Node``)."""
+
+    config: ServerConfig
+    node_id: str
+    metrics: Metrics
+    slot: StoreSlot
+    jobs: Jobs | None
+
+    @property
+    def takes_writes(self) -> bool: ...
+
+    def role_status(self) -> RoleStatus: ...
+
 
 __all__ = ["LoadMeter", "node_record", "start_registrar"]
 
