@@ -64,6 +64,7 @@ CLIENT_MAY_IMPORT: tuple[str, ...] = (
     "pagesift.client",
     "pagesift.v1",
     "pagesift.shared.util",
+    "pagesift.shared.cluster",  # the cluster's pure rules (ids, placement, merges)
 )
 
 #: what job code may import of ``pagesift.primary.engine``: the ``Engine`` protocol, and

@@ -22,6 +22,10 @@ Guarantees
 - ``watch`` resumes a broken stream at the next document index, from whichever
   address answers, so a consumer sees every document index once; ``iter_pages`` and
   ``iter_documents`` follow ``next_skip`` until it is absent.
+- ``JobClient(cluster="etcd://HOST:PORT[,...]/NAME")`` (or a shared ``ClusterView``)
+  is a client of a cluster of pairs: ``stub`` is then the cluster's router
+  (``pagesift.client.cluster``), which routes each call by its job id or places it,
+  through one single-pair client per pair (which does the retries: this one does not).
 - Errors surface as ``grpc.aio.AioRpcError`` (``ClientError`` for a server that breaks
   the paging contract); ``pagesift.client.errors.reason_of`` reads their reason.
 """
@@ -32,12 +36,13 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
 import grpc.aio
 
 from pagesift.client.auth import auth_interceptors, tls_credentials
+from pagesift.client.cluster import ClusterRouter, open_router
 from pagesift.client.errors import ClientError, Unreachable, reason_of
 from pagesift.client.failover import (
     Failover,
@@ -49,6 +54,7 @@ from pagesift.client.failover import (
     primary_named,
     should_try_next,
 )
+from pagesift.client.registryview import ClusterView
 from pagesift.client.retry import RetryPolicy, is_retryable, with_idempotency_key
 from pagesift.shared.util.channels import open_channel
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
@@ -92,6 +98,7 @@ class JobClient:
         retry: RetryPolicy | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         channel_options: Sequence[tuple[str, Any]] = (),
+        cluster: str | ClusterView | None = None,
     ) -> None:
         """``timeout`` bounds each unary call (``scrape_timeout`` a Scrape and a Map);
         WatchJob is unbounded. ``retry`` is the retry policy (``RetryPolicy()`` by
@@ -102,7 +109,9 @@ class JobClient:
         system roots without ``tls_ca``) are a client certificate to present (mTLS).
         ``credentials`` (e.g. ``grpc.ssl_channel_credentials(...)``, or composite ones)
         replaces all three. ``channel_options`` (``("grpc.keepalive_time_ms",
-        30000)``, ...) are passed to every channel, over the client's own defaults."""
+        30000)``, ...) are passed to every channel, over the client's own defaults.
+        ``cluster`` (instead of ``addresses``): the cluster's registry, an
+        ``etcd://HOST:PORT[,...]/NAME`` URL or a ``ClusterView`` shared by clients."""
         self._interceptors = auth_interceptors(api_key, admin_key)
         self._credentials = credentials or tls_credentials(tls_ca, tls_cert, tls_key)
         self._channel_options = list({**dict(_CHANNEL_OPTIONS), **dict(channel_options)}.items())
@@ -117,6 +126,23 @@ class JobClient:
         self._stubs: dict[str, JobServiceAsyncStub] = {}
         self._admin_stubs: dict[str, AdminServiceAsyncStub] = {}
         self._located = False
+        self._router: ClusterRouter | None = None
+        self._own_view: ClusterView | None = None
+        if cluster is not None:  # the pairs' clients retry, with this client's options
+            if addresses is not None:
+                raise ValueError("a client takes addresses or a cluster, not both")
+            kw: dict[str, Any] = dict(
+                timeout=timeout,
+                scrape_timeout=scrape_timeout,
+                retry=policy,
+                api_key=api_key,
+                admin_key=admin_key,
+                credentials=self._credentials,
+                channel_options=channel_options,
+            )
+            self._router, self._own_view = open_router(cluster, lambda a: JobClient(a, **kw))
+            self.failover = Failover([f"cluster:{self._router.cluster}"])
+            self.retry = RetryPolicy(budget=0)
 
     async def __aenter__(self) -> JobClient:
         return self
@@ -130,6 +156,11 @@ class JobClient:
         await self.close()
 
     async def close(self) -> None:
+        router, self._router = self._router, None
+        if router is not None:
+            await router.close()
+        if self._own_view is not None:
+            await self._own_view.close()
         channels = list(self._channels.values())
         self._channels.clear()
         self._stubs.clear()
@@ -159,7 +190,10 @@ class JobClient:
         return channel
 
     def stub(self, address: str) -> JobServiceAsyncStub:
-        """The stub for ``address`` (one channel per address, made on first use)."""
+        """The stub for ``address`` (one channel per address, made on first use); in
+        cluster mode, the cluster's router."""
+        if self._router is not None:
+            return cast("JobServiceAsyncStub", self._router)
         stub = self._stubs.get(address)
         if stub is None:
             stub = self._stubs[address] = jobs_pb2_grpc.JobServiceStub(self._channel(address))
@@ -167,6 +201,8 @@ class JobClient:
 
     def admin_stub(self, address: str) -> AdminServiceAsyncStub:
         """The AdminService stub for ``address`` (any address; same channel as ``stub``)."""
+        if self._router is not None:
+            raise ClientError("AdminService calls name one node: not through a cluster client")
         stub = self._admin_stubs.get(address)
         if stub is None:
             channel = self._channel(address)
@@ -216,7 +252,14 @@ class JobClient:
         """Wait at most ``timeout`` seconds for a ready channel to one of ``addresses``
         (default: the client's), or to every one of them with ``every``; ``Unreachable``
         names those not ready otherwise. The calls' failover and retries are unchanged:
-        this only bounds how long a caller waits for a server that is not there at all."""
+        this only bounds how long a caller waits for a server that is not there at all.
+        In cluster mode: for the registry's first read."""
+        if self._router is not None:
+            try:
+                await asyncio.wait_for(self._router.ready(), timeout)
+            except (grpc.aio.AioRpcError, TimeoutError):
+                raise Unreachable([self._router.view.url], timeout) from None
+            return
         targets = list(dict.fromkeys(addresses or self.failover.addresses))
         waits = {asyncio.ensure_future(self._channel(a).channel_ready()): a for a in targets}
         try:

@@ -1,0 +1,530 @@
+"""A client of a cluster of pairs: every call routed to its pair, new jobs placed.
+
+What it owns
+------------
+``ClusterRouter``: what ``JobClient(cluster="etcd://HOST:PORT[,...]/NAME")`` calls in
+place of a pair's JobService stub (``JobClient.stub`` returns it), so the client's
+whole surface (paging, watch resume, ``errors``, ``list_jobs``) works unchanged on top.
+It holds the registry's view (``ClusterView``) and one single-pair client per pair,
+made from the pair's registered addresses (primary first, then its standbys: the pair's
+failover is that client's, its reads go to a standby while the primary is down), made
+again when those addresses change.
+
+Routing
+-------
+- Ids: a node mints a bare UUID; this client hands out ``{pair}.{uuid}`` (a batch
+  spanning pairs: its parts' ids joined, ``pagesift.shared.cluster.ids``) and strips the
+  pair when it calls the pair. A bare UUID is refused (INVALID_ARGUMENT naming ``id``)
+  unless exactly one pair is registered.
+- GetJob, WatchJob, GetJobErrors, CancelJob, ResumeJob, AppendBatchScrape go to the
+  pair in the id (``composite`` for a job of parts). A pair not in the registry (both
+  nodes gone), or one whose nodes do not answer, is UNAVAILABLE naming the pair.
+- Scrape, Map and StartCrawl go to the owner of the URL's origin
+  (``placement.owner`` over ``registry.placeable``); a start with no origin, to the
+  owner of its idempotency key. StartBatchScrape is split by origin
+  (``placement.split_by_origin``), one part per pair, each with a key derived from the
+  caller's (``merge.part_key``): a retried start finds every part. A part refused
+  stops the start: the parts already started are cancelled, and the refusal names the
+  caller's ``urls[i]``. No placeable pair, or a view older than ``STALE_SECONDS``
+  (etcd down: new jobs wait), is UNAVAILABLE saying so.
+- ListJobs asks every registered pair and merges (``merge.merge_lists``) under one
+  page token; a pair that does not answer is left out of that page.
+- GetAccountUsage adds up every pair's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+from google.rpc import error_details_pb2
+
+from pagesift.client import composite
+from pagesift.client.errors import DETAILS_KEY, reason_of, status_of
+from pagesift.client.pairs import PairClient, invalid_field, pair_unavailable, rpc_error
+from pagesift.client.registryview import STALE_SECONDS, ClusterUnavailable, ClusterView
+from pagesift.client.retry import is_retryable
+from pagesift.shared.cluster import ids, merge, placement
+from pagesift.shared.cluster.registry import placeable
+from pagesift.v1 import jobs_pb2
+
+__all__ = ["RETIRE_SECONDS", "ClusterRouter", "open_router"]
+
+T = TypeVar("T")
+#: a pair's old client (its addresses changed) is closed this long after it was replaced
+RETIRE_SECONDS = 30.0
+DEFAULT_LIST_PAGE = 50
+_closing: set[asyncio.Future[Any]] = set()  # streams' closes under way
+
+
+class _Stream:
+    """A server stream made of an async iterator: what ``JobClient`` iterates and
+    cancels (``WatchJob``, ``Map``)."""
+
+    def __init__(self, it: AsyncIterator[Any]) -> None:
+        self._it = it
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._it
+
+    def cancel(self) -> bool:
+        close = getattr(self._it, "aclose", None)
+        if close is not None:
+            _closing.add(task := asyncio.ensure_future(close()))
+            task.add_done_callback(_closing.discard)
+        return True
+
+
+class ClusterRouter:
+    """The cluster's JobService, as one stub (see the module docstring)."""
+
+    def __init__(self, view: ClusterView, make_client: Callable[[list[str]], PairClient]):
+        self.view = view
+        self.cluster = view.name
+        self._make = make_client
+        self._clients: dict[str, tuple[tuple[str, ...], PairClient]] = {}
+        self._retired: set[PairClient] = set()
+        self._closers: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------ pairs
+
+    async def ready(self) -> None:
+        try:
+            await self.view.ready()
+        except ClusterUnavailable as e:
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+
+    def _client(self, pair: str) -> PairClient:
+        view = self.view.pairs.get(pair)
+        if view is None:
+            why = "it is not in the registry (both nodes down?)"
+            raise pair_unavailable(self.cluster, pair, why)
+        addresses = tuple(a for a in (view.primary, *view.standbys) if a)
+        known = self._clients.get(pair)
+        if known is not None and known[0] == addresses:
+            return known[1]
+        client = self._make(list(addresses))
+        self._clients[pair] = (addresses, client)
+        if known is not None:
+            self._retire(known[1])
+        return client
+
+    def _retire(self, client: PairClient) -> None:
+        self._retired.add(client)
+
+        async def later() -> None:
+            await asyncio.sleep(RETIRE_SECONDS)
+            self._retired.discard(client)
+            await client.close()
+
+        task = asyncio.ensure_future(later())
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    async def on_pair(self, pair: str, fn: Callable[[PairClient], Awaitable[T]]) -> T:
+        """``fn(pair's client)``; a pair gone or not answering is UNAVAILABLE naming it."""
+        await self.ready()
+        client = self._client(pair)
+        try:
+            return await fn(client)
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE or reason_of(err) is not None:
+                raise
+            with contextlib.suppress(ClusterUnavailable):
+                await self.view.reread()
+            why = "it is not in the registry" if pair not in self.view.pairs else err.details()
+            raise pair_unavailable(self.cluster, pair, why or "no node answered") from err
+
+    async def watch_on(
+        self, pair: str, job_uuid: str, from_index: int
+    ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
+        """One pair's watch of ``job_uuid`` (its client resumes a broken stream)."""
+        await self.ready()
+        client = self._client(pair)
+        try:
+            async for event in client.watch(job_uuid, from_index):
+                yield event
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE or reason_of(err) is not None:
+                raise
+            raise pair_unavailable(self.cluster, pair, err.details() or "no node answered") from err
+
+    def _parts(self, job_id: str, field: str = "id") -> list[tuple[str, str]]:
+        try:
+            parts = ids.job_parts(job_id)
+        except ValueError as e:
+            raise invalid_field(field, str(e)) from None
+        out: list[tuple[str, str]] = []
+        for pair, uid in parts:
+            if pair is None:
+                known = list(self.view.pairs)
+                if len(known) != 1:
+                    raise invalid_field(
+                        field,
+                        f"{job_id[:80]!r} names no pair, and cluster {self.cluster} has "
+                        f"{len(known)}: give the id as the cluster handed it out, PAIR.UUID",
+                    )
+                pair = known[0]
+            out.append((pair, uid))
+        return out
+
+    async def _placeable(self) -> list[str]:
+        await self.ready()
+        if self.view.age() > STALE_SECONDS:
+            raise rpc_error(
+                grpc.StatusCode.UNAVAILABLE,
+                f"cluster {self.cluster}: the registry has not answered for "
+                f"{self.view.age():.0f} s; new jobs wait for it",
+            )
+        pairs = placeable(self.view.pairs.values())
+        if not pairs:
+            raise rpc_error(
+                grpc.StatusCode.UNAVAILABLE,
+                f"cluster {self.cluster}: no pair can take new work (none registered "
+                "with a primary that accepts it)",
+            )
+        return pairs
+
+    async def _place(self, url: str, key: str) -> str:
+        pairs = await self._placeable()
+        try:
+            return placement.owner(placement.origin_of(url), pairs)
+        except ValueError:  # no origin: the key's owner (the node refuses the URL by name)
+            return placement.owner(key, pairs)
+
+    async def _unary(
+        self,
+        pair: str,
+        method: str,
+        req: Any,
+        timeout: float | None,
+        *,
+        retryable: bool = True,
+        control: bool = False,
+    ) -> Any:
+        async def call(c: PairClient) -> Any:
+            return await c.call(
+                lambda s: getattr(s, method)(req, timeout=timeout),
+                retryable=retryable,
+                control=control,
+            )
+
+        return await self.on_pair(pair, call)
+
+    # ------------------------------------------------------------ placed calls
+
+    async def Scrape(
+        self, req: jobs_pb2.ScrapeRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.ScrapeResponse:
+        pair = await self._place(req.url, "")
+        return await self._unary(pair, "Scrape", req, timeout)  # type: ignore[no-any-return]
+
+    def Map(self, req: jobs_pb2.MapRequest, timeout: float | None = None, **_: Any) -> _Stream:
+        return _Stream(self._map_stream(req, timeout))
+
+    async def _map_stream(
+        self, req: jobs_pb2.MapRequest, timeout: float | None
+    ) -> AsyncIterator[jobs_pb2.MapResponse]:
+        pair = await self._place(req.url, "")
+
+        async def call(c: PairClient) -> list[jobs_pb2.MapResponse]:
+            async def collect(stub: Any) -> list[jobs_pb2.MapResponse]:
+                stream = stub.Map(req, timeout=timeout)
+                try:
+                    return [batch async for batch in stream]
+                finally:
+                    stream.cancel()
+
+            return await c.call(collect, retryable=True)
+
+        for batch in await self.on_pair(pair, call):
+            yield batch
+
+    async def StartCrawl(
+        self, req: jobs_pb2.StartCrawlRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.StartCrawlResponse:
+        pair = await self._place(req.url, req.idempotency_key)
+        retryable = is_retryable("StartCrawl", req.idempotency_key)
+        resp = await self._unary(pair, "StartCrawl", req, timeout, retryable=retryable)
+        return jobs_pb2.StartCrawlResponse(id=ids.cluster_job_id(pair, resp.id))
+
+    async def StartBatchScrape(
+        self, req: jobs_pb2.StartBatchScrapeRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.StartBatchScrapeResponse:
+        pairs = await self._placeable()
+        try:
+            split = placement.split_by_origin(list(req.urls), pairs)
+        except ValueError:
+            split = {}
+        if not split:  # no URL at all: the key's owner refuses it by its field
+            split = {placement.owner(req.idempotency_key, pairs): []}
+        order = sorted(split, key=lambda p: split[p][0][0] if split[p] else 0)
+        if len(order) > ids.MAX_PARTS:
+            raise invalid_field(
+                "urls",
+                f"the URLs' sites belong to {len(order)} pairs; a batch spans at "
+                f"most {ids.MAX_PARTS}: split it",
+            )
+        retryable = is_retryable("StartBatchScrape", req.idempotency_key)
+        if len(order) == 1:
+            resp = await self._unary(
+                order[0], "StartBatchScrape", req, timeout, retryable=retryable
+            )
+            resp.id = ids.cluster_job_id(order[0], resp.id)
+            return resp  # type: ignore[no-any-return]
+        started: list[tuple[str, str]] = []
+        invalid: list[tuple[int, str]] = []
+        for pair in order:  # one after another: a refusal stops before the rest start
+            indexes = [i for i, _ in split[pair]]
+            part = jobs_pb2.StartBatchScrapeRequest()
+            part.CopyFrom(req)
+            del part.urls[:]
+            part.urls.extend(u for _, u in split[pair])
+            part.idempotency_key = merge.part_key(req.idempotency_key, pair)
+            try:
+                resp = await self._unary(
+                    pair, "StartBatchScrape", part, timeout, retryable=retryable
+                )
+            except grpc.aio.AioRpcError as err:
+                await self._cancel_quietly(started, timeout)
+                raise _renumbered(err, indexes) from None
+            started.append((pair, resp.id))
+            where = {u: i for i, u in reversed(split[pair])}
+            invalid.extend((where.get(u, 0), u) for u in resp.invalid_urls)
+        return jobs_pb2.StartBatchScrapeResponse(
+            id=ids.composite_job_id(started), invalid_urls=[u for _, u in sorted(invalid)]
+        )
+
+    async def _cancel_quietly(
+        self, parts: Sequence[tuple[str, str]], timeout: float | None
+    ) -> None:
+        for pair, uid in parts:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._unary(
+                    pair, "CancelJob", jobs_pb2.CancelJobRequest(id=uid), timeout, control=True
+                )
+
+    async def AppendBatchScrape(
+        self, req: jobs_pb2.AppendBatchScrapeRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.AppendBatchScrapeResponse:
+        await self.ready()
+        parts = self._parts(req.id)
+        pairs = await self._placeable()
+        for i, url in enumerate(req.urls):
+            try:
+                owner = placement.owner(placement.origin_of(url), pairs)
+            except ValueError:
+                continue  # the node refuses it by its field
+            if len(parts) > 1 or owner != parts[0][0]:
+                raise invalid_field(
+                    f"urls[{i}]",
+                    f"its site belongs to pair {owner}, and this job runs on "
+                    f"{', '.join(p for p, _ in parts)}: URLs can be added to a batch on "
+                    "one pair, of sites that pair owns; start another batch for the rest",
+                )
+        pair, uid = parts[0]
+        part = jobs_pb2.AppendBatchScrapeRequest()
+        part.CopyFrom(req)
+        part.id = uid
+        retryable = is_retryable("AppendBatchScrape", req.idempotency_key)
+        resp = await self._unary(pair, "AppendBatchScrape", part, timeout, retryable=retryable)
+        resp.id = req.id
+        return resp  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------ calls by id
+
+    async def GetJob(
+        self, req: jobs_pb2.GetJobRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.GetJobResponse:
+        await self.ready()
+        parts = self._parts(req.id)
+        if len(parts) > 1:
+            return await composite.get_job(self, req.id, parts, req, timeout)
+        (pair, uid), part = parts[0], jobs_pb2.GetJobRequest()
+        part.CopyFrom(req)
+        part.id = uid
+        resp = await self._unary(pair, "GetJob", part, timeout)
+        resp.id = ids.cluster_job_id(pair, uid)
+        return resp  # type: ignore[no-any-return]
+
+    def WatchJob(self, req: jobs_pb2.WatchJobRequest, **_: Any) -> _Stream:
+        return _Stream(self._watch(req))
+
+    async def _watch(
+        self, req: jobs_pb2.WatchJobRequest
+    ) -> AsyncIterator[jobs_pb2.WatchJobResponse]:
+        await self.ready()
+        parts = self._parts(req.id)
+        if len(parts) > 1:
+            async for event in composite.watch(self, req.id, parts, req.from_index, None):
+                yield event
+            return
+        async for event in self.watch_on(*parts[0], req.from_index):
+            yield event
+
+    async def GetJobErrors(
+        self, req: jobs_pb2.GetJobErrorsRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.GetJobErrorsResponse:
+        await self.ready()
+        parts = self._parts(req.id)
+        if len(parts) > 1:
+            return await composite.errors_page(self, parts, req, timeout)
+        part = jobs_pb2.GetJobErrorsRequest()
+        part.CopyFrom(req)
+        part.id = parts[0][1]
+        return await self._unary(parts[0][0], "GetJobErrors", part, timeout)  # type: ignore[no-any-return]
+
+    async def _control(
+        self, method: str, job_id: str, timeout: float | None
+    ) -> jobs_pb2.JobState.ValueType:
+        await self.ready()
+        parts = self._parts(job_id)
+        return await composite.control(self, parts, method, timeout)
+
+    async def CancelJob(
+        self, req: jobs_pb2.CancelJobRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.CancelJobResponse:
+        return jobs_pb2.CancelJobResponse(state=await self._control("CancelJob", req.id, timeout))  # type: ignore[arg-type]
+
+    async def ResumeJob(
+        self, req: jobs_pb2.ResumeJobRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.ResumeJobResponse:
+        return jobs_pb2.ResumeJobResponse(state=await self._control("ResumeJob", req.id, timeout))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------ fan-out
+
+    async def _answering(
+        self, method: str, make: Callable[[str], Any], timeout: float | None
+    ) -> dict[str, Any]:
+        """``method`` on every registered pair at once; the pairs that answered. A
+        refusal (not UNAVAILABLE) of any pair is the call's."""
+        await self.ready()
+        pairs = sorted(self.view.pairs)
+        results = await asyncio.gather(
+            *(self._unary(p, method, make(p), timeout) for p in pairs), return_exceptions=True
+        )
+        out: dict[str, Any] = {}
+        for pair, result in zip(pairs, results, strict=True):
+            if isinstance(result, grpc.aio.AioRpcError):
+                if result.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise result
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            out[pair] = result
+        return out
+
+    async def ListJobs(
+        self, req: jobs_pb2.ListJobsRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.ListJobsResponse:
+        try:
+            cursor = merge.list_untoken(req.page_token)
+        except ValueError as e:
+            raise invalid_field("page_token", str(e)) from None
+        size = req.page_size or DEFAULT_LIST_PAGE
+        await self.ready()
+        wanted = [p for p in self.view.pairs if cursor.tokens.get(p, "") is not None]
+
+        def ask(pair: str) -> jobs_pb2.ListJobsRequest:
+            return jobs_pb2.ListJobsRequest(
+                active_only=req.active_only,
+                states=req.states,
+                page_size=size,
+                page_token=cursor.tokens.get(pair) or "",
+            )
+
+        answers: dict[str, jobs_pb2.ListJobsResponse] = {}
+        if wanted:
+            every = await self._answering("ListJobs", ask, timeout)
+            answers = {p: a for p, a in every.items() if p in wanted}
+        pages = {
+            p: merge.PairPage(ask(p).page_token, [_key(j) for j in a.jobs], a.next_page_token)
+            for p, a in answers.items()
+        }
+        taken, nxt = merge.merge_lists(cursor, pages, size)
+        out = jobs_pb2.ListJobsResponse(next_page_token=merge.list_token(nxt) if nxt else "")
+        for pair, index in taken:
+            job = out.jobs.add()
+            job.CopyFrom(answers[pair].jobs[index])
+            job.id = ids.cluster_job_id(pair, job.id)
+        return out
+
+    async def GetAccountUsage(
+        self, req: jobs_pb2.GetAccountUsageRequest, timeout: float | None = None, **_: Any
+    ) -> jobs_pb2.GetAccountUsageResponse:
+        answers = list((await self._answering("GetAccountUsage", lambda _p: req, timeout)).values())
+        if not answers:
+            why = f"cluster {self.cluster}: no pair answered"
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, why)
+        out = jobs_pb2.GetAccountUsageResponse()
+        out.CopyFrom(answers[0])
+        for a in answers[1:]:
+            out.pages_used += a.pages_used
+            out.running_jobs += a.running_jobs
+            out.pages_queued += a.pages_queued
+            out.pages_in_flight += a.pages_in_flight
+            out.max_concurrency += a.max_concurrency
+            if a.last_page_at.ToNanoseconds() > out.last_page_at.ToNanoseconds():
+                out.last_page_at.CopyFrom(a.last_page_at)
+        if out.HasField("pages_per_day"):
+            out.pages_remaining = max(0, out.pages_per_day - out.pages_used)
+        return out
+
+    async def close(self) -> None:
+        clients = [c for _, c in self._clients.values()] + list(self._retired)
+        self._clients.clear()
+        self._retired.clear()
+        for task in list(self._closers):
+            task.cancel()
+        await asyncio.gather(*self._closers, return_exceptions=True)
+        for client in clients:
+            await client.close()
+
+
+def open_router(
+    cluster: str | ClusterView, make_client: Callable[[list[str]], PairClient]
+) -> tuple[ClusterRouter, ClusterView | None]:
+    """The router of ``cluster`` (a URL: a view of its own, returned to be closed with
+    it; a ``ClusterView``: shared, its maker closes it)."""
+    view = cluster if isinstance(cluster, ClusterView) else ClusterView(cluster)
+    return ClusterRouter(view, make_client), (None if view is cluster else view)
+
+
+def _key(job: jobs_pb2.JobSummary) -> tuple[int, str]:
+    return job.created_at.ToMilliseconds(), job.id
+
+
+def _renumbered(err: grpc.aio.AioRpcError, indexes: Sequence[int]) -> grpc.aio.AioRpcError:
+    """A part's refusal, its ``urls[j]`` named as the caller's ``urls[i]``."""
+    status = status_of(err)
+    details = merge.renumber_field(err.details() or "", indexes)
+    if status is None:
+        return grpc.aio.AioRpcError(
+            err.code(), grpc.aio.Metadata(), grpc.aio.Metadata(), details, ""
+        )
+    status.message = merge.renumber_field(status.message, indexes)
+    out = type(status)(code=status.code, message=status.message)
+    for any_ in status.details:
+        if any_.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            any_.Unpack(bad)
+            for v in bad.field_violations:
+                v.field = merge.renumber_field(v.field, indexes)
+                v.description = merge.renumber_field(v.description, indexes)
+            out.details.add().Pack(bad)
+        elif any_.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            any_.Unpack(info)
+            for k, v in list(info.metadata.items()):
+                info.metadata[k] = merge.renumber_field(v, indexes)
+            out.details.add().Pack(info)
+        else:
+            out.details.add().CopyFrom(any_)
+    trailing = grpc.aio.Metadata((DETAILS_KEY, out.SerializeToString()))
+    return grpc.aio.AioRpcError(
+        err.code(), grpc.aio.Metadata(), trailing, details=details, debug_error_string=""
+    )

@@ -1,0 +1,143 @@
+"""A cluster client's view of the registry: every pair's addresses, read from etcd.
+
+What it owns
+------------
+``ClusterView``: the pairs of cluster ``etcd://HOST:PORT[,...]/NAME`` as their nodes
+registered them (``pagesift.shared.cluster.registry``: ``NodeRecord`` -> ``PairView``),
+read at the first call (``ready``), then every ``refresh`` seconds by one background
+task, and at once when a caller asks (``reread``: a pair failed to answer). One view may
+serve many clients (the gateway's, one per API key): ``close`` belongs to its maker.
+
+Failure model
+-------------
+- aetcd is imported only here, only when a client runs in cluster mode: an install
+  without it gets ``ClusterUnavailable`` naming the extra (``pagesift[cluster]``).
+- Every etcd call is bounded (``timeout``); on an error the next read tries the next
+  endpoint. While etcd does not answer, the last view stays (a job's id still reaches
+  its pair) and ``age`` grows: the client places no new job on a view older than
+  ``STALE_SECONDS`` (new placements wait for etcd, as the witness's rule).
+- A record that does not decode is skipped (``decode_record`` refuses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from pagesift.shared.cluster.registry import (
+    PairView,
+    decode_record,
+    nodes_prefix,
+    pair_views,
+    parse_cluster_url,
+)
+
+__all__ = ["REFRESH_SECONDS", "STALE_SECONDS", "ClusterUnavailable", "ClusterView"]
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 1.0
+STALE_SECONDS = 10.0
+EXTRA_HINT = "pip install 'pagesift[cluster]' (or the server extra)"
+
+
+class ClusterUnavailable(RuntimeError):
+    """The registry cannot be read (etcd does not answer, or aetcd is not installed)."""
+
+
+def _aetcd() -> Any:
+    try:
+        import aetcd
+    except ImportError:
+        raise ClusterUnavailable(
+            f"a cluster client reads the registry in etcd with aetcd, not installed: {EXTRA_HINT}"
+        ) from None
+    return aetcd
+
+
+class ClusterView:
+    """The pairs of one cluster (see the module docstring)."""
+
+    def __init__(self, url: str, *, refresh: float = REFRESH_SECONDS, timeout: float = 2.0):
+        self.url = url
+        self.endpoints, self.name = parse_cluster_url(url)
+        self.refresh = refresh
+        self.timeout = timeout
+        self._aetcd = _aetcd()  # refused at once, not at the first call
+        self._client: Any = None
+        self._next = 0
+        self._pairs: dict[str, PairView] = {}
+        self._read_at: float | None = None  # monotonic time of the last good read
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def pairs(self) -> dict[str, PairView]:
+        """The pairs as last read (empty before the first read)."""
+        return self._pairs
+
+    def age(self) -> float:
+        """Seconds since the last good read (infinite before it)."""
+        if self._read_at is None:
+            return float("inf")
+        return time.monotonic() - self._read_at
+
+    async def _read_once(self) -> None:
+        if self._client is None:
+            host, port = self.endpoints[self._next % len(self.endpoints)]
+            self._client = self._aetcd.Client(host=host, port=port, timeout=self.timeout)
+        client = self._client
+        prefix = nodes_prefix(self.name).encode()
+        try:
+            reply = await asyncio.wait_for(client.get_prefix(prefix), self.timeout)
+        except (self._aetcd.ClientError, TimeoutError, OSError) as e:
+            self._client = None
+            self._next += 1
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 1.0)
+            raise ClusterUnavailable(
+                f"cluster {self.name}: the registry at {self.url} did not answer "
+                f"({type(e).__name__})"
+            ) from e
+        records = []
+        for kv in reply.kvs:
+            try:
+                records.append(decode_record(bytes(kv.value)))
+            except ValueError as e:
+                log.warning("cluster %s: a node record is refused: %s", self.name, e)
+        self._pairs = pair_views(records)
+        self._read_at = time.monotonic()
+
+    async def reread(self) -> None:
+        """Read the registry now (concurrent callers share one read)."""
+        async with self._lock:
+            await self._read_once()
+
+    async def ready(self) -> None:
+        """The first read done (``ClusterUnavailable`` if etcd does not answer), and the
+        refresh task running."""
+        if self._read_at is None:
+            await self.reread()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"cluster-view-{self.name}")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh)
+            try:
+                await self.reread()
+            except ClusterUnavailable as e:
+                log.info("%s (keeping the view of %.0f s ago)", e, self.age())
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 1.0)

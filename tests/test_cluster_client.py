@@ -1,0 +1,300 @@
+"""A client in cluster mode on a real etcd and three real nodes: routing, placement, merges.
+
+Three in-process nodes, each registered as its own pair (a ``Registrar`` with a record
+built here), and three demo sites whose origins the pairs' names spread one to a pair
+(``_spread``), so the owner of every site is known in advance. The client is
+``JobClient(cluster="etcd://…/NAME")``: ids it hands out carry their pair, which node ran
+a job is checked on the nodes themselves (a bare UUID answers only there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+
+from pagesift.client import JobClient
+from pagesift.client.errors import details_of, status_of
+from pagesift.demo.site import Site, build_site, serve_site
+from pagesift.node.drill.fixture import Etcd
+from pagesift.node.registry import EtcdRegistry, Registrar
+from pagesift.shared.cluster import ids, placement
+from pagesift.shared.cluster.registry import NodeRecord
+from pagesift.v1 import jobs_pb2
+from tests.helpers import RunningNode, crawl, eventually, in_process_node
+
+pytestmark = pytest.mark.system
+
+TERMINAL = {jobs_pb2.JOB_STATE_COMPLETED, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED}
+SLOW = 1.5  # seconds /slow.html takes (under the nodes' read timeout)
+
+
+def _spread(origins: list[str]) -> list[str]:
+    """Three pair names such that name k owns origins[k] among them."""
+    for names in itertools.permutations([f"p{i}" for i in range(12)], 3):
+        if all(placement.owner(o, names) == n for o, n in zip(origins, names, strict=True)):
+            return list(names)
+    raise AssertionError("no three names spread the origins")
+
+
+@dataclass
+class Cluster:
+    url: str
+    etcd: Etcd
+    pairs: list[str]  # pairs[k] owns sites[k]
+    sites: list[tuple[Site, str]]
+    nodes: dict[str, RunningNode]
+    registrars: dict[str, Registrar] = field(default_factory=dict)
+
+    def record(self, pair: str) -> NodeRecord:
+        address = self.nodes[pair].address
+        return NodeRecord(pair, f"{pair}-a", address, "primary", epoch=1, updated=time.time())
+
+    async def register(self, pair: str) -> None:
+        registrar = Registrar(EtcdRegistry(self.url), lambda: self.record(pair), ttl=3)
+        await registrar.step()
+        self.registrars[pair] = registrar
+
+    async def withdraw(self, pair: str) -> None:
+        await self.registrars.pop(pair).close()
+
+    async def ran_on(self, job_id: str | None) -> list[str]:
+        """The pairs whose node holds the job's bare UUID (asked directly)."""
+        _, uid = ids.split_job_id(job_id or "")
+        found = []
+        for pair, node in self.nodes.items():
+            try:
+                await node.stub.GetJob(jobs_pb2.GetJobRequest(id=uid, status_only=True))
+                found.append(pair)
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.NOT_FOUND
+        return found
+
+
+@pytest.fixture
+async def cluster(etcd: Etcd, tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with contextlib.AsyncExitStack() as stack:
+        sites: list[tuple[Site, str]] = []
+        for _ in range(3):
+            site = build_site(10, slow_seconds=SLOW, big_bytes=64 * 1024)
+            runner, root = await serve_site(site)
+            stack.push_async_callback(runner.cleanup)
+            sites.append((site, root))
+        pairs = _spread([placement.origin_of(root) for _, root in sites])
+        nodes = {}
+        for pair in pairs:
+            nodes[pair] = await stack.enter_async_context(
+                in_process_node(tmp_path / pair, read_timeout=5.0)
+            )
+        c = Cluster(f"{etcd.endpoint}/test", etcd, pairs, sites, nodes)
+        for pair in pairs:
+            await c.register(pair)
+        try:
+            yield c
+        finally:
+            for pair in list(c.registrars):
+                await c.withdraw(pair)
+
+
+def _parts(job_id: str) -> list[tuple[str, str]]:
+    """The (pair, uuid) parts of a cluster id (every part names its pair)."""
+    return [(str(pair), uid) for pair, uid in ids.job_parts(job_id)]
+
+
+async def _finish(client: JobClient, job_id: str, timeout: float = 60) -> jobs_pb2.GetJobResponse:
+    async def done() -> jobs_pb2.GetJobResponse | None:
+        resp = await client.get_job(job_id, status_only=True)
+        return resp if resp.state in TERMINAL else None
+
+    return await eventually(done, f"job {job_id} to end", timeout)
+
+
+async def test_crawls_of_three_sites_run_on_their_owners_and_read_back_by_id(
+    cluster: Cluster,
+) -> None:
+    async with JobClient(cluster=cluster.url) as client:
+        job_ids = [await client.start_crawl(crawl(root)) for _, root in cluster.sites]
+        for pair, job_id in zip(cluster.pairs, job_ids, strict=True):
+            assert ids.pair_of(job_id) == pair
+            assert await cluster.ran_on(job_id) == [pair]
+            final = await _finish(client, job_id)
+            assert final.state == jobs_pb2.JOB_STATE_COMPLETED and final.id == job_id
+            docs = [d async for d in client.iter_documents(job_id, page_size=3)]
+            direct = await cluster.nodes[pair].stub.GetJob(
+                jobs_pb2.GetJobRequest(id=ids.split_job_id(job_id)[1], limit=1000)
+            )
+            assert [d.url for d in docs] == [d.url for d in direct.documents]
+            assert len(docs) == final.completed > 5
+            assert (await client.errors(job_id)).next_page_token == ""
+        # a bare UUID names no pair: refused by field, not guessed
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.get_job(ids.split_job_id(job_ids[0])[1])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        violations = details_of(status_of(err.value), error_details_pb2.BadRequest)
+        assert [v.field for v in violations[0].field_violations] == ["id"]
+
+
+def _batch_urls(cluster: Cluster, per_site: int, slow: bool = False) -> list[str]:
+    """URLs of all three sites, interleaved (site 1's first)."""
+    out = []
+    for i in range(per_site):
+        for site, root in cluster.sites:
+            paths = sorted(site.manifest.pages)
+            out.append(f"{root}slow.html?n={i}" if slow else root.rstrip("/") + paths[i])
+    return out
+
+
+async def test_a_batch_spanning_three_pairs_reads_pages_and_watches_as_one_job(
+    cluster: Cluster,
+) -> None:
+    urls = _batch_urls(cluster, 4)
+    async with JobClient(cluster=cluster.url) as client:
+        resp = await client.start_batch(jobs_pb2.StartBatchScrapeRequest(urls=urls))
+        parts = _parts(resp.id)
+        assert [p for p, _ in parts] == cluster.pairs  # in the order of their first URLs
+        for pair, uid in parts:
+            assert await cluster.ran_on(f"{pair}.{uid}") == [pair]
+        watched: list[jobs_pb2.WatchJobResponse] = [e async for e in client.watch(resp.id)]
+        docs = [e.document for e in watched if e.WhichOneof("event") == "document"]
+        assert [d.index for d in docs] == list(range(len(urls)))
+        last = watched[-1].state
+        assert last.state == jobs_pb2.JOB_STATE_COMPLETED and last.completed == len(urls)
+        # part by part, each part in its own order: the stable order of the job
+        expected = [
+            d.url
+            for pair, uid in parts
+            for d in (
+                await cluster.nodes[pair].stub.GetJob(jobs_pb2.GetJobRequest(id=uid, limit=100))
+            ).documents
+        ]
+        assert [d.document.url for d in docs] == expected
+        paged = [d.url async for d in client.iter_documents(resp.id, page_size=3)]
+        assert paged == expected
+        status = await client.get_job(resp.id, status_only=True)
+        assert (status.id, status.total, status.completed) == (resp.id, 12, 12)
+        # a watch resumed mid-way continues in the same sequence
+        tail = [e async for e in client.watch(resp.id, from_index=5)]
+        assert [e.document.index for e in tail if e.WhichOneof("event") == "document"] == list(
+            range(5, 12)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.get_job(resp.id, skip=13)
+        assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert (await client.errors(resp.id)).next_page_token == ""
+
+
+async def test_a_batch_spanning_pairs_is_cancelled_as_one_job(cluster: Cluster) -> None:
+    urls = _batch_urls(cluster, 4, slow=True)  # ~6 s a part, one page at a time
+    async with JobClient(cluster=cluster.url) as client:
+        req = jobs_pb2.StartBatchScrapeRequest(urls=urls, max_concurrency=1)
+        job_id = (await client.start_batch(req)).id
+        assert len(_parts(job_id)) == 3
+        assert (await client.get_job(job_id, status_only=True)).state == jobs_pb2.JOB_STATE_SCRAPING
+        assert await client.cancel(job_id) == jobs_pb2.JOB_STATE_CANCELLED
+        final = await _finish(client, job_id)
+        assert final.state == jobs_pb2.JOB_STATE_CANCELLED
+        for pair, uid in _parts(job_id):
+            part = await cluster.nodes[pair].stub.GetJob(
+                jobs_pb2.GetJobRequest(id=uid, status_only=True)
+            )
+            assert part.state == jobs_pb2.JOB_STATE_CANCELLED
+
+
+async def test_list_jobs_merges_every_pair_newest_first_under_one_page_token(
+    cluster: Cluster,
+) -> None:
+    async with JobClient(cluster=cluster.url) as client:
+        started = []
+        for _ in range(3):
+            for _, root in cluster.sites:
+                req = jobs_pb2.StartBatchScrapeRequest(urls=[root])
+                started.append((await client.start_batch(req)).id)
+        listed: list[jobs_pb2.JobSummary] = []
+        token = ""
+        pages = 0
+        while True:
+            page = await client.list_jobs_page(page_size=2, page_token=token)
+            pages += 1
+            assert len(page.jobs) <= 2
+            listed.extend(page.jobs)
+            if not page.next_page_token:
+                break
+            assert len(page.next_page_token) < 4096
+            token = page.next_page_token
+        assert sorted(j.id for j in listed) == sorted(started)
+        keys = [(j.created_at.ToMilliseconds(), ids.split_job_id(j.id)[1]) for j in listed]
+        assert keys == sorted(keys, reverse=True)
+        assert pages >= 5
+        assert [j.id for j in await client.list_jobs(page_size=4)] == [j.id for j in listed]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.list_jobs_page(page_token="nonsense")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_pair_gone_from_the_registry_fails_only_its_jobs_and_new_work_goes_elsewhere(
+    cluster: Cluster,
+) -> None:
+    async with JobClient(cluster=cluster.url) as client:
+        job_ids = [
+            await client.start_batch(jobs_pb2.StartBatchScrapeRequest(urls=[root]))
+            for _, root in cluster.sites
+        ]
+        for job in job_ids:
+            await _finish(client, job.id)
+        gone = cluster.pairs[0]
+        await cluster.withdraw(gone)
+
+        async def refused() -> grpc.aio.AioRpcError | None:
+            try:
+                await client.get_job(job_ids[0].id, status_only=True)
+            except grpc.aio.AioRpcError as e:
+                return e
+            return None
+
+        err = await eventually(refused, "the pair's jobs to be unavailable", timeout=10)
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert f"pair {gone} " in (err.details() or "")
+        for job in job_ids[1:]:  # the other pairs' jobs still answer
+            assert (await client.get_job(job.id)).state == jobs_pb2.JOB_STATE_COMPLETED
+        # new work on the gone pair's site goes to another pair
+        moved = await client.start_crawl(crawl(cluster.sites[0][1], limit=2))
+        assert ids.pair_of(moved) in cluster.pairs[1:]
+        assert await cluster.ran_on(moved) == [ids.pair_of(moved)]
+        # listing leaves the gone pair out; it comes back with the pair
+        listed = {j.id for j in await client.list_jobs()}
+        assert job_ids[0].id not in listed and job_ids[1].id in listed
+        await cluster.register(gone)
+
+        async def back() -> bool | None:
+            try:
+                return (await client.get_job(job_ids[0].id)).state == jobs_pb2.JOB_STATE_COMPLETED
+            except grpc.aio.AioRpcError:
+                return None
+
+        assert await eventually(back, "the pair to serve its jobs again", timeout=10)
+
+
+async def test_a_retried_start_with_its_idempotency_key_finds_its_job(cluster: Cluster) -> None:
+    async with JobClient(cluster=cluster.url) as client:
+        req = crawl(cluster.sites[1][1], limit=3, idempotency_key="crawl-key-1")
+        first = await client.start_crawl(req)
+        assert await client.start_crawl(req) == first
+        assert ids.pair_of(first) == cluster.pairs[1]
+        batch = jobs_pb2.StartBatchScrapeRequest(
+            urls=_batch_urls(cluster, 2), idempotency_key="batch-key-1"
+        )
+        one = await client.start_batch(batch)
+        again = await client.start_batch(batch)
+        assert one.id == again.id and len(_parts(one.id)) == 3
+        # with another client (another process, say) too
+        async with JobClient(cluster=cluster.url) as other:
+            assert (await other.start_batch(batch)).id == one.id
+        await asyncio.gather(_finish(client, first), _finish(client, one.id))
