@@ -43,6 +43,7 @@ from pagesift.shared.api.rpcerrors import Reason
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Account, Unauthenticated
+from pagesift.shared.jobs.clusterlimits import ClusterUnavailable
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.records import IdempotencyKeyReused, JobNotAppendable
 from pagesift.shared.jobs.rendering import RenderingUnavailable
@@ -76,6 +77,7 @@ SAMPLES: dict[type[Exception], Exception] = {
     DocumentTooLarge: DocumentTooLarge(4, 99, 64, "skip"),
     PageFailed: PageFailed(PageError(ErrorCode.INVALID_URL, "no host"), "http://x/"),
     StorageUnavailable: StorageUnavailable(NO_SPACE),
+    ClusterUnavailable: ClusterUnavailable("etcd (cluster 'prod') did not answer within 5 s"),
     CannotPromote: CannotPromote(),
     DigestOffsetPassed: DigestOffsetPassed(3, "asked for offset 3, already at 5"),
     OffsetNotReached: OffsetNotReached(9, 5, 1.0),

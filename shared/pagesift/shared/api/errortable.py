@@ -34,10 +34,11 @@ from typing import Any, NoReturn, Protocol, TypeVar, cast
 import grpc
 from google.protobuf.message import Message
 
-from pagesift.shared.api import rpcerrors
+from pagesift.shared.api import adminerrors, rpcerrors
 from pagesift.shared.api.rpcerrors import Reason
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Unauthenticated
+from pagesift.shared.jobs.clusterlimits import ClusterUnavailable
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.records import IdempotencyKeyReused, JobNotAppendable
 from pagesift.shared.jobs.rendering import RenderingUnavailable
@@ -129,73 +130,16 @@ class MalformedRequest(Exception):
         self.message = message
 
 
-# AdminService and the replication stream
-
-
-class CannotPromote(Exception):
-    """Promote reached a node that has no promoter (and is not the primary)."""
-
-    def __init__(self) -> None:
-        super().__init__("this node cannot promote")
-
-
-class DigestOffsetPassed(Exception):
-    """Digest at ``offset``, which the node has already applied past (that state is gone)."""
-
-    def __init__(self, offset: int, message: str) -> None:
-        super().__init__(message)
-        self.offset = offset
-
-
-class OffsetNotReached(Exception):
-    """Digest at ``offset``: the node stood at ``at`` when the caller's ``within``
-    seconds (``timeout_seconds``) ran out."""
-
-    def __init__(self, offset: int, at: int, within: float) -> None:
-        super().__init__(f"offset {offset} not reached in {within:.1f}s (at {at})")
-        self.offset = offset
-        self.at = at
-
-
-class BackupInProgress(Exception):
-    """A second Backup while one runs (one at a time per node)."""
-
-
-class BackupFailed(Exception):
-    """A Backup failed on the node; the message says why (a RocksDB or file error)."""
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(f"backup failed: {cause}")
-
-
-class HelloExpected(InvalidArgument):
-    """The replication stream's first message is not a hello (field ``hello``); its
-    message is the reason alone."""
-
-    def __init__(self) -> None:
-        super().__init__("hello", "the first message must be hello")
-
-    def __str__(self) -> str:
-        return self.reason
-
-
-class ReplicationRefused(Exception):
-    """The primary refuses a standby's Hello; the message says why."""
-
-
-class SteppedDownForPeer(Exception):
-    """A Hello of the higher ``epoch`` deposed this primary (it fenced itself)."""
-
-    def __init__(self, epoch: int, message: str) -> None:
-        super().__init__(message)
-        self.epoch = epoch
-
-
-class NoLongerPrimary(Exception):
-    """The replication stream's node was demoted or replaced while it streamed."""
-
-    def __init__(self) -> None:
-        super().__init__("this node is no longer primary")
+# AdminService and the replication stream (``adminerrors``; imported from here)
+BackupFailed = adminerrors.BackupFailed
+BackupInProgress = adminerrors.BackupInProgress
+CannotPromote = adminerrors.CannotPromote
+DigestOffsetPassed = adminerrors.DigestOffsetPassed
+HelloExpected = adminerrors.HelloExpected
+NoLongerPrimary = adminerrors.NoLongerPrimary
+OffsetNotReached = adminerrors.OffsetNotReached
+ReplicationRefused = adminerrors.ReplicationRefused
+SteppedDownForPeer = adminerrors.SteppedDownForPeer
 
 
 # ------------------------------------------------------------------ the table
@@ -504,6 +448,11 @@ TABLE: tuple[Row, ...] = (
          "was written, reads still answer, writes resume by themselves ([disk full]"
          "(operations.md#disk-full))",
          (StorageUnavailable,), _storage),
+    _row(R.CLUSTER_UNAVAILABLE, C.UNAVAILABLE, "",
+         "a job start needs a cluster-wide slot or block of the account's pages and the "
+         "cluster's etcd did not answer within the bound; nothing was started, running "
+         "jobs go on ([scaling](scaling.md#account-limits-across-pairs))",
+         (ClusterUnavailable,), _message),
 )  # fmt: skip
 
 _BY_TYPE: dict[type[Exception], Row] = {t: row for row in TABLE for t in row.raised_by}
