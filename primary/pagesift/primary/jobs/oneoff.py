@@ -30,6 +30,7 @@ from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Accounts
+from pagesift.shared.jobs.clusterlimits import BlockNeeded, ClusterLimits, ClusterUnavailable
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
@@ -83,10 +84,13 @@ async def scrape(
     owner: str,
     url: str,
     options: jobs_pb2.ScrapeOptions,
+    pages: ClusterLimits | None = None,
 ) -> jobs_pb2.Document:
     """The Scrape call for account ``owner``: the page's document, cached and charged
     in one group; raises ``PageError``, ``PermissionError`` (options the account may
-    not use) or ``quota.LimitExceeded`` (the day's pages spent meanwhile)."""
+    not use) or ``quota.LimitExceeded`` (the day's pages spent meanwhile, here or, with
+    ``pages``, across the cluster: a block drawn first, ``ClusterUnavailable`` past the
+    bound while etcd does not answer)."""
     policy = FetchPolicy(request=request_profile(accounts, owner, options, [url]), owner=owner)
     page = await fetch_page(store, engine, owner, url, options, policy)
     account = accounts.get(owner)
@@ -98,9 +102,10 @@ async def scrape(
     def group(g: WriteGroup) -> None:
         if caches:
             recording.remember(g, owner, url, options, page, int(now * 1000))
-        if account is not None and recording.charge_page(g, account, now) is not None:
+        hit = None if account is None else recording.charge_page(g, account, now, pages)
+        if account is not None and hit is not None:
             # spent since the service's check: refused as that check words it (it
-            # raises here, and the group writes nothing)
+            # raises here, and the group writes nothing), or as the cluster's block does
             quota.check_start(
                 account,
                 0,
@@ -108,9 +113,15 @@ async def scrape(
                 "scrape",
                 resets_at=quota.resets_at(g, owner, now, account.pages_per_day),
             )
+            raise hit
 
-    store.write(group)
-    return page.document
+    for _ in range(8):  # each draw fills the block or says the day's pages are gone
+        try:
+            store.write(group)
+            return page.document
+        except BlockNeeded as e:
+            await e.draw()
+    raise ClusterUnavailable("the cluster's pages could not be drawn: try again")
 
 
 async def map_site(

@@ -48,6 +48,7 @@ from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import patterns, quota, validate, views
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Accounts
+from pagesift.shared.jobs.clusterlimits import BlockNeeded, ClusterLimits, NoClusterLimits
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.scope import Entry, Scope
 from pagesift.shared.store.db import Commit, Store
@@ -187,6 +188,7 @@ class Runner:
         self._random = random.Random()
         self._jars: dict[str, JobCookies] = {}  # of the jobs running here
         self.activity = Activity()  # per account: jobs, pages in flight (GetAccountUsage)
+        self.pages: ClusterLimits = NoClusterLimits()  # the cluster's share of daily pages
 
     async def run(self, meta: jr.JobMeta, req: JobRequest) -> None:
         """One run of the job, until it finishes (or its task is cancelled)."""
@@ -215,6 +217,8 @@ class Runner:
         while True:
             try:
                 return self.store.write(fn, max_bytes=max_bytes)
+            except BlockNeeded as e:  # the cluster's pages: a block drawn (or etcd waited for)
+                await e.retry_later()
             except StorageUnavailable:
                 if self._host.closing:
                     raise
@@ -528,11 +532,11 @@ class Runner:
 
     async def _record_page(self, job_id: str, result: PageResult) -> None:
         """Commit the page's group (``recording.record_page``), then tell who waits."""
-        jar = self._jars.get(job_id)
+        jar, pages = self._jars.get(job_id), self.pages
 
         def group(g: WriteGroup) -> recording.Recorded:
             return recording.record_page(
-                g, job_id, result, accounts=self.accounts, jar=jar, now=time.time()
+                g, job_id, result, accounts=self.accounts, jar=jar, now=time.time(), pages=pages
             )
 
         bound = jr.page_group_bytes(self.config.max_body_bytes)

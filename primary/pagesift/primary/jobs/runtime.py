@@ -232,6 +232,7 @@ class Jobs(appending.Appending):
         limit: int = 0,
         webhook: jobs_pb2.Webhook | None = None,
         check: Callable[[], None] | None = None,
+        job_id: str = "",  # minted by the caller (clustered: its slot names it), else here
     ) -> Registered:
         """Store a new job and start it. ``check`` runs inside the write section, just
         before anything is written (account limits: no other registration can slip in
@@ -248,7 +249,7 @@ class Jobs(appending.Appending):
         now = jr.now_ms()
         digest = jr.request_hash(kind, request) if idempotency_key else ""
         meta = jr.JobMeta(
-            id=str(uuid.uuid4()),
+            id=job_id or str(uuid.uuid4()),
             kind=kind,
             state="scraping",
             owner=owner,

@@ -103,6 +103,7 @@ class BlockLedger:
             self._exhausted[account] = day
             self._left.pop(account, None)
             return
+        self._exhausted.pop(account, None)  # pages came back meanwhile (a return)
         held_day, left = self._left.get(account, (day, 0))
         self._left[account] = (day, (left if held_day == day else 0) + granted)
 
