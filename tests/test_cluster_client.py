@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from google.rpc import error_details_pb2
 from pagesift.client import JobClient
 from pagesift.client.errors import details_of, status_of
 from pagesift.demo.site import Site, build_site, serve_site
+from pagesift.node.cli import amain
 from pagesift.node.drill.fixture import Etcd
 from pagesift.node.registry import EtcdRegistry, Registrar
 from pagesift.shared.cluster import ids, placement
@@ -298,3 +300,30 @@ async def test_a_retried_start_with_its_idempotency_key_finds_its_job(cluster: C
         async with JobClient(cluster=cluster.url) as other:
             assert (await other.start_batch(batch)).id == one.id
         await asyncio.gather(_finish(client, first), _finish(client, one.id))
+
+
+async def test_the_commands_take_a_cluster_instead_of_a_server(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = ["--cluster", cluster.url]
+    urls = _batch_urls(cluster, 2)
+    assert await amain(["batch", *urls, *where, "--wait", "--json"]) == 0
+    started = json.loads(capsys.readouterr().out)
+    assert len(_parts(started["id"])) == 3 and started["state"] == "completed"
+    assert await amain(["status", started["id"], *where, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["completed"] == len(urls)
+    assert await amain(["crawl", cluster.sites[2][1], "--limit", "2", *where, "--wait"]) == 0
+    crawled = capsys.readouterr().out.split()[0]
+    assert ids.pair_of(crawled) == cluster.pairs[2]
+    assert await amain(["jobs", *where, "--json"]) == 0
+    listed = {j["id"] for j in json.loads(capsys.readouterr().out)["jobs"]}
+    # a batch spanning pairs is listed as its parts (each readable by its own id)
+    assert listed == {f"{p}.{u}" for p, u in _parts(started["id"])} | {crawled}
+    # a command that names a node takes no cluster; the two flags do not go together
+    assert await amain(["role", *where]) == 2
+    assert await amain(["status", crawled, *where, "--server", "127.0.0.1:1"]) == 2
+    capsys.readouterr()
+    unreachable = ["status", crawled, "--cluster", "etcd://127.0.0.1:1/test", "--json"]
+    assert await amain([*unreachable, "--connect-timeout", "1"]) == 4
+    assert "etcd://127.0.0.1:1/test" in json.loads(capsys.readouterr().out)["error"]["message"]

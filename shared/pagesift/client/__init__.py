@@ -8,11 +8,16 @@ names below are the whole public surface. One module per concern:
 - ``failover``: the pure rules of which address a call goes to next;
 - ``retry``: which calls may be repeated, idempotency keys, the sleeps between rounds;
 - ``auth``: bearer keys and TLS credentials;
-- ``errors``: the client's exceptions, and the reading of a server's rich error details.
+- ``errors``: the client's exceptions, and the reading of a server's rich error details;
+- cluster mode (``JobClient(cluster="etcd://HOST:PORT[,...]/NAME")``): ``registryview``
+  (``ClusterView``, the registry read from etcd; aetcd, the ``cluster`` extra),
+  ``cluster`` (the router: calls by job id, placement, merged ListJobs), ``composite``
+  (a batch spanning pairs as one job) and ``pairs`` (what those share).
 
-Floor (tests/test_layers.py): the client imports only ``pagesift.v1`` and the small pure
-helpers ``pagesift.shared.util.backoff`` and ``pagesift.shared.util.channels``, so a
-client-only install (no ``server`` extra) imports it.
+Floor (tests/test_layers.py): the client imports only ``pagesift.v1``, the small pure
+helpers ``pagesift.shared.util.backoff`` and ``pagesift.shared.util.channels``, and the
+cluster's pure rules ``pagesift.shared.cluster``, so a client-only install (no ``server``
+extra) imports it.
 """
 
 from pagesift.client.aio import JobClient
@@ -29,6 +34,7 @@ from pagesift.client.failover import (
     primary_named,
     should_try_next,
 )
+from pagesift.client.registryview import ClusterUnavailable, ClusterView
 from pagesift.client.retry import RetryPolicy, backoff_delays, is_retryable, with_idempotency_key
 from pagesift.client.sync import SyncJobClient
 
@@ -36,6 +42,8 @@ __all__ = [
     "DEFAULT_ADDRESS",
     "FAILOVER_CODES",
     "ClientError",
+    "ClusterUnavailable",
+    "ClusterView",
     "Failover",
     "JobClient",
     "RetryPolicy",

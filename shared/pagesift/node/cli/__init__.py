@@ -23,7 +23,9 @@ it guarantees, for every subcommand:
 - Shell completion: ``argcomplete.autocomplete`` runs on the parser before parsing
   (``eval "$(register-python-argcomplete pagesift)"``).
 - Client subcommands take ``--server HOST:PORT`` (repeatable or comma-separated;
-  default 127.0.0.1:50051) and fail over as JobClient does; before the first call
+  default 127.0.0.1:50051) and fail over as JobClient does; the job commands take
+  ``--cluster etcd://HOST:PORT[,...]/NAME`` instead (a client of a cluster of pairs:
+  the connect timeout then bounds the registry's first read); before the first call
   they wait at most ``--connect-timeout`` seconds (default 3) for one of them to be
   reachable (``verify``: both), else fail with ``cannot reach ADDR (connect timeout
   S s)`` and exit 4.
@@ -76,6 +78,7 @@ import argcomplete
 import grpc
 
 from pagesift.client import ClientError, JobClient, Unreachable
+from pagesift.client.registryview import ClusterUnavailable
 from pagesift.node.cli.admin import add_admin_commands
 from pagesift.node.cli.args import server_addresses
 from pagesift.node.cli.backup import add_backup_command
@@ -99,7 +102,7 @@ from pagesift.node.cli.tokens import add_token_command
 __all__ = ["amain", "build_parser", "main", "version_line"]
 
 #: what a command can end with that ``report`` turns into its exit status
-_REPORTED = (grpc.RpcError, ClientError, Unreachable, OSError)
+_REPORTED = (grpc.RpcError, ClientError, Unreachable, OSError, ClusterUnavailable)
 
 
 def version_line() -> str:
@@ -175,8 +178,10 @@ async def _run_client(args: argparse.Namespace) -> int:
     must_all: tuple[str, ...] | None = getattr(args, "connect_all", None)
     if bool(args.tls_cert) != bool(args.tls_key):
         return fail("--tls-cert and --tls-key go together")
+    cluster: str | None = getattr(args, "cluster", None)
     async with JobClient(
-        addresses,
+        None if cluster else addresses,
+        cluster=cluster,
         api_key=args.api_key,
         admin_key=args.admin_key,
         tls_ca=args.tls_ca,

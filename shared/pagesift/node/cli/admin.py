@@ -198,7 +198,7 @@ async def _cmd_verify(args: argparse.Namespace, client: JobClient) -> int:
 
 def add_admin_commands(sub: Any) -> None:
     """``role`` and ``promote`` (with ``--server``), ``verify`` (with its two nodes)."""
-    client = client_parent()
+    client = client_parent(cluster=False)  # a node's own calls
     p = sub.add_parser(
         "role", parents=[client], help="a node's replication role, epoch, offsets and lag"
     )

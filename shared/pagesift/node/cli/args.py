@@ -4,8 +4,9 @@ Owns the argparse ``type=`` validators (a bad value is a usage error, exit 2,
 before any handler runs), the ``--api-key``/``--admin-key``/``--tls-ca``/
 ``--tls-cert``/``--tls-key`` group every command that talks to a server takes, the
 repeatable ``--server`` group of the client commands with ``--connect-timeout``
-(``add_connect_timeout``), and ``server_addresses`` (those flags flattened, the
-default when none were given).
+(``add_connect_timeout``), ``--cluster etcd://HOST:PORT[,...]/NAME`` in place of
+``--server`` on the job commands (a client of a cluster of pairs, ``JobClient(cluster=...)``),
+and ``server_addresses`` (those flags flattened, the default when none were given).
 """
 
 from __future__ import annotations
@@ -14,12 +15,22 @@ import argparse
 import os
 
 from pagesift.client import DEFAULT_ADDRESS, parse_addresses
+from pagesift.shared.cluster.registry import parse_cluster_url
 
 
 def host_port(value: str) -> str:
     host, sep, port = value.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return value.strip()
+
+
+def cluster_url(value: str) -> str:
+    """``etcd://HOST:PORT[,HOST:PORT...]/NAME``, checked."""
+    try:
+        parse_cluster_url(value.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return value.strip()
 
 
@@ -104,12 +115,22 @@ def credentials_parent() -> argparse.ArgumentParser:
     return parent
 
 
-def client_parent() -> argparse.ArgumentParser:
+def client_parent(*, cluster: bool = True) -> argparse.ArgumentParser:
     """``credentials_parent``, ``--server`` (repeatable or comma-separated) and
-    ``--connect-timeout``."""
+    ``--connect-timeout``; with ``cluster``, ``--cluster`` instead of ``--server`` (the
+    commands about jobs; not those that name a node)."""
     parent = credentials_parent()
     add_connect_timeout(parent)
-    parent.add_argument(
+    where = parent.add_mutually_exclusive_group() if cluster else parent
+    if cluster:
+        where.add_argument(
+            "--cluster",
+            type=cluster_url,
+            metavar="etcd://HOST:PORT/NAME",
+            help="a cluster of pairs, by its registry in etcd (instead of --server): "
+            "jobs are placed and found by their ids (needs aetcd: pagesift[cluster])",
+        )
+    where.add_argument(
         "--server",
         action="append",
         type=_server_list,

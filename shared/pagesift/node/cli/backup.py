@@ -260,7 +260,7 @@ def add_backup_command(sub: Any) -> None:
     """``backup --server ADDR --out DIR [--json]``."""
     p = sub.add_parser(
         "backup",
-        parents=[client_parent()],
+        parents=[client_parent(cluster=False)],
         help="copy a node's store, while it runs, into a new data directory",
     )
     p.add_argument(
