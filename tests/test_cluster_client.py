@@ -17,7 +17,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from google.rpc import error_details_pb2
@@ -25,7 +27,8 @@ from google.rpc import error_details_pb2
 from pagesift.client import JobClient
 from pagesift.client.errors import details_of, status_of
 from pagesift.demo.site import Site, build_site, serve_site
-from pagesift.node.cli import amain
+from pagesift.gateway import server as gateway
+from pagesift.node.cli import amain, main
 from pagesift.node.drill.fixture import Etcd
 from pagesift.node.registry import EtcdRegistry, Registrar
 from pagesift.shared.cluster import ids, placement
@@ -323,7 +326,48 @@ async def test_the_commands_take_a_cluster_instead_of_a_server(
     # a command that names a node takes no cluster; the two flags do not go together
     assert await amain(["role", *where]) == 2
     assert await amain(["status", crawled, *where, "--server", "127.0.0.1:1"]) == 2
+    assert main(["gateway", *where, "--server", "127.0.0.1:1"]) == 2
     capsys.readouterr()
     unreachable = ["status", crawled, "--cluster", "etcd://127.0.0.1:1/test", "--json"]
     assert await amain([*unreachable, "--connect-timeout", "1"]) == 4
     assert "etcd://127.0.0.1:1/test" in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+async def test_the_gateway_in_front_of_a_cluster_places_and_reads_jobs(cluster: Cluster) -> None:
+    stop = asyncio.Event()
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    options = gateway.Options(cluster=cluster.url)
+    task = asyncio.create_task(gateway.run("127.0.0.1:0", [], stop, started, options=options))
+    try:
+        base = "http://" + await asyncio.wait_for(started, 10)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as r:
+                assert r.status == 200 and (await r.json())["ok"]
+            urls = _batch_urls(cluster, 2)
+            async with http.post(f"{base}/v2/batch/scrape", json={"urls": urls}) as r:
+                assert r.status == 200, await r.text()
+                job_id = (await r.json())["id"]
+            assert [p for p, _ in _parts(job_id)] == cluster.pairs
+
+            async def finished() -> dict[str, Any] | None:
+                async with http.get(f"{base}/v2/batch/scrape/{job_id}") as r:
+                    body: dict[str, Any] = await r.json()
+                    return body if body["status"] == "completed" else None
+
+            body = await eventually(finished, "the batch to complete over the gateway", 30)
+            assert body["completed"] == body["total"] == len(urls)
+            data = list(body["data"])
+            for _ in range(20):  # the pages of its parts, by Firecrawl's "next"
+                if "next" not in body:
+                    break
+                async with http.get(body["next"]) as r:
+                    body = await r.json()
+                data.extend(body["data"])
+            sources = [d["metadata"]["sourceURL"] for d in data]
+            assert sorted(sources) == sorted(urls) and len(set(sources)) == len(urls)
+            crawl_body = {"url": cluster.sites[1][1], "limit": 2}
+            async with http.post(f"{base}/v2/crawl", json=crawl_body) as r:
+                assert ids.pair_of((await r.json())["id"]) == cluster.pairs[1]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)

@@ -62,7 +62,8 @@ def make_app(
     app[PAGING] = (page_documents, page_bytes)
     app[TRUST_FORWARDED] = trust_forwarded
     app[METRICS] = GatewayMetrics()
-    app[PROBE] = probe = PrimaryProbe(clients.addresses, clients.client_kw.get("credentials"))
+    credentials = clients.client_kw.get("credentials")
+    app[PROBE] = probe = PrimaryProbe(clients.addresses, credentials, clients.view)
 
     async def close(_app: web.Application) -> None:
         await clients.close()

@@ -4,7 +4,9 @@ What it owns
 ------------
 ``Clients``: a bounded cache (``MAX_CLIENTS``) of ``JobClient`` over the pair's
 addresses, keyed by the caller's API key, so every call follows the pair's failovers
-with the client's own rules and one caller's key never serves another's request.
+with the client's own rules and one caller's key never serves another's request. With
+``cluster`` (``etcd://…/NAME``) the clients are a cluster's, sharing one
+``ClusterView`` of its registry (one etcd reader for the gateway, closed with it).
 
 Invariants
 ----------
@@ -20,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pagesift.client import JobClient
+from pagesift.client import ClusterView, JobClient
 
 __all__ = ["MAX_CLIENTS", "Clients"]
 
@@ -32,9 +34,15 @@ class Clients:
     closed past ``limit``."""
 
     def __init__(
-        self, addresses: Sequence[str], *, limit: int = MAX_CLIENTS, **client_kw: Any
+        self,
+        addresses: Sequence[str],
+        *,
+        limit: int = MAX_CLIENTS,
+        cluster: str = "",
+        **client_kw: Any,
     ) -> None:
         self.addresses = list(addresses)
+        self.view = ClusterView(cluster) if cluster else None
         self.limit = limit
         self.client_kw = client_kw
         self._clients: OrderedDict[str, JobClient] = OrderedDict()
@@ -48,8 +56,10 @@ class Clients:
         closed only once its last request is done."""
         client = self._clients.get(api_key)
         if client is None:
-            client = self._clients[api_key] = JobClient(
-                self.addresses, api_key=api_key, **self.client_kw
+            client = self._clients[api_key] = (
+                JobClient(None, cluster=self.view, api_key=api_key, **self.client_kw)
+                if self.view is not None
+                else JobClient(self.addresses, api_key=api_key, **self.client_kw)
             )
             while len(self._clients) > self.limit:
                 _, old = self._clients.popitem(last=False)
@@ -82,6 +92,8 @@ class Clients:
             await c.close()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+        if self.view is not None:
+            await self.view.close()
 
     def __len__(self) -> int:
         """Open clients (the cached ones and those evicted but still in use)."""

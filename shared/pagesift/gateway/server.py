@@ -45,7 +45,9 @@ class Options:
     ``tls_ca``, ``client_cert``/``client_key``: TLS (and mTLS) to reach the pair, as
     the client commands' ``--tls-ca``/``--tls-cert``/``--tls-key``, or ``credentials``
     made already (they win); ``trust_forwarded``: read a proxy's ``Forwarded`` /
-    ``X-Forwarded-*`` for the answers' absolute URLs (``pagesift.gateway.forwarded``)."""
+    ``X-Forwarded-*`` for the answers' absolute URLs (``pagesift.gateway.forwarded``);
+    ``cluster``: ``etcd://HOST:PORT[,...]/NAME``, a cluster of pairs in place of the
+    addresses (its jobs placed and found by their ids, ``JobClient(cluster=...)``)."""
 
     tls_cert: str = ""
     tls_key: str = ""
@@ -54,6 +56,7 @@ class Options:
     client_key: str = ""
     credentials: grpc.ChannelCredentials | None = None
     trust_forwarded: bool = False
+    cluster: str = ""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server TLS context of the gateway's port (None: plaintext)."""
@@ -87,7 +90,7 @@ async def start(
     the bound ``host:port``. ``app_kw``: ``make_app``'s paging bounds."""
     opts = options or Options()
     ctx = opts.ssl_context()
-    clients = Clients(addresses, credentials=opts.channel_credentials())
+    clients = Clients(addresses, cluster=opts.cluster, credentials=opts.channel_credentials())
     app = make_app(clients, trust_forwarded=opts.trust_forwarded, **app_kw)
     runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_SECONDS, access_log=None)
     await runner.setup()

@@ -7,6 +7,8 @@ front of the ``--server`` addresses until SIGINT or SIGTERM. Its port takes TLS 
 commands reach it (``--tls-ca``; a client certificate, for a pair behind an mTLS proxy,
 is ``--client-cert``/``--client-key``, since ``--tls-cert`` names the port's own).
 ``--trust-forwarded`` reads a proxy's ``Forwarded`` headers for the absolute URLs.
+``--cluster etcd://HOST:PORT[,...]/NAME`` (instead of ``--server``) puts it in front of a
+cluster of pairs: jobs placed by their sites, found by their ids (``JobClient(cluster=...)``).
 Flags that do not go together are exit 2; a port or a file that cannot be used, exit 5.
 """
 
@@ -16,7 +18,7 @@ import argparse
 import ssl
 from typing import Any
 
-from pagesift.node.cli.args import host_port
+from pagesift.node.cli.args import cluster_url, host_port
 from pagesift.node.cli.common import EXIT_FAILED, EXIT_OK, fail, server_extra_missing
 
 
@@ -41,8 +43,10 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         client_cert=args.client_cert,
         client_key=args.client_key,
         trust_forwarded=args.trust_forwarded,
+        cluster=args.cluster or "",
     )
-    addresses = [a for group in args.server or [["127.0.0.1:50051"]] for a in group]
+    default = [] if args.cluster else [["127.0.0.1:50051"]]
+    addresses = [a for group in args.server or default for a in group]
     try:
         serve_forever(args.listen, list(dict.fromkeys(addresses)), options)
     except ssl.SSLError as err:
@@ -56,7 +60,14 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 def add_gateway_command(sub: Any) -> None:
     p = sub.add_parser("gateway", help="serve Firecrawl's v2 HTTP API in front of a pagesift pair")
     p.add_argument("--listen", type=host_port, default="127.0.0.1:3002", metavar="HOST:PORT")
-    p.add_argument(
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--cluster",
+        type=cluster_url,
+        metavar="etcd://HOST:PORT/NAME",
+        help="a cluster of pairs, by its registry in etcd (instead of --server)",
+    )
+    where.add_argument(
         "--server",
         type=_servers,
         action="append",
