@@ -25,8 +25,10 @@ Routing
   (``placement.split_by_origin``), one part per pair, each with a key derived from the
   caller's (``merge.part_key``): a retried start finds every part. A part refused
   stops the start: the parts already started are cancelled, and the refusal names the
-  caller's ``urls[i]``. No placeable pair, or a view older than ``STALE_SECONDS``
-  (etcd down: new jobs wait), is UNAVAILABLE saying so.
+  caller's ``urls[i]``; a part's pair UNAVAILABLE leaves them, for the caller's retry
+  under the same key (which the client makes for every start) to find. No placeable
+  pair, or a view older than ``STALE_SECONDS`` (etcd down: new jobs wait), is
+  UNAVAILABLE saying so.
 - ListJobs asks every registered pair and merges (``merge.merge_lists``) under one
   page token; a pair that does not answer is left out of that page.
 - GetAccountUsage adds up every pair's answer.
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -86,9 +88,12 @@ class ClusterRouter:
         self.view = view
         self.cluster = view.name
         self._make = make_client
-        self._clients: dict[str, tuple[tuple[str, ...], PairClient]] = {}
+        self._clients: dict[str, tuple[frozenset[str], PairClient]] = {}
         self._retired: set[PairClient] = set()
-        self._closers: set[asyncio.Task[None]] = set()
+        self._busy: dict[int, int] = {}  # id(client) -> calls and streams using it
+        self._expired: set[PairClient] = set()  # retired long enough: closed once idle
+        self._waits: set[asyncio.Future[None]] = set()  # retired clients' grace periods
+        self._closers: set[asyncio.Future[None]] = set()  # closes under way
 
     # ------------------------------------------------------------ pairs
 
@@ -103,12 +108,12 @@ class ClusterRouter:
         if view is None:
             why = "it is not in the registry (both nodes down?)"
             raise pair_unavailable(self.cluster, pair, why)
-        addresses = tuple(a for a in (view.primary, *view.standbys) if a)
+        addresses = [a for a in (view.primary, *view.standbys) if a]
         known = self._clients.get(pair)
-        if known is not None and known[0] == addresses:
-            return known[1]
-        client = self._make(list(addresses))
-        self._clients[pair] = (addresses, client)
+        if known is not None and known[0] == frozenset(addresses):
+            return known[1]  # a failover within the pair is its client's to follow
+        client = self._make(addresses)
+        self._clients[pair] = (frozenset(addresses), client)
         if known is not None:
             self._retire(known[1])
         return client
@@ -118,19 +123,42 @@ class ClusterRouter:
 
         async def later() -> None:
             await asyncio.sleep(RETIRE_SECONDS)
-            self._retired.discard(client)
-            await client.close()
+            self._expired.add(client)
+            if not self._busy.get(id(client)):  # else its last user closes it (a watch)
+                self._close_soon(client)
 
-        task = asyncio.ensure_future(later())
-        self._closers.add(task)
-        task.add_done_callback(self._closers.discard)
+        self._track(asyncio.ensure_future(later()), self._waits)
+
+    def _close_soon(self, client: PairClient) -> None:
+        self._expired.discard(client)
+        self._retired.discard(client)
+        self._track(asyncio.ensure_future(client.close()), self._closers)
+
+    @staticmethod
+    def _track(task: asyncio.Future[None], into: set[asyncio.Future[None]]) -> None:
+        into.add(task)
+        task.add_done_callback(into.discard)
+
+    @contextlib.contextmanager
+    def _using(self, client: PairClient) -> Iterator[None]:
+        key = id(client)
+        self._busy[key] = self._busy.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._busy[key] -= 1
+            if not self._busy[key]:
+                del self._busy[key]
+                if client in self._expired:
+                    self._close_soon(client)
 
     async def on_pair(self, pair: str, fn: Callable[[PairClient], Awaitable[T]]) -> T:
         """``fn(pair's client)``; a pair gone or not answering is UNAVAILABLE naming it."""
         await self.ready()
         client = self._client(pair)
         try:
-            return await fn(client)
+            with self._using(client):
+                return await fn(client)
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.UNAVAILABLE or reason_of(err) is not None:
                 raise
@@ -146,8 +174,9 @@ class ClusterRouter:
         await self.ready()
         client = self._client(pair)
         try:
-            async for event in client.watch(job_uuid, from_index):
-                yield event
+            with self._using(client):
+                async for event in client.watch(job_uuid, from_index):
+                    yield event
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.UNAVAILABLE or reason_of(err) is not None:
                 raise
@@ -290,7 +319,9 @@ class ClusterRouter:
                     pair, "StartBatchScrape", part, timeout, retryable=retryable
                 )
             except grpc.aio.AioRpcError as err:
-                await self._cancel_quietly(started, timeout)
+                if err.code() != grpc.StatusCode.UNAVAILABLE:  # refused: undo the rest
+                    await self._cancel_quietly(started, timeout)
+                # UNAVAILABLE: the parts started stay, for a retry under the same key
                 raise _renumbered(err, indexes) from None
             started.append((pair, resp.id))
             where = {u: i for i, u in reversed(split[pair])}
@@ -398,12 +429,16 @@ class ClusterRouter:
     # ------------------------------------------------------------ fan-out
 
     async def _answering(
-        self, method: str, make: Callable[[str], Any], timeout: float | None
+        self,
+        method: str,
+        make: Callable[[str], Any],
+        timeout: float | None,
+        pairs: Sequence[str] | None = None,
     ) -> dict[str, Any]:
-        """``method`` on every registered pair at once; the pairs that answered. A
-        refusal (not UNAVAILABLE) of any pair is the call's."""
+        """``method`` on ``pairs`` (default: every registered pair) at once; the pairs
+        that answered. A refusal (not UNAVAILABLE) of any pair is the call's."""
         await self.ready()
-        pairs = sorted(self.view.pairs)
+        pairs = sorted(self.view.pairs if pairs is None else pairs)
         results = await asyncio.gather(
             *(self._unary(p, method, make(p), timeout) for p in pairs), return_exceptions=True
         )
@@ -439,8 +474,7 @@ class ClusterRouter:
 
         answers: dict[str, jobs_pb2.ListJobsResponse] = {}
         if wanted:
-            every = await self._answering("ListJobs", ask, timeout)
-            answers = {p: a for p, a in every.items() if p in wanted}
+            answers = await self._answering("ListJobs", ask, timeout, wanted)
         pages = {
             p: merge.PairPage(ask(p).page_token, [_key(j) for j in a.jobs], a.next_page_token)
             for p, a in answers.items()
@@ -478,9 +512,9 @@ class ClusterRouter:
         clients = [c for _, c in self._clients.values()] + list(self._retired)
         self._clients.clear()
         self._retired.clear()
-        for task in list(self._closers):
+        for task in list(self._waits):
             task.cancel()
-        await asyncio.gather(*self._closers, return_exceptions=True)
+        await asyncio.gather(*self._waits, *self._closers, return_exceptions=True)
         for client in clients:
             await client.close()
 
