@@ -271,3 +271,38 @@ async def test_scrapes_on_both_pairs_spend_one_daily_allowance(
         assert allowance - 2 * block <= scraped <= allowance
         assert refusals and all(limit_of(e) == "pages_per_day" for e in refusals)
         assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refusals)
+
+
+async def test_an_append_that_reopens_a_finished_batch_needs_a_cluster_slot(
+    tmp_path: Path, etcd: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = GatedEngine()
+    async with two_pairs(tmp_path, etcd, monkeypatch, engine) as ((a, _), (b, shell_b)):
+        batch = jobs_pb2.StartBatchScrapeRequest(urls=["http://one.test/p1"])
+        done_id = (await a.stub.StartBatchScrape(batch, metadata=TWO.md)).id
+        await wait_done(a.stub, done_id, TWO.md)
+
+        async def freed() -> bool | None:
+            return not await shell_b.etcd.slots("two") or None
+
+        await eventually(freed, "the finished batch's slot to be freed", timeout=5)
+        engine.gate.clear()
+        crawls = [
+            (await node.stub.StartCrawl(crawl(f"http://{n}.test/", 5), metadata=TWO.md)).id
+            for node, n in ((a, "two"), (b, "three"))
+        ]
+        more = jobs_pb2.AppendBatchScrapeRequest(id=done_id, urls=["http://one.test/p2"])
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # it would run a third job
+            await a.stub.AppendBatchScrape(more, metadata=TWO.md)
+        assert limit_of(info.value) == "max_concurrent_jobs"
+        await b.stub.CancelJob(jobs_pb2.CancelJobRequest(id=crawls[1]), metadata=TWO.md)
+
+        async def appended() -> bool | None:
+            try:
+                return (await a.stub.AppendBatchScrape(more, metadata=TWO.md)).reopened or None
+            except grpc.aio.AioRpcError:
+                return None
+
+        await eventually(appended, "the append once a slot is free", timeout=5)
+        engine.gate.set()
+        assert (await wait_done(a.stub, done_id, TWO.md)).completed == 2

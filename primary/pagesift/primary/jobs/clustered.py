@@ -12,6 +12,7 @@ What it owns
   create the job (a limit inside it, an idempotent retry);
 - ``start`` / ``close``: the unfinished jobs re-take their slots before they resume;
   on stepping down or stopping, the slots and unused pages go back;
+- ``append`` that reopens a finished batch: a slot first, as for a start;
 - ``wake`` (every record of a job, its end included): the port looks whether it ended;
 - pages: each page's group spends from the pair's block (``runner.pages``), and so does
   a Scrape's (``oneoff.scrape``).
@@ -28,8 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 from pagesift.primary.jobs import oneoff
+from pagesift.primary.jobs.appending import Appended, Check
 from pagesift.primary.jobs.runtime import Jobs, Registered
+from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.clusterlimits import ClusterLimits
+from pagesift.shared.jobs.specs import AppendSpec
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["ClusteredJobs"]
@@ -74,6 +78,17 @@ class ClusteredJobs(Jobs):
                 webhook=webhook, check=check, job_id=job_id,
             )  # fmt: skip
             return start.keep(reg)
+
+    async def append(self, spec: AppendSpec, check: Check) -> Appended | None:
+        """AppendBatchScrape: a finished batch that the URLs reopen runs again, so it
+        takes a slot first (given back when the append did not reopen it)."""
+        meta = jr.load_meta(self.store, spec.id)
+        if meta is None or not meta.terminal or meta.owner != spec.owner:
+            return await super().append(spec, check)
+        async with self.budgets.starting(spec.owner, spec.id, "") as start:
+            got = await super().append(spec, check)
+            start.created = got is not None and got.reopened
+            return got
 
     async def scrape(
         self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
