@@ -24,7 +24,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from pagesift.client import JobClient
+from pagesift.client import ClusterView, JobClient
 from pagesift.client.errors import details_of, status_of
 from pagesift.demo.site import Site, build_site, serve_site
 from pagesift.gateway import server as gateway
@@ -32,9 +32,9 @@ from pagesift.node.cli import amain, main
 from pagesift.node.drill.fixture import Etcd
 from pagesift.node.registry import EtcdRegistry, Registrar
 from pagesift.shared.cluster import ids, placement
-from pagesift.shared.cluster.registry import NodeRecord
+from pagesift.shared.cluster.registry import NodeRecord, PairView
 from pagesift.v1 import jobs_pb2
-from tests.helpers import RunningNode, crawl, eventually, in_process_node
+from tests.helpers import NodeFactory, RunningNode, crawl, eventually, in_process_node
 
 pytestmark = pytest.mark.system
 
@@ -371,3 +371,42 @@ async def test_the_gateway_in_front_of_a_cluster_places_and_reads_jobs(cluster: 
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
+
+
+async def test_a_pairs_failover_is_invisible_to_a_cluster_client_watching_its_crawl(
+    nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
+) -> None:
+    _, root = site
+    url = f"{etcd.endpoint}/prod"
+    extra = ("--witness", etcd.endpoint, "--pair", "p1", "--witness-ttl", "2",
+             "--cluster", "prod")  # fmt: skip
+    a = nodes("a", role="", extra=extra)
+    b = nodes("b", role="", extra=extra)
+    await asyncio.gather(a.start(), b.start())
+    view = ClusterView(url)
+    async with JobClient(cluster=view) as client:
+
+        async def placeable() -> PairView | None:
+            await view.reread()
+            pair = view.pairs.get("p1")
+            return pair if pair and pair.primary and pair.standbys else None
+
+        primary = (
+            a if (await eventually(placeable, "p1 registered", 30)).primary == a.address else b
+        )
+        job_id = await client.start_crawl(crawl(root, max_concurrency=2, delay=0.1))
+        assert ids.pair_of(job_id) == "p1"
+        docs: list[jobs_pb2.Document] = []
+        killed = False
+        async for event in client.watch(job_id):
+            if event.WhichOneof("event") == "document":
+                docs.append(event.document.document)
+                if len(docs) == 3 and not killed:
+                    primary.kill()  # mid-crawl: the pair fails over under the watch
+                    killed = True
+        assert killed and len(docs) > 3  # pages kept coming after the kill
+        final = await client.get_job(job_id, status_only=True)
+        assert final.state == jobs_pb2.JOB_STATE_COMPLETED
+        urls = [d.url for d in docs]
+        assert len(urls) == len(set(urls)) == final.completed
+    await view.close()
