@@ -194,16 +194,6 @@ def gateway_parser() -> Any:
     return choices["gateway"]
 
 
-def gateway_has_cluster_flag() -> bool:
-    return any("--cluster" in a.option_strings for a in gateway_parser()._actions)
-
-
-NO_GATEWAY_CLUSTER = (
-    "`pagesift gateway` has no --cluster flag yet (shared/pagesift/node/cli/gateway.py): "
-    "the kit's gateway runs with --cluster etcd://…/NAME, which this parser would refuse"
-)
-
-
 # ---------------------------------------------------------------- selectors
 
 
@@ -548,8 +538,6 @@ def test_the_gateway_flags_exist_in_the_real_parser_and_its_files_are_mounted() 
     c = container(g, "gateway")
     assert c["command"] == ["pagesift", "gateway"]
     argv = [str(a) for a in c["args"]]
-    if not gateway_has_cluster_flag():
-        argv = [a for a in argv if not a.startswith("--cluster")]
     try:
         args, unknown = gateway_parser().parse_known_args(argv)
     except SystemExit:
@@ -575,10 +563,9 @@ def test_the_gateway_flags_exist_in_the_real_parser_and_its_files_are_mounted() 
 
 
 def test_the_gateway_routes_through_the_cluster_the_nodes_join(tmp_path: Path) -> None:
-    if not gateway_has_cluster_flag():
-        pytest.skip(NO_GATEWAY_CLUSTER)
     docs = rendered()
     args = gateway_parser().parse_args([str(a) for a in container(gateway(), "gateway")["args"]])
+    assert args.cluster and not args.server, "the registry names the pairs, not --server"
     endpoints, name = parse_cluster_url(args.cluster)
     for sts in pair_sets(docs).values():
         cfg = effective_config(node_spec(docs, sts, 0), tmp_path)
