@@ -58,6 +58,7 @@ class Cluster:
     sites: list[tuple[Site, str]]
     nodes: dict[str, RunningNode]
     registrars: dict[str, Registrar] = field(default_factory=dict)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def record(self, pair: str) -> NodeRecord:
         address = self.nodes[pair].address
@@ -67,8 +68,12 @@ class Cluster:
         registrar = Registrar(EtcdRegistry(self.url), lambda: self.record(pair), ttl=3)
         await registrar.step()
         self.registrars[pair] = registrar
+        self.tasks[pair] = asyncio.create_task(registrar.run())  # refreshed, as a node's
 
     async def withdraw(self, pair: str) -> None:
+        task = self.tasks.pop(pair)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await self.registrars.pop(pair).close()
 
     async def ran_on(self, job_id: str | None) -> list[str]:
@@ -407,6 +412,64 @@ async def test_a_pairs_failover_is_invisible_to_a_cluster_client_watching_its_cr
         assert killed and len(docs) > 3  # pages kept coming after the kill
         final = await client.get_job(job_id, status_only=True)
         assert final.state == jobs_pb2.JOB_STATE_COMPLETED
+        bare = await client.get_job(ids.split_job_id(job_id)[1], status_only=True)
+        assert bare.id == job_id  # a bare UUID is routed when the cluster has one pair
         urls = [d.url for d in docs]
         assert len(urls) == len(set(urls)) == final.completed
     await view.close()
+
+
+async def test_while_etcd_is_down_jobs_answer_by_id_and_new_placements_wait(
+    cluster: Cluster,
+) -> None:
+    view = ClusterView(cluster.url, stale_after=1.5)
+    async with JobClient(cluster=view) as client:
+        job = await client.start_batch(jobs_pb2.StartBatchScrapeRequest(urls=[cluster.sites[0][1]]))
+        await _finish(client, job.id)
+        cluster.etcd.child.kill()
+        await asyncio.sleep(2.0)  # the view is older than stale_after now
+        assert (await client.get_job(job.id)).state == jobs_pb2.JOB_STATE_COMPLETED
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.start_crawl(crawl(cluster.sites[1][1], limit=1))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "new jobs wait" in (err.value.details() or "")
+        await cluster.etcd.start()
+
+        async def placed() -> str | None:
+            try:
+                return await client.start_crawl(crawl(cluster.sites[1][1], limit=1))
+            except grpc.aio.AioRpcError:
+                return None
+
+        moved = await eventually(placed, "placements to resume with etcd", timeout=20)
+        assert ids.pair_of(moved) == cluster.pairs[1]
+    await view.close()
+
+
+async def test_scrape_map_append_and_usage_go_to_the_owner_or_add_up(cluster: Cluster) -> None:
+    site, root = cluster.sites[2]
+    pages = sorted(site.manifest.pages)
+    async with JobClient(cluster=cluster.url) as client:
+        doc = await client.scrape(root.rstrip("/") + pages[1])
+        assert doc.status_code == 200
+        assert root.rstrip("/") + pages[1] in await client.map(root)
+        batch = await client.start_batch(jobs_pb2.StartBatchScrapeRequest(urls=[root]))
+        assert ids.pair_of(batch.id) == cluster.pairs[2]
+        added = await client.append_batch(batch.id, [root.rstrip("/") + pages[2]])
+        assert added.id == batch.id and added.added == 1
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.append_batch(batch.id, [cluster.sites[0][1]])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"belongs to pair {cluster.pairs[0]}" in (err.value.details() or "")
+        final = await _finish(client, batch.id)
+        assert final.completed == 2
+        other = await client.start_batch(
+            jobs_pb2.StartBatchScrapeRequest(urls=[cluster.sites[0][1]])
+        )
+        await _finish(client, other.id)
+        usage = await client.account_usage()
+        # every pair's figures added up (here: what each node fetches at once)
+        assert usage.max_concurrency == sum(
+            n.config.max_concurrency for n in cluster.nodes.values()
+        )
+        assert usage.account == "anonymous" and usage.HasField("last_page_at")

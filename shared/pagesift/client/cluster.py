@@ -27,7 +27,7 @@ Routing
   stops the start: the parts already started are cancelled, and the refusal names the
   caller's ``urls[i]``; a part's pair UNAVAILABLE leaves them, for the caller's retry
   under the same key (which the client makes for every start) to find. No placeable
-  pair, or a view older than ``STALE_SECONDS`` (etcd down: new jobs wait), is
+  pair, or a view older than ``ClusterView.stale_after`` (etcd down: new jobs wait), is
   UNAVAILABLE saying so.
 - ListJobs asks every registered pair and merges (``merge.merge_lists``) under one
   page token; a pair that does not answer is left out of that page.
@@ -48,7 +48,7 @@ from google.rpc import error_details_pb2
 from pagesift.client import composite
 from pagesift.client.errors import DETAILS_KEY, reason_of, status_of
 from pagesift.client.pairs import PairClient, invalid_field, pair_unavailable, rpc_error
-from pagesift.client.registryview import STALE_SECONDS, ClusterUnavailable, ClusterView
+from pagesift.client.registryview import ClusterUnavailable, ClusterView
 from pagesift.client.retry import is_retryable
 from pagesift.shared.cluster import ids, merge, placement
 from pagesift.shared.cluster.registry import placeable
@@ -203,7 +203,7 @@ class ClusterRouter:
 
     async def _placeable(self) -> list[str]:
         await self.ready()
-        if self.view.age() > STALE_SECONDS:
+        if self.view.age() > self.view.stale_after:
             raise rpc_error(
                 grpc.StatusCode.UNAVAILABLE,
                 f"cluster {self.cluster}: the registry has not answered for "

@@ -15,7 +15,7 @@ Failure model
 - Every etcd call is bounded (``timeout``); on an error the next read tries the next
   endpoint. While etcd does not answer, the last view stays (a job's id still reaches
   its pair) and ``age`` grows: the client places no new job on a view older than
-  ``STALE_SECONDS`` (new placements wait for etcd, as the witness's rule).
+  ``stale_after`` (``STALE_SECONDS``; new placements wait for etcd, as the witness's rule).
 - A record that does not decode is skipped (``decode_record`` refuses it).
 """
 
@@ -61,8 +61,16 @@ def _aetcd() -> Any:
 class ClusterView:
     """The pairs of one cluster (see the module docstring)."""
 
-    def __init__(self, url: str, *, refresh: float = REFRESH_SECONDS, timeout: float = 2.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        refresh: float = REFRESH_SECONDS,
+        timeout: float = 2.0,
+        stale_after: float = STALE_SECONDS,
+    ):
         self.url = url
+        self.stale_after = stale_after
         self.endpoints, self.name = parse_cluster_url(url)
         self.refresh = refresh
         self.timeout = timeout
