@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ import pytest
 
 import pagesift.node.node as node_module
 from pagesift.client.errors import reason_of
-from pagesift.node.budgets import ClusterBudgets, EtcdBudgets, day_of
+from pagesift.node.budgets import ClusterBudgets, EtcdBudgets, day_of, jobs_factory
 from pagesift.node.drill.fixture import Etcd
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.jobs.clustered import ClusteredJobs
@@ -79,13 +81,15 @@ async def two_pairs(
     accounts = write_accounts(tmp_path / "accounts.toml", (TWO, DAILY, BIG))
     shells: dict[str, ClusterBudgets] = {}
 
-    def clustered(store: Any, eng: Any, cfg: Any, **kw: Any) -> ClusteredJobs:
-        etcd_budgets = EtcdBudgets(f"{etcd.endpoint}/prod", timeout=0.5)
-        shell = ClusterBudgets(etcd_budgets, kw["accounts"], ttl=TTL, wait=1.5, linger=0.3)
-        shells[cfg.listen] = shell
-        return ClusteredJobs(store, eng, cfg, budgets=shell, **kw)
+    def clustered(store: Any, eng: Any, cfg: Any, **kw: Any) -> Any:
+        # what serve's node wires with --cluster: the same config, its witness's etcd
+        witness = replace(cfg, cluster="prod", witness=etcd.endpoint, witness_ttl=TTL)
+        make = jobs_factory(witness, kw["accounts"], wait=1.5, linger=0.3)
+        assert isinstance(make, partial) and make.func is ClusteredJobs
+        shells[cfg.listen] = make.keywords["budgets"]
+        return make(store, eng, cfg, **kw)
 
-    monkeypatch.setattr(node_module, "Jobs", clustered)  # what budgets_for wires in serve
+    monkeypatch.setattr(node_module, "Jobs", clustered)
     async with (
         in_process_node(tmp_path / "a", engine=engine, accounts_file=str(accounts)) as a,
         in_process_node(tmp_path / "b", engine=engine, accounts_file=str(accounts)) as b,

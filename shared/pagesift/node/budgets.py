@@ -2,6 +2,8 @@
 
 What it owns
 ------------
+``jobs_factory(config, accounts)``: what the node builds its runtime with (``Jobs``, or
+``ClusteredJobs`` over this module's budgets when ``cluster`` is set);
 ``EtcdBudgets`` (the etcd calls: slot keys, the daily pages counter by compare-and-swap)
 and ``ClusterBudgets``, the ``ClusterLimits`` port (``pagesift.shared.jobs.clusterlimits``)
 a node hands its job runtime when it runs in a cluster. The plans are the pure module's
@@ -38,7 +40,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -48,6 +50,8 @@ import aetcd
 import aetcd.transactions as txn
 
 from pagesift.node.registry import EtcdRegistry, RegistryUnavailable
+from pagesift.primary.jobs.clustered import ClusteredJobs
+from pagesift.primary.jobs.runtime import Jobs
 from pagesift.shared.cluster.budgets import (
     BlockLedger,
     Draw,
@@ -64,16 +68,23 @@ from pagesift.shared.jobs.clusterlimits import BlockNeeded, ClusterUnavailable, 
 from pagesift.shared.jobs.quota import LimitExceeded, rfc3339
 from pagesift.shared.store.db import Store
 
-__all__ = ["ClusterBudgets", "EtcdBudgets", "budgets_for", "day_of"]
+__all__ = ["ClusterBudgets", "EtcdBudgets", "budgets_for", "day_of", "jobs_factory"]
 
 log = logging.getLogger(__name__)
 
 PAIRS_REFRESH_SECONDS = 30.0  # how often the pair count (block size) is read again
 
 
-def budgets_for(config: ServerConfig, accounts: Accounts) -> ClusterBudgets | None:
+def jobs_factory(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> Callable[..., Jobs]:
+    """What a node builds its job runtime with: ``Jobs``, or with ``cluster`` set
+    ``ClusteredJobs`` over one ``ClusterBudgets`` (kept for every time it is primary)."""
+    budgets = budgets_for(config, accounts, **kwargs)
+    return Jobs if budgets is None else partial(ClusteredJobs, budgets=budgets)
+
+
+def budgets_for(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> ClusterBudgets | None:
     """The node's cluster budgets (None without ``cluster``): the witness's etcd, the
-    lease ttl ``witness_ttl``; the runtime is then ``ClusteredJobs(..., budgets=...)``."""
+    lease ttl ``witness_ttl``; ``kwargs`` go to ``ClusterBudgets`` (``wait``, ``linger``)."""
     if not config.cluster:
         return None
     password = ""
@@ -83,7 +94,7 @@ def budgets_for(config: ServerConfig, accounts: Accounts) -> ClusterBudgets | No
     etcd = EtcdBudgets(
         f"etcd://{endpoints}/{config.cluster}", user=config.witness_user, password=password
     )
-    return ClusterBudgets(etcd, accounts, ttl=max(2, round(config.witness_ttl)))
+    return ClusterBudgets(etcd, accounts, ttl=max(2, round(config.witness_ttl)), **kwargs)
 
 
 def day_of(now: float) -> str:
