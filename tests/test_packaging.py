@@ -139,6 +139,19 @@ def test_the_client_install_has_no_server_dependency(client_venv: ClientVenv) ->
 
 
 @pytest.mark.system
+def test_a_cluster_client_without_aetcd_names_the_extra(client_venv: ClientVenv) -> None:
+    code = (
+        "from pagesift.client import ClusterUnavailable, JobClient\n"
+        "from pagesift.shared.cluster import ids\n"  # the cluster's rules ship with the client
+        "try:\n"
+        "    JobClient(cluster='etcd://127.0.0.1:2379/prod')\n"
+        "except ClusterUnavailable as e:\n"
+        "    print(e)\n"
+    )
+    assert "pip install 'pagesift[cluster]'" in _run(client_venv.python, "-c", code)
+
+
+@pytest.mark.system
 def test_the_wheel_ships_the_type_information(client_venv: ClientVenv) -> None:
     code = (
         "import importlib.util, pathlib\n"
