@@ -24,7 +24,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from pagesift.client import ClusterView, JobClient
+from pagesift.client import ClusterView, JobClient, SyncJobClient
 from pagesift.client.errors import details_of, status_of
 from pagesift.demo.site import Site, build_site, serve_site
 from pagesift.gateway import server as gateway
@@ -452,6 +452,12 @@ async def test_scrape_map_append_and_usage_go_to_the_owner_or_add_up(cluster: Cl
     async with JobClient(cluster=cluster.url) as client:
         doc = await client.scrape(root.rstrip("/") + pages[1])
         assert doc.status_code == 200
+
+        def scrape_in_a_thread() -> jobs_pb2.Document:
+            with SyncJobClient(cluster=cluster.url) as sync:
+                return sync.scrape(root.rstrip("/") + pages[1])
+
+        assert (await asyncio.to_thread(scrape_in_a_thread)).url == doc.url
         assert root.rstrip("/") + pages[1] in await client.map(root)
         batch = await client.start_batch(jobs_pb2.StartBatchScrapeRequest(urls=[root]))
         assert ids.pair_of(batch.id) == cluster.pairs[2]
