@@ -27,9 +27,9 @@ from typing import Any
 import grpc
 import pytest
 
-import pagesift.node.node as node_module
+import pagesift.node.budgets as budgets_module
 from pagesift.client.errors import reason_of
-from pagesift.node.budgets import ClusterBudgets, EtcdBudgets, day_of, jobs_factory
+from pagesift.node.budgets import ClusterBudgets, EtcdBudgets, day_of
 from pagesift.node.drill.fixture import Etcd
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.jobs.clustered import ClusteredJobs
@@ -81,15 +81,17 @@ async def two_pairs(
     accounts = write_accounts(tmp_path / "accounts.toml", (TWO, DAILY, BIG))
     shells: dict[str, ClusterBudgets] = {}
 
-    def clustered(store: Any, eng: Any, cfg: Any, **kw: Any) -> Any:
+    real_factory = budgets_module.jobs_factory
+
+    def factory(cfg: Any, accts: Any) -> Any:
         # what serve's node wires with --cluster: the same config, its witness's etcd
         witness = replace(cfg, cluster="prod", witness=etcd.endpoint, witness_ttl=TTL)
-        make = jobs_factory(witness, kw["accounts"], wait=1.5, linger=0.3)
+        make = real_factory(witness, accts, wait=1.5, linger=0.3)
         assert isinstance(make, partial) and make.func is ClusteredJobs
         shells[cfg.listen] = make.keywords["budgets"]
-        return make(store, eng, cfg, **kw)
+        return make
 
-    monkeypatch.setattr(node_module, "Jobs", clustered)
+    monkeypatch.setattr(budgets_module, "jobs_factory", factory)
     async with (
         in_process_node(tmp_path / "a", engine=engine, accounts_file=str(accounts)) as a,
         in_process_node(tmp_path / "b", engine=engine, accounts_file=str(accounts)) as b,

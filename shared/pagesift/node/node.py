@@ -50,7 +50,7 @@ from pathlib import Path
 
 import grpc
 
-from pagesift.node import clustering
+from pagesift.node import budgets, clustering
 from pagesift.node.elector import CLOSED, Elector, ElectorHost
 from pagesift.node.looplag import LoopLagMonitor
 from pagesift.node.registry import Registrar
@@ -201,6 +201,8 @@ class Node:
         self.jobs: Jobs | None = None
         self.engine: Engine | None = None
         self._registration: tuple[Registrar, asyncio.Task[None]] | None = None
+        # with ``cluster``: account limits held cluster-wide through etcd (ClusteredJobs)
+        self._make_jobs = budgets.jobs_factory(config, self.accounts)
         # the node's role, and what it runs: the one place it is kept (see ``rolestate``)
         self._state = RoleState.initial(
             RoleConfig(
@@ -426,7 +428,7 @@ class Node:
             else None,
         )
         sync = cfg.replication_mode == "sync"
-        self.jobs = Jobs(
+        self.jobs = self._make_jobs(
             self.slot.store,
             self.engine,
             cfg,
