@@ -35,6 +35,7 @@ SECTIONS = (
     "hostile",
     "render",
     "gateway",
+    "cluster",
 )
 
 
