@@ -44,6 +44,7 @@ from pagesift.node.drill.choices import FIELDS, KILL_TARGETS, MODES
 # (aiohttp, the store): imported by the handler only, so that the pagesift command of
 # a client-only install (pip install pagesift) builds its parser without it.
 if TYPE_CHECKING:
+    from pagesift.node.drill.clusterrun import ClusterDrillSettings
     from pagesift.node.drill.runner import DrillSettings
 
 EXIT_RUN_FAILED = EXIT_NO
@@ -73,6 +74,13 @@ do). The demo site and the webhook receiver run in this process on --callback-ho
 the remote nodes must reach that host (and allow private networks if it is one).
 Nothing of the deployment is touched but through these commands and the API (one
 crawl and small probe jobs per run, under --api-key; Promote without --auto).
+
+--local --pairs N (or --cluster etcd://HOST:PORT/NAME with --kill-cmd/--start-cmd, a
+running cluster's pairs) is the cluster drill: one site per pair (local: on loopback
+hosts 127.0.0.1..N, per_host_concurrency --per-host-limit), one crawl of each through a
+cluster client, the primary of one pair SIGKILLed mid-crawl and its standby promoted by
+the witness; it reports per pair the RTO, pages lost, duplicates and the most requests
+its site had in flight at once against the per-host limit (politeness held or not).
 
 Exit 0 when every run passed, 1 when one failed, 2 on a usage error, 5 on a setup
 error, 130 when interrupted.
@@ -142,6 +150,99 @@ def drill_settings(args: argparse.Namespace) -> DrillSettings:
     )
 
 
+def cluster_settings(args: argparse.Namespace) -> ClusterDrillSettings:
+    """The cluster drill ``args`` ask for (``--local --pairs N`` or ``--cluster URL``);
+    ValueError names what is wrong with them."""
+    from pagesift.node.drill.clusterrun import ClusterDrillSettings
+    from pagesift.node.drill.fixture import DrillKeys, SetupError
+    from pagesift.node.drill.remote import check_template
+    from pagesift.shared.cluster.registry import parse_cluster_url
+
+    if args.cluster:
+        if args.local or args.primary or args.standby or args.pairs:
+            raise ValueError("--cluster drills a running cluster: no --local, --pairs, --primary")
+        try:
+            parse_cluster_url(args.cluster)
+        except ValueError as err:
+            raise ValueError(f"--cluster: {err}") from None
+        if not args.kill_cmd or not args.start_cmd:
+            raise ValueError("a --cluster drill needs --kill-cmd and --start-cmd")
+        try:
+            check_template("--kill-cmd", args.kill_cmd)
+            check_template("--start-cmd", args.start_cmd)
+        except SetupError as err:
+            raise ValueError(str(err)) from None
+    elif not args.local:
+        raise ValueError("--pairs goes with --local")
+    if args.kill != "primary" or args.repeat != 1:
+        raise ValueError("a cluster drill kills one primary once (no --kill, --repeat)")
+    keys = (
+        DrillKeys(args.api_key, args.admin_key, args.webhook_secret)
+        if args.cluster
+        else DrillKeys.fresh()
+    )
+    return ClusterDrillSettings(
+        pairs=args.pairs or 3,
+        cluster=args.cluster or "",
+        mode=args.mode,
+        seed=args.seed if args.seed is not None else secrets.randbelow(1 << 31),
+        pages=args.pages if args.pages != 100 else 30,
+        timeout=args.timeout,
+        pace=args.pace,
+        concurrency=args.concurrency,
+        per_host=args.per_host_limit or (8 if args.cluster else 2),
+        page_retries=args.page_retries,
+        witness_ttl=args.witness_ttl if args.witness_ttl != 5.0 else 3.0,
+        kill_cmd=args.kill_cmd or "",
+        start_cmd=args.start_cmd or "",
+        command_timeout=args.command_timeout,
+        keys=keys,
+        tls_ca=args.tls_ca,
+        callback_host=args.callback_host,
+        keep=args.keep,
+    )
+
+
+def _cmd_cluster_drill(args: argparse.Namespace) -> int:
+    from pagesift.node.drill.clusterrun import run_cluster_drill
+    from pagesift.node.drill.clusterverdict import cluster_json, cluster_lines
+    from pagesift.node.drill.fixture import SetupError
+    from pagesift.node.procs import kill_leftovers
+
+    try:
+        settings = cluster_settings(args)
+    except ValueError as err:
+        return fail(str(err))
+
+    async def drill() -> Any:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if task is not None:
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            return await run_cluster_drill(settings, _say)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        report = asyncio.run(drill())
+    except SetupError as err:
+        return fail(f"drill: {err}", exit=EXIT_FAILED)
+    except asyncio.CancelledError:
+        return fail("drill: interrupted", exit=EXIT_INTERRUPTED, code="INTERRUPTED")
+    finally:
+        kill_leftovers()
+    if args.json:
+        out = cluster_json(report)
+        out["seed"] = settings.seed
+        dump(out)
+    else:
+        for line in cluster_lines(report):
+            print(line)
+        print(f"(seed {settings.seed})")
+    return EXIT_OK if report.passed else EXIT_RUN_FAILED
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -168,6 +269,8 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     missing = server_extra_missing("drill")
     if missing:
         return fail(missing, exit=EXIT_FAILED)
+    if args.cluster or args.pairs:
+        return _cmd_cluster_drill(args)
     from pagesift.node.drill.fixture import SetupError
     from pagesift.node.drill.report import drill_json, run_lines, summary_line
     from pagesift.node.drill.verdict import summarize
@@ -209,6 +312,19 @@ def add_drill_command(sub: Any) -> None:
     where = p.add_argument_group("where")
     where.add_argument(
         "--local", action="store_true", help="start a pair of our own (temporary directories)"
+    )
+    where.add_argument(
+        "--pairs", type=positive_int, metavar="N", help="--local: N pairs in one cluster"
+    )
+    where.add_argument(
+        "--cluster", metavar="etcd://HOST:PORT/NAME", help="drill a running cluster of pairs"
+    )
+    where.add_argument(
+        "--per-host-limit",
+        type=positive_int,
+        metavar="N",
+        help="cluster drill: per_host_concurrency (--local: set on the nodes, default 2; "
+        "--cluster: the nodes' value to judge by, default 8)",
     )
     where.add_argument("--primary", type=host_port, metavar="HOST:PORT", help="remote: primary")
     where.add_argument("--standby", type=host_port, metavar="HOST:PORT", help="remote: standby")

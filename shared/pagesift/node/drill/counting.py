@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from pagesift.demo.site import Site, build_site, serve_site
+from pagesift.demo.site import BIG_PATH, SLOW_PATH, Site, build_site, serve_site
 
 __all__ = ["CountedSite", "Counter"]
 
@@ -109,6 +109,11 @@ class CountedSite:
     def expected(self) -> frozenset[str]:
         """Page keys a crawl of the root must return as documents."""
         return frozenset(self.site.expected_documents(self.root))
+
+    def optional(self) -> frozenset[str]:
+        """Page keys that are documents or errors depending on the nodes' read timeout
+        and body cap (``/slow.html``, ``/files/big.html``)."""
+        return frozenset(self.site.url(self.root, p) for p in (SLOW_PATH, BIG_PATH))
 
     def page_urls(self) -> list[str]:
         """Every page of the site by URL (for a batch)."""

@@ -208,7 +208,14 @@ class LocalPair:
         auto: bool,
         witness_ttl: float,
         settings: Mapping[str, Any] = NODE_SETTINGS,
+        etcd: Etcd | None = None,
+        pair_name: str = "",
+        cluster: str = "",
     ) -> None:
+        """``etcd`` (with ``auto``): a witness shared with other pairs, which this pair
+        neither starts, kills nor stops; ``cluster``: the nodes register in it as pair
+        ``pair_name`` (``serve --cluster``)."""
+        workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.auto = auto
         self.witness_ttl = witness_ttl
@@ -221,8 +228,10 @@ class LocalPair:
             "replication_token_file": str(token),
             "accounts_file": str(accounts),
         }
-        self.etcd = Etcd(workdir) if auto else None
-        self.pair_name = f"drill-{secrets.token_hex(4)}"
+        self.shared_etcd = etcd is not None
+        self.etcd = etcd if etcd is not None else Etcd(workdir) if auto else None
+        self.pair_name = pair_name or f"drill-{secrets.token_hex(4)}"
+        self.cluster = cluster
         self.nodes: dict[str, LocalNode] = {}
         for name in ("a", "b"):
             address = f"127.0.0.1:{free_port()}"
@@ -244,6 +253,8 @@ class LocalPair:
             argv += ["--witness", self.etcd.endpoint, "--pair", self.pair_name,
                      "--witness-ttl", f"{self.witness_ttl:g}", "--listen", node.address,
                      "--advertise", node.address]  # fmt: skip
+            if self.cluster:
+                argv += ["--cluster", self.cluster]
         else:
             argv += ["--role", role, "--listen", node.address]
             if role == "standby":
@@ -259,7 +270,7 @@ class LocalPair:
     async def start(self) -> None:
         """etcd (``auto``), then the nodes: ``a`` primary and ``b`` its standby, or
         both on the witness."""
-        if self.etcd is not None:
+        if self.etcd is not None and not self.shared_etcd:
             await self.etcd.start()
         a, b = self.nodes.values()
         self._launch(a, "primary", "")
@@ -300,7 +311,7 @@ class LocalPair:
     async def close(self) -> None:
         """Stop every child at once (TERM, bounded grace, KILL)."""
         children = [n.child for n in self.nodes.values()]
-        if self.etcd is not None:
+        if self.etcd is not None and not self.shared_etcd:
             children.append(self.etcd.child)
         await asyncio.gather(*(asyncio.to_thread(c.stop, 10.0) for c in children))
 

@@ -1,0 +1,130 @@
+"""The cluster drill (``pagesift drill --local --pairs N``): its verdict, then a real one.
+
+The unit tests feed ``pagesift.node.drill.clusterverdict`` hand-made observations (no
+process, no clock): what fails a pair (a lost page outside the killed pair's lag
+window, a duplicate, a breach of the per-host limit, no write after the kill). The
+system test runs the real command as a child process with ``TMPDIR`` in the test's
+``tmp_path``: three pairs (six nodes and an etcd), the primary of one SIGKILLed
+mid-crawl, and checks the verdict's fields, then that nothing was left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pagesift.node.drill.clusterverdict import (
+    PairObservation,
+    cluster_json,
+    cluster_lines,
+    judge_cluster,
+    judge_pair,
+)
+from pagesift.node.drill.verdict import DocKey, FinalJob, Probe
+from tests.test_drill import _assert_clean, _ours
+
+URLS = [f"http://127.0.0.1:9/p{i}" for i in range(4)]
+DOCS = [DocKey(i, u, 100 + i) for i, u in enumerate(URLS)]
+
+
+def _obs(pair: str = "a", **kw: Any) -> PairObservation:
+    base: dict[str, Any] = {
+        "site": "http://127.0.0.1:9/",
+        "limit": 2,
+        "peak": 2,
+        "job_id": f"{pair}.u",
+        "required": frozenset(URLS),
+        "shown": DOCS[:2],
+        "final": FinalJob("completed", DOCS, []),
+    }
+    base.update(kw)
+    return PairObservation(pair, **base)
+
+
+def _killed(**kw: Any) -> PairObservation:
+    base: dict[str, Any] = {
+        "killed": True,
+        "kill_at": 10.0,
+        "probes": [Probe(9.0, True), Probe(11.5, True)],
+        "rejoined": True,
+        "discarded": 1,
+    }
+    return _obs("k", **{**base, **kw})
+
+
+def test_a_clean_cluster_run_passes_and_reports_rto_for_the_killed_pair_only() -> None:
+    report = judge_cluster([_obs("a"), _killed(), _obs("b")], "async")
+    assert report.passed and report.politeness_held and report.killed_pair == "k"
+    out = cluster_json(report)
+    assert [p["rto_s"] for p in out["pairs"]] == [None, 1.5, None]
+    assert {p["max_concurrent_per_host"] for p in out["pairs"]} == {2}
+    assert cluster_lines(report)[-1].startswith("cluster drill: PASS (3 pairs")
+
+
+def test_a_site_seeing_more_than_the_per_host_limit_fails_politeness() -> None:
+    report = judge_cluster([_obs("a", peak=3), _killed()], "async")
+    assert not report.politeness_held and not report.passed
+    assert "politeness: 3 requests at once" in report.pairs[0].failures[0]
+
+
+def test_the_killed_pair_may_lose_its_lag_window_and_no_other_pair_may_lose_a_page() -> None:
+    shown_then_gone = [*DOCS[:2], DocKey(2, URLS[2], 1)]  # index 2 was re-fetched
+    assert judge_pair(_killed(shown=shown_then_gone), "async").passed  # 1 <= discarded 1
+    assert not judge_pair(_killed(shown=shown_then_gone), "sync").passed
+    other = judge_pair(_obs(shown=shown_then_gone), "async")
+    assert other.pages_lost == 1 and not other.passed
+
+
+def test_a_duplicate_a_missing_page_or_no_write_after_the_kill_fails_the_pair() -> None:
+    dup = FinalJob("completed", [*DOCS, DocKey(4, URLS[0], 9)], [])
+    assert judge_pair(_obs(final=dup), "async").duplicates == 1
+    assert not judge_pair(_obs(final=dup), "async").passed
+    short = FinalJob("completed", DOCS[:3], [])
+    assert judge_pair(_obs(final=short), "async").missing == 1
+    never = judge_pair(_killed(probes=[Probe(11.0, False)]), "async")
+    assert never.rto_s is None and "no write was accepted after the kill" in never.failures
+    assert not judge_pair(_killed(rejoined=False), "async").passed
+    assert not judge_pair(_obs(final=FinalJob("failed", DOCS, [])), "async").passed
+
+
+@pytest.mark.system
+def test_a_local_three_pair_drill_kills_one_primary_and_every_pair_completes_politely(
+    tmp_path: Path,
+) -> None:
+    drill_tmp = tmp_path / "drilltmp"
+    drill_tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(drill_tmp), PYTHONUNBUFFERED="1")
+    argv = ["--local", "--pairs", "3", "--seed", "4", "--page-retries", "1", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pagesift.node.cli", "drill", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["passed"] and out["politeness_held"] and out["seed"] == 4
+    pairs = out["pairs"]
+    assert len(pairs) == 3 and len({p["pair"] for p in pairs}) == 3
+    (killed,) = [p for p in pairs if p["killed"]]
+    assert out["killed_pair"] == killed["pair"]
+    assert killed["rto_s"] is not None and 0 < killed["rto_s"] < 30
+    assert killed["pages_lost"] <= killed["allowed_lost"]
+    for p in pairs:
+        assert p["job_id"].startswith(p["pair"] + ".")  # placed on the pair that owns it
+        assert p["job_state"] == "completed" and p["duplicates"] == 0
+        assert p["missing"] == 0 and p["unexpected"] == 0 and p["documents"] > 20
+        assert p["max_concurrent_per_host"] == p["per_host_limit"] == 2
+        if not p["killed"]:
+            assert p["rto_s"] is None and p["pages_lost"] == 0
+    assert "SIGKILL of its primary" in done.stderr
+    _assert_clean(drill_tmp)
+    assert not _ours(drill_tmp)
+    assert not list(drill_tmp.glob("pagesift-cluster-drill-*"))
