@@ -20,6 +20,7 @@ from pagesift.gateway import options, translate
 from pagesift.gateway.errors import (
     BY_STATUS,
     TABLE,
+    UNREACHABLE,
     VIOLATION_REASONS,
     HttpError,
     from_aio_error,
@@ -384,13 +385,15 @@ def test_the_errors_body_lists_failed_pages_not_job_notes() -> None:
         errors=[
             jobs_pb2.PageError(url=URL + "missing", code="http_status", message="404"),
             jobs_pb2.PageError(url="", code="completed", message="limit reached"),
+            jobs_pb2.PageError(url=URL + "private/", code="robots_disallowed", message="robots"),
+            jobs_pb2.PageError(url=URL + "admin/", code="robots_disallowed", message="robots"),
         ],
         robots_blocked=[URL + "private/"],
     )
     body = translate.errors_body(resp, "j")
-    assert [e["url"] for e in body["errors"]] == [URL + "missing"]
+    assert [e["url"] for e in body["errors"]] == [URL + "missing"]  # robots URLs only apart
     assert body["errors"][0]["code"] == "http_status" and body["errors"][0]["error"] == "404"
-    assert body["robotsBlocked"] == [URL + "private/"]
+    assert body["robotsBlocked"] == [URL + "private/", URL + "admin/"]
 
 
 # ---------------------------------------------------------------- the error table
@@ -433,7 +436,8 @@ def test_the_error_table(
     err = from_rpc(status, reason, metadata, "it failed")
     assert (err.status, err.code) == (http, code)
     body = err.body()
-    assert body["success"] is False and body["error"] == "it failed" and body["code"] == code
+    said = UNREACHABLE if (status, reason) == (C.UNAVAILABLE, None) else "it failed"
+    assert body["success"] is False and body["error"] == said and body["code"] == code
     assert ("Retry-After" in err.headers) == (http in (429, 503))
 
 
@@ -533,7 +537,7 @@ def test_an_rpc_errors_rich_details_are_read_into_the_answer() -> None:
     answer = from_aio_error(rpc_error(C.INVALID_ARGUMENT, trailing, "x"))
     assert answer.status == 400 and answer.details == [{"field": "urls[1]", "message": "not a URL"}]
     plain = from_aio_error(rpc_error(C.UNAVAILABLE, grpc.aio.Metadata(), ""))
-    assert plain.status == 503 and plain.error == "UNAVAILABLE"
+    assert plain.status == 503 and plain.error == UNREACHABLE
 
 
 # ------------------------------------------- actions, location, parsers, change tracking

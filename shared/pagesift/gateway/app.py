@@ -28,6 +28,7 @@ from pagesift.gateway.handling import (
     PAGING,
     PROBE,
     TRUST_FORWARDED,
+    unrouted,
 )
 from pagesift.gateway.health import PrimaryProbe
 from pagesift.gateway.metrics import METRICS, GatewayMetrics, metrics, middleware
@@ -57,7 +58,7 @@ def make_app(
     """The gateway application over ``clients`` (closed with the app); a status page
     holds at most ``page_documents`` documents and ``page_bytes`` of JSON;
     ``trust_forwarded``: a proxy's ``Forwarded`` headers make the absolute URLs."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[middleware])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[middleware, unrouted])
     app[CLIENTS] = clients
     app[PAGING] = (page_documents, page_bytes)
     app[TRUST_FORWARDED] = trust_forwarded

@@ -17,7 +17,9 @@ Invariants
   ``pagesift.client.errors``), so the table is tested without a server.
 - Every 429 and 503 carries ``Retry-After`` in whole seconds (at least 1).
 - A reason the table does not know falls back to its gRPC status; a status it does not
-  know is 500. The message is the server's own; no internal address is added.
+  know is 500. The message is the server's own; an UNAVAILABLE that no server sent
+  (the channel could not connect) says ``UNREACHABLE`` instead of gRPC's text, which
+  names the addresses it dialled.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ TABLE: dict[str, tuple[int, str]] = {
     "NOT_PRIMARY": (503, "UNAVAILABLE"),
     "FENCED": (503, "UNAVAILABLE"),
     "STORAGE_UNAVAILABLE": (503, "UNAVAILABLE"),
+    "CLUSTER_UNAVAILABLE": (503, "UNAVAILABLE"),
 }
 
 #: QUOTA_EXCEEDED by its ``limit``: the account's allowance is used up (402), not a rate
@@ -104,6 +107,9 @@ PAGE_CODES: dict[str, tuple[int, str]] = {
 #: BadRequest violation reasons -> (HTTP status, Firecrawl code): the node's address
 #: guard refusing a URL of the request (``FieldViolation.reason``, a wire constant)
 VIOLATION_REASONS: dict[str, tuple[int, str]] = {BLOCKED_ADDRESS: (403, "URL_BLOCKED")}
+
+#: the message of an UNAVAILABLE no server sent (the channel's own failure)
+UNREACHABLE = "no node of the pair answered; try again"
 
 #: fallback by gRPC status (a reason the table does not know, or none)
 BY_STATUS: dict[grpc.StatusCode, tuple[int, str]] = {
@@ -150,6 +156,8 @@ def from_rpc(
         for why in violation_reasons:
             http, code = VIOLATION_REASONS.get(why, (http, code))
     headers = _retry_after(retry_after) if http in (429, 503) else {}
+    if status == C.UNAVAILABLE and not reason:  # gRPC's own words name the addresses it dialled
+        message = UNREACHABLE
     return HttpError(http, message or status.name, code, details, headers)
 
 

@@ -44,7 +44,7 @@ from pagesift.v1 import jobs_pb2
 __all__ = [
     "CLIENTS", "MAX_BODY_BYTES", "MAX_LIMIT", "OFF_LOOP_BYTES", "PAGE_BYTES", "PAGE_DOCUMENTS",
     "PAGING", "PROBE", "TRUST_FORWARDED", "Handler", "answer", "api_key", "base_url", "body",
-    "client_of", "idempotency_key", "int_query", "job_of", "json_answer",
+    "client_of", "idempotency_key", "int_query", "job_of", "json_answer", "unrouted",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,21 @@ def answer(handler: Handler) -> Handler:
             return web.json_response(out, status=500)
 
     return wrapped
+
+
+@web.middleware
+async def unrouted(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A path no route has (404) or a method a route does not take (405), in Firecrawl's
+    error shape rather than aiohttp's text."""
+    try:
+        return await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        if exc.status == 404:
+            e = HttpError(404, f"Not found: {request.method} {request.path}", "NOT_FOUND")
+        else:
+            e = HttpError(405, f"Method {request.method} is not allowed here", "METHOD_NOT_ALLOWED")
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
+        return web.json_response(e.body(), status=e.status, headers=headers)
 
 
 def base_url(request: web.Request) -> str:

@@ -391,9 +391,13 @@ def status_page(
     return out
 
 
+_ROBOTS_DISALLOWED = "robots_disallowed"  # pagesift.shared.jobs.pageerrors.ErrorCode's
+
+
 def errors_body(resp: jobs_pb2.GetJobErrorsResponse, job_id: str) -> dict[str, Any]:
     """Firecrawl's ``GET .../errors`` body: the failed pages (job notes, whose url is
-    empty, are not page errors) and the URLs robots.txt kept out."""
+    empty, are not page errors) and, apart as Firecrawl lists them, the URLs robots.txt
+    kept out (never in ``errors`` too)."""
     errors = [
         {
             "id": f"{job_id}-{i}",
@@ -403,6 +407,9 @@ def errors_body(resp: jobs_pb2.GetJobErrorsResponse, job_id: str) -> dict[str, A
             "error": e.message,
         }
         for i, e in enumerate(resp.errors)
-        if e.url
+        if e.url and e.code != _ROBOTS_DISALLOWED
     ]
-    return {"success": True, "errors": errors, "robotsBlocked": list(resp.robots_blocked)}
+    blocked = list(dict.fromkeys([*resp.robots_blocked] + [
+        e.url for e in resp.errors if e.code == _ROBOTS_DISALLOWED and e.url
+    ]))  # fmt: skip
+    return {"success": True, "errors": errors, "robotsBlocked": blocked}
