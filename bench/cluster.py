@@ -69,7 +69,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--cluster-pages", type=int, default=50, help="articles per site (50)")
     g.add_argument("--cluster-delay", type=float, default=0.2, help="seconds per page (0.2)")
     g.add_argument("--cluster-concurrency", type=int, default=8, help="the batch's (8)")
-    g.add_argument("--cluster-rpcs", type=int, default=300, help="GetJob calls per client")
+    g.add_argument("--cluster-rpcs", type=int, default=1000, help="GetJob calls per client")
     g.add_argument("--cluster-timeout", type=float, default=300.0, help="seconds per wait")
 
 
@@ -95,6 +95,43 @@ async def etcd_counters(http: aiohttp.ClientSession, etcd: Etcd) -> dict[str, fl
         if name in (*WRITE_METRICS, REVISION):
             out[name] = float(value)
     out["writes"] = sum(out.get(m, 0.0) for m in WRITE_METRICS)
+    return out
+
+
+def family(key: bytes) -> str:
+    """A key's family: its first path parts, with names and ids left out
+    (``/pagesift-cluster/NAME/nodes/P/N`` -> ``/pagesift-cluster/*/nodes``)."""
+    parts = key.decode(errors="replace").split("/")
+    if len(parts) > 3 and parts[1] == "pagesift-cluster":
+        return f"/pagesift-cluster/*/{parts[3]}"
+    return "/".join(parts[:2]) + "/*" if len(parts) > 2 else key.decode(errors="replace")
+
+
+async def writes_by_family(etcd: Etcd, first: int, last: int) -> dict[str, int]:
+    """The writes of revisions ``first..last`` (inclusive) by key family, read back
+    from etcd's history with a watch from ``first`` (bounded)."""
+    import aetcd
+
+    out: dict[str, int] = {}
+    if last < first:
+        return out
+    client = aetcd.Client(host="127.0.0.1", port=etcd.client_port, timeout=5.0)
+    try:
+        events = await client.watch(b"\0", range_end=b"\0", start_revision=first)
+
+        async def take() -> None:
+            async for ev in events:
+                if ev.kv.mod_revision > last:
+                    return
+                fam = family(bytes(ev.kv.key))
+                out[fam] = out.get(fam, 0) + 1
+                if ev.kv.mod_revision == last:
+                    return
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(take(), 5.0)
+    finally:
+        await client.close()
     return out
 
 
@@ -162,13 +199,18 @@ async def _wait_job(client: JobClient, job_id: str, timeout: float) -> jobs_pb2.
     raise TimeoutError(f"job {job_id} did not end in {timeout:g} s")
 
 
-async def _median_us(client: JobClient, job_id: str, calls: int) -> float:
-    times = []
+async def routing_us(
+    routed: JobClient, routed_id: str, direct: JobClient, direct_id: str, calls: int
+) -> tuple[float, float]:
+    """Median µs of ``GetJob(status_only)`` through each client, the calls alternated
+    (one through each, ``calls`` times) so that the box's load drifts on both alike."""
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(calls):
-        t0 = time.perf_counter()
-        await client.get_job(job_id, status_only=True)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+        for out, client, job_id in ((times[0], routed, routed_id), (times[1], direct, direct_id)):
+            t0 = time.perf_counter()
+            await client.get_job(job_id, status_only=True)
+            out.append(time.perf_counter() - t0)
+    return statistics.median(times[0]) * 1e6, statistics.median(times[1]) * 1e6
 
 
 async def one_count(
@@ -185,8 +227,12 @@ async def one_count(
         async with aiohttp.ClientSession() as http, JobClient(cluster=pairs.url) as client:
             idle0, t_idle = await etcd_counters(http, etcd), time.monotonic()
             await asyncio.sleep(6.0)
-            idle = _delta(idle0, await etcd_counters(http, etcd))
+            idle1 = await etcd_counters(http, etcd)
+            idle = _delta(idle0, idle1)
             idle_s = time.monotonic() - t_idle
+            idle_families = await writes_by_family(
+                etcd, int(idle0[REVISION]) + 1, int(idle1[REVISION])
+            )
             before = await etcd_counters(http, etcd)
             t0 = time.monotonic()
             req = jobs_pb2.StartBatchScrapeRequest(
@@ -198,9 +244,10 @@ async def one_count(
             during = _delta(before, await etcd_counters(http, etcd))
             parts = ids.job_parts(job_id)
             pair, uid = parts[0]
-            routed = await _median_us(client, f"{pair}.{uid}", args.cluster_rpcs)
             async with JobClient([pairs.addresses[str(pair)]]) as direct:
-                plain = await _median_us(direct, uid, args.cluster_rpcs)
+                routed, plain = await routing_us(
+                    client, f"{pair}.{uid}", direct, uid, args.cluster_rpcs
+                )
         pages = final.completed
         say(f"{n} pair(s): {pages} pages in {wall:.1f} s = {pages / wall:.1f} pages/s")
         return {
@@ -217,6 +264,8 @@ async def one_count(
             "etcd_revisions_during": during.get(REVISION, 0.0),
             "etcd_writes_per_1000_pages": round(1000 * during["writes"] / max(pages, 1), 1),
             "etcd_writes_per_s_idle": round(idle["writes"] / idle_s, 2),
+            "etcd_idle_writes_by_family": idle_families,
+            "etcd_idle_s": round(idle_s, 2),
             "getjob_us_cluster": round(routed, 1),
             "getjob_us_direct": round(plain, 1),
             "routing_us": round(routed - plain, 1),
