@@ -6,7 +6,7 @@ What it runs (``python -m bench.run --section cluster``):
   n in ``--cluster-pairs`` (default 1,2,3), n ``pagesift serve --witness … --pair P
   --cluster NAME`` children, ONE node a pair (the witness makes it primary; a standby
   would add replication CPU and nothing to placement), under a fresh cluster name;
-- ``--cluster-sites`` demo sites (default 6) on loopback hosts 127.0.0.1, .2, …, each
+- ``--cluster-sites`` demo sites (default 6, ``--cluster-pages`` articles each, 150) on loopback hosts 127.0.0.1, .2, …, each
   page answered after ``--cluster-delay`` seconds (default 0.2), counted at the server
   (``pagesift.node.drill.counting``), so a page costs the node little CPU and the
   throughput is bound by how many pages are in flight, not by the 2 cores;
@@ -66,7 +66,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("cluster section")
     g.add_argument("--cluster-pairs", default="1,2,3", help="pair counts (default 1,2,3)")
     g.add_argument("--cluster-sites", type=int, default=6, help="sites (hosts), default 6")
-    g.add_argument("--cluster-pages", type=int, default=50, help="articles per site (50)")
+    g.add_argument("--cluster-pages", type=int, default=150, help="articles per site (150)")
     g.add_argument("--cluster-delay", type=float, default=0.2, help="seconds per page (0.2)")
     g.add_argument("--cluster-concurrency", type=int, default=8, help="the batch's (8)")
     g.add_argument("--cluster-rpcs", type=int, default=1000, help="GetJob calls per client")
