@@ -6,8 +6,9 @@ What it runs (``python -m bench.run --section cluster``):
   n in ``--cluster-pairs`` (default 1,2,3), n ``pagesift serve --witness … --pair P
   --cluster NAME`` children, ONE node a pair (the witness makes it primary; a standby
   would add replication CPU and nothing to placement), under a fresh cluster name;
-- ``--cluster-sites`` demo sites (default 6, ``--cluster-pages`` articles each, 150) on loopback hosts 127.0.0.1, .2, …, each
-  page answered after ``--cluster-delay`` seconds (default 0.2), counted at the server
+- ``--cluster-sites`` demo sites (default 6, ``--cluster-pages`` articles each, 150)
+  on loopback hosts 127.0.0.1, .2, …, each page answered after ``--cluster-delay``
+  seconds (default 0.2), counted at the server
   (``pagesift.node.drill.counting``), so a page costs the node little CPU and the
   throughput is bound by how many pages are in flight, not by the 2 cores;
 - the work: ONE batch scrape of every page of every site, through
