@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from pagesift.node import cli
 from pagesift.node.drill.clusterverdict import (
     PairObservation,
     cluster_json,
@@ -93,6 +94,27 @@ def test_a_duplicate_a_missing_page_or_no_write_after_the_kill_fails_the_pair() 
     assert not judge_pair(_obs(final=FinalJob("failed", DOCS, [])), "async").passed
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pairs", "3"], "--pairs goes with --local"),
+        (["--cluster", "etcd://127.0.0.1:2379/c", "--local"], "no --local, --pairs"),
+        (["--cluster", "etcd://127.0.0.1:2379/c"], "needs --kill-cmd and --start-cmd"),
+        (
+            ["--cluster", "http://127.0.0.1:2379/c", "--kill-cmd", "x", "--start-cmd", "y"],
+            "--cluster:",
+        ),
+        (["--local", "--pairs", "3", "--kill", "standby"], "kills one primary once"),
+        (["--local", "--pairs", "3", "--pages", "5"], "--pages must be at least 20"),
+    ],
+)
+def test_cluster_drill_usage_errors_exit_2_before_anything_starts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["drill", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.system
 def test_a_local_three_pair_drill_kills_one_primary_and_every_pair_completes_politely(
     tmp_path: Path,
@@ -100,7 +122,8 @@ def test_a_local_three_pair_drill_kills_one_primary_and_every_pair_completes_pol
     drill_tmp = tmp_path / "drilltmp"
     drill_tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(drill_tmp), PYTHONUNBUFFERED="1")
-    argv = ["--local", "--pairs", "3", "--seed", "4", "--page-retries", "1", "--json"]
+    argv = ["--local", "--pairs", "3", "--pages", "30", "--witness-ttl", "3", "--seed", "4"]
+    argv += ["--page-retries", "1", "--json"]
     done = subprocess.run(
         [sys.executable, "-m", "pagesift.node.cli", "drill", *argv],
         capture_output=True,

@@ -270,3 +270,8 @@ async def _added_while_running(
         final = await _finish(client, job_id)
         assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
         assert await c.ran_on(job_id) == [ids.pair_of(job_id)]
+    # the sites that kept their owner stayed within the limit; site 3 was fetched by its
+    # old owner (the running crawl) and its new one at once: at most twice the limit
+    # while ownership moved (docs/scaling.md, "Politeness across pairs")
+    assert [s.counter.peak for s in c.sites[:2]] == [LIMIT, LIMIT]
+    assert LIMIT <= c.sites[2].counter.peak <= 2 * LIMIT

@@ -176,6 +176,8 @@ def cluster_settings(args: argparse.Namespace) -> ClusterDrillSettings:
         raise ValueError("--pairs goes with --local")
     if args.kill != "primary" or args.repeat != 1:
         raise ValueError("a cluster drill kills one primary once (no --kill, --repeat)")
+    if args.pages < 20:
+        raise ValueError("--pages must be at least 20 (the kill lands at 10-70 % of the crawl)")
     keys = (
         DrillKeys(args.api_key, args.admin_key, args.webhook_secret)
         if args.cluster
@@ -186,13 +188,13 @@ def cluster_settings(args: argparse.Namespace) -> ClusterDrillSettings:
         cluster=args.cluster or "",
         mode=args.mode,
         seed=args.seed if args.seed is not None else secrets.randbelow(1 << 31),
-        pages=args.pages if args.pages != 100 else 30,
+        pages=args.pages,
         timeout=args.timeout,
         pace=args.pace,
         concurrency=args.concurrency,
         per_host=args.per_host_limit or (8 if args.cluster else 2),
         page_retries=args.page_retries,
-        witness_ttl=args.witness_ttl if args.witness_ttl != 5.0 else 3.0,
+        witness_ttl=args.witness_ttl,
         kill_cmd=args.kill_cmd or "",
         start_cmd=args.start_cmd or "",
         command_timeout=args.command_timeout,
