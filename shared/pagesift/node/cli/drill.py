@@ -5,6 +5,8 @@ Owns the ``drill`` flags (``add_drill_command``), their mapping to ``DrillSettin
 handler, which runs ``pagesift.node.drill.runner.run_drill`` in its own event loop
 and prints the text report (per run, then a summary line) or, with ``--json``, exactly
 one object ``{"runs": [...], "summary": {...}}`` on stdout; progress goes to stderr.
+With ``--pairs N`` (and ``--local``) or ``--cluster URL`` it runs the cluster drill
+instead (``pagesift.node.drill.clusterrun``: one report, a line or object per pair).
 Exit 0 when every run passed, 1 when one failed, 2 when it was given something
 unusable, 5 when the drill could not set up, 130 when interrupted (``common``).
 SIGINT and SIGTERM cancel the drill, which stops everything it started and removes its
