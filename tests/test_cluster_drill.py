@@ -5,20 +5,27 @@ process, no clock): what fails a pair (a lost page outside the killed pair's lag
 window, a duplicate, a breach of the per-host limit, no write after the kill). The
 system test runs the real command as a child process with ``TMPDIR`` in the test's
 ``tmp_path``: three pairs (six nodes and an etcd), the primary of one SIGKILLed
-mid-crawl, and checks the verdict's fields, then that nothing was left behind.
+mid-crawl, and checks the verdict's fields, then that nothing was left behind; and the
+same drill against running pairs (``--cluster``), whose nodes shell scripts start and
+SIGKILL by their port, as an operator's commands would.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pagesift.client.registryview import ClusterView
 from pagesift.node import cli
 from pagesift.node.drill.clusterverdict import (
     PairObservation,
@@ -27,7 +34,10 @@ from pagesift.node.drill.clusterverdict import (
     judge_cluster,
     judge_pair,
 )
+from pagesift.node.drill.fixture import Etcd
 from pagesift.node.drill.verdict import DocKey, FinalJob, Probe
+from pagesift.node.procs import free_port
+from tests.helpers import PAIR_TOKEN_FILE, eventually
 from tests.test_drill import _assert_clean, _ours
 
 URLS = [f"http://127.0.0.1:9/p{i}" for i in range(4)]
@@ -150,4 +160,102 @@ def test_a_local_three_pair_drill_kills_one_primary_and_every_pair_completes_pol
     assert "SIGKILL of its primary" in done.stderr
     _assert_clean(drill_tmp)
     assert not _ours(drill_tmp)
+    assert not list(drill_tmp.glob("pagesift-cluster-drill-*"))
+
+
+@pytest.fixture
+def cluster_deployment(etcd: Etcd, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Three pairs of two ``serve --witness … --cluster drilled`` nodes, run by shell
+    scripts on pid files: start.sh PORT (re)starts the node listening on PORT with its
+    saved command line, kill.sh PORT SIGKILLs it. Every node still running at the end
+    is SIGKILLed (by its pid file)."""
+    d = tmp_path / "deploy"
+    d.mkdir()
+    config = d / "node.toml"
+    config.write_text(
+        "[server]\nallow_private_networks = true\nread_timeout = 1.0\nconnect_timeout = 1.0\n"
+        "max_body_bytes = 1048576\nextract_processes = 1\nper_host_concurrency = 2\n"
+        f'storage_reserve_bytes = 0\nreplication_token_file = "{PAIR_TOKEN_FILE}"\n'
+    )
+    py = shlex.quote(sys.executable)
+    ports = []
+    for pair in ("east", "west", "north"):
+        for _ in range(2):
+            port = free_port()
+            ports.append(port)
+            args = [
+                "serve", "--witness", etcd.endpoint, "--pair", pair, "--cluster", "drilled",
+                "--witness-ttl", "3", "--listen", f"127.0.0.1:{port}",
+                "--advertise", f"127.0.0.1:{port}", "--data", str(d / str(port)),
+                "--config", str(config),
+            ]  # fmt: skip
+            (d / f"{port}.args").write_text(shlex.join(args))
+    (d / "start.sh").write_text(
+        'd=$(dirname "$0")\n'
+        f'{py} -m pagesift.node.cli $(cat "$d/$1.args") >> "$d/$1.log" 2>&1 &\n'
+        'echo $! > "$d/$1.pid"\n'
+    )
+    (d / "kill.sh").write_text('d=$(dirname "$0"); kill -9 "$(cat "$d/$1.pid")"\n')
+    for port in ports:
+        subprocess.run(["sh", str(d / "start.sh"), str(port)], check=True, timeout=10)
+    url = f"{etcd.endpoint}/drilled"
+    try:
+
+        async def up() -> bool | None:  # the deployment runs: three pairs, each of two
+            view = ClusterView(url)
+            try:
+                await view.reread()
+            finally:
+                await view.close()
+            pairs = view.pairs.values()
+            return (
+                True if len(pairs) == 3 and all(p.primary and p.standbys for p in pairs) else None
+            )
+
+        asyncio.run(eventually(up, "three pairs of two nodes", timeout=60))
+        yield {"dir": d, "url": url}
+    finally:
+        for pidfile in d.glob("*.pid"):
+            pid = int(pidfile.read_text())
+            if pid in _ours(d):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.system
+def test_a_cluster_drill_of_running_pairs_kills_and_restarts_with_the_operators_commands(
+    cluster_deployment: dict[str, Any], tmp_path: Path
+) -> None:
+    d = cluster_deployment["dir"]
+    drill_tmp = tmp_path / "drilltmp"
+    drill_tmp.mkdir()
+    pids = {p.stem: int(p.read_text()) for p in d.glob("*.pid")}
+    argv = [
+        "--cluster", cluster_deployment["url"],
+        "--kill-cmd", f"sh {shlex.quote(str(d / 'kill.sh'))} {{port}}",
+        "--start-cmd", f"sh {shlex.quote(str(d / 'start.sh'))} {{port}}",
+        "--per-host-limit", "2", "--pages", "30", "--witness-ttl", "3", "--seed", "6",
+        "--page-retries", "1", "--json",
+    ]  # fmt: skip
+    env = dict(os.environ, TMPDIR=str(drill_tmp), PYTHONUNBUFFERED="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "pagesift.node.cli", "drill", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["passed"] and out["politeness_held"]
+    assert sorted(p["pair"] for p in out["pairs"]) == ["east", "north", "west"]
+    (killed,) = [p for p in out["pairs"] if p["killed"]]
+    assert killed["rto_s"] is not None and killed["pages_lost"] <= killed["allowed_lost"]
+    for p in out["pairs"]:
+        assert p["job_state"] == "completed" and p["duplicates"] == p["missing"] == 0
+        assert p["max_concurrent_per_host"] <= p["per_host_limit"] == 2
+    # exactly one node was killed by the command and started again by the other
+    now = {p.stem: int(p.read_text()) for p in d.glob("*.pid")}
+    restarted = [port for port in pids if now[port] != pids[port]]
+    assert len(restarted) == 1 and pids[restarted[0]] not in _ours(d)
+    assert now[restarted[0]] in _ours(d)
     assert not list(drill_tmp.glob("pagesift-cluster-drill-*"))

@@ -66,7 +66,7 @@ from pagesift.node.drill.runner import (
 )
 from pagesift.node.drill.verdict import kill_point
 from pagesift.shared.cluster import ids, placement
-from pagesift.shared.cluster.registry import placeable
+from pagesift.shared.cluster.registry import PairView, placeable
 from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.v1 import jobs_pb2
 
@@ -148,18 +148,41 @@ class _Drill:
             await local.start()
             self.pairs[pair] = local
 
-    async def setup_remote(self, workdir: Path) -> None:
-        s = self.s
+    async def _settled(self) -> dict[str, PairView]:
+        """The registry's pairs once every one has a primary and a standby and two reads
+        a second apart agree (nodes still starting settle first), within PAIR_READY_S."""
         view = ClusterView(self.url)
+        last: list[tuple[str, str, tuple[str, ...]]] = []
         try:
-            await view.reread()
-        except ClusterUnavailable as e:
-            raise SetupError(str(e)) from None
+
+            async def settled() -> dict[str, PairView] | None:
+                nonlocal last
+                try:
+                    await view.reread()
+                except ClusterUnavailable as e:
+                    raise SetupError(str(e)) from None
+                pairs = dict(view.pairs)
+                now = sorted((p, v.primary, v.standbys) for p, v in pairs.items())
+                ready = bool(now) and all(primary and stby for _, primary, stby in now)
+                same, last = now == last, now
+                return pairs if ready and same else None
+
+            found = await wait_for(settled, self.left(PAIR_READY_S), interval=1.0)
         finally:
             await view.close()
-        self.names = sorted(placeable(view.pairs.values()))
+        if found is None:
+            raise SetupError(
+                f"cluster {view.name}: its pairs did not all show a primary and a standby "
+                f"within {PAIR_READY_S:g} s"
+            )
+        return found
+
+    async def setup_remote(self, workdir: Path) -> None:
+        s = self.s
+        pairs = await self._settled()
+        self.names = sorted(placeable(pairs.values()))
         if not self.names:
-            raise SetupError(f"cluster {view.name}: no pair with a primary to drill")
+            raise SetupError(f"cluster {self.url}: no pair takes new work to drill")
         for k, pair in enumerate(self.names):
             for _ in range(64):  # a new port until this pair owns the site's origin
                 site = await self._site(s.callback_host, k + 1)
@@ -168,9 +191,7 @@ class _Drill:
                     break
             else:
                 raise SetupError(f"no site port that pair {pair} owns in 64 tries")
-            pv = view.pairs[pair]
-            if not pv.standbys:
-                raise SetupError(f"pair {pair} has no standby: nothing to fail over to")
+            pv = pairs[pair]
             self.pairs[pair] = CommandPair(
                 pv.primary, pv.standbys[0], kill_cmd=s.kill_cmd, start_cmd=s.start_cmd,
                 auto=True, workdir=workdir, command_timeout=s.command_timeout,
