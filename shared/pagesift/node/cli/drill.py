@@ -83,6 +83,8 @@ hosts 127.0.0.1..N, per_host_concurrency --per-host-limit), one crawl of each th
 cluster client, the primary of one pair SIGKILLed mid-crawl and its standby promoted by
 the witness; it reports per pair the RTO, pages lost, duplicates and the most requests
 its site had in flight at once against the per-host limit (politeness held or not).
+With --cluster, name the node in the commands by {address}, {host} or {port} ({node} is
+only primary or standby, the same in every pair).
 
 Exit 0 when every run passed, 1 when one failed, 2 on a usage error, 5 on a setup
 error, 130 when interrupted.
