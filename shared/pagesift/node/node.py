@@ -470,7 +470,10 @@ class Node:
             except OSError as e:
                 raise StartRefused(f"witness_password_file: {e.strerror or e}") from None
         try:
-            witness = EtcdWitness(cfg.witness, cfg.pair, user=cfg.witness_user, password=password)
+            # in a cluster the pair's keys sit under the cluster: two clusters sharing one
+            # etcd may reuse a pair name
+            prefix = f"{cfg.cluster}/{cfg.pair}" if cfg.cluster else cfg.pair
+            witness = EtcdWitness(cfg.witness, prefix, user=cfg.witness_user, password=password)
         except ValueError as e:
             raise StartRefused(f"witness: {e}") from None
         host = ElectorHost(

@@ -20,10 +20,11 @@ Authentication
 --------------
 etcd decides who is primary, so it must know who asks: with ``witness_user`` the
 client authenticates as that etcd user (etcd's RBAC; grant it read-write on
-``/pagesift/<pair>/`` only) and re-authenticates on its next call after any error,
-an expired token included. aetcd speaks plaintext gRPC only, so keep etcd's client
-port on a private network (the deploy kit's NetworkPolicy) until a TLS-capable client
-replaces it behind this same interface.
+``/pagesift/<pair>/`` only, ``/pagesift/<cluster>/<pair>/`` in a cluster) and
+re-authenticates on its next call after any error, an expired token included. aetcd
+speaks plaintext gRPC only, so keep etcd's client port on a private network (the
+deploy kit's NetworkPolicy) until a TLS-capable client replaces it behind this same
+interface.
 
 Failure model
 -------------
