@@ -58,14 +58,17 @@ def owner(key: str, pairs: Iterable[str]) -> str:
 
 def split_by_origin(urls: Sequence[str], pairs: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
     """Each pair's part of a batch: ``[(index in urls, url), ...]`` in request order,
-    by the owner of each URL's origin. A URL without an origin (the node will refuse it
-    by its field) goes with the first URL's pair, so it is reported under one job."""
+    by the owner of each URL's origin (hashed once per origin). A URL without an origin
+    (the node will refuse it by its field) goes with the first URL's pair, so it is
+    reported under one job."""
     parts: dict[str, list[tuple[int, str]]] = {}
     fallback: str | None = None
     stray: list[tuple[int, str]] = []
+    owners: dict[str, str] = {}  # origin -> its pair: hashed once per site, not per URL
     for i, url in enumerate(urls):
         try:
-            pair = owner(origin_of(url), pairs)
+            origin = origin_of(url)
+            pair = owners.get(origin) or owners.setdefault(origin, owner(origin, pairs))
         except ValueError:
             if not pairs:
                 raise
