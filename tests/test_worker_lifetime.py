@@ -97,8 +97,10 @@ class Tracked:
             self.names[pid] = cmdline(pid)
 
     def alive(self) -> list[int]:
-        fds = list(self.fds.values())
-        ready, _, _ = select.select(fds, [], [], 0)  # a pidfd is readable once it exited
+        poller = select.poll()  # not select(): a long test run's fds may pass 1024
+        for fd in self.fds.values():
+            poller.register(fd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(0)}  # a pidfd is readable once it exited
         return sorted(pid for pid, fd in self.fds.items() if fd not in ready)
 
     def wait_gone(self, timeout: float) -> list[int]:
