@@ -68,8 +68,13 @@ system-deps:
 	  systemctl disable --now prometheus >/dev/null 2>&1 || true; \
 	fi
 
+# Tests that start no system process and no browser run on every core (pytest-xdist, one
+# worker per core); the system and browser tests, whose kills, failovers and renders are
+# timed, then run one at a time.
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 pytest: $(BIN)/.installed system-deps
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(PYTEST) -n auto -m "not system and not browser"
+	$(PYTEST) -m "system or browser"
 
 ## make test: lint, types, protos, then the whole test suite.
 test: check-proto lint typecheck buf-lint pytest
@@ -81,7 +86,7 @@ test: check-proto lint typecheck buf-lint pytest
 test-fast: lint typecheck pytest-fast
 
 pytest-fast: $(BIN)/.installed
-	$(BIN)/pytest -q -p no:cacheprovider -m "not system and not browser"
+	$(PYTEST) -n auto -m "not system and not browser"
 
 ## make bench: crawl throughput vs Scrapy, replication figures (see BENCHMARKS.md).
 bench: $(BIN)/.installed
