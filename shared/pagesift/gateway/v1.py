@@ -7,14 +7,14 @@ What it owns
 /v1/batch/scrape/{id}``, ``GET /v1/batch/scrape/{id}/errors``; ``POST /v1/map``; the
 WebSocket watch of ``/v1/crawl/{id}`` (``watch.upgrading``, v1's messages are v2's). Each
 handler parses its body with a v1 model (``v1models``), maps it through v2's meaning
-(``v1translate`` -> ``translate``) and calls the request's ``JobClient``;
-``handling.answer`` turns every failure into Firecrawl's error.
+(``v1translate`` -> ``translate``) and calls the request's ``JobClient``; status, cancel
+and errors are ``jobroutes``' (v2's own handlers, under ``/v1/``); ``handling.answer``
+turns every failure into Firecrawl's error.
 
 Invariants
 ----------
-- The semantics are v2's: the same job, status, paging (``next`` under ``/v1/``, the
-  app's page documents and bytes, ``?limit=`` at most ``MAX_LIMIT``), errors and
-  refusals; a job started over v1 is readable over v2 and gRPC, and the reverse.
+- The semantics are v2's: the same job, status, paging (``next`` under ``/v1/``),
+  errors and refusals; a job started over v1 is readable over v2 and gRPC, and the reverse.
 - Only the shapes v1 spells differently differ: map's ``links`` are strings; a
   cancel answers ``{success, status: "cancelled"}`` (409 for a finished job, as v2).
 - Stateless, as every route module: nothing of a job lives here.
@@ -31,18 +31,14 @@ from aiohttp import web
 from pagesift.gateway import translate, v1translate
 from pagesift.gateway.errors import HttpError
 from pagesift.gateway.handling import (
-    MAX_LIMIT,
-    PAGING,
-    Handler,
     answer,
     base_url,
     body,
     client_of,
     idempotency_key,
-    int_query,
-    job_of,
     json_answer,
 )
+from pagesift.gateway.jobroutes import cancel_route, errors_route, status_route
 from pagesift.gateway.v1models import (
     BatchScrapeRequestV1,
     CrawlRequestV1,
@@ -91,41 +87,6 @@ async def start_batch(request: web.Request) -> web.StreamResponse:
     return web.json_response(out)
 
 
-def _status(kind: int, route: str) -> Handler:
-    async def status(request: web.Request) -> web.StreamResponse:
-        documents, max_bytes = request.app[PAGING]
-        skip = int_query(request, "skip", 0)
-        asked = int_query(request, "limit", 0) or None
-        limit = min(asked or documents, MAX_LIMIT)
-        resp = await job_of(request, kind, skip=skip, limit=limit)
-        url = f"{base_url(request)}/v1/{route}/{request.match_info['id']}"
-        return await json_answer(lambda: translate.status_page(resp, skip, url, max_bytes, asked))
-
-    return status
-
-
-def _cancel(kind: int) -> Handler:
-    async def cancel(request: web.Request) -> web.StreamResponse:
-        await job_of(request, kind, status_only=True)
-        state = await client_of(request).cancel(request.match_info["id"])
-        if state != jobs_pb2.JOB_STATE_CANCELLED:
-            status = translate.STATES.get(state, "scraping")
-            raise HttpError(409, f"The job already finished ({status})", "CONFLICT")
-        return web.json_response({"success": True, "status": "cancelled"})
-
-    return cancel
-
-
-def _errors(kind: int) -> Handler:
-    async def errors(request: web.Request) -> web.StreamResponse:
-        await job_of(request, kind, status_only=True)
-        job_id = request.match_info["id"]
-        resp = await client_of(request).errors(job_id)
-        return web.json_response(translate.errors_body(resp, job_id))
-
-    return errors
-
-
 async def map_site(request: web.Request) -> web.StreamResponse:
     req: MapRequestV1 = await body(request, MapRequestV1)
     v2, args = v1translate.map_arguments(req)
@@ -143,11 +104,13 @@ def add_v1_routes(app: web.Application) -> None:
     r = app.router
     r.add_post("/v1/scrape", answer(scrape))
     r.add_post("/v1/crawl", answer(start_crawl))
-    r.add_get("/v1/crawl/{id}", upgrading(crawl, answer(_status(crawl, "crawl"))))  # + watch
-    r.add_delete("/v1/crawl/{id}", answer(_cancel(crawl)))
-    r.add_get("/v1/crawl/{id}/errors", answer(_errors(crawl)))
+    r.add_get(
+        "/v1/crawl/{id}", upgrading(crawl, answer(status_route(crawl, "/v1/crawl")))
+    )  # + watch
+    r.add_delete("/v1/crawl/{id}", answer(cancel_route(crawl)))
+    r.add_get("/v1/crawl/{id}/errors", answer(errors_route(crawl)))
     r.add_post("/v1/batch/scrape", answer(start_batch))
-    r.add_get("/v1/batch/scrape/{id}", answer(_status(batch, "batch/scrape")))
-    r.add_delete("/v1/batch/scrape/{id}", answer(_cancel(batch)))
-    r.add_get("/v1/batch/scrape/{id}/errors", answer(_errors(batch)))
+    r.add_get("/v1/batch/scrape/{id}", answer(status_route(batch, "/v1/batch/scrape")))
+    r.add_delete("/v1/batch/scrape/{id}", answer(cancel_route(batch)))
+    r.add_get("/v1/batch/scrape/{id}/errors", answer(errors_route(batch)))
     r.add_post("/v1/map", answer(map_site))
