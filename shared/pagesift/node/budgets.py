@@ -43,13 +43,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import aetcd
 import aetcd.transactions as txn
 
-from pagesift.node.registry import EtcdRegistry, RegistryUnavailable
+from pagesift.node.registry import EtcdRegistry, RegistryUnavailable, cluster_access
 from pagesift.primary.jobs.clustered import ClusteredJobs
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.shared.cluster.budgets import (
@@ -87,13 +86,8 @@ def budgets_for(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> Clus
     lease ttl ``witness_ttl``; ``kwargs`` go to ``ClusterBudgets`` (``wait``, ``linger``)."""
     if not config.cluster:
         return None
-    password = ""
-    if config.witness_password_file:
-        password = Path(config.witness_password_file).read_text().strip()
-    endpoints = config.witness.split("://", 1)[-1].rstrip("/")
-    etcd = EtcdBudgets(
-        f"etcd://{endpoints}/{config.cluster}", user=config.witness_user, password=password
-    )
+    url, user, password = cluster_access(config)
+    etcd = EtcdBudgets(url, user=user, password=password)
     return ClusterBudgets(etcd, accounts, ttl=max(2, round(config.witness_ttl)), **kwargs)
 
 

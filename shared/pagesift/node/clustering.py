@@ -23,10 +23,9 @@ import asyncio
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Protocol
 
-from pagesift.node.registry import EtcdRegistry, Registrar
+from pagesift.node.registry import EtcdRegistry, Registrar, cluster_access
 from pagesift.node.startup import advertised
 from pagesift.node.status import RoleStatus
 from pagesift.primary.jobs.runtime import Jobs
@@ -120,13 +119,8 @@ def start_registrar(node: Node) -> tuple[Registrar, asyncio.Task[None]] | None:
     cfg = node.config
     if not cfg.cluster:
         return None
-    password = ""
-    if cfg.witness_password_file:
-        password = Path(cfg.witness_password_file).read_text().strip()
-    endpoints = cfg.witness.split("://", 1)[-1].rstrip("/")
-    registry = EtcdRegistry(
-        f"etcd://{endpoints}/{cfg.cluster}", user=cfg.witness_user, password=password
-    )
+    url, user, password = cluster_access(cfg)
+    registry = EtcdRegistry(url, user=user, password=password)
     meter = LoadMeter(_pages_total(node), time.monotonic())
     ttl = max(2, round(cfg.witness_ttl))
     registrar = Registrar(

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aetcd
@@ -36,10 +37,21 @@ from pagesift.shared.cluster.registry import (
     nodes_prefix,
     parse_cluster_url,
 )
+from pagesift.shared.config.schema import ServerConfig
 
-__all__ = ["EtcdRegistry", "Registrar", "RegistryUnavailable"]
+__all__ = ["EtcdRegistry", "Registrar", "RegistryUnavailable", "cluster_access"]
 
 log = logging.getLogger(__name__)
+
+
+def cluster_access(config: ServerConfig) -> tuple[str, str, str]:
+    """(url, user, password): the cluster (``etcd://…/NAME``, the witness's etcd and
+    ``cluster``) and the etcd credentials a node of ``config`` reaches it with."""
+    password = ""
+    if config.witness_password_file:
+        password = Path(config.witness_password_file).read_text().strip()
+    endpoints = config.witness.split("://", 1)[-1].rstrip("/")
+    return f"etcd://{endpoints}/{config.cluster}", config.witness_user, password
 
 
 class RegistryUnavailable(RuntimeError):
