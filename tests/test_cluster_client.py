@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +28,7 @@ from pagesift.client.errors import details_of, status_of
 from pagesift.demo.site import Site, build_site, serve_site
 from pagesift.gateway import server as gateway
 from pagesift.node.cli import amain, main
+from pagesift.node.drill.clusterrun import spread_names
 from pagesift.node.drill.fixture import Etcd
 from pagesift.node.registry import EtcdRegistry, Registrar
 from pagesift.shared.cluster import ids, placement
@@ -40,14 +40,6 @@ pytestmark = pytest.mark.system
 
 TERMINAL = {jobs_pb2.JOB_STATE_COMPLETED, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED}
 SLOW = 1.5  # seconds /slow.html takes (under the nodes' read timeout)
-
-
-def _spread(origins: list[str]) -> list[str]:
-    """Three pair names such that name k owns origins[k] among them."""
-    for names in itertools.permutations([f"p{i}" for i in range(12)], 3):
-        if all(placement.owner(o, names) == n for o, n in zip(origins, names, strict=True)):
-            return list(names)
-    raise AssertionError("no three names spread the origins")
 
 
 @dataclass
@@ -98,7 +90,7 @@ async def cluster(etcd: Etcd, tmp_path: Path) -> AsyncIterator[Cluster]:
             runner, root = await serve_site(site)
             stack.push_async_callback(runner.cleanup)
             sites.append((site, root))
-        pairs = _spread([placement.origin_of(root) for _, root in sites])
+        pairs = spread_names([placement.origin_of(root) for _, root in sites])
         nodes = {}
         for pair in pairs:
             nodes[pair] = await stack.enter_async_context(
