@@ -1,11 +1,14 @@
-"""The job routes both API versions share: status pages, cancel and the errors list.
+"""What both API versions' job routes share: status, cancel, errors, and the start answers.
 
 What it owns
 ------------
 ``status_route(kind, prefix)``, ``cancel_route(kind)`` and ``errors_route(kind)``: the
 handlers of ``GET|DELETE {prefix}/{id}`` and ``GET {prefix}/{id}/errors`` for a job of
 ``kind`` (crawl or batch scrape). v1 and v2 answer these in the same shape, so ``v1``
-and ``v2`` register these same handlers under their own paths.
+and ``v2`` register these same handlers under their own paths. For the handlers each
+version keeps (its bodies differ): ``within`` (Firecrawl's ``timeout`` over a whole
+scrape or map, 408 past it), ``crawl_started`` and ``batch_started`` (a start, keyed by
+``x-idempotency-key``, answered with the job's id and its absolute URL).
 
 Invariants
 ----------
@@ -18,6 +21,10 @@ Invariants
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
 from aiohttp import web
 
 from pagesift.gateway import translate
@@ -28,13 +35,51 @@ from pagesift.gateway.handling import (
     Handler,
     base_url,
     client_of,
+    idempotency_key,
     int_query,
     job_of,
     json_answer,
 )
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["cancel_route", "errors_route", "status_route"]
+__all__ = [
+    "batch_started", "cancel_route", "crawl_started", "errors_route", "status_route", "within",
+]  # fmt: skip
+
+T = TypeVar("T")
+
+
+async def within(call: Awaitable[T], timeout_ms: int | None, what: str, code: str) -> T:
+    """``call``'s result, or 408 ``code`` past ``timeout_ms`` (None: no bound)."""
+    try:  # Firecrawl's timeout bounds the whole call, retries included
+        return await asyncio.wait_for(call, timeout_ms / 1000 if timeout_ms else None)
+    except TimeoutError:
+        raise HttpError(408, f"{what} timed out after {timeout_ms} ms", code) from None
+
+
+async def crawl_started(
+    request: web.Request, start: jobs_pb2.StartCrawlRequest, prefix: str
+) -> web.Response:
+    """Start ``start`` (a retried start with the same ``x-idempotency-key`` is the same
+    job) and answer its id and ``{prefix}/{id}``."""
+    start.idempotency_key = idempotency_key(request)
+    job_id = await client_of(request).start_crawl(start)
+    return web.json_response(
+        {"success": True, "id": job_id, "url": f"{base_url(request)}{prefix}/{job_id}"}
+    )
+
+
+def batch_started(request: web.Request, resp: Any, prefix: str, invalid: bool) -> web.Response:
+    """The answer to a batch start (or append) ``resp``; ``invalid``: with the URLs the
+    node left out (``ignoreInvalidURLs``)."""
+    out: dict[str, Any] = {
+        "success": True,
+        "id": resp.id,
+        "url": f"{base_url(request)}{prefix}/{resp.id}",
+    }
+    if invalid:
+        out["invalidURLs"] = list(resp.invalid_urls)
+    return web.json_response(out)
 
 
 def status_route(kind: int, prefix: str) -> Handler:

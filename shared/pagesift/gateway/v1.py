@@ -23,22 +23,24 @@ Invariants
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from aiohttp import web
 
 from pagesift.gateway import translate, v1translate
-from pagesift.gateway.errors import HttpError
 from pagesift.gateway.handling import (
     answer,
-    base_url,
     body,
     client_of,
     idempotency_key,
     json_answer,
 )
-from pagesift.gateway.jobroutes import cancel_route, errors_route, status_route
+from pagesift.gateway.jobroutes import (
+    batch_started,
+    cancel_route,
+    crawl_started,
+    errors_route,
+    status_route,
+    within,
+)
 from pagesift.gateway.v1models import (
     BatchScrapeRequestV1,
     CrawlRequestV1,
@@ -55,21 +57,13 @@ async def scrape(request: web.Request) -> web.StreamResponse:
     req: ScrapeRequestV1 = await body(request, ScrapeRequestV1)
     v2, options = v1translate.scrape_request(req)
     call = client_of(request).scrape(req.url, options)
-    try:  # Firecrawl's timeout bounds the whole scrape, retries included
-        doc = await asyncio.wait_for(call, v2.timeout / 1000 if v2.timeout else None)
-    except TimeoutError:
-        raise HttpError(408, f"Scrape timed out after {v2.timeout} ms", "SCRAPE_TIMEOUT") from None
+    doc = await within(call, v2.timeout, "Scrape", "SCRAPE_TIMEOUT")
     return await json_answer(lambda: {"success": True, "data": translate.document(doc)})
 
 
 async def start_crawl(request: web.Request) -> web.StreamResponse:
     req: CrawlRequestV1 = await body(request, CrawlRequestV1)
-    start = v1translate.crawl_request(req)
-    start.idempotency_key = idempotency_key(request)  # a retried start is the same job
-    job_id = await client_of(request).start_crawl(start)
-    return web.json_response(
-        {"success": True, "id": job_id, "url": f"{base_url(request)}/v1/crawl/{job_id}"}
-    )
+    return await crawl_started(request, v1translate.crawl_request(req), "/v1/crawl")
 
 
 async def start_batch(request: web.Request) -> web.StreamResponse:
@@ -77,24 +71,14 @@ async def start_batch(request: web.Request) -> web.StreamResponse:
     start = v1translate.batch_request(req)
     start.idempotency_key = idempotency_key(request)
     resp = await client_of(request).start_batch(start)
-    out: dict[str, Any] = {
-        "success": True,
-        "id": resp.id,
-        "url": f"{base_url(request)}/v1/batch/scrape/{resp.id}",
-    }
-    if req.ignore_invalid_urls:
-        out["invalidURLs"] = list(resp.invalid_urls)
-    return web.json_response(out)
+    return batch_started(request, resp, "/v1/batch/scrape", req.ignore_invalid_urls)
 
 
 async def map_site(request: web.Request) -> web.StreamResponse:
     req: MapRequestV1 = await body(request, MapRequestV1)
     v2, args = v1translate.map_arguments(req)
     call = client_of(request).map(v2.url, **args)
-    try:
-        urls = await asyncio.wait_for(call, v2.timeout / 1000 if v2.timeout else None)
-    except TimeoutError:
-        raise HttpError(408, f"Map timed out after {v2.timeout} ms", "MAP_TIMEOUT") from None
+    urls = await within(call, v2.timeout, "Map", "MAP_TIMEOUT")
     return web.json_response({"success": True, "links": list(urls)})  # v1: plain strings
 
 

@@ -21,22 +21,26 @@ Invariants
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
 
 from pagesift.gateway import translate
-from pagesift.gateway.errors import HttpError
 from pagesift.gateway.handling import (
     answer,
-    base_url,
     body,
     client_of,
     idempotency_key,
     json_answer,
 )
-from pagesift.gateway.jobroutes import cancel_route, errors_route, status_route
+from pagesift.gateway.jobroutes import (
+    batch_started,
+    cancel_route,
+    crawl_started,
+    errors_route,
+    status_route,
+    within,
+)
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
 from pagesift.gateway.watch import upgrading
 from pagesift.v1 import jobs_pb2
@@ -47,21 +51,13 @@ __all__ = ["add_v2_routes"]
 async def scrape(request: web.Request) -> web.StreamResponse:
     req: ScrapeRequest = await body(request, ScrapeRequest)
     call = client_of(request).scrape(req.url, translate.scrape_request(req))
-    try:  # Firecrawl's timeout bounds the whole scrape, retries included
-        doc = await asyncio.wait_for(call, req.timeout / 1000 if req.timeout else None)
-    except TimeoutError:
-        raise HttpError(408, f"Scrape timed out after {req.timeout} ms", "SCRAPE_TIMEOUT") from None
+    doc = await within(call, req.timeout, "Scrape", "SCRAPE_TIMEOUT")
     return await json_answer(lambda: {"success": True, "data": translate.document(doc)})
 
 
 async def start_crawl(request: web.Request) -> web.StreamResponse:
     req: CrawlRequest = await body(request, CrawlRequest)
-    start = translate.crawl_request(req)
-    start.idempotency_key = idempotency_key(request)  # a retried start is the same job
-    job_id = await client_of(request).start_crawl(start)
-    return web.json_response(
-        {"success": True, "id": job_id, "url": f"{base_url(request)}/v2/crawl/{job_id}"}
-    )
+    return await crawl_started(request, translate.crawl_request(req), "/v2/crawl")
 
 
 async def start_batch(request: web.Request) -> web.StreamResponse:
@@ -76,23 +72,13 @@ async def start_batch(request: web.Request) -> web.StreamResponse:
         start = translate.batch_request(req)
         start.idempotency_key = key
         resp = await client.start_batch(start)
-    out: dict[str, Any] = {
-        "success": True,
-        "id": resp.id,
-        "url": f"{base_url(request)}/v2/batch/scrape/{resp.id}",
-    }
-    if req.ignore_invalid_urls:
-        out["invalidURLs"] = list(resp.invalid_urls)
-    return web.json_response(out)
+    return batch_started(request, resp, "/v2/batch/scrape", req.ignore_invalid_urls)
 
 
 async def map_site(request: web.Request) -> web.StreamResponse:
     req: MapRequest = await body(request, MapRequest)
     call = client_of(request).map(req.url, **translate.map_arguments(req))
-    try:
-        urls = await asyncio.wait_for(call, req.timeout / 1000 if req.timeout else None)
-    except TimeoutError:
-        raise HttpError(408, f"Map timed out after {req.timeout} ms", "MAP_TIMEOUT") from None
+    urls = await within(call, req.timeout, "Map", "MAP_TIMEOUT")
     return web.json_response({"success": True, "links": [{"url": u} for u in urls]})
 
 
