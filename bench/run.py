@@ -36,6 +36,9 @@ SECTIONS = (
     "render",
     "gateway",
     "cluster",
+    "flood",
+    "browserbounds",
+    "cookiechurn",
 )
 
 
