@@ -12,15 +12,18 @@ account's reader are watched.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.streams import WatchBytes, fits
+from pagesift.shared.api.streams import StreamBytes, WatchBytes, fits
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.groups import WriteGroup
@@ -37,6 +40,7 @@ from tests.helpers import (
     in_process_node,
     metric,
     scrape_metrics,
+    until,
     wait_done,
     write_accounts,
 )
@@ -92,6 +96,117 @@ async def test_one_accounts_share_does_not_hold_back_another_account() -> None:
     assert budget.held_by("alice") == 8 and budget.used == 17
 
 
+async def test_waiters_cancelled_together_each_end_cancelled_and_wake_the_rest() -> None:
+    """Issue 28, finding 6: two waiters cancelled in the same loop turn. ``Task.cancel``
+    cancels each one's future at once; the first to run its handler woke the queue,
+    which dropped the second's entry (its future was done), and the second's
+    ``remove`` then raised ValueError (a servicer error) and skipped its wake."""
+    budget = WatchBytes(4, 10, Metrics())
+    full, b, c, d = (budget.stream("x") for _ in range(4))
+    await full.reserve(8)
+    tb = asyncio.create_task(b.reserve(6))
+    tc = asyncio.create_task(c.reserve(6))
+    td = asyncio.create_task(d.reserve(2))  # fits, but waits behind b and c (no overtaking)
+    await asyncio.sleep(0)
+    assert budget.waiting() == 3
+    tb.cancel()
+    tc.cancel()
+    results = await asyncio.gather(tb, tc, return_exceptions=True)
+    assert [type(r) for r in results] == [asyncio.CancelledError] * 2, results
+    await asyncio.wait_for(td, 1)  # the wake that follows a cancel ran: d was granted
+    assert (budget.used, budget.waiting(), d.held, b.held, c.held) == (10, 0, 2, 0, 0)
+    for s in (full, b, c, d):
+        s.close()
+    assert (budget.used, budget.held_by("x")) == (0, 0)
+
+
+STREAMS = 4
+#: one step of a random schedule: (op, stream, size); ``turns`` runs the loop
+OPS = st.tuples(
+    st.sampled_from(("reserve", "reserve", "cancel", "give", "close", "turns")),
+    st.integers(0, STREAMS - 1),
+    st.integers(1, 12),
+)
+
+
+def assert_settled(budget: WatchBytes, streams: list[StreamBytes], retired: int) -> None:
+    """With every task run as far as it can go: the budget is exactly what the streams
+    hold (``retired``: bytes of closed streams, which must be 0), per account too, and
+    no waiter is left that the budget could grant now (a wake grants nothing)."""
+    assert retired == 0
+    assert budget.used == sum(s.held for s in streams) >= 0
+    for account in {s.account for s in streams}:
+        assert budget.held_by(account) == sum(s.held for s in streams if s.account == account)
+    before = (budget.used, budget.waiting())
+    budget._wake()
+    assert (budget.used, budget.waiting()) == before, "a waiter was stranded"
+
+
+async def run_schedule(total: int, per_account: int, ops: list[tuple[str, int, int]]) -> None:
+    budget = WatchBytes(4, total, Metrics(), per_account=per_account)
+    streams = [budget.stream("ab"[i % 2]) for i in range(STREAMS)]
+    tasks: list[asyncio.Task[None] | None] = [None] * STREAMS
+    closed: list[StreamBytes] = []
+
+    async def turns(n: int) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    def check_ended(task: asyncio.Task[None]) -> None:
+        # a reserve ends granted or cancelled, never with another error
+        if not task.cancelled():
+            assert task.exception() is None, task.exception()
+
+    for op, i, size in ops:
+        task = tasks[i]
+        if task is not None and task.done():
+            check_ended(task)
+            task = tasks[i] = None
+        if op == "reserve" and task is None:
+            tasks[i] = asyncio.create_task(streams[i].reserve(size))
+        elif op == "cancel" and task is not None:
+            task.cancel()
+        elif op == "give":
+            streams[i].give(size)
+        elif op == "close" and task is None:  # a stream closes in its own finally
+            streams[i].close()
+            closed.append(streams[i])
+            streams[i] = budget.stream(streams[i].account)
+        elif op == "turns":
+            await turns(size)
+        assert budget.used >= 0 and budget.waiting() >= 0
+    await turns(20)  # every granted waiter resumes
+    assert_settled(budget, streams, sum(s.held for s in closed))
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+    await turns(20)
+    for task in tasks:
+        if task is not None:
+            assert task.done()
+            check_ended(task)
+    for s in streams:
+        s.close()
+    assert (budget.used, budget.waiting(), budget.largest()) == (0, 0, 0.0)
+    assert all(budget.held_by(a) == 0 for a in "ab")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    total=st.integers(0, 20),
+    per_account=st.integers(0, 15),
+    ops=st.lists(OPS, max_size=40),
+)
+def test_any_schedule_of_take_cancel_give_returns_the_budget_to_zero(
+    total: int, per_account: int, ops: list[tuple[str, int, int]]
+) -> None:
+    """Random interleavings of reserve, cancel (waiting, granted-not-resumed, or
+    done), give and close, with the loop run between them: every cancelled reserve
+    ends cancelled, the budget always equals what the streams hold, no waiter is
+    stranded, and once all ends the budget is back to zero."""
+    asyncio.run(run_schedule(total, per_account, ops))
+
+
 # ---------------------------------------------------------------- one node in process
 
 
@@ -142,6 +257,49 @@ async def test_documents_bigger_than_a_window_come_alone_in_order(tmp_path: Path
         assert got == list(range(12))
         assert max(seen) <= 210_000  # one document at a time
         assert node.node.metrics.registry.get_sample_value("pagesift_watch_bytes_in_flight") == 0
+
+
+async def test_sixty_waiting_streams_cancelled_together_raise_nothing_and_give_all_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 28, finding 6, over real gRPC: 60 WatchJob streams that wait on the node's
+    byte budget, cancelled in the same loop turn. The old ``_take`` raised ValueError
+    from most of their handlers ("Unexpected [ValueError] raised by servicer method"
+    in the log); every stream must end quietly, and the budget, the slots and the
+    queue return to zero."""
+    caplog.set_level(logging.ERROR)
+    streams = 60
+    async with in_process_node(
+        tmp_path / "n", watch_stream_bytes=64 * 1024, watch_total_bytes=256 * 1024
+    ) as node:
+        job = put_job(node.node.store(), 4, 120_000)
+        sample = node.node.metrics.registry.get_sample_value
+        opts = [*UNLIMITED, ("grpc.http2.bdp_probe", 0)]  # a fixed 64 KB window: no read-ahead
+        async with grpc.aio.insecure_channel(node.address, options=opts) as ch:
+            stub = jobs_pb2_grpc.JobServiceStub(ch)
+            calls = [stub.WatchJob(jobs_pb2.WatchJobRequest(id=job)) for _ in range(streams)]
+            await until(
+                lambda: (sample("pagesift_watch_streams_waiting") or 0) >= streams - 8,
+                "the streams past the budget to wait",
+                30,
+            )
+            for call in calls:  # together: no await between the cancels
+                call.cancel()
+
+            def back() -> bool:
+                names = ("pagesift_watch_streams", "pagesift_watch_bytes_in_flight")
+                return all(sample(n) == 0 for n in names)
+
+            await until(back, "every cancelled stream to give its slot and bytes back", 15)
+            assert sample("pagesift_watch_streams_waiting") == 0
+            got = [
+                ev.document.index
+                async for ev in stub.WatchJob(jobs_pb2.WatchJobRequest(id=job), timeout=30)
+                if ev.HasField("document")
+            ]
+            assert got == [0, 1, 2, 3]  # the budget serves the next reader whole
+    unexpected = [r.getMessage() for r in caplog.records if "Unexpected" in r.getMessage()]
+    assert not unexpected, unexpected[:3]
 
 
 # ---------------------------------------------------------------- a real node process

@@ -63,10 +63,16 @@ Guarantees
 - ``WatchBytes.used`` (``pagesift_watch_bytes_in_flight``) is the sum of the open
   streams' ``StreamBytes.held``, and never passes ``watch_total_bytes`` except by one
   document larger than the whole budget, alone (likewise an account's share).
-  Grants are synchronous (no await between the check and the count); a waiter
-  cancelled after its grant gives the bytes back; ``StreamBytes.close`` (in the
-  stream's ``finally``) returns everything the stream held, so an ended or cancelled
-  stream holds nothing.
+  Grants are synchronous (no await between the check and the count), and the
+  waiter records its grant in the same step (``_Waiter.granted``), so who owns the
+  bytes is never guessed from a future's state. A waiter cancelled at any point
+  (queued; granted but not resumed yet; many in the same loop turn) gives back what
+  it was granted, or else leaves the queue if no wake dropped it already, and then
+  always wakes the queue (issue 28, finding 6: 60 streams cancelled together raised
+  ValueError from a second ``remove`` and skipped that wake). ``StreamBytes.close``
+  (in the stream's ``finally``) returns everything the stream held, so an ended or
+  cancelled stream holds nothing. tests/test_watch_bytes.py drives random schedules
+  of reserve/cancel/give/close (hypothesis) and checks the budget returns to zero.
 - The decision (``fits``) is pure: the bytes used, the budget and the size asked.
 """
 
@@ -159,6 +165,21 @@ def fits(used: int, size: int, total: int) -> bool:
     return not total or used == 0 or used + size <= total
 
 
+class _Waiter:
+    """One stream waiting for ``size`` bytes of ``account``. Who owns the bytes is
+    never inferred from the future's state: ``granted`` is set by the wake that
+    counted them, and cleared by whoever takes them over (the resumed caller, or
+    ``_abandon`` giving them back). Compared by identity, so ``remove`` finds this one."""
+
+    __slots__ = ("account", "fut", "granted", "size")
+
+    def __init__(self, account: str, size: int, fut: asyncio.Future[None]) -> None:
+        self.account = account
+        self.size = size
+        self.fut = fut
+        self.granted = False
+
+
 class WatchBytes:
     """The node's budget of WatchJob bytes in flight, shared by every stream, with a
     share per account; waiters are served in order (FIFO), except that one waiting
@@ -171,7 +192,7 @@ class WatchBytes:
         self.used = 0
         self._by_account: dict[str, int] = {}
         self._metrics = metrics
-        self._waiters: deque[tuple[str, int, asyncio.Future[None]]] = deque()
+        self._waiters: deque[_Waiter] = deque()
         self._streams: set[StreamBytes] = set()
         metrics.watch_stream_bytes_max.set_function(self.largest)
 
@@ -200,21 +221,33 @@ class WatchBytes:
         if not self._waiters and all(self._fits(account, size)):
             self._grant(account, size)
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (account, size, fut)
-        self._waiters.append(entry)
+        waiter = _Waiter(account, size, asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
         self._metrics.watch_streams_waiting.set(len(self._waiters))
         self._wake()  # it may fit now, behind waiters held back by their own share
         try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self._give(account, size)  # granted, then cancelled before its use
-            else:
-                self._waiters.remove(entry)
-                self._metrics.watch_streams_waiting.set(len(self._waiters))
-                self._wake()  # it may have been the one holding the others back
+            await waiter.fut
+        except BaseException:  # cancelled (the client went away), whatever the moment
+            self._abandon(waiter)
             raise
+        waiter.granted = False  # the bytes are the caller's now (StreamBytes.held)
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """A waiter that will not use its grant, at any point of its wait: granted
+        already (its future resolved, the task not resumed yet), it gives the bytes
+        back; not granted, it leaves the queue if a wake has not dropped it already
+        (``Task.cancel`` cancels its future at once, and any wake drops a done one).
+        Either way the queue is woken after: it may have been the one holding the
+        others back."""
+        if waiter.granted:
+            waiter.granted = False
+            self._give(waiter.account, waiter.size)  # wakes
+            return
+        waiter.fut.cancel()  # no later wake can grant it
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+        self._metrics.watch_streams_waiting.set(len(self._waiters))
+        self._wake()
 
     def _grant(self, account: str, size: int) -> None:
         self.used += size
@@ -234,21 +267,25 @@ class WatchBytes:
     def _wake(self) -> None:
         """Grant waiters in order: one that does not fit the node's budget stops the
         scan (no overtaking, so a big document is not starved by small ones); one
-        that does not fit its account's share is passed over."""
-        kept: deque[tuple[str, int, asyncio.Future[None]]] = deque()
+        that does not fit its account's share is passed over; one whose future is
+        done (cancelled) is dropped, holding nothing. Synchronous: a waiter is granted
+        (``granted`` set, its future resolved) in the same step as the bytes are
+        counted, so the grant's owner is never in doubt."""
+        kept: deque[_Waiter] = deque()
         while self._waiters:
-            account, size, fut = entry = self._waiters.popleft()
-            if fut.done():
+            waiter = self._waiters.popleft()
+            if waiter.fut.done():
                 continue
-            mine, node = self._fits(account, size)
+            mine, node = self._fits(waiter.account, waiter.size)
             if not node:
-                kept.append(entry)
+                kept.append(waiter)
                 break
             if not mine:
-                kept.append(entry)
+                kept.append(waiter)
                 continue
-            self._grant(account, size)
-            fut.set_result(None)
+            self._grant(waiter.account, waiter.size)
+            waiter.granted = True
+            waiter.fut.set_result(None)
         kept.extend(self._waiters)
         self._waiters = kept
         self._metrics.watch_streams_waiting.set(len(self._waiters))
