@@ -150,6 +150,14 @@ class ServerConfig:
         int,
         Doc("a browser whose processes pass this many bytes (PSS) is replaced; 0 = never", ge=0),
     ] = 2 << 30
+    browser_page_memory_limit: Annotated[
+        int,
+        Doc(
+            "bytes (RSS) a page's renderer may use: past it the renderer is killed at once "
+            "and only its page fails too_large; 0 = no cap",
+            ge=0,
+        ),
+    ] = 1 << 30
     render_timeout: Annotated[
         float, Doc("seconds one page's render may take (navigation, waits, actions)", ge=0.001)
     ] = 30.0
