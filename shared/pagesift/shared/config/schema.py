@@ -289,6 +289,28 @@ class ServerConfig:
     http_trust_forwarded: Annotated[
         bool, Doc("that gateway reads a proxy's Forwarded headers for its absolute URLs")
     ] = False
+    # connection discipline of the node's HTTP listeners (pagesift.shared.util.listeners):
+    # the gateway's caps are clipped to what RLIMIT_NOFILE leaves past the descriptor
+    # reserve (pagesift.node.fdreserve); /metrics has a small cap of its own
+    http_header_timeout: Annotated[
+        float,
+        Doc("seconds a request line and headers may take (from connect or first byte)", ge=0.001),
+    ] = 10.0
+    http_idle_timeout: Annotated[
+        float, Doc("seconds an idle keep-alive HTTP connection is kept open", ge=0.001)
+    ] = 30.0
+    http_body_timeout: Annotated[
+        float, Doc("seconds a request body may take to arrive (408 past it)", ge=0.001)
+    ] = 60.0
+    http_max_requests_per_connection: Annotated[
+        int, Doc("requests on one HTTP connection before it is closed; 0 = no limit", ge=0)
+    ] = 1_000
+    http_max_connections: Annotated[
+        int, Doc("open connections of the HTTP gateway (clipped to the descriptor budget)", ge=1)
+    ] = 4_096
+    http_max_connections_per_client: Annotated[
+        int, Doc("open gateway connections per client address (IPv6: per /64); 0 = no cap", ge=0)
+    ] = 256
     tls_cert: Annotated[str, Doc("PEM certificate for TLS on the public port")] = ""
     tls_key: Annotated[str, Doc("PEM private key for TLS on the public port")] = ""
     replication_listen: Annotated[
