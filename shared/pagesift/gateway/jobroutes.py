@@ -87,8 +87,8 @@ def status_route(kind: int, prefix: str) -> Handler:
 
     async def status(request: web.Request) -> web.StreamResponse:
         documents, max_bytes = request.app[PAGING]
-        skip = int_query(request, "skip", 0)
-        asked = int_query(request, "limit", 0) or None
+        skip = int_query(request, "skip", 0, "GetJobRequest.skip")
+        asked = int_query(request, "limit", 0, "GetJobRequest.limit") or None
         limit = min(asked or documents, MAX_LIMIT)
         resp = await job_of(request, kind, skip=skip, limit=limit)
         url = f"{base_url(request)}{prefix}/{request.match_info['id']}"

@@ -24,7 +24,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from pagesift.gateway.optionmodels import Action, ChangeTrackingOptions, Location, Parser, Viewport
+from pagesift.gateway.bounds import DURATION_MAX_MS, gateway_int, proto_int, proto_millis
+from pagesift.gateway.optionmodels import (
+    Action,
+    ChangeTrackingOptions,
+    Location,
+    Parser,
+    Quality,
+    Viewport,
+)
 
 __all__ = [
     "BatchScrapeRequest",
@@ -39,6 +47,28 @@ __all__ = [
 
 Sitemap = Literal["skip", "include", "only"]
 
+# Every integer is bounded by the proto field it lands in (pagesift.gateway.bounds):
+# times are milliseconds of a google.protobuf.Duration, counts the int32 of their field
+Timeout = Annotated[int, proto_millis("ScrapeOptions.timeout", low=1)]
+WaitFor = Annotated[int, proto_millis("WaitFor.duration")]
+MaxAge = Annotated[int, proto_millis("ScrapeOptions.max_age")]
+MinAge = Annotated[
+    int, gateway_int(0, DURATION_MAX_MS, "refused by name (translate.UNSUPPORTED_SCRAPE)")
+]
+BatchConcurrency = Annotated[
+    int,
+    proto_int(
+        "StartBatchScrapeRequest.max_concurrency", "AppendBatchScrapeRequest.max_concurrency", low=1
+    ),
+]
+CrawlConcurrency = Annotated[int, proto_int("StartCrawlRequest.max_concurrency", low=1)]
+CrawlLimit = Annotated[int, proto_int("StartCrawlRequest.limit", low=1)]
+DiscoveryDepth = Annotated[int, proto_int("StartCrawlRequest.max_depth")]
+MapLimit = Annotated[int, proto_int("MapRequest.limit", low=1)]
+MapTimeout = Annotated[
+    int, gateway_int(1, DURATION_MAX_MS, "bounds the Map call in the gateway (within)")
+]
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=False)
@@ -51,7 +81,7 @@ class FormatObject(Strict):
 
     type: str
     full_page: bool = Field(False, alias="fullPage")
-    quality: int | None = Field(None, ge=1, le=100)
+    quality: Quality | None = None
     viewport: Viewport | None = None
     # changeTracking's (prompt and schema are also json's, refused with it)
     modes: list[Literal["git-diff", "json"]] | None = None
@@ -69,12 +99,12 @@ class ScrapeOptions(Strict):
     include_tags: list[str] | None = Field(None, alias="includeTags")
     exclude_tags: list[str] | None = Field(None, alias="excludeTags")
     only_main_content: bool = Field(True, alias="onlyMainContent")
-    timeout: int | None = Field(None, gt=0)
-    wait_for: int = Field(0, ge=0, alias="waitFor")
+    timeout: Timeout | None = None
+    wait_for: WaitFor = Field(0, alias="waitFor")
     mobile: bool = False
     skip_tls_verification: bool = Field(False, alias="skipTlsVerification")
     remove_base64_images: bool = Field(True, alias="removeBase64Images")
-    max_age: int | None = Field(None, ge=0, alias="maxAge")
+    max_age: MaxAge | None = Field(None, alias="maxAge")
     store_in_cache: bool = Field(True, alias="storeInCache")
     # accepted at any value: pagesift fetches no ad resources it could block
     block_ads: bool = Field(True, alias="blockAds")
@@ -87,7 +117,7 @@ class ScrapeOptions(Strict):
         None, alias="changeTrackingOptions"
     )
     # declared so that they are refused by name (translate.UNSUPPORTED_SCRAPE)
-    min_age: int | None = Field(None, alias="minAge")
+    min_age: MinAge | None = Field(None, alias="minAge")
     use_mock: str | None = Field(None, alias="useMock")
     redact_pii: Any = Field(None, alias="redactPII")
     check_prompt_injection: bool | None = Field(None, alias="checkPromptInjection")
@@ -142,7 +172,7 @@ class BatchScrapeRequest(ScrapeOptions, _Job):
 
     urls: list[str] = Field(min_length=1)
     ignore_invalid_urls: bool = Field(False, alias="ignoreInvalidURLs")
-    max_concurrency: int | None = Field(None, gt=0, alias="maxConcurrency")
+    max_concurrency: BatchConcurrency | None = Field(None, alias="maxConcurrency")
     webhook: Webhook = None
     append_to_id: str | None = Field(None, alias="appendToId")
 
@@ -153,16 +183,16 @@ class CrawlRequest(_Job):
     url: str = Field(min_length=1)
     include_paths: list[str] | None = Field(None, alias="includePaths")
     exclude_paths: list[str] | None = Field(None, alias="excludePaths")
-    max_discovery_depth: int | None = Field(None, ge=0, alias="maxDiscoveryDepth")
+    max_discovery_depth: DiscoveryDepth | None = Field(None, alias="maxDiscoveryDepth")
     sitemap: Sitemap = "include"
     ignore_query_parameters: bool = Field(False, alias="ignoreQueryParameters")
-    limit: int | None = Field(None, gt=0)
+    limit: CrawlLimit | None = None
     crawl_entire_domain: bool = Field(False, alias="crawlEntireDomain")
     allow_external_links: bool = Field(False, alias="allowExternalLinks")
     allow_subdomains: bool = Field(False, alias="allowSubdomains")
     ignore_robots_txt: bool = Field(False, alias="ignoreRobotsTxt")
     delay: float | None = Field(None, ge=0)
-    max_concurrency: int | None = Field(None, gt=0, alias="maxConcurrency")
+    max_concurrency: CrawlConcurrency | None = Field(None, alias="maxConcurrency")
     deduplicate_similar_urls: bool = Field(True, alias="deduplicateSimilarURLs")
     regex_on_full_url: bool = Field(False, alias="regexOnFullURL")
     scrape_options: ScrapeOptions | None = Field(None, alias="scrapeOptions")
@@ -181,9 +211,9 @@ class MapRequest(_Job):
     exclude_paths: list[str] | None = Field(None, alias="excludePaths")
     include_subdomains: bool = Field(True, alias="includeSubdomains")
     ignore_query_parameters: bool = Field(True, alias="ignoreQueryParameters")
-    limit: int | None = Field(None, gt=0)
+    limit: MapLimit | None = None
     sitemap: Sitemap = "include"
-    timeout: int | None = Field(None, gt=0)  # ms: the whole call's bound (408 past it)
+    timeout: MapTimeout | None = None  # ms: the whole call's bound (408 past it)
     # declared so that they are refused by name (translate.UNSUPPORTED_MAP)
     location: Any = None
     use_index: bool | None = Field(None, alias="useIndex")

@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from pagesift.gateway.bounds import proto_int, proto_millis
+
 __all__ = [
     "ACTION_MODELS",
     "Action",
@@ -46,20 +48,30 @@ __all__ = [
 ]
 
 
+#: integers bounded by their proto field (pagesift.gateway.bounds) and Firecrawl's bounds
+Width = Annotated[
+    int, proto_int("Viewport.width", low=1, high=7680)
+]  # Firecrawl's 8K; the node's tighter
+Height = Annotated[int, proto_int("Viewport.height", low=1, high=4320)]
+Quality = Annotated[int, proto_int("ScreenshotOptions.quality", low=1, high=100)]
+WaitMillis = Annotated[int, proto_millis("WaitAction.duration", low=1)]
+MaxPages = Annotated[int, proto_int("ScrapeOptions.max_pages", low=1, high=10000)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=False)
 
 
 class Viewport(_Strict):
-    width: int = Field(gt=0, le=7680)
-    height: int = Field(gt=0, le=4320)
+    width: Width
+    height: Height
 
 
 class WaitAction(_Strict):
     """Pause for ``milliseconds``, or until ``selector`` matches (one of the two)."""
 
     type: Literal["wait"]
-    milliseconds: int | None = Field(None, gt=0)
+    milliseconds: WaitMillis | None = None
     selector: str | None = None
 
 
@@ -72,7 +84,7 @@ class ClickAction(_Strict):
 class ScreenshotAction(_Strict):
     type: Literal["screenshot"]
     full_page: bool = Field(False, alias="fullPage")
-    quality: int | None = Field(None, ge=1, le=100)
+    quality: Quality | None = None
     viewport: Viewport | None = None
 
 
@@ -173,7 +185,7 @@ class Location(_Strict):
 class PdfParser(_Strict):
     type: Literal["pdf"]
     mode: Literal["fast", "auto", "ocr"] | None = None
-    max_pages: int | None = Field(None, gt=0, le=10000, alias="maxPages")
+    max_pages: MaxPages | None = Field(None, alias="maxPages")
     pages: bool | None = None
     page_markdown: bool | None = Field(None, alias="pageMarkdown")  # Firecrawl's old name of pages
     blocks: bool | None = None

@@ -22,9 +22,20 @@ Invariants
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from pagesift.gateway.bounds import INT32_MAX, gateway_int, proto_int, proto_millis
+from pagesift.gateway.models import (
+    BatchConcurrency,
+    CrawlConcurrency,
+    CrawlLimit,
+    DiscoveryDepth,
+    MapTimeout,
+    MaxAge,
+    Timeout,
+)
 
 __all__ = [
     "BatchScrapeRequestV1",
@@ -33,6 +44,14 @@ __all__ = [
     "ScrapeOptionsV1",
     "ScrapeRequestV1",
 ]
+
+
+#: v2's bounds (pagesift.gateway.models), and v1's own where it has them
+WaitForV1 = Annotated[int, proto_millis("WaitFor.duration", high=60000)]
+PathDepth = Annotated[
+    int, gateway_int(0, INT32_MAX, "an exclude regex of v1translate (no limit past 4096)")
+]
+MapLimitV1 = Annotated[int, proto_int("MapRequest.limit", low=1, high=30000)]
 
 
 class Strict(BaseModel):
@@ -48,15 +67,15 @@ class ScrapeOptionsV1(Strict):
     include_tags: list[str] | None = Field(None, alias="includeTags")
     exclude_tags: list[str] | None = Field(None, alias="excludeTags")
     only_main_content: bool = Field(True, alias="onlyMainContent")
-    timeout: int | None = Field(None, gt=0)
-    wait_for: int = Field(0, ge=0, le=60000, alias="waitFor")
+    timeout: Timeout | None = None
+    wait_for: WaitForV1 = Field(0, alias="waitFor")
     mobile: bool = False
     skip_tls_verification: bool = Field(False, alias="skipTlsVerification")
     remove_base64_images: bool = Field(True, alias="removeBase64Images")
     block_ads: bool = Field(True, alias="blockAds")
     fast_mode: bool = Field(False, alias="fastMode")
     proxy: str | None = None
-    max_age: int | None = Field(None, ge=0, alias="maxAge")
+    max_age: MaxAge | None = Field(None, alias="maxAge")
     store_in_cache: bool = Field(True, alias="storeInCache")
     # mapped by v2's rules (refused there while v2 refuses them)
     actions: list[Any] | None = None
@@ -94,7 +113,7 @@ class BatchScrapeRequestV1(ScrapeOptionsV1, _JobV1):
 
     urls: list[str] = Field(min_length=1)
     ignore_invalid_urls: bool = Field(False, alias="ignoreInvalidURLs")
-    max_concurrency: int | None = Field(None, gt=0, alias="maxConcurrency")
+    max_concurrency: BatchConcurrency | None = Field(None, alias="maxConcurrency")
     webhook: Any = None  # a URL or {url, headers, metadata, events}
     append_to_id: str | None = Field(None, alias="appendToId")
 
@@ -104,8 +123,8 @@ class _CrawlerOptionsV1(Strict):
 
     include_paths: list[str] | None = Field(None, alias="includePaths")
     exclude_paths: list[str] | None = Field(None, alias="excludePaths")
-    max_depth: int | None = Field(None, ge=0, alias="maxDepth")  # path depth (segments)
-    max_discovery_depth: int | None = Field(None, ge=0, alias="maxDiscoveryDepth")
+    max_depth: PathDepth | None = Field(None, alias="maxDepth")  # path depth (segments)
+    max_discovery_depth: DiscoveryDepth | None = Field(None, alias="maxDiscoveryDepth")
     allow_backward_links: bool | None = Field(None, alias="allowBackwardLinks")  # deprecated
     crawl_entire_domain: bool | None = Field(None, alias="crawlEntireDomain")
     allow_external_links: bool = Field(False, alias="allowExternalLinks")
@@ -121,9 +140,9 @@ class CrawlRequestV1(_CrawlerOptionsV1, _JobV1):
     """``POST /v1/crawl``."""
 
     url: str = Field(min_length=1)
-    limit: int | None = Field(None, gt=0)
+    limit: CrawlLimit | None = None
     ignore_query_parameters: bool = Field(False, alias="ignoreQueryParameters")
-    max_concurrency: int | None = Field(None, gt=0, alias="maxConcurrency")
+    max_concurrency: CrawlConcurrency | None = Field(None, alias="maxConcurrency")
     scrape_options: ScrapeOptionsV1 | None = Field(None, alias="scrapeOptions")
     webhook: Any = None  # a URL or {url, headers, metadata, events}
 
@@ -137,8 +156,8 @@ class MapRequestV1(_CrawlerOptionsV1, _JobV1):
     include_subdomains: bool = Field(True, alias="includeSubdomains")
     ignore_query_parameters: bool = Field(True, alias="ignoreQueryParameters")
     sitemap_only: bool = Field(False, alias="sitemapOnly")
-    limit: int | None = Field(None, ge=1, le=30000)
-    timeout: int | None = Field(None, gt=0)  # ms: the whole call's bound (408 past it)
+    limit: MapLimitV1 | None = None
+    timeout: MapTimeout | None = None  # ms: the whole call's bound (408 past it)
     filter_by_path: bool = Field(True, alias="filterByPath")
     use_index: bool | None = Field(None, alias="useIndex")
     use_mock: str | None = Field(None, alias="useMock")
