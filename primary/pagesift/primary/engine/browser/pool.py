@@ -15,6 +15,10 @@ at most one per 256 MiB of memory) handed out by ``FairSlots``, and the browser'
   one; a page in flight on it fails ``RENDER_FAILED`` with ``worker_lost`` set (the
   runtime counts it toward quarantine like a lost extraction worker; the retry policy
   retries it);
+- bounded pages: a renderer past ``browser_page_memory_limit`` is killed while its page
+  runs (``pagememory.PageMemoryWatch``, one thread per browser) and that page fails
+  ``TOO_LARGE`` naming the cap, the others go on; popups and new windows are refused
+  at launch (``BOUND_LAUNCH_ARGS``); every render keeps its ``render_timeout``;
 - ``playwright_chromiumdev_profile-*`` folders left in the temp dir by a killed node are
   swept at start, except those a running process still names (``procs``);
 - a job's pages (``scope``: an object alive as long as the job) with the same options
@@ -45,6 +49,7 @@ from typing import Any
 
 from pagesift.primary.engine.browser import actions
 from pagesift.primary.engine.browser.guardproxy import GUARD_LAUNCH_ARGS
+from pagesift.primary.engine.browser.pagememory import PageMemoryWatch, too_large
 from pagesift.primary.engine.browser.procs import (  # the /proc readers, still pool's names
     _live_profiles as _live_profiles,
 )
@@ -73,6 +78,7 @@ from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
+    "BOUND_LAUNCH_ARGS",
     "LAUNCH_ARGS",
     "Availability",
     "BrowserPool",
@@ -85,6 +91,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# a page opens no window: window.open returns null, target=_blank opens nothing (100
+# popups took a browser to 1.1 GB); always part of the launch, like the guard's flags
+BOUND_LAUNCH_ARGS: tuple[str, ...] = ("--block-new-web-contents",)
 # no background traffic of the browser's own; the guard's flags (WebRTC's UDP only
 # through the proxy, no QUIC) are always part of it
 LAUNCH_ARGS: tuple[str, ...] = tuple(
@@ -97,6 +106,7 @@ LAUNCH_ARGS: tuple[str, ...] = tuple(
             "--disable-gpu",
             "--disable-dev-shm-usage",
             *GUARD_LAUNCH_ARGS,
+            *BOUND_LAUNCH_ARGS,
         )
     )
 )
@@ -218,6 +228,7 @@ class _Browser:
     next_check: float = field(default_factory=time.monotonic)  # of its memory
     contexts: dict[tuple[str, int, str], _Context] = field(default_factory=dict)
     orphans: list[_Context] = field(default_factory=list)  # replaced, pages in flight
+    watch: PageMemoryWatch | None = None  # its renderers' memory cap
 
 
 class BrowserPool:
@@ -232,13 +243,15 @@ class BrowserPool:
     ) -> None:
         self.config = config
         self.proxy = dict(proxy) if proxy else None
-        self.launch_args = list(dict.fromkeys((*launch_args, *GUARD_LAUNCH_ARGS)))
+        self.launch_args = list(dict.fromkeys((*launch_args, *GUARD_LAUNCH_ARGS,
+                                               *BOUND_LAUNCH_ARGS)))  # fmt: skip
         total = config.max_browser_pages or default_pages(len(os.sched_getaffinity(0)), _memory())
         self.slots = FairSlots(total)
         self.bounds = actions.Bounds.of(config)
         self.restarts = 0
         self.launches = 0
         self.pages_rendered = 0
+        self.renderers_killed = 0  # of browsers gone; the current one's: its watch
         self.swept: list[str] = []
         self._playwright: Any = None
         self._current: _Browser | None = None
@@ -268,6 +281,8 @@ class BrowserPool:
             "pages_rendered": self.pages_rendered,
             "browser_pid": (cur.pid or 0) if cur and not cur.dead else 0,
             "contexts": self.contexts(),
+            "renderers_killed": self.renderers_killed
+            + (cur.watch.kills if cur is not None and cur.watch is not None else 0),
         }
 
     def browser_pid(self) -> int | None:
@@ -301,6 +316,9 @@ class BrowserPool:
             raise PageError(ErrorCode.RENDER_FAILED, f"browser launch: {actions.reason(e)}") from e
         pids = await asyncio.to_thread(browser_roots, exe, os.getpid()) - before
         b = _Browser(browser, min(pids) if len(pids) == 1 else None)
+        limit = self.config.browser_page_memory_limit
+        if limit and b.pid:
+            b.watch = PageMemoryWatch(b.pid, limit, lambda: b.in_flight > 0).start()
         browser.on("disconnected", lambda _: self._disconnected(b))
         self.launches += 1
         return b
@@ -309,7 +327,7 @@ class BrowserPool:
         if not b.dead and not self._closed and not b.retiring:
             self.restarts += 1
             logger.warning("browser %s disconnected; the next page relaunches it", b.pid)
-        b.dead = True
+        self._stop_watch(b)
         if self._current is b:
             self._current = None
         self._forget_contexts(b)
@@ -340,8 +358,16 @@ class BrowserPool:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(10):
                 await b.browser.close()
-        b.dead = True
+        self._stop_watch(b)
         self._forget_contexts(b)
+
+    def _stop_watch(self, b: _Browser) -> None:
+        """The browser is gone: its watch ends, its kills counted once."""
+        b.dead = True
+        watch, b.watch = b.watch, None
+        if watch is not None:
+            watch.stop()
+            self.renderers_killed += watch.kills
 
     # jobs' contexts ------------------------------------------------------------------
     @staticmethod
@@ -481,6 +507,7 @@ class BrowserPool:
             await self.slots.acquire(owner, owner_limit)
             try:
                 b = await self._browser()
+                started, watch = time.monotonic(), b.watch
                 entry: _Context | None = None
                 try:
                     limits: dict[str, Any] = {
@@ -503,6 +530,9 @@ class BrowserPool:
                 except BrowserGone as e:
                     if entry is not None:
                         entry.broken = True
+                    kill = watch.killed_since(started) if watch is not None else None
+                    if watch is not None and kill is not None:  # its renderer, killed
+                        raise too_large(kill, watch.limit, url) from e
                     if not b.browser.is_connected():
                         self._disconnected(b)
                     raise PageError(

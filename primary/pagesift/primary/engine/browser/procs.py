@@ -2,8 +2,11 @@
 
 Owns the pure-ish readers ``BrowserPool`` uses: ``descendants`` of a process in a
 table, ``browser_roots`` (the browser main processes below the node), ``tree_pss`` (the
-PSS of a process tree, shared pages counted once) and ``sweep_profiles`` (the
-``playwright_chromiumdev_profile-*`` folders a killed node left in the temp dir).
+PSS of a process tree, shared pages counted once), ``tree_rss``, ``sweep_profiles`` (the
+``playwright_chromiumdev_profile-*`` folders a killed node left in the temp dir), and the
+cheap readers the page-memory watcher polls (``pagememory``): ``children`` (from
+``/proc/PID/task/TID/children``, no scan of /proc), ``is_renderer`` and ``rss``
+(``/proc/PID/statm``).
 
 Why it is safe: every read tolerates a process that ended meanwhile (skipped); a sweep
 spares any folder a running process names and any folder younger than ``min_age`` (one
@@ -20,7 +23,12 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["PROFILE_PREFIX", "browser_roots", "descendants", "sweep_profiles", "tree_pss"]
+__all__ = [
+    "PROFILE_PREFIX", "browser_roots", "children", "descendants", "is_renderer", "rss",
+    "sweep_profiles", "tree_pss", "tree_rss",
+]  # fmt: skip
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 PROFILE_PREFIX = "playwright_chromiumdev_profile-"
 PROFILE_MIN_AGE = 60.0  # seconds: a younger profile folder may belong to a launch
@@ -78,6 +86,42 @@ def tree_pss(root: int) -> int:
                     total += int(line.split()[1]) * 1024
                     break
     return total
+
+
+def tree_rss(root: int) -> int:
+    """Bytes of RSS of ``root`` and its descendants (``statm``; shared pages counted in
+    each process, so above the PSS); 0 if unreadable."""
+    return sum(rss(pid) for pid in descendants(root, _proc_table()))
+
+
+def children(pid: int) -> set[int]:
+    """The child processes of ``pid`` (every thread's ``children`` file); empty when it
+    is gone."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError, ValueError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                found.update(
+                    int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                )
+    return found
+
+
+def is_renderer(pid: int, kind: bytes = b"--type=renderer") -> bool:
+    """Whether ``pid`` is a Chromium process of ``kind`` (its command line names it;
+    Chromium rewrites its title, so the whole line is searched)."""
+    try:
+        return kind in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def rss(pid: int) -> int:
+    """Bytes resident of ``pid`` (``statm``'s second field); 0 when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _live_profiles() -> set[str]:
