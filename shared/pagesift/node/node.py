@@ -58,6 +58,7 @@ from pagesift.node.replication import ReplicationParts
 from pagesift.node.startup import (
     StartRefused,
     advertised,
+    lock_data_dir,
     node_id,
     open_slot_or_refuse,
     read_token,
@@ -142,7 +143,18 @@ class Node:
 
     def __init__(self, config: ServerConfig, engine_factory: EngineFactory = http_engine) -> None:
         """``engine_factory``: the job runtime's engine (tests hand in an in-process one,
-        ``tests/fakeengine.py``, where the test is about job logic, not fetching)."""
+        ``tests/fakeengine.py``, where the test is about job logic, not fetching).
+        The data directory's lock first: no other step runs without it (``startup``)."""
+        self._data_lock = lock_data_dir(config.data)
+        try:
+            self._build(config, engine_factory)
+        except BaseException:  # a refused start gives the store, then the lock, back
+            if (slot := self.__dict__.get("slot")) is not None:
+                slot.close()
+            self._data_lock.release()
+            raise
+
+    def _build(self, config: ServerConfig, engine_factory: EngineFactory) -> None:
         self.config = config
         self._engine_factory = engine_factory
         self.node_id = node_id(config.data)
@@ -580,6 +592,7 @@ class Node:
         await self._carry_out(self._step(Stopping()))
         await self.storage.stop()
         self.slot.close()
+        self._data_lock.release()  # last: the directory may be another process's from here
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
