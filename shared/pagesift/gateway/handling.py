@@ -4,20 +4,26 @@ What it owns
 ------------
 The application keys (``CLIENTS``, ``PROBE``, ``PAGING``, ``TRUST_FORWARDED``) and the
 request's chosen client (``client_of``); ``answer(handler)``, the one place a failure
-becomes Firecrawl's error body; ``body(request, model)`` (a JSON object validated by a
-strict model of ``pagesift.gateway.models``); ``json_answer`` (built and serialized off the loop);
-``job_of`` (GetJob of the route's job, 404 for a job of another kind); ``int_query``,
-``base_url`` and ``idempotency_key``. Route modules (``v2``, and any other API
-version) import these and never each other.
+becomes Firecrawl's error body; ``body(request, model)`` (a JSON object within
+``pagesift.gateway.bounds``' limits, validated by a strict model of
+``pagesift.gateway.models``); ``json_answer`` (built and serialized off the loop);
+``job_of`` (GetJob of the route's job, 404 for a job of another kind); ``int_query`` (a
+query integer bounded by its proto field), ``base_url`` and ``idempotency_key``;
+``Throttle`` and ``DEFECTS``, the rate limit of the catch-all's log line. Route modules
+(``v2``, and any other API version) import these and never each other.
 
 Invariants
 ----------
 - ``Authorization: Bearer KEY`` is passed through as the client's API key (no header:
   anonymous, which a node with an accounts file refuses with 401).
-- Request bodies are bounded (``MAX_BODY_BYTES``) and past ``OFF_LOOP_BYTES`` parsed in
-  a thread; every document answer is built and serialized in one.
+- Request bodies are bounded (``MAX_BODY_BYTES``; depth, count, numbers and text by
+  ``bounds.parse_json``, every integer by its proto field) and past ``OFF_LOOP_BYTES``
+  parsed in a thread; every document answer is built and serialized in one. Bad input
+  is a 400 naming the field (``details: [{path, message}]``) before anything runs.
 - Every failure is ``{success: false, error, code?, details?}`` (``errors.HttpError``);
-  an unexpected exception is a 500 that names no internals.
+  an unexpected exception is a defect: a 500 that names no internals, its traceback
+  logged once per route and exception type per minute with the count held back
+  (``DEFECTS``), so no caller can fill the log with them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -67,13 +74,23 @@ TRUST_FORWARDED: web.AppKey[bool] = web.AppKey("trust_forwarded", bool)  # --tru
 _REQUEST_CLIENT: web.RequestKey[JobClient] = web.RequestKey("client")  # chosen by answer
 
 
+MAX_KEY_CHARS = 1024
+_KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_CHARS}}}")  # what gRPC metadata carries
+
+
 def api_key(request: web.Request) -> str:
-    """The caller's API key from ``Authorization: Bearer KEY`` ("" when absent)."""
+    """The caller's API key from ``Authorization: Bearer KEY`` ("" when absent); a key
+    that is not visible ASCII (at most ``MAX_KEY_CHARS``), which no account has and no
+    gRPC metadata can carry, is a 401 here."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if header and scheme.lower() != "bearer":
         raise HttpError(401, "Authorization must be 'Bearer KEY'", "UNAUTHORIZED")
-    return token.strip()
+    token = token.strip()
+    if token and not _KEY.fullmatch(token):
+        why = f"the API key must be at most {MAX_KEY_CHARS} visible ASCII characters"
+        raise HttpError(401, why, "UNAUTHORIZED")
+    return token
 
 
 def idempotency_key(request: web.Request) -> str:

@@ -43,10 +43,14 @@ from pagesift.gateway.handling import (
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
-    "batch_started", "cancel_route", "crawl_started", "errors_route", "status_route", "within",
+    "STATUS_QUERY", "batch_started", "cancel_route", "crawl_started", "errors_route",
+    "status_route", "within",
 ]  # fmt: skip
 
 T = TypeVar("T")
+#: a status page's query integers -> the proto field each lands in (its bound; the
+#: OpenAPI document's parameters, pagesift.gateway.openapi)
+STATUS_QUERY = {"skip": "GetJobRequest.skip", "limit": "GetJobRequest.limit"}
 
 
 async def within(call: Awaitable[T], timeout_ms: int | None, what: str, code: str) -> T:
@@ -87,8 +91,8 @@ def status_route(kind: int, prefix: str) -> Handler:
 
     async def status(request: web.Request) -> web.StreamResponse:
         documents, max_bytes = request.app[PAGING]
-        skip = int_query(request, "skip", 0, "GetJobRequest.skip")
-        asked = int_query(request, "limit", 0, "GetJobRequest.limit") or None
+        skip = int_query(request, "skip", 0, STATUS_QUERY["skip"])
+        asked = int_query(request, "limit", 0, STATUS_QUERY["limit"]) or None
         limit = min(asked or documents, MAX_LIMIT)
         resp = await job_of(request, kind, skip=skip, limit=limit)
         url = f"{base_url(request)}{prefix}/{request.match_info['id']}"

@@ -29,6 +29,8 @@ import pydantic
 from aiohttp import web
 from pydantic.json_schema import models_json_schema
 
+from pagesift.gateway.bounds import int_range
+from pagesift.gateway.jobroutes import STATUS_QUERY
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
 from pagesift.gateway.v1models import (
     BatchScrapeRequestV1,
@@ -52,6 +54,16 @@ REQUEST_MODELS: dict[tuple[str, str], type[pydantic.BaseModel]] = {
     ("POST", "/v1/batch/scrape"): BatchScrapeRequestV1,
     ("POST", "/v1/map"): MapRequestV1,
 }
+#: (method, route template) -> its query integers (name -> the proto field it lands in)
+QUERY: dict[tuple[str, str], dict[str, str]] = {
+    ("GET", f"/{v}/{kind}/{{id}}"): STATUS_QUERY
+    for v in ("v1", "v2")
+    for kind in ("crawl", "batch/scrape")
+}
+#: the job starts that read ``x-idempotency-key`` (AIP-155)
+IDEMPOTENT = frozenset(
+    ("POST", f"/{v}/{kind}") for v in ("v1", "v2") for kind in ("crawl", "batch/scrape")
+)
 #: routes that need no ``Authorization`` (probes and this document)
 OPEN_PATHS = frozenset({"/healthz", "/metrics", OPENAPI_PATH})
 _PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
@@ -80,22 +92,40 @@ def routes_of(app: web.Application) -> list[tuple[str, str]]:
     return out
 
 
+def _parameters(method: str, path: str) -> list[dict[str, Any]]:
+    """The path parameters, the query integers (bounded as ``handling.int_query``
+    bounds them) and the idempotency header of one operation."""
+    params: list[dict[str, Any]] = [
+        {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+        for p in _PARAM.findall(path)
+    ]
+    for name, field in QUERY.get((method, path), {}).items():
+        schema = {"type": "integer", "minimum": 0, "maximum": int_range(field)[1]}
+        params.append({"name": name, "in": "query", "required": False, "schema": schema})
+    if (method, path) in IDEMPOTENT:
+        schema = {
+            "type": "string",
+            "description": "AIP-155: a retry with the same body is the same job",
+        }
+        params.append(
+            {"name": "x-idempotency-key", "in": "header", "required": False, "schema": schema}
+        )
+    return params
+
+
 def _operation(method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": f"{method.lower()}{re.sub(r'[^A-Za-z0-9]+', '_', path).rstrip('_')}",
         "responses": {"200": {"description": "success"}},
     }
-    params = _PARAM.findall(path)
+    params = _parameters(method, path)
     if params:
-        op["parameters"] = [
-            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-            for p in params
-        ]
+        op["parameters"] = params
     if body is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
     if path not in OPEN_PATHS:
         op["security"] = [{"bearer": []}]
-        op["responses"]["default"] = {
+        op["responses"]["4XX"] = op["responses"]["default"] = {
             "description": "a Firecrawl error body",
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
         }

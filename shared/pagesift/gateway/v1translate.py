@@ -200,10 +200,19 @@ def batch_request(r: BatchScrapeRequestV1) -> jobs_pb2.StartBatchScrapeRequest:
 # ---------------------------------------------------------------- path depth
 
 
+def _path(url: str) -> str:
+    """The path of ``url`` (one without scheme read as ``http://``, as v1 does); a URL
+    that cannot be split (``http://[x/``: an unclosed IPv6 bracket) is a 400 naming url."""
+    try:
+        return urlsplit(url if "://" in url else "http://" + url).path
+    except ValueError as exc:
+        raise _refuse("url", f"not a URL: {exc}") from None
+
+
 def path_depth(url: str) -> int:
     """Firecrawl's ``getURLDepth``: the path's segments, empty ones and ``index.php``/
     ``index.html`` not counted (a URL without scheme read as ``http://``, as v1 does)."""
-    path = urlsplit(url if "://" in url else "http://" + url).path
+    path = _path(url)
     return sum(1 for s in path.split("/") if s and s not in _NOT_COUNTED)
 
 
@@ -319,7 +328,7 @@ def map_arguments(r: MapRequestV1) -> tuple[MapRequest, dict[str, Any]]:
     v2 = _v2(MapRequest, data)
     args = translate.map_arguments(v2)
     include = list(r.include_paths or ())
-    start = urlsplit(r.url if "://" in r.url else "http://" + r.url).path
+    start = _path(r.url)
     if r.filter_by_path and start not in ("", "/"):
         if include:
             why = (
