@@ -232,11 +232,12 @@ def test_page_statuses_follow_the_table() -> None:
     assert ps("timeout") == ps("connect") == ps("dns") == C.UNAVAILABLE
     assert ps("http_status", 429) == ps("http_status", 502) == C.UNAVAILABLE
     assert ps("http_status", 404) == ps("http_status", 410) == C.NOT_FOUND
-    assert ps("http_status", 403) == ps("too_large") == ps("parse_failed") == C.UNKNOWN
+    assert ps("http_status", 403) == ps("parse_failed") == ps("action_failed") == C.ABORTED
+    assert ps("too_large") == C.RESOURCE_EXHAUSTED and ps("render_failed") == C.UNAVAILABLE
     assert ps("robots_disallowed") == C.PERMISSION_DENIED
     assert ps("invalid_url") == ps("blocked_address") == C.INVALID_ARGUMENT
     for code in rpcerrors.PAGE_STATUS:  # never the caller's deadline, never "go elsewhere"
-        assert ps(code) not in (C.DEADLINE_EXCEEDED, C.FAILED_PRECONDITION)
+        assert ps(code) not in (C.DEADLINE_EXCEEDED, C.FAILED_PRECONDITION, C.UNKNOWN)
 
 
 def test_reasons_are_stable_upper_snake() -> None:

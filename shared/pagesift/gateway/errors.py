@@ -94,9 +94,15 @@ TABLE: dict[str, tuple[int, str]] = {
 #: QUOTA_EXCEEDED by its ``limit``: the account's allowance is used up (402), not a rate
 QUOTA_LIMITS = frozenset({"pages_per_day", "max_batch_urls", "max_crawl_limit"})
 
-#: PAGE_FETCH_FAILED by the page error ``code``
+#: PAGE_FETCH_FAILED by the page error ``code``: a render's failures each have theirs
+#: (a ``waitFor`` selector that never showed is ``timeout``; a renderer killed past
+#: ``browser_page_memory_limit`` is ``too_large``), none a 500
 PAGE_CODES: dict[str, tuple[int, str]] = {
     "timeout": (408, "SCRAPE_TIMEOUT"),
+    "action_failed": (422, "SCRAPE_ACTION_ERROR"),
+    "too_large": (422, "SCRAPE_TOO_LARGE"),
+    "connect": (502, "SCRAPE_SITE_ERROR"),
+    "render_failed": (502, "SCRAPE_SITE_ERROR"),
     "blocked_address": (403, "URL_BLOCKED"),
     "robots_disallowed": (403, "ROBOTS_DISALLOWED"),
     "invalid_url": (400, "BAD_REQUEST"),

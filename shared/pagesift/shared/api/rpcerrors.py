@@ -46,14 +46,22 @@ again (``pagesift.node.storage``). The message never names a filesystem path. An
 servicer that lets ``StorageUnavailable`` escape answers this (the error table's row,
 applied to every RPC by ``pagesift.node.storage.StorageErrors``).
 
-Statuses by page error code (``PAGE_STATUS``, Scrape): DEADLINE_EXCEEDED is only ever
-the caller's own deadline, and an upstream failure is never FAILED_PRECONDITION.
-UNAVAILABLE: the page may answer later (``timeout``, ``connect``, ``dns``,
-``retry_after_too_long``, ``http_status`` 408/425/429/5xx); NOT_FOUND: the page said
-404/410; PERMISSION_DENIED: ``robots_disallowed``; INVALID_ARGUMENT: ``invalid_url``,
-``blocked_address`` (field ``url``); UNKNOWN: the page answered but cannot be made a
-document (another ``http_status``, ``too_large``, ``unsupported_content``,
-``redirect_loop``, ``tls``, ``parse_failed``).
+Statuses by page error code (``PAGE_STATUS``, Scrape): every ``ErrorCode`` has its
+status, none is UNKNOWN (``tests/test_render_errors.py`` walks them; a code missing from
+the map would be INTERNAL, a defect). DEADLINE_EXCEEDED is only ever the caller's own
+deadline, and an upstream failure is never FAILED_PRECONDITION (which, without
+details, means "send it elsewhere"). UNAVAILABLE: the page may answer later
+(``timeout``, a ``wait_for`` that did not show in time included, ``connect``, ``dns``,
+``retry_after_too_long``, ``http_status`` 408/425/429/5xx, ``render_failed``: the
+browser failed or its renderer crashed, the next attempt gets a fresh one); NOT_FOUND:
+the page said 404/410; PERMISSION_DENIED: ``robots_disallowed`` (and ``robots_noindex``);
+INVALID_ARGUMENT: ``invalid_url``, ``blocked_address`` (field ``url``);
+RESOURCE_EXHAUSTED: ``too_large``, the page passed a bound of the server
+(``max_body_bytes``, the rendered HTML, a screenshot, ``browser_page_memory_limit``);
+ABORTED: the page answered but the scrape was given up as asked, and the same request
+fails the same way until the page or the request changes (``action_failed``, another
+``http_status``, ``unsupported_content``, ``redirect_loop``, ``tls``, ``parse_failed``:
+AIP-193's "retry at a higher level"); ALREADY_EXISTS: ``duplicate`` (a crawl outcome).
 """
 
 from __future__ import annotations
@@ -123,9 +131,10 @@ class Reason(enum.StrEnum):
 
 
 _U = grpc.StatusCode.UNAVAILABLE
-_UNKNOWN = grpc.StatusCode.UNKNOWN
+_GIVEN_UP = grpc.StatusCode.ABORTED
 
-#: Scrape's status for a page error code (``http_status`` is refined by ``page_status``).
+#: Scrape's status for each page error code (``http_status`` is refined by
+#: ``page_status``); the module docstring says why each.
 PAGE_STATUS: dict[str, grpc.StatusCode] = {
     ErrorCode.ROBOTS_DISALLOWED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.BLOCKED_ADDRESS: grpc.StatusCode.INVALID_ARGUMENT,
@@ -134,14 +143,16 @@ PAGE_STATUS: dict[str, grpc.StatusCode] = {
     ErrorCode.CONNECT: _U,
     ErrorCode.DNS: _U,
     ErrorCode.RETRY_AFTER_TOO_LONG: _U,
-    ErrorCode.HTTP_STATUS: _UNKNOWN,
-    ErrorCode.TOO_LARGE: _UNKNOWN,
-    ErrorCode.UNSUPPORTED_CONTENT: _UNKNOWN,
-    ErrorCode.REDIRECT_LOOP: _UNKNOWN,
-    ErrorCode.TLS: _UNKNOWN,
-    ErrorCode.PARSE_FAILED: _UNKNOWN,
-    ErrorCode.DUPLICATE: _UNKNOWN,  # crawl outcomes, never raised by Scrape
-    ErrorCode.ROBOTS_NOINDEX: _UNKNOWN,
+    ErrorCode.RENDER_FAILED: _U,
+    ErrorCode.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.HTTP_STATUS: _GIVEN_UP,
+    ErrorCode.ACTION_FAILED: _GIVEN_UP,
+    ErrorCode.UNSUPPORTED_CONTENT: _GIVEN_UP,
+    ErrorCode.REDIRECT_LOOP: _GIVEN_UP,
+    ErrorCode.TLS: _GIVEN_UP,
+    ErrorCode.PARSE_FAILED: _GIVEN_UP,
+    ErrorCode.DUPLICATE: grpc.StatusCode.ALREADY_EXISTS,  # crawl outcomes, never Scrape's
+    ErrorCode.ROBOTS_NOINDEX: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 _TRANSIENT_HTTP = frozenset({408, 425, 429})
@@ -154,7 +165,7 @@ def page_status(code: str, http_status: int | None = None) -> grpc.StatusCode:
             return _U
         if http_status in (404, 410):
             return grpc.StatusCode.NOT_FOUND
-    return PAGE_STATUS.get(code, _UNKNOWN)
+    return PAGE_STATUS.get(code, grpc.StatusCode.INTERNAL)  # unmapped: a defect, never UNKNOWN
 
 
 # ---------------------------------------------------------------- building

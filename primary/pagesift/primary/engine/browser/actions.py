@@ -8,6 +8,8 @@ stored (``shared.jobs.validate``); ``plan`` checks again because a stored reques
 outlives a configuration change, and it refuses before any network is spent.
 
 Invariants:
+- the request's ``wait_for`` selector that never shows is ``TIMEOUT`` (the page did
+  not get there within ``max_render_wait``, like a render past its deadline);
 - a failing step raises ``PageError(ACTION_FAILED, "action 3 (click '#more'): ...")``
   naming its index; the whole sequence past ``max_actions_time`` raises the same code
   naming the step it stopped at; Playwright's multi-line call logs are cut to a line;
@@ -221,13 +223,19 @@ def reason(exc: BaseException) -> str:
 
 async def wait_for(page: Any, selector: str, seconds: float) -> None:
     """The request's ``wait_for``: a visible selector (within ``max_render_wait``) or a
-    pause; ACTION_FAILED when the selector never shows."""
+    pause; TIMEOUT when the selector did not show in time, ACTION_FAILED when it cannot
+    be waited for (a selector the browser refuses)."""
     if selector:
         try:
             await page.wait_for_selector(selector, state="visible", timeout=seconds * 1000)
         except Exception as e:  # a Playwright error of any kind
             if _closed(e):
                 raise
+            if type(e).__name__ == "TimeoutError":  # Playwright's own
+                raise PageError(
+                    ErrorCode.TIMEOUT,
+                    f"wait_for {selector!r}: not visible within {seconds:g} s (max_render_wait)",
+                ) from e
             raise _refuse(f"wait_for {selector!r}", reason(e)) from e
     elif seconds > 0:
         await asyncio.sleep(seconds)
