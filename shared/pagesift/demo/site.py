@@ -4,7 +4,9 @@ This module owns the site the test suite crawls (crawl correctness, crash and
 replication tests) and that ``make run`` serves as a demo. ``build_site`` makes
 an ``aiohttp`` application and, from the same generator, a manifest; the site is
 deterministic for a given ``seed`` (only absolute links carry the ``Host`` the
-client used). ``serve_site`` binds it to a free loopback port.
+client used). ``serve_site`` binds it to a free loopback port, under the listeners'
+discipline (``pagesift.shared.util.listeners``; ``DEMO_LIMITS``: every client is local,
+so no per-client cap).
 
 What the site contains (paths are fixed; only article slugs depend on the seed):
 
@@ -105,6 +107,7 @@ from pagesift.demo.layout import (
 )
 from pagesift.demo.pages import generate_pages
 from pagesift.shared.jobs import urls
+from pagesift.shared.util.listeners import ListenerLimits, start_site
 
 __all__ = [
     "BIG_PATH",
@@ -323,6 +326,11 @@ def build_site(
     return Site(app=app, manifest=manifest, hits=hits, requests=requests)
 
 
+#: the demo's listener: the listeners' timeouts; crawls of many jobs at once from one
+#: loopback address, so a total cap alone
+DEMO_LIMITS = ListenerLimits(max_connections=4_096, max_per_client=0, max_requests=0)
+
+
 async def serve_site(
     site: Site, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, str]:
@@ -332,12 +340,10 @@ async def serve_site(
     are cancelled when their client goes away, so cleanup never waits on
     ``/slow.html``.
     """
-    runner = web.AppRunner(
-        site.app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None
-    )
-    await runner.setup()
-    tcp = web.TCPSite(runner, host, port)
-    await tcp.start()
+    runner = await start_site(
+        site.app, host, port, DEMO_LIMITS, name="demo", handler_cancellation=True,
+        shutdown_timeout=1.0,
+    )  # fmt: skip
     bound = runner.addresses[0]
     actual_port = int(bound[1])
     shown = f"[{host}]" if ":" in host else host

@@ -16,6 +16,9 @@ Invariants
 - TLS files are read once, before the port is bound: a missing or bad file is an
   error at start (``OSError``/``ssl.SSLError``/``ValueError``), never a plaintext port.
 - The ``JobClient``s and the ``/healthz`` probe use the same channel credentials.
+- The port keeps ``Options.limits`` (``pagesift.shared.util.listeners.start_site``):
+  header, idle and body timeouts, requests per connection, connection caps in all and
+  per client, refused at once; its outsider-triggered log lines are rate-limited.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import asyncio
 import signal
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -33,6 +36,7 @@ from aiohttp import web
 from pagesift.client.auth import tls_credentials
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients
+from pagesift.shared.util.listeners import ListenerLimits, start_site
 
 __all__ = ["SHUTDOWN_SECONDS", "Options", "run", "serve_forever", "start"]
 
@@ -47,7 +51,8 @@ class Options:
     made already (they win); ``trust_forwarded``: read a proxy's ``Forwarded`` /
     ``X-Forwarded-*`` for the answers' absolute URLs (``pagesift.gateway.forwarded``);
     ``cluster``: ``etcd://HOST:PORT[,...]/NAME``, a cluster of pairs in place of the
-    addresses (its jobs placed and found by their ids, ``JobClient(cluster=...)``)."""
+    addresses (its jobs placed and found by their ids, ``JobClient(cluster=...)``);
+    ``limits``: the port's connection discipline (``pagesift.shared.util.listeners``)."""
 
     tls_cert: str = ""
     tls_key: str = ""
@@ -57,6 +62,7 @@ class Options:
     credentials: grpc.ChannelCredentials | None = None
     trust_forwarded: bool = False
     cluster: str = ""
+    limits: ListenerLimits = field(default_factory=ListenerLimits)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server TLS context of the gateway's port (None: plaintext)."""
@@ -92,12 +98,18 @@ async def start(
     ctx = opts.ssl_context()
     clients = Clients(addresses, cluster=opts.cluster, credentials=opts.channel_credentials())
     app = make_app(clients, trust_forwarded=opts.trust_forwarded, **app_kw)
-    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_SECONDS, access_log=None)
-    await runner.setup()
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")
+    runner = await start_site(
+        app,
+        host,
+        int(port),
+        opts.limits,
+        name="gateway",
+        ssl_context=ctx,
+        shutdown_timeout=SHUTDOWN_SECONDS,
+    )
     try:
-        await web.TCPSite(runner, host, int(port), ssl_context=ctx).start()
         return runner, _bound(runner, host)
     except BaseException:
         await runner.cleanup()

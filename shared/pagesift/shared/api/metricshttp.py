@@ -6,6 +6,9 @@ What it owns
 pointer to it) on the node's ``metrics_listen`` address; ``bound_port`` says which
 port it took when asked for port 0 (tests). Nothing else listens for Prometheus.
 
+Its port keeps the listeners' discipline (``pagesift.shared.util.listeners``:
+timeouts, and ``METRICS_LIMITS``' small connection caps, refused at once).
+
 Why it is safe: the exposition is rendered in a worker thread, because the jobs gauge
 reads every job's record from the store (``metricsources``); a large store slows a
 scrape, never the event loop.
@@ -19,10 +22,17 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.util.listeners import ListenerLimits, start_site
+
+#: /metrics is for a few Prometheus servers: a small cap, in all and per address
+METRICS_LIMITS = ListenerLimits(max_connections=64, max_per_client=16)
 
 
-async def start_http(metrics: Metrics, host: str, port: int) -> web.AppRunner:
-    """Serve ``GET /metrics`` on ``host:port`` (port 0: any free port, see ``bound_port``).
+async def start_http(
+    metrics: Metrics, host: str, port: int, limits: ListenerLimits = METRICS_LIMITS
+) -> web.AppRunner:
+    """Serve ``GET /metrics`` on ``host:port`` (port 0: any free port, see ``bound_port``)
+    under ``limits`` (``pagesift.shared.util.listeners``).
 
     The exposition is rendered in a worker thread (the jobs gauge reads the store),
     so a large store never stalls the event loop. Stop it with ``await runner.cleanup()``.
@@ -38,15 +48,7 @@ async def start_http(metrics: Metrics, host: str, port: int) -> web.AppRunner:
     app = web.Application()
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/", handle_root)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner
+    return await start_site(app, host, port, limits, name="metrics")
 
 
 def bound_port(runner: web.AppRunner) -> int:

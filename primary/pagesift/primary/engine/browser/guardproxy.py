@@ -20,8 +20,10 @@ address:
   is reached under the same guard (the pool's literal endpoints exempt, only for the
   proxy itself) and asked to ``CONNECT`` to the checked address, never the name.
 - One request per upstream connection (``Connection: close`` both ways); heads are
-  bounded; connections, idle time per tunnel and connect time are bounded; ``close``
-  and ``release`` cancel every connection task they own.
+  bounded; connections (past ``max_connections`` a 503 at accept, from the listeners'
+  gate: ``pagesift.shared.util.listeners.start_stream_server``), idle time per tunnel
+  and connect time are bounded; ``close`` and ``release`` cancel every connection task
+  they own.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from aiohttp.resolver import DefaultResolver
 from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError, GuardedResolver
 from pagesift.primary.engine.reqprofile import ProxyPool
 from pagesift.shared.jobs import urls
+from pagesift.shared.util.listeners import start_stream_server
 
 __all__ = [
     "ERROR_HEADER", "GUARD_LAUNCH_ARGS", "GuardProxy", "Head", "ProxyCredentials", "ProxyStats",
@@ -117,7 +120,7 @@ class Usage:
 class ProxyStats:
     """The proxy's counters since start (``blocked_bytes``: request heads refused)."""
 
-    connections: int  # accepted
+    connections: int  # accepted (those past max_connections never reach the proxy)
     active: int  # open now
     requests: int  # authorized
     tunnels: int  # CONNECT relayed
@@ -305,9 +308,12 @@ class GuardProxy:
         """Listen on 127.0.0.1 (an ephemeral port); returns the port."""
         if self._server is None:
             self._resolver = self._resolver or DefaultResolver()  # binds to this loop
-            self._server = await asyncio.start_server(
-                self._accept, "127.0.0.1", 0, limit=self.max_head
-            )
+            # past max_connections: the 503 at once, before any task or read (the
+            # listeners' gate, pagesift.shared.util.listeners)
+            self._server = await start_stream_server(
+                self._accept, "127.0.0.1", 0, max_connections=self.max_connections,
+                limit=self.max_head, refusal=_BUSY, name="guard proxy",
+            )  # fmt: skip
             self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
@@ -364,9 +370,6 @@ class GuardProxy:
         task = asyncio.current_task()
         assert task is not None
         self._c["connections"] += 1
-        if len(self._tasks) >= self.max_connections:
-            await _send_close(writer, _BUSY)
-            return
         self._tasks.add(task)
         try:
             await self._serve(reader, writer, task)
