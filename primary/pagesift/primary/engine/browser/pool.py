@@ -272,6 +272,7 @@ class BrowserPool:
 
     def stats(self) -> dict[str, int]:
         cur = self._current
+        watch = cur.watch if cur is not None else None
         return {
             "in_use": self.slots.used,
             "waiting": self.slots.waiting,
@@ -281,8 +282,8 @@ class BrowserPool:
             "pages_rendered": self.pages_rendered,
             "browser_pid": (cur.pid or 0) if cur and not cur.dead else 0,
             "contexts": self.contexts(),
-            "renderers_killed": self.renderers_killed
-            + (cur.watch.kills if cur is not None and cur.watch is not None else 0),
+            "renderers_killed": self.renderers_killed + (watch.kills if watch else 0),
+            "renderer_peak_rss": watch.peak if watch else 0,  # the current browser's
         }
 
     def browser_pid(self) -> int | None:
