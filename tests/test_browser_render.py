@@ -251,7 +251,7 @@ async def test_the_actions_share_one_time_budget(pool: BrowserPool, root: str) -
     assert err.value.code == ErrorCode.ACTION_FAILED
     assert err.value.message.startswith("action 1 (wait 0.6 s)")
     assert "max_actions_time" in err.value.message
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 8  # a generous bound: a loaded box renders slowly
 
 
 async def test_plan_refuses_waits_and_actions_beyond_the_servers_bounds() -> None:
@@ -401,7 +401,7 @@ async def test_sigkill_of_the_browser_mid_render_fails_fast_and_the_next_render_
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(PageError) as err:
         await asyncio.wait_for(task, 10)
-    assert time.monotonic() - killed < 3
+    assert time.monotonic() - killed < 8  # at the kill, not after the page's 10 s
     assert err.value.code == ErrorCode.RENDER_FAILED and err.value.worker_lost
     got = await pool.render(root + PAGES["app"], pb.ScrapeOptions(), owner="t")
     assert MARKERS["app"] in got.html.decode()
@@ -452,7 +452,7 @@ async def test_a_render_past_its_timeout_fails_timeout_and_frees_its_slot(
     with pytest.raises(PageError) as err:
         await pool.render(root + "slow.html?delay=10", pb.ScrapeOptions(), owner="t", timeout=1.0)
     assert err.value.code == ErrorCode.TIMEOUT
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 8  # at its 1 s timeout, not after the page's 10 s
     assert pool.stats()["in_use"] == 0
     got = await pool.render(root + PAGES["app"], pb.ScrapeOptions(), owner="t")
     assert MARKERS["app"] in got.html.decode()

@@ -644,7 +644,7 @@ async def test_a_dead_address_is_skipped(pair: tuple[FakeJobs, str, FakeJobs, st
         t0 = time.monotonic()
         assert (await client.get_job("job-1")).id == "job-1"
         assert await client.cancel("job-1") == jobs_pb2.JOB_STATE_CANCELLED
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 15  # its 0.5 s budget, with room for a loaded box
         assert primary.calls == ["GetJob", "CancelJob"]
 
 
@@ -674,7 +674,7 @@ async def test_unavailable_everywhere_gives_up_within_the_budget() -> None:
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await client.list_jobs()
         assert e.value.code() == UNAVAILABLE
-        assert 0.4 <= time.monotonic() - t0 < 5
+        assert 0.4 <= time.monotonic() - t0 < 15  # generous for a loaded box
 
 
 async def test_iter_documents_follows_next_skip(pair: tuple[FakeJobs, str, FakeJobs, str]) -> None:

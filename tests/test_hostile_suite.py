@@ -6,11 +6,18 @@ behind the unclosed sitemap, Maps behind the 20,000-rule robots.txt and the slow
 sitemap index. Meanwhile alice crawls an ordinary site and asks ListJobs every 100 ms.
 
 What must hold (liveness bounds, not speed claims): alice's every ListJobs answers
-within ``LIVENESS``; alice's crawl completes with no page charged for bob's inputs;
-each of bob's hostile pages ends as a document or as a page error naming the cap
-that refused it; both Maps answer within ``map_timeout`` and slack; no worker's peak
-passes its memory cap (the node's own ``pagesift_worker_peak_memory_bytes``), and the
-event loop never lagged past ``LIVENESS`` (``pagesift_event_loop_lag_max_seconds``).
+within the liveness bound; alice's crawl completes with no page charged for bob's
+inputs; each of bob's hostile pages ends as a document or as a page error naming the
+cap that refused it; both Maps answer within ``map_timeout`` and slack (well before the
+slow sitemaps' 20 s); no worker's peak passes its memory cap (the node's own
+``pagesift_worker_peak_memory_bytes``), and the event loop never lagged past the
+liveness bound (``pagesift_event_loop_lag_max_seconds``).
+
+The liveness bound holds on a loaded machine (issue 28, finding 8: a fixed 2 s failed
+at 2.40 s under load 5-9): alice's ListJobs is timed first with nothing hostile running
+(the control), and the bound is ``tests.liveness.bound`` of it, 20 times the control
+and at least 4 s; a loop stalled for many seconds (the regressions here took 39 s to
+531 s) still fails it. The tight figures live in ``make bench`` (``bench/hostile.py``).
 
 The families' own modules test each input alone; this one
 shows they do not add up to an outage when they arrive together.
@@ -29,7 +36,7 @@ import pytest
 
 from pagesift.demo.site import Site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests import hostile
+from tests import hostile, liveness
 from tests.helpers import (
     ALICE,
     BOB,
@@ -48,9 +55,8 @@ from tests.hostile import sitemaps as hostile_sitemaps
 
 pytestmark = pytest.mark.system
 
-LIVENESS = 2.0  # seconds alice's ListJobs (and the node's loop) may stall
 MAP_TIMEOUT = 4.0
-SLACK = 5.0
+SLACK = 10.0  # past map_timeout, for a loaded box; a Map that ignores it takes 20 s more
 MEMORY_CAP = 1 << 30  # worker_memory_limit: RLIMIT_AS of every extraction worker
 
 HOSTILE_PAGES = (
@@ -140,6 +146,12 @@ async def test_the_whole_hostile_site_at_once_leaves_another_account_served(
         grpc.aio.insecure_channel(node.address, options=UNLIMITED) as channel,
     ):
         stub = jobs_pb2_grpc.JobServiceStub(channel)
+        control = await liveness.control(  # alice's ListJobs with nothing hostile running
+            lambda: stub.ListJobs(
+                jobs_pb2.ListJobsRequest(page_size=1), metadata=ALICE.md, timeout=30
+            )
+        )
+        limit = liveness.bound(control)
         stop = asyncio.Event()
         probe = asyncio.create_task(_probe(stub, stop))
         try:
@@ -181,7 +193,12 @@ async def test_the_whole_hostile_site_at_once_leaves_another_account_served(
         )
         samples = await scrape_metrics(metrics_at)
 
-    assert worst < LIVENESS, f"alice's ListJobs took {worst:.2f} s"
+    lag = metric(samples, "pagesift_event_loop_lag_max_seconds")
+    print(  # the figures for the record (pytest -s shows them)
+        f"alice's ListJobs: control {control:.3f} s, worst {worst:.3f} s, bound {limit:.1f} s;"
+        f" loop lag max {lag:.3f} s; Maps {rules_s:.2f} s and {slow_s:.2f} s"
+    )
+    assert worst < limit, f"alice's ListJobs took {worst:.2f} s (control {control:.3f} s)"
     assert alice_job.state == jobs_pb2.JOB_STATE_COMPLETED, alice_job
     # the demo site's own big.html is over the body cap by design; nothing of bob's counts
     charged = [
@@ -214,5 +231,4 @@ async def test_the_whole_hostile_site_at_once_leaves_another_account_served(
         and float(dict(labels)["le"]) == MEMORY_CAP
     )
     assert peaks >= len(HOSTILE_PAGES) and within == peaks, (within, peaks)
-    lag = metric(samples, "pagesift_event_loop_lag_max_seconds")
-    assert lag < LIVENESS, f"the event loop lagged {lag:.2f} s"
+    assert lag < limit, f"the event loop lagged {lag:.2f} s (control {control:.3f} s)"

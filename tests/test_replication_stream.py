@@ -296,7 +296,7 @@ async def test_sync_mode_waits_for_the_ack_and_degrades_to_async_on_timeout(
     offset = a.write("page/2")
     t0 = time.monotonic()
     assert await a.repl.wait_replicated(offset) is False
-    assert 0.25 <= time.monotonic() - t0 < 2.0
+    assert 0.25 <= time.monotonic() - t0 < 10.0  # its 0.3 s, with room for a loaded box
     assert a.repl.sync_degraded and a.repl.sync_degraded_total == 1
     # degraded: no further stall (the answer comes without suspending: no wait for an
     # ack nor a timeout), no second count

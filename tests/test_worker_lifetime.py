@@ -302,7 +302,7 @@ async def test_a_call_past_its_timeout_kills_its_stuck_worker_and_the_pool_start
             t0 = time.monotonic()
             with pytest.raises(WorkerTimeout):
                 await pool.run(time.sleep, 120, timeout=0.5)  # C code that does not return
-            assert time.monotonic() - t0 < 5
+            assert time.monotonic() - t0 < 30  # its 0.5 s timeout, not the call's 120 s
             ready, _, _ = select.select([pidfd], [], [], GONE_WITHIN)
             assert ready, f"worker {stuck} still alive after its call timed out"
         finally:
