@@ -9,8 +9,8 @@ becomes Firecrawl's error body; ``body(request, model)`` (a JSON object within
 ``pagesift.gateway.models``); ``json_answer`` (built and serialized off the loop);
 ``job_of`` (GetJob of the route's job, 404 for a job of another kind); ``int_query`` (a
 query integer bounded by its proto field), ``base_url`` and ``idempotency_key``;
-``Throttle`` and ``DEFECTS``, the rate limit of the catch-all's log line. Route modules
-(``v2``, and any other API version) import these and never each other.
+``DEFECTS``, the rate limit of the catch-all's log line (``shared.util.logthrottle``).
+Route modules (``v2``, and any other API version) import these and never each other.
 
 Invariants
 ----------
@@ -31,11 +31,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -50,6 +48,7 @@ from pagesift.gateway.errors import HttpError, bad_request, from_aio_error
 from pagesift.gateway.forwarded import origin
 from pagesift.gateway.health import PrimaryProbe
 from pagesift.gateway.metrics import note_grpc_error
+from pagesift.shared.util.logthrottle import Throttle
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -155,39 +154,18 @@ async def json_answer(make: Callable[[], Any]) -> web.Response:
     return web.Response(text=text, content_type="application/json")
 
 
-@dataclass
-class Throttle:
-    """One log line per reason per ``interval`` seconds, with the count held back since
-    the last (an outsider who finds a defect cannot fill the disk with tracebacks); at
-    most ``reasons`` reasons are told apart, the rest share one."""
-
-    interval: float = 60.0
-    reasons: int = 256
-    _next: dict[str, float] = field(default_factory=dict)
-    _held: dict[str, int] = field(default_factory=dict)
-
-    def admit(self, reason: str, now: float) -> int | None:
-        """None: hold this line back (counted); else log it, saying how many were held."""
-        if reason not in self._next and len(self._next) >= self.reasons:
-            reason = "(other)"
-        if now < self._next.get(reason, -math.inf):
-            self._held[reason] = self._held.get(reason, 0) + 1
-            return None
-        self._next[reason] = now + self.interval
-        return self._held.pop(reason, 0)
-
-
-DEFECTS = Throttle()
+#: the catch-all's log lines: one per route and exception type per minute, with a count
+DEFECTS = Throttle(60.0)
 
 
 def _log_defect(request: web.Request, exc: Exception) -> None:
-    route = request.match_info.route.resource
-    where = route.canonical if route is not None else request.path
-    held = DEFECTS.admit(f"{request.method} {where} {type(exc).__name__}", time.monotonic())
-    if held is not None:
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "(unrouted)"
+    write, held = DEFECTS.allow(f"{request.method} {route} {type(exc).__name__}", time.monotonic())
+    if write:
         log.error(
-            "gateway: %s %s failed (%d more of these in the last %.0f s not logged)",
-            request.method, where, held, DEFECTS.interval, exc_info=exc,
+            "gateway: %s %s failed (%d more of these not logged in the last %.0f s)",
+            request.method, route, held, DEFECTS.interval, exc_info=exc,
         )  # fmt: skip
 
 
