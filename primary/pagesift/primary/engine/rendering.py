@@ -22,7 +22,8 @@ The invariants, for a rendered page as for a fetched one:
 - the rendered HTML becomes a ``Page`` through the same ``pages.PageMaker`` (worker
   processes, bounded), with ``Document.engine``, ``screenshot``, ``action_results``
   and ``metadata["engine"]`` set; one attempt per call (retries are the job's: a
-  browser that crashed mid-render is a retryable ``RENDER_FAILED`` from the pool).
+  browser that crashed mid-render is a retryable ``RENDER_FAILED`` from the pool, a
+  page whose renderer passed ``browser_page_memory_limit`` a ``TOO_LARGE``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,11 @@ Invariants and why they are safe:
 - the whole render runs under ``timeout`` (TIMEOUT past it); navigation errors map to
   the HTTP engine's codes (``DNS``, ``CONNECT``, ``TLS``, ``TIMEOUT``); a browser or
   page that went away raises ``BrowserGone`` for the pool to turn into a retryable
-  ``RENDER_FAILED``; the HTML is refused past ``max_body_bytes`` (TOO_LARGE).
+  ``RENDER_FAILED`` (or ``TOO_LARGE`` when its memory watch killed the page's renderer,
+  ``pagememory``); the HTML is refused past ``max_body_bytes`` (TOO_LARGE); a
+  ``wait_for`` that never shows is TIMEOUT (``actions.wait_for``);
+- popups: the browser opens none (``pool.BOUND_LAUNCH_ARGS``); one that came anyway
+  would be closed with the page.
 """
 
 from __future__ import annotations
@@ -318,7 +322,7 @@ async def _render(
         await context.add_cookies([dict(c) for c in cookies])
     page = await context.new_page()
     pages.append(page)
-    page.on("popup", lambda popup: pages.append(popup))  # closed with the page
+    page.on("popup", lambda popup: pages.append(popup))  # none opens; if one did: closed
     page.set_default_timeout(timeout * 1000)
     page.set_default_navigation_timeout(timeout * 1000)
     page.on("crash", lambda _: crashed.append("crash"))
