@@ -7,7 +7,8 @@ The browser test drives each failure a caller can cause through a real node's gR
 Scrape and through the gateway's ``/v2/scrape`` in front of it, on a real
 chromium-headless-shell and the pages of ``tests.heavypages``: a ``wait_for`` that
 never shows, an action that fails, a navigation that cannot connect, a page past
-``browser_page_memory_limit``, a renderer that crashes mid-page.
+``browser_page_memory_limit``, a renderer that crashes mid-page, and (the guard on) a
+page that sends the browser to an internal address.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ from pagesift.gateway import errors as gateway_errors
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients
 from pagesift.primary.engine.browser.procs import children, is_renderer
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.netguard import AddressGuard
+from pagesift.primary.engine.rendering import RenderingEngine
 from pagesift.shared.api import errortable, rpcerrors
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2 as pb
 from tests.heavypages import serve_heavy
-from tests.helpers import free_port, in_process_node
+from tests.helpers import MapResolver, free_port, in_process_node, node_config
 
 EXE = "/usr/lib/chromium/chromium-headless-shell"
 ENGINE = Path(__file__).resolve().parent.parent / "primary" / "pagesift" / "primary" / "engine"
@@ -199,3 +203,37 @@ async def test_each_render_failure_has_its_status_through_grpc_and_the_gateway(
         # and the node renders on
         done = await node.stub.Scrape(pb.ScrapeRequest(url=calm, options=browser()))
         assert "Calm page" in done.document.markdown
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.access(EXE, os.X_OK), reason="chromium-headless-shell missing")
+async def test_a_page_the_browser_is_sent_to_an_internal_address_from_is_blocked_address(
+    tmp_path: Path,
+) -> None:
+    # the guard on: a "public" name for the test site (its endpoint exempt), whose page
+    # redirects the browser to an internal port
+    async with serve_heavy() as root:
+        port = int(root.rsplit(":", 1)[1].strip("/"))
+        names = MapResolver({"public.test": "127.0.0.1"})
+        settings = {**NODE, "allow_private_networks": False}
+        config = node_config(tmp_path / "engine", **settings)
+        guard = AddressGuard(exempt=frozenset({("127.0.0.1", port)}))
+        engine = RenderingEngine(HttpEngine(config, guard=guard, resolver=names), resolver=names)
+        url = f"http://public.test:{port}/to.html?port={free_port()}"
+        async with (
+            in_process_node(tmp_path / "node", engine=engine, **settings) as node,
+            gateway(node.address) as base,
+            aiohttp.ClientSession() as http,
+        ):
+            page = await node.stub.Scrape(
+                pb.ScrapeRequest(url=f"http://public.test:{port}/calm.html", options=browser())
+            )
+            assert "Calm page" in page.document.markdown  # the control: the name renders
+            err = await scrape_fails(node.stub.Scrape(pb.ScrapeRequest(url=url, options=browser())))
+            assert err.code() == C.INVALID_ARGUMENT, (err.code(), err.details())
+            info = error_info_of(err)
+            assert info is not None and info.metadata["code"] == "blocked_address"
+            body = {"url": url, "actions": [{"type": "wait", "milliseconds": 10}]}
+            async with http.post(base + "/v2/scrape", json=body) as r:
+                answer = await r.json()
+                assert (r.status, answer.get("code")) == (403, "URL_BLOCKED"), answer
