@@ -7,7 +7,8 @@ proxy's ``Forwarded`` headers are trusted), ``start`` (the site up, with its bou
 ``host:port``: ``pagesift serve --http-listen`` runs it in the node's loop and cleans it
 up with the node), ``run(listen, addresses, stop, started)`` (``start`` until ``stop``
 is set; tests run it in-process) and ``serve_forever`` (``pagesift gateway``: ``run``
-until SIGINT or SIGTERM). Port 0 picks a free port.
+until SIGINT or SIGTERM, its RLIMIT_NOFILE raised and its connection cap kept clear of
+its descriptor reserve, ``descriptor_budget``). Port 0 picks a free port.
 
 Invariants
 ----------
@@ -24,10 +25,11 @@ Invariants
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -35,10 +37,13 @@ from aiohttp import web
 
 from pagesift.client.auth import tls_credentials
 from pagesift.gateway.app import make_app
-from pagesift.gateway.clients import Clients
+from pagesift.gateway.clients import MAX_CLIENTS, Clients
+from pagesift.shared.util import descriptors
 from pagesift.shared.util.listeners import ListenerLimits, start_site
 
-__all__ = ["SHUTDOWN_SECONDS", "Options", "run", "serve_forever", "start"]
+__all__ = ["SHUTDOWN_SECONDS", "Options", "descriptor_budget", "run", "serve_forever", "start"]
+
+logger = logging.getLogger("pagesift.gateway")
 
 SHUTDOWN_SECONDS = 5.0
 
@@ -136,8 +141,30 @@ async def run(
         await runner.cleanup()
 
 
+def descriptor_budget(addresses: Sequence[str], limit: int) -> descriptors.Budget:
+    """The standalone gateway's descriptors (``pagesift.shared.util.descriptors``): the
+    reserve is the process's own 64, for each pair address a channel per API key's
+    client (``MAX_CLIENTS``) and the health probe's (a cluster's addresses are found at
+    run time: 16 are counted), and the etcd channel."""
+    reach = max(1, len(addresses)) if addresses else 16
+    parts = {"process": 64, "channels": (MAX_CLIENTS + 1) * reach, "etcd": 16}
+    return descriptors.plan(limit, parts, listeners=1)
+
+
 def serve_forever(listen: str, addresses: Sequence[str], options: Options | None = None) -> None:
-    """``run`` in a new event loop until SIGINT or SIGTERM."""
+    """``run`` in a new event loop until SIGINT or SIGTERM, the soft RLIMIT_NOFILE raised
+    first and the port's connection cap cut to what the reserve leaves
+    (``descriptor_budget``)."""
+    opts = options or Options()
+    budget = descriptor_budget(addresses, descriptors.raise_soft_limit()[0])
+    cap = budget.split({"gateway": opts.limits.max_connections})["gateway"]
+    level = logging.INFO
+    if cap < opts.limits.max_connections:
+        per_client = min(opts.limits.max_per_client, cap) if opts.limits.max_per_client else 0
+        limits = replace(opts.limits, max_connections=cap, max_per_client=per_client)
+        opts, level = replace(opts, limits=limits), logging.WARNING
+    logger.log(level, "%s (gateway cap %d)", budget.line(), cap)
+    options = opts
 
     async def main() -> None:
         stop = asyncio.Event()

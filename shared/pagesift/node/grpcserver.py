@@ -13,7 +13,10 @@ admin calls (admin key) and the replication stream (shared token; or mTLS on a p
 of its own, ``replication_listen``). The health service answers per role
 (``pagesift.node.health``: ``""``, ``pagesift.primary``, ``pagesift.replica``).
 Prometheus metrics are served on ``metrics_listen``, the Firecrawl gateway on
-``http_listen`` (``pagesift.node.httpgateway``); OpenTelemetry traces are exported
+``http_listen`` (``pagesift.node.httpgateway``), both under the listeners' discipline,
+their caps fitted into what RLIMIT_NOFILE (its soft limit raised to the hard one by
+``serve``) leaves past the node's descriptor reserve (``pagesift.node.fdreserve``: the
+arithmetic is logged at start); OpenTelemetry traces are exported
 when the standard ``OTEL_*`` environment asks for them (``pagesift.shared.util.tracing``).
 ``serve`` runs it until SIGTERM/SIGINT; SIGKILL at any instant is safe because every
 durable change is one atomic store group.
@@ -30,7 +33,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from pagesift.node import httpgateway, reflection
+from pagesift.node import fdreserve, httpgateway, reflection
 from pagesift.node.admin import AdminServicer
 from pagesift.node.health import HealthPublisher
 from pagesift.node.logs import setup_logging
@@ -46,7 +49,7 @@ from pagesift.shared.api.metricshttp import start_http
 from pagesift.shared.api.service import MAX_SEND_MESSAGE_BYTES, JobService
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.accounts import bearer_token
-from pagesift.shared.util import tracing
+from pagesift.shared.util import descriptors, tracing
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
 logger = logging.getLogger("pagesift.server")
@@ -232,10 +235,18 @@ async def run(
     # Watch sees SERVICE_UNKNOWN, then kept current as the role and the lag change
     health = HealthPublisher(node, health_servicer, replica_max_lag=config.replica_max_lag)
     await health.publish()
+    # the descriptor reserve: the HTTP listeners' caps never reach into it (fdreserve)
+    budget = fdreserve.node_budget(config, descriptors.soft_limit())
+    gateway_limits, metrics_limits = fdreserve.http_limits(config, budget)
+    if config.http_listen or config.metrics_listen:
+        level = logging.INFO if budget.http >= 64 else logging.WARNING
+        logger.log(level, "%s (gateway cap %d, /metrics cap %d)", budget.line(),
+                   gateway_limits.max_connections if config.http_listen else 0,
+                   metrics_limits.max_connections if config.metrics_listen else 0)  # fmt: skip
     metrics_runner = None
     if config.metrics_listen:
         host, _, port = config.metrics_listen.rpartition(":")
-        metrics_runner = await start_http(node.metrics, host.strip("[]"), int(port))
+        metrics_runner = await start_http(node.metrics, host.strip("[]"), int(port), metrics_limits)
     for srv in servers:
         await srv.start()
     health.start()
@@ -248,7 +259,7 @@ async def run(
     gateway = None
     try:
         if local:
-            gateway = await httpgateway.start(config, local)
+            gateway = await httpgateway.start(config, local, gateway_limits)
         if started is not None:
             started.set_result(node)
         await stop.wait()
@@ -268,6 +279,8 @@ async def run(
 def serve(config: ServerConfig) -> int:
     """Run a node until SIGTERM or SIGINT; returns the process exit status."""
     setup_logging(config.log_format)
+    soft, hard = descriptors.raise_soft_limit()  # the reserve's arithmetic starts here
+    logger.info("RLIMIT_NOFILE: soft %d, hard %d", soft, hard)
     if tracing.configure_from_env():  # OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_TRACES_EXPORTER
         logger.info("tracing: spans are exported (OpenTelemetry)")
     if config.allow_private_networks:

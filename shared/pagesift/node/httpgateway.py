@@ -3,7 +3,7 @@
 What it owns
 ------------
 ``bind_local(server)``: a plaintext gRPC port on 127.0.0.1 (port 0: a free one) on the
-node's own server, the gateway's way in; ``start(config, address)``: the gateway
+node's own server, the gateway's way in; ``start(config, address, limits)``: the gateway
 (``pagesift.gateway.server.start``) on ``http_listen`` in the node's event loop, in
 front of that address, with the node's TLS certificate on its HTTP port. The node
 (``pagesift.node.grpcserver.run``) stops it first when it stops.
@@ -24,6 +24,7 @@ import grpc
 from aiohttp import web
 
 from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.util.connlimits import ListenerLimits
 
 __all__ = ["bind_local", "start"]
 
@@ -38,9 +39,11 @@ def bind_local(server: grpc.aio.Server) -> str:
     return f"127.0.0.1:{port}"
 
 
-async def start(config: ServerConfig, address: str) -> web.AppRunner:
-    """The gateway on ``config.http_listen`` in front of ``address``; stop it with
-    ``cleanup()``. A port that cannot be bound is ``SystemExit`` (as the gRPC ports)."""
+async def start(config: ServerConfig, address: str, limits: ListenerLimits) -> web.AppRunner:
+    """The gateway on ``config.http_listen`` in front of ``address``, under ``limits``
+    (the ``http_*`` keys, caps fitted to the descriptor budget: ``pagesift.node.fdreserve``);
+    stop it with ``cleanup()``. A port that cannot be bound is ``SystemExit`` (as the
+    gRPC ports)."""
     from pagesift.gateway.server import Options
     from pagesift.gateway.server import start as start_gateway
 
@@ -48,11 +51,15 @@ async def start(config: ServerConfig, address: str) -> web.AppRunner:
         tls_cert=config.tls_cert,
         tls_key=config.tls_key,
         trust_forwarded=config.http_trust_forwarded,
+        limits=limits,
     )
     try:
         runner, bound = await start_gateway(config.http_listen, [address], options=options)
     except OSError as err:
         raise SystemExit(f"cannot listen on {config.http_listen}: {err.strerror or err}") from err
     scheme = "https" if config.tls_cert else "http"
-    logger.info("Firecrawl gateway on %s://%s (in front of this node)", scheme, bound)
+    logger.info(
+        "Firecrawl gateway on %s://%s (in front of this node; %d connections, %d per client)",
+        scheme, bound, limits.max_connections, limits.max_per_client,
+    )  # fmt: skip
     return runner

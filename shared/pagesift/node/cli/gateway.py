@@ -9,6 +9,9 @@ is ``--client-cert``/``--client-key``, since ``--tls-cert`` names the port's own
 ``--trust-forwarded`` reads a proxy's ``Forwarded`` headers for the absolute URLs.
 ``--cluster etcd://HOST:PORT[,...]/NAME`` (instead of ``--server``) puts it in front of a
 cluster of pairs: jobs placed by their sites, found by their ids (``JobClient(cluster=...)``).
+``--header-timeout``, ``--idle-timeout``, ``--body-timeout``, ``--max-connections``,
+``--max-requests-per-connection`` and ``--max-connections-per-client`` set the port's
+connection discipline (``pagesift.shared.util.listeners``; defaults: ``ListenerLimits``).
 Flags that do not go together are exit 2; a port or a file that cannot be used, exit 5.
 """
 
@@ -18,8 +21,9 @@ import argparse
 import ssl
 from typing import Any
 
-from pagesift.node.cli.args import cluster_url, host_port
+from pagesift.node.cli.args import cluster_url, host_port, nonneg_float, nonneg_int, positive_int
 from pagesift.node.cli.common import EXIT_FAILED, EXIT_OK, fail, server_extra_missing
+from pagesift.shared.util.connlimits import ListenerLimits
 
 
 def _servers(value: str) -> list[str]:
@@ -36,6 +40,17 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         return fail(missing, exit=EXIT_FAILED)
     from pagesift.gateway.server import Options, serve_forever
 
+    try:
+        limits = ListenerLimits(
+            header_timeout=args.header_timeout,
+            idle_timeout=args.idle_timeout,
+            body_timeout=args.body_timeout,
+            max_requests=args.max_requests_per_connection,
+            max_connections=args.max_connections,
+            max_per_client=args.max_connections_per_client,
+        )
+    except ValueError as err:
+        return fail(f"gateway: {err}")
     options = Options(
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -44,6 +59,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         client_key=args.client_key,
         trust_forwarded=args.trust_forwarded,
         cluster=args.cluster or "",
+        limits=limits,
     )
     default = [] if args.cluster else [["127.0.0.1:50051"]]
     addresses = [a for group in args.server or default for a in group]
@@ -92,4 +108,26 @@ def add_gateway_command(sub: Any) -> None:
         help="a proxy in front sets Forwarded / X-Forwarded-Proto / X-Forwarded-Host: "
         "use them for the absolute URLs of answers (else they are ignored)",
     )
+    _add_limit_flags(p)
     p.set_defaults(handler=_cmd_gateway, uses_client=False)
+
+
+def _add_limit_flags(p: Any) -> None:
+    """The port's connection discipline (``pagesift.shared.util.listeners``)."""
+    d = ListenerLimits()
+    flags: tuple[tuple[str, Any, Any, str], ...] = (
+        ("--header-timeout", nonneg_float, d.header_timeout,
+         "seconds a request line and headers may take (from connect or first byte)"),
+        ("--idle-timeout", nonneg_float, d.idle_timeout,
+         "seconds an idle keep-alive connection is kept"),
+        ("--body-timeout", nonneg_float, d.body_timeout,
+         "seconds a request body may take (408 past it)"),
+        ("--max-requests-per-connection", nonneg_int, d.max_requests,
+         "requests on one connection before it is closed (0: no limit)"),
+        ("--max-connections", positive_int, d.max_connections,
+         "open connections at most (cut to what RLIMIT_NOFILE leaves past the reserve)"),
+        ("--max-connections-per-client", nonneg_int, d.max_per_client,
+         "open connections per client address, IPv6 per /64 (0: no cap)"),
+    )  # fmt: skip
+    for flag, kind, default, text in flags:
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default:g})")

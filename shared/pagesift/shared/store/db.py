@@ -97,10 +97,16 @@ class Observer(Protocol):
         """Called after the batch is durable, still inside the write section."""
 
 
+#: table files one store keeps open at most (RocksDB's table cache; -1, its default, is
+#: every file): a bound the node's descriptor reserve counts (pagesift.node.fdreserve)
+MAX_OPEN_FILES = 512
+
+
 def rocksdb_options() -> Options:
     """The RocksDB options of every store (the benchmark's raw limit uses them too)."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
+    opts.set_max_open_files(MAX_OPEN_FILES)
     # Most point reads ask for keys that are absent (is this URL seen, is this member
     # in, which bounds does a new list have); without a filter each one reads an index
     # and a data block per level. 10 bits/key: ~1% false positives.

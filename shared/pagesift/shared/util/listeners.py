@@ -2,12 +2,13 @@
 
 What it owns
 ------------
-``ListenerLimits`` (the bounds), ``ConnectionGate`` (the caps: a pure count of open
-connections, in all and per client address), ``start_site`` (an aiohttp application
+``start_site`` (an aiohttp application
 served under the limits: the gateway, ``pagesift serve --http-listen``'s gateway,
 ``/metrics`` and the demo site use it), ``start_stream_server`` (an asyncio stream
 server under the caps: the browser's guard proxy) and the rate-limited lines of what an
 outsider can trigger (``OUTSIDER_LOG``; the loop's accept errors, ``quiet_accept_errors``).
+The bounds and the pure count of open connections are ``pagesift.shared.util.connlimits``'
+(``ListenerLimits``, ``ConnectionGate``), re-exported here.
 
 The bounds, per connection
 --------------------------
@@ -50,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import ipaddress
 import logging
 import socket
 import ssl
@@ -65,6 +65,12 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from pagesift.shared.util.connlimits import (
+    BACKLOG,
+    ConnectionGate,
+    ListenerLimits,
+    client_key,
+)
 from pagesift.shared.util.logthrottle import Throttle
 
 __all__ = [
@@ -83,80 +89,8 @@ __all__ = [
 
 LOG_INTERVAL = 60.0  # seconds: one line per reason at most
 LINGER_SECONDS = 2.0  # aiohttp's lingering read of an unread body after an answer
-BACKLOG = 128  # the listen queue; also how many sockets one accept turn takes at most
 _ACCEPT_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 _RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
-
-
-@dataclass(frozen=True)
-class ListenerLimits:
-    """The bounds of one listener (module docstring); 0 for ``max_requests`` or
-    ``max_per_client`` means none."""
-
-    header_timeout: float = 10.0
-    idle_timeout: float = 30.0
-    body_timeout: float = 60.0
-    max_requests: int = 1_000
-    max_connections: int = 4_096
-    max_per_client: int = 256
-
-    def __post_init__(self) -> None:
-        for name in ("header_timeout", "idle_timeout", "body_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be more than 0 seconds")
-        if self.max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
-        if self.max_requests < 0 or self.max_per_client < 0:
-            raise ValueError("max_requests and max_per_client must not be negative")
-
-
-def client_key(peer: Any) -> str:
-    """Who a peer address counts as: its IPv4 address, its IPv6 /64 ("" if unknown)."""
-    host = peer[0] if isinstance(peer, tuple) and peer else peer
-    if not isinstance(host, str):
-        return ""
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip, 64), strict=False))
-    return str(ip)
-
-
-class ConnectionGate:
-    """The open connections, in all and per client; ``admit`` says why not (or None)."""
-
-    def __init__(self, max_connections: int, max_per_client: int = 0) -> None:
-        self.max_connections = max_connections
-        self.max_per_client = max_per_client
-        self.open = 0
-        self._per_client: Counter[str] = Counter()
-
-    def admit(self, client: str) -> str | None:
-        """Count a new connection of ``client`` in, or the cap it is past ("total",
-        "per_client") and count nothing."""
-        if self.open >= self.max_connections:
-            return "total"
-        if self.max_per_client and self._per_client[client] >= self.max_per_client:
-            return "per_client"
-        self.open += 1
-        self._per_client[client] += 1
-        return None
-
-    def release(self, client: str) -> None:
-        """An admitted connection of ``client`` has ended."""
-        self.open -= 1
-        left = self._per_client[client] - 1
-        if left > 0:
-            self._per_client[client] = left
-        else:
-            del self._per_client[client]
-
-    def of(self, client: str) -> int:
-        return self._per_client[client]
 
 
 class ThrottledLog:
