@@ -33,7 +33,7 @@ from pagesift.gateway.server import start as start_gateway
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.api.metricshttp import METRICS_LIMITS, start_http
 from pagesift.shared.util import listeners
-from pagesift.shared.util.connlimits import ConnectionGate, ListenerLimits, client_key
+from pagesift.shared.util.connlimits import BACKLOG, ConnectionGate, ListenerLimits, client_key
 from pagesift.shared.util.descriptors import plan
 from pagesift.shared.util.listeners import LISTENER, OUTSIDER_LOG, start_site
 from pagesift.shared.util.logthrottle import OVERFLOW, Throttle
@@ -111,7 +111,7 @@ def test_the_limits_name_a_bad_field() -> None:
 
 def test_the_descriptor_budget_keeps_the_reserve_and_the_slack() -> None:
     budget = plan(10_000, {"store": 1_000, "grpc": 500}, listeners=2)
-    assert budget.reserve == 1_500 and budget.slack == 2 * 2 * listeners.BACKLOG
+    assert budget.reserve == 1_500 and budget.slack == 2 * 2 * BACKLOG
     assert budget.http == 10_000 - 1_500 - budget.slack
     assert "limit 10000 - reserve 1500 (store 1000 + grpc 500)" in budget.line()
     assert budget.split({"gateway": 4_096, "metrics": 64}) == {"gateway": 4_096, "metrics": 64}
