@@ -13,8 +13,15 @@ Routes (``ROUTES``, all under ``/cookies/``):
   Cookie header it got (``<pre id="got">``: every name, and the small cookies'
   values), so what a job sent is in its stored documents. ``delay`` (at most
   ``MAX_DELAY_MS``) holds the answer, so a test can kill a node mid-crawl.
+- ``/cookies/rotate/{n}?last=L&sets=S``: the same chain, each response setting
+  ``BIG_COOKIES`` cookies of ``BIG_BYTES`` (Path=/) whose names rotate over ``S``
+  sets (``ROTATE_SETS`` by default, at most ``MAX_SETS``): page ``n`` sets
+  ``r{n % S}x0`` .. ``r{n % S}x119``, each value stable per name, then ``sid=login``
+  and ``visit={n}``. The 50 a jar keeps of a response are never the 50 it kept of
+  the page before, so the per-domain cap evicts and replaces them on every page
+  (issue 28, finding 5: 135 KB of log per page, 355x a plain page's).
 - ``/cookies/quiet/{n}?last=L``: the same chain without any Set-Cookie (the baseline
-  a test measures the other against).
+  a test measures the others against).
 
 Every handler answers at once (or after its bounded delay) with at most
 ``BIG_COOKIES + 2`` Set-Cookie lines of under 4 KB: bounded in size and time.
@@ -31,6 +38,8 @@ from tests.hostile import Routes
 
 BIG_COOKIES = 120
 BIG_BYTES = 3_900
+ROTATE_SETS = 7
+MAX_SETS = 64
 MAX_LAST = 1_000
 MAX_DELAY_MS = 2_000
 SMALL = ("sid", "visit")
@@ -39,8 +48,19 @@ SMALL = ("sid", "visit")
 def big_value(i: int, n: int) -> str:
     """The value of ``big{i}`` on page ``n``: stable but for the last cookie."""
     seed = f"{i}-{n}" if i == BIG_COOKIES - 1 else str(i)
+    return _filled(seed)
+
+
+def _filled(seed: str) -> str:
     digest = hashlib.sha256(seed.encode()).hexdigest()
     return (digest * (BIG_BYTES // len(digest) + 1))[:BIG_BYTES]
+
+
+def rotating(n: int, sets: int = ROTATE_SETS) -> list[str]:
+    """The Set-Cookie lines of page ``n`` of ``/cookies/rotate/`` (``sets`` name sets)."""
+    s = n % max(1, min(sets, MAX_SETS))
+    lines = [f"r{s}x{i}={_filled(f'r{s}x{i}')}; Path=/" for i in range(BIG_COOKIES)]
+    return [*lines, "sid=login; Path=/cookies", f"visit={n}; Path=/cookies"]
 
 
 def _int(request: web.Request, name: str, default: int, top: int) -> int:
@@ -56,9 +76,10 @@ def _page(request: web.Request, kind: str) -> tuple[int, int, str]:
     except ValueError:
         n = 0
     last = _int(request, "last", 50, MAX_LAST)
-    link = f'<a href="/cookies/{kind}/{n + 1}?last={last}">next</a>' if n < last else ""
+    sets = f"&sets={request.query['sets']}" if "sets" in request.query else ""
+    link = f'<a href="/cookies/{kind}/{n + 1}?last={last}{sets}">next</a>' if n < last else ""
     got = sorted(request.cookies.items())
-    echo = " ".join(name if name.startswith("big") else f"{name}={value}" for name, value in got)
+    echo = " ".join(f"{name}={value}" if name in SMALL else name for name, value in got)
     body = (
         f"<html><head><title>{kind} {n}</title></head><body><p>page {n}</p>"
         f'<pre id="got">{echo}</pre>{link}</body></html>'
@@ -79,6 +100,14 @@ async def chain(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def rotate(request: web.Request) -> web.StreamResponse:
+    n, _, body = _page(request, "rotate")
+    response = web.Response(text=body, content_type="text/html")
+    for line in rotating(n, _int(request, "sets", ROTATE_SETS, MAX_SETS)):
+        response.headers.add("Set-Cookie", line)
+    return response
+
+
 async def quiet(request: web.Request) -> web.StreamResponse:
     _, _, body = _page(request, "quiet")
     return web.Response(text=body, content_type="text/html")
@@ -86,5 +115,6 @@ async def quiet(request: web.Request) -> web.StreamResponse:
 
 ROUTES: Routes = [
     ("/cookies/chain/{n}", chain),
+    ("/cookies/rotate/{n}", rotate),
     ("/cookies/quiet/{n}", quiet),
 ]

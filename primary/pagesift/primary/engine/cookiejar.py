@@ -4,24 +4,52 @@ Owns ``JobCookies`` (one per scrape call or job run, never shared) and ``JarChan
 (what a page's write group stores of it). The invariants:
 
 - the rules are aiohttp's ``CookieJar`` (domain, path, Secure, expiry: the jar
-  aiohttp's own sessions use); ``JobCookies`` mirrors what it holds, one ``_State``
+  aiohttp's own sessions use); ``JobCookies`` mirrors what it holds, one ``CookieState``
   per cookie identity (domain, path, name). The request's ``cookies`` are host-only
   cookies of every host it names (``seed``); each ``Set-Cookie`` of a response
   (redirects and error pages included) is applied at once, so the next hop sends it;
 - caps (RFC 6265 6.1's minimums, what browsers keep): a Set-Cookie line over
-  ``MAX_COOKIE_BYTES`` is dropped (``dropped``); a domain keeps ``MAX_DOMAIN_COOKIES``,
-  a job ``MAX_JOB_COOKIES`` cookies and ``MAX_JOB_COOKIE_BYTES`` bytes of them, the
-  oldest (by creation: a cookie set again keeps its age) evicted first (``evicted``);
+  ``MAX_COOKIE_BYTES`` is dropped (``dropped``; so is a cookie whose record would pass
+  ``MAX_RECORD_BYTES``, only a path taken from a very long URL gets there); a domain
+  keeps ``MAX_DOMAIN_COOKIES``, a job ``MAX_JOB_COOKIES`` cookies and
+  ``MAX_JOB_COOKIE_BYTES`` bytes of them, the oldest (by creation: a cookie set again
+  keeps its age) evicted first (``evicted``);
 - persistence as changes: ``changes()``, called inside a page's write group, returns
   a record per cookie whose value, attributes or expiry (beyond a small slack) differ
   from its stored record and a delete per cookie gone, each under the cookie's own
   slot (``job/{id}/cookie/{slot}``); ``committed()`` follows the commit. A site that
   sends the same 120 cookies on every response writes them once, not on every page;
+- the budget (issue 28): the jar's writes are bounded whatever the site sends. A
+  page's group writes at most its ``allowance``: the credit saved plus
+  ``JAR_PAGE_BYTES``, never more than ``JAR_BURST_BYTES`` (charged: each record's bytes
+  plus ``OP_BYTES`` per op for its key and framing, not less than the log carries:
+  ``cookierecords``, which holds the records' codec and the ``Budget``).
+  Every committed page group earns ``JAR_PAGE_BYTES`` (``committed``, ``EMPTY`` for a
+  page that wrote none) and spends what it wrote, so over any n page groups of a run
+  the jar writes at most ``JAR_BURST_BYTES + n * JAR_PAGE_BYTES`` bytes (32 KiB + 4 KiB
+  a page): cookies rotating through the per-domain cap cost the log 4 KiB a page on
+  average, not their 200 KB. What does not fit is owed, kept in memory and folded
+  (a cookie changed again is written once, as it is then; one created and evicted
+  before its turn is never written). Owed changes go in the order of ``since +
+  bytes / QUEUE_BYTES_PER_PAGE`` (the page since which it is owed, plus a page per
+  64 bytes it charges), each written whole or not at all: a session cookie of 100
+  bytes passes 4 KB ones owed up to 60 pages before it, yet no change waits for one owed
+  after its own key, and every record fits ``JAR_BURST_BYTES``, so each owed change
+  is stored after a bounded number of pages. The churn is charged to the job: the
+  first page group of a run that leaves changes owed carries a job note
+  (``JarChanges.note``, code ``cookie_budget`` in GetJobErrors); ``deferred_pages``
+  counts such groups;
 - resume: ``load()`` (after ``seed``) re-applies the records in creation order
   through the same jar, each with the expiry it had (an expired one skipped, a
-  tombstone deleting its request cookie), rebuilding the jar of the job's last
-  committed page. A store holding the snapshot form (Set-Cookie lines, ``legacy``)
-  replays it once, and the next page rewrites it as records.
+  tombstone deleting its request cookie). What survives a restart or a failover:
+  while nothing is owed (a job whose jar changes by at most ``JAR_BURST_BYTES`` at
+  once and ``JAR_PAGE_BYTES`` a page on average: logins, CSRF tokens, counters), the
+  jar of the job's last committed page, exactly. With changes owed, the stored jar
+  lacks them: each cookie it holds is one the job held on a committed page (its
+  value then, its expiry), but a cookie owed is missing, a changed one older, a
+  deleted one back, until the site sets it again; the caps hold either way. A store
+  holding the snapshot form (Set-Cookie lines, ``legacy``) replays it once, and the
+  following pages rewrite it as records.
 """
 
 from __future__ import annotations
@@ -31,16 +59,37 @@ import json
 import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from http.cookies import CookieError, Morsel, SimpleCookie
 from urllib.parse import urlsplit
 
 import aiohttp
 from yarl import URL
 
+from pagesift.primary.engine.cookierecords import (
+    GONE,
+    JAR_BURST_BYTES,
+    JAR_PAGE_BYTES,
+    MAX_RECORD_BYTES,
+    NOTE_BYTES,
+    OP_BYTES,
+    QUEUE_BYTES_PER_PAGE,
+    SLOTS_BYTES,
+    Budget,
+    CookieState,
+    Ident,
+    Want,
+    decode,
+    dump,
+    estimate,
+    same,
+)
 from pagesift.shared.jobs import urls
 
 __all__ = [
+    "EMPTY",
+    "JAR_BURST_BYTES",
+    "JAR_PAGE_BYTES",
     "MAX_COOKIE_BYTES",
     "MAX_DOMAIN_COOKIES",
     "MAX_JOB_COOKIES",
@@ -53,90 +102,7 @@ MAX_COOKIE_BYTES = 4096  # name + value + attributes of one cookie (RFC 6265 6.1
 MAX_DOMAIN_COOKIES = 50  # cookies per domain (RFC 6265 6.1's minimum); the oldest go first
 MAX_JOB_COOKIES = 3000  # cookies per job (RFC 6265 6.1's minimum); the oldest go first
 MAX_JOB_COOKIE_BYTES = 1 << 20  # bytes of cookies per job (``_weight``); the oldest go first
-EXPIRY_SLACK = 60.0  # seconds an expiry may move before the record is rewritten (at most)
 _DIRTY_MAX = 2 * MAX_JOB_COOKIES  # touched cookies tracked one by one; past it, a full diff
-
-Ident = tuple[str, str, str]  # (domain, path without its trailing "/", name): aiohttp's identity
-_GONE = "gone"  # a tombstone: a cookie of the request, deleted since (``JobCookies.changes``)
-
-
-@dataclass(frozen=True)
-class _State:
-    """One cookie as the jar holds it: what its record stores (beside its order)."""
-
-    name: str
-    value: str
-    coded: str  # the value as sent (quoted when it needs quotes)
-    domain: str  # the host, for a host-only cookie
-    host_only: bool
-    path: str
-    secure: bool
-    httponly: bool
-    samesite: str
-    deadline: float | None  # absolute expiry, epoch seconds; None: a session cookie
-
-    @property
-    def ident(self) -> Ident:
-        return (self.domain, self.path.rstrip("/"), self.name)
-
-    @property
-    def weight(self) -> int:
-        """Bytes it counts for against ``MAX_JOB_COOKIE_BYTES``."""
-        text = self.name + self.coded + self.domain + self.path + self.samesite
-        return len(text.encode("utf-8", "surrogateescape")) + 16
-
-    def encode(self, seq: int) -> bytes:
-        record: dict[str, object] = {
-            "q": seq, "n": self.name, "v": self.value, "d": self.domain,
-            "h": self.host_only, "p": self.path, "s": self.secure, "o": self.httponly,
-            "ss": self.samesite, "x": self.deadline,
-        }  # fmt: skip
-        if self.coded != self.value:
-            record["c"] = self.coded  # only when quoted: the value is most of a record
-        return _dump(record)
-
-
-_Want = _State | str | None  # a cookie, ``_GONE``, or nothing to store
-
-
-def _dump(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8", "surrogateescape"
-    )
-
-
-def _same(want: _Want, had: _Want, now: float) -> bool:
-    """Whether the stored ``had`` still says ``want``: equal, but for an expiry moved
-    by less than a tenth of the cookie's remaining life (and ``EXPIRY_SLACK``), so a
-    site that refreshes Max-Age on every response is not rewritten on every page."""
-    if not isinstance(want, _State) or not isinstance(had, _State):
-        return want == had
-    if replace(want, deadline=None) != replace(had, deadline=None):
-        return False
-    if want.deadline is None or had.deadline is None:
-        return want.deadline == had.deadline
-    slack = min(EXPIRY_SLACK, max(0.0, want.deadline - now) / 10)
-    return abs(want.deadline - had.deadline) <= slack
-
-
-def _decode(raw: bytes) -> tuple[int, Ident, _Want] | None:
-    """(seq, identity, cookie or ``_GONE``) of a stored record; None when damaged."""
-    try:
-        r = json.loads(raw.decode("utf-8", "surrogateescape"))
-        name, domain, path, seq = r["n"], r["d"], r["p"], r["q"]
-        if not all(isinstance(x, str) for x in (name, domain, path)) or not isinstance(seq, int):
-            return None
-        if r.get("gone"):
-            return seq, (domain, path.rstrip("/"), name), _GONE
-        deadline = r["x"]
-        state = _State(
-            name=name, value=str(r["v"]), coded=str(r.get("c", r["v"])), domain=domain,
-            host_only=bool(r["h"]), path=path, secure=bool(r["s"]), httponly=bool(r["o"]),
-            samesite=str(r["ss"]), deadline=None if deadline is None else float(deadline),
-        )  # fmt: skip
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return seq, state.ident, state
 
 
 @dataclass(frozen=True)
@@ -150,9 +116,12 @@ class JarChanges:
     deletes: tuple[int, ...]
     slots: int | None
     drop_legacy: bool
-    written: tuple[tuple[Ident, int, _Want], ...]
+    written: tuple[tuple[Ident, int, Want], ...]
     touches: int  # the jar's touch count when these were computed
     full: bool  # a full diff (the jar lost track of what it touched)
+    cost: int = 0  # bytes the budget charges for them (``JAR_PAGE_BYTES``), note included
+    deferred: tuple[Ident, ...] = ()  # changes past the allowance, left for later pages
+    note: str | None = None  # the job's note: the first changes of the run deferred
 
     @property
     def size(self) -> int:
@@ -160,19 +129,22 @@ class JarChanges:
         return sum(len(raw) for _, raw in self.puts)
 
 
+EMPTY = JarChanges((), (), None, False, (), 0, False)  # a page's group that changed nothing
+
+
 class JobCookies:
     """One job's cookie jar (module docstring). Create it inside the event loop."""
 
     def __init__(self) -> None:
         self._jar = aiohttp.CookieJar(unsafe=True)  # unsafe = accept IP-address hosts
-        self._live: dict[Ident, _State] = {}  # creation order: the oldest first
+        self._live: dict[Ident, CookieState] = {}  # creation order: the oldest first
         self._by_domain: dict[str, dict[Ident, None]] = {}
         self._bytes = 0  # the weight of ``_live``
         self._seq: dict[Ident, int] = {}  # creation order, kept in the records
         self._next_seq = 0
         self._expiry = math.inf  # the earliest deadline in ``_live``
-        self._base: dict[Ident, _State] = {}  # what the request's cookies set (``seed``)
-        self._stored: dict[Ident, tuple[int, _Want]] = {}  # slot and record in the store
+        self._base: dict[Ident, CookieState] = {}  # what the request's cookies set (``seed``)
+        self._stored: dict[Ident, tuple[int, Want]] = {}  # slot and record in the store
         self._slot_of: dict[Ident, int] = {}  # slots in use or reserved
         self._free: list[int] = []  # slots below ``_next_slot`` not in use (a heap)
         self._next_slot = 0
@@ -181,8 +153,13 @@ class JobCookies:
         self._dirty: set[Ident] = set()  # touched since they were last stored
         self._overflow = False  # too many to track: the next changes() diffs everything
         self._touches = 0
-        self.dropped = 0  # Set-Cookie lines over MAX_COOKIE_BYTES, dropped
+        self._since: dict[Ident, int] = {}  # the page since which each change is owed
+        self.budget = Budget()  # the run's credit of jar bytes (``cookierecords``)
+        self._noted = False  # the job's note on deferred changes was written
+        self.dropped = 0  # Set-Cookie lines over MAX_COOKIE_BYTES (or records over
+        # MAX_RECORD_BYTES), dropped
         self.evicted = 0  # cookies evicted by a cap
+        self.deferred_pages = 0  # page groups that left changes past the budget for later
 
     # requests ---------------------------------------------------------------------------
     def seed(self, cookies: Mapping[str, str], targets: Iterable[str]) -> None:
@@ -236,6 +213,11 @@ class JobCookies:
     def __len__(self) -> int:
         return len(self._live)
 
+    def held(self) -> frozenset[tuple[str, str, str, str]]:
+        """(domain, path, name, value) of each cookie held: what two jars are compared
+        by (``header`` sends what fits aiohttp's limits, in an order of its own)."""
+        return frozenset((s.domain, s.path, s.name, s.value) for s in self._live.values())
+
     @property
     def dirty(self) -> bool:
         """Learnt something the store may not hold yet (``changes`` tells what)."""
@@ -249,7 +231,7 @@ class JobCookies:
         morsel: Morsel[str],
         now: float,
         deadline: float | None = None,
-    ) -> _State | None:
+    ) -> CookieState | None:
         """Hand one cookie to aiohttp's jar (its RFC 6265 rules decide), then mirror what
         it did: the cookie kept (within the caps), deleted, or refused. ``deadline``
         (a restored record's) wins over the morsel's own expiry."""
@@ -277,16 +259,30 @@ class JobCookies:
             return None  # refused: the cookie there is another host's
         if deadline is None:
             deadline = _deadline(morsel, now)
-        state = _State(
+        state = CookieState(
             name=name, value=after.value, coded=after.coded_value, domain=ident[0],
             host_only=not domain, path=after["path"], secure=bool(after["secure"]),
             httponly=bool(after["httponly"]), samesite=str(after["samesite"] or ""),
             deadline=deadline,
         )  # fmt: skip
+        if self._too_big(state):  # a path from a very long URL: never stored whole
+            self._expunge(state)
+            if ident in self._live:
+                self._drop(ident)
+            self.dropped += 1
+            return None
         self._set(state)
         return state if state.ident in self._live else None
 
-    def _set(self, state: _State) -> None:
+    def _too_big(self, state: CookieState) -> bool:
+        """Whether ``state``'s record passes ``MAX_RECORD_BYTES`` (JSON writes a
+        character in at most 6 bytes: the exact size only when that could pass)."""
+        chars = state.name + state.value + state.coded + state.domain + state.path
+        if 6 * (len(chars) + len(state.samesite)) + 200 <= MAX_RECORD_BYTES:
+            return False
+        return len(state.encode(self._next_seq)) > MAX_RECORD_BYTES
+
+    def _set(self, state: CookieState) -> None:
         ident = state.ident
         old = self._live.get(ident)
         self._live[ident] = state  # a cookie set again keeps its place (its creation)
@@ -319,8 +315,13 @@ class JobCookies:
         self._touch(ident)
 
     def _evict(self, ident: Ident) -> None:
-        """Remove a cookie from both jars (a cap): aiohttp's, by expiring it."""
-        state = self._live[ident]
+        """Remove a cookie from both jars (a cap)."""
+        self._expunge(self._live[ident])
+        self._drop(ident)
+        self.evicted += 1
+
+    def _expunge(self, state: CookieState) -> None:
+        """Remove a cookie from aiohttp's jar, by expiring it."""
         tmp: SimpleCookie = SimpleCookie()
         tmp[state.name] = ""
         gone = tmp[state.name]
@@ -329,8 +330,6 @@ class JobCookies:
         if not state.host_only:
             gone["domain"] = state.domain
         self._jar.update_cookies({state.name: gone}, URL.build(scheme="http", host=state.domain))
-        self._drop(ident)
-        self.evicted += 1
 
     def _expire(self, now: float) -> None:
         """Forget the cookies past their expiry (aiohttp's jar drops them itself)."""
@@ -350,63 +349,99 @@ class JobCookies:
             self._dirty.clear()
 
     # persistence ------------------------------------------------------------------------
-    def _want(self, ident: Ident) -> _Want:
+    def _want(self, ident: Ident) -> Want:
         """What the store should hold for ``ident``: its cookie, nothing (absent, or
         just as the request's cookies set it), or a tombstone (a request cookie gone)."""
         state = self._live.get(ident)
         base = self._base.get(ident)
         if state is None:
-            return None if base is None else _GONE
+            return None if base is None else GONE
         return None if state == base else state
 
     def changes(self, now: float | None = None) -> JarChanges | None:
-        """What the store lacks of the jar (None: nothing): a record per cookie whose
-        value, attributes or expiry changed since it was stored, a delete per cookie
-        gone. Pure but for slot reservations; ``committed`` makes them stored."""
+        """What the store lacks of the jar, within this page's allowance (None:
+        nothing to write now): a record per cookie whose value, attributes or expiry
+        changed since it was stored, a delete per cookie gone, in the budget's order
+        (module docstring); what does not fit is owed to later pages. Pure but for slot
+        reservations; ``committed`` makes them stored and spends the budget."""
         now = time.time() if now is None else now
         if self._expiry <= now:
             self._expire(now)
         full = self._overflow
         idents = set(self._live) | set(self._stored) | set(self._slot_of) if full else self._dirty
-        puts: list[tuple[int, bytes]] = []
-        deletes: list[int] = []
-        written: list[tuple[Ident, int, _Want]] = []
+        queue: list[tuple[float, Ident, Want]] = []
         settled: list[Ident] = []
-        for ident in sorted(idents):
+        for ident in idents:
             want = self._want(ident)
             have = self._stored.get(ident)
-            if have is None:
-                if want is None:
-                    self._release(ident)
-                    settled.append(ident)
-                    continue
-                slot = self._reserve(ident)
+            if have is None and want is None:
+                self._release(ident)
+                settled.append(ident)
+            elif have is not None and same(want, have[1], now):
+                settled.append(ident)
             else:
-                slot, had = have
-                if _same(want, had, now):
-                    settled.append(ident)
-                    continue
-            if want is None:
-                deletes.append(slot)
-            elif isinstance(want, _State):
-                puts.append((slot, want.encode(self._seq.get(ident, 0))))
-            else:
-                puts.append((slot, _dump({"q": 0, "n": ident[2], "d": ident[0],
-                                          "p": ident[1], "gone": 1})))  # fmt: skip
-            written.append((ident, slot, want))
+                since = self._since.setdefault(ident, self.budget.pages)
+                queue.append((since + estimate(want) / QUEUE_BYTES_PER_PAGE, ident, want))
+        for ident in settled:
+            self._since.pop(ident, None)
         if not full:
             self._dirty.difference_update(settled)
+        allowance = self.budget.allowance
+        spent = OP_BYTES if self._legacy else 0  # the snapshot key's delete
+        puts: list[tuple[int, bytes]] = []
+        deletes: list[int] = []
+        written: list[tuple[Ident, int, Want]] = []
+        queue.sort(key=lambda q: (q[0], q[1]))
+        left = 0
+        for i, (_, ident, want) in enumerate(queue):
+            raw = b""
+            if isinstance(want, CookieState):
+                raw = want.encode(self._seq.get(ident, 0))
+            elif want is not None:
+                raw = dump({"q": 0, "n": ident[2], "d": ident[0], "p": ident[1], "gone": 1})
+            cost = OP_BYTES + len(raw)
+            if spent + cost + SLOTS_BYTES > allowance:
+                left = len(queue) - i  # the head of what is left waits: oldest first
+                break
+            spent += cost
+            if want is None:
+                deletes.append(self._stored[ident][0])
+                written.append((ident, self._stored[ident][0], want))
+            else:
+                have = self._stored.get(ident)
+                slot = self._reserve(ident) if have is None else have[0]
+                puts.append((slot, raw))
+                written.append((ident, slot, want))
         slots = self._next_slot if self._next_slot > self._stored_slots else None
-        if not written and slots is None and not self._legacy:
-            if full and not self._dirty:
+        if slots is not None:
+            spent += SLOTS_BYTES
+        deferred = tuple(q[1] for q in queue[len(queue) - left :]) if left else ()
+        note = None
+        if left and not self._noted:
+            note = (
+                f"cookie changes past the jar's budget ({JAR_PAGE_BYTES} bytes a page, "
+                f"{JAR_BURST_BYTES} at once): {left} held in memory for later pages; "
+                "a run resumed before they are stored starts without them"
+            )
+            spent = min(allowance, spent + len(note) + NOTE_BYTES)
+        if not written and slots is None and not self._legacy and note is None:
+            if full and not self._dirty and not deferred:
                 self._overflow = False
             return None
         return JarChanges(
-            tuple(puts), tuple(deletes), slots, self._legacy, tuple(written), self._touches, full
-        )
+            tuple(puts), tuple(deletes), slots, self._legacy, tuple(written), self._touches,
+            full, spent, deferred, note,
+        )  # fmt: skip
 
     def committed(self, changes: JarChanges) -> None:
-        """``changes`` are in the store now."""
+        """``changes`` (``EMPTY``: none, but a page) are in the store now: one page's
+        allowance earned, their bytes spent."""
+        self.budget.spend(changes.cost)
+        if changes.deferred:
+            self.deferred_pages += 1
+        if changes.note is not None:
+            self._noted = True
+        now = time.time()
         for ident, slot, want in changes.written:
             if want is None:
                 self._stored.pop(ident, None)
@@ -414,14 +449,17 @@ class JobCookies:
                     self._release(ident)
             else:
                 self._stored[ident] = (slot, want)
-            if _same(self._want(ident), want, time.time()):
+            if same(self._want(ident), want, now):
                 self._dirty.discard(ident)
+                self._since.pop(ident, None)
         if changes.slots is not None:
             self._stored_slots = max(self._stored_slots, changes.slots)
         if changes.drop_legacy:
             self._legacy = False
         if changes.full and changes.touches == self._touches:
-            self._overflow = False
+            self._overflow = len(changes.deferred) > _DIRTY_MAX
+            if not self._overflow:
+                self._dirty.update(changes.deferred)  # still owed: tracked one by one again
 
     def _reserve(self, ident: Ident) -> int:
         slot = self._slot_of.get(ident)
@@ -447,9 +485,9 @@ class JobCookies:
         there is no record; the next ``changes`` rewrites it as records and drops it).
         A damaged record is skipped."""
         now = time.time()
-        found: list[tuple[int, int, Ident, _Want]] = []
+        found: list[tuple[int, int, Ident, Want]] = []
         for slot, raw in records:
-            decoded = _decode(raw)
+            decoded = decode(raw)
             if decoded is None or slot < 0:
                 continue
             seq, ident, want = decoded
@@ -461,7 +499,7 @@ class JobCookies:
             self._slot_of[ident] = slot
             self._stored[ident] = (slot, want)
             used.add(slot)
-            if isinstance(want, _State):
+            if isinstance(want, CookieState):
                 if want.deadline is not None and want.deadline <= now:
                     continue  # expired while the job was down
                 self._restore(want, now)
@@ -483,7 +521,7 @@ class JobCookies:
                 self._replay(legacy)
         self._dirty = set(self._live) | set(self._stored)  # the next changes() settles them
 
-    def _restore(self, state: _State, now: float) -> None:
+    def _restore(self, state: CookieState, now: float) -> None:
         morsel: Morsel[str] = Morsel()
         try:
             morsel.set(state.name, state.value, state.coded)

@@ -17,8 +17,11 @@ or reads the clock, so tests run them on a real store without an event loop
   ``skip`` such as ``robots_noindex``) goes through ``_page_failed``, the one error
   path: error pushed to ``errors`` + the ``page_failed`` webhook event.
 - the cookie jar: the group writes what the job's jar changed (``JobCookies.changes``),
-  one record per changed cookie, never the whole jar; the caller marks them
-  ``committed`` once the group is (a refused group leaves them to the next).
+  one record per changed cookie, never the whole jar, and no more than the jar's byte
+  budget lets this page write (the rest waits for later pages; the first time in a run,
+  a job note says so); the caller marks them ``committed`` once the group is, which
+  also counts the page for the budget (``cookiejar.EMPTY`` when nothing was written; a
+  refused group leaves them to the next).
 - quota: ``charge_page`` is where a page is charged, a job's page here and a Scrape's
   in ``oneoff``: in the page's own group, so a page is charged iff it is stored, and
   never past ``pages_per_day`` (groups are serialized by the store's write section); in
@@ -32,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagesift.primary.engine.cookiejar import JarChanges, JobCookies
+from pagesift.primary.engine.cookiejar import EMPTY, JarChanges, JobCookies
 from pagesift.primary.engine.protocol import Page
 from pagesift.primary.jobs import frontier, pagecache
 from pagesift.primary.webhooks import outbox as webhooks
@@ -82,6 +85,7 @@ class Recorded:
 
 
 NOTHING = Recorded()
+COOKIE_NOTE = "cookie_budget"  # the code of the job note on cookie changes held back
 
 
 def charge_page(
@@ -117,10 +121,13 @@ def remember(
 def write_cookies(
     g: WriteGroup, job_id: str, jar: JobCookies | None, now: float
 ) -> JarChanges | None:
-    """What the job's jar changed since it was stored, written as its records."""
-    changes = None if jar is None else jar.changes(now)
-    if changes is None:
+    """What the job's jar changed since it was stored, written as its records, within
+    the page's allowance (``EMPTY``: nothing now; None: no jar)."""
+    if jar is None:
         return None
+    changes = jar.changes(now)
+    if changes is None:
+        return EMPTY
     keys = jr.JobKeys(job_id)
     for slot, record in changes.puts:
         g.put(keys.cookie(slot), record)
@@ -130,6 +137,11 @@ def write_cookies(
         g.put(keys.cookie_slots, str(changes.slots).encode())
     if changes.drop_legacy:
         g.delete(keys.cookies)  # a jar stored as one snapshot: replaced by the records
+    if changes.note is not None:
+        note = jobs_pb2.PageError(
+            code=COOKIE_NOTE, message=changes.note, time=jr.timestamp(int(now * 1000))
+        )
+        g.push(keys.notes, note.SerializeToString())
     return changes
 
 
