@@ -155,7 +155,7 @@ async def test_the_first_owed_change_of_a_run_writes_one_note() -> None:
     assert "4096 bytes a page" in notes[0][1] and "32768 at once" in notes[0][1]
 
 
-async def test_a_login_amid_no_churn_is_stored_with_its_page_as_before() -> None:
+async def test_a_login_amid_no_churn_is_stored_with_its_page_exactly() -> None:
     jar, store = JobCookies(), Stored()
     page(jar, store, f"{SITE}/login", ["session=abc; Path=/; HttpOnly", "csrf=t1; Path=/"])
     assert store.rebuilt().held() == jar.held()

@@ -43,7 +43,9 @@ expiry, watchers, tests) asks it:
                                   (``pagesift.primary.engine.cookiejar.JobCookies.changes``):
                                   a cookie keeps its slot while it lives, so a change
                                   overwrites its record and its deletion deletes it;
-                                  written in the group of the page that changed it
+                                  written in the group of the page that changed it,
+                                  or of a later one past the jar's write budget
+                                  (``cookierecords``: 32 KiB + 4 KiB a page)
     KV   job/{id}/cookie_slots    how many slots were ever used (decimal): expiry deletes
                                   ``cookie/0`` up to it (at most ``MAX_JOB_COOKIES`` + the
                                   few reserved by a failed group), without a scan
@@ -317,8 +319,8 @@ def read_cookies(store: Store, job_id: str) -> tuple[list[tuple[int, bytes]], in
 #     an absolute link costs its own length in the body, so at most            4 B
 #   = 13 B; PAGE_GROUP_FACTOR = 16 leaves 3 B for text a decoder widens (a
 #   Latin-1 byte is two UTF-8 bytes) and Set-Cookie changes are bounded apart:
-#   the jar holds at most cookiejar.MAX_JOB_COOKIE_BYTES (1 MiB) of cookies, so
-#   its records in one group stay under PAGE_GROUP_JAR_BYTES.
+#   one group writes at most cookierecords.JAR_BURST_BYTES (32 KiB) of the jar's
+#   records, well under PAGE_GROUP_JAR_BYTES.
 # Defaults: 16 x 10 MiB + 2 MiB = 162 MiB. What passes it comes from a hostile page,
 # e.g. 60 KB of relative links under a 2,000-character URL, each one stored as a
 # 2 KB absolute URL several times over.
