@@ -115,7 +115,7 @@ async def test_json_nested_100000_deep_is_a_400_naming_the_depth_limit(
 
 
 #: (path, body field, body) with an integer of 10^12, which no int32 proto field holds
-HUGE_FIELDS = [
+HUGE_FIELDS: list[tuple[str, str, dict[str, Any]]] = [
     ("/v2/crawl", "limit", {"limit": HUGE}),
     ("/v2/crawl", "maxDiscoveryDepth", {"maxDiscoveryDepth": HUGE}),
     ("/v2/crawl", "maxConcurrency", {"maxConcurrency": HUGE}),
