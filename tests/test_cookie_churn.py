@@ -16,19 +16,23 @@ measures what its replication log grew by against a quiet crawl of the same site
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagesift.primary.engine.cookiejar import EMPTY, MAX_DOMAIN_COOKIES, JarChanges, JobCookies
 from pagesift.primary.engine.cookierecords import JAR_BURST_BYTES, JAR_PAGE_BYTES, OP_BYTES
 from pagesift.shared.jobs import records as jr
-from pagesift.v1 import jobs_pb2
-from tests.helpers import all_documents, in_process_node, wait_terminal
-from tests.hostile import cookies, serve
+from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.helpers import ServeProc, all_documents, eventually, in_process_node, wait_terminal
+from tests.hostile import Handler, cookies, serve
 
 SITE = "http://127.0.0.1:8000"
 KEYS = jr.JobKeys(str(uuid.uuid4()))
@@ -294,3 +298,56 @@ async def test_a_crawl_of_rotating_cookies_logs_at_most_four_kib_a_page_above_a_
     # the churn is charged to the job: one note; the session went on all along
     assert [n.code for n in rotating.notes] == ["cookie_budget"]
     assert all("sid=login" in d.markdown for d in rotating.docs if "/rotate/0" not in d.url)
+
+
+@pytest.mark.system
+async def test_a_rotating_crawl_killed_mid_churn_resumes_with_its_session_and_visit(
+    tmp_path: Path,
+) -> None:
+    served: list[str] = []
+
+    def counting(handler: Handler) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            served.append(request.path)
+            return await handler(request)
+
+        return handle
+
+    runner, root = await serve([(path, counting(h)) for path, h in cookies.ROUTES])
+    server = ServeProc(tmp_path, "server", config={"extract_processes": 0})
+    last = 40
+    try:
+        await server.start()
+        request = jobs_pb2.StartCrawlRequest(
+            url=f"{root}cookies/rotate/0?last={last}&delay=50",
+            sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
+            crawl_entire_domain=True,
+            max_concurrency=1,
+        )
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            job = await jobs_pb2_grpc.JobServiceStub(ch).StartCrawl(request)
+
+        async def mid_crawl() -> bool | None:
+            return True if len(served) >= 12 else None
+
+        await eventually(mid_crawl, "twelve rotating pages", timeout=30)
+        server.kill()  # SIGKILL: what the jar owed then is lost, what it stored is not
+        killed_at = len(served)
+        await server.start()
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            stub = jobs_pb2_grpc.JobServiceStub(ch)
+            final = await wait_terminal(stub, job.id, timeout=60)
+            docs = await all_documents(stub, job.id)
+            errors = await stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=job.id))
+    finally:
+        server.stop()
+        await runner.cleanup()
+    assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
+    assert len(served) > killed_at and len(docs) == last + 1
+    for doc in docs:
+        n = int(re.search(r"/rotate/(\d+)", doc.url).group(1))  # type: ignore[union-attr]
+        if n:  # before the kill and after it: the session, and the page before's visit
+            assert "sid=login" in doc.markdown, (n, doc.markdown[-300:])
+            assert f"visit={n - 1}" in doc.markdown, (n, doc.markdown[-300:])
+    notes = [e.code for e in errors.errors if not e.url]
+    assert notes.count("cookie_budget") in (1, 2)  # one per run that owed changes

@@ -13,7 +13,7 @@ Routes (``ROUTES``, all under ``/cookies/``):
   Cookie header it got (``<pre id="got">``: every name, and the small cookies'
   values), so what a job sent is in its stored documents. ``delay`` (at most
   ``MAX_DELAY_MS``) holds the answer, so a test can kill a node mid-crawl.
-- ``/cookies/rotate/{n}?last=L&sets=S``: the same chain, each response setting
+- ``/cookies/rotate/{n}?last=L&sets=S&delay=MS``: the same chain, each response setting
   ``BIG_COOKIES`` cookies of ``BIG_BYTES`` (Path=/) whose names rotate over ``S``
   sets (``ROTATE_SETS`` by default, at most ``MAX_SETS``): page ``n`` sets
   ``r{n % S}x0`` .. ``r{n % S}x119``, each value stable per name, then ``sid=login``
@@ -76,8 +76,8 @@ def _page(request: web.Request, kind: str) -> tuple[int, int, str]:
     except ValueError:
         n = 0
     last = _int(request, "last", 50, MAX_LAST)
-    sets = f"&sets={request.query['sets']}" if "sets" in request.query else ""
-    link = f'<a href="/cookies/{kind}/{n + 1}?last={last}{sets}">next</a>' if n < last else ""
+    kept = "".join(f"&{k}={request.query[k]}" for k in ("sets", "delay") if k in request.query)
+    link = f'<a href="/cookies/{kind}/{n + 1}?last={last}{kept}">next</a>' if n < last else ""
     got = sorted(request.cookies.items())
     echo = " ".join(f"{name}={value}" if name in SMALL else name for name, value in got)
     body = (
@@ -102,6 +102,9 @@ async def chain(request: web.Request) -> web.StreamResponse:
 
 async def rotate(request: web.Request) -> web.StreamResponse:
     n, _, body = _page(request, "rotate")
+    delay = _int(request, "delay", 0, MAX_DELAY_MS)
+    if delay:
+        await asyncio.sleep(delay / 1000)
     response = web.Response(text=body, content_type="text/html")
     for line in rotating(n, _int(request, "sets", ROTATE_SETS, MAX_SETS)):
         response.headers.add("Set-Cookie", line)
