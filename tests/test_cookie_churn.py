@@ -28,7 +28,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagesift.primary.engine.cookiejar import EMPTY, MAX_DOMAIN_COOKIES, JarChanges, JobCookies
-from pagesift.primary.engine.cookierecords import JAR_BURST_BYTES, JAR_PAGE_BYTES, OP_BYTES
+from pagesift.primary.engine.cookierecords import (
+    JAR_BURST_BYTES,
+    JAR_PAGE_BYTES,
+    NOTE_BYTES,
+    NOTE_RESERVE,
+    OP_BYTES,
+)
 from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import ServeProc, all_documents, eventually, in_process_node, wait_terminal
@@ -71,8 +77,10 @@ class Stored:
             size += len(KEYS.cookie_slots) + len(str(changes.slots)) + FRAMING
         if changes.drop_legacy:
             size += len(KEYS.cookies) + FRAMING
-        if changes.note is not None:
-            size += len(changes.note) + 2 * FRAMING + 40  # the PageError of the note
+        if changes.note is not None:  # recording.write_cookies pushes it as a job note
+            note = jobs_pb2.PageError(code="cookie_budget", message=changes.note)
+            note.time.FromSeconds(2_000_000_000)
+            size += len(KEYS.notes) + 20 + len(note.SerializeToString()) + FRAMING
         jar.committed(changes)
         self.written += size
         return size
@@ -156,6 +164,7 @@ async def test_the_first_owed_change_of_a_run_writes_one_note() -> None:
             notes.append((n, changes.note))
         store.commit(jar, changes)
     assert len(notes) == 1 and notes[0][0] == 0  # the first page overflows the burst
+    assert len(notes[0][1]) + NOTE_BYTES <= NOTE_RESERVE
     assert "4096 bytes a page" in notes[0][1] and "32768 at once" in notes[0][1]
 
 

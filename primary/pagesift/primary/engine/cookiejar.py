@@ -72,6 +72,7 @@ from pagesift.primary.engine.cookierecords import (
     JAR_PAGE_BYTES,
     MAX_RECORD_BYTES,
     NOTE_BYTES,
+    NOTE_RESERVE,
     OP_BYTES,
     QUEUE_BYTES_PER_PAGE,
     SLOTS_BYTES,
@@ -392,6 +393,7 @@ class JobCookies:
         deletes: list[int] = []
         written: list[tuple[Ident, int, Want]] = []
         queue.sort(key=lambda q: (q[0], q[1]))
+        reserve = SLOTS_BYTES + (0 if self._noted else NOTE_RESERVE)  # room kept for both
         left = 0
         for i, (_, ident, want) in enumerate(queue):
             raw = b""
@@ -400,7 +402,7 @@ class JobCookies:
             elif want is not None:
                 raw = dump({"q": 0, "n": ident[2], "d": ident[0], "p": ident[1], "gone": 1})
             cost = OP_BYTES + len(raw)
-            if spent + cost + SLOTS_BYTES > allowance:
+            if spent + cost + reserve > allowance:
                 left = len(queue) - i  # the head of what is left waits: oldest first
                 break
             spent += cost
@@ -423,7 +425,7 @@ class JobCookies:
                 f"{JAR_BURST_BYTES} at once): {left} held in memory for later pages; "
                 "a run resumed before they are stored starts without them"
             )
-            spent = min(allowance, spent + len(note) + NOTE_BYTES)
+            spent += len(note) + NOTE_BYTES  # within NOTE_RESERVE
         if not written and slots is None and not self._legacy and note is None:
             if full and not self._dirty and not deferred:
                 self._overflow = False

@@ -27,6 +27,7 @@ __all__ = [
     "JAR_PAGE_BYTES",
     "MAX_RECORD_BYTES",
     "NOTE_BYTES",
+    "NOTE_RESERVE",
     "OP_BYTES",
     "QUEUE_BYTES_PER_PAGE",
     "SLOTS_BYTES",
@@ -47,7 +48,8 @@ MAX_RECORD_BYTES = 16 << 10  # a cookie whose record would pass it is not kept (
 QUEUE_BYTES_PER_PAGE = 64  # an owed change counts a page older per this many bytes it lacks
 OP_BYTES = 96  # what the budget charges an op beside its value: its key and framing
 SLOTS_BYTES = OP_BYTES + 20  # the slot count's record
-NOTE_BYTES = 2 * OP_BYTES  # a job note beside its message
+NOTE_BYTES = 2 * OP_BYTES  # a job note beside its message (its key, code and time)
+NOTE_RESERVE = 512  # kept for the note until it is written: NOTE_BYTES + its message
 
 
 Ident = tuple[str, str, str]  # (domain, path without its trailing "/", name): aiohttp's identity
