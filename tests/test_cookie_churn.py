@@ -34,6 +34,7 @@ from pagesift.primary.engine.cookierecords import (
     NOTE_BYTES,
     NOTE_RESERVE,
     OP_BYTES,
+    Budget,
 )
 from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
@@ -360,3 +361,18 @@ async def test_a_rotating_crawl_killed_mid_churn_resumes_with_its_session_and_vi
             assert f"visit={n - 1}" in doc.markdown, (n, doc.markdown[-300:])
     notes = [e.code for e in errors.errors if not e.url]
     assert notes.count("cookie_budget") in (1, 2)  # one per run that owed changes
+
+
+@given(st.lists(st.floats(0.0, 1.0), max_size=300))
+def test_a_budget_spent_within_each_allowance_never_passes_the_stated_bound(
+    shares: list[float],
+) -> None:
+    budget, total = Budget(), 0
+    for n, share in enumerate(shares, start=1):
+        allowance = budget.allowance
+        assert JAR_PAGE_BYTES <= allowance <= JAR_BURST_BYTES
+        cost = int(allowance * share)
+        budget.spend(cost)
+        total += cost
+        assert 0 <= budget.credit <= JAR_BURST_BYTES
+        assert total <= JAR_BURST_BYTES + n * JAR_PAGE_BYTES
