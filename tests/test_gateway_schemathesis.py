@@ -11,9 +11,12 @@ past their bounds, missing or extra fields, odd headers). Every answer must hold
   not HTTP (a header name that is no RFC 9110 token, a control character in a value),
   which never reaches the application.
 
-Every request carries a key no account has: whatever the gateway lets through reaches
-the node, which answers 401 before it runs anything, so no generated URL is ever
-fetched (the node's own validation is tested over gRPC). Bounded and deterministic:
+A job start, a scrape or a map carries a key no account has: whatever the gateway lets
+through reaches the node, which answers 401 before it runs anything, so no generated
+URL is ever fetched (the node's own validation is tested over gRPC). The reads and
+cancels (GET, DELETE), which fetch nothing, carry a real account's key, so the node's
+answers to generated ids and pages go through the gateway's error table too. A case
+that sends its own ``Authorization`` (a negative one) keeps it. Bounded and deterministic:
 ``EXAMPLES`` cases per operation and mode, derandomized, no example database, no
 deadline (a loaded machine is slow, not wrong). A failure names the operation and the
 curl command that reproduces it.
@@ -39,7 +42,7 @@ from schemathesis.core.result import Ok
 from schemathesis.errors import FailureGroup
 
 from pagesift.gateway.server import run
-from tests.helpers import in_process_node, write_accounts
+from tests.helpers import ALICE, in_process_node, write_accounts
 
 EXAMPLES = 40
 UNKNOWN_KEY = "psk_test_nobody_0123456789"  # in no accounts file: the node's 401
@@ -124,8 +127,10 @@ def fuzz(base: str, mode: GenerationMode) -> tuple[int, list[str]]:
         def check(case: Case[Any]) -> None:
             nonlocal sent
             sent += 1
-            key = {} if "Authorization" in (case.headers or {}) else {"Authorization": ""}
-            headers = {k: f"Bearer {UNKNOWN_KEY}" for k in key}
+            reads = case.method.upper() in ("GET", "DELETE")  # no fetch: a real key
+            key = ALICE.key if reads else UNKNOWN_KEY
+            given_key = "Authorization" in (case.headers or {})
+            headers = {} if given_key else {"Authorization": f"Bearer {key}"}
             response = case.call(base_url=base, headers=headers, timeout=60)
             case.validate_response(response, checks=[not_a_server_error, firecrawl_error_shape])
 

@@ -16,6 +16,11 @@ Invariants
   400 saying so instead of it being dropped: declared, never silently ignored.
 - Defaults are Firecrawl's where they change behaviour (``onlyMainContent`` and
   ``removeBase64Images`` true, ``deduplicateSimilarURLs`` true).
+- Every integer is ``Annotated[int, Bound]`` (``pagesift.gateway.bounds``): at most what
+  the proto field it lands in holds (int32 counts; times in ms of a Duration), so a
+  value the model accepts never makes building the request raise; the few no proto
+  field carries (``minAge``, map's ``timeout``) have a bound of the gateway's own.
+  tests/test_gateway_input_bounds.py walks every field of every request model.
 """
 
 from __future__ import annotations

@@ -3,18 +3,22 @@
 What it owns
 ------------
 ``REQUEST_MODELS`` (each route with a JSON body -> the ``pagesift.gateway.models``
-class its handler validates the body with), ``document(routes)`` (pure: the document
-of a route list, every request model's JSON Schema, by alias, under
-``components.schemas``) and ``add_openapi_route(app)``, which builds the document
+class its handler validates the body with), ``QUERY`` (each route's query integers and
+the proto field that bounds each, ``jobroutes.STATUS_QUERY``), ``IDEMPOTENT`` (the starts
+that read ``x-idempotency-key``), ``document(routes)`` (pure: the document of a route
+list, every request model's JSON Schema, by alias, under ``components.schemas``, every
+4xx a Firecrawl ``Error``) and ``add_openapi_route(app)``, which builds the document
 once, when the app starts (every route module is registered by then), from the app's
-own router.
+own router. tests/test_gateway_schemathesis.py fuzzes the gateway from this document.
 
 Invariants
 ----------
 - Cannot drift: the paths are the router's routes (templates as registered); a body's
   schema is ``model_json_schema(by_alias=True)`` of the same strict model that
-  rejects an unknown key (``additionalProperties: false``); a route with a body and no
-  model in ``REQUEST_MODELS`` fails ``tests/test_gateway_server.py``.
+  rejects an unknown key (``additionalProperties: false``), so each integer's
+  ``minimum``/``maximum`` is the bound it is validated with (``pagesift.gateway.bounds``);
+  a query integer's ``maximum`` is its proto field's, as ``handling.int_query`` checks;
+  a route with a body and no model in ``REQUEST_MODELS`` fails ``tests/test_gateway_server.py``.
 - Pure but for ``add_openapi_route``: ``document`` takes (method, path) pairs.
 """
 

@@ -15,8 +15,10 @@ Invariants
 - ``extra="forbid"``: an unknown key, or an unknown action ``type``, is a 400 naming it.
 - Every field Firecrawl defines is declared, also those pagesift cannot honour (with a
   neutral default), so ``pagesift.gateway.options`` refuses them by name, never drops them.
-- Bounds are Firecrawl's (a viewport up to 8K, quality 1..100, at most 50 actions);
-  pagesift's own, tighter ones are the node's to refuse, naming the proto field.
+- Bounds are Firecrawl's (a viewport up to 8K, quality 1..100, at most 50 actions), each
+  integer also within its proto field (``pagesift.gateway.bounds``: a wait's
+  milliseconds fit a Duration); pagesift's own, tighter ones are the node's to refuse,
+  naming the proto field.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ Invariants
   that ``pagesift.gateway.v1translate`` refuses them by name (declared, never
   silently ignored); everything v1 shares with v2 is mapped through v2's models and
   ``pagesift.gateway.translate``, so both versions mean the same.
+- Integers carry v2's bounds (``pagesift.gateway.models``: the proto field each lands
+  in), or v1's tighter ones (``waitFor`` up to 60 s, map's ``limit`` up to 30,000), so
+  re-validation as v2 never fails on a value v1 took; ``maxDepth`` (a regex, no proto
+  field) is an int32 of the gateway's own.
 - Defaults are Firecrawl v1's where they change behaviour (``onlyMainContent``,
   ``removeBase64Images``, ``deduplicateSimilarURLs``, ``parsePDF``, map's
   ``includeSubdomains``, ``ignoreQueryParameters`` and ``filterByPath`` true).

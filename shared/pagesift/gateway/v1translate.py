@@ -15,7 +15,9 @@ Invariants
 ----------
 - No I/O, no clock (tests/test_gateway_v1.py holds the tables).
 - Never silently ignored: a v1-only field pagesift cannot honour is a 400 naming it
-  (``UNSUPPORTED_SCRAPE_V1``, ``MAP_CRAWLER_OPTIONS``); the rest is v2's rule.
+  (``UNSUPPORTED_SCRAPE_V1``, ``MAP_CRAWLER_OPTIONS``); the rest is v2's rule. A URL
+  this module must split itself (map's path filter, ``maxDepth``) and cannot is a 400
+  naming ``url``.
 - ``maxDepth`` is Firecrawl v1's path depth: a URL is skipped when its path has more
   than maxDepth + (the start URL's) segments, empty, ``index.php`` and ``index.html``
   segments not counted (Firecrawl's ``getURLDepth``). It becomes one exclude regex
