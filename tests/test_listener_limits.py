@@ -346,6 +346,22 @@ async def test_outsider_lines_are_one_per_reason(
     OUTSIDER_LOG.throttle = Throttle(listeners.LOG_INTERVAL)
 
 
+async def test_lines_held_back_are_told_even_when_none_follows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = listeners.ThrottledLog(logging.getLogger("tests.throttled"), interval=0.3)
+    caplog.set_level(logging.WARNING, "tests.throttled")
+    assert [log.log(logging.WARNING, "r", "line %d", i) for i in range(5)] == [True] + [False] * 4
+    for _ in range(50):  # the flush, interval after the first held line
+        if len(caplog.records) > 1:
+            break
+        await asyncio.sleep(0.1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "line 0",
+        "r: 4 more like it in the last 0.3 s, not logged",
+    ]
+
+
 async def test_other_loop_errors_still_reach_the_handler_there_was() -> None:
     loop = asyncio.get_running_loop()
     seen: list[str] = []

@@ -238,11 +238,11 @@ async def run(
     # the descriptor reserve: the HTTP listeners' caps never reach into it (fdreserve)
     budget = fdreserve.node_budget(config, descriptors.soft_limit())
     gateway_limits, metrics_limits = fdreserve.http_limits(config, budget)
-    if config.http_listen or config.metrics_listen:
+    caps = [f"gateway cap {gateway_limits.max_connections}"] if config.http_listen else []
+    caps += [f"/metrics cap {metrics_limits.max_connections}"] if config.metrics_listen else []
+    if caps:
         level = logging.INFO if budget.http >= 64 else logging.WARNING
-        logger.log(level, "%s (gateway cap %d, /metrics cap %d)", budget.line(),
-                   gateway_limits.max_connections if config.http_listen else 0,
-                   metrics_limits.max_connections if config.metrics_listen else 0)  # fmt: skip
+        logger.log(level, "%s (%s)", budget.line(), ", ".join(caps))
     metrics_runner = None
     if config.metrics_listen:
         host, _, port = config.metrics_listen.rpartition(":")

@@ -95,7 +95,10 @@ _RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
 
 class ThrottledLog:
     """Lines of ``logger`` at most once per reason per ``interval`` (a shell over
-    ``logthrottle.Throttle``, on ``clock``), each saying how many it stands for."""
+    ``logthrottle.Throttle``, on ``clock``), each saying how many it stands for. Lines
+    held back are told even when no later line of their reason comes: a flush on the
+    running loop, ``interval`` after the first one held, writes one summary per reason
+    (``Throttle.pending``)."""
 
     def __init__(
         self,
@@ -105,6 +108,8 @@ class ThrottledLog:
     ) -> None:
         self.logger, self.clock = logger, clock
         self.throttle = Throttle(interval)
+        self._flush: asyncio.TimerHandle | None = None
+        self._flush_loop: asyncio.AbstractEventLoop | None = None
 
     def log(self, level: int, reason: str, msg: str, *args: object) -> bool:
         """Write ``msg % args`` unless ``reason`` was written within the interval;
@@ -112,10 +117,37 @@ class ThrottledLog:
         emit, suppressed = self.throttle.allow(reason, self.clock())
         if emit:
             if suppressed:
-                msg += " (and %d more like it in the last %.0f s, not logged)"
+                msg += " (and %d more like it in the last %g s, not logged)"
                 args = (*args, suppressed, self.throttle.interval)
             self.logger.log(level, msg, *args)
+        else:
+            self._schedule_flush()
         return emit
+
+    def held(self, reason: str) -> None:
+        """A line of ``reason`` was held back by ``throttle`` directly (a filter)."""
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: the next line of the reason tells the count
+            return
+        if self._flush is not None and self._flush_loop is loop:
+            return  # one flush pending on this loop (one of a closed loop never runs)
+        self._flush_loop = loop
+        self._flush = loop.call_later(self.throttle.interval, self.flush)
+
+    def flush(self) -> None:
+        """One line per reason whose held-back lines no later line has told."""
+        self._flush = None
+        for reason, count in self.throttle.pending(self.clock()):
+            self.logger.warning(
+                "%s: %d more like it in the last %g s, not logged",
+                reason,
+                count,
+                self.throttle.interval,
+            )
 
 
 #: every listener's outsider-triggered lines (one process-wide table of reasons)
@@ -135,6 +167,7 @@ class _AiohttpServerLog(logging.Filter):
         reason = f"aiohttp:{record.msg}:{type(exc).__name__}"
         emit, suppressed = OUTSIDER_LOG.throttle.allow(reason, OUTSIDER_LOG.clock())
         if not emit:
+            OUTSIDER_LOG.held(reason)
             return False
         if outsider:
             record.exc_info, record.exc_text = None, None
@@ -142,7 +175,7 @@ class _AiohttpServerLog(logging.Filter):
             record.msg = f"{record.msg}: %s"
             record.args = (*(record.args or ()), f"{type(exc).__name__}: {exc}")  # type: ignore[misc]
         if suppressed:
-            record.msg = f"{record.msg} (and %d more like it in the last %.0f s, not logged)"
+            record.msg = f"{record.msg} (and %d more like it in the last %g s, not logged)"
             record.args = (*(record.args or ()), suppressed, OUTSIDER_LOG.throttle.interval)  # type: ignore[misc]
         return True
 
