@@ -330,3 +330,21 @@ async def test_the_catch_all_is_a_500_in_firecrawls_shape_logged_once(
     finally:
         await runner.cleanup()
         await app[CLIENTS].close()
+
+
+async def test_a_watch_with_a_key_grpc_cannot_carry_is_refused_as_a_bad_key(
+    tmp_path: Path,
+) -> None:
+    """The WebSocket watch reads its key itself: one gRPC metadata cannot carry closed
+    the socket as an internal error (1011), not as a refused key (3000, Firecrawl's)."""
+    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+        start = json.dumps({"url": "http://127.0.0.1:9/", "limit": 1}).encode()
+        status, started = await send(http, "POST", base + "/v2/crawl", start)
+        assert status == 200, started
+        url = base.replace("http://", "ws://") + f"/v2/crawl/{started['id']}"
+        for headers in ({"Authorization": "Bearer psk_\u00fc"}, {"Authorization": "Bearer a\tb"}):
+            async with http.ws_connect(url, headers=headers) as ws:
+                message = await ws.receive_json(timeout=30)
+                closing = await ws.receive(timeout=30)
+            assert message["type"] == "error" and message["error"], message
+            assert closing.type == aiohttp.WSMsgType.CLOSE and ws.close_code == 3000, headers

@@ -54,7 +54,8 @@ from pagesift.v1 import jobs_pb2
 __all__ = [
     "CLIENTS", "MAX_BODY_BYTES", "MAX_LIMIT", "OFF_LOOP_BYTES", "PAGE_BYTES", "PAGE_DOCUMENTS",
     "PAGING", "PROBE", "TRUST_FORWARDED", "Handler", "answer", "api_key", "base_url", "body",
-    "client_of", "idempotency_key", "int_query", "job_of", "json_answer", "unrouted",
+    "checked_key", "client_of", "idempotency_key", "int_query", "job_of", "json_answer",
+    "unrouted",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,12 @@ def api_key(request: web.Request) -> str:
     scheme, _, token = header.partition(" ")
     if header and scheme.lower() != "bearer":
         raise HttpError(401, "Authorization must be 'Bearer KEY'", "UNAUTHORIZED")
-    token = token.strip()
+    return checked_key(token.strip())
+
+
+def checked_key(token: str) -> str:
+    """``token`` as an API key ("" for none); one that is not visible ASCII (at most
+    ``MAX_KEY_CHARS``) is a 401: no account has it, and gRPC metadata cannot carry it."""
     if token and not _KEY.fullmatch(token):
         why = f"the API key must be at most {MAX_KEY_CHARS} visible ASCII characters"
         raise HttpError(401, why, "UNAUTHORIZED")

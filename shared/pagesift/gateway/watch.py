@@ -40,7 +40,7 @@ from aiohttp import WSMsgType, web
 from pagesift.client import JobClient
 from pagesift.client.firecrawl import STATES, document
 from pagesift.gateway.errors import HttpError, from_aio_error
-from pagesift.gateway.handling import CLIENTS, OFF_LOOP_BYTES, PAGING, Handler
+from pagesift.gateway.handling import CLIENTS, OFF_LOOP_BYTES, PAGING, Handler, checked_key
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -86,16 +86,17 @@ def is_upgrade(headers: Mapping[str, str]) -> bool:
 def key_of(headers: Mapping[str, str]) -> tuple[str, str | None]:
     """The caller's API key and the subprotocol to answer: ``Authorization: Bearer
     KEY`` wins (the Python SDK), else the first offered subprotocol is the key (the JS
-    SDK); the first offered one is answered either way. 401 for another scheme."""
+    SDK); the first offered one is answered either way. 401 for another scheme, or a
+    key gRPC metadata cannot carry (``handling.checked_key``)."""
     offered = [p.strip() for p in headers.get("Sec-WebSocket-Protocol", "").split(",")]
     protocol = next((p for p in offered if p), None)
     header = headers.get("Authorization", "")
     if not header:
-        return protocol or "", protocol
+        return checked_key(protocol or ""), protocol
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer":
         raise HttpError(401, "Authorization must be 'Bearer KEY'", "UNAUTHORIZED")
-    return token.strip(), protocol
+    return checked_key(token.strip()), protocol
 
 
 def close_code(status: int) -> int:
