@@ -348,3 +348,39 @@ async def test_a_watch_with_a_key_grpc_cannot_carry_is_refused_as_a_bad_key(
                 closing = await ws.receive(timeout=30)
             assert message["type"] == "error" and message["error"], message
             assert closing.type == aiohttp.WSMsgType.CLOSE and ws.close_code == 3000, headers
+
+
+async def raw_request(base: str, head: bytes, body: bytes = b"") -> tuple[int, Any]:
+    """One request written byte for byte (a header no client library sends), its status
+    and JSON body."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        length = f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        writer.write(head + length + body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+async def test_an_idempotency_key_that_is_not_text_is_a_400_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Latin-1 byte in ``x-idempotency-key`` reached the proto as a lone surrogate
+    (aiohttp's surrogateescape): UnicodeEncodeError, a 500."""
+    async with gateway(tmp_path) as base:
+        with no_traceback(caplog):
+            for path, data in (
+                ("/v2/crawl", b'{"url": "http://127.0.0.1:9/", "limit": 1}'),
+                ("/v2/batch/scrape", b'{"urls": ["http://127.0.0.1:9/"]}'),
+                ("/v1/crawl", b'{"url": "http://127.0.0.1:9/", "limit": 1}'),
+            ):
+                head = (
+                    f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Authorization: Bearer {ALICE.key}\r\nContent-Type: application/json\r\n"
+                ).encode() + b"x-idempotency-key: k\xfc\r\n"
+                body = firecrawl_error(*await raw_request(base, head, data), 400)
+                named(body, "x-idempotency-key")

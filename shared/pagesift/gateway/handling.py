@@ -98,10 +98,20 @@ def checked_key(token: str) -> str:
     return token
 
 
+MAX_IDEMPOTENCY_KEY_CHARS = 256
+_IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{0,{MAX_IDEMPOTENCY_KEY_CHARS}}}")
+
+
 def idempotency_key(request: web.Request) -> str:
     """The job start's AIP-155 key: Firecrawl's ``x-idempotency-key`` header, which its
-    SDKs send on crawl and batch starts ("" without one: ``JobClient`` makes one up)."""
-    return request.headers.get("x-idempotency-key", "").strip()
+    SDKs send on crawl and batch starts ("" without one: ``JobClient`` makes one up); one
+    that is not visible ASCII (at most ``MAX_IDEMPOTENCY_KEY_CHARS``) is a 400 naming it."""
+    key = request.headers.get("x-idempotency-key", "").strip()
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
+        why = f"must be at most {MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters"
+        detail = [{"path": "x-idempotency-key", "message": why}]
+        raise bad_request(f"Bad Request: x-idempotency-key {why}", detail)
+    return key
 
 
 def client_of(request: web.Request) -> JobClient:
