@@ -32,7 +32,7 @@ from pagesift.gateway.server import Options
 from pagesift.gateway.server import start as start_gateway
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.api.metricshttp import METRICS_LIMITS, start_http
-from pagesift.shared.util import listeners
+from pagesift.shared.util import listeners, quietlog
 from pagesift.shared.util.connlimits import BACKLOG, ConnectionGate, ListenerLimits, client_key
 from pagesift.shared.util.descriptors import plan
 from pagesift.shared.util.listeners import LISTENER, OUTSIDER_LOG, start_site
@@ -366,7 +366,7 @@ async def test_other_loop_errors_still_reach_the_handler_there_was() -> None:
     loop = asyncio.get_running_loop()
     seen: list[str] = []
     loop.set_exception_handler(lambda _loop, ctx: seen.append(str(ctx["message"])))
-    listeners._QUIETED.discard(loop)
+    quietlog._QUIETED.discard(loop)
     listeners.quiet_accept_errors(loop)
     loop.call_exception_handler({"message": "something else", "exception": ValueError()})
     loop.call_exception_handler(

@@ -6,7 +6,8 @@ What it owns
 served under the limits: the gateway, ``pagesift serve --http-listen``'s gateway,
 ``/metrics`` and the demo site use it), ``start_stream_server`` (an asyncio stream
 server under the caps: the browser's guard proxy) and the rate-limited lines of what an
-outsider can trigger (``OUTSIDER_LOG``; the loop's accept errors, ``quiet_accept_errors``).
+outsider can trigger (``OUTSIDER_LOG``; the loop's accept errors, ``quiet_accept_errors``:
+``pagesift.shared.util.quietlog``'s).
 The bounds and the pure count of open connections are ``pagesift.shared.util.connlimits``'
 (``ListenerLimits``, ``ConnectionGate``), re-exported here.
 
@@ -41,7 +42,8 @@ private name used (what aiohttp's own sites set; ``tests/test_listener_limits.py
 
 Logs: an outsider controls how often refusals, timeouts, bad requests and the loop's
 accept errors (EMFILE) happen, so each is a line at most once per reason per
-``LOG_INTERVAL`` with the count of those not written (``pagesift.shared.util.logthrottle``).
+``LOG_INTERVAL`` with the count of those not written (``pagesift.shared.util.quietlog``,
+re-exported here).
 This module is server code in ``util`` because the gateway, the demo, the node and the
 primary's engine all use it; the client never imports it.
 """
@@ -50,20 +52,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import socket
 import ssl
 import struct
-import time
-import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from pagesift.shared.util.connlimits import (
     BACKLOG,
@@ -71,7 +69,13 @@ from pagesift.shared.util.connlimits import (
     ListenerLimits,
     client_key,
 )
-from pagesift.shared.util.logthrottle import Throttle
+from pagesift.shared.util.quietlog import (
+    LOG_INTERVAL,
+    OUTSIDER_LOG,
+    SERVER_LOG,
+    ThrottledLog,
+    quiet_accept_errors,
+)
 
 __all__ = [
     "LISTENER",
@@ -81,140 +85,15 @@ __all__ = [
     "HttpListener",
     "ListenerLimits",
     "ListenerSite",
+    "ThrottledLog",
     "client_key",
     "quiet_accept_errors",
     "start_site",
     "start_stream_server",
 ]
 
-LOG_INTERVAL = 60.0  # seconds: one line per reason at most
 LINGER_SECONDS = 2.0  # aiohttp's lingering read of an unread body after an answer
-_ACCEPT_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 _RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST
-
-
-class ThrottledLog:
-    """Lines of ``logger`` at most once per reason per ``interval`` (a shell over
-    ``logthrottle.Throttle``, on ``clock``), each saying how many it stands for. Lines
-    held back are told even when no later line of their reason comes: a flush on the
-    running loop, ``interval`` after the first one held, writes one summary per reason
-    (``Throttle.pending``)."""
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        interval: float = LOG_INTERVAL,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.logger, self.clock = logger, clock
-        self.throttle = Throttle(interval)
-        self._flush: asyncio.TimerHandle | None = None
-        self._flush_loop: asyncio.AbstractEventLoop | None = None
-
-    def log(self, level: int, reason: str, msg: str, *args: object) -> bool:
-        """Write ``msg % args`` unless ``reason`` was written within the interval;
-        whether it was written."""
-        emit, suppressed = self.throttle.allow(reason, self.clock())
-        if emit:
-            if suppressed:
-                msg += " (and %d more like it in the last %g s, not logged)"
-                args = (*args, suppressed, self.throttle.interval)
-            self.logger.log(level, msg, *args)
-        else:
-            self._schedule_flush()
-        return emit
-
-    def held(self, reason: str) -> None:
-        """A line of ``reason`` was held back by ``throttle`` directly (a filter)."""
-        self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop: the next line of the reason tells the count
-            return
-        if self._flush is not None and self._flush_loop is loop:
-            return  # one flush pending on this loop (one of a closed loop never runs)
-        self._flush_loop = loop
-        self._flush = loop.call_later(self.throttle.interval, self.flush)
-
-    def flush(self) -> None:
-        """One line per reason whose held-back lines no later line has told."""
-        self._flush = None
-        for reason, count in self.throttle.pending(self.clock()):
-            self.logger.warning(
-                "%s: %d more like it in the last %g s, not logged",
-                reason,
-                count,
-                self.throttle.interval,
-            )
-
-
-#: every listener's outsider-triggered lines (one process-wide table of reasons)
-OUTSIDER_LOG = ThrottledLog(logging.getLogger("pagesift.http"))
-
-
-class _AiohttpServerLog(logging.Filter):
-    """aiohttp's "Error handling request" lines, through ``OUTSIDER_LOG``'s throttle: a
-    bad request or a client gone mid-request is one line, no traceback; anything else
-    (a defect) keeps its traceback, once per exception type per interval."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        exc = record.exc_info[1] if record.exc_info else None
-        outsider = isinstance(exc, HttpProcessingError | ConnectionError | TimeoutError)
-        reason = f"aiohttp:{record.msg}:{type(exc).__name__}"
-        emit, suppressed = OUTSIDER_LOG.throttle.allow(reason, OUTSIDER_LOG.clock())
-        if not emit:
-            OUTSIDER_LOG.held(reason)
-            return False
-        if outsider:
-            record.exc_info, record.exc_text = None, None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.msg = f"{record.msg}: %s"
-            record.args = (*(record.args or ()), f"{type(exc).__name__}: {exc}")  # type: ignore[misc]
-        if suppressed:
-            record.msg = f"{record.msg} (and %d more like it in the last %g s, not logged)"
-            record.args = (*(record.args or ()), suppressed, OUTSIDER_LOG.throttle.interval)  # type: ignore[misc]
-        return True
-
-
-#: the logger aiohttp's request handlers of every listener write to
-SERVER_LOG = logging.getLogger("pagesift.http.server")
-SERVER_LOG.addFilter(_AiohttpServerLog())
-
-_QUIETED: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
-
-
-def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
-    """Route the loop's accept errors (asyncio logs each failed ``accept()`` of a
-    listening socket, EMFILE among them, with a traceback: up to ``BACKLOG`` a turn)
-    through ``OUTSIDER_LOG``; every other context goes to the handler there was.
-    Idempotent per loop."""
-    if loop in _QUIETED:
-        return
-    _QUIETED.add(loop)
-    previous = loop.get_exception_handler()
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        message = str(context.get("message", ""))
-        if "accept" in message and isinstance(exc, OSError) and exc.errno in _ACCEPT_ERRNOS:
-            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-            OUTSIDER_LOG.log(
-                logging.ERROR,
-                f"accept:{name}",
-                "a listening socket cannot accept: %s (asyncio retries in 1 s)",
-                exc,
-            )
-            return
-        if previous is not None:
-            previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
 
 
 def _reset(transport: asyncio.BaseTransport) -> None:
