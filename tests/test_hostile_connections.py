@@ -51,7 +51,7 @@ pytestmark = pytest.mark.system
 NODE_LIMIT = 4096  # the node's RLIMIT_NOFILE (soft = hard)
 GATEWAY_LIMIT = 2048
 HEADER_TIMEOUT = 10.0  # the default http_header_timeout / --header-timeout
-AT_ONCE = 3.0  # seconds: a refusal ends the connection well before any timeout
+AT_ONCE = 5.0  # seconds: a refusal ends the connection well before any timeout (10 s)
 SLACK = 25.0  # seconds past the header timeout by which every admitted one has ended
 LOG_GROWTH = 8 * 1024  # bytes the log may grow by through a whole flood
 BUDGET = re.compile(
@@ -255,7 +255,7 @@ async def test_the_nodes_http_keys_set_its_gateways_discipline(
         config={
             "http_listen": f"127.0.0.1:{http}",
             "browser_executable": "",
-            "http_header_timeout": 1.0,
+            "http_header_timeout": 5.0,
             "http_max_connections_per_client": 2,
         },
     )
@@ -267,10 +267,10 @@ async def test_the_nodes_http_keys_set_its_gateways_discipline(
     flood = Flood("127.0.0.1", http, attempts=3, slow_share=0, sources=1)
     try:
         await flood.start()
-        await _until_ended(flood, 1.0 + SLACK)
+        await _until_ended(flood, 5.0 + SLACK)
     finally:
         await flood.close()
     lasted = sorted(d for c in flood.conns if (d := c.lasted()) is not None)
     assert len(lasted) == 3
-    assert lasted[0] < AT_ONCE / 2  # the third, past the per-client cap of 2
-    assert all(1.0 <= d < 1.0 + SLACK for d in lasted[1:])  # the header timeout, 1 s
+    assert lasted[0] < 2.5  # the third, past the per-client cap of 2: at once
+    assert all(4.5 <= d < 5.0 + SLACK for d in lasted[1:])  # the header timeout, 5 s
