@@ -11,7 +11,7 @@ ones are still served; the last allowed request says ``Connection: close``; a TL
 times out a missing handshake and serves a real one. The lines an outsider triggers
 (refusals, timeouts, bad requests, the loop's EMFILE accept errors) are one per reason.
 The gateway, ``/metrics`` and the demo site each run under the listener
-(``LISTENER`` is on their app).
+(``listener_of`` their runner), and an app served again keeps it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pagesift.shared.api.metricshttp import METRICS_LIMITS, start_http
 from pagesift.shared.util import listeners, quietlog
 from pagesift.shared.util.connlimits import BACKLOG, ConnectionGate, ListenerLimits, client_key
 from pagesift.shared.util.descriptors import plan
-from pagesift.shared.util.listeners import LISTENER, OUTSIDER_LOG, start_site
+from pagesift.shared.util.listeners import OUTSIDER_LOG, listener_of, start_site
 from pagesift.shared.util.logthrottle import OVERFLOW, Throttle
 from tests.helpers import make_ca, make_leaf
 
@@ -257,10 +257,24 @@ async def test_the_runner_reports_the_sites_address_and_cleanup_stops_it() -> No
     runner = await start_site(app, "127.0.0.1", 0, SHORT)
     (address,) = runner.addresses
     assert address[0] == "127.0.0.1" and address[1] > 0
-    assert app[LISTENER].limits == SHORT
+    assert listener_of(runner).limits == SHORT
     await runner.cleanup()
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", address[1])
+
+
+async def test_an_app_served_again_keeps_the_discipline() -> None:
+    site = build_site(8)
+    first, _ = await serve_site(site)
+    await first.cleanup()
+    again, _ = await serve_site(site)  # the demo's Site is served more than once in tests
+    try:
+        reader, writer = await _connect(int(again.addresses[0][1]))
+        writer.write(REQUEST)
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        writer.close()
+    finally:
+        await again.cleanup()
 
 
 async def test_a_tls_port_times_out_a_missing_handshake_and_serves_a_real_one(
@@ -388,9 +402,9 @@ async def test_the_gateway_metrics_and_demo_listeners_keep_the_discipline() -> N
     metrics = await start_http(Metrics(), "127.0.0.1", 0)
     demo, _ = await serve_site(build_site(8))
     try:
-        assert gateway.app[LISTENER].limits == SHORT
-        assert metrics.app[LISTENER].limits == METRICS_LIMITS
-        assert demo.app[LISTENER].limits.max_per_client == 0
+        assert listener_of(gateway).limits == SHORT
+        assert listener_of(metrics).limits == METRICS_LIMITS
+        assert listener_of(demo).limits.max_per_client == 0
         reader, writer = await _connect(int(bound.rpartition(":")[2]))
         data, took = await _closed_after(reader)
         writer.close()

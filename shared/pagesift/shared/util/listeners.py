@@ -35,8 +35,9 @@ Why it is built this way
 aiohttp 3.14 has ``keepalive_timeout`` but no header timeout, body deadline or
 connection cap. Each accepted socket gets a ``_Connection`` (an ``asyncio.Protocol``)
 that admits or resets it and forwards every protocol call to aiohttp's own protocol
-(``runner.server`` is aiohttp's documented protocol factory); a middleware marks
-requests in and out. ``ListenerSite`` is a ``web.BaseSite``, so the runner's
+(``runner.server`` is aiohttp's documented protocol factory); one middleware, added
+once per app (an app served again keeps it), marks requests in and out of their
+connection. ``listener_of(runner)`` hands a listener's limits and counters to tests. ``ListenerSite`` is a ``web.BaseSite``, so the runner's
 ``addresses`` and ``cleanup()`` keep working; it sets ``BaseSite._server``, the one
 private name used (what aiohttp's own sites set; ``tests/test_listener_limits.py`` pins it).
 
@@ -56,6 +57,7 @@ import logging
 import socket
 import ssl
 import struct
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,7 +80,6 @@ from pagesift.shared.util.quietlog import (
 )
 
 __all__ = [
-    "LISTENER",
     "LOG_INTERVAL",
     "OUTSIDER_LOG",
     "ConnectionGate",
@@ -87,6 +88,7 @@ __all__ = [
     "ListenerSite",
     "ThrottledLog",
     "client_key",
+    "listener_of",
     "quiet_accept_errors",
     "start_site",
     "start_stream_server",
@@ -103,6 +105,12 @@ def _reset(transport: asyncio.BaseTransport) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
     cast(asyncio.Transport, transport).abort()
+
+
+#: every admitted connection of every listener, by the transport its requests carry
+_CONNECTIONS: weakref.WeakKeyDictionary[asyncio.BaseTransport, _Connection] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class _Listener:
@@ -123,7 +131,6 @@ class _Listener:
         self.gate = ConnectionGate(limits.max_connections, limits.max_per_client)
         self.stats: Counter[str] = Counter()
         self.live: set[_Connection] = set()
-        self.by_transport: dict[asyncio.BaseTransport, _Connection] = {}
 
     def note(self, reason: str, msg: str, *args: object) -> None:
         self.stats[reason] += 1
@@ -215,7 +222,7 @@ class _Connection(asyncio.Protocol):
 
     def _start(self, transport: asyncio.BaseTransport) -> None:
         self._app = transport
-        self.listener.by_transport[transport] = self
+        _CONNECTIONS[transport] = self
         inner = self.inner = cast(asyncio.Protocol, self.listener.make_inner())
         inner.connection_made(transport)
         early, self._early = self._early, []
@@ -293,7 +300,7 @@ class _Connection(asyncio.Protocol):
         lst.gate.release(self._client)
         lst.live.discard(self)
         if self._app is not None:
-            lst.by_transport.pop(self._app, None)
+            _CONNECTIONS.pop(self._app, None)
         if self._tls is not None and not self._tls.done():
             self._tls.cancel()
         if self.inner is not None:
@@ -305,7 +312,8 @@ class _Connection(asyncio.Protocol):
 
 @dataclass
 class HttpListener:
-    """One ``start_site`` listener: its limits, counters (``stats``) and open count."""
+    """One ``start_site`` listener (``listener_of``): its limits, counters (``stats``)
+    and open count."""
 
     listener: _Listener
 
@@ -322,7 +330,13 @@ class HttpListener:
         return self.listener.gate.open
 
 
-LISTENER = web.AppKey("listener", HttpListener)
+def listener_of(runner: web.BaseRunner) -> HttpListener:
+    """The listener of a ``start_site`` runner."""
+    for site in runner.sites:
+        if isinstance(site, ListenerSite):
+            return HttpListener(site.listener)
+    raise LookupError("the runner has no listener site")
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -335,47 +349,47 @@ def _error(status: int, code: str, message: str) -> web.Response:
     return resp
 
 
-def _middleware(lst: _Listener) -> Any:
-    @web.middleware
-    async def discipline(request: web.Request, handler: Handler) -> web.StreamResponse:
-        transport = request.transport
-        conn = lst.by_transport.get(transport) if transport is not None else None
-        if conn is None:  # served by another site of the app: no discipline of ours
-            return await handler(request)
-        n = conn.request_started()
-        last = bool(lst.limits.max_requests) and n >= lst.limits.max_requests
-        try:
-            if request.body_exists and request.can_read_body:
-                try:
-                    async with asyncio.timeout(lst.limits.body_timeout):
-                        await request.read()  # cached: the handler's read() gets it
-                except TimeoutError:
-                    lst.note(
-                        "body_timeout",
-                        "%s: a request body did not arrive in %g s (408)",
-                        lst.name,
-                        lst.limits.body_timeout,
-                    )
-                    msg = f"Request Timeout: the body took more than {lst.limits.body_timeout:g} s"
-                    return _error(408, "REQUEST_TIMEOUT", msg)
-                except web.HTTPRequestEntityTooLarge:
-                    msg = f"the body is larger than {request.client_max_size} bytes"
-                    return _error(413, "PAYLOAD_TOO_LARGE", msg)
-                except ConnectionError:  # the client left mid-body: nobody to answer
-                    return _error(400, "BAD_REQUEST", "the connection was lost")
-            resp = await handler(request)
-        except web.HTTPException as exc:
-            if last:
-                exc.force_close()
-            raise
-        finally:
-            conn.request_ended()
+@web.middleware
+async def _discipline(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Marks a request in and out of its connection (the header timer stops), reads
+    the body under the deadline, closes the connection's last allowed request."""
+    transport = request.transport
+    conn = _CONNECTIONS.get(transport) if transport is not None else None
+    if conn is None:  # a site of the app not started by ``start_site``: not ours
+        return await handler(request)
+    lst = conn.listener
+    n = conn.request_started()
+    last = bool(lst.limits.max_requests) and n >= lst.limits.max_requests
+    try:
+        if request.body_exists and request.can_read_body:
+            try:
+                async with asyncio.timeout(lst.limits.body_timeout):
+                    await request.read()  # cached: the handler's read() gets it
+            except TimeoutError:
+                lst.note(
+                    "body_timeout",
+                    "%s: a request body did not arrive in %g s (408)",
+                    lst.name,
+                    lst.limits.body_timeout,
+                )
+                msg = f"Request Timeout: the body took more than {lst.limits.body_timeout:g} s"
+                return _error(408, "REQUEST_TIMEOUT", msg)
+            except web.HTTPRequestEntityTooLarge:
+                msg = f"the body is larger than {request.client_max_size} bytes"
+                return _error(413, "PAYLOAD_TOO_LARGE", msg)
+            except ConnectionError:  # the client left mid-body: nobody to answer
+                return _error(400, "BAD_REQUEST", "the connection was lost")
+        resp = await handler(request)
+    except web.HTTPException as exc:
         if last:
-            lst.stats["max_requests"] += 1
-            resp.force_close()
-        return resp
-
-    return discipline
+            exc.force_close()
+        raise
+    finally:
+        conn.request_ended()
+    if last:
+        lst.stats["max_requests"] += 1
+        resp.force_close()
+    return resp
 
 
 class ListenerSite(web.BaseSite):
@@ -432,8 +446,10 @@ async def start_site(
         return server()
 
     lst = _Listener(name, limits, inner, ssl_context=ssl_context)
-    app.middlewares.append(_middleware(lst))
-    app[LISTENER] = HttpListener(lst)
+    if _discipline not in app.middlewares:
+        if app.frozen:  # its requests could not stop the header timer
+            raise RuntimeError("start_site needs an app not yet served by another runner")
+        app.middlewares.append(_discipline)
     await runner.setup()
     try:
         await ListenerSite(runner, host, port, lst).start()
