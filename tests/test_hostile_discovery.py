@@ -10,7 +10,7 @@ Then real ``pagesift serve`` children (``nodes``) with two accounts and the host
 site (``tests.hostile.sitemaps``, ``tests.hostile.robots``) on loopback: alice maps
 and crawls the site while bob's ListJobs is timed all along (liveness: each answer
 within ``tests.liveness.bound`` of a control, bob's ListJobs timed before alice starts:
-20 times it, at least 4 s, so a loaded box passes, where the landed code kept him
+20 times it, at least 8 s, so a loaded box passes, where the landed code kept him
 waiting 39 s to 711 s); the Map answers within ``map_timeout`` plus slack, and the
 crawl's start page is recorded while its sitemap step still runs (a slow sitemap keeps
 it running to ``crawl_seed_timeout``). Last, a SIGKILL while a crawl reads its

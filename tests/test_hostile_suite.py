@@ -10,14 +10,14 @@ within the liveness bound; alice's crawl completes with no page charged for bob'
 inputs; each of bob's hostile pages ends as a document or as a page error naming the
 cap that refused it; both Maps answer within ``map_timeout`` and slack (well before the
 slow sitemaps' 20 s); no worker's peak passes its memory cap (the node's own
-``pagesift_worker_peak_memory_bytes``), and the event loop never lagged past the
-liveness bound (``pagesift_event_loop_lag_max_seconds``).
+``pagesift_worker_peak_memory_bytes``), and the event loop never lagged past
+``tests.liveness.LAG_BOUND`` (``pagesift_event_loop_lag_max_seconds``).
 
-The liveness bound holds on a loaded machine (issue 28, finding 8: a fixed 2 s failed
-at 2.40 s under load 5-9): alice's ListJobs is timed first with nothing hostile running
-(the control), and the bound is ``tests.liveness.bound`` of it, 20 times the control
-and at least 4 s; a loop stalled for many seconds (the regressions here took 39 s to
-531 s) still fails it. The tight figures live in ``make bench`` (``bench/hostile.py``).
+The bounds hold on a loaded machine (issue 28, finding 8: a fixed 2 s failed at 2.40 s
+under load 5-9): alice's ListJobs is timed first with nothing hostile running (the
+control), and the bound is ``tests.liveness.bound`` of it, 20 times the control and at
+least 8 s; a loop stalled for many seconds (the regressions here took 39 s to 531 s)
+still fails both. The tight figures live in ``make bench`` (``bench/hostile.py``).
 
 The families' own modules test each input alone; this one
 shows they do not add up to an outage when they arrive together.
@@ -231,4 +231,4 @@ async def test_the_whole_hostile_site_at_once_leaves_another_account_served(
         and float(dict(labels)["le"]) == MEMORY_CAP
     )
     assert peaks >= len(HOSTILE_PAGES) and within == peaks, (within, peaks)
-    assert lag < limit, f"the event loop lagged {lag:.2f} s (control {control:.3f} s)"
+    assert lag < liveness.LAG_BOUND, f"the event loop lagged {lag:.2f} s"
