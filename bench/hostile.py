@@ -17,6 +17,17 @@ in two phases:
    time. Figures: the event-loop lag histogram's p99 and max (from the node's own
    ``pagesift_event_loop_lag_seconds``), the prober's p50/p99/max latency, and whether
    the victim crawl completed every page.
+3. **A killed worker** (issue 19, finding 6), on a second node whose
+   ``document_timeout`` kills every document conversion at once: the heavy page is
+   extracted in its worker while a late PDF's worker is killed, and ListJobs is probed
+   the whole time (the old inline fallback re-extracted the page on the event loop).
+
+The liveness goals the tests used to assert (issue 28, finding 8: a fixed bound in a
+test fails on a loaded machine; the tests now compare against a control, and the
+tight figures live here): ListJobs at most ``GOALS["listjobs_max_s"]`` and the event
+loop's lag at most ``GOALS["lag_max_s"]`` in phases 2 and 3, and the lag p99 under
+``GOALS["lag_p99_s"]``. Each is reported as met or not with the figure, never
+asserted: a bench measures.
 
 Writes ``bench/out/hostile.json`` and ``bench/out/hostile.md``. Every wait is bounded;
 everything listens on 127.0.0.1.
@@ -56,6 +67,8 @@ PROBE_INTERVAL = 0.1
 PHASE_TIMEOUT = 600.0
 VICTIM_PAGES = 200
 UNREAD_WATCHERS = 12
+#: the liveness goals (the tests' old fixed bounds): seconds
+GOALS = {"listjobs_max_s": 2.0, "lag_max_s": 2.0, "lag_p99_s": 0.1}
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -343,18 +356,81 @@ def all_at_once(stub: Any, sites: Sites, concurrency: int) -> dict[str, Any]:
         w.cancel()
     prober.stop()
     probe.join(timeout=35)
-    lat = prober.latencies
     return {
         "wall_s": round(time.monotonic() - t0, 1),
         "results": results,
-        "probe": {
-            "calls": len(lat),
-            "failures": prober.failures,
-            "p50_s": round(statistics.median(lat), 4) if lat else 0.0,
-            "p99_s": round(_pct(lat, 0.99), 4),
-            "max_s": round(max(lat, default=0.0), 4),
-        },
+        "probe": _probe_figures(prober),
     }
+
+
+def _probe_figures(prober: Prober) -> dict[str, float]:
+    lat = prober.latencies
+    return {
+        "calls": len(lat),
+        "failures": prober.failures,
+        "p50_s": round(statistics.median(lat), 4) if lat else 0.0,
+        "p99_s": round(_pct(lat, 0.99), 4),
+        "max_s": round(max(lat, default=0.0), 4),
+    }
+
+
+def killed_worker(concurrency: int, sites: Sites) -> dict[str, Any]:
+    """Phase 3: ListJobs probed while the heavy page is extracted in its worker and a late
+    PDF's worker is killed on its (tiny) ``document_timeout``, on a node of its own."""
+    from pagesift.v1 import jobs_pb2
+
+    metrics_addr = f"{LOOPBACK}:{free_port()}"
+    extra = [
+        f'metrics_listen = "{metrics_addr}"',
+        "document_timeout = 0.000001",
+        "read_timeout = 5.0",
+    ]
+    urls = [
+        sites.plain + "workers/heavy.html?links=150000",
+        sites.plain + "workers/late.pdf?delay=1",
+    ]
+    with pagesift_server(concurrency, OUT_DIR / "hostile-killed-server.log", extra) as server:
+        prober = Prober(server.stub)
+        probe = threading.Thread(target=prober.run, name="prober", daemon=True)
+        probe.start()
+        t0 = time.monotonic()
+        req = jobs_pb2.StartBatchScrapeRequest(urls=urls, max_concurrency=2)
+        job_id = server.stub.StartBatchScrape(req, timeout=60).id
+        job = _wait_job(server.stub, job_id, time.monotonic() + PHASE_TIMEOUT)
+        wall = time.monotonic() - t0
+        time.sleep(1.0)  # a few probes after the job: the loop is free again
+        prober.stop()
+        probe.join(timeout=35)
+        lag = lag_figures(f"http://{metrics_addr}/metrics")
+    state = jobs_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
+    return {
+        "job": f"{state}: {job.completed} pages, {job.failed} errors in {wall:.1f} s",
+        "probe": _probe_figures(prober),
+        "lag": lag,
+    }
+
+
+def goals(phases: dict[str, tuple[dict[str, float], dict[str, float]]]) -> list[dict[str, Any]]:
+    """Each liveness goal against its figure, per phase: ``phases`` maps a phase's name to
+    its (lag, probe) figures."""
+    out: list[dict[str, Any]] = []
+    for phase, (lag, probe) in phases.items():
+        for name, figure, goal in (
+            ("ListJobs max", probe["max_s"], GOALS["listjobs_max_s"]),
+            ("event-loop lag max", lag["max_s"], GOALS["lag_max_s"]),
+            ("event-loop lag p99", lag["p99_s"], GOALS["lag_p99_s"]),
+        ):
+            met = figure <= goal and not probe["failures"]
+            out.append(
+                {
+                    "phase": phase,
+                    "figure": name,
+                    "value_s": round(figure, 4),
+                    "goal_s": goal,
+                    "met": met,
+                }
+            )
+    return out
 
 
 def _summary(lag: dict[str, float], probe: dict[str, float], wall: float) -> list[list[str]]:
@@ -382,6 +458,14 @@ def run(args: argparse.Namespace) -> None:
         say("phase 2: the whole suite at once, ListJobs probed every 100 ms")
         together = all_at_once(server.stub, sites, concurrency)
         lag = lag_figures(f"http://{metrics_addr}/metrics")
+        say("phase 3: a killed worker beside a heavy page, ListJobs probed every 100 ms")
+        killed = killed_worker(concurrency, sites)
+    checked = goals(
+        {
+            "everything at once": (lag, together["probe"]),
+            "a killed worker": (killed["lag"], killed["probe"]),
+        }
+    )
     figures = {
         "machine": machine_facts(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -389,6 +473,8 @@ def run(args: argparse.Namespace) -> None:
         "lag_after_phase_1": lag_before,
         "lag_whole_run": lag,
         "all_at_once": together,
+        "killed_worker": killed,
+        "goals": checked,
     }
     write_json(OUT_DIR / "hostile.json", figures)
     md = [
@@ -402,6 +488,27 @@ def run(args: argparse.Namespace) -> None:
         markdown_table(["job", "result"], sorted(together["results"].items())),
         "",
         markdown_table(["figure", "value"], _summary(lag, together["probe"], together["wall_s"])),
+        "",
+        "### A killed worker beside a heavy page",
+        markdown_table(
+            ["figure", "value"],
+            [["the batch", killed["job"]], *_summary(killed["lag"], killed["probe"], 0.0)[:4]],
+        ),
+        "",
+        "### Liveness goals (the tests' old fixed bounds; the tests compare against a control)",
+        markdown_table(
+            ["phase", "figure", "value", "goal", "met"],
+            [
+                [
+                    g["phase"],
+                    g["figure"],
+                    f"{g['value_s']} s",
+                    f"<= {g['goal_s']} s",
+                    "yes" if g["met"] else "NO",
+                ]
+                for g in checked
+            ],
+        ),
     ]
     (OUT_DIR / "hostile.md").write_text("\n".join(md) + "\n")
     say("\n".join(md))
