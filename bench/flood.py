@@ -16,7 +16,10 @@ slowloris, a head byte a second) from ``--flood-sources`` loopback addresses
   against the baseline and the budget line.
 
 Also: how many attempts the caps ended at once (within 1 s), the longest an admitted
-connection lasted, and the node's log growth over the flood. Writes
+connection lasted, how many are still open at the end on the server's side (its
+established sockets; the client's side also counts connections the kernel completed
+while the accept queue was full, which the server never held) and the node's log
+growth over the flood. Writes
 ``bench/out/flood.json`` and ``bench/out/flood.md``; everything listens on 127.0.0.1 and
 every wait is bounded.
 """
@@ -49,7 +52,7 @@ from bench.common import (
     write_json,
 )
 from pagesift.node.procs import free_port
-from tests.hostile.connections import Flood, fd_count, raise_own_limit
+from tests.hostile.connections import Flood, fd_count, raise_own_limit, server_established
 
 BUDGET = re.compile(r"descriptors: .*")
 PROBE_SECONDS = (0.5, 1.0)  # ListJobs, Scrape
@@ -160,7 +163,7 @@ class _FdSampler(threading.Thread):
             self.peak = max(self.peak, fd_count(self.pid))
 
 
-async def _flood(port: int, args: argparse.Namespace) -> tuple[Flood, float]:
+async def _flood(port: int, args: argparse.Namespace) -> tuple[Flood, float, int]:
     flood = Flood(
         LOOPBACK,
         port,
@@ -176,9 +179,10 @@ async def _flood(port: int, args: argparse.Namespace) -> tuple[Flood, float]:
             if not flood.open_now():
                 break
             await asyncio.sleep(0.5)
+        held = server_established(port)
     finally:
         await flood.close()
-    return flood, time.monotonic() - start
+    return flood, time.monotonic() - start, held
 
 
 def run(args: argparse.Namespace) -> None:
@@ -218,7 +222,7 @@ def run(args: argparse.Namespace) -> None:
             for p in probers:
                 p.start()
             say(f"flood: {args.flood_attempts} connections at the gateway, bob probed")
-            flood, wall = asyncio.run(_flood(http, args))
+            flood, wall, held = asyncio.run(_flood(http, args))
             sampler.stop_event.set()
             for p in probers:
                 p.stop_event.set()
@@ -244,7 +248,8 @@ def run(args: argparse.Namespace) -> None:
         "ended_within_1s": flood.ended_within(1.0),
         "admitted": len(flood.opened()),
         "longest_admitted_s": round(max(lasted), 1) if lasted else None,
-        "still_open_at_end": flood.open_now(),
+        "still_open_at_end_client_side": flood.open_now(),
+        "still_open_at_end_server_side": held,
         "how_ended": hows,
         "fd_baseline": baseline,
         "fd_peak": sampler.peak,
@@ -258,6 +263,10 @@ def run(args: argparse.Namespace) -> None:
         ["descriptor budget (node log)", figures["budget_line"]],
         ["ended at once (<= 1 s)", figures["ended_within_1s"]],
         ["admitted; longest held", f"{figures['admitted']}; {figures['longest_admitted_s']} s"],
+        [
+            "still open at the end (open only on this side)",
+            f"{flood.open_now()} ({flood.phantoms})",
+        ],
         ["node descriptors: baseline, peak", f"{baseline}, {sampler.peak}"],
         ["node log growth", f"{figures['log_growth_bytes']} B"],
         ["bob ListJobs (fresh channel) p50 / max", _lat(figures["listjobs_fresh_channel"])],

@@ -23,7 +23,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["Conn", "Flood", "fd_count", "raise_own_limit"]
+__all__ = ["Conn", "Flood", "fd_count", "raise_own_limit", "server_established"]
 
 SLOW_HEAD = b"GET / HTTP/1.1\r\nHost: flood\r\nX-Slow: " + b"a" * 4000
 
@@ -44,6 +44,22 @@ def fd_count(pid: int) -> int:
         return sum(1 for _ in Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
         return 0
+
+
+def server_established(port: int) -> int:
+    """Established TCP connections whose local port is ``port`` (the server's side of
+    them: /proc/net/tcp, this network namespace). A flood's client can see more: a
+    connection the kernel completed while the server's accept queue was full is open on
+    the client's side alone (its final ACK dropped; an idle client never learns)."""
+    from pathlib import Path
+
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state = fields[1], fields[3]
+        if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:
+            count += 1
+    return count
 
 
 @dataclass
