@@ -30,8 +30,11 @@ from aiohttp import web
 from pagesift.demo.site import build_site, serve_site
 from pagesift.gateway.server import Options
 from pagesift.gateway.server import start as start_gateway
+from pagesift.node import fdreserve
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.api.metricshttp import METRICS_LIMITS, start_http
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.store.db import MAX_OPEN_FILES
 from pagesift.shared.util import listeners, quietlog
 from pagesift.shared.util.connlimits import BACKLOG, ConnectionGate, ListenerLimits, client_key
 from pagesift.shared.util.descriptors import plan
@@ -119,6 +122,29 @@ def test_the_descriptor_budget_keeps_the_reserve_and_the_slack() -> None:
     caps = tight.split({"gateway": 4_096, "metrics": 64})
     assert caps["metrics"] == 64 and sum(caps.values()) <= tight.http
     assert plan(100, {"store": 1_000}, 1).http == 0
+
+
+def test_a_nodes_http_caps_fit_clear_of_its_reserve() -> None:
+    config = ServerConfig(
+        http_listen="127.0.0.1:1", metrics_listen="127.0.0.1:2", extract_processes=2
+    )
+    roomy = fdreserve.node_budget(config, 1 << 20)
+    parts = dict(roomy.parts)
+    assert parts["store"] == 2 * (MAX_OPEN_FILES + 24) and parts["workers"] == 16
+    assert parts["gateway channels"] > 0 and parts["browser"] > 0
+    gateway, metrics = fdreserve.http_limits(config, roomy)
+    assert gateway.max_connections == config.http_max_connections
+    assert metrics.max_connections == METRICS_LIMITS.max_connections
+    assert gateway.header_timeout == config.http_header_timeout == metrics.header_timeout
+    tight = fdreserve.node_budget(config, roomy.reserve + roomy.slack + 500)
+    gateway, metrics = fdreserve.http_limits(config, tight)
+    assert gateway.max_connections + metrics.max_connections <= tight.http == 500
+    assert gateway.max_per_client == config.http_max_connections_per_client
+    smaller = fdreserve.node_budget(config, roomy.reserve + roomy.slack + 200)
+    gateway, _ = fdreserve.http_limits(config, smaller)
+    assert gateway.max_per_client <= gateway.max_connections < 200
+    alone = fdreserve.node_budget(ServerConfig(browser_executable=""), 1 << 20)
+    assert "browser" not in dict(alone.parts) and "gateway channels" not in dict(alone.parts)
 
 
 # ---------------------------------------------------------------- a real site
