@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -64,6 +65,8 @@ BUDGET = re.compile(
 def own_descriptors() -> None:
     if raise_own_limit() < 2 * NODE_LIMIT:
         pytest.skip("this process cannot open enough sockets for the flood")
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is needed to lower the children's RLIMIT_NOFILE")
 
 
 @pytest.fixture
