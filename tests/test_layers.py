@@ -238,6 +238,9 @@ PURE = (
     "pagesift.shared.replication.follower",
     "pagesift.shared.jobs.quarantine",
     "pagesift.primary.engine.retrypolicy",
+    "pagesift.primary.engine.cookierecords",
+    "pagesift.shared.util.logthrottle",
+    "pagesift.shared.util.connlimits",
 )
 #: what a pure machine must never import, directly or through another module
 IO_MODULES = (

@@ -2,12 +2,11 @@
 
 What it owns
 ------------
-``start_site`` (an aiohttp application
-served under the limits: the gateway, ``pagesift serve --http-listen``'s gateway,
-``/metrics`` and the demo site use it), ``start_stream_server`` (an asyncio stream
-server under the caps: the browser's guard proxy) and the rate-limited lines of what an
-outsider can trigger (``OUTSIDER_LOG``; the loop's accept errors, ``quiet_accept_errors``:
-``pagesift.shared.util.quietlog``'s).
+``start_site`` (an aiohttp application served under the limits: the gateway,
+``pagesift serve --http-listen``'s gateway, ``/metrics`` and the demo site use it),
+``start_stream_server`` (an asyncio stream server under the caps: the browser's guard
+proxy) and the rate-limited lines of what an outsider can trigger (``OUTSIDER_LOG``;
+the loop's accept errors, ``quiet_accept_errors``: ``pagesift.shared.util.quietlog``'s).
 The bounds and the pure count of open connections are ``pagesift.shared.util.connlimits``'
 (``ListenerLimits``, ``ConnectionGate``), re-exported here.
 
@@ -37,9 +36,10 @@ connection cap. Each accepted socket gets a ``_Connection`` (an ``asyncio.Protoc
 that admits or resets it and forwards every protocol call to aiohttp's own protocol
 (``runner.server`` is aiohttp's documented protocol factory); one middleware, added
 once per app (an app served again keeps it), marks requests in and out of their
-connection. ``listener_of(runner)`` hands a listener's limits and counters to tests. ``ListenerSite`` is a ``web.BaseSite``, so the runner's
-``addresses`` and ``cleanup()`` keep working; it sets ``BaseSite._server``, the one
-private name used (what aiohttp's own sites set; ``tests/test_listener_limits.py`` pins it).
+connection. ``listener_of(runner)`` hands a listener's limits and counters to tests.
+``ListenerSite`` is a ``web.BaseSite``, so the runner's ``addresses`` and ``cleanup()``
+keep working; it sets ``BaseSite._server``, the one private name used (what aiohttp's
+own sites set; ``tests/test_listener_limits.py`` pins it).
 
 Logs: an outsider controls how often refusals, timeouts, bad requests and the loop's
 accept errors (EMFILE) happen, so each is a line at most once per reason per
