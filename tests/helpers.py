@@ -684,3 +684,19 @@ class MapResolver(AbstractResolver):
 
     async def close(self) -> None:
         return None
+
+
+@contextlib.asynccontextmanager
+async def gateway_before(addresses: Sequence[str], **app_kw: Any) -> AsyncIterator[str]:
+    """An in-process gateway (``pagesift.gateway.server.run``) in front of ``addresses``
+    on a free loopback port; yields its base URL and stops it afterwards."""
+    from pagesift.gateway.server import run
+
+    stop = asyncio.Event()
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run("127.0.0.1:0", addresses, stop, started, **app_kw))
+    try:
+        yield f"http://{await asyncio.wait_for(started, 10)}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)

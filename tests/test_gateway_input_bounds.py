@@ -27,8 +27,7 @@ import pytest
 from aiohttp import web
 
 from pagesift.gateway.clients import Clients
-from pagesift.gateway.server import run
-from tests.helpers import ALICE, in_process_node, write_accounts
+from tests.helpers import ALICE, gateway_before, in_process_node, write_accounts
 
 DEEP = 100_000
 HUGE = 10**12
@@ -38,15 +37,11 @@ HUGE = 10**12
 async def gateway(data: Path) -> AsyncIterator[str]:
     """A node with accounts and a gateway in front of it; yields the gateway's base URL."""
     accounts = write_accounts(data / "accounts.toml")
-    async with in_process_node(data / "node", accounts_file=str(accounts)) as node:
-        stop = asyncio.Event()
-        started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(run("127.0.0.1:0", [node.address], stop, started))
-        try:
-            yield f"http://{await asyncio.wait_for(started, 10)}"
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
+    async with (
+        in_process_node(data / "node", accounts_file=str(accounts)) as node,
+        gateway_before([node.address]) as base,
+    ):
+        yield base
 
 
 async def send(

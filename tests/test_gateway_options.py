@@ -33,9 +33,8 @@ from google.rpc import error_details_pb2
 
 from pagesift.client.aio import JobClient
 from pagesift.client.errors import BLOCKED_ADDRESS, details_of, status_of
-from pagesift.gateway.server import run
 from pagesift.v1 import jobs_pb2
-from tests.helpers import in_process_node, serve_handler
+from tests.helpers import gateway_before, in_process_node, serve_handler
 
 T = TypeVar("T")
 
@@ -71,16 +70,12 @@ class Site:
 async def rig(data: Path, **node_kw: Any) -> AsyncIterator[tuple[Firecrawl, Site, str]]:
     """The site, a node and a gateway in front of it: (SDK client, site, site root)."""
     site = Site()
-    async with serve_handler(site.handle) as port, in_process_node(data, **node_kw) as node:
-        stop = asyncio.Event()
-        started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(run("127.0.0.1:0", [node.address], stop, started))
-        try:
-            base = f"http://{await asyncio.wait_for(started, 10)}"
-            yield Firecrawl(api_key="anonymous", api_url=base), site, f"http://127.0.0.1:{port}"
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
+    async with (
+        serve_handler(site.handle) as port,
+        in_process_node(data, **node_kw) as node,
+        gateway_before([node.address]) as base,
+    ):
+        yield Firecrawl(api_key="anonymous", api_url=base), site, f"http://127.0.0.1:{port}"
 
 
 async def sdk(call: Callable[..., T], *args: Any, **kw: Any) -> T:

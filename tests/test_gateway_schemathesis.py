@@ -41,8 +41,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
 from schemathesis.errors import FailureGroup
 
-from pagesift.gateway.server import run
-from tests.helpers import ALICE, in_process_node, write_accounts
+from tests.helpers import ALICE, gateway_before, in_process_node, write_accounts
 
 EXAMPLES = 40
 UNKNOWN_KEY = "psk_test_nobody_0123456789"  # in no accounts file: the node's 401
@@ -87,15 +86,11 @@ def firecrawl_error_shape(ctx: CheckContext, response: Response, case: Case[Any]
 async def gateway(data: Path) -> AsyncIterator[str]:
     """A node with an accounts file and a gateway in front of it; yields its base URL."""
     accounts = write_accounts(data / "accounts.toml")
-    async with in_process_node(data / "node", accounts_file=str(accounts)) as node:
-        stop = asyncio.Event()
-        started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(run("127.0.0.1:0", [node.address], stop, started))
-        try:
-            yield f"http://{await asyncio.wait_for(started, 10)}"
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
+    async with (
+        in_process_node(data / "node", accounts_file=str(accounts)) as node,
+        gateway_before([node.address]) as base,
+    ):
+        yield base
 
 
 def fuzz(base: str, mode: GenerationMode) -> tuple[int, list[str]]:
