@@ -11,7 +11,8 @@ slowloris, a head byte a second) from ``--flood-sources`` loopback addresses
 (``tests.hostile.connections.Flood``). Meanwhile, in threads of their own:
 
 - another account (bob) calls ``ListJobs`` on a fresh channel every 0.5 s and
-  ``Scrape``s a demo page every 1 s: the worst and median latencies, and any failure;
+  ``Scrape``s a demo page every 1 s: the worst and median latencies, and any failure,
+  beside the same probes run for ``QUIET_SECONDS`` before the flood (the control);
 - the node's open descriptors (``/proc/PID/fd``) are sampled every 50 ms: the peak,
   against the baseline and the budget line.
 
@@ -56,6 +57,7 @@ from tests.hostile.connections import Flood, fd_count, raise_own_limit, server_e
 
 BUDGET = re.compile(r"descriptors: .*")
 PROBE_SECONDS = (0.5, 1.0)  # ListJobs, Scrape
+QUIET_SECONDS = 10.0  # the control phase: the same probes before the flood
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -215,6 +217,14 @@ def run(args: argparse.Namespace) -> None:
             wait_for_port(LOOPBACK, http, 60)
             probers = _probers(address, root, BOB.md)
             probers[1].call()  # warm: the engine's sessions and the worker
+            quiet = _probers(address, root, BOB.md)  # the control: same calls, no flood
+            for p in quiet:
+                p.start()
+            time.sleep(QUIET_SECONDS)
+            for p in quiet:
+                p.stop_event.set()
+            for p in quiet:
+                p.join(40)
             time.sleep(1.0)
             baseline = fd_count(pid)
             log_before = log.stat().st_size
@@ -257,6 +267,8 @@ def run(args: argparse.Namespace) -> None:
         "log_growth_bytes": log_after - log_before,
         "listjobs_fresh_channel": probers[0].figures(),
         "scrape": probers[1].figures(),
+        "quiet_listjobs_fresh_channel": quiet[0].figures(),
+        "quiet_scrape": quiet[1].figures(),
     }
     write_json(OUT_DIR / "flood.json", figures)
     rows = [
@@ -268,7 +280,9 @@ def run(args: argparse.Namespace) -> None:
         ["node descriptors: baseline, peak", f"{baseline}, {sampler.peak}"],
         ["node log growth", f"{figures['log_growth_bytes']} B"],
         ["bob ListJobs (fresh channel) p50 / max", _lat(figures["listjobs_fresh_channel"])],
+        ["  the same, no flood (control)", _lat(figures["quiet_listjobs_fresh_channel"])],
         ["bob Scrape p50 / max", _lat(figures["scrape"])],
+        ["  the same, no flood (control)", _lat(figures["quiet_scrape"])],
         ["flood wall time", f"{figures['flood_wall_s']} s"],
     ]
     (OUT_DIR / "flood.md").write_text(markdown_table(["figure", "value"], rows) + "\n")
