@@ -700,3 +700,54 @@ async def gateway_before(addresses: Sequence[str], **app_kw: Any) -> AsyncIterat
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
+
+
+@dataclass
+class CookieCrawl:
+    """What a crawl of the hostile cookie site left: the replication log's growth over
+    it, its documents and the job's notes (``GetJobErrors`` entries without a URL)."""
+
+    grown: int
+    docs: list[jobs_pb2.Document]
+    notes: list[jobs_pb2.PageError]
+
+
+async def crawl_cookie_site(tmp: Path, kind: str, last: int, concurrency: int) -> CookieCrawl:
+    """Crawl ``/cookies/{kind}/0..last`` of ``tests.hostile.cookies`` on an in-process
+    node at ``concurrency``; the crawl must complete with every page a document."""
+    from tests.hostile import cookies, serve
+
+    runner, root = await serve(cookies.ROUTES)
+    try:
+        async with in_process_node(tmp, extract_processes=0) as node:
+            log = node.node.slot.log
+            before = log.backlog_bytes
+            started = await node.stub.StartCrawl(
+                jobs_pb2.StartCrawlRequest(
+                    url=f"{root}cookies/{kind}/0?last={last}",
+                    sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
+                    crawl_entire_domain=True,
+                    max_concurrency=concurrency,
+                )
+            )
+            final = await wait_terminal(node.stub, started.id, timeout=120)
+            grown = log.backlog_bytes - before
+            docs = await all_documents(node.stub, started.id)
+            errors = await node.stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=started.id))
+    finally:
+        await runner.cleanup()
+    assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
+    assert len(docs) == last + 1
+    return CookieCrawl(grown, docs, [e for e in errors.errors if not e.url])
+
+
+@contextlib.asynccontextmanager
+async def gateway_with_accounts(data: Path) -> AsyncIterator[str]:
+    """A node with ``write_accounts``' accounts under ``data`` and a gateway in front of
+    it; yields the gateway's base URL."""
+    accounts = write_accounts(data / "accounts.toml")
+    async with (
+        in_process_node(data / "node", accounts_file=str(accounts)) as node,
+        gateway_before([node.address]) as base,
+    ):
+        yield base

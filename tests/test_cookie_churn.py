@@ -38,7 +38,7 @@ from pagesift.primary.engine.cookierecords import (
 )
 from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import ServeProc, all_documents, eventually, in_process_node, wait_terminal
+from tests.helpers import ServeProc, all_documents, crawl_cookie_site, eventually, wait_terminal
 from tests.hostile import Handler, cookies, serve
 
 SITE = "http://127.0.0.1:8000"
@@ -260,45 +260,12 @@ def test_no_flood_passes_the_budget_and_the_store_catches_up_once_it_stops(
 # --- a real node -------------------------------------------------------------------
 
 
-@dataclass
-class Crawled:
-    grown: int  # bytes the replication log grew by during the crawl
-    docs: list[jobs_pb2.Document]
-    notes: list[jobs_pb2.PageError]  # the job's notes (GetJobErrors without a URL)
-
-
-async def crawl(tmp: Path, kind: str, last: int) -> Crawled:
-    """Crawl ``/cookies/{kind}/0..last`` one page at a time on an in-process node."""
-    runner, root = await serve(cookies.ROUTES)
-    try:
-        async with in_process_node(tmp, extract_processes=0) as node:
-            log = node.node.slot.log
-            before = log.backlog_bytes
-            started = await node.stub.StartCrawl(
-                jobs_pb2.StartCrawlRequest(
-                    url=f"{root}cookies/{kind}/0?last={last}",
-                    sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
-                    crawl_entire_domain=True,
-                    max_concurrency=1,
-                )
-            )
-            final = await wait_terminal(node.stub, started.id, timeout=120)
-            grown = log.backlog_bytes - before
-            docs = await all_documents(node.stub, started.id)
-            errors = await node.stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=started.id))
-    finally:
-        await runner.cleanup()
-    assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
-    assert len(docs) == last + 1
-    return Crawled(grown, docs, [e for e in errors.errors if not e.url])
-
-
 async def test_a_crawl_of_rotating_cookies_logs_at_most_four_kib_a_page_above_a_quiet_one(
     tmp_path: Path,
 ) -> None:
     pages = 60
-    quiet = await crawl(tmp_path / "quiet", "quiet", pages - 1)
-    rotating = await crawl(tmp_path / "rotate", "rotate", pages - 1)
+    quiet = await crawl_cookie_site(tmp_path / "quiet", "quiet", pages - 1, concurrency=1)
+    rotating = await crawl_cookie_site(tmp_path / "rotate", "rotate", pages - 1, concurrency=1)
     per_page = (quiet.grown / pages, rotating.grown / pages)
     print("log bytes per page: quiet {:.0f}, rotating cookies {:.0f}".format(*per_page))
     # the stated bound, plus the page itself: its echo of the cookie names it was sent

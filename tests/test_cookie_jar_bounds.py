@@ -34,7 +34,14 @@ from pagesift.shared.replication.slot import open_slot
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.groups import GroupTooLarge, WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.helpers import ServeProc, all_documents, eventually, in_process_node, wait_terminal
+from tests.helpers import (
+    ServeProc,
+    all_documents,
+    crawl_cookie_site,
+    eventually,
+    in_process_node,
+    wait_terminal,
+)
 from tests.hostile import Handler, cookies, serve
 
 SITE = "http://127.0.0.1:8000"
@@ -291,38 +298,13 @@ def test_a_write_group_over_its_bound_is_refused_before_anything_is_written(
 # --- a real node -----------------------------------------------------------------------
 
 
-async def crawl_log_bytes(tmp: Path, kind: str, last: int) -> tuple[int, list[jobs_pb2.Document]]:
-    """Crawl the hostile chain ``kind`` of ``last + 1`` pages on an in-process node:
-    (bytes the replication log grew by during the crawl, its documents)."""
-    runner, root = await serve(cookies.ROUTES)
-    try:
-        async with in_process_node(tmp, extract_processes=0) as node:
-            log = node.node.slot.log
-            before = log.backlog_bytes
-            started = await node.stub.StartCrawl(
-                jobs_pb2.StartCrawlRequest(
-                    url=f"{root}cookies/{kind}/0?last={last}",
-                    sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
-                    crawl_entire_domain=True,
-                    max_concurrency=4,
-                )
-            )
-            final = await wait_terminal(node.stub, started.id, timeout=120)
-            assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
-            grown = log.backlog_bytes - before
-            docs = await all_documents(node.stub, started.id)
-    finally:
-        await runner.cleanup()
-    assert len(docs) == last + 1
-    return grown, docs
-
-
 async def test_a_crawl_of_a_cookie_flood_grows_the_log_by_a_small_multiple_of_the_baseline(
     tmp_path: Path,
 ) -> None:
     pages = 60
-    baseline, _ = await crawl_log_bytes(tmp_path / "quiet", "quiet", pages - 1)
-    flooded, docs = await crawl_log_bytes(tmp_path / "flood", "chain", pages - 1)
+    baseline = (await crawl_cookie_site(tmp_path / "quiet", "quiet", pages - 1, 4)).grown
+    flood = await crawl_cookie_site(tmp_path / "flood", "chain", pages - 1, 4)
+    flooded, docs = flood.grown, flood.docs
     per_page = baseline / pages
     print(f"log bytes per page: baseline {per_page:.0f}, cookie flood {flooded / pages:.0f}")
     # the jar's first 50 cookies once (~200 KB, spread by its budget), then visit and

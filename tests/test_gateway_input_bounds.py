@@ -17,7 +17,7 @@ import logging
 import time
 import types
 import typing
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +27,10 @@ import pytest
 from aiohttp import web
 
 from pagesift.gateway.clients import Clients
-from tests.helpers import ALICE, gateway_before, in_process_node, write_accounts
+from tests.helpers import ALICE, gateway_with_accounts
 
 DEEP = 100_000
 HUGE = 10**12
-
-
-@contextlib.asynccontextmanager
-async def gateway(data: Path) -> AsyncIterator[str]:
-    """A node with accounts and a gateway in front of it; yields the gateway's base URL."""
-    accounts = write_accounts(data / "accounts.toml")
-    async with (
-        in_process_node(data / "node", accounts_file=str(accounts)) as node,
-        gateway_before([node.address]) as base,
-    ):
-        yield base
 
 
 async def send(
@@ -94,7 +83,7 @@ async def test_json_nested_100000_deep_is_a_400_naming_the_depth_limit(
         "/v2/crawl": b'{"url": "http://127.0.0.1/", "scrapeOptions": {"headers": ' + deep + b"}}",
         "/v1/map": deep,
     }
-    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+    async with gateway_with_accounts(tmp_path) as base, aiohttp.ClientSession() as http:
         with no_traceback(caplog):
             for path, data in bodies.items():
                 body = firecrawl_error(*await send(http, "POST", base + path, data), 400)
@@ -129,7 +118,7 @@ async def test_an_integer_past_its_proto_field_is_a_400_naming_the_field(
     10^12); the same for every count a request carries, and for a time too long for a
     Duration (10^30 ms)."""
     cases = [*HUGE_FIELDS, ("/v2/scrape", "timeout", {"timeout": 10**30})]
-    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+    async with gateway_with_accounts(tmp_path) as base, aiohttp.ClientSession() as http:
         with no_traceback(caplog):
             for path, field, extra in cases:
                 start = {} if "urls" in extra else {"url": "http://127.0.0.1/"}
@@ -143,7 +132,7 @@ async def test_query_integers_past_their_proto_field_are_400s_naming_them(
 ) -> None:
     """``?skip=`` of 10^12 on a real job's status page was a 500 (GetJobRequest.skip is
     an int32)."""
-    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+    async with gateway_with_accounts(tmp_path) as base, aiohttp.ClientSession() as http:
         start = json.dumps({"urls": ["http://127.0.0.1:9/"]}).encode()
         status, started = await send(http, "POST", base + "/v2/batch/scrape", start)
         assert status == 200, started
@@ -161,7 +150,7 @@ async def test_an_api_key_grpc_cannot_carry_is_a_401_not_a_500(
 ) -> None:
     """A key with a control character was a 500 ("Invalid metadata", gRPC's own refusal
     of the header the key became)."""
-    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+    async with gateway_with_accounts(tmp_path) as base, aiohttp.ClientSession() as http:
         with no_traceback(caplog):
             for key in ("psk_\u00fc", "psk\tx", "k" * 5000):
                 for method, path in (("GET", "/v2/team/credit-usage"), ("POST", "/v2/map")):
@@ -175,7 +164,7 @@ async def test_a_v1_url_that_cannot_be_split_is_a_400_naming_url(
 ) -> None:
     """v1's map and maxDepth split the URL themselves: ``http://[x/`` (an unclosed IPv6
     bracket) raised urlsplit's ValueError, a 500."""
-    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+    async with gateway_with_accounts(tmp_path) as base, aiohttp.ClientSession() as http:
         with no_traceback(caplog):
             for path, extra in (("/v1/map", {}), ("/v1/crawl", {"maxDepth": 2})):
                 data = json.dumps({"url": "http://[x/a", **extra}).encode()
@@ -191,7 +180,7 @@ async def test_the_body_limits_are_400s_naming_each(tmp_path: Path) -> None:
         b'{"url": "x", "a": [' + b"{}," * 100_000 + b"{}]}": "more than 100000 arrays and objects",
         b'{"url": "x", "a": [' + b"0," * 1_000_000 + b"0]}": "more than 1000000 values",
     }
-    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+    async with gateway_with_accounts(tmp_path) as base, aiohttp.ClientSession() as http:
         for data, said in bodies.items():
             body = firecrawl_error(*await send(http, "POST", base + "/v2/crawl", data), 400)
             assert said in body["error"], (said, body)
@@ -332,7 +321,7 @@ async def test_a_watch_with_a_key_grpc_cannot_carry_is_refused_as_a_bad_key(
 ) -> None:
     """The WebSocket watch reads its key itself: one gRPC metadata cannot carry closed
     the socket as an internal error (1011), not as a refused key (3000, Firecrawl's)."""
-    async with gateway(tmp_path) as base, aiohttp.ClientSession() as http:
+    async with gateway_with_accounts(tmp_path) as base, aiohttp.ClientSession() as http:
         start = json.dumps({"url": "http://127.0.0.1:9/", "limit": 1}).encode()
         status, started = await send(http, "POST", base + "/v2/crawl", start)
         assert status == 200, started
@@ -366,7 +355,7 @@ async def test_an_idempotency_key_that_is_not_text_is_a_400_naming_it(
 ) -> None:
     """A Latin-1 byte in ``x-idempotency-key`` reached the proto as a lone surrogate
     (aiohttp's surrogateescape): UnicodeEncodeError, a 500."""
-    async with gateway(tmp_path) as base:
+    async with gateway_with_accounts(tmp_path) as base:
         with no_traceback(caplog):
             for path, data in (
                 ("/v2/crawl", b'{"url": "http://127.0.0.1:9/", "limit": 1}'),

@@ -25,10 +25,8 @@ curl command that reproduces it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
 from schemathesis.errors import FailureGroup
 
-from tests.helpers import ALICE, gateway_before, in_process_node, write_accounts
+from tests.helpers import ALICE, gateway_with_accounts
 
 EXAMPLES = 40
 UNKNOWN_KEY = "psk_test_nobody_0123456789"  # in no accounts file: the node's 401
@@ -80,17 +78,6 @@ def firecrawl_error_shape(ctx: CheckContext, response: Response, case: Case[Any]
     ):
         raise AssertionError(f"a {response.status_code} not in Firecrawl's error shape: {body}")
     return None
-
-
-@contextlib.asynccontextmanager
-async def gateway(data: Path) -> AsyncIterator[str]:
-    """A node with an accounts file and a gateway in front of it; yields its base URL."""
-    accounts = write_accounts(data / "accounts.toml")
-    async with (
-        in_process_node(data / "node", accounts_file=str(accounts)) as node,
-        gateway_before([node.address]) as base,
-    ):
-        yield base
 
 
 def fuzz(base: str, mode: GenerationMode) -> tuple[int, list[str]]:
@@ -142,7 +129,7 @@ def fuzz(base: str, mode: GenerationMode) -> tuple[int, list[str]]:
 async def test_no_generated_request_gets_a_5xx_and_every_4xx_is_firecrawls_error(
     tmp_path: Path, mode: GenerationMode
 ) -> None:
-    async with gateway(tmp_path) as base:
+    async with gateway_with_accounts(tmp_path) as base:
         sent, failures = await asyncio.to_thread(fuzz, base, mode)
     assert not failures, "\n\n".join(failures)
     assert sent > 20 * EXAMPLES, sent  # the document's operations were all exercised
