@@ -100,6 +100,7 @@ class WitnessFigures:
     deadline: float = CLOSED  # this node's write deadline (monotonic)
     leader: str = ""  # the holder's client address, as last read
     takeover_behind: int = 0  # entries behind the pair state at the last takeover
+    failsafe: bool = False  # the deadline stands on the standbys' grants, not the lease
 
     def lease_remaining(self, now: float) -> float:
         return max(0.0, self.deadline - now)
