@@ -8,6 +8,8 @@ warm standby, one log. This package holds only decisions and formats, no I/O:
   a batch split by origin;
 - ``registry``: the key layout in etcd, a pair's registration record and which pairs
   may take new work;
+- ``members``: the pairs that should exist, each with its signing key and node addresses,
+  from a file outside etcd (the registry's trust anchor);
 - ``budgets``: the account limits shared through etcd (concurrency slots under leases,
   daily pages drawn in blocks by compare-and-swap), as plans a shell carries out.
 
