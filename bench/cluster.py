@@ -13,10 +13,10 @@ What it runs (``python -m bench.run --section cluster``):
   throughput is bound by how many pages are in flight, not by the 2 cores;
 - the work: ONE batch scrape of every page of every site, through
   ``JobClient(cluster=…)``, ``max_concurrency`` ``--cluster-concurrency`` (default 8).
-  The client splits it by origin, one part per pair, each part with that concurrency: a
+  The client splits it by host, one part per pair, each part with that concurrency: a
   pair's concurrency is the bound, so n pairs fetch n times as many pages at once.
   The pair names are picked so that each pair owns the same number of sites (rendezvous
-  hashing of 6 origins onto 2 or 3 names is lumpy; this measures the mechanism, not the
+  hashing of 6 hosts onto 2 or 3 names is lumpy; this measures the mechanism, not the
   luck of a draw, and says so).
 
 Figures: pages/s per pair count and the ratio to one pair; the routing cost per RPC
@@ -74,17 +74,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--cluster-timeout", type=float, default=300.0, help="seconds per wait")
 
 
-def balanced_names(origins: list[str], n: int) -> list[str]:
-    """n pair names among which every name owns len(origins)/n origins (rounded). The
+def balanced_names(hosts: list[str], n: int) -> list[str]:
+    """n pair names among which every name owns len(hosts)/n hosts (rounded). The
     names differ from one pair count to the next: the witness's election keys are per
     pair name, not per cluster, so a name reused in the same etcd meets the old pair's
     history and refuses to campaign."""
-    want = {len(origins) // n, -(-len(origins) // n)}
+    want = {len(hosts) // n, -(-len(hosts) // n)}
     for names in itertools.combinations([f"n{n}-pair-{i}" for i in range(24)], n):
-        owned = [placement.owner(o, names) for o in origins]
+        owned = [placement.owner(o, names) for o in hosts]
         if {owned.count(p) for p in names} <= want:
             return list(names)
-    raise RuntimeError(f"no {n} names share {len(origins)} origins evenly")
+    raise RuntimeError(f"no {n} names share {len(hosts)} hosts evenly")
 
 
 async def etcd_counters(http: aiohttp.ClientSession, etcd: Etcd) -> dict[str, float]:
@@ -217,8 +217,8 @@ async def routing_us(
 async def one_count(
     n: int, etcd: Etcd, sites: list[CountedSite], work: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
-    origins = [placement.origin_of(s.root) for s in sites]
-    names = balanced_names(origins, n)
+    hosts = [placement.host_of(s.root) for s in sites]
+    names = balanced_names(hosts, n)
     pairs = Pairs(etcd, work, f"bench-{n}", names)
     try:
         await pairs.wait_placeable(min(60.0, args.cluster_timeout))

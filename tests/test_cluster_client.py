@@ -1,7 +1,7 @@
 """A client in cluster mode on a real etcd and three real nodes: routing, placement, merges.
 
 Three in-process nodes, each registered as its own pair (a ``Registrar`` with a record
-built here), and three demo sites whose origins the pairs' names spread one to a pair
+built here), and three demo sites whose hosts the pairs' names spread one to a pair
 (``_spread``), so the owner of every site is known in advance. The client is
 ``JobClient(cluster="etcd://…/NAME")``: ids it hands out carry their pair, which node ran
 a job is checked on the nodes themselves (a bare UUID answers only there).
@@ -85,12 +85,12 @@ class Cluster:
 async def cluster(etcd: Etcd, tmp_path: Path) -> AsyncIterator[Cluster]:
     async with contextlib.AsyncExitStack() as stack:
         sites: list[tuple[Site, str]] = []
-        for _ in range(3):
+        for k in range(3):  # one host each: placement keys on the host
             site = build_site(10, slow_seconds=SLOW, big_bytes=64 * 1024)
-            runner, root = await serve_site(site)
+            runner, root = await serve_site(site, host=f"127.0.0.{k + 1}")
             stack.push_async_callback(runner.cleanup)
             sites.append((site, root))
-        pairs = spread_names([placement.origin_of(root) for _, root in sites])
+        pairs = spread_names([placement.host_of(root) for _, root in sites])
         nodes = {}
         for pair in pairs:
             nodes[pair] = await stack.enter_async_context(

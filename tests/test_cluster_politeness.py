@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 import pytest
@@ -119,7 +120,7 @@ async def _cluster(
             await site.start()
             stack.push_async_callback(site.stop)
             sites.append(site)
-        origins = [placement.origin_of(s.root) for s in sites]
+        origins = [placement.host_of(s.root) for s in sites]
         c = Cluster(f"{etcd.endpoint}/polite", sites, _names(origins, 2 if extra else None))
         for pair in c.pairs[:3]:
             node = await stack.enter_async_context(in_process_node(tmp / pair, **NODE))
@@ -178,6 +179,42 @@ async def test_one_hosts_concurrency_across_the_cluster_never_exceeds_the_per_ho
     # counted at the servers: every host reached the limit and none went past it
     assert [s.counter.peak for s in c.sites] == [LIMIT] * 3
     assert all(s.counter.requests > 12 for s in c.sites)
+
+
+def _origin_owner(site: CountedSite, pairs: Sequence[str]) -> str:
+    """The pair the client placed ``site`` on when placement keyed on the origin
+    (``scheme://host:port``), before it keyed on the host."""
+    return placement.owner(f"http://{site.host}:{urlsplit(site.root).port}", pairs)
+
+
+async def test_one_host_on_two_ports_is_one_owners_within_one_limit(
+    etcd: Etcd, tmp_path: Path
+) -> None:
+    # finding 3: placement keyed on the origin, the slots on the host: two ports of one
+    # host were two pairs' work, each with its own per-host slots (4 in flight at 2)
+    async with contextlib.AsyncExitStack() as stack:
+        c = await stack.enter_async_context(_cluster(etcd, tmp_path, delay=0.05, pages=12))
+        first = CountedSite(12, host="127.0.0.4", delay=0.05, seed=4)
+        await first.start()
+        stack.push_async_callback(first.stop)
+        for _ in range(32):  # ports the origin rule would have put on two pairs
+            second = CountedSite(12, host="127.0.0.4", delay=0.05, seed=5)
+            second.counter = first.counter  # one host: one count over both ports
+            second.site.app.middlewares[-1] = first.counter.middleware
+            await second.start()
+            stack.push_async_callback(second.stop)
+            if _origin_owner(first, c.pairs) != _origin_owner(second, c.pairs):
+                break
+        else:
+            raise AssertionError("no port pair that the origin rule split")
+        client = await stack.enter_async_context(JobClient(cluster=c.url))
+        jobs = await asyncio.gather(*(client.start_crawl(_crawl(s)) for s in (first, second)))
+        owner = placement.owner("127.0.0.4", c.pairs)
+        assert [ids.pair_of(j) for j in jobs] == [owner, owner]
+        for job_id in jobs:
+            final = await _finish(client, job_id)
+            assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
+    assert first.counter.peak == LIMIT  # reached, never passed, over both ports
 
 
 async def test_without_placement_the_same_crawls_exceed_the_per_host_limit(

@@ -19,10 +19,10 @@ Routing
 - GetJob, WatchJob, GetJobErrors, CancelJob, ResumeJob, AppendBatchScrape go to the
   pair in the id (``composite`` for a job of parts). A pair not in the registry (both
   nodes gone), or one whose nodes do not answer, is UNAVAILABLE naming the pair.
-- Scrape, Map and StartCrawl go to the owner of the URL's origin
-  (``placement.owner`` over ``registry.placeable``); a start with no origin, to the
-  owner of its idempotency key. StartBatchScrape is split by origin
-  (``placement.split_by_origin``), one part per pair, each with a key derived from the
+- Scrape, Map and StartCrawl go to the owner of the URL's host
+  (``placement.owner`` over ``registry.placeable``); a start with no host, to the
+  owner of its idempotency key. StartBatchScrape is split by host
+  (``placement.split_by_host``), one part per pair, each with a key derived from the
   caller's (``merge.part_key``): a retried start finds every part. A part refused
   stops the start: the parts already started are cancelled, and the refusal names the
   caller's ``urls[i]``; a part's pair UNAVAILABLE leaves them, for the caller's retry
@@ -221,8 +221,8 @@ class ClusterRouter:
     async def _place(self, url: str, key: str) -> str:
         pairs = await self._placeable()
         try:
-            return placement.owner(placement.origin_of(url), pairs)
-        except ValueError:  # no origin: the key's owner (the node refuses the URL by name)
+            return placement.owner_of_url(url, pairs)
+        except ValueError:  # no host: the key's owner (the node refuses the URL by name)
             return placement.owner(key, pairs)
 
     async def _unary(
@@ -286,7 +286,7 @@ class ClusterRouter:
     ) -> jobs_pb2.StartBatchScrapeResponse:
         pairs = await self._placeable()
         try:
-            split = placement.split_by_origin(list(req.urls), pairs)
+            split = placement.split_by_host(list(req.urls), pairs)
         except ValueError:
             split = {}
         if not split:  # no URL at all: the key's owner refuses it by its field
@@ -295,7 +295,7 @@ class ClusterRouter:
         if len(order) > ids.MAX_PARTS:
             raise invalid_field(
                 "urls",
-                f"the URLs' sites belong to {len(order)} pairs; a batch spans at "
+                f"the URLs' hosts belong to {len(order)} pairs; a batch spans at "
                 f"most {ids.MAX_PARTS}: split it",
             )
         retryable = is_retryable("StartBatchScrape", req.idempotency_key)
@@ -347,15 +347,15 @@ class ClusterRouter:
         pairs = await self._placeable()
         for i, url in enumerate(req.urls):
             try:
-                owner = placement.owner(placement.origin_of(url), pairs)
+                owner = placement.owner_of_url(url, pairs)
             except ValueError:
                 continue  # the node refuses it by its field
             if len(parts) > 1 or owner != parts[0][0]:
                 raise invalid_field(
                     f"urls[{i}]",
-                    f"its site belongs to pair {owner}, and this job runs on "
+                    f"its host belongs to pair {owner}, and this job runs on "
                     f"{', '.join(p for p, _ in parts)}: URLs can be added to a batch on "
-                    "one pair, of sites that pair owns; start another batch for the rest",
+                    "one pair, of hosts that pair owns; start another batch for the rest",
                 )
         pair, uid = parts[0]
         part = jobs_pb2.AppendBatchScrapeRequest()

@@ -9,8 +9,9 @@ single-pair drill's pieces (``LocalPair``/``CommandPair``, ``Follower``, ``Probe
    the host), N pairs of two ``pagesift serve --witness … --pair P --cluster NAME``
    nodes whose names are picked so that pair k owns site k (rendezvous hashing is
    deterministic), ``per_host_concurrency`` set on every node. Remote (``--cluster``):
-   the registry's pairs as they are, a site per pair on ``--callback-host`` (a new port
-   until that pair owns it), and the operator's kill/start commands;
+   the registry's pairs as they are, a site per pair on a host that pair owns
+   (placement keys on the host: ``site_hosts`` of ``--callback-host``), and the
+   operator's kill/start commands;
 2. every pair up (a primary with a connected standby) and placeable in the registry;
    one crawl per site started through ``JobClient(cluster=…)`` (each lands on its
    owner: checked by the id's pair) and followed with WatchJob through that client;
@@ -70,7 +71,9 @@ from pagesift.shared.cluster.registry import PairView, placeable
 from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["ClusterDrillSettings", "run_cluster_drill", "spread_names"]
+__all__ = ["ClusterDrillSettings", "run_cluster_drill", "site_hosts", "spread_names"]
+
+LOOPBACK_HOSTS = 64  # 127.0.0.1..N: the hosts a loopback --callback-host stands for
 
 Say = Callable[[str], None]
 TERMINAL = (jobs_pb2.JOB_STATE_COMPLETED, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED)
@@ -101,12 +104,22 @@ class ClusterDrillSettings:
     keep: bool = False
 
 
-def spread_names(origins: list[str], pool: int = 64) -> list[str]:
-    """Pair names such that name k owns origins[k] among them."""
-    for names in itertools.permutations([f"pair-{i}" for i in range(pool)], len(origins)):
-        if all(placement.owner(o, names) == n for o, n in zip(origins, names, strict=True)):
+def spread_names(hosts: list[str], pool: int = 64) -> list[str]:
+    """Pair names such that name k owns hosts[k] among them."""
+    for names in itertools.permutations([f"pair-{i}" for i in range(pool)], len(hosts)):
+        if all(placement.owner(h, names) == n for h, n in zip(hosts, names, strict=True)):
             return list(names)
-    raise SetupError(f"no {len(origins)} pair names spread the sites one to a pair")
+    raise SetupError(f"no {len(hosts)} pair names spread the sites one to a pair")
+
+
+def site_hosts(callback_host: str) -> list[str]:
+    """The hosts the remote drill may serve its sites on: ``--callback-host`` split at
+    commas; a single loopback IPv4 address stands for 127.0.0.1..127.0.0.64 (every one
+    of them is this machine), so that each pair finds a host it owns."""
+    hosts = [h.strip() for h in callback_host.split(",") if h.strip()]
+    if len(hosts) == 1 and hosts[0].startswith("127."):
+        return [f"127.0.0.{i}" for i in range(1, LOOPBACK_HOSTS + 1)]
+    return hosts
 
 
 class _Drill:
@@ -137,7 +150,7 @@ class _Drill:
         name = f"drill-{secrets.token_hex(3)}"
         self.url = f"{etcd.endpoint}/{name}"
         self.sites = [await self._site(f"127.0.0.{k + 1}", k + 1) for k in range(s.pairs)]
-        self.names = spread_names([placement.origin_of(x.root) for x in self.sites])
+        self.names = spread_names([placement.host_of(x.root) for x in self.sites])
         table = {**NODE_SETTINGS, "per_host_concurrency": s.per_host}
         for pair in self.names:
             local = LocalPair(
@@ -183,14 +196,16 @@ class _Drill:
         self.names = sorted(placeable(pairs.values()))
         if not self.names:
             raise SetupError(f"cluster {self.url}: no pair takes new work to drill")
+        hosts = site_hosts(s.callback_host)
         for k, pair in enumerate(self.names):
-            for _ in range(64):  # a new port until this pair owns the site's origin
-                site = await self._site(s.callback_host, k + 1)
-                if placement.owner(placement.origin_of(site.root), self.names) == pair:
-                    self.sites.append(site)
-                    break
-            else:
-                raise SetupError(f"no site port that pair {pair} owns in 64 tries")
+            host = next((h for h in hosts if placement.owner(h, self.names) == pair), None)
+            if host is None:
+                raise SetupError(
+                    f"pair {pair} owns none of the callback hosts {', '.join(hosts[:4])}"
+                    f"{'...' if len(hosts) > 4 else ''}: placement keys on the host, so "
+                    "give --callback-host one host (comma-separated) per pair"
+                )
+            self.sites.append(await self._site(host, k + 1))
             pv = pairs[pair]
             self.pairs[pair] = CommandPair(
                 pv.primary, pv.standbys[0], kill_cmd=s.kill_cmd, start_cmd=s.start_cmd,

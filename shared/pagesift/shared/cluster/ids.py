@@ -10,7 +10,7 @@ UUID; a cluster client adds the pair when it hands the id out, and strips it whe
 calls the pair.
 
 A batch scrape whose URLs span several pairs is one job of several parts, one per pair
-(``placement.split_by_origin``): its id is the parts' ids joined by ``_``
+(``placement.split_by_host``): its id is the parts' ids joined by ``_``
 (``{p1}.{uuid1}_{p2}.{uuid2}``, ``composite_job_id``), in the order of the parts' first
 URLs, at most ``MAX_PARTS`` of them. ``_`` occurs in no part (and is unreserved in a
 URL path), so ``job_parts`` is unambiguous too.

@@ -2,11 +2,14 @@
 
 Rules
 -----
-- A crawl goes to the pair that owns its **origin** (``scheme://host:port``), so every
-  crawl of one site shares that pair's per-host slots and Retry-After pauses.
-- A batch scrape is split by origin (``split_by_origin``): each part goes to the pair
-  that owns its origin, keeping each URL's index in the request (a stable page order).
-- A start with an **idempotency key** but no origin to place by goes to the pair that
+- A crawl goes to the pair that owns its **host** (``host_of``: the URL's host name,
+  lower-cased, without scheme or port), the very key the engine's per-host slots and
+  Retry-After pauses use (``engine.http``: ``urlsplit(url).hostname``). So one host
+  served on two ports or on http and https is one owner's, under one per-host limit;
+  keying on the origin would give each port its own pair and its own slots.
+- A batch scrape is split by host (``split_by_host``): each part goes to the pair
+  that owns its host, keeping each URL's index in the request (a stable page order).
+- A start with an **idempotency key** but no host to place by goes to the pair that
   owns the key, so a retried start reaches the pair that holds its job.
 
 Why rendezvous hashing
@@ -23,23 +26,20 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
-__all__ = ["origin_of", "owner", "split_by_origin"]
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+__all__ = ["host_of", "owner", "owner_of_url", "split_by_host"]
 
 
-def origin_of(url: str) -> str:
-    """``scheme://host:port`` of ``url``, lower-cased, the default port written out;
-    ``ValueError`` when it has no scheme or host."""
+def host_of(url: str) -> str:
+    """The host of ``url`` exactly as the engine's per-host slots key it
+    (``urlsplit(url).hostname``: lower-cased, no port, an IPv6 address without
+    brackets); ``ValueError`` when it has no scheme or host (or a port that is not a
+    number)."""
     parts = urlsplit(url.strip())
-    scheme = parts.scheme.lower()
-    host = (parts.hostname or "").rstrip(".")
-    if not scheme or not host:
+    host = parts.hostname or ""
+    if not parts.scheme or not host:
         raise ValueError(f"{url[:200]!r} has no scheme or host")
-    port = parts.port or _DEFAULT_PORTS.get(scheme, 0)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{host}:{port}"
+    _ = parts.port  # a malformed port is ValueError here, as the engine would refuse it
+    return host
 
 
 def _score(pair: str, key: str) -> int:
@@ -56,19 +56,24 @@ def owner(key: str, pairs: Iterable[str]) -> str:
     return best
 
 
-def split_by_origin(urls: Sequence[str], pairs: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
+def owner_of_url(url: str, pairs: Iterable[str]) -> str:
+    """The pair that owns ``url``'s host (``ValueError``: no host, or no pair)."""
+    return owner(host_of(url), pairs)
+
+
+def split_by_host(urls: Sequence[str], pairs: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
     """Each pair's part of a batch: ``[(index in urls, url), ...]`` in request order,
-    by the owner of each URL's origin (hashed once per origin). A URL without an origin
-    (the node will refuse it by its field) goes with the first URL's pair, so it is
+    by the owner of each URL's host (hashed once per host). A URL without a host (the
+    node will refuse it by its field) goes with the first URL's pair, so it is
     reported under one job."""
     parts: dict[str, list[tuple[int, str]]] = {}
     fallback: str | None = None
     stray: list[tuple[int, str]] = []
-    owners: dict[str, str] = {}  # origin -> its pair: hashed once per site, not per URL
+    owners: dict[str, str] = {}  # host -> its pair: hashed once per host, not per URL
     for i, url in enumerate(urls):
         try:
-            origin = origin_of(url)
-            pair = owners.get(origin) or owners.setdefault(origin, owner(origin, pairs))
+            host = host_of(url)
+            pair = owners.get(host) or owners.setdefault(host, owner(host, pairs))
         except ValueError:
             if not pairs:
                 raise
