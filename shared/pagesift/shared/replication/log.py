@@ -11,7 +11,8 @@ their own modules and is the one object the roles use:
 * ``pagesift.shared.replication.backlog`` - the bounded backlog of entries and the tail;
 * ``pagesift.shared.store.cuts`` - consistent cuts (``View``) and cross-thread waiters;
 * ``pagesift.shared.replication.framing`` - entries and snapshots as wire bytes;
-* ``pagesift.shared.replication.slot`` - the node's current (store, log) and the resync switch.
+* ``pagesift.shared.replication.slot`` - the node's current (store, log) and the resync switch;
+* ``pagesift.shared.replication.writetrace`` - the opt-in trace of committed writes (fault tests).
 
 Storage layout
 --------------
@@ -64,6 +65,7 @@ from pagesift.shared.ha.roles import Role
 from pagesift.shared.replication import protocol as replproto
 from pagesift.shared.replication.backlog import DEFAULT_BACKLOG_BYTES, Backlog, Plan, tail_local
 from pagesift.shared.replication.identity import Identity, NotWritable
+from pagesift.shared.replication.writetrace import from_env as write_trace
 from pagesift.shared.store.cuts import OffsetPassed, View, Waiters
 from pagesift.shared.store.db import Commit, Store
 from pagesift.shared.store.groups import WriteGroup
@@ -88,6 +90,7 @@ class Log:
         self._staged: Plan | None = None  # the plan of the group between stage and commit
         self._write_deadline: float | None = None  # see set_write_deadline
         self._waiters = Waiters()
+        self._trace = write_trace(store.path)  # None unless PAGESIFT_WRITE_TRACE is set
         with store.lock:
             self._backlog = Backlog(store, max_bytes)
             self._identity = Identity(store)
@@ -257,6 +260,8 @@ class Log:
         plan, self._staged = self._staged, None
         if plan is not None:
             self._finish(plan)
+            if self._trace is not None:
+                self._trace.committed(self._identity.epoch, plan.last)
 
     def _finish(self, plan: Plan) -> None:
         """The staged group is durable: move the backlog, hand out the cut pinned at
@@ -374,4 +379,6 @@ class Log:
             self._closed = True
             self._identity.stop_writes()
             self._store.remove_observer(self)
+            if self._trace is not None:
+                self._trace.close()
         self._waiters.wake_all()
