@@ -22,30 +22,68 @@ writer's wall clock, read only to show staleness; liveness is the lease's.
 node that says it is primary with the highest epoch (a deposed primary that has not
 noticed yet has a lower one), the standby is another node.
 
+Signed records
+--------------
+A node of a cluster with a members file (``members``) stores its record sealed
+(``seal_record``)::
+
+    {"key": KEY_ID, "record": "<the record's JSON, as a string>", "sig": BASE64}
+
+where ``sig`` is the pair's Ed25519 signature over ``signed_message(cluster, record)``:
+a fixed context, the cluster's name and the record's exact bytes (the string, so no
+re-encoding stands between what was signed and what is checked). ``open_record`` is
+what a reader believes: with members given, a record is refused (``RecordRejected``,
+its ``reason`` one of ``REJECT_REASONS``) when it is malformed, unsigned, of a pair
+the members file does not list, signed with another key or a bad signature, stored
+under another pair's key, or names an address its pair's entry does not list. Without
+members nothing is verified (the registry is then as trusted as etcd's access rules).
+
+Replays: etcd write access lets a holder put back an old record it once read, validly
+signed. Such a record can only name an address its pair lists (one of the pair's own
+nodes) and state the pair's role, epoch, load or ``accepting`` of that time: at worst
+work placed on a stale or stopped node of the right pair, which fails or is followed
+to the primary by the pair's own client. It cannot name another address, another pair,
+another cluster (the name is signed), or survive a key rotation (the old key leaves the
+members file). No key or call goes anywhere the members file does not list.
+
 Guarantees
 ----------
 - ``decode_record`` refuses a record that is too large, not JSON, or has a field of the
   wrong type or out of range (``ValueError``), so a bad record cannot steer placement.
+- ``open_record`` with members returns only a record signed by its pair's listed key,
+  stored under its own pair, whose address the pair lists.
 - ``placeable`` is the set of pairs with a primary that accepts new work, by name
   order; placement (``placement.owner``) over it is the same on every client.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pagesift.shared.cluster.ids import check_pair_name
+from pagesift.shared.cluster.members import Members
 
 __all__ = [
-    "MAX_RECORD_BYTES", "REFRESH_SECONDS", "Load", "NodeRecord", "PairView", "cluster_prefix",
-    "decode_record", "encode_record", "node_key", "nodes_prefix", "pages_key", "pair_views",
-    "parse_cluster_url", "placeable", "problems", "slot_key",
+    "MAX_RECORD_BYTES", "MAX_SEALED_BYTES", "REFRESH_SECONDS", "REJECT_REASONS", "Load",
+    "NodeRecord", "PairView", "RecordRejected", "cluster_prefix", "decode_record",
+    "encode_record", "node_key", "nodes_prefix", "open_record", "pages_key", "pair_views",
+    "parse_cluster_url", "placeable", "problems", "seal_record", "signed_message", "slot_key",
 ]  # fmt: skip
 
 MAX_RECORD_BYTES = 8 * 1024
+MAX_SEALED_BYTES = MAX_RECORD_BYTES * 2  # the record as a JSON string, and its signature
+#: why ``open_record`` refuses a record (the ``reason`` of
+#: ``pagesift_cluster_records_rejected_total``)
+REJECT_REASONS = (
+    "malformed", "unsigned", "unknown_pair", "wrong_key", "bad_signature", "misplaced",
+    "unlisted_address",
+)  # fmt: skip
+_SIGNING_CONTEXT = b"pagesift node record v1\x00"
 REFRESH_SECONDS = 2.0
 _ROOT = "/pagesift-cluster"
 
@@ -193,6 +231,93 @@ def decode_record(data: bytes) -> NodeRecord:
         ),
         updated=_typed(raw, "updated", float, 0.0),
     )
+
+
+class RecordRejected(ValueError):
+    """A record ``open_record`` does not believe; ``reason`` is one of ``REJECT_REASONS``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def signed_message(cluster: str, record: bytes) -> bytes:
+    """What a pair's key signs: the context, the cluster's name and the record's bytes."""
+    return _SIGNING_CONTEXT + check_pair_name(cluster).encode() + b"\x00" + record
+
+
+def seal_record(
+    record: NodeRecord, *, cluster: str, key_id: str, sign: Callable[[bytes], bytes]
+) -> bytes:
+    """``record`` as a signed envelope (see the module docstring); ``sign`` is the pair's
+    private key's (``signing.RecordSigner.sign``)."""
+    body = encode_record(record)
+    signature = sign(signed_message(cluster, body))
+    envelope = {"key": key_id, "record": body.decode(), "sig": base64.b64encode(signature).decode()}
+    return json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _envelope(data: bytes) -> tuple[bytes, str, bytes] | None:
+    """(record bytes, key id, signature) of a sealed record; None for a plain one."""
+    if len(data) > MAX_SEALED_BYTES:
+        raise RecordRejected("malformed", f"node record of {len(data)} bytes")
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise RecordRejected("malformed", "node record is not JSON") from None
+    if not isinstance(raw, dict):
+        raise RecordRejected("malformed", "node record must be a JSON object")
+    if "sig" not in raw:
+        return None
+    body, key, sig = raw.get("record"), raw.get("key"), raw.get("sig")
+    if set(raw) != {"key", "record", "sig"} or not all(
+        isinstance(v, str) for v in (body, key, sig)
+    ):
+        raise RecordRejected("malformed", "a sealed record has string key, record and sig alone")
+    try:
+        signature = base64.b64decode(str(sig), validate=True)
+    except (binascii.Error, ValueError):
+        raise RecordRejected("malformed", "a sealed record's sig is not base64") from None
+    return str(body).encode(), str(key), signature
+
+
+def open_record(
+    data: bytes,
+    *,
+    cluster: str,
+    key_pair: str,
+    members: Members | None,
+    verify: Callable[[bytes, bytes, bytes], bool],
+) -> NodeRecord:
+    """The record stored under pair ``key_pair``'s key, if it is to be believed;
+    ``RecordRejected`` naming the reason otherwise (see the module docstring).
+    ``verify(public_key, message, signature)`` is ``signing.verify_signature``."""
+    sealed = _envelope(data)
+    body = data if sealed is None else sealed[0]
+    try:
+        record = decode_record(body)
+    except ValueError as e:
+        raise RecordRejected("malformed", str(e)) from None
+    if members is None:
+        return record
+    where = f"the record of node {record.node[:40]!r} of pair {record.pair}"
+    if record.pair != key_pair:
+        raise RecordRejected("misplaced", f"{where} is stored under pair {key_pair[:40]!r}")
+    member = members.get(record.pair)
+    if member is None:
+        raise RecordRejected("unknown_pair", f"{where}: the members file lists no such pair")
+    if sealed is None:
+        raise RecordRejected("unsigned", f"{where} is not signed")
+    _, key, signature = sealed
+    if key != member.key_id:
+        raise RecordRejected("wrong_key", f"{where} is signed with key {key[:20]!r}, not its own")
+    if not verify(member.public_key, signed_message(cluster, body), signature):
+        raise RecordRejected("bad_signature", f"{where}: the signature does not verify")
+    if not member.lists(record.address):
+        raise RecordRejected(
+            "unlisted_address", f"{where} names {record.address[:80]!r}, not one of its nodes"
+        )
+    return record
 
 
 def pair_views(records: Iterable[NodeRecord]) -> dict[str, PairView]:
