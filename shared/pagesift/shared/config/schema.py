@@ -247,7 +247,7 @@ class ServerConfig:
     unsafe_auto_promote: Annotated[
         bool, Doc("allow auto_promote_after with no witness (split brain)")
     ] = False
-    # the witness (pagesift.node.witness)
+    # the witness (pagesift.coord.witness)
     witness: Annotated[
         str, Doc('etcd://HOST:PORT[,HOST:PORT...] electing the primary; "" = none')
     ] = ""
@@ -263,6 +263,12 @@ class ServerConfig:
     witness_user: Annotated[str, Doc('an etcd user (etcd auth); "" = no authentication')] = ""
     witness_password_file: Annotated[
         str, Doc("that user's password, alone in a file (mode 600)")
+    ] = ""
+    cluster_members: Annotated[
+        str, Doc('the cluster\'s members TOML (pairs, keys, node addresses); "" = unverified')
+    ] = ""
+    cluster_signing_key_file: Annotated[
+        str, Doc('this pair\'s Ed25519 private key (PEM) its registry records are signed with')
     ] = ""
     # health: a standby is ``pagesift.replica`` SERVING within this many seconds of its primary
     replica_max_lag: Annotated[
