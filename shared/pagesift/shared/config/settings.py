@@ -44,7 +44,8 @@ from pagesift.shared.config.schema import ConfigError, Doc, ServerConfig
 
 ENV_PREFIX = "PAGESIFT_"
 #: ``PAGESIFT_*`` variables that are not server keys: the client's keys, the drill's
-#: webhook secret, the health probe's settings (the container images set some of them)
+#: webhook secret, the health probe's settings (the container images set some of them),
+#: the fault tests' write trace (``pagesift.shared.replication.writetrace``)
 OTHER_VARIABLES = frozenset(
     {
         "PAGESIFT_API_KEY",
@@ -54,6 +55,7 @@ OTHER_VARIABLES = frozenset(
         "PAGESIFT_HEALTH_CA",
         "PAGESIFT_HEALTH_NAME",
         "PAGESIFT_HEALTH_TIMEOUT",
+        "PAGESIFT_WRITE_TRACE",
     }
 )
 #: keys that are HOST:PORT when set (``listen`` always); a bad one would fail at bind
