@@ -39,6 +39,7 @@ SECTIONS = (
     "flood",
     "browserbounds",
     "cookiechurn",
+    "failsafe",
 )
 
 

@@ -1,6 +1,6 @@
 """Account limits across pairs, on a real etcd: two in-process nodes of one cluster (two
 pairs, each its own primary) with the same accounts file, each running ``ClusteredJobs``
-over its own ``ClusterBudgets`` (its own lease), as ``pagesift.node.budgets`` wires them.
+over its own ``ClusterBudgets`` (its own lease), as ``pagesift.node.clustering`` wires them.
 
 - ``max_concurrent_jobs`` = 2 holds across the pairs: a third start is refused on either
   pair (the local limit's status, reason and metadata), and a job's end frees its slot;
@@ -27,9 +27,9 @@ from typing import Any
 import grpc
 import pytest
 
-import pagesift.node.budgets as budgets_module
+import pagesift.node.clustering as clustering_module
 from pagesift.client.errors import reason_of
-from pagesift.node.budgets import ClusterBudgets, EtcdBudgets, day_of
+from pagesift.coord.budgets import ClusterBudgets, EtcdBudgets, day_of
 from pagesift.node.drill.fixture import Etcd
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.jobs.clustered import ClusteredJobs
@@ -81,7 +81,7 @@ async def two_pairs(
     accounts = write_accounts(tmp_path / "accounts.toml", (TWO, DAILY, BIG))
     shells: dict[str, ClusterBudgets] = {}
 
-    real_factory = budgets_module.jobs_factory
+    real_factory = clustering_module.jobs_factory
 
     def factory(cfg: Any, accts: Any) -> Any:
         # what serve's node wires with --cluster: the same config, its witness's etcd
@@ -91,7 +91,7 @@ async def two_pairs(
         shells[cfg.listen] = make.keywords["budgets"]
         return make
 
-    monkeypatch.setattr(budgets_module, "jobs_factory", factory)
+    monkeypatch.setattr(clustering_module, "jobs_factory", factory)
     async with (
         in_process_node(tmp_path / "a", engine=engine, accounts_file=str(accounts)) as a,
         in_process_node(tmp_path / "b", engine=engine, accounts_file=str(accounts)) as b,

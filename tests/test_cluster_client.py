@@ -25,12 +25,12 @@ from google.rpc import error_details_pb2
 
 from pagesift.client import ClusterView, JobClient, SyncJobClient
 from pagesift.client.errors import details_of, status_of
+from pagesift.coord.registry import EtcdRegistry, Registrar
 from pagesift.demo.site import Site, build_site, serve_site
 from pagesift.gateway import server as gateway
 from pagesift.node.cli import amain, main
 from pagesift.node.drill.clusterrun import spread_names
 from pagesift.node.drill.fixture import Etcd
-from pagesift.node.registry import EtcdRegistry, Registrar
 from pagesift.shared.cluster import ids, placement
 from pagesift.shared.cluster.registry import NodeRecord, PairView
 from pagesift.v1 import jobs_pb2

@@ -31,10 +31,10 @@ import pytest
 
 from pagesift.client import JobClient
 from pagesift.client.registryview import ClusterView
+from pagesift.coord.registry import EtcdRegistry, Registrar
 from pagesift.demo.site import CALENDAR_EXCLUDE
 from pagesift.node.drill.counting import CountedSite
 from pagesift.node.drill.fixture import Etcd
-from pagesift.node.registry import EtcdRegistry, Registrar
 from pagesift.shared.cluster import ids, placement
 from pagesift.shared.cluster.registry import NodeRecord
 from pagesift.shared.util.tasks import cancel_and_wait

@@ -11,9 +11,10 @@ import time
 import grpc
 import pytest
 
+from pagesift.coord.etcd import EtcdUnavailable
+from pagesift.coord.registry import EtcdRegistry, Registrar
 from pagesift.demo.site import Site
 from pagesift.node.drill.fixture import Etcd
-from pagesift.node.registry import EtcdRegistry, Registrar, RegistryUnavailable
 from pagesift.shared.cluster.registry import Load, NodeRecord, PairView, pair_views, placeable
 from pagesift.v1 import jobs_pb2_grpc
 from tests.helpers import NodeFactory, crawl, eventually
@@ -90,7 +91,7 @@ async def test_the_registrar_re_registers_after_etcd_comes_back(etcd: Etcd) -> N
         try:
             await reader.nodes()
             raise AssertionError("etcd answered after SIGKILL")
-        except RegistryUnavailable:
+        except EtcdUnavailable:
             pass
         await asyncio.sleep(3)  # longer than the ttl: the lease lapses meanwhile
         await etcd.start()
@@ -98,7 +99,7 @@ async def test_the_registrar_re_registers_after_etcd_comes_back(etcd: Etcd) -> N
         async def back() -> bool | None:
             try:
                 return [n.node for n in await reader.nodes()] == ["a"] or None
-            except RegistryUnavailable:
+            except EtcdUnavailable:
                 return None
 
         await eventually(back, "the record to come back with etcd", timeout=15)

@@ -13,6 +13,7 @@ import pytest
 from pagesift.node import cli
 from pagesift.shared.cluster import budgets, ids, placement, registry
 from pagesift.shared.cluster.registry import Load, NodeRecord
+from pagesift.shared.jobs import urls
 
 U = "6f1c2a9e-3b4d-4e5f-8a7b-1c2d3e4f5a6b"
 
@@ -49,10 +50,12 @@ def test_a_malformed_id_is_refused_not_guessed(bad: str) -> None:
         ("https://Docs.Example.com/a?b", "docs.example.com"),
         ("http://example.com:8080/x", "example.com"),
         ("http://[::1]:9/x", "::1"),
+        ("http://Example.COM.:8080/", "example.com"),
+        ("http://bücher.test/", "xn--bcher-kva.test"),
     ],
 )
 def test_the_host_of_a_url_is_the_engines_slot_key(url: str, host: str) -> None:
-    assert placement.host_of(url) == host
+    assert placement.host_of(url) == host == urls.host_of(url)
 
 
 def test_every_client_places_an_origin_on_the_same_pair_whatever_the_order() -> None:
@@ -178,19 +181,6 @@ def test_a_cluster_url_names_its_endpoints_and_cluster() -> None:
                 "etcd://h:1/Prod", "etcd:///prod"):  # fmt: skip
         with pytest.raises(ValueError):
             registry.parse_cluster_url(bad)
-
-
-def test_keys_are_laid_out_under_the_clusters_prefix() -> None:
-    assert registry.node_key("prod", "p1", "n1") == "/pagesift-cluster/prod/nodes/p1/n1"
-    assert registry.node_key("prod", "p1", "n1").startswith(registry.nodes_prefix("prod"))
-    assert registry.slot_key("prod", "", 3) == "/pagesift-cluster/prod/slots/-/3"
-    assert registry.pages_key("prod", "acme", "2026-12-01").endswith("/pages/acme/2026-12-01")
-    with pytest.raises(ValueError):
-        registry.slot_key("prod", "a/b", 0)
-    with pytest.raises(ValueError):
-        registry.node_key("prod", "p1", "a/b")
-    with pytest.raises(ValueError):
-        registry.node_key("Prod", "p1", "n")
 
 
 # ---------------------------------------------------------------- budgets

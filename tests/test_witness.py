@@ -19,10 +19,11 @@ from aetcd import rpc as etcd_rpc
 from aetcd.rpc import auth_pb2 as etcd_auth
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pagesift.coord.etcd import EtcdUnavailable
+from pagesift.coord.witness import EtcdWitness
 from pagesift.demo.site import Site
 from pagesift.node import cli
 from pagesift.node.drill.fixture import Etcd
-from pagesift.node.witness import EtcdWitness, WitnessUnavailable
 from pagesift.shared.ha.election import Holder
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
@@ -295,7 +296,7 @@ async def test_with_etcd_auth_only_the_pairs_user_takes_the_lease(
     for user, password in (("", ""), ("pair-user", "wrong"), ("other", "pair-secret")):
         intruder = EtcdWitness(etcd.endpoint, PAIR, user=user, password=password)
         try:
-            with pytest.raises(WitnessUnavailable):
+            with pytest.raises(EtcdUnavailable):
                 await intruder.campaign(me, TTL)
         finally:
             await intruder.close()

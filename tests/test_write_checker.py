@@ -10,6 +10,7 @@ the lines back with the checker's parser.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from pagesift.shared.replication import writetrace
 from pagesift.shared.replication.log import Log
 from pagesift.shared.store.db import Store
+from pagesift.shared.store.groups import WriteGroup
 from tests.writechecker import Write, check, parse
 
 S = 1_000_000_000  # one second in ns
@@ -103,8 +105,8 @@ def test_a_primarys_committed_writes_are_traced_when_the_variable_is_set(
     log = Log(store)
     try:
         log.open_for_writes()
-        for i in range(3):
-            log.write(lambda g, i=i: g.put(f"k{i}", b"v"))
+        for key in ("k0", "k1", "k2"):
+            log.write(functools.partial(WriteGroup.put, key=key, value=b"v"))
         epoch = log.epoch
     finally:
         log.close()

@@ -7,11 +7,13 @@ registered them (``pagesift.shared.cluster.registry``: ``NodeRecord`` -> ``PairV
 read at the first call (``ready``), then every ``refresh`` seconds by one background
 task, and at once when a caller asks (``reread``: a pair failed to answer). One view may
 serve many clients (the gateway's, one per API key): ``close`` belongs to its maker.
+The reads go through ``pagesift.coord.registry.EtcdRegistry`` (the one etcd client).
 
 Failure model
 -------------
-- aetcd is imported only here, only when a client runs in cluster mode: an install
-  without it gets ``ClusterUnavailable`` naming the extra (``pagesift[cluster]``).
+- ``pagesift.coord`` (and with it aetcd) is imported only here, only when a view is made:
+  an install without aetcd gets ``ClusterUnavailable`` naming the extra
+  (``pagesift[cluster]``).
 - Every etcd call is bounded (``timeout``); on an error the next read tries the next
   endpoint. While etcd does not answer, the last view stays (a job's id still reaches
   its pair) and ``age`` grows: the client places no new job on a view older than
@@ -22,18 +24,14 @@ Failure model
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pagesift.shared.cluster.registry import (
-    PairView,
-    decode_record,
-    nodes_prefix,
-    pair_views,
-    parse_cluster_url,
-)
+from pagesift.shared.cluster.registry import PairView, pair_views, parse_cluster_url
+
+if TYPE_CHECKING:
+    from pagesift.coord.registry import EtcdRegistry
 
 __all__ = ["REFRESH_SECONDS", "STALE_SECONDS", "ClusterUnavailable", "ClusterView"]
 
@@ -48,14 +46,16 @@ class ClusterUnavailable(RuntimeError):
     """The registry cannot be read (etcd does not answer, or aetcd is not installed)."""
 
 
-def _aetcd() -> Any:
+def _registry(url: str, timeout: float) -> EtcdRegistry:
     try:
-        import aetcd
-    except ImportError:
+        from pagesift.coord.registry import EtcdRegistry
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.partition(".")[0] != "aetcd":
+            raise
         raise ClusterUnavailable(
             f"a cluster client reads the registry in etcd with aetcd, not installed: {EXTRA_HINT}"
         ) from None
-    return aetcd
+    return EtcdRegistry(url, timeout=timeout)
 
 
 class ClusterView:
@@ -74,9 +74,7 @@ class ClusterView:
         self.endpoints, self.name = parse_cluster_url(url)
         self.refresh = refresh
         self.timeout = timeout
-        self._aetcd = _aetcd()  # refused at once, not at the first call
-        self._client: Any = None
-        self._next = 0
+        self._registry = _registry(url, timeout)  # refused at once, not at the first call
         self._pairs: dict[str, PairView] = {}
         self._read_at: float | None = None  # monotonic time of the last good read
         self._task: asyncio.Task[None] | None = None
@@ -94,28 +92,15 @@ class ClusterView:
         return time.monotonic() - self._read_at
 
     async def _read_once(self) -> None:
-        if self._client is None:
-            host, port = self.endpoints[self._next % len(self.endpoints)]
-            self._client = self._aetcd.Client(host=host, port=port, timeout=self.timeout)
-        client = self._client
-        prefix = nodes_prefix(self.name).encode()
+        from pagesift.coord.etcd import EtcdUnavailable
+
         try:
-            reply = await asyncio.wait_for(client.get_prefix(prefix), self.timeout)
-        except (self._aetcd.ClientError, TimeoutError, OSError) as e:
-            self._client = None
-            self._next += 1
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), 1.0)
+            records = await self._registry.nodes()
+        except EtcdUnavailable as e:
             raise ClusterUnavailable(
                 f"cluster {self.name}: the registry at {self.url} did not answer "
-                f"({type(e).__name__})"
+                f"({type(e.__cause__ or e).__name__})"
             ) from e
-        records = []
-        for kv in reply.kvs:
-            try:
-                records.append(decode_record(bytes(kv.value)))
-            except ValueError as e:
-                log.warning("cluster %s: a node record is refused: %s", self.name, e)
         self._pairs = pair_views(records)
         self._read_at = time.monotonic()
 
@@ -145,7 +130,4 @@ class ClusterView:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), 1.0)
+        await self._registry.close()

@@ -1,13 +1,18 @@
-"""A node in a cluster: its registration record, built from what the node is doing now.
+"""A node in a cluster: its wiring to ``pagesift.coord``, and its record built from what it does.
 
 What it owns
 ------------
 ``start_registrar(node)``: with ``cluster`` set (and a witness, whose etcd holds the
-cluster), a ``pagesift.node.registry.Registrar`` that keeps this node's ``NodeRecord``
+cluster), a ``pagesift.coord.registry.Registrar`` that keeps this node's ``NodeRecord``
 under its own lease (ttl = ``witness_ttl``), so ``pagesift cluster status`` and cluster
-clients see the pair; None without a cluster. ``LoadMeter`` turns the node's counters
-into rates between two records: pages/s from ``pagesift_pages_total`` and the CPU of
-the node's process (and its extraction workers) from ``os.times``.
+clients see the pair; None without a cluster. ``jobs_factory(config, accounts)``: what
+the node builds its job runtime with (``Jobs``, or with ``cluster`` set ``ClusteredJobs``
+over one ``pagesift.coord.budgets.ClusterBudgets``, kept for every time it is primary):
+it lives here, not in ``pagesift.coord``, because it imports the primary role.
+``cluster_access``: the cluster URL and etcd credentials of a node's config.
+``LoadMeter`` turns the node's counters into rates between two records: pages/s from
+``pagesift_pages_total`` and the CPU of the node's process (and its extraction workers)
+from ``os.times``.
 
 What a record says (``node_record``)
 ------------------------------------
@@ -23,17 +28,23 @@ import asyncio
 import logging
 import os
 import time
-from typing import Protocol
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
 
-from pagesift.node.registry import EtcdRegistry, Registrar, cluster_access
+from pagesift.coord.budgets import ClusterBudgets, EtcdBudgets
+from pagesift.coord.registry import EtcdRegistry, Registrar
 from pagesift.node.startup import advertised
 from pagesift.node.status import RoleStatus
+from pagesift.primary.jobs.clustered import ClusteredJobs
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.cluster.registry import Load, NodeRecord
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import views
+from pagesift.shared.jobs.accounts import Accounts
 from pagesift.shared.replication.slot import StoreSlot
 
 
@@ -52,9 +63,39 @@ class Node(Protocol):
     def role_status(self) -> RoleStatus: ...
 
 
-__all__ = ["LoadMeter", "node_record", "start_registrar"]
+__all__ = [
+    "LoadMeter", "budgets_for", "cluster_access", "jobs_factory", "node_record",
+    "start_registrar",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
+
+
+def cluster_access(config: ServerConfig) -> tuple[str, str, str]:
+    """(url, user, password): the cluster (``etcd://…/NAME``, the witness's etcd and
+    ``cluster``) and the etcd credentials a node of ``config`` reaches it with."""
+    password = ""
+    if config.witness_password_file:
+        password = Path(config.witness_password_file).read_text().strip()
+    endpoints = config.witness.split("://", 1)[-1].rstrip("/")
+    return f"etcd://{endpoints}/{config.cluster}", config.witness_user, password
+
+
+def jobs_factory(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> Callable[..., Jobs]:
+    """What a node builds its job runtime with: ``Jobs``, or with ``cluster`` set
+    ``ClusteredJobs`` over one ``ClusterBudgets`` (kept for every time it is primary)."""
+    budgets = budgets_for(config, accounts, **kwargs)
+    return Jobs if budgets is None else partial(ClusteredJobs, budgets=budgets)
+
+
+def budgets_for(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> ClusterBudgets | None:
+    """The node's cluster budgets (None without ``cluster``): the witness's etcd, the
+    lease ttl ``witness_ttl``; ``kwargs`` go to ``ClusterBudgets`` (``wait``, ``linger``)."""
+    if not config.cluster:
+        return None
+    url, user, password = cluster_access(config)
+    etcd = EtcdBudgets(url, user=user, password=password)
+    return ClusterBudgets(etcd, accounts, ttl=max(2, round(config.witness_ttl)), **kwargs)
 
 
 def _pages_total(node: Node) -> float:

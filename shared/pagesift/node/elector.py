@@ -36,7 +36,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, assert_never
 
-from pagesift.node.witness import Lease, Witness, WitnessUnavailable, lease_ttl
+from pagesift.coord.etcd import EtcdUnavailable
+from pagesift.coord.witness import Lease, Witness, lease_ttl
 from pagesift.shared.ha import election, rolestate
 from pagesift.shared.ha import elector as electorstate
 from pagesift.shared.ha.election import Candidate, Holder, PairState
@@ -173,7 +174,7 @@ class Elector:
             case ReadLeader() | ReadPairState() | Campaign() | Publish() | KeepAlive():
                 try:
                     return await self._ask(action)
-                except WitnessUnavailable as e:
+                except EtcdUnavailable as e:
                     return Unavailable(str(e))
             case _:
                 assert_never(action)
@@ -236,7 +237,7 @@ class Elector:
                 # published under the lock from the sender's state then: degraded (no
                 # synchronous standby), or restored by an ack that covers this write
                 published = await self._publish(grant)
-            except WitnessUnavailable:
+            except EtcdUnavailable:
                 await asyncio.sleep(election.poll_interval(self.ttl))
                 continue
             if published is None:

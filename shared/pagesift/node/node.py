@@ -50,10 +50,12 @@ from pathlib import Path
 
 import grpc
 
-from pagesift.node import budgets, clustering
+from pagesift.coord import keys
+from pagesift.coord.registry import Registrar
+from pagesift.coord.witness import EtcdWitness
+from pagesift.node import clustering
 from pagesift.node.elector import CLOSED, Elector, ElectorHost
 from pagesift.node.looplag import LoopLagMonitor
-from pagesift.node.registry import Registrar
 from pagesift.node.replication import ReplicationParts
 from pagesift.node.startup import (
     StartRefused,
@@ -66,7 +68,6 @@ from pagesift.node.startup import (
 )
 from pagesift.node.status import RoleStatus, figures
 from pagesift.node.storage import StorageWatcher
-from pagesift.node.witness import EtcdWitness
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.engine.rendering import RenderingEngine, render_status
@@ -214,7 +215,7 @@ class Node:
         self.engine: Engine | None = None
         self._registration: tuple[Registrar, asyncio.Task[None]] | None = None
         # with ``cluster``: account limits held cluster-wide through etcd (ClusteredJobs)
-        self._make_jobs = budgets.jobs_factory(config, self.accounts)
+        self._make_jobs = clustering.jobs_factory(config, self.accounts)
         # the node's role, and what it runs: the one place it is kept (see ``rolestate``)
         self._state = RoleState.initial(
             RoleConfig(
@@ -482,9 +483,7 @@ class Node:
             except OSError as e:
                 raise StartRefused(f"witness_password_file: {e.strerror or e}") from None
         try:
-            # in a cluster the pair's keys sit under the cluster: two clusters sharing one
-            # etcd may reuse a pair name
-            prefix = f"{cfg.cluster}/{cfg.pair}" if cfg.cluster else cfg.pair
+            prefix = keys.witness_pair(cfg.pair, cfg.cluster)  # under the cluster's name
             witness = EtcdWitness(cfg.witness, prefix, user=cfg.witness_user, password=password)
         except ValueError as e:
             raise StartRefused(f"witness: {e}") from None

@@ -5,7 +5,7 @@ What it owns
 ``ClusteredJobs``, the runtime a node runs when it is one pair of a cluster: the same
 ``runtime.Jobs`` with its limits' cluster-wide share asked of a ``ClusterLimits`` port
 (``pagesift.shared.jobs.clusterlimits``; the node wires the etcd one,
-``pagesift.node.budgets``), at the points where a job's life changes:
+``pagesift.coord.budgets``), at the points where a job's life changes:
 
 - ``register``: the job's id minted first, its slot taken (and its account's daily
   pages checked) before the registration's group, given back when the group did not

@@ -1,7 +1,7 @@
 """``pagesift cluster status --cluster etcd://HOST:PORT[,…]/NAME [--json]``: every pair.
 
 Owns the ``cluster`` command group. ``status`` reads the registry once
-(``pagesift.node.registry.EtcdRegistry``) and prints each pair: its primary and
+(``pagesift.coord.registry.EtcdRegistry``) and prints each pair: its primary and
 standbys, epoch, standby lag, load (running jobs, queued pages, pages/s), capacity, and
 what is unhealthy (``pagesift.shared.cluster.registry.problems``). ``--json`` prints one
 object ``{"cluster", "pairs": [{...}], "placeable": [...]}``. Exit 0 when every pair is
@@ -40,7 +40,7 @@ def _line(p: dict[str, Any]) -> str:
 
 
 async def _status(url: str) -> dict[str, Any]:
-    from pagesift.node.registry import EtcdRegistry
+    from pagesift.coord.registry import EtcdRegistry
 
     registry = EtcdRegistry(url, timeout=2.0)
     try:
@@ -51,13 +51,13 @@ async def _status(url: str) -> dict[str, Any]:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from pagesift.node.registry import RegistryUnavailable
+    from pagesift.coord.etcd import EtcdUnavailable
 
     try:
         out = asyncio.run(_status(args.cluster))
     except ValueError as e:
         return fail(str(e))
-    except RegistryUnavailable as e:
+    except EtcdUnavailable as e:
         return fail(f"cannot reach the cluster's etcd: {e}", exit=EXIT_UNREACHABLE)
     if args.json:
         dump(out)

@@ -1,17 +1,9 @@
-"""The cluster's registry in etcd: its key layout, a pair's record, and who takes new work.
+"""The cluster's registry in etcd: a pair's record, and who takes new work.
 
-Layout (one cluster = one prefix ``C`` = ``/pagesift-cluster/{name}``)
-------------------------------------------------------------------------
-::
-
-    C/nodes/{pair}/{node}    -> NodeRecord as JSON, attached to that node's own lease:
-                                etcd deletes it when the node is gone, so a pair whose
-                                nodes are all gone drops out of placement by itself,
-                                and a pair whose primary died still shows its standby.
-    C/slots/{account}/{i}    -> a job id, under the lease of the pair running it: one
-                                of the account's ``max_concurrent_jobs`` slots (``budgets``).
-    C/pages/{account}/{day}  -> pages drawn from the account's daily allowance, an
-                                integer changed only by compare-and-swap (``budgets``).
+The keys (``C/nodes/{pair}/{node}``, the slots, the pages counters) are
+``pagesift.coord.keys``'; a node's record sits under that node's own lease, so etcd
+deletes it when the node is gone: a pair whose nodes are all gone drops out of
+placement by itself, and a pair whose primary died still shows its standby.
 
 The records
 -----------
@@ -70,9 +62,9 @@ from pagesift.shared.cluster.members import Members
 
 __all__ = [
     "MAX_RECORD_BYTES", "MAX_SEALED_BYTES", "REFRESH_SECONDS", "REJECT_REASONS", "Load",
-    "NodeRecord", "PairView", "RecordRejected", "cluster_prefix", "decode_record",
-    "encode_record", "node_key", "nodes_prefix", "open_record", "pages_key", "pair_views",
-    "parse_cluster_url", "placeable", "problems", "seal_record", "signed_message", "slot_key",
+    "NodeRecord", "PairView", "RecordRejected", "decode_record", "encode_record",
+    "open_record", "pair_views", "parse_cluster_url", "placeable", "problems", "seal_record",
+    "signed_message",
 ]  # fmt: skip
 
 MAX_RECORD_BYTES = 8 * 1024
@@ -85,7 +77,6 @@ REJECT_REASONS = (
 )  # fmt: skip
 _SIGNING_CONTEXT = b"pagesift node record v1\x00"
 REFRESH_SECONDS = 2.0
-_ROOT = "/pagesift-cluster"
 
 
 def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
@@ -105,35 +96,6 @@ def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
             raise ValueError(f"cluster endpoint {part!r}: expected HOST:PORT")
         endpoints.append((host, int(port)))
     return endpoints, check_pair_name(name.strip("/"))
-
-
-def cluster_prefix(cluster: str) -> str:
-    return f"{_ROOT}/{check_pair_name(cluster)}"
-
-
-def nodes_prefix(cluster: str) -> str:
-    return f"{cluster_prefix(cluster)}/nodes/"
-
-
-def node_key(cluster: str, pair: str, node: str) -> str:
-    if not node or "/" in node or len(node) > 128:
-        raise ValueError(f"node id {node[:40]!r} cannot be a key segment")
-    return f"{nodes_prefix(cluster)}{check_pair_name(pair)}/{node}"
-
-
-def slot_key(cluster: str, account: str, index: int) -> str:
-    return f"{cluster_prefix(cluster)}/slots/{_account(account)}/{index}"
-
-
-def pages_key(cluster: str, account: str, day: str) -> str:
-    return f"{cluster_prefix(cluster)}/pages/{_account(account)}/{day}"
-
-
-def _account(account: str) -> str:
-    """An account name as one key segment ("" = anonymous)."""
-    if "/" in account or len(account) > 128:
-        raise ValueError(f"account {account[:40]!r} cannot be a key segment")
-    return account or "-"
 
 
 @dataclass(frozen=True, slots=True)

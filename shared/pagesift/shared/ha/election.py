@@ -3,7 +3,7 @@
 What it owns
 ------------
 The records a pair keeps in its witness and the decisions taken over them. No I/O:
-``pagesift.node.witness`` talks to etcd, ``pagesift.shared.ha.elector`` (the
+``pagesift.coord.witness`` talks to etcd, ``pagesift.shared.ha.elector`` (the
 elector's machine) applies these rules to what was read, and ``pagesift.node.elector``
 is its shell (the I/O and ``time.monotonic()``).
 

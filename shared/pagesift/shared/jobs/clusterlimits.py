@@ -5,7 +5,7 @@ What it owns
 ``ClusterLimits``, what the runtime (``pagesift.primary.jobs.runtime.Jobs``) and a page's
 group (``recording.charge_page``) ask of the cluster's share of an account's limits, and
 ``NoClusterLimits``, the single-pair case (nothing is asked). The node wires the etcd
-implementation (``pagesift.node.budgets.ClusterBudgets``) when it runs with a cluster;
+implementation (``pagesift.coord.budgets.ClusterBudgets``) when it runs with a cluster;
 the primary never imports ``pagesift.node`` (tests/test_layers.py), so this port is how.
 
 - ``starting``: around a job's registration: a concurrency slot taken first (and the

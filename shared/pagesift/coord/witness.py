@@ -5,34 +5,30 @@ What it owns
 ``Witness`` is the one small interface the elector (``pagesift.node.elector``) needs:
 read the leader key and the pair state, campaign for the key under a new lease, keep
 the lease alive, publish the pair state as the holder, resign. ``EtcdWitness`` is
-its etcd v3 backend; the records and the rules over them are
-``pagesift.shared.ha.election``'s (layout in its docstring).
+its etcd v3 backend over ``coord.etcd.Etcd``; the keys are ``coord.keys``'
+(``leader_key``, ``state_key``), the records and the rules over them
+``pagesift.shared.ha.election``'s.
 
-Why etcd through ``aetcd``
---------------------------
+Why etcd
+--------
 etcd is the witness Kubernetes itself trusts (linearizable, leases with TTLs,
 compare-and-swap transactions), and Debian ships it, so the tests run a real one.
-``aetcd`` is an asyncio etcd v3 client built on grpc.aio and etcd's own v3 protos;
-it works with our grpcio and protobuf, so we need neither generated stubs of our own
-nor a thread pool around a blocking client.
 
 Authentication
 --------------
 etcd decides who is primary, so it must know who asks: with ``witness_user`` the
 client authenticates as that etcd user (etcd's RBAC; grant it read-write on
 ``/pagesift/<pair>/`` only, ``/pagesift/<cluster>/<pair>/`` in a cluster) and
-re-authenticates on its next call after any error, an expired token included. aetcd
-speaks plaintext gRPC only, so keep etcd's client port on a private network (the
-deploy kit's NetworkPolicy) until a TLS-capable client replaces it behind this same
-interface.
+re-authenticates on its next call after any error, an expired token included
+(``coord.etcd``, which also says why there is no TLS yet).
 
 Failure model
 -------------
-Every call is bounded by ``timeout`` and raises ``WitnessUnavailable`` on any error
-or timeout; the next call then tries the next endpoint of ``etcd://A,B,C``. A call
-that timed out may still have been applied: ``campaign`` therefore reads the key
-back and recognises its own lease, and a lease granted but not attached simply
-lapses after its ttl.
+Every call is bounded by ``timeout`` and raises ``EtcdUnavailable`` on any error or
+timeout; the next call then tries the next endpoint of ``etcd://A,B,C``. A call that
+timed out may still have been applied: ``campaign`` therefore reads the key back and
+recognises its own lease, and a lease granted but not attached simply lapses after
+its ttl.
 
 Another backend
 ---------------
@@ -48,24 +44,21 @@ does exactly that); the pair state is a ConfigMap updated under the Lease's
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import aetcd
 import aetcd.transactions as txn
 
+from pagesift.coord import keys
+from pagesift.coord.etcd import Etcd, EtcdUnavailable
 from pagesift.shared.ha.election import MIN_TTL, Holder, PairState, parse_witness
 
+__all__ = ["EtcdWitness", "Lease", "Witness", "lease_ttl"]
+
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class WitnessUnavailable(RuntimeError):
-    """The witness did not answer in time (or answered with an error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +91,8 @@ def lease_ttl(seconds: float) -> int:
 
 
 class EtcdWitness:
-    """``Witness`` over etcd v3 (see the module docstring)."""
+    """``Witness`` over etcd v3 (see the module docstring). ``pair`` is the pair's path
+    under the witness root (``keys.witness_pair``)."""
 
     def __init__(
         self,
@@ -109,47 +103,26 @@ class EtcdWitness:
         user: str = "",
         password: str = "",
     ) -> None:
-        self._endpoints = parse_witness(url)
-        self._next = 0
-        self._timeout = timeout
-        self._auth = {"username": user, "password": password} if user else {}
-        prefix = f"/pagesift/{pair.strip('/')}"
-        self.leader_key = f"{prefix}/leader".encode()
-        self.state_key = f"{prefix}/state".encode()
-        self._client: aetcd.Client | None = None
-
-    async def _connected(self) -> aetcd.Client:
-        if self._client is None:
-            host, port = self._endpoints[self._next % len(self._endpoints)]
-            self._client = aetcd.Client(host=host, port=port, timeout=self._timeout, **self._auth)
-        return self._client
-
-    async def _call(self, make: Any) -> Any:
-        """Run ``make(client)`` within the timeout; on failure drop the client so that
-        the next call tries the next endpoint."""
-        client = await self._connected()
-        try:
-            return await asyncio.wait_for(make(client), self._timeout)
-        except (aetcd.ClientError, TimeoutError, OSError) as e:
-            self._client = None
-            self._next += 1
-            await _close_quietly(client)
-            raise WitnessUnavailable(f"witness: {type(e).__name__}: {e}") from e
+        self._etcd = Etcd(
+            parse_witness(url), timeout=timeout, user=user, password=password, label="witness"
+        )
+        self.leader_key = keys.leader_key(pair).encode()
+        self.state_key = keys.state_key(pair).encode()
 
     async def holder(self) -> Holder | None:
-        got = await self._call(lambda c: c.get(self.leader_key))
+        got = await self._etcd.call(lambda c: c.get(self.leader_key))
         if got is None:
             return None
         return Holder.parse(got.value, got.create_revision)
 
     async def pair_state(self) -> PairState | None:
-        got = await self._call(lambda c: c.get(self.state_key))
+        got = await self._etcd.call(lambda c: c.get(self.state_key))
         return None if got is None else PairState.parse(got.value)
 
     async def campaign(self, holder: Holder, ttl: int) -> Lease | None:
         """Take the leader key if nobody holds it: a new lease of ``ttl`` seconds, then
         put-if-absent under it. None when another node holds the key."""
-        granted = await self._call(lambda c: c.lease(ttl))
+        granted = await self._etcd.call(lambda c: c.lease(ttl))
         key = self.leader_key
 
         async def put_if_absent(c: aetcd.Client) -> tuple[bool, list[Any]]:
@@ -159,9 +132,9 @@ class EtcdWitness:
             )
             return done
 
-        with contextlib.suppress(WitnessUnavailable):  # it may have been applied:
-            await self._call(put_if_absent)  # the read below tells
-        got = await self._call(lambda c: c.get(key))
+        with contextlib.suppress(EtcdUnavailable):  # it may have been applied:
+            await self._etcd.call(put_if_absent)  # the read below tells
+        got = await self._etcd.call(lambda c: c.get(key))
         if got is None or got.lease != granted.id:
             await self._revoke(granted.id)
             return None
@@ -169,7 +142,7 @@ class EtcdWitness:
 
     async def keepalive(self, lease: Lease) -> bool:
         """Refresh ``lease``; False when etcd says it has lapsed."""
-        reply = await self._call(lambda c: c.refresh_lease(lease.id))
+        reply = await self._etcd.call(lambda c: c.refresh_lease(lease.id))
         return reply is not None and int(reply.TTL) > 0
 
     async def publish(self, lease: Lease, state: PairState) -> bool:
@@ -183,7 +156,7 @@ class EtcdWitness:
             )
             return done
 
-        succeeded, _ = await self._call(guarded_put)
+        succeeded, _ = await self._etcd.call(guarded_put)
         return bool(succeeded)
 
     async def resign(self, lease: Lease) -> None:
@@ -192,18 +165,9 @@ class EtcdWitness:
 
     async def _revoke(self, lease_id: int) -> None:
         try:
-            await self._call(lambda c: c.revoke_lease(lease_id))
-        except WitnessUnavailable as e:
+            await self._etcd.call(lambda c: c.revoke_lease(lease_id))
+        except EtcdUnavailable as e:
             logger.info("could not revoke lease %x (it lapses by itself): %s", lease_id, e)
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await _close_quietly(client)
-
-
-async def _close_quietly(client: aetcd.Client) -> None:
-    try:
-        await asyncio.wait_for(client.close(), 1.0)
-    except Exception as e:  # closing a broken channel: nothing left to save
-        logger.debug("closing the etcd client: %s", e)
+        await self._etcd.close()

@@ -2,13 +2,12 @@
 
 What it owns
 ------------
-``jobs_factory(config, accounts)``: what the node builds its runtime with (``Jobs``, or
-``ClusteredJobs`` over this module's budgets when ``cluster`` is set);
 ``EtcdBudgets`` (the etcd calls: slot keys, the daily pages counter by compare-and-swap)
 and ``ClusterBudgets``, the ``ClusterLimits`` port (``pagesift.shared.jobs.clusterlimits``)
-a node hands its job runtime when it runs in a cluster. The plans are the pure module's
-(``free_slot``, ``plan_draw``, ``plan_return``, ``BlockLedger``); this module only does
-their I/O and keeps the node's holdings.
+a node hands its job runtime when it runs in a cluster (wired by
+``pagesift.node.clustering.jobs_factory``). The keys are ``coord.keys``'; the plans are
+the pure module's (``free_slot``, ``plan_draw``, ``plan_return``, ``BlockLedger``); this
+module only does their I/O and keeps the node's holdings.
 
 - Concurrency: a job start takes ``slot_key(cluster, account, i)`` by a create-if-absent
   transaction whose value is the job id, under this node's own budgets lease (kept
@@ -40,7 +39,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -48,9 +47,9 @@ from typing import Any
 import aetcd
 import aetcd.transactions as txn
 
-from pagesift.node.registry import EtcdRegistry, RegistryUnavailable, cluster_access
-from pagesift.primary.jobs.clustered import ClusteredJobs
-from pagesift.primary.jobs.runtime import Jobs
+from pagesift.coord.etcd import EtcdUnavailable, describe
+from pagesift.coord.keys import pages_key, slot_key, slots_prefix
+from pagesift.coord.registry import EtcdRegistry
 from pagesift.shared.cluster.budgets import (
     BlockLedger,
     Draw,
@@ -59,36 +58,17 @@ from pagesift.shared.cluster.budgets import (
     plan_draw,
     plan_return,
 )
-from pagesift.shared.cluster.registry import pages_key, slot_key
-from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Account, Accounts
 from pagesift.shared.jobs.clusterlimits import BlockNeeded, ClusterUnavailable, Start
 from pagesift.shared.jobs.quota import LimitExceeded, rfc3339
 from pagesift.shared.store.db import Store
 
-__all__ = ["ClusterBudgets", "EtcdBudgets", "budgets_for", "day_of", "jobs_factory"]
+__all__ = ["ClusterBudgets", "EtcdBudgets", "day_of"]
 
 log = logging.getLogger(__name__)
 
 PAIRS_REFRESH_SECONDS = 30.0  # how often the pair count (block size) is read again
-
-
-def jobs_factory(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> Callable[..., Jobs]:
-    """What a node builds its job runtime with: ``Jobs``, or with ``cluster`` set
-    ``ClusteredJobs`` over one ``ClusterBudgets`` (kept for every time it is primary)."""
-    budgets = budgets_for(config, accounts, **kwargs)
-    return Jobs if budgets is None else partial(ClusteredJobs, budgets=budgets)
-
-
-def budgets_for(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> ClusterBudgets | None:
-    """The node's cluster budgets (None without ``cluster``): the witness's etcd, the
-    lease ttl ``witness_ttl``; ``kwargs`` go to ``ClusterBudgets`` (``wait``, ``linger``)."""
-    if not config.cluster:
-        return None
-    url, user, password = cluster_access(config)
-    etcd = EtcdBudgets(url, user=user, password=password)
-    return ClusterBudgets(etcd, accounts, ttl=max(2, round(config.witness_ttl)), **kwargs)
 
 
 def day_of(now: float) -> str:
@@ -109,19 +89,16 @@ class EtcdBudgets(EtcdRegistry):
         super().__init__(url, **kwargs)
         self.writes: Counter[str] = Counter()
 
-    def _slots_prefix(self, account: str) -> bytes:
-        return slot_key(self.cluster, account, 0)[:-1].encode()
-
     async def slots(self, account: str) -> dict[int, tuple[str, int]]:
         """The account's taken slots: index -> (job id, lease)."""
-        prefix = self._slots_prefix(account)
+        prefix = slots_prefix(self.cluster, account).encode()
 
         async def scan(c: aetcd.Client) -> list[tuple[bytes, bytes, int]]:
             return [(bytes(kv.key), bytes(kv.value), int(kv.lease)) for kv in
                     (await c.get_prefix(prefix)).kvs]  # fmt: skip
 
         out: dict[int, tuple[str, int]] = {}
-        for key, value, lease in await self._call(scan):
+        for key, value, lease in await self.etcd.call(scan):
             index = key[len(prefix) :]
             if index.isdigit():
                 out[int(index)] = (value.decode(), lease)
@@ -132,7 +109,7 @@ class EtcdBudgets(EtcdRegistry):
             done, _ = await c.transaction(compare=compare, success=success, failure=[])
             return bool(done)
 
-        done: bool = await self._call(run)
+        done: bool = await self.etcd.call(run)
         if done:
             self.writes[kind] += 1
         return done
@@ -155,7 +132,7 @@ class EtcdBudgets(EtcdRegistry):
     async def counter(self, account: str, day: str) -> tuple[int, int]:
         """Pages of ``day`` drawn so far and the key's mod revision (0, 0: none yet)."""
         key = pages_key(self.cluster, account, day).encode()
-        got = await self._call(lambda c: c.get(key))
+        got = await self.etcd.call(lambda c: c.get(key))
         if got is None:
             return 0, 0
         value = bytes(got.value)
@@ -225,7 +202,7 @@ class ClusterBudgets:
                 self._jobs[job_id] = meta.owner
             if account.max_concurrent_jobs is not None:
                 self._unslotted.add(job_id)
-        with contextlib.suppress(TimeoutError, RegistryUnavailable):
+        with contextlib.suppress(TimeoutError, EtcdUnavailable):
             await asyncio.wait_for(self._retake(), self.wait)
         self._task = asyncio.create_task(self._run())
 
@@ -234,7 +211,7 @@ class ClusterBudgets:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        with contextlib.suppress(TimeoutError, RegistryUnavailable):
+        with contextlib.suppress(TimeoutError, EtcdUnavailable):
             await asyncio.wait_for(self._give_back(), max(1.0, self.wait))
         self._jobs.clear()
         self._slots.clear()
@@ -330,7 +307,7 @@ class ClusterBudgets:
                 )
             if await self.etcd.create_slot(account.name, index, job_id, lease):
                 return slot_key(self.etcd.cluster, account.name, index)
-        raise RegistryUnavailable("registry: the slots kept changing under this start")
+        raise EtcdUnavailable("registry: the slots kept changing under this start")
 
     async def _retake(self) -> None:
         """Every unfinished job here without a slot tries to take one."""
@@ -397,7 +374,7 @@ class ClusterBudgets:
                 self.ledger.drawn(account.name, day, plan.granted)
                 self._last_spend[account.name] = time.monotonic()  # returned when idle
                 return
-        raise RegistryUnavailable("registry: the pages counter kept changing under a draw")
+        raise EtcdUnavailable("registry: the pages counter kept changing under a draw")
 
     async def _return(self, name: str) -> None:
         day = day_of(time.time())
@@ -408,14 +385,14 @@ class ClusterBudgets:
                 plan = plan_return(drawn, revision, unused)
                 if plan is None or await self.etcd.swap(name, day, plan):
                     return
-        except RegistryUnavailable:
+        except EtcdUnavailable:
             self.ledger.drawn(name, day, unused)  # kept: returned on a later round
             raise
 
     async def _pair_count(self) -> int:
         count, read_at = self._pairs
         if time.monotonic() - read_at >= PAIRS_REFRESH_SECONDS:
-            with contextlib.suppress(RegistryUnavailable):
+            with contextlib.suppress(EtcdUnavailable):
                 count = max(1, len({r.pair for r in await self.etcd.nodes()}))
             self._pairs = (count, time.monotonic())
         return count
@@ -427,9 +404,9 @@ class ClusterBudgets:
         while True:
             try:
                 return await call()
-            except RegistryUnavailable as e:
+            except EtcdUnavailable as e:
                 if time.monotonic() >= deadline:
-                    endpoints = ",".join(f"{h}:{p}" for h, p in self.etcd.endpoints)
+                    endpoints = describe(self.etcd.endpoints)
                     raise ClusterUnavailable(
                         f"etcd (cluster {self.etcd.cluster!r} at {endpoints}) did not answer "
                         f"within {self.wait:g} s: a start of account {account!r} needs its "
@@ -445,7 +422,7 @@ class ClusterBudgets:
             self._wake.clear()
             try:
                 await self.step()
-            except RegistryUnavailable as e:
+            except EtcdUnavailable as e:
                 log.info("cluster %s budgets: %s (retrying)", self.etcd.cluster, e)
 
     async def step(self) -> None:
