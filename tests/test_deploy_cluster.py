@@ -16,6 +16,7 @@ kubectl 1.27 or later is required (``kubectl kustomize``, kustomize v5, renders 
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import re
@@ -30,8 +31,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pagesift.coord import etcdauth
 from pagesift.node.cli import build_parser
 from pagesift.shared.cluster.ids import check_pair_name
+from pagesift.shared.cluster.members import parse_members
 from pagesift.shared.cluster.registry import parse_cluster_url
 from pagesift.shared.ha.election import MIN_TTL, parse_witness
 from tests.test_deploy_kit import (
@@ -305,11 +308,12 @@ def test_the_namespace_and_etcd_appear_once_and_each_pair_has_its_own_objects() 
     assert {d["metadata"]["namespace"] for d in docs if d["kind"] != "Namespace"} == {"pagesift"}
     etcd = [d for d in docs if "etcd" in d["metadata"]["name"]]
     assert sorted((d["kind"], d["metadata"]["name"]) for d in etcd) == [
+        ("Job", "pagesift-etcd-auth"),
         ("NetworkPolicy", "pagesift-etcd"),
+        ("PodDisruptionBudget", "pagesift-etcd"),
         ("Service", "pagesift-etcd"),
         ("StatefulSet", "pagesift-etcd"),
     ]
-    assert one(docs, "StatefulSet", "pagesift-etcd")["spec"]["replicas"] == 1
     sets = pair_sets(docs)
     assert sorted(sets) == list(PAIRS)
     for pair, sts in sets.items():
@@ -345,10 +349,12 @@ def test_the_pair_overlays_differ_by_their_name_only_and_all_are_listed() -> Non
     the name only, and the top kustomization lists every one of them."""
     overlays = sorted(p.name for p in (CLUSTER / "pairs").iterdir() if p.is_dir())
     assert overlays == list(PAIRS)
-    for pair in PAIRS:
-        text = (CLUSTER / "pairs" / pair / "kustomization.yaml").read_text()
+    texts = {p: (CLUSTER / "pairs" / p / "kustomization.yaml").read_text() for p in PAIRS}
+    for pair, text in texts.items():
         assert text.startswith(f'# Pair "{pair}" of the cluster'), pair
-        assert yaml.safe_load(text) == {
+        doc = yaml.safe_load(text)
+        patches = doc.pop("patches")
+        assert doc == {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
             "resources": ["../../pair"],
@@ -360,6 +366,12 @@ def test_the_pair_overlays_differ_by_their_name_only_and_all_are_listed() -> Non
                 }
             ],
         }, pair
+        # its own items of the shared Secrets: the same patch, named for the pair
+        first = texts[PAIRS[0]].split("patches:", 1)[1]
+        named = {f"key: {PAIRS[0]},": f"key: {pair},", f"key: {PAIRS[0]}.key": f"key: {pair}.key"}
+        renamed = functools.reduce(lambda t, kv: t.replace(*kv), named.items(), first)
+        assert text.split("patches:", 1)[1] == renamed, pair
+        assert len(patches) == 1, pair
         check_pair_name(pair)
     top = yaml.safe_load((CLUSTER / "kustomization.yaml").read_text())
     assert top["resources"] == ["shared", *(f"pairs/{p}" for p in PAIRS), "gateway"]
@@ -448,15 +460,123 @@ def test_no_selector_of_one_pair_selects_another_pairs_pods() -> None:
     assert len(selected(svc["spec"]["selector"], docs)) == len(PAIRS)
 
 
-def test_only_the_nodes_and_the_gateway_reach_etcds_client_port() -> None:
+def test_only_the_nodes_the_gateway_and_the_auth_job_reach_etcds_client_port() -> None:
     docs = rendered()
     policy = one(docs, "NetworkPolicy", "pagesift-etcd")["spec"]
     assert selected(policy["podSelector"], docs) == {"StatefulSet/pagesift-etcd"}
-    (client,) = [r for r in policy["ingress"] if r.get("from")]
-    assert client["ports"] == [{"port": 2379}]
+    rules = {str(r["ports"]): r for r in policy["ingress"] if r.get("from")}
+    assert sorted(rules) == [str([{"port": 2379}]), str([{"port": 2380}])]
+    client, peer = rules[str([{"port": 2379}])], rules[str([{"port": 2380}])]
     admitted = set().union(*(selected(f["podSelector"], docs) for f in client["from"]))
     want = {f"StatefulSet/{s['metadata']['name']}" for s in pair_sets(docs).values()}
-    assert admitted == want | {"Deployment/pagesift-gateway"}
+    assert admitted == want | {"Deployment/pagesift-gateway", "Job/pagesift-etcd-auth"}
+    # the peer port: the members alone
+    assert set().union(*(selected(f["podSelector"], docs) for f in peer["from"])) == {
+        "StatefulSet/pagesift-etcd"
+    }
+
+
+def test_etcd_runs_three_members_that_name_each_other() -> None:
+    docs = rendered()
+    sts = one(docs, "StatefulSet", "pagesift-etcd")
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    ns = sts["metadata"]["namespace"]
+    flags = dict(a.split("=", 1) for a in c["command"][1:])
+    members = [f"pagesift-etcd-{i}" for i in range(3)]
+    peers = [
+        f"{m}=http://{m}.{sts['spec']['serviceName']}.$(POD_NAMESPACE).svc:2380" for m in members
+    ]
+    assert flags["--initial-cluster"].split(",") == peers
+    assert flags["--name"] == "$(POD_NAME)" and flags["--initial-cluster-state"] == "new"
+    assert one(docs, "PodDisruptionBudget", "pagesift-etcd")["spec"]["maxUnavailable"] == 1
+    assert ns == "pagesift"
+
+
+def auth_job_args(docs: list[Doc]) -> Any:
+    job = one(docs, "Job", "pagesift-etcd-auth")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["python", "-m", "pagesift.coord.etcdauth"]
+    return etcdauth.parser().parse_args(c["args"])  # the real command's flags
+
+
+def test_etcd_auth_gives_each_pair_a_user_limited_to_its_own_keys(tmp_path: Path) -> None:
+    """The auth Job makes a user per pair of the kit and the gateway's reader, with the
+    grants tests/test_registry_auth.py runs etcd with; every node logs in as its own
+    pair's user with its own password item, and reads its own signing key."""
+    docs = rendered()
+    args = auth_job_args(docs)
+    sets = pair_sets(docs)
+    assert args.pairs.split(",") == sorted(sets)
+    users = etcdauth.kit_users(args.cluster, args.pairs.split(","))
+    assert sorted(users) == sorted([*sets, etcdauth.READER])
+    job_pod = one(docs, "Job", "pagesift-etcd-auth")["spec"]["template"]["spec"]
+    (volume,) = job_pod["volumes"]
+    assert volume["secret"] == {"secretName": "pagesift-etcd-users", "defaultMode": 0o440}
+    for pair, sts in sets.items():
+        cfg = effective_config(node_spec(docs, sts, 0), tmp_path)
+        assert args.cluster == cfg.cluster and parse_witness(args.etcd) == parse_witness(
+            cfg.witness
+        ), pair
+        assert cfg.witness_user == pair, pair
+        # a pair's role: its own witness and registry prefixes, nothing of another pair
+        own = dict((prefix, perm) for perm, prefix in users[pair])
+        for other in sets:
+            if other != pair:
+                assert not any(f"/{other}/" in prefix for prefix in own), (pair, other)
+        env = pod_env(sts, container(sts, "pagesift"), f"{sts['metadata']['name']}-0")
+        items = mounted_items(sts)
+        assert items[cfg.witness_password_file] == ("pagesift-etcd-users", pair), pair
+        assert items[env["PAGESIFT_CLUSTER_SIGNING_KEY_FILE"]] == (
+            "pagesift-signing-keys",
+            f"{pair}.key",
+        ), pair
+
+
+def mounted_items(sts: Doc) -> dict[str, tuple[str, str]]:
+    """path in the container -> (Secret, key) of every Secret item the pod mounts."""
+    c = container(sts, "pagesift")
+    pod = sts["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    out = {}
+    for m in c["volumeMounts"]:
+        secret = volumes.get(m["name"], {}).get("secret")  # "data": a claim template
+        for item in (secret or {}).get("items", []):
+            out[f"{m['mountPath']}/{item['path']}"] = (secret["secretName"], item["key"])
+    return out
+
+
+def test_the_members_file_lists_every_pair_at_the_addresses_its_nodes_advertise(
+    tmp_path: Path,
+) -> None:
+    docs = rendered()
+    cm = one(docs, "ConfigMap", "pagesift-members")
+    text = cm["data"]["members.toml"]
+    with pytest.raises(ValueError, match=r"pairs\.a\.public_key: is not base64"):
+        parse_members(text)  # the placeholders are refused until replaced
+    placeholders = re.findall(r'"REPLACE[^"]*"', text)
+    assert len(placeholders) == len(PAIRS)
+    for i, placeholder in enumerate(placeholders):
+        key = base64.b64encode(bytes([i]) * 32).decode()
+        text = text.replace(placeholder, f'"{key}"')
+    members = parse_members(text)
+    sets = pair_sets(docs)
+    assert members.names == sorted(sets)
+    for pair, sts in sets.items():
+        advertised = []
+        for ordinal in range(sts["spec"]["replicas"]):
+            spec = node_spec(docs, sts, ordinal)
+            cfg = effective_config(spec, tmp_path)
+            advertised.append(cfg.advertise)
+        member = members.get(pair)
+        assert member is not None and list(member.nodes) == advertised, pair
+        env = pod_env(sts, container(sts, "pagesift"), f"{sts['metadata']['name']}-0")
+        c = container(sts, "pagesift")
+        pod = sts["spec"]["template"]["spec"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "members"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "members"]
+        assert volume["configMap"]["name"] == "pagesift-members"
+        assert env["PAGESIFT_CLUSTER_MEMBERS"] == f"{mount['mountPath']}/members.toml"
 
 
 def test_every_pod_runs_restricted_with_resources_probes_and_the_images_uid() -> None:
@@ -498,7 +618,12 @@ def test_no_secret_values_are_committed_and_every_secret_has_its_create_line() -
         for c in w["spec"]["template"]["spec"]["containers"]:
             for e in c.get("env", []):
                 assert "secretKeyRef" not in e.get("valueFrom", {}), (w["metadata"]["name"], e)
-    assert used == {"pagesift-secrets", "pagesift-tls"}
+    assert used == {
+        "pagesift-secrets",
+        "pagesift-tls",
+        "pagesift-etcd-users",
+        "pagesift-signing-keys",
+    }
     header = (CLUSTER / "kustomization.yaml").read_text()
     for name in used:
         assert f"create secret generic {name}" in header, name

@@ -387,7 +387,7 @@ def test_no_secret_values_are_committed_in_the_kubernetes_manifests() -> None:
     assert not [d for _, d in k8s_docs() if d["kind"] == "Secret"]
     pod = k8s_object("StatefulSet", "pagesift")["spec"]["template"]["spec"]
     secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert secrets == {"pagesift-secrets", "pagesift-tls"}
+    assert secrets == {"pagesift-secrets", "pagesift-tls", "pagesift-etcd-users"}
     header = (K8S / "40-pagesift-statefulset.yaml").read_text()
     for name in secrets:  # each one has its `kubectl create secret` line
         assert f"create secret generic {name}" in header, name
@@ -478,9 +478,9 @@ def test_the_kubernetes_nodes_find_their_files_config_and_witness_on_mounted_vol
     ns = etcd["metadata"]["namespace"]
     assert cfg.witness == f"etcd://pagesift-etcd.{ns}.svc:2379"
     policy = k8s_object("NetworkPolicy", "pagesift-etcd")["spec"]
-    (from_pagesift,) = [r for r in policy["ingress"] if r.get("from")]
+    (from_pagesift,) = [r for r in policy["ingress"] if {"port": 2379} in r.get("ports", [])]
     assert from_pagesift["ports"] == [{"port": 2379}]
-    (peer,) = from_pagesift["from"]
+    peer = from_pagesift["from"][0]
     labels = k8s_object("StatefulSet", "pagesift")["spec"]["template"]["metadata"]["labels"]
     assert peer["podSelector"]["matchLabels"].items() <= labels.items()
 
