@@ -46,7 +46,9 @@ The session, step by step, and why each step is safe
    primary otherwise sends one message per write. That delays an entry by at most
    ``linger``; sync mode never lingers (its writers wait for the ack).
 5. **Heartbeats** carry our offset and clock every ``heartbeat_interval`` so the
-   standby can measure its lag and detect a dead stream.
+   standby can measure its lag and detect a dead stream; once ``enable_failsafe`` each
+   asks for a failsafe grant (``pagesift.shared.ha.failsafe``), and each grant
+   answered goes to ``on_grant`` (the elector) with the time its request left.
 6. **Acks** arrive on the same stream (a reader task). An ack means "applied and
    durable up to N" because the standby writes the applied offset in the same batch
    as the data. The standby acks at once when it has nothing more to apply and
@@ -69,7 +71,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -91,6 +93,7 @@ from pagesift.shared.replication.sender import (
     Degraded,
     EntriesReady,
     EntriesSent,
+    GrantConfirmed,
     Linger,
     Release,
     Restored,
@@ -189,6 +192,8 @@ class ReplicationServicer(NodeRefuser):
                 batch_bytes=batch_bytes,
             )
         )
+        #: failsafe: told (standby node id, the request's send time) of each grant
+        self.on_grant: Callable[[str, float], None] | None = None
         self._ids = itertools.count()  # sessions and waiters
         self._waiters: dict[int, asyncio.Future[bool]] = {}  # pending, by waiter id
         # counters (also for tests and bench)
@@ -229,6 +234,27 @@ class ReplicationServicer(NodeRefuser):
     def sync_degraded_total(self) -> int:
         return self._sender.degradations
 
+    @property
+    def failsafe_ttl(self) -> float:
+        return self._sender.config.failsafe_ttl
+
+    @property
+    def grant_requests(self) -> int:
+        return self._sender.grant_requests
+
+    @property
+    def grants_confirmed(self) -> int:
+        return self._sender.grants_confirmed
+
+    def enable_failsafe(self, ttl: float, on_grant: Callable[[str, float], None]) -> None:
+        """Ask every heartbeat for a failsafe grant of ``ttl``; ``on_grant`` hears each."""
+        self._sender.config = replace(self._sender.config, failsafe_ttl=ttl)
+        self.on_grant = on_grant
+
+    def standbys(self) -> tuple[str, ...]:
+        """The node ids of the standbys streaming now (past their snapshot)."""
+        return self._sender.standbys()
+
     def status(self) -> PrimaryStatus:
         st = self._sender.status(self._slot.log.last_offset, time.monotonic())
         return PrimaryStatus(
@@ -265,6 +291,9 @@ class ReplicationServicer(NodeRefuser):
                     )
                 case Restored(acked):
                     logger.info("sync replication restored: standby acked offset %d", acked)
+                case GrantConfirmed(node_id, sent_at):
+                    if self.on_grant is not None:
+                        self.on_grant(node_id, sent_at)
                 case _:
                     rest.append(action)
         return rest
@@ -405,6 +434,10 @@ class ReplicationServicer(NodeRefuser):
                             primary_offset=log.last_offset,
                             primary_time_ms=int(time.time() * 1000),
                             epoch=log.epoch,
+                            failsafe_request=action.failsafe_request,
+                            failsafe_ttl_ms=int(self.failsafe_ttl * 1000)
+                            if action.failsafe_request
+                            else 0,
                         )
                     )
                 elif isinstance(action, WaitForEntries):
@@ -420,7 +453,12 @@ class ReplicationServicer(NodeRefuser):
         try:
             async for req in requests:
                 if req.WhichOneof("msg") == "ack":
-                    ack = AckReceived(sid, req.ack.applied_offset, self._slot.log.last_offset)
+                    ack = AckReceived(
+                        sid,
+                        req.ack.applied_offset,
+                        self._slot.log.last_offset,
+                        req.ack.failsafe_grant,
+                    )
                     self._step(ack)
         except (grpc.aio.AioRpcError, grpc.RpcError) as exc:
             logger.debug("standby %s: ack stream ended: %s", node_id, exc)

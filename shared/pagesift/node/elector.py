@@ -12,10 +12,15 @@ event; ``SetDeadline`` goes to the log; ``WakeAt`` arms the one timer that feeds
 ``LeaderIs`` (another node holds the key: a primary stops its jobs, then follows),
 ``LeaseWon`` (promote, with the key's revision as the epoch), ``LeaseHeld`` (the
 state is published and the deadline set: jobs start), ``LeaseLost`` (jobs stop).
+Failsafe (``failsafe=True``): ``grant_acked`` (the replication stream's grants)
+feeds ``GrantAcked``; each publish is stepped as ``PublishAttempted`` before it goes
+out; ``StopGranting``/``ResumeGranting`` close and open the node's
+``StandbyPromise`` (its follower gives no promise while it campaigns or leads).
 
 The guarantee, and why it holds
 -------------------------------
-A primary takes no write at or after its deadline: the log checks it inside its
+A primary takes no write at or after its deadline (the lease's, or with failsafe the
+later of it and the standbys' grants: ``pagesift.shared.ha.failsafe``): the log checks it inside its
 write section (``Log.set_write_deadline``), whatever this loop is doing, and the
 machine's first action is ``SetDeadline(CLOSED)`` (writes refused) until the node
 wins, is promoted, and has published. Promotion is durable before the first write,
@@ -50,6 +55,7 @@ from pagesift.shared.ha.elector import (
     ElectorState,
     Emit,
     Grant,
+    GrantAcked,
     KeepAlive,
     KeepaliveAcked,
     KeepaliveRefused,
@@ -59,15 +65,18 @@ from pagesift.shared.ha.elector import (
     PairStateRead,
     PromotionSettled,
     Publish,
+    PublishAttempted,
     Published,
     PublishRefused,
     ReadLeader,
     ReadPairState,
     Resign,
+    ResumeGranting,
     SetDeadline,
     SleepUntil,
     Start,
     Stop,
+    StopGranting,
     Tick,
     Unavailable,
     WakeAt,
@@ -75,6 +84,7 @@ from pagesift.shared.ha.elector import (
     Woke,
     WriterPublished,
 )
+from pagesift.shared.ha.failsafe import StandbyPromise
 from pagesift.shared.replication.identity import NotWritable
 
 __all__ = ["CLOSED", "Elector", "ElectorHost", "WitnessFigures"]
@@ -93,6 +103,7 @@ class ElectorHost:
     set_write_deadline: Callable[[float], None]
     feed: Callable[[rolestate.Event], Coroutine[Any, Any, None]]
     is_primary: Callable[[], bool]  # asked once the role machine had LeaseWon
+    promise: StandbyPromise | None = None  # failsafe: the promise the follower gives
 
 
 @dataclass(frozen=True)
@@ -110,11 +121,13 @@ class WitnessFigures:
 class Elector:
     """The witness loop of one node (see the module docstring)."""
 
-    def __init__(self, witness: Witness, host: ElectorHost, *, ttl: float) -> None:
+    def __init__(
+        self, witness: Witness, host: ElectorHost, *, ttl: float, failsafe: bool = False
+    ) -> None:
         self.witness = witness
         self.host = host
         self.ttl = float(lease_ttl(ttl))
-        config = ElectorConfig(host.me.node_id, host.me.address, self.ttl)
+        config = ElectorConfig(host.me.node_id, host.me.address, self.ttl, failsafe=failsafe)
         self.state = ElectorState.initial(config)
         self._published = 0  # publishes sent, in the witness's order (under the lock)
         self._publish_lock = asyncio.Lock()
@@ -124,7 +137,13 @@ class Elector:
     @property
     def figures(self) -> WitnessFigures:
         s = self.state
-        return WitnessFigures(s.up, s.deadline, s.leader, s.takeover_behind)
+        failsafe = electorstate.in_failsafe(s, time.monotonic())
+        return WitnessFigures(s.up, s.deadline, s.leader, s.takeover_behind, failsafe)
+
+    def grant_acked(self, node_id: str, sent_at: float) -> None:
+        """Failsafe: standby ``node_id`` answered the grant request sent at ``sent_at``
+        (the primary's replication stream calls it)."""
+        self._spawn(self._drive(GrantAcked(node_id, sent_at)))
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
@@ -164,6 +183,9 @@ class Elector:
                     self._spawn(self.host.feed(event))
             case Warn(message):
                 logger.warning("%s", message)
+            case StopGranting() | ResumeGranting():
+                if self.host.promise is not None:
+                    self.host.promise.granting = isinstance(action, ResumeGranting)
             case Resign(grant):
                 await self.witness.resign(_lease(grant))
             case SleepUntil(at):
@@ -218,13 +240,16 @@ class Elector:
     # --- the pair state ------------------------------------------------------------------
     async def _publish(self, grant: Grant) -> tuple[PairState, int] | None:
         """Publish the pair state while ``grant``'s key is the leader key, with its
-        order among this node's publishes; None when the key is not (any more) ours."""
+        order among this node's publishes (sent, whatever became of them); None when
+        the key is not (any more) ours."""
         async with self._publish_lock:
             state = self.host.pair_state(grant.epoch)
+            self._published += 1
+            order = self._published
+            await self._drive(PublishAttempted(order, state.standbys))
             if not await self.witness.publish(_lease(grant), state):
                 return None
-            self._published += 1
-            return state, self._published
+            return state, order
 
     async def record_out_of_sync(self) -> None:
         """Sync mode: a write the standby did not confirm is about to be acknowledged.

@@ -76,6 +76,7 @@ from pagesift.primary.replication import ReplicationServicer
 from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.api import tls
+from pagesift.shared.api.errortable import NO_PRIMARY_NOW
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.api.metricsources import (
     BrowserFigures,
@@ -87,6 +88,7 @@ from pagesift.shared.api.ports import JobRuntime
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.ha import rolestate
 from pagesift.shared.ha.election import Candidate, Holder, PairState
+from pagesift.shared.ha.failsafe import StandbyPromise
 from pagesift.shared.ha.roles import Role
 from pagesift.shared.ha.rolestate import (
     FencerDone,
@@ -200,12 +202,16 @@ class Node:
         self.looplag = LoopLagMonitor(
             self.metrics, config.loop_lag_interval, config.loop_lag_warn_seconds
         )
+        #: failsafe: this node's promise not to campaign, given by its followers (no
+        #: promise before the elector sets ``own_ttl``)
+        self.promise = StandbyPromise(own_ttl=0.0)
         self.parts = ReplicationParts(
             self.slot,
             node_id=self.node_id,
             address=advertised(config.listen),
             on_fenced=self._on_fenced,
             role=lambda: self.role,
+            promise=self.promise,
             mode=config.replication_mode,
             sync_timeout=config.sync_timeout,
         )
@@ -294,6 +300,8 @@ class Node:
         if self.role == Role.FENCED:
             where = self.deposed_by or "the promoted node"
             return f"{where} (this one was deposed by a higher epoch)"
+        if self.role == Role.PRIMARY and self.elector is not None:  # lease lapsed: not itself
+            return NO_PRIMARY_NOW
         told = self.follower.primary_address if self.follower is not None else ""
         named = self.elector.figures.leader if self.elector is not None else ""
         return self.config.primary_public or told or named or self.config.primary or "(unknown)"
@@ -495,8 +503,12 @@ class Node:
             set_write_deadline=self._set_write_deadline,
             feed=self._feed,
             is_primary=lambda: self.role == Role.PRIMARY,
+            promise=self.promise if cfg.witness_failsafe else None,
         )
-        self.elector = Elector(witness, host, ttl=cfg.witness_ttl)
+        self.elector = Elector(witness, host, ttl=cfg.witness_ttl, failsafe=cfg.witness_failsafe)
+        if cfg.witness_failsafe:  # the standby's promise and the primary's request: one ttl
+            self.promise.own_ttl = self.elector.ttl
+            self.replication.enable_failsafe(self.elector.ttl, self.elector.grant_acked)
         self._elector_task = asyncio.create_task(self.elector.run())
         self._elector_task.add_done_callback(_log_failure)
 
@@ -514,7 +526,7 @@ class Node:
 
     def _candidate(self) -> Candidate:
         log = self.slot.log
-        return Candidate(self.node_id, log.history_id, log.last_offset)
+        return Candidate(self.node_id, log.history_id, log.last_offset, self.promise.until)
 
     def _pair_state(self, epoch: int) -> PairState:
         """What this primary publishes: its history and offset, and in sync mode the
@@ -534,6 +546,7 @@ class Node:
             offset=log.last_offset,
             mode=self.config.replication_mode,
             sync_standby=st.peer if in_sync else "",
+            standbys=self.replication.standbys() if self.config.witness_failsafe else (),
         )
 
     def _host_delays(self) -> dict[str, float] | None:
@@ -562,7 +575,16 @@ class Node:
         if self.elector is None:
             return None
         f = self.elector.figures
-        return WitnessGauges(f.up, f.lease_remaining(time.monotonic()), f.takeover_behind)
+        sender = self.replication
+        return WitnessGauges(
+            f.up,
+            f.lease_remaining(time.monotonic()),
+            f.takeover_behind,
+            f.failsafe,
+            sender.grant_requests,
+            sender.grants_confirmed,
+            self.promise.given,
+        )
 
     def role_status(self) -> RoleStatus:
         """This node's role and replication figures (``pagesift.node.status``)."""

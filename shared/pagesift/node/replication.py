@@ -26,6 +26,7 @@ import grpc
 
 from pagesift.node.status import RoleStatus, role_status
 from pagesift.primary.replication import ReplicationServicer
+from pagesift.shared.ha.failsafe import StandbyPromise
 from pagesift.shared.ha.roles import Role
 from pagesift.shared.replication.protocol import FencingVerdict
 from pagesift.shared.replication.slot import StoreSlot
@@ -63,9 +64,11 @@ class ReplicationParts:
         address: str = "",
         on_fenced: Callable[[int, str], Awaitable[None]] | None = None,
         role: Callable[[], Role] | None = None,
+        promise: StandbyPromise | None = None,
         **tuning: Unpack[SenderTuning],
     ) -> None:
         self.slot = slot
+        self.promise = promise  # failsafe: what every follower of this node promises
         self.node_id = node_id
         self.sender = ReplicationServicer(
             slot, node_id=node_id, address=address, on_fenced=on_fenced, **tuning
@@ -89,6 +92,7 @@ class ReplicationParts:
             node_id=self.node_id,
             credentials=credentials,
             metadata=metadata,
+            promise=self.promise,
             **tuning,
         )
         self.follower.start()

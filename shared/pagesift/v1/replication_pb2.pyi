@@ -146,15 +146,22 @@ class Ack(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     APPLIED_OFFSET_FIELD_NUMBER: _builtins.int
+    FAILSAFE_GRANT_FIELD_NUMBER: _builtins.int
     applied_offset: _builtins.int
+    failsafe_grant: _builtins.int
+    """failsafe_grant answers the heartbeat whose failsafe_request it names (0: none):
+    the standby follows this primary at the session's epoch and, from the moment it
+    answered, will not campaign for the witness lease for failsafe_ttl_ms.
+    """
     def __init__(
         self,
         *,
         applied_offset: _builtins.int = ...,
+        failsafe_grant: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_offset", b"applied_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_offset", b"applied_offset", "failsafe_grant", b"failsafe_grant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -333,26 +340,37 @@ Global___EntryBatch: _TypeAlias = EntryBatch  # noqa: Y015
 
 @_typing.final
 class Heartbeat(_message.Message):
-    """Heartbeat is sent when the stream is idle."""
+    """Heartbeat is sent every heartbeat interval, idle stream or not."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     PRIMARY_OFFSET_FIELD_NUMBER: _builtins.int
     PRIMARY_TIME_MS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    FAILSAFE_REQUEST_FIELD_NUMBER: _builtins.int
+    FAILSAFE_TTL_MS_FIELD_NUMBER: _builtins.int
     primary_offset: _builtins.int
     primary_time_ms: _builtins.int
     epoch: _builtins.int
+    failsafe_request: _builtins.int
+    """failsafe_request (0: none) asks the standby for a failsafe grant: a promise not
+    to campaign for failsafe_ttl_ms after it answers (Ack.failsafe_grant). The
+    primary may then write past its witness lease until its own send time plus the
+    ttl, less the lease margin (pagesift.shared.ha.failsafe).
+    """
+    failsafe_ttl_ms: _builtins.int
     def __init__(
         self,
         *,
         primary_offset: _builtins.int = ...,
         primary_time_ms: _builtins.int = ...,
         epoch: _builtins.int = ...,
+        failsafe_request: _builtins.int = ...,
+        failsafe_ttl_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "primary_offset", b"primary_offset", "primary_time_ms", b"primary_time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "failsafe_request", b"failsafe_request", "failsafe_ttl_ms", b"failsafe_ttl_ms", "primary_offset", b"primary_offset", "primary_time_ms", b"primary_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -42,6 +42,9 @@ What it owns
    ``replfollower.FollowerState`` (pure, with a fake clock in its tests); this loop
    feeds it what happens, with ``time.monotonic()`` as the time, and carries out
    every action each step returns (``_carry_out``: acks, and waits for a message).
+   A heartbeat that asks for a failsafe grant is answered on the next ack only once
+   ``StandbyPromise.grant`` recorded this node's promise not to campaign
+   (``pagesift.shared.ha.failsafe``): a node without one, or campaigning, answers none.
 6. **Reconnect** with bounded exponential backoff (jittered), from the applied
    offset, whenever the stream ends, errs or stays silent past ``idle_timeout``.
 """
@@ -60,6 +63,7 @@ from typing import assert_never
 
 import grpc
 
+from pagesift.shared.ha.failsafe import StandbyPromise
 from pagesift.shared.replication import follower as replfollower
 from pagesift.shared.replication import protocol as replproto
 from pagesift.shared.replication.follower import (
@@ -161,8 +165,10 @@ class Follower:
         rng: Callable[[], float] = random.random,
         credentials: grpc.ChannelCredentials | None = None,
         metadata: tuple[tuple[str, str], ...] = (),
+        promise: StandbyPromise | None = None,
     ) -> None:
         self._slot = slot
+        self._promise = promise  # failsafe: the node's promise not to campaign
         self.target = target
         self._credentials = credentials  # TLS / mTLS to the primary (None: plaintext)
         self._metadata = metadata  # e.g. the replication token
@@ -421,7 +427,11 @@ class Follower:
                                 f"heartbeat epoch {hb.epoch} != {primary_epoch}"
                             )
                         heard = HeartbeatReceived(
-                            hb.primary_offset, hb.primary_time_ms, time.time(), self.applied_offset
+                            hb.primary_offset,
+                            hb.primary_time_ms,
+                            time.time(),
+                            self.applied_offset,
+                            self._grant(hb.failsafe_request, hb.failsafe_ttl_ms),
                         )
                         await self._carry_out(call, state.step(heard, time.monotonic()))
                         continue
@@ -477,8 +487,8 @@ class Follower:
         while pending:
             action = pending.popleft()
             match action:
-                case SendAck():
-                    await self._ack(call)
+                case SendAck(grant):
+                    await self._ack(call, grant)
                 case WaitForMessage(until):
                     if reading is None:
                         raise RuntimeError("WaitForMessage answers NextMessage only")
@@ -488,6 +498,13 @@ class Follower:
                 case _:
                     assert_never(action)
 
-    async def _ack(self, call: StreamCall) -> None:
+    def _grant(self, request: int, ttl_ms: int) -> int:
+        """The failsafe request to answer: ``request`` once promised, else 0."""
+        if not request or self._promise is None:
+            return 0
+        return request if self._promise.grant(time.monotonic(), ttl_ms / 1000) else 0
+
+    async def _ack(self, call: StreamCall, grant: int) -> None:
         self.acks += 1
-        await call.write(pb.StreamRequest(ack=pb.Ack(applied_offset=self.applied_offset)))
+        ack = pb.Ack(applied_offset=self.applied_offset, failsafe_grant=grant)
+        await call.write(pb.StreamRequest(ack=ack))

@@ -183,6 +183,11 @@ class Row:
     status: str = ""  # the docs' status cell when it is not the codes
 
 
+#: ``Node.primary_hint`` of a primary that takes no write now (witness mode: its lease
+#: lapsed and no failsafe grant covers it): it names no other node, nor itself.
+NO_PRIMARY_NOW = "(none now)"
+
+
 def primary_address(hint: str) -> str:
     """The address in ``Node.primary_hint`` (its first word), or "" when it names none."""
     word = hint.split(" ", 1)[0] if hint else ""
@@ -231,6 +236,13 @@ def _skip(e: SkipOutOfRange, _: CallFacts) -> Refusal:
 
 def _standby(e: StandbyNode, facts: CallFacts) -> Refusal:
     hint = facts.primary_hint
+    if hint == NO_PRIMARY_NOW:
+        return Refusal(
+            "this node is the primary but takes no write now: its witness lease lapsed and "
+            "no standby's failsafe grant covers it; retry once the lease is renewed or the "
+            "standby takes over (reads are served)",
+            {"primary": "", "hint": hint},
+        )
     return Refusal(
         f"this node is a standby; send writes to the primary at {hint}",
         {"primary": primary_address(hint), "hint": hint},
@@ -242,8 +254,13 @@ def _not_writable(e: NotWritable, facts: CallFacts) -> Refusal:
     it met a higher epoch; NOT_PRIMARY: its witness lease lapsed, or it is a standby
     now): nothing was written."""
     hint = facts.primary_hint
+    where = (
+        "no node takes writes now: retry once the lease is renewed or the standby takes over"
+        if hint == NO_PRIMARY_NOW
+        else f"send writes to the primary at {hint}"
+    )
     return Refusal(
-        f"{e}; send writes to the primary at {hint}",
+        f"{e}; {where}",
         {"primary": primary_address(hint), "hint": hint, "detail": str(e)},
     )
 

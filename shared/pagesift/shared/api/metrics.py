@@ -76,6 +76,11 @@ pagesift_witness_up                         gauge      with a witness: 1 when it
                                                        succeeded
 pagesift_witness_lease_remaining_seconds    gauge      until the write deadline (0: no lease)
 pagesift_witness_takeover_behind_entries    gauge      entries behind at the last takeover
+pagesift_witness_failsafe                   gauge      1 while a primary writes past its lease
+                                                       on its standbys' failsafe grants
+pagesift_witness_failsafe_requests_total    counter    grants asked (primary heartbeats)
+pagesift_witness_failsafe_grants_total      counter    grants the standbys answered
+pagesift_witness_failsafe_promises_total    counter    promises given as a standby
 pagesift_grpc_requests_total                counter    method, code: finished RPCs (handled)
 pagesift_grpc_server_started_total          counter    method: RPCs started (started minus
                                                        handled: in flight)

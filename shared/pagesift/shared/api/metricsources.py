@@ -67,6 +67,10 @@ class WitnessGauges:
     up: bool
     lease_remaining: float
     takeover_behind: int
+    failsafe: bool = False  # writing on the standbys' failsafe grants alone
+    grant_requests: int = 0  # failsafe grants asked (a primary's heartbeats)
+    grants_confirmed: int = 0  # failsafe grants standbys answered
+    promises: int = 0  # failsafe promises this node gave as a standby
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,21 @@ class ScrapeTime(Collector):
             "Log entries this node was behind the pair state when it last took over.",
             w.takeover_behind,
         )
+        yield GaugeMetricFamily(
+            "pagesift_witness_failsafe",
+            "1 while this primary writes past its witness lease on its standbys' grants.",
+            w.failsafe,
+        )
+        for name, doc, value in (
+            ("pagesift_witness_failsafe_requests",
+             "Failsafe grants this node asked its standbys for (one per heartbeat).",
+             w.grant_requests),
+            ("pagesift_witness_failsafe_grants",
+             "Failsafe grants its standbys answered.", w.grants_confirmed),
+            ("pagesift_witness_failsafe_promises",
+             "Promises not to campaign this node gave a primary as its standby.", w.promises),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, doc, value=value)
 
     def _storage(self) -> Iterable[Metric]:
         fn = self._sources.storage

@@ -260,6 +260,9 @@ class ServerConfig:
     cluster: Annotated[
         str, Doc('the cluster this pair joins in the witness\'s etcd; "" = a pair alone')
     ] = ""
+    witness_failsafe: Annotated[
+        bool, Doc("write past a lapsed lease while every standby vouches for this primary")
+    ] = True
     witness_user: Annotated[str, Doc('an etcd user (etcd auth); "" = no authentication')] = ""
     witness_password_file: Annotated[
         str, Doc("that user's password, alone in a file (mode 600)")

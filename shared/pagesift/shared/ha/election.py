@@ -35,6 +35,9 @@ The guarantees, and why they hold
   published the state, or it is the standby the state names as synchronous. The
   primary clears that name (``PairState.sync_standby``) in the witness *before* it
   acknowledges a write its standby did not confirm (``Elector.record_out_of_sync``).
+* **Failsafe grants bind.** A node that promised the primary not to campaign
+  (``failsafe``) waits it out; while the pair state names the standbys the primary's
+  failsafe counts on, no other node but the primary campaigns.
 * **Async mode says what it lost.** A standby of the latest history may campaign;
   ``Eligibility.behind`` is how far it was behind the primary's last published
   offset, which the winner logs and exports.
@@ -126,8 +129,9 @@ class Holder:
 @dataclass(frozen=True, slots=True)
 class PairState:
     """What the holder last published: its history, epoch and last offset, the
-    replication mode, and (sync mode) the standby that holds every acknowledged write
-    ("" when sync mode is degraded or no standby is in sync)."""
+    replication mode, (sync mode) the standby that holds every acknowledged write
+    ("" when sync mode is degraded or no standby is in sync), and (failsafe) the
+    standbys it streams to: the only nodes but itself that may campaign while named."""
 
     primary: str  # the publisher's node id
     history_id: str
@@ -135,6 +139,7 @@ class PairState:
     offset: int
     mode: str  # "async" | "sync"
     sync_standby: str = ""
+    standbys: tuple[str, ...] = ()  # failsafe: the standbys whose grants the primary needs
 
     def value(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -149,6 +154,7 @@ class PairState:
             offset=int(doc.get("offset", 0)),
             mode=str(doc.get("mode", "async")),
             sync_standby=str(doc.get("sync_standby", "")),
+            standbys=_names(doc.get("standbys")),
         )
 
 
@@ -159,6 +165,7 @@ class Candidate:
     node_id: str
     history_id: str  # "" = never synced
     offset: int  # its last applied (or written) offset
+    promised_until: float = float("-inf")  # failsafe: no campaign before (monotonic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +175,17 @@ class Eligibility:
     behind: int = 0  # entries behind the state's offset (async takeovers)
 
 
-def may_campaign(me: Candidate, state: PairState | None, *, vacant_for: float) -> Eligibility:
-    """Whether ``me`` may try to take the vacant leader key (see the module docstring)."""
+def may_campaign(
+    me: Candidate, state: PairState | None, *, vacant_for: float, promised_for: float = 0.0
+) -> Eligibility:
+    """Whether ``me`` may try to take the vacant leader key (see the module docstring);
+    ``promised_for``: seconds left of a failsafe promise not to (``failsafe``)."""
+    if promised_for > 0:
+        return Eligibility(
+            False,
+            f"this node promised the primary not to campaign for {promised_for:.1f} s more "
+            "(a failsafe grant: the primary may still be writing)",
+        )
     if state is None or not state.history_id:
         if me.history_id:
             return Eligibility(True, "no pair state yet: this node's history starts it")
@@ -185,6 +201,13 @@ def may_campaign(me: Candidate, state: PairState | None, *, vacant_for: float) -
     behind = max(0, state.offset - me.offset)
     if me.node_id == state.primary:
         return Eligibility(True, "this node was the primary", behind)
+    if state.standbys and me.node_id not in state.standbys:
+        return Eligibility(
+            False,
+            f"the primary's failsafe counts on standbys {', '.join(state.standbys)}, not on "
+            "this node: it may still be writing on their grants",
+            behind,
+        )
     if state.mode == "sync" and state.sync_standby != me.node_id:
         return Eligibility(
             False,
@@ -193,6 +216,11 @@ def may_campaign(me: Candidate, state: PairState | None, *, vacant_for: float) -
             behind,
         )
     return Eligibility(True, f"a standby of the latest history, {behind} entries behind", behind)
+
+
+def _names(raw: object) -> tuple[str, ...]:
+    """A JSON list of node ids (anything else, or a non-string in it, counts for none)."""
+    return tuple(n for n in raw if isinstance(n, str)) if isinstance(raw, list) else ()
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

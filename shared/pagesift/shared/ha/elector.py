@@ -27,6 +27,25 @@ The guarantees, by construction
   or when a ``Tick`` finds the deadline passed with no acknowledged keepalive.
 - ``LeaderIs`` goes out once per holder and epoch seen, only while holding no lease;
   the role machine stops the jobs before it follows (``rolestate._leader_is``).
+
+Failsafe (``ElectorConfig.failsafe``; the rule and its proof are ``failsafe``'s)
+-------------------------------------------------------------------------------
+- The deadline is the later of the lease's (``lease_deadline``, as above) and
+  ``failsafe.failsafe_deadline`` over ``members`` (the standbys of every publish sent
+  since the last one acknowledged, and of that one) and ``grants`` (``GrantAcked``:
+  each member's latest answered request). Grants count only while ``members`` is
+  non-empty, i.e. after a publish under a lease of this node; every way out of the
+  primary's role (giving up, another holder seen or winning the key, ``Stop``)
+  clears both, and the deadline closes first.
+- A lease found lapsed (``KeepaliveRefused``, ``PublishRefused``) while a grant still
+  covers ``now``: the deadline becomes the grants' alone, the old lease is resigned
+  and the key is campaigned for at once, without ``LeaseLost`` (the jobs go on); a
+  campaign lost then closes the deadline. Without a grant: ``LeaseLost`` as before.
+- A campaign: ``may_campaign`` gets the promise left (``Candidate.promised_until``,
+  and one ttl after ``Start``: the promises a previous run of this node gave), and
+  ``StopGranting`` goes out before ``Campaign`` in the same batch, so the follower
+  gives no promise once the check passed; ``ResumeGranting`` once the node holds no
+  lease and no campaign is under way.
 """
 
 from __future__ import annotations
@@ -34,7 +53,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from pagesift.shared.ha import election, rolestate
+from pagesift.shared.ha import election, failsafe, rolestate
 from pagesift.shared.ha.election import Candidate, Holder, PairState
 
 #: The deadline of a node that holds no lease: every write is refused.
@@ -67,6 +86,7 @@ class ElectorConfig:
     node_id: str
     address: str  # where this node serves clients (the figures' leader once it wins)
     ttl: float  # the lease's ttl, whole seconds as the witness grants it
+    failsafe: bool = False  # write past the lease on the standbys' grants (``failsafe``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +95,7 @@ class ElectorState:
     waiting: Waiting = Waiting.NOTHING
     lease: Grant | None = None
     deadline: float = CLOSED  # the log's write deadline, as last set
+    lease_deadline: float = CLOSED  # the part of it the lease alone vouches for
     acked_sent_at: float = CLOSED  # the grant or keepalive acknowledged, not yet published
     held: bool = False  # LeaseHeld went out since the last LeaseLost
     vacant_since: float | None = None
@@ -86,6 +107,10 @@ class ElectorState:
     up: bool = False  # the last answer from the witness was not an error
     leader: str = ""  # the holder's client address, as last read
     takeover_behind: int = 0  # entries behind the pair state at the last takeover
+    members: frozenset[str] = frozenset()  # failsafe: the standbys whose grants count
+    attempted: int = 0  # the order of the last publish sent (``PublishAttempted``)
+    grants: tuple[tuple[str, float], ...] = ()  # failsafe: (standby, sent_at answered)
+    restart_promise: float = CLOSED  # no campaign before (the promises of a previous run)
 
     @classmethod
     def initial(cls, config: ElectorConfig) -> ElectorState:
@@ -189,6 +214,23 @@ class WriterPublished:
 
 
 @dataclass(frozen=True, slots=True)
+class GrantAcked:
+    """Failsafe: standby ``node_id`` answered the grant request sent at ``sent_at``."""
+
+    node_id: str
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAttempted:
+    """A publish numbered ``order`` goes out naming ``standbys`` (it may land even if
+    its answer is lost: they count until a later publish is acknowledged)."""
+
+    order: int
+    standbys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     pass
 
@@ -209,6 +251,8 @@ Event = (
     | Woke
     | Tick
     | WriterPublished
+    | GrantAcked
+    | PublishAttempted
     | Stop
 )
 
@@ -290,13 +334,36 @@ class Warn:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class StopGranting:
+    """Failsafe: give no more promises not to campaign (a campaign is going out)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeGranting:
+    """Failsafe: promises may be given again (no lease held, no campaign under way)."""
+
+
 Request = ReadLeader | ReadPairState | Campaign | CheckPromoted | Publish | KeepAlive | SleepUntil
-Action = Request | SetDeadline | WakeAt | Resign | Emit | Warn
+Action = Request | SetDeadline | WakeAt | Resign | Emit | Warn | StopGranting | ResumeGranting
 
 
 def writable_lease(state: ElectorState, now: float) -> Grant | None:
-    """The lease a write may be published under at ``now`` (None past the deadline)."""
-    return state.lease if now < state.deadline else None
+    """The lease a write may be published under at ``now`` (None past the lease's own
+    deadline: a failsafe grant lets the log write, not the witness be told)."""
+    return state.lease if now < state.lease_deadline else None
+
+
+def failsafe_until(state: ElectorState) -> float:
+    """Until when the members' grants vouch for this primary (``failsafe.NONE``: not)."""
+    if not state.config.failsafe or not state.members:
+        return failsafe.NONE
+    return failsafe.failsafe_deadline(state.members, dict(state.grants), state.config.ttl)
+
+
+def in_failsafe(state: ElectorState, now: float) -> bool:
+    """The log takes writes at ``now`` on the standbys' grants alone."""
+    return state.lease_deadline <= now < state.deadline
 
 
 def lease_remaining(state: ElectorState, now: float) -> float:
@@ -309,19 +376,24 @@ def step(state: ElectorState, event: Event, now: float) -> tuple[ElectorState, l
         case Start():
             if state.waiting is not Waiting.NOTHING:
                 return state, []
-            return replace(state, waiting=Waiting.LEADER), [SetDeadline(CLOSED), ReadLeader()]
+            promise = now + state.config.ttl if state.config.failsafe else CLOSED
+            started = replace(state, waiting=Waiting.LEADER, restart_promise=promise)
+            return started, [SetDeadline(CLOSED), ReadLeader()]
         case Stop():
             actions: list[Action] = [SetDeadline(CLOSED)]
             if state.lease is not None:
                 actions.append(Resign(state.lease))  # the standby need not wait for the ttl
-            stopped = replace(
-                state, waiting=Waiting.NOTHING, lease=None, deadline=CLOSED, held=False
-            )
+            stopped = replace(_unprimary(state), waiting=Waiting.NOTHING)
             return stopped, actions
         case Tick():
             return _deadline_check(state, now)
         case WriterPublished(pair, order):
-            return _note_published(state, pair, order), []
+            return _open(_note_published(state, pair, order), now)
+        case GrantAcked(node_id, sent_at):
+            return _granted(state, node_id, sent_at, now)
+        case PublishAttempted(order, standbys):
+            attempted = replace(state, members=state.members | set(standbys), attempted=order)
+            return _open(attempted, now)
         case Unavailable(why):
             return _unavailable(state, why, now)
     if not _answers(state.waiting, event):
@@ -343,7 +415,10 @@ def step(state: ElectorState, event: Event, now: float) -> tuple[ElectorState, l
         case LeaseGranted(lease, sent_at):
             return _won(state, lease, sent_at)
         case CampaignLost():
-            return _sleep(state, now)  # the next look follows the faster node
+            if state.deadline > now:  # re-taking on the grants: someone else holds it
+                return _give_up(state, "another node took the leader key", now)
+            slept, sleep = _sleep(state, now)  # the next look follows the faster node
+            return slept, [*_resume_granting(state), *sleep]
         case PromotionSettled(primary):
             if not primary or state.lease is None:
                 return _give_up(state, "the promotion did not happen", now)
@@ -351,14 +426,14 @@ def step(state: ElectorState, event: Event, now: float) -> tuple[ElectorState, l
         case Published(pair, order):
             return _extend(_note_published(state, pair, order), now)
         case PublishRefused():
-            return _give_up(state, "the leader key is no longer ours", now)
+            return _lapsed(state, "the leader key is no longer ours", now)
         case KeepaliveAcked(sent_at):
             if state.lease is None:
                 return _sleep(state, now)
             published = replace(state, waiting=Waiting.PUBLISH, acked_sent_at=sent_at)
             return published, [Publish(state.lease)]
         case KeepaliveRefused():
-            return _give_up(state, "the witness says our lease lapsed", now)
+            return _lapsed(state, "the witness says our lease lapsed", now)
     raise TypeError(f"not an elector event: {event!r}")
 
 
@@ -392,9 +467,13 @@ def _leader_seen(
 ) -> tuple[ElectorState, list[Action]]:
     if holder.node_id == state.config.node_id:
         return _poll(state, now)  # our own key from before a restart: it lapses within ttl
+    actions: list[Action] = []
+    if state.deadline != CLOSED:  # writing on the grants, yet another node holds the key
+        actions += [Warn(f"{holder.address} holds the leader key: this node takes no write")]
+        actions += [SetDeadline(CLOSED), *_lost(state), *_resume_granting(state)]
+        state = _unprimary(state)
     seen = (holder.replication, holder.epoch)
     following = replace(state, vacant_since=None, leader=holder.address, seen=seen)
-    actions: list[Action] = []
     if state.seen != seen:
         actions.append(Emit(rolestate.LeaderIs(holder.replication, holder.epoch)))
     polled, sleep = _poll(following, now)
@@ -405,9 +484,15 @@ def _maybe_campaign(
     state: ElectorState, pair: PairState | None, candidate: Candidate, now: float
 ) -> tuple[ElectorState, list[Action]]:
     since = now if state.vacant_since is None else state.vacant_since
-    verdict = election.may_campaign(candidate, pair, vacant_for=now - since)
+    promised = max(candidate.promised_until, state.restart_promise)
+    verdict = election.may_campaign(
+        candidate, pair, vacant_for=now - since, promised_for=promised - now
+    )
     if verdict.ok:
-        return replace(state, waiting=Waiting.CAMPAIGN, behind=verdict.behind), [Campaign()]
+        # no await between this check of the promise and the end of granting (``failsafe``)
+        stop: list[Action] = [StopGranting()] if state.config.failsafe else []
+        campaigning = replace(state, waiting=Waiting.CAMPAIGN, behind=verdict.behind)
+        return campaigning, [*stop, Campaign()]
     actions: list[Action] = []
     if verdict.reason != state.why_not:
         actions.append(Warn(f"the leader key is vacant; not campaigning: {verdict.reason}"))
@@ -422,7 +507,7 @@ def _won(state: ElectorState, lease: Grant, sent_at: float) -> tuple[ElectorStat
         waiting=Waiting.PROMOTION,
         lease=lease,
         acked_sent_at=sent_at,
-        held=False,
+        held=state.held and bool(state.members),  # a re-take: the jobs never stopped
         seen=None,  # once the lease is gone, whoever holds the key is reported anew
         why_not="",
         takeover_behind=state.behind,
@@ -441,7 +526,14 @@ def _note_published(state: ElectorState, pair: PairState, order: int) -> Elector
     if order <= state.published_order:
         return state
     out_of_sync = pair.mode == "sync" and not pair.sync_standby
-    return replace(state, out_of_sync_published=out_of_sync, published_order=order)
+    # the witness holds this publish's standbys, and maybe those of a later one sent
+    members = set(pair.standbys) | (state.members if order < state.attempted else set())
+    return replace(
+        state,
+        out_of_sync_published=out_of_sync,
+        published_order=order,
+        members=frozenset(members),
+    )
 
 
 def _extend(state: ElectorState, now: float) -> tuple[ElectorState, list[Action]]:
@@ -449,14 +541,42 @@ def _extend(state: ElectorState, now: float) -> tuple[ElectorState, list[Action]
     ``acked_sent_at``: writes may go on until the new deadline, the jobs (re)start."""
     deadline = election.write_deadline(state.acked_sent_at, state.config.ttl)
     interval = election.keepalive_interval(state.config.ttl)
-    if state.lease is None or deadline <= now:
-        return _sleep(state, now, interval)  # acknowledged too late to help
-    actions: list[Action] = [SetDeadline(deadline), WakeAt(deadline)]
-    if not state.held:
-        actions.append(Emit(rolestate.LeaseHeld(), wait=False))
-    extended = replace(state, deadline=deadline, held=True)
-    slept, sleep = _sleep(extended, now, interval)
+    if state.lease is None:
+        return _sleep(state, now, interval)
+    opened, actions = _open(replace(state, lease_deadline=deadline), now)
+    slept, sleep = _sleep(opened, now, interval)
     return slept, [*actions, *sleep]
+
+
+def _open(state: ElectorState, now: float) -> tuple[ElectorState, list[Action]]:
+    """Set the deadline to the later of the lease's and the grants' (which may be
+    earlier than the one set: a member joined, a lease was found lapsed); the jobs
+    (re)start when it lies ahead. A deadline passed and still passed: nothing."""
+    lease = state.lease_deadline if state.lease is not None else CLOSED
+    target = max(lease, failsafe_until(state))
+    if target <= now and state.deadline <= now:
+        return state, []  # acknowledged too late to help
+    actions: list[Action] = []
+    if target != state.deadline:
+        actions += [SetDeadline(target), WakeAt(target)]
+    opened = replace(state, deadline=target)
+    if target > now and not state.held:
+        actions.append(Emit(rolestate.LeaseHeld(), wait=False))
+        opened = replace(opened, held=True)
+    return opened, actions
+
+
+def _granted(
+    state: ElectorState, node_id: str, sent_at: float, now: float
+) -> tuple[ElectorState, list[Action]]:
+    """A standby answered a grant request: its grant moves on (never back)."""
+    if not state.config.failsafe:
+        return state, []
+    grants = dict(state.grants)
+    if sent_at <= grants.get(node_id, failsafe.NONE):
+        return state, []
+    grants[node_id] = sent_at
+    return _open(replace(state, grants=tuple(sorted(grants.items()))), now)
 
 
 def _deadline_check(state: ElectorState, now: float) -> tuple[ElectorState, list[Action]]:
@@ -475,10 +595,53 @@ def _give_up(state: ElectorState, why: str, now: float) -> tuple[ElectorState, l
     actions: list[Action] = [Warn(f"{why}: this node takes no write"), SetDeadline(CLOSED)]
     if state.lease is not None:
         actions.append(Resign(state.lease))
-    actions.append(Emit(rolestate.LeaseLost()))
-    gone = replace(state, lease=None, deadline=CLOSED, held=False)
-    slept, sleep = _sleep(gone, now)
+    actions += [Emit(rolestate.LeaseLost()), *_resume_granting(state)]
+    slept, sleep = _sleep(_unprimary(state), now)
     return slept, [*actions, *sleep]
+
+
+def _lapsed(state: ElectorState, why: str, now: float) -> tuple[ElectorState, list[Action]]:
+    """The witness says the lease is gone. Still covered by the standbys' grants: go on
+    writing on them alone and take the key again at once; else give up."""
+    until = failsafe_until(state)
+    if until <= now:
+        return _give_up(state, why, now)
+    actions: list[Action] = [
+        Warn(
+            f"{why}; the standbys' failsafe grants cover writes for {until - now:.1f} s more: "
+            "taking the vacant leader key again"
+        )
+    ]
+    if until != state.deadline:
+        actions += [SetDeadline(until), WakeAt(until)]
+    if state.lease is not None:
+        actions.append(Resign(state.lease))
+    retaking = replace(
+        state, lease=None, lease_deadline=CLOSED, deadline=until, waiting=Waiting.CAMPAIGN, behind=0
+    )
+    return retaking, [*actions, Campaign()]
+
+
+def _lost(state: ElectorState) -> list[Action]:
+    """``LeaseLost`` when the jobs may be running (the deadline was last ahead)."""
+    return [Emit(rolestate.LeaseLost())] if state.held else []
+
+
+def _unprimary(state: ElectorState) -> ElectorState:
+    """No lease, no deadline, no failsafe: what the machine holds as no primary."""
+    return replace(
+        state,
+        lease=None,
+        deadline=CLOSED,
+        lease_deadline=CLOSED,
+        held=False,
+        members=frozenset(),
+        grants=(),
+    )
+
+
+def _resume_granting(state: ElectorState) -> list[Action]:
+    return [ResumeGranting()] if state.config.failsafe else []
 
 
 def _unavailable(state: ElectorState, why: str, now: float) -> tuple[ElectorState, list[Action]]:
@@ -487,6 +650,8 @@ def _unavailable(state: ElectorState, why: str, now: float) -> tuple[ElectorStat
     if state.waiting in (Waiting.NOTHING, Waiting.SLEEP):
         return state, []  # not the loop's request (a writer's publish)
     actions: list[Action] = [Warn(why)] if state.up else []
+    if state.waiting is Waiting.CAMPAIGN and not state.members:
+        actions += _resume_granting(state)  # (a lost answer's key lapses unused)
     checked, lost = _deadline_check(replace(state, up=False), now)
     lost = [a for a in lost if not isinstance(a, WakeAt)]  # the timer is set already
     polled, sleep = _poll(checked, now)

@@ -28,6 +28,11 @@ while an ack is owed the answer is:
 - the next message is already buffered: ``SendAck`` only when ``ack_max_delay``
   has passed since the previous ack, else nothing (apply first, ack later).
 
+A heartbeat's failsafe request the standby promised to honour
+(``HeartbeatReceived.grant``, after ``pagesift.shared.ha.failsafe.StandbyPromise.grant``)
+rides on the next ack: ``SendAck(grant)``; a later request replaces an earlier one
+not yet sent (the primary counts the latest).
+
 ``lag(applied, now)``: offsets and seconds behind, by ``replproto.lag``: the one
 place the standby computes it.
 
@@ -91,6 +96,7 @@ class HeartbeatReceived:
     primary_time_ms: int
     wall_time: float
     applied: int
+    grant: int = 0  # the failsafe request this standby promised on (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +114,9 @@ Event = SnapshotInstalled | SessionSynced | EntriesApplied | HeartbeatReceived |
 
 @dataclass(frozen=True, slots=True)
 class SendAck:
-    """Ack the applied offset now."""
+    """Ack the applied offset now, answering failsafe request ``grant`` (0: none)."""
+
+    grant: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +141,7 @@ class FollowerState:
     clock_skew: float = 0.0  # the primary's clock minus ours, at the last heartbeat
     owed: bool = False  # applied (or heard) something the primary was not told yet
     last_ack: float = float("-inf")
+    grant: int = 0  # a failsafe request promised on, not yet answered
     ack_min_gap: float = ACK_MIN_GAP
     ack_max_delay: float = ACK_MAX_DELAY
 
@@ -150,12 +159,14 @@ class FollowerState:
                 self._note_primary(last_offset, applied, now)
                 self.owed = True
                 return []
-            case HeartbeatReceived(primary_offset, primary_time_ms, wall_time, applied):
+            case HeartbeatReceived(primary_offset, primary_time_ms, wall_time, applied, grant):
                 self.clock_skew = primary_time_ms / 1000.0 - wall_time
+                self.grant = grant or self.grant
                 self._note_primary(primary_offset, applied, now)
                 self.owed = True
                 return []
             case SessionSynced():
+                self.grant = 0  # a request of an earlier session is not this one's
                 return self._ack(now)
             case SnapshotInstalled(offset, applied):
                 self._note_primary(offset, applied, now)
@@ -179,4 +190,5 @@ class FollowerState:
 
     def _ack(self, now: float) -> list[Action]:
         self.owed, self.last_ack = False, now
-        return [SendAck()]
+        grant, self.grant = self.grant, 0
+        return [SendAck(grant)]

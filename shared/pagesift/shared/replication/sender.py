@@ -45,6 +45,14 @@ linger clock. ``TailTurnEnded(session, sent)`` answers ``SendHeartbeat`` when on
 due (every ``heartbeat_interval``) and, when the turn sent no entries,
 ``WaitForEntries(until=<the next heartbeat>)``.
 
+**Failsafe grants** (``failsafe_ttl > 0``; the rule is ``pagesift.shared.ha.failsafe``).
+Every heartbeat asks for a grant: ``SendHeartbeat(failsafe_request=N)``, N rising
+across sessions, its send time ``now`` kept in the session (the last
+``MAX_GRANTS_ASKED`` only). An ``AckReceived(grant=N)`` of a request still kept
+answers ``GrantConfirmed(node_id, sent_at)`` (the requests up to N are forgotten): a
+grant never counts for a request the session did not send, nor from a time later
+than its request left.
+
 **Figures.** ``acked_offset`` (the best tailing session's) and ``status(last_offset,
 now)``, its lag by ``replproto.lag``: the one place the primary computes it.
 
@@ -71,6 +79,8 @@ from pagesift.shared.replication import protocol as replproto
 
 Mode = Literal["async", "sync"]
 NEVER = float("-inf")  # "long ago": no batch sent yet, a heartbeat due at once
+#: The grant requests a session keeps unanswered (older ones no longer count).
+MAX_GRANTS_ASKED = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +90,7 @@ class SenderConfig:
     linger: float = 0.015  # async mode: at most one non-full batch per linger
     heartbeat_interval: float = 0.5
     batch_bytes: int = 1 << 20  # a batch of this size is full
+    failsafe_ttl: float = 0.0  # the grant asked with every heartbeat; 0 = none asked
 
 
 # --- events ---------------------------------------------------------------------------
@@ -116,6 +127,7 @@ class AckReceived:
     session: int
     offset: int
     last_offset: int
+    grant: int = 0  # the failsafe request this ack answers (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +240,18 @@ class Linger:
 
 @dataclass(frozen=True, slots=True)
 class SendHeartbeat:
-    """Send a heartbeat (the primary's offset, clock and epoch)."""
+    """Send a heartbeat (the primary's offset, clock and epoch), asking for the
+    failsafe grant ``failsafe_request`` (0: none)."""
+
+    failsafe_request: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GrantConfirmed:
+    """Standby ``node_id`` answered the grant request this primary sent at ``sent_at``."""
+
+    node_id: str
+    sent_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +262,15 @@ class WaitForEntries:
 
 
 Action = (
-    Release | AwaitAck | Degraded | Restored | SendEntries | Linger | SendHeartbeat | WaitForEntries
+    Release
+    | AwaitAck
+    | Degraded
+    | Restored
+    | SendEntries
+    | Linger
+    | SendHeartbeat
+    | GrantConfirmed
+    | WaitForEntries
 )
 
 
@@ -255,6 +286,7 @@ class Session:
     tailing: bool = False
     sent_at: float = NEVER  # when the last entry batch went out
     beat_due: float = NEVER  # when the next heartbeat is due
+    asked: dict[int, float] = field(default_factory=dict)  # grant requests: sent_at
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -284,6 +316,8 @@ class SenderState:
     pending: list[Waiter] = field(default_factory=list)  # in offset order
     degraded: bool = False
     degradations: int = 0
+    grant_requests: int = 0  # failsafe grant requests sent (the last one's number)
+    grants_confirmed: int = 0
 
     # --- figures -----------------------------------------------------------------------
     def best(self) -> Session | None:
@@ -291,6 +325,10 @@ class SenderState:
         return max(
             (s for s in self.sessions.values() if s.tailing), key=lambda s: s.acked, default=None
         )
+
+    def standbys(self) -> tuple[str, ...]:
+        """The node ids of the tailing sessions (the failsafe's members)."""
+        return tuple(sorted({s.node_id for s in self.sessions.values() if s.tailing}))
 
     @property
     def acked_offset(self) -> int:
@@ -315,8 +353,11 @@ class SenderState:
     def step(self, event: Event, now: float) -> list[Action]:
         """Apply ``event`` at ``now``; the actions the shell must carry out, in order."""
         match event:
-            case AckReceived(session, offset, last_offset):
-                return self._ack(session, offset, last_offset, now)
+            case AckReceived(session, offset, last_offset, grant):
+                return [
+                    *self._granted(session, grant),
+                    *self._ack(session, offset, last_offset, now),
+                ]
             case EntriesReady(session, nbytes):
                 return self._entries_ready(session, nbytes, now)
             case EntriesSent(session):
@@ -371,6 +412,15 @@ class SenderState:
             del self.pending[:n]
         return actions
 
+    def _granted(self, sid: int, grant: int) -> list[Action]:
+        session = self.sessions.get(sid)
+        if session is None or grant not in session.asked:
+            return []
+        sent_at = session.asked[grant]
+        session.asked = {n: t for n, t in session.asked.items() if n > grant}
+        self.grants_confirmed += 1
+        return [GrantConfirmed(session.node_id, sent_at)]
+
     def _tick(self, now: float) -> list[Action]:
         if not self.pending:
             return []
@@ -398,10 +448,19 @@ class SenderState:
         actions: list[Action] = []
         if now >= session.beat_due:
             session.beat_due = now + self.config.heartbeat_interval
-            actions.append(SendHeartbeat())
+            actions.append(SendHeartbeat(self._ask_grant(session, now)))
         if not sent:
             actions.append(WaitForEntries(session.beat_due))
         return actions
+
+    def _ask_grant(self, session: Session, now: float) -> int:
+        if self.config.failsafe_ttl <= 0:
+            return 0
+        self.grant_requests += 1
+        session.asked[self.grant_requests] = now
+        if len(session.asked) > MAX_GRANTS_ASKED:
+            del session.asked[min(session.asked)]
+        return self.grant_requests
 
 
 def _offset(w: Waiter) -> int:
