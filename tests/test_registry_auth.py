@@ -8,17 +8,30 @@ does not verify, and a key file that is not an Ed25519 key is refused.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import subprocess
+import time
 from pathlib import Path
 
+import aetcd
+import grpc
+import grpc.aio
 import pytest
 
+from pagesift.client import ClusterView, JobClient
+from pagesift.coord import keys
+from pagesift.coord.etcdauth import apply_auth, kit_users
+from pagesift.coord.registry import EtcdRegistry, Registrar
+from pagesift.demo.site import build_site, serve_site
+from pagesift.node.drill.fixture import Etcd
 from pagesift.shared.cluster import registry
 from pagesift.shared.cluster.members import Members, parse_members
 from pagesift.shared.cluster.registry import NodeRecord, RecordRejected, open_record, seal_record
 from pagesift.shared.cluster.signing import RecordSigner, new_private_key_pem, verify_signature
+from pagesift.shared.ha.election import parse_witness
+from tests.helpers import in_process_node
 
 CLUSTER = "prod"
 SIGNER_A = RecordSigner.from_pem(new_private_key_pem())
@@ -140,3 +153,182 @@ def test_the_signing_key_file_is_an_ed25519_pem(tmp_path: Path) -> None:
     (tmp_path / "junk").write_text("junk")
     with pytest.raises(ValueError, match="not a PEM private key"):
         RecordSigner.from_file(tmp_path / "junk")
+
+
+# ---------------------------------------------------------------- etcd with auth on
+
+ROOT_PASSWORD = "root-secret"
+
+
+async def enable_auth(etcd: Etcd, pairs: list[str]) -> dict[str, str]:
+    """etcd's auth on as the deploy kit turns it on (``coord.etcdauth``): root, a user and
+    a role per pair, the reader; every user's password."""
+    grants = kit_users(CLUSTER, pairs)
+    passwords = {name: f"{name}-password" for name in grants}
+    users = {name: (passwords[name], g) for name, g in grants.items()}
+    await apply_auth(parse_witness(etcd.endpoint), ROOT_PASSWORD, users)
+    await apply_auth(parse_witness(etcd.endpoint), ROOT_PASSWORD, users)  # idempotent
+    return passwords
+
+
+async def put_as(etcd: Etcd, user: str, password: str, key: str, value: bytes) -> str:
+    """Put ``key`` as ``user``: "ok", or the gRPC code etcd refused it with."""
+    host, port = parse_witness(etcd.endpoint)[0]
+    client = aetcd.Client(host=host, port=port, timeout=10, username=user, password=password)
+    try:
+        await client.put(key.encode(), value)
+        return "ok"
+    except aetcd.ClientError as e:
+        cause = e.__cause__ or e.__context__
+        code = cause.code() if isinstance(cause, grpc.aio.AioRpcError) else None
+        return code.name if code is not None else f"{type(e).__name__}: {e}"
+    finally:
+        await client.close()
+
+
+@pytest.mark.system
+async def test_a_pairs_credential_cannot_create_another_pairs_records(etcd: Etcd) -> None:
+    url = f"{etcd.endpoint}/{CLUSTER}"
+    passwords = await enable_auth(etcd, ["a", "b"])
+    value = sealed(RECORD, SIGNER_A)
+    denied = {
+        "pair b's record": keys.node_key(CLUSTER, "b", "r0"),
+        "a new pair's record": keys.node_key(CLUSTER, "rogue", "r0"),
+        "pair b's leader key": keys.leader_key(keys.witness_pair("b", CLUSTER)),
+        "the cluster's root": keys.cluster_prefix(CLUSTER) + "/members",
+    }
+    for what, key in denied.items():
+        assert await put_as(etcd, "a", passwords["a"], key, value) == "PERMISSION_DENIED", what
+    assert await put_as(
+        etcd, "reader", passwords["reader"], keys.node_key(CLUSTER, "a", "x"), value
+    ) == ("PERMISSION_DENIED")
+    # what a pair's role grants is what its node needs: its records, its witness keys, budgets
+    own = [
+        keys.node_key(CLUSTER, "a", "n1"),
+        keys.leader_key(keys.witness_pair("a", CLUSTER)),
+        keys.state_key(keys.witness_pair("a", CLUSTER)),
+        keys.slot_key(CLUSTER, "acct", 0),
+        keys.pages_key(CLUSTER, "acct", "2026-12-02"),
+        keys.cluster_prefix(CLUSTER) + "/owners/example.com",
+    ]
+    for key in own:
+        assert await put_as(etcd, "a", passwords["a"], key, value) == "ok", key
+    # the registrar of pair a registers under its credential; the reader sees only a
+    registry = EtcdRegistry(url, user="a", password=passwords["a"], signer=SIGNER_A)
+    lease = await registry.grant(5)
+    standby = dataclasses.replace(RECORD, node="n2", address="127.0.0.1:50052", role="standby")
+    await registry.put(standby, lease)
+    await registry.close()
+    view = ClusterView(url, members=MEMBERS, user="reader", password=passwords["reader"])
+    try:
+        await view.ready()
+        assert sorted(view.pairs) == ["a"] and view.pairs["a"].primary == RECORD.address
+        assert view.pairs["a"].standbys == (standby.address,)
+    finally:
+        await view.close()
+
+
+# ---------------------------------------------------------------- forged records, no call
+
+
+class CountingServer:
+    """A gRPC server on loopback that answers every method UNAVAILABLE and counts the
+    calls it gets and the ``authorization`` values they carry: a rogue "node"."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.keys: list[str] = []
+        self.server = grpc.aio.server()
+        self.server.add_generic_rpc_handlers([self._Handler(self)])
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+
+    class _Handler(grpc.GenericRpcHandler):
+        def __init__(self, outer: CountingServer) -> None:
+            self.outer = outer
+
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            outer = self.outer
+            outer.calls.append(details.method or "")
+            for key, value in details.invocation_metadata or ():
+                if key == "authorization":
+                    outer.keys.append(str(value))
+
+            async def refuse(_request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "rogue")
+                return b""
+
+            return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+async def _put(etcd: Etcd, key: str, value: bytes) -> None:
+    host, port = parse_witness(etcd.endpoint)[0]
+    client = aetcd.Client(host=host, port=port, timeout=10)
+    try:
+        await client.put(key.encode(), value)
+    finally:
+        await client.close()
+
+
+@pytest.mark.system
+async def test_a_forged_record_receives_no_call_and_no_key(etcd: Etcd, tmp_path: Path) -> None:
+    """A pair's real node registers signed records; forged ones (another pair's key, a
+    changed record, an unknown pair, a real pair's name at a foreign address with a higher
+    epoch) sit beside it in etcd. The client places every scrape on the real node; the
+    rogue servers see no call and no key, and the view counts each forgery."""
+    url = f"{etcd.endpoint}/{CLUSTER}"
+    async with contextlib.AsyncExitStack() as stack:
+        roots = []
+        for k in range(3):  # three hosts: placement over the forged pairs would spread them
+            site = build_site(8)
+            runner, root = await serve_site(site, host=f"127.0.0.{k + 1}")
+            stack.push_async_callback(runner.cleanup)
+            roots.append(root)
+        node = await stack.enter_async_context(in_process_node(tmp_path / "a"))
+        rogues = [CountingServer() for _ in range(3)]
+        for r in rogues:
+            await r.server.start()
+            stack.push_async_callback(r.server.stop, None)
+        members = parse_members(
+            members_file(a=(SIGNER_A, [node.address]), b=(SIGNER_B, [rogues[1].address]))
+        )
+        honest = NodeRecord(pair="a", node="a-1", address=node.address, role="primary", epoch=1)
+        registry = EtcdRegistry(url, signer=SIGNER_A)
+        registrar = Registrar(
+            registry, lambda: dataclasses.replace(honest, updated=time.time()), ttl=5
+        )
+        await registrar.step()
+        stack.push_async_callback(registrar.close)
+        # forgeries, as a process with write access to etcd would put them
+        hijack = dataclasses.replace(honest, node="r0", address=rogues[0].address, epoch=99)
+        changed = json.loads(sealed(dataclasses.replace(honest, node="r1"), SIGNER_A))
+        changed["record"] = changed["record"].replace(node.address, rogues[0].address)
+        forged = {
+            keys.node_key(CLUSTER, "a", "r0"): sealed(hijack, ROGUE),  # wrong_key
+            keys.node_key(CLUSTER, "a", "r1"): json.dumps(changed).encode(),  # bad_signature
+            keys.node_key(CLUSTER, "a", "r2"): registry_plain(hijack, "r2"),  # unsigned
+            keys.node_key(CLUSTER, "b", "b0"): sealed(  # a member's name, the rogue's key
+                dataclasses.replace(hijack, pair="b", node="b0", address=rogues[1].address),
+                ROGUE,
+            ),
+            keys.node_key(CLUSTER, "rogue", "r0"): sealed(  # a pair nobody listed
+                dataclasses.replace(hijack, pair="rogue", address=rogues[2].address), ROGUE
+            ),
+        }
+        for key, value in forged.items():
+            await _put(etcd, key, value)
+        view = ClusterView(url, members=members)
+        stack.push_async_callback(view.close)
+        async with JobClient(cluster=view, api_key="the-accounts-key") as client:
+            for i in range(6):
+                doc = await client.scrape(roots[i % 3])
+                assert doc.status_code == 200
+        assert sorted(view.pairs) == ["a"] and view.pairs["a"].primary == node.address
+        assert [r.calls for r in rogues] == [[], [], []]
+        assert [r.keys for r in rogues] == [[], [], []]
+        for reason in ("wrong_key", "bad_signature", "unsigned", "unknown_pair"):
+            assert view.rejected[reason] >= 1, (reason, view.rejected)
+
+
+def registry_plain(record: NodeRecord, node: str) -> bytes:
+    """An unsigned record, as pagesift wrote them before records were signed."""
+    return registry.encode_record(dataclasses.replace(record, node=node))

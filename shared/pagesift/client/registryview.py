@@ -18,7 +18,11 @@ Failure model
   endpoint. While etcd does not answer, the last view stays (a job's id still reaches
   its pair) and ``age`` grows: the client places no new job on a view older than
   ``stale_after`` (``STALE_SECONDS``; new placements wait for etcd, as the witness's rule).
-- A record that does not decode is skipped (``decode_record`` refuses it).
+- A record that does not decode is skipped; with ``members`` so is every record that
+  does not verify against it (``registry.open_record``: unknown pair, bad signature,
+  an address the pair does not list), counted in ``rejected`` by reason, so no call
+  and no key go to an address the members file does not list for that pair.
+  ``user``/``password``: the etcd user the registry is read as (the kit's ``reader``).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from pagesift.shared.cluster.members import Members
 from pagesift.shared.cluster.registry import PairView, pair_views, parse_cluster_url
 
 if TYPE_CHECKING:
@@ -46,7 +52,9 @@ class ClusterUnavailable(RuntimeError):
     """The registry cannot be read (etcd does not answer, or aetcd is not installed)."""
 
 
-def _registry(url: str, timeout: float) -> EtcdRegistry:
+def _registry(
+    url: str, timeout: float, members: Members | None, user: str, password: str
+) -> EtcdRegistry:
     try:
         from pagesift.coord.registry import EtcdRegistry
     except ModuleNotFoundError as e:
@@ -55,7 +63,7 @@ def _registry(url: str, timeout: float) -> EtcdRegistry:
         raise ClusterUnavailable(
             f"a cluster client reads the registry in etcd with aetcd, not installed: {EXTRA_HINT}"
         ) from None
-    return EtcdRegistry(url, timeout=timeout)
+    return EtcdRegistry(url, timeout=timeout, members=members, user=user, password=password)
 
 
 class ClusterView:
@@ -68,13 +76,17 @@ class ClusterView:
         refresh: float = REFRESH_SECONDS,
         timeout: float = 2.0,
         stale_after: float = STALE_SECONDS,
+        members: Members | None = None,
+        user: str = "",
+        password: str = "",
     ):
         self.url = url
         self.stale_after = stale_after
         self.endpoints, self.name = parse_cluster_url(url)
         self.refresh = refresh
         self.timeout = timeout
-        self._registry = _registry(url, timeout)  # refused at once, not at the first call
+        # refused at once, not at the first call; with members, its records are verified
+        self._registry = _registry(url, timeout, members, user, password)
         self._pairs: dict[str, PairView] = {}
         self._read_at: float | None = None  # monotonic time of the last good read
         self._task: asyncio.Task[None] | None = None
@@ -84,6 +96,11 @@ class ClusterView:
     def pairs(self) -> dict[str, PairView]:
         """The pairs as last read (empty before the first read)."""
         return self._pairs
+
+    @property
+    def rejected(self) -> Mapping[str, int]:
+        """Registry records refused so far, by reason (``registry.REJECT_REASONS``)."""
+        return self._registry.rejected
 
     def age(self) -> float:
         """Seconds since the last good read (infinite before it)."""

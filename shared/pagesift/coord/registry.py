@@ -11,6 +11,15 @@ under its lease, granting a new lease when etcd says the old one lapsed. The key
 (``pagesift.client.registryview``) reads through ``EtcdRegistry.nodes``, so this module
 imports nothing a client-only install lacks but aetcd.
 
+Trust
+-----
+With ``signer`` (the pair's ``cluster_signing_key_file``) a node stores its record
+sealed (``registry.seal_record``); with ``members`` (``cluster_members``) ``nodes``
+returns only the records ``registry.open_record`` believes: signed by their pair's
+listed key, stored under their own pair, at an address the pair lists. Every other one
+is skipped, logged and counted by its reason in ``rejected`` (the gateway exports it as
+``pagesift_cluster_records_rejected_total{reason}``).
+
 Failure model
 -------------
 Every call is bounded by ``timeout`` and raises ``EtcdUnavailable`` on an error
@@ -26,19 +35,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 import aetcd
 
 from pagesift.coord.etcd import Etcd, EtcdUnavailable
 from pagesift.coord.keys import node_key, nodes_prefix
+from pagesift.shared.cluster.members import Members
 from pagesift.shared.cluster.registry import (
     REFRESH_SECONDS,
     NodeRecord,
-    decode_record,
+    RecordRejected,
     encode_record,
+    open_record,
     parse_cluster_url,
+    seal_record,
 )
+from pagesift.shared.cluster.signing import RecordSigner, verify_signature
 
 __all__ = ["EtcdRegistry", "Registrar"]
 
@@ -49,11 +63,23 @@ class EtcdRegistry:
     """The registry of cluster ``etcd://…/NAME`` (see the module docstring); ``etcd`` is
     its connection (the budgets' calls share it)."""
 
-    def __init__(self, url: str, *, timeout: float = 1.0, user: str = "", password: str = ""):
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 1.0,
+        user: str = "",
+        password: str = "",
+        signer: RecordSigner | None = None,
+        members: Members | None = None,
+    ):
         self.endpoints, self.cluster = parse_cluster_url(url)
         self.etcd = Etcd(
             self.endpoints, timeout=timeout, user=user, password=password, label="registry"
         )
+        self.signer = signer
+        self.members = members
+        self.rejected: Counter[str] = Counter()  # records refused, by reason
 
     async def grant(self, ttl: int) -> int:
         """A new lease of ``ttl`` seconds; its id."""
@@ -62,7 +88,12 @@ class EtcdRegistry:
 
     async def put(self, record: NodeRecord, lease: int) -> None:
         key = node_key(self.cluster, record.pair, record.node).encode()
-        value = encode_record(record)
+        signer = self.signer
+        value = (
+            encode_record(record)
+            if signer is None
+            else seal_record(record, cluster=self.cluster, key_id=signer.key_id, sign=signer.sign)
+        )
         await self.etcd.call(lambda c: c.put(key, value, lease=lease))
 
     async def refresh(self, lease: int) -> bool:
@@ -75,17 +106,29 @@ class EtcdRegistry:
         await self.etcd.call(lambda c: c.revoke_lease(lease))
 
     async def nodes(self) -> list[NodeRecord]:
-        """Every node record of the cluster (a malformed one is logged and skipped)."""
+        """Every node record of the cluster that is to be believed (see Trust); any
+        other is logged, counted in ``rejected`` and skipped."""
         prefix = nodes_prefix(self.cluster).encode()
 
-        async def scan(c: aetcd.Client) -> list[bytes]:
-            return [bytes(kv.value) for kv in (await c.get_prefix(prefix)).kvs]
+        async def scan(c: aetcd.Client) -> list[tuple[bytes, bytes]]:
+            reply = await c.get_prefix(prefix)
+            return [(bytes(kv.key), bytes(kv.value)) for kv in reply.kvs]
 
         out: list[NodeRecord] = []
-        for raw in await self.etcd.call(scan):
+        for key, raw in await self.etcd.call(scan):
+            pair = key[len(prefix) :].split(b"/", 1)[0].decode(errors="replace")
             try:
-                out.append(decode_record(raw))
-            except ValueError as e:
+                out.append(
+                    open_record(
+                        raw,
+                        cluster=self.cluster,
+                        key_pair=pair,
+                        members=self.members,
+                        verify=verify_signature,
+                    )
+                )
+            except RecordRejected as e:
+                self.rejected[e.reason] += 1
                 log.warning("cluster %s: a node record is refused: %s", self.cluster, e)
         return out
 

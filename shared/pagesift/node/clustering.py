@@ -9,7 +9,9 @@ clients see the pair; None without a cluster. ``jobs_factory(config, accounts)``
 the node builds its job runtime with (``Jobs``, or with ``cluster`` set ``ClusteredJobs``
 over one ``pagesift.coord.budgets.ClusterBudgets``, kept for every time it is primary):
 it lives here, not in ``pagesift.coord``, because it imports the primary role.
-``cluster_access``: the cluster URL and etcd credentials of a node's config.
+``cluster_access``: the cluster URL and etcd credentials of a node's config;
+``registry_for``: the registry it writes (records signed with ``cluster_signing_key_file``)
+and reads (verified against ``cluster_members``).
 ``LoadMeter`` turns the node's counters into rates between two records: pages/s from
 ``pagesift_pages_total`` and the CPU of the node's process (and its extraction workers)
 from ``os.times``.
@@ -35,12 +37,14 @@ from typing import Any, Protocol
 
 from pagesift.coord.budgets import ClusterBudgets, EtcdBudgets
 from pagesift.coord.registry import EtcdRegistry, Registrar
-from pagesift.node.startup import advertised
+from pagesift.node.startup import StartRefused, advertised
 from pagesift.node.status import RoleStatus
 from pagesift.primary.jobs.clustered import ClusteredJobs
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.cluster.members import load_members
 from pagesift.shared.cluster.registry import Load, NodeRecord
+from pagesift.shared.cluster.signing import RecordSigner
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import views
@@ -65,7 +69,7 @@ class Node(Protocol):
 
 __all__ = [
     "LoadMeter", "budgets_for", "cluster_access", "jobs_factory", "node_record",
-    "start_registrar",
+    "registry_for", "start_registrar",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -86,6 +90,23 @@ def jobs_factory(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> Cal
     ``ClusteredJobs`` over one ``ClusterBudgets`` (kept for every time it is primary)."""
     budgets = budgets_for(config, accounts, **kwargs)
     return Jobs if budgets is None else partial(ClusteredJobs, budgets=budgets)
+
+
+def registry_for(config: ServerConfig) -> EtcdRegistry:
+    """The node's registry: its etcd user, its pair's signing key (``cluster_signing_key_file``:
+    its records are sealed) and the members file (``cluster_members``: the records it
+    believes); ``StartRefused`` naming the file that cannot be used."""
+    url, user, password = cluster_access(config)
+    try:
+        signer = (
+            RecordSigner.from_file(config.cluster_signing_key_file)
+            if config.cluster_signing_key_file
+            else None
+        )
+        members = load_members(config.cluster_members) if config.cluster_members else None
+    except ValueError as e:
+        raise StartRefused(str(e)) from None
+    return EtcdRegistry(url, user=user, password=password, signer=signer, members=members)
 
 
 def budgets_for(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> ClusterBudgets | None:
@@ -160,8 +181,7 @@ def start_registrar(node: Node) -> tuple[Registrar, asyncio.Task[None]] | None:
     cfg = node.config
     if not cfg.cluster:
         return None
-    url, user, password = cluster_access(cfg)
-    registry = EtcdRegistry(url, user=user, password=password)
+    registry = registry_for(cfg)
     meter = LoadMeter(_pages_total(node), time.monotonic())
     ttl = max(2, round(cfg.witness_ttl))
     registrar = Registrar(
