@@ -27,8 +27,9 @@ Routing
   stops the start: the parts already started are cancelled, and the refusal names the
   caller's ``urls[i]``; a part's pair UNAVAILABLE leaves them, for the caller's retry
   under the same key (which the client makes for every start) to find. No placeable
-  pair, or a view older than ``ClusterView.stale_after`` (etcd down: new jobs wait), is
-  UNAVAILABLE saying so.
+  pair is UNAVAILABLE saying so; a view older than ``ClusterView.stale_after`` is read
+  again first (``ClusterView.fresh``, waiting up to ``place_wait`` for etcd), then
+  UNAVAILABLE with reason ``CLUSTER_UNAVAILABLE`` naming etcd.
 - ListJobs asks every registered pair and merges (``merge.merge_lists``) under one
   page token; a pair that does not answer is left out of that page.
 - GetAccountUsage adds up every pair's answer.
@@ -46,7 +47,7 @@ import grpc.aio
 from google.rpc import error_details_pb2
 
 from pagesift.client import composite
-from pagesift.client.errors import DETAILS_KEY, reason_of, status_of
+from pagesift.client.errors import DETAILS_KEY, DOMAIN, reason_of, status_of
 from pagesift.client.pairs import PairClient, invalid_field, pair_unavailable, rpc_error
 from pagesift.client.registryview import ClusterUnavailable, ClusterView
 from pagesift.client.retry import is_retryable
@@ -202,13 +203,14 @@ class ClusterRouter:
         return out
 
     async def _placeable(self) -> list[str]:
-        await self.ready()
-        if self.view.age() > self.view.stale_after:
-            raise rpc_error(
-                grpc.StatusCode.UNAVAILABLE,
-                f"cluster {self.cluster}: the registry has not answered for "
-                f"{self.view.age():.0f} s; new jobs wait for it",
+        try:
+            await self.view.fresh()  # a stale view is read again, a bounded wait
+        except ClusterUnavailable as e:
+            info = error_details_pb2.ErrorInfo(
+                reason="CLUSTER_UNAVAILABLE", domain=DOMAIN, metadata={"cluster": self.cluster}
             )
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(e), info=info) from None
+        await self.ready()
         pairs = placeable(self.view.pairs.values())
         if not pairs:
             raise rpc_error(

@@ -18,6 +18,16 @@ Failure model
   endpoint. While etcd does not answer, the last view stays (a job's id still reaches
   its pair) and ``age`` grows: the client places no new job on a view older than
   ``stale_after`` (``STALE_SECONDS``; new placements wait for etcd, as the witness's rule).
+- A start waits for the view (``fresh``): a view older than ``stale_after`` is read
+  again at once, retried for up to ``place_wait`` seconds, so a start right after etcd
+  returns finds it answering instead of failing on the outage's age; past the bound it
+  is ``ClusterUnavailable`` naming etcd (the router's UNAVAILABLE, reason
+  ``CLUSTER_UNAVAILABLE``). Reads by id never wait for etcd.
+- With ``members`` (the members file, ``pagesift.shared.cluster.members``: the pairs that
+  should exist and their nodes' addresses, kept outside etcd), a view that is empty or
+  stale also holds every listed pair the registry does not show, at its listed
+  addresses, with no primary (``members_fallback``): a job's id still reaches its pair
+  when the client was made while etcd was down; nothing is placed on such a pair.
 - A record that does not decode is skipped; with ``members`` so is every record that
   does not verify against it (``registry.open_record``: unknown pair, bad signature,
   an address the pair does not list), counted in ``rejected`` by reason, so no call
@@ -34,22 +44,40 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pagesift.shared.cluster.members import Members
-from pagesift.shared.cluster.registry import PairView, pair_views, parse_cluster_url
+from pagesift.shared.cluster.registry import Load, PairView, pair_views, parse_cluster_url
 
 if TYPE_CHECKING:
     from pagesift.coord.registry import EtcdRegistry
 
-__all__ = ["REFRESH_SECONDS", "STALE_SECONDS", "ClusterUnavailable", "ClusterView"]
+__all__ = [
+    "PLACE_WAIT_SECONDS", "REFRESH_SECONDS", "STALE_SECONDS", "ClusterUnavailable",
+    "ClusterView", "members_fallback",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 1.0
 STALE_SECONDS = 10.0
+PLACE_WAIT_SECONDS = 5.0  # how long a start waits for a stale view to be read again
+RETRY_SECONDS = 0.25  # between two reads while a start waits
 EXTRA_HINT = "pip install 'pagesift[cluster]' (or the server extra)"
 
 
 class ClusterUnavailable(RuntimeError):
     """The registry cannot be read (etcd does not answer, or aetcd is not installed)."""
+
+
+def members_fallback(views: dict[str, PairView], members: Members | None) -> dict[str, PairView]:
+    """``views`` with every pair of ``members`` they lack, at its listed addresses and with
+    no primary (its client finds the primary, or reads from any node; placement skips it)."""
+    if members is None:
+        return views
+    out = dict(views)
+    for name in members.names:
+        member = members.get(name)
+        if name not in out and member is not None:
+            out[name] = PairView(name, "", member.nodes, 0, 0, 0, False, Load(), 0.0)
+    return dict(sorted(out.items()))
 
 
 def _registry(
@@ -76,12 +104,15 @@ class ClusterView:
         refresh: float = REFRESH_SECONDS,
         timeout: float = 2.0,
         stale_after: float = STALE_SECONDS,
+        place_wait: float = PLACE_WAIT_SECONDS,
         members: Members | None = None,
         user: str = "",
         password: str = "",
     ):
         self.url = url
         self.stale_after = stale_after
+        self.place_wait = place_wait
+        self.members = members
         self.endpoints, self.name = parse_cluster_url(url)
         self.refresh = refresh
         self.timeout = timeout
@@ -94,7 +125,10 @@ class ClusterView:
 
     @property
     def pairs(self) -> dict[str, PairView]:
-        """The pairs as last read (empty before the first read)."""
+        """The pairs as last read (empty before the first read), with the members file's
+        pairs the registry lacks while the view is stale (``members_fallback``)."""
+        if self.age() > self.stale_after:
+            return members_fallback(self._pairs, self.members)
         return self._pairs
 
     @property
@@ -127,12 +161,40 @@ class ClusterView:
             await self._read_once()
 
     async def ready(self) -> None:
-        """The first read done (``ClusterUnavailable`` if etcd does not answer), and the
-        refresh task running."""
-        if self._read_at is None:
-            await self.reread()
+        """The first read tried, and the refresh task running. ``ClusterUnavailable`` if
+        etcd does not answer and there is no members file to fall back on."""
+        try:
+            if self._read_at is None:
+                await self.reread()
+        except ClusterUnavailable:
+            if self.members is None:
+                raise
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=f"cluster-view-{self.name}")
+
+    async def fresh(self) -> None:
+        """A view no older than ``stale_after`` (what a start places on): read again now
+        if it is older, and retried for up to ``place_wait`` seconds;
+        ``ClusterUnavailable`` naming etcd when it still has not answered."""
+        if self.age() <= self.stale_after:
+            return
+        deadline = time.monotonic() + self.place_wait
+        while True:
+            try:
+                async with self._lock:
+                    if self.age() > self.stale_after:  # else a concurrent caller read it
+                        await self._read_once()
+                return
+            except ClusterUnavailable as e:
+                if time.monotonic() + RETRY_SECONDS > deadline:
+                    since = "yet" if self._read_at is None else f"for {self.age():.0f} s"
+                    etcd = ",".join(f"{host}:{port}" for host, port in self.endpoints)
+                    raise ClusterUnavailable(
+                        f"cluster {self.name}: its registry (etcd at {etcd}) has not answered "
+                        f"{since}, waited {self.place_wait:g} s; new jobs wait for it, jobs "
+                        f"already placed answer by id ({e})"
+                    ) from e
+                await asyncio.sleep(RETRY_SECONDS)
 
     async def _run(self) -> None:
         while True:
