@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,10 +33,14 @@ from pagesift.client import JobClient
 from pagesift.client.registryview import ClusterView
 from pagesift.coord.registry import EtcdRegistry, Registrar
 from pagesift.demo.site import CALENDAR_EXCLUDE
+from pagesift.node import clustering
 from pagesift.node.drill.counting import CountedSite
 from pagesift.node.drill.fixture import Etcd
+from pagesift.primary.jobs.clustered import ClusteredJobs
 from pagesift.shared.cluster import ids, placement
 from pagesift.shared.cluster.registry import NodeRecord
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.shared.jobs.accounts import Accounts
 from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.v1 import jobs_pb2
 from tests.helpers import RunningNode, eventually, in_process_node
@@ -101,6 +105,31 @@ class Cluster:
         return found
 
 
+def enforce_ownership(monkeypatch: pytest.MonkeyPatch, etcd: Etcd, cluster: str) -> None:
+    """Nodes started from now on build their runtime as ``--cluster NAME`` with the
+    witness's etcd would (``clustering.jobs_factory``), without running the witness."""
+    real = clustering.jobs_factory
+
+    def factory(cfg: ServerConfig, accounts: Accounts) -> Any:
+        joined = replace(cfg, cluster=cluster, witness=etcd.endpoint, witness_ttl=3)
+        return real(joined, accounts)
+
+    monkeypatch.setattr(clustering, "jobs_factory", factory)
+
+
+async def owners_read(nodes: Sequence[RunningNode], pairs: int) -> None:
+    """Every node's registry read shows ``pairs`` placeable pairs (bounded wait)."""
+
+    async def read() -> bool | None:
+        seen = []
+        for n in nodes:
+            assert isinstance(n.node.jobs, ClusteredJobs)
+            seen.append(len(n.node.jobs.owners.current().pairs or ()))
+        return True if all(k == pairs for k in seen) else None
+
+    await eventually(read, f"every node to read {pairs} pairs", timeout=20)
+
+
 @contextlib.asynccontextmanager
 async def _cluster(
     etcd: Etcd,
@@ -110,7 +139,12 @@ async def _cluster(
     pages: int,
     retry_after: float = 0.0,
     extra: bool = False,
+    enforce: pytest.MonkeyPatch | None = None,
 ) -> AsyncIterator[Cluster]:
+    """Three pairs, three counted sites (pair k owns site k). With ``enforce`` the nodes
+    run as ``--cluster`` wires them (``ClusteredJobs`` with the registry's owners, as
+    ``enforce_ownership`` patches it); without, a plain runtime: only the clients
+    place by owner."""
     async with contextlib.AsyncExitStack() as stack:
         sites = []
         for k, host in enumerate(HOSTS):
@@ -122,8 +156,10 @@ async def _cluster(
             sites.append(site)
         origins = [placement.host_of(s.root) for s in sites]
         c = Cluster(f"{etcd.endpoint}/polite", sites, _names(origins, 2 if extra else None))
+        if enforce is not None:
+            enforce_ownership(enforce, etcd, "polite")
         for pair in c.pairs[:3]:
-            node = await stack.enter_async_context(in_process_node(tmp / pair, **NODE))
+            node = await stack.enter_async_context(in_process_node(tmp / pair, **NODE, pair=pair))
             await c.register(pair, node)
         try:
             yield c

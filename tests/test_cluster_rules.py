@@ -58,6 +58,11 @@ def test_the_host_of_a_url_is_the_engines_slot_key(url: str, host: str) -> None:
     assert placement.host_of(url) == host == urls.host_of(url)
 
 
+def test_a_host_and_its_www_twin_share_an_owner() -> None:
+    # a crawl's scope takes them for one site: a redirect to the twin stays on its pair
+    assert placement.host_of("https://www.Example.com/a") == "example.com"
+
+
 def test_every_client_places_an_origin_on_the_same_pair_whatever_the_order() -> None:
     pairs = ["p1", "p2", "p3", "p4"]
     for i in range(200):

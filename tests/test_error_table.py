@@ -40,6 +40,7 @@ from pagesift.shared.api.errortable import (
     row_for,
 )
 from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.cluster.ownership import HostOwnedElsewhere
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Account, Unauthenticated
@@ -78,6 +79,7 @@ SAMPLES: dict[type[Exception], Exception] = {
     PageFailed: PageFailed(PageError(ErrorCode.INVALID_URL, "no host"), "http://x/"),
     StorageUnavailable: StorageUnavailable(NO_SPACE),
     ClusterUnavailable: ClusterUnavailable("etcd (cluster 'prod') did not answer within 5 s"),
+    HostOwnedElsewhere: HostOwnedElsewhere("docs.example", "p2", "url", "p1"),
     CannotPromote: CannotPromote(),
     DigestOffsetPassed: DigestOffsetPassed(3, "asked for offset 3, already at 5"),
     OffsetNotReached: OffsetNotReached(9, 5, 1.0),

@@ -20,6 +20,7 @@ import pytest
 from pagesift.primary.engine.cookiejar import JobCookies
 from pagesift.primary.engine.protocol import Page
 from pagesift.primary.jobs import oneoff, pagecache, recording
+from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import NOTHING, PageResult, Recorded
 from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.jobs import quarantine as q
@@ -309,21 +310,25 @@ def test_a_cancel_keeps_no_note(store: Store) -> None:
 def test_a_scrape_is_charged_one_page_and_refused_once_the_day_is_spent(store: Store) -> None:
     engine = FakeEngine(lambda url: page(url, title="t"))
     accounts = limited(1)
-    scrape = oneoff.scrape(store, engine, accounts, "acme", ROOT, jobs_pb2.ScrapeOptions())
+    draws = PageDraws(store, accounts)
+    scrape = oneoff.scrape(store, engine, draws, "acme", ROOT, jobs_pb2.ScrapeOptions())
     doc = asyncio.run(scrape)
     assert doc.url == ROOT and quota.used_today(store, "acme", time.time()) == 1
-    # spent since the service's check (another call took the last page): refused,
-    # worded as that check words it, and nothing more is charged
-    again = oneoff.scrape(store, engine, accounts, "acme", ROOT, jobs_pb2.ScrapeOptions())
+    # spent since the service's check (another call took the last page): refused
+    # before its request leaves (drawn first), worded as that check words it, and
+    # nothing more is charged
+    again = oneoff.scrape(store, engine, draws, "acme", ROOT, jobs_pb2.ScrapeOptions())
     with pytest.raises(quota.LimitExceeded) as refused:
         asyncio.run(again)
     assert refused.value.limit_name == "pages_per_day"
     assert "used 1 of its pages_per_day limit of 1" in refused.value.message
     assert quota.used_today(store, "acme", time.time()) == 1
+    assert engine.requests == [ROOT]  # one request: the refused Scrape sent none
 
 
 def test_a_scrape_of_an_account_without_a_daily_limit_writes_nothing(store: Store) -> None:
     engine = FakeEngine(lambda url: page(url))
-    scrape = oneoff.scrape(store, engine, NO_LIMIT, "acme", ROOT, jobs_pb2.ScrapeOptions())
+    draws = PageDraws(store, NO_LIMIT)
+    scrape = oneoff.scrape(store, engine, draws, "acme", ROOT, jobs_pb2.ScrapeOptions())
     assert asyncio.run(scrape).url == ROOT
     assert store.keys("usage/") == [] and store.keys("cache/") == []

@@ -30,6 +30,12 @@ Routing
   pair is UNAVAILABLE saying so; a view older than ``ClusterView.stale_after`` is read
   again first (``ClusterView.fresh``, waiting up to ``place_wait`` for etcd), then
   UNAVAILABLE with reason ``CLUSTER_UNAVAILABLE`` naming etcd.
+- A node refuses new work on a host another pair owns (FAILED_PRECONDITION, reason
+  ``HOST_OWNED_ELSEWHERE``, ErrorInfo ``owner``: its registry read differs from this
+  view, a pair joining or leaving): this client reads the registry again and sends the
+  call to ``owner``, at most ``OWNER_HOPS`` times (Scrape, Map, StartCrawl; a batch
+  split again when its first part is refused, before any part started). An append
+  goes to its job's pair and cannot move: the refusal is the caller's.
 - ListJobs asks every registered pair and merges (``merge.merge_lists``) under one
   page token; a pair that does not answer is left out of that page.
 - GetAccountUsage adds up every pair's answer.
@@ -47,7 +53,7 @@ import grpc.aio
 from google.rpc import error_details_pb2
 
 from pagesift.client import composite
-from pagesift.client.errors import DETAILS_KEY, DOMAIN, reason_of, status_of
+from pagesift.client.errors import DETAILS_KEY, DOMAIN, error_info_of, reason_of, status_of
 from pagesift.client.pairs import PairClient, invalid_field, pair_unavailable, rpc_error
 from pagesift.client.registryview import ClusterUnavailable, ClusterView
 from pagesift.client.retry import is_retryable
@@ -58,6 +64,8 @@ from pagesift.v1 import jobs_pb2
 __all__ = ["RETIRE_SECONDS", "ClusterRouter", "open_router"]
 
 T = TypeVar("T")
+#: the owners a placed call follows (HOST_OWNED_ELSEWHERE) before the refusal stands
+OWNER_HOPS = 3
 #: a pair's old client (its addresses changed) is closed this long after it was replaced
 RETIRE_SECONDS = 30.0
 DEFAULT_LIST_PAGE = 50
@@ -220,6 +228,21 @@ class ClusterRouter:
             )
         return pairs
 
+    async def _followed(self, pair: str, call: Callable[[str], Awaitable[T]]) -> tuple[str, T]:
+        """``call(pair)``, then on the pair each HOST_OWNED_ELSEWHERE refusal names
+        (the view read again first), ``OWNER_HOPS`` times at most: (the pair, result)."""
+        for _ in range(OWNER_HOPS):
+            try:
+                return pair, await call(pair)
+            except grpc.aio.AioRpcError as err:
+                owner = _owner_named(err)
+                if owner is None or owner == pair:
+                    raise
+            with contextlib.suppress(ClusterUnavailable):
+                await self.view.reread()
+            pair = owner
+        return pair, await call(pair)
+
     async def _place(self, url: str, key: str) -> str:
         pairs = await self._placeable()
         try:
@@ -252,7 +275,11 @@ class ClusterRouter:
         self, req: jobs_pb2.ScrapeRequest, timeout: float | None = None, **_: Any
     ) -> jobs_pb2.ScrapeResponse:
         pair = await self._place(req.url, "")
-        return await self._unary(pair, "Scrape", req, timeout)  # type: ignore[no-any-return]
+
+        async def scrape(p: str) -> jobs_pb2.ScrapeResponse:
+            return await self._unary(p, "Scrape", req, timeout)  # type: ignore[no-any-return]
+
+        return (await self._followed(pair, scrape))[1]
 
     def Map(self, req: jobs_pb2.MapRequest, timeout: float | None = None, **_: Any) -> _Stream:
         return _Stream(self._map_stream(req, timeout))
@@ -272,7 +299,8 @@ class ClusterRouter:
 
             return await c.call(collect, retryable=True)
 
-        for batch in await self.on_pair(pair, call):
+        _, batches = await self._followed(pair, lambda p: self.on_pair(p, call))
+        for batch in batches:
             yield batch
 
     async def StartCrawl(
@@ -280,12 +308,33 @@ class ClusterRouter:
     ) -> jobs_pb2.StartCrawlResponse:
         pair = await self._place(req.url, req.idempotency_key)
         retryable = is_retryable("StartCrawl", req.idempotency_key)
-        resp = await self._unary(pair, "StartCrawl", req, timeout, retryable=retryable)
+
+        async def start(p: str) -> jobs_pb2.StartCrawlResponse:
+            resp = await self._unary(p, "StartCrawl", req, timeout, retryable=retryable)
+            return resp  # type: ignore[no-any-return]
+
+        pair, resp = await self._followed(pair, start)
         return jobs_pb2.StartCrawlResponse(id=ids.cluster_job_id(pair, resp.id))
 
     async def StartBatchScrape(
         self, req: jobs_pb2.StartBatchScrapeRequest, timeout: float | None = None, **_: Any
     ) -> jobs_pb2.StartBatchScrapeResponse:
+        for _hop in range(OWNER_HOPS):
+            try:
+                return await self._start_batch(req, timeout)
+            except _NothingStarted:  # a node's view differs: read again, split again
+                with contextlib.suppress(ClusterUnavailable):
+                    await self.view.reread()
+        try:
+            return await self._start_batch(req, timeout)
+        except _NothingStarted as moved:
+            raise moved.err from None
+
+    async def _start_batch(
+        self, req: jobs_pb2.StartBatchScrapeRequest, timeout: float | None
+    ) -> jobs_pb2.StartBatchScrapeResponse:
+        """One split and start; ``_NothingStarted`` when the first part's pair said
+        another pair owns one of its hosts."""
         pairs = await self._placeable()
         try:
             split = placement.split_by_host(list(req.urls), pairs)
@@ -302,9 +351,14 @@ class ClusterRouter:
             )
         retryable = is_retryable("StartBatchScrape", req.idempotency_key)
         if len(order) == 1:
-            resp = await self._unary(
-                order[0], "StartBatchScrape", req, timeout, retryable=retryable
-            )
+            try:
+                resp = await self._unary(
+                    order[0], "StartBatchScrape", req, timeout, retryable=retryable
+                )
+            except grpc.aio.AioRpcError as err:
+                if _owner_named(err) is not None:
+                    raise _NothingStarted(err) from None
+                raise
             resp.id = ids.cluster_job_id(order[0], resp.id)
             return resp  # type: ignore[no-any-return]
         started: list[tuple[str, str]] = []
@@ -321,6 +375,8 @@ class ClusterRouter:
                     pair, "StartBatchScrape", part, timeout, retryable=retryable
                 )
             except grpc.aio.AioRpcError as err:
+                if not started and _owner_named(err) is not None:
+                    raise _NothingStarted(_renumbered(err, indexes)) from None
                 if err.code() != grpc.StatusCode.UNAVAILABLE:  # refused: undo the rest
                     await self._cancel_quietly(started, timeout)
                 # UNAVAILABLE: the parts started stay, for a retry under the same key
@@ -528,6 +584,24 @@ def open_router(
     it; a ``ClusterView``: shared, its maker closes it)."""
     view = cluster if isinstance(cluster, ClusterView) else ClusterView(cluster)
     return ClusterRouter(view, make_client), (None if view is cluster else view)
+
+
+class _NothingStarted(Exception):
+    """A batch's first part was refused HOST_OWNED_ELSEWHERE: no part started."""
+
+    def __init__(self, err: grpc.aio.AioRpcError) -> None:
+        super().__init__(err.details())
+        self.err = err
+
+
+def _owner_named(err: grpc.aio.AioRpcError) -> str | None:
+    """The pair a HOST_OWNED_ELSEWHERE refusal names (None: another error)."""
+    if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    info = error_info_of(err)
+    if info is None or info.reason != "HOST_OWNED_ELSEWHERE":
+        return None
+    return str(info.metadata.get("owner", "")) or None
 
 
 def _key(job: jobs_pb2.JobSummary) -> tuple[int, str]:

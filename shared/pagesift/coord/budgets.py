@@ -17,10 +17,12 @@ module only does their I/O and keeps the node's holdings.
   every unfinished job, moving a key that names the job onto this lease (a failover),
   bounded by ``wait``; a job that finds none runs on and retries every round.
 - Daily pages: per account one block at a time (``BlockLedger``), drawn by CAS on
-  ``pages_key(cluster, account, day)`` (day = the UTC date), spent in memory inside each
-  page's group; the unused rest goes back (``plan_return``) once the account has no
-  unfinished job here and spent nothing for ``linger`` seconds, and at ``detach``
-  (where the slots are left to lapse with the lease, for the node taking over).
+  ``pages_key(cluster, account, day)`` (day = the UTC date), spent in memory before each
+  page's request (``take_page``; ``give_back_page`` when it stored nothing,
+  ``pagesift.primary.jobs.pagedraws``); the unused rest goes back (``plan_return``)
+  once the account has no unfinished job here and spent nothing for ``linger``
+  seconds, and at ``detach`` (where the slots are left to lapse with the lease, for the
+  node taking over).
   etcd sees one write per block and one per return, never one per page (``writes``).
 
 Failure model
@@ -274,6 +276,12 @@ class ClusterBudgets:
             f"keeping its pages so far); it resets at {rfc3339(when)}",
             when,
         )
+
+    def give_back_page(self, account: Account, now: float) -> None:
+        if account.pages_per_day is None:
+            return
+        self.ledger.give_back(account.name, day_of(now))
+        self.pages_spent -= 1
 
     # slots ----------------------------------------------------------------------------
     async def _lease_id(self) -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pagesift.coord.budgets import ClusterBudgets, EtcdBudgets
+from pagesift.coord.owners import RegistryOwners
 from pagesift.coord.registry import EtcdRegistry, Registrar
 from pagesift.node.startup import StartRefused, advertised
 from pagesift.node.status import RoleStatus
@@ -87,9 +88,13 @@ def cluster_access(config: ServerConfig) -> tuple[str, str, str]:
 
 def jobs_factory(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> Callable[..., Jobs]:
     """What a node builds its job runtime with: ``Jobs``, or with ``cluster`` set
-    ``ClusteredJobs`` over one ``ClusterBudgets`` (kept for every time it is primary)."""
+    ``ClusteredJobs`` over one ``ClusterBudgets`` and one ``RegistryOwners`` (the hosts
+    its pair owns), both kept for every time it is primary."""
     budgets = budgets_for(config, accounts, **kwargs)
-    return Jobs if budgets is None else partial(ClusteredJobs, budgets=budgets)
+    if budgets is None:
+        return Jobs
+    owners = RegistryOwners(registry_for(config), config.pair)
+    return partial(ClusteredJobs, budgets=budgets, owners=owners)
 
 
 def registry_for(config: ServerConfig) -> EtcdRegistry:

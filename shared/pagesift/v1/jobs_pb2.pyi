@@ -415,6 +415,10 @@ class _PageErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PageErr
     """The page needed a browser and none could render it (not installed, or it failed
     to start), or the browser crashed rendering it past the job's retries.
     """
+    PAGE_ERROR_CODE_HOST_OWNED_ELSEWHERE: _PageErrorCode.ValueType  # 21
+    """In a cluster: the page's host (a crawl's link, a redirect's target) belongs to
+    another pair, which keeps that host's politeness; this pair left it to the owner.
+    """
 
 class PageErrorCode(_PageErrorCode, metaclass=_PageErrorCodeEnumTypeWrapper):
     """PageErrorCode is the closed set of PageError.code (the lower-case name after
@@ -452,6 +456,10 @@ ran past their time.
 PAGE_ERROR_CODE_RENDER_FAILED: PageErrorCode.ValueType  # 20
 """The page needed a browser and none could render it (not installed, or it failed
 to start), or the browser crashed rendering it past the job's retries.
+"""
+PAGE_ERROR_CODE_HOST_OWNED_ELSEWHERE: PageErrorCode.ValueType  # 21
+"""In a cluster: the page's host (a crawl's link, a redirect's target) belongs to
+another pair, which keeps that host's politeness; this pair left it to the owner.
 """
 Global___PageErrorCode: _TypeAlias = PageErrorCode  # noqa: Y015
 

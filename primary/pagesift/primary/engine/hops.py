@@ -9,6 +9,8 @@ redirect), in this order:
   HTTP client never sees a credential, so never sends Basic auth);
 - the address guard judges it (``netguard``: loopback names and literal IPs here; the
   sessions' connector judges every address at connect time, ``sessions``);
+- in a cluster, its host is this pair's (``foreign_host``: a redirect to a host another
+  pair owns is ``HOST_OWNED_ELSEWHERE``, never sent: that pair keeps its politeness);
 - robots.txt allows it (when the caller asks: the server and the job respect it);
 - it waits for the host's politeness slot (``politeness.HostSlots``): the larger of
   the configured, the job's, the Crawl-delay and the adaptive delay. A 429/503 with
@@ -121,12 +123,14 @@ class Fetcher:
         profile: RequestProfile | None = None,
         home: str = "",
         validators: tuple[str, str] | None = None,
+        foreign_host: Callable[[str], str | None] | None = None,
     ) -> Response:
         """GET ``url`` following redirects by hand; every hop guarded, robots-checked
         (when ``robots``, for the profile's agent) and run in the host's politeness
         slot (unless ``job_delay`` is None: only the host's pauses), sent as
-        ``profile`` says (``Sessions.hop``). Returns the final response with its
-        body (cut at ``max_bytes`` with ``truncate``); raises PageError."""
+        ``profile`` says (``Sessions.hop``), none to a host ``foreign_host`` names a
+        reason for. Returns the final response with its body (cut at ``max_bytes``
+        with ``truncate``); raises PageError."""
         guard = self.sessions.guard
         agent = None if profile is None else profile.robots_agent(self.config.user_agent)
         try:
@@ -141,6 +145,9 @@ class Fetcher:
                 reason = guard.refusal_for_url(current)
                 if reason is not None:
                     raise PageError(ErrorCode.BLOCKED_ADDRESS, reason)
+            elsewhere = None if foreign_host is None else foreign_host(host)
+            if elsewhere is not None:
+                raise PageError(ErrorCode.HOST_OWNED_ELSEWHERE, elsewhere)
             crawl_delay: float | None = None
             if robots:
                 rules = await self.robots.rules(current, agent)

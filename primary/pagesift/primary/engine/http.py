@@ -149,6 +149,10 @@ class HttpEngine:
             )
         home = origin_of(urls.fetch_url(url))
         accept = page_accept(allow_non_html)
+        page_host, foreign = urls.host_of(url), policy.foreign_host
+
+        def foreign_hop(host: str) -> str | None:
+            return None if foreign is None or host == page_host else foreign(host)
 
         async def get(target: str, budget: int, validators: tuple[str, str] | None) -> Response:
             return await self.fetcher.fetch(
@@ -161,6 +165,7 @@ class HttpEngine:
                 profile=profile,
                 home=home,
                 validators=validators,
+                foreign_host=foreign_hop,
             )
 
         started = time.monotonic()

@@ -25,7 +25,7 @@ delays, empty for an engine without politeness). ``http.HttpEngine`` is the real
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -45,12 +45,16 @@ class FetchPolicy:
     conditional (``jobs.pagecache``): a 304 comes back as ``Page.not_modified``.
     ``owner`` is the account the work is for: extraction workers are shared fairly
     between owners (``workers.WorkerPool``); "" for work of no account.
+    ``foreign_host`` (a node of a cluster): for a host a redirect or meta refresh leads
+    to, why it is not fetched here (another pair owns it), or None; the page's own
+    host is never asked (its owner was checked before the fetch).
     """
 
     delay: float = 0.0
     request: RequestProfile | None = None
     validators: tuple[str, str] | None = None
     owner: str = ""
+    foreign_host: Callable[[str], str | None] | None = None
 
 
 @dataclass

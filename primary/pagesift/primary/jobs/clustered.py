@@ -14,8 +14,17 @@ What it owns
   on stepping down or stopping, the slots and unused pages go back;
 - ``append`` that reopens a finished batch: a slot first, as for a start;
 - ``wake`` (every record of a job, its end included): the port looks whether it ended;
-- pages: each page's group spends from the pair's block (``runner.pages``), and so does
-  a Scrape's (``oneoff.scrape``).
+- pages: each request for a page (a job's attempt, a Scrape) first spends one page of
+  the pair's block (``runner.draws``, ``pagedraws``), given back when it stored nothing.
+
+And the hosts this pair owns (``owners``, an ``OwnersSource``: the registry as this node
+last read it, ``pagesift.shared.cluster.ownership``): new work on a host another pair
+owns is refused ``HostOwnedElsewhere`` naming the owner, before anything is written or
+fetched: ``register`` (a crawl's start URL, a batch's URLs; a retried start whose key
+already holds its job is not refused: that job is here), ``append`` (its URLs), Scrape
+and Map (their URL). The engine's slot key is the host checked (``urls.host_of``), so
+what the node refuses is exactly what its per-host slots would not cover. A crawl's
+links to hosts owned elsewhere are the runner's (``runner.owners``).
 
 Why a subclass: the local limits (``quota``) still hold inside each pair exactly as
 before; this only adds the cluster's check around them, and a single pair runs
@@ -25,13 +34,15 @@ before; this only adds the cluster's check around them, and a single pair runs
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pagesift.primary.jobs import oneoff
 from pagesift.primary.jobs.appending import Appended, Check
 from pagesift.primary.jobs.runtime import Jobs, Registered
+from pagesift.shared.cluster.ownership import NoOwners, OwnersSource
 from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs import urls as job_urls
 from pagesift.shared.jobs.clusterlimits import ClusterLimits
 from pagesift.shared.jobs.specs import AppendSpec
 from pagesift.v1 import jobs_pb2
@@ -40,18 +51,37 @@ __all__ = ["ClusteredJobs"]
 
 
 class ClusteredJobs(Jobs):
-    def __init__(self, *args: Any, budgets: ClusterLimits, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        budgets: ClusterLimits,
+        owners: OwnersSource | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.budgets = budgets
-        self.runner.pages = budgets
+        self.owners: OwnersSource = owners or NoOwners()
+        self.runner.draws.cluster = budgets
+        self.runner.owners = self.owners
 
     async def start(self) -> None:
+        await self.owners.start()
         await self.budgets.attach(self.store)  # slots before the jobs resume (bounded)
         await super().start()
 
     async def close(self) -> None:
         await super().close()
         await self.budgets.detach()
+        await self.owners.stop()
+
+    def _check_owned(self, urls: Iterable[str], field: str) -> None:
+        """``HostOwnedElsewhere`` for the first URL whose host another pair owns."""
+        self.owners.current().check(urls, field, job_urls.host_of)
+
+    def _new_start(self, owner: str, idempotency_key: str) -> bool:
+        """Whether a start creates a job (a retried key finds its job here)."""
+        key = jr.idem_key(owner, idempotency_key) if idempotency_key else ""
+        return not key or self.store.get(key) is None
 
     def wake(self, job_id: str) -> None:
         super().wake(job_id)
@@ -70,6 +100,11 @@ class ClusteredJobs(Jobs):
         check: Callable[[], None] | None = None,
         job_id: str = "",
     ) -> Registered:
+        if self._new_start(owner, idempotency_key):
+            if kind == "crawl":
+                self._check_owned([jobs_pb2.StartCrawlRequest.FromString(request).url], "url")
+            else:
+                self._check_owned(jobs_pb2.StartBatchScrapeRequest.FromString(request).urls, "urls")
         job_id = job_id or str(uuid.uuid4())
         register = super().register
         async with self.budgets.starting(owner, job_id, idempotency_key) as start:
@@ -82,6 +117,7 @@ class ClusteredJobs(Jobs):
     async def append(self, spec: AppendSpec, check: Check) -> Appended | None:
         """AppendBatchScrape: a finished batch that the URLs reopen runs again, so it
         takes a slot first (given back when the append did not reopen it)."""
+        self._check_owned(spec.urls, "urls")
         meta = jr.load_meta(self.store, spec.id)
         if meta is None or not meta.terminal or meta.owner != spec.owner:
             return await super().append(spec, check)
@@ -93,7 +129,11 @@ class ClusteredJobs(Jobs):
     async def scrape(
         self, url: str, options: jobs_pb2.ScrapeOptions, owner: str
     ) -> jobs_pb2.Document:
+        self._check_owned([url], "url")
         async with self.runner.activity.fetching(owner):
-            return await oneoff.scrape(
-                self.store, self.engine, self.accounts, owner, url, options, self.budgets
-            )
+            draws, foreign = self.runner.draws, self.runner.foreign("")
+            return await oneoff.scrape(self.store, self.engine, draws, owner, url, options, foreign)
+
+    async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]:
+        self._check_owned([request.url], "url")
+        return await super().map(request, owner)

@@ -9,28 +9,29 @@ lives here too, so a job's page is fetched exactly as a Scrape's page is:
   the request's ``max_age`` (no fetch), else fetched, conditionally when an older copy
   has validators (a 304 returns that copy, revalidated; ``pagecache``).
 
-Scrape writes one group after the fetch: the page cache and change tracking when the
-request asks for them, and the page's charge (``recording.charge_page``, the function
-a job's pages are charged by). The service checked the account's daily pages before
-the fetch; a concurrent call may spend the last one meanwhile, so the charge checks
-again inside the group and refuses the Scrape the way the service's check words it.
-A page error writes nothing. Map (``mapper.map_site``) writes nothing at all.
+Scrape draws its page first (``pagedraws``: the node's count of the account's daily
+pages and, in a cluster, the pair's block), before its request leaves, and writes one
+group after the fetch: the page cache and change tracking when the request asks for
+them, and the page's charge (``recording.charge_page``, the function a job's pages are
+charged by). A refused draw is refused the way the service's check words it (or as the
+cluster's block does); a page error writes nothing and gives the page back. Map
+(``mapper.map_site``) writes nothing and draws nothing (no document is charged).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.jobs import mapper, pagecache, recording
+from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.accounts import Accounts
-from pagesift.shared.jobs.clusterlimits import BlockNeeded, ClusterLimits, ClusterUnavailable
+from pagesift.shared.jobs.accounts import Account, Accounts
 from pagesift.shared.store.db import Store
 from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
@@ -80,48 +81,62 @@ async def fetch_page(
 async def scrape(
     store: Store,
     engine: Engine,
-    accounts: Accounts,
+    draws: PageDraws,
     owner: str,
     url: str,
     options: jobs_pb2.ScrapeOptions,
-    pages: ClusterLimits | None = None,
+    foreign_host: Callable[[str], str | None] | None = None,
 ) -> jobs_pb2.Document:
-    """The Scrape call for account ``owner``: the page's document, cached and charged
-    in one group; raises ``PageError``, ``PermissionError`` (options the account may
-    not use) or ``quota.LimitExceeded`` (the day's pages spent meanwhile, here or, with
-    ``pages``, across the cluster: a block drawn first, ``ClusterUnavailable`` past the
-    bound while etcd does not answer)."""
-    policy = FetchPolicy(request=request_profile(accounts, owner, options, [url]), owner=owner)
-    page = await fetch_page(store, engine, owner, url, options, policy)
+    """The Scrape call for account ``owner``: its page drawn (``draws``), the document
+    fetched (no redirect to a host ``foreign_host`` refuses: a cluster's other pairs'),
+    cached and charged in one group; raises ``PageError``, ``PermissionError``
+    (options the account may not use), ``quota.LimitExceeded`` (the day's pages spent,
+    here or across the cluster) or ``ClusterUnavailable`` (a block of the cluster's
+    pages could not be drawn within the bound while etcd does not answer)."""
+    accounts = draws.accounts
+    profile = request_profile(accounts, owner, options, [url])
+    policy = FetchPolicy(request=profile, owner=owner, foreign_host=foreign_host)
     account = accounts.get(owner)
-    caches = pagecache.max_age_ms(options) > 0 or pagecache.tracks_changes(options)
-    if not caches and (account is None or account.pages_per_day is None):
-        return page.document  # nothing to write
+    drawn = await draws.draw(owner, wait_block=True)
+    if isinstance(drawn, quota.LimitExceeded):
+        if account is not None and drawn.limit_name == "pages_per_day":
+            _refuse_as_the_service(store, account, draws.held(owner))
+        raise drawn
+    stored = False
+    try:
+        page = await fetch_page(store, engine, owner, url, options, policy)
+        caches = pagecache.max_age_ms(options) > 0 or pagecache.tracks_changes(options)
+        if not caches and (account is None or account.pages_per_day is None):
+            return page.document  # nothing to write
+        now = time.time()
+
+        def group(g: WriteGroup) -> None:
+            if caches:
+                recording.remember(g, owner, url, options, page, int(now * 1000))
+            hit = None if account is None else recording.charge_page(g, account, now)
+            if account is not None and hit is not None:  # the accounts file lowered it
+                _refuse_as_the_service(g, account, 0)
+                raise hit
+
+        store.write(group)
+        stored = True
+        return page.document
+    finally:
+        drawn.settle(stored=stored)
+
+
+def _refuse_as_the_service(reader: quota.Reader, account: Account, held: int) -> None:
+    """Raise the refusal the service's check gives (``quota.check_start``) when the
+    account's pages charged (``used_today``) and ``held`` (drawn, in flight) use up
+    its day here; return when they do not (the cluster's refusal then stands)."""
     now = time.time()
-
-    def group(g: WriteGroup) -> None:
-        if caches:
-            recording.remember(g, owner, url, options, page, int(now * 1000))
-        hit = None if account is None else recording.charge_page(g, account, now, pages)
-        if account is not None and hit is not None:
-            # spent since the service's check: refused as that check words it (it
-            # raises here, and the group writes nothing), or as the cluster's block does
-            quota.check_start(
-                account,
-                0,
-                quota.used_today(g, owner, now),
-                "scrape",
-                resets_at=quota.resets_at(g, owner, now, account.pages_per_day),
-            )
-            raise hit
-
-    for _ in range(8):  # each draw fills the block or says the day's pages are gone
-        try:
-            store.write(group)
-            return page.document
-        except BlockNeeded as e:
-            await e.draw()
-    raise ClusterUnavailable("the cluster's pages could not be drawn: try again")
+    quota.check_start(
+        account,
+        0,
+        quota.used_today(reader, account.name, now) + held,
+        "scrape",
+        resets_at=quota.resets_at(reader, account.name, now, account.pages_per_day),
+    )
 
 
 async def map_site(

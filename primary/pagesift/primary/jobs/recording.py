@@ -24,8 +24,9 @@ or reads the clock, so tests run them on a real store without an event loop
   refused group leaves them to the next).
 - quota: ``charge_page`` is where a page is charged, a job's page here and a Scrape's
   in ``oneoff``: in the page's own group, so a page is charged iff it is stored, and
-  never past ``pages_per_day`` (groups are serialized by the store's write section); in
-  a cluster also from the pair's block of the account's pages (``clusterlimits``).
+  never past ``pages_per_day`` (groups are serialized by the store's write section). The
+  page was drawn before its request (``pagedraws``: in a cluster, from the pair's block
+  of the account's pages), so this check is the store's own record of it.
 - finish (``record_finish``): meta rewritten with state, times and note; the run
   marker deleted (the run ended cleanly: ``pagesift.shared.jobs.quarantine``).
 """
@@ -42,7 +43,6 @@ from pagesift.primary.webhooks import outbox as webhooks
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs.accounts import Account, Accounts
-from pagesift.shared.jobs.clusterlimits import ClusterLimits
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.scope import Entry
 from pagesift.shared.store.groups import WriteGroup
@@ -88,17 +88,12 @@ NOTHING = Recorded()
 COOKIE_NOTE = "cookie_budget"  # the code of the job note on cookie changes held back
 
 
-def charge_page(
-    g: WriteGroup, account: Account | None, now: float, pages: ClusterLimits | None = None
-) -> quota.LimitExceeded | None:
+def charge_page(g: WriteGroup, account: Account | None, now: float) -> quota.LimitExceeded | None:
     """Charge one page to ``account`` inside the page's group; the excess instead
-    (nothing charged) when the page would pass its ``pages_per_day``, here or (in a
-    cluster, ``pages``) across the cluster (``BlockNeeded`` propagates: nothing written)."""
+    (nothing charged) when the page would pass its ``pages_per_day``."""
     if account is None or account.pages_per_day is None:
         return None  # no daily limit: nothing is counted
     hit = quota.page_limit_hit(g, account, now)
-    if hit is None and pages is not None:
-        hit = pages.take_page(account, now)  # after the local check: a refusal spends none
     if hit is None:
         quota.charge(g, account.name, 1, now)
     return hit
@@ -184,7 +179,6 @@ def record_page(
     accounts: Accounts,
     jar: JobCookies | None,
     now: float,
-    pages: ClusterLimits | None = None,
 ) -> Recorded:
     """Store the page, or (crawl) a ``duplicate`` or ``skip`` error in its place."""
     keys = jr.JobKeys(job_id)
@@ -207,7 +201,7 @@ def record_page(
         g.insert(keys.done, result.mark)
         _duplicates(g, job_id, queued, doc.url, now)
         return Recorded(kind=meta.kind, failed=str(err.code), cookies=cookies)
-    hit = charge_page(g, accounts.get(meta.owner), now, pages)
+    hit = charge_page(g, accounts.get(meta.owner), now)
     if hit is not None:  # the group still writes the jar and the claimed aliases
         return Recorded(kind=meta.kind, over_quota=hit, cookies=cookies)
     if result.source is not None:

@@ -6,6 +6,18 @@ queue order (batch: indices not done; crawl: ``frontier`` entries not done, in e
 order, read in chunks so memory stays flat), fetch each as a Scrape does
 (``oneoff.fetch_page``) and commit what ``recording`` writes for it, one group a page.
 
+- hosts owned elsewhere (a node of a cluster: ``owners``, the registry as last read,
+  ``pagesift.shared.cluster.ownership``): a crawl's queued URL whose host another pair
+  owns is recorded ``host_owned_elsewhere`` and never fetched (left to its owner, the
+  keeper of that host's politeness), and so is a redirect or meta refresh of any page
+  to such a host (``FetchPolicy.foreign_host``). The crawl's own site (its start URL's
+  host and ``www.`` twin) is exempt: it was this pair's at the start, and running work
+  does not move when a pair joins (that would need a lease per host, not built).
+- daily pages: every attempt draws its page first (``pagedraws``: the node's count and,
+  in a cluster, the pair's block) inside its permit, before the request leaves, and
+  settles it after: charged when its group stored a document, else given back. A draw
+  refused stops the job as the quota's excess (its pages so far kept).
+
 - retries: a transient failure (``retrypolicy.is_transient``) with retries left first
   writes "retry n of this page" (``jr.mark_retry``, one group) BEFORE it sleeps, so a
   crash never hands a page its spent retries back. The sleep (full jitter, at least
@@ -42,13 +54,16 @@ from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.jobs import appending, frontier, oneoff, pagecache, recording
 from pagesift.primary.jobs.activity import Activity
+from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import PageResult
 from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.cluster import placement
+from pagesift.shared.cluster.ownership import NoOwners, OwnersSource
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import patterns, quota, validate, views
 from pagesift.shared.jobs import records as jr
+from pagesift.shared.jobs import urls as job_urls
 from pagesift.shared.jobs.accounts import Accounts
-from pagesift.shared.jobs.clusterlimits import BlockNeeded, ClusterLimits, NoClusterLimits
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.scope import Entry, Scope
 from pagesift.shared.store.db import Commit, Store
@@ -153,6 +168,7 @@ class _Run:
         self.on_change = on_change
         self.tasks: set[asyncio.Task[None]] = set()
         self.error: BaseException | None = None
+        self.over_quota = False  # a draw was refused: the job is stopped
 
     async def drain(self) -> None:
         """Wait for every retry (new ones included); re-raise the first failure."""
@@ -188,7 +204,8 @@ class Runner:
         self._random = random.Random()
         self._jars: dict[str, JobCookies] = {}  # of the jobs running here
         self.activity = Activity()  # per account: jobs, pages in flight (GetAccountUsage)
-        self.pages: ClusterLimits = NoClusterLimits()  # the cluster's share of daily pages
+        self.draws = PageDraws(store, accounts)  # daily pages, drawn before each request
+        self.owners: OwnersSource = NoOwners()  # the hosts this pair owns (a cluster's)
 
     async def run(self, meta: jr.JobMeta, req: JobRequest) -> None:
         """One run of the job, until it finishes (or its task is cancelled)."""
@@ -217,8 +234,6 @@ class Runner:
         while True:
             try:
                 return self.store.write(fn, max_bytes=max_bytes)
-            except BlockNeeded as e:  # the cluster's pages: a block drawn (or etcd waited for)
-                await e.retry_later()
             except StorageUnavailable:
                 if self._host.closing:
                     raise
@@ -266,6 +281,23 @@ class Runner:
         self.finish(job_id, "failed", hit.message)
         self._host.stop(job_id)
 
+    def foreign(self, site: str) -> Callable[[str], str | None]:
+        """Why a host (an engine slot key) is not fetched here: another pair owns it
+        (None: this pair's, the job's own ``site``, or no registry read yet)."""
+
+        def why(host: str) -> str | None:
+            if not host or placement.site_key(host) == site:
+                return None
+            owner = self.owners.current().elsewhere(host)
+            if owner is None:
+                return None
+            return (
+                f"host {host} belongs to pair {owner} of the cluster, which keeps its "
+                "politeness: left to that pair, not fetched here"
+            )
+
+        return why
+
     # the job's request ---------------------------------------------------------------
     def _profile(
         self, meta: jr.JobMeta, options: jobs_pb2.ScrapeOptions, targets: list[str]
@@ -293,31 +325,54 @@ class Runner:
         mark: bytes,
         url: str,
         fetch: Callable[[], Awaitable[Page]],
-        record: Callable[[Page], Awaitable[None]],
+        record: Callable[[Page], Awaitable[bool]],
     ) -> None:
-        """One attempt at a page inside one of the job's permits; a transient failure
-        with retries left is scheduled again (module docstring), else recorded."""
+        """One attempt at a page inside one of the job's permits, its page drawn first
+        and settled after (module docstring); a transient failure with retries left is
+        scheduled again, else recorded."""
         async with run.permits, self.activity.fetching(run.owner, job_id):
-            try:
-                page = await fetch()
-            except PageError as e:
-                if e.worker_lost:  # counted toward quarantine (runtime)
-                    self._host.worker_lost(job_id, url)
-                used = jr.retries_used(self.store, job_id, mark, run.max_retries)
-                if used < run.max_retries and retrypolicy.is_transient(e):
-                    await self._retry_later(run, job_id, mark, url, e, used, fetch, record)
-                    return
-                if used:
-                    e = PageError(
-                        e.code,
-                        f"{e.message} (after {used + 1} attempts; last cause: "
-                        f"{retrypolicy.cause_of(e)})",
-                        status=e.status,
-                        retry_after=e.retry_after,
-                    )
-                await self._record_error(job_id, mark, url, e)
+            drawn = await self.draws.draw(run.owner)
+            if isinstance(drawn, quota.LimitExceeded):
+                if not run.over_quota:  # the first worker refused stops the job, once
+                    run.over_quota = True
+                    self._stop_on_quota(job_id, drawn)
                 return
-            await record(page)
+            stored = False
+            try:
+                stored = await self._fetch_and_record(run, job_id, mark, url, fetch, record)
+            finally:
+                drawn.settle(stored=stored)
+
+    async def _fetch_and_record(
+        self,
+        run: _Run,
+        job_id: str,
+        mark: bytes,
+        url: str,
+        fetch: Callable[[], Awaitable[Page]],
+        record: Callable[[Page], Awaitable[bool]],
+    ) -> bool:
+        """The attempt's fetch and what it records: True when a document was stored."""
+        try:
+            page = await fetch()
+        except PageError as e:
+            if e.worker_lost:  # counted toward quarantine (runtime)
+                self._host.worker_lost(job_id, url)
+            used = jr.retries_used(self.store, job_id, mark, run.max_retries)
+            if used < run.max_retries and retrypolicy.is_transient(e):
+                await self._retry_later(run, job_id, mark, url, e, used, fetch, record)
+                return False
+            if used:
+                e = PageError(
+                    e.code,
+                    f"{e.message} (after {used + 1} attempts; last cause: "
+                    f"{retrypolicy.cause_of(e)})",
+                    status=e.status,
+                    retry_after=e.retry_after,
+                )
+            await self._record_error(job_id, mark, url, e)
+            return False
+        return await record(page)
 
     async def _retry_later(
         self,
@@ -328,7 +383,7 @@ class Runner:
         err: PageError,
         used: int,
         fetch: Callable[[], Awaitable[Page]],
-        record: Callable[[Page], Awaitable[None]],
+        record: Callable[[Page], Awaitable[bool]],
     ) -> None:
         n = used + 1
         marked = await self.write_when_writable(
@@ -374,7 +429,7 @@ class Runner:
         del targets
         covered = appending.Covered()
         pending: Iterator[tuple[int, str]] = iter(())
-        policy = FetchPolicy(request=profile, owner=meta.owner)
+        policy = FetchPolicy(request=profile, owner=meta.owner, foreign_host=self.foreign(""))
         workers = concurrency(self.config, req.max_concurrency)
         run = _Run(workers, self._max_retries(req), lambda delta: None, meta.owner)
 
@@ -385,9 +440,9 @@ class Runner:
                     seeded.add(urlsplit(url).netloc)  # added while it runs: its cookies
                     profile.cookies.seed(req.options.cookies, [url])
 
-                async def record(page: Page, mark: bytes = mark, url: str = url) -> None:
+                async def record(page: Page, mark: bytes = mark, url: str = url) -> bool:
                     result = PageResult(mark, page, source=(url, req.options))
-                    await self._record_page(meta.id, result)
+                    return await self._record_page(meta.id, result)
 
                 fetch = partial(
                     oneoff.fetch_page, self.store, self.engine, meta.owner, url, req.options, policy
@@ -427,7 +482,10 @@ class Runner:
         profile = self._profile(meta, req.options, [req.url])
         if profile is None:
             return
-        policy = FetchPolicy(delay=req.delay, request=profile, owner=meta.owner)
+        foreign = self.foreign(placement.site_key(job_urls.host_of(req.url)))
+        policy = FetchPolicy(
+            delay=req.delay, request=profile, owner=meta.owner, foreign_host=foreign
+        )
         follow = req.sitemap != jobs_pb2.SITEMAP_MODE_ONLY
         queue = frontier.Frontier(self.store, meta.id)
 
@@ -450,8 +508,13 @@ class Runner:
         async def worker() -> None:
             async for entry in queue.entries():
                 mark = entry.key.encode()
+                elsewhere = foreign(job_urls.host_of(entry.url))
+                if elsewhere is not None:  # left to the host's owner, never fetched
+                    err = PageError(ErrorCode.HOST_OWNED_ELSEWHERE, elsewhere)
+                    await self._record_error(meta.id, mark, entry.url, err)
+                    continue
 
-                async def record(page: Page, entry: Entry = entry, mark: bytes = mark) -> None:
+                async def record(page: Page, entry: Entry = entry, mark: bytes = mark) -> bool:
                     depth = entry.depth + 1
                     robots_meta = not req.ignore_robots_meta
                     links = page.links if follow and not (robots_meta and page.nofollow) else []
@@ -466,7 +529,7 @@ class Runner:
                     result = PageResult(
                         mark, page, admitted, aliases, skip, (entry.url, req.options)
                     )
-                    await self._record_page(meta.id, result)
+                    return await self._record_page(meta.id, result)
 
                 fetch = partial(
                     oneoff.fetch_page,
@@ -530,13 +593,14 @@ class Runner:
         if jar is not None and changes is not None:
             jar.committed(changes)
 
-    async def _record_page(self, job_id: str, result: PageResult) -> None:
-        """Commit the page's group (``recording.record_page``), then tell who waits."""
-        jar, pages = self._jars.get(job_id), self.pages
+    async def _record_page(self, job_id: str, result: PageResult) -> bool:
+        """Commit the page's group (``recording.record_page``; the cluster's page was
+        spent at the draw), then tell who waits; True when a document was stored."""
+        jar = self._jars.get(job_id)
 
         def group(g: WriteGroup) -> recording.Recorded:
             return recording.record_page(
-                g, job_id, result, accounts=self.accounts, jar=jar, now=time.time(), pages=pages
+                g, job_id, result, accounts=self.accounts, jar=jar, now=time.time()
             )
 
         bound = jr.page_group_bytes(self.config.max_body_bytes)
@@ -546,24 +610,25 @@ class Runner:
             why = f"the page's write group is {e.size} bytes, over the {e.bound}-byte bound"
             url = result.page.document.url
             await self._record_error(job_id, result.mark, url, PageError(ErrorCode.TOO_LARGE, why))
-            return
+            return False
         done = commit.result
         self._committed(jar, done.cookies)
         if done.over_quota is not None:
             self._stop_on_quota(job_id, done.over_quota)
-            return
+            return False
         if done.failed:
             if self.metrics is not None:
                 self.metrics.page_failed(done.failed)
             self._host.wake(job_id)
-            return
+            return False
         if done.seq is None:
-            return
+            return False
         self.activity.page_stored(job_id)
         if self.metrics is not None:
             self.metrics.page_recorded(done.kind)
         await self._host.published(job_id, done.seq, commit.offset)
         self._host.wake(job_id)
+        return True
 
     async def _record_error(self, job_id: str, mark: bytes, url: str, err: PageError) -> None:
         jar = self._jars.get(job_id)

@@ -191,7 +191,9 @@ class Jobs(appending.Appending):
     ) -> jobs_pb2.Document:
         """The Scrape call for account ``owner`` (``oneoff.scrape``)."""
         async with self.runner.activity.fetching(owner):  # in flight, then its last page
-            return await oneoff.scrape(self.store, self.engine, self.accounts, owner, url, options)
+            return await oneoff.scrape(
+                self.store, self.engine, self.runner.draws, owner, url, options
+            )
 
     async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]:
         """The Map call for account ``owner`` (``oneoff.map_site``); nothing is stored."""

@@ -36,6 +36,7 @@ from google.protobuf.message import Message
 
 from pagesift.shared.api import adminerrors, rpcerrors
 from pagesift.shared.api.rpcerrors import Reason
+from pagesift.shared.cluster.ownership import HostOwnedElsewhere
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Unauthenticated
 from pagesift.shared.jobs.clusterlimits import ClusterUnavailable
@@ -470,6 +471,12 @@ TABLE: tuple[Row, ...] = (
          "cluster's etcd did not answer within the bound; nothing was started, running "
          "jobs go on ([scaling](scaling.md#account-limits-across-pairs))",
          (ClusterUnavailable,), _message),
+    _row(R.HOST_OWNED_ELSEWHERE, C.FAILED_PRECONDITION, "`owner`, `host`, `field`",
+         "in a cluster, new work (a start, Scrape, Map, an append) for a host another "
+         "pair owns; nothing was done: send it to `owner` (the cluster client does) "
+         "([scaling](scaling.md#politeness-across-pairs))",
+         (HostOwnedElsewhere,), lambda e, _: Refusal(
+             str(e), {"owner": e.owner, "host": e.host, "field": e.field})),
 )  # fmt: skip
 
 _BY_TYPE: dict[type[Exception], Row] = {t: row for row in TABLE for t in row.raised_by}

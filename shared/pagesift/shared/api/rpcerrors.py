@@ -39,6 +39,12 @@ send it to the primary": the client (``pagesift.client.failover``) fails over on
 not on the status code. They keep FAILED_PRECONDITION so that clients older than the
 details still move on.
 
+``HOST_OWNED_ELSEWHERE``: in a cluster, work for a host another pair owns
+(``pagesift.shared.cluster.ownership``); nothing was done here. ErrorInfo ``owner``
+names the pair to send it to: the cluster client (``pagesift.client.cluster``) re-reads
+the registry and does, a bounded number of times. It is not NOT_PRIMARY: the pair is
+right to refuse, no failover within it would help.
+
 ``STORAGE_UNAVAILABLE``: the node's store refuses writes (its volume is full, or it
 reported an I/O error; ``pagesift.shared.store.errors.StorageUnavailable``). Nothing was
 written; reads still answer; writes resume by themselves once the node can write
@@ -54,7 +60,8 @@ details, means "send it elsewhere"). UNAVAILABLE: the page may answer later
 (``timeout``, a ``wait_for`` that did not show in time included, ``connect``, ``dns``,
 ``retry_after_too_long``, ``http_status`` 408/425/429/5xx, ``render_failed``: the
 browser failed or its renderer crashed, the next attempt gets a fresh one); NOT_FOUND:
-the page said 404/410; PERMISSION_DENIED: ``robots_disallowed`` (and ``robots_noindex``);
+the page said 404/410; PERMISSION_DENIED: ``robots_disallowed`` (and ``robots_noindex``, and
+``host_owned_elsewhere``: a redirect to a host another pair of the cluster owns);
 INVALID_ARGUMENT: ``invalid_url``, ``blocked_address`` (field ``url``);
 RESOURCE_EXHAUSTED: ``too_large``, the page passed a bound of the server
 (``max_body_bytes``, the rendered HTML, a screenshot, ``browser_page_memory_limit``);
@@ -128,6 +135,7 @@ class Reason(enum.StrEnum):
     STANDBY_TOO_SLOW = "STANDBY_TOO_SLOW"
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
     CLUSTER_UNAVAILABLE = "CLUSTER_UNAVAILABLE"
+    HOST_OWNED_ELSEWHERE = "HOST_OWNED_ELSEWHERE"
 
 
 _U = grpc.StatusCode.UNAVAILABLE
@@ -153,6 +161,8 @@ PAGE_STATUS: dict[str, grpc.StatusCode] = {
     ErrorCode.PARSE_FAILED: _GIVEN_UP,
     ErrorCode.DUPLICATE: grpc.StatusCode.ALREADY_EXISTS,  # crawl outcomes, never Scrape's
     ErrorCode.ROBOTS_NOINDEX: grpc.StatusCode.PERMISSION_DENIED,
+    # a Scrape redirected to a host another pair owns (its own host is checked first)
+    ErrorCode.HOST_OWNED_ELSEWHERE: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 _TRANSIENT_HTTP = frozenset({408, 425, 429})

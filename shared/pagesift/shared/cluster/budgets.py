@@ -13,8 +13,10 @@ Daily pages (``pages_per_day`` cluster-wide), without an etcd write per page
 ----------------------------------------------------------------------------
 ``C/pages/{account}/{day}`` counts pages *drawn*. A pair draws a block (``plan_draw``:
 compare the key's mod revision, set value + granted) before it spends any page of it,
-and spends from its block locally (``BlockLedger``); it holds at most one block per
-account and returns what it did not use when the account goes idle (``plan_return``).
+and spends from its block locally (``BlockLedger``) before each page's request (a
+request that stored nothing gives its page back: ``give_back``); it holds at most one
+block per account and returns what it did not use when the account goes idle
+(``plan_return``).
 Worst case: the pages fetched cluster-wide never exceed the allowance (every page was
 drawn first); an account can be told "exhausted" while up to one block per pair sits
 unused in other pairs, and a pair that crashes loses its unused block for the day. So
@@ -106,6 +108,17 @@ class BlockLedger:
         self._exhausted.pop(account, None)  # pages came back meanwhile (a return)
         held_day, left = self._left.get(account, (day, 0))
         self._left[account] = (day, (left if held_day == day else 0) + granted)
+
+    def give_back(self, account: str, day: str) -> None:
+        """A page taken for ``day`` whose request stored nothing: back into the block
+        (a block released meanwhile is held again, one page, to be returned with the
+        next; a page of a day gone by is dropped: that day's counter no longer
+        matters)."""
+        held_day, left = self._left.get(account, (day, 0))
+        if held_day != day and account in self._left:
+            return
+        self._exhausted.pop(account, None)
+        self._left[account] = (day, left + 1)
 
     def release(self, account: str, day: str) -> int:
         """Drop the account's block; the pages of ``day`` left in it, to return."""

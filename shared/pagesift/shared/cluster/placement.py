@@ -3,10 +3,13 @@
 Rules
 -----
 - A crawl goes to the pair that owns its **host** (``host_of``: the URL's host name,
-  lower-cased, without scheme or port), the very key the engine's per-host slots and
-  Retry-After pauses use (``engine.http``: ``urlsplit(url).hostname``). So one host
-  served on two ports or on http and https is one owner's, under one per-host limit;
-  keying on the origin would give each port its own pair and its own slots.
+  canonical, without scheme or port, a leading ``www.`` dropped: ``site_key``). The
+  engine's per-host slots and Retry-After pauses key on the host (``engine.hops``:
+  ``urls.host_of``), so every slot key has exactly one owner: one host served on two
+  ports or on http and https is one owner's, under one per-host limit (keying on the
+  origin gave each port its own pair and its own slots). A host and its ``www.`` twin
+  share an owner because a crawl's scope takes them for one site (``scope``): a crawl
+  of ``example.com`` that redirects to ``www.example.com`` stays on its pair.
 - A batch scrape is split by host (``split_by_host``): each part goes to the pair
   that owns its host, keeping each URL's index in the request (a stable page order).
 - A start with an **idempotency key** but no host to place by goes to the pair that
@@ -26,20 +29,33 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
-__all__ = ["host_of", "owner", "owner_of_url", "split_by_host"]
+__all__ = ["host_of", "owner", "owner_of_url", "site_key", "split_by_host"]
+
+
+def site_key(host: str) -> str:
+    """What placement hashes for a host (an engine slot key): the host, one leading
+    ``www.`` dropped."""
+    return host[4:] if host.startswith("www.") and len(host) > 4 else host
 
 
 def host_of(url: str) -> str:
-    """The host of ``url`` exactly as the engine's per-host slots key it
-    (``urlsplit(url).hostname``: lower-cased, no port, an IPv6 address without
-    brackets); ``ValueError`` when it has no scheme or host (or a port that is not a
-    number)."""
+    """The placement key of ``url``: its host as the engine's per-host slots key it
+    (``urls.host_of``: lower-case, no trailing dot, no port, an IPv6 address without
+    brackets, a non-ASCII name in A-labels) under ``site_key``; ``ValueError`` when
+    it has no scheme or host. (The
+    slots' own parser lives with the jobs, which a client does not ship; the spellings
+    this one reads differently, such as ``http://2130706433/``, are refused by the
+    node that does not own them, naming the owner the client then follows.)"""
     parts = urlsplit(url.strip())
-    host = parts.hostname or ""
+    host = (parts.hostname or "").rstrip(".")
     if not parts.scheme or not host:
         raise ValueError(f"{url[:200]!r} has no scheme or host")
-    _ = parts.port  # a malformed port is ValueError here, as the engine would refuse it
-    return host
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as e:
+            raise ValueError(f"{url[:200]!r}: host {host!r} is not a valid name") from e
+    return site_key(host)
 
 
 def _score(pair: str, key: str) -> int:

@@ -3,7 +3,8 @@
 What it owns
 ------------
 ``ClusterLimits``, what the runtime (``pagesift.primary.jobs.runtime.Jobs``) and a page's
-group (``recording.charge_page``) ask of the cluster's share of an account's limits, and
+draw (``pagesift.primary.jobs.pagedraws``) ask of the cluster's share of an account's
+limits, and
 ``NoClusterLimits``, the single-pair case (nothing is asked). The node wires the etcd
 implementation (``pagesift.coord.budgets.ClusterBudgets``) when it runs with a cluster;
 the primary never imports ``pagesift.node`` (tests/test_layers.py), so this port is how.
@@ -11,9 +12,10 @@ the primary never imports ``pagesift.node`` (tests/test_layers.py), so this port
 - ``starting``: around a job's registration: a concurrency slot taken first (and the
   account's daily pages checked), given back when the group did not create the job.
 - ``changed``: a job's records changed (it may have ended: its slot is freed).
-- ``take_page``: inside a page's group, one page spent from the pair's block; raises
-  ``BlockNeeded`` (nothing written) when a block must be drawn first: the caller
-  awaits ``draw`` / ``retry_later`` and runs the group again.
+- ``take_page``: before a page's request leaves the node, one page spent from the
+  pair's block; raises ``BlockNeeded`` when a block must be drawn first: the caller
+  awaits ``draw`` / ``retry_later`` and takes again. ``give_back_page``: that request
+  stored no document, its page goes back into the block.
 - ``attach`` / ``detach``: the runtime starts (its running jobs re-take their slots,
   bounded) and stops (its slots and blocks are given back).
 
@@ -42,9 +44,9 @@ class ClusterUnavailable(Exception):
 
 
 class BlockNeeded(Exception):
-    """A page of ``account`` needs a block drawn first (raised inside a group: nothing
-    of it was written). ``draw`` raises ``ClusterUnavailable`` past the bound;
-    ``retry_later`` returns either way (a running job's page then tries again)."""
+    """A page of ``account`` needs a block drawn first (nothing was spent). ``draw``
+    raises ``ClusterUnavailable`` past the bound; ``retry_later`` returns either way
+    (a running job's page then tries again)."""
 
     def __init__(self, account: str, draw: Callable[[], Awaitable[None]]) -> None:
         super().__init__(f"account {account!r}: a block of its daily pages must be drawn")
@@ -87,8 +89,11 @@ class ClusterLimits(Protocol):
         """The job's records changed: it may have ended."""
 
     def take_page(self, account: Account, now: float) -> LimitExceeded | None:
-        """Inside a page's group: one page spent (None), the allowance used up
+        """Before a page's request: one page spent (None), the allowance used up
         cluster-wide (the excess), or ``BlockNeeded``."""
+
+    def give_back_page(self, account: Account, now: float) -> None:
+        """A page ``take_page`` spent whose request stored nothing: back to the block."""
 
 
 class NoClusterLimits:
@@ -108,4 +113,7 @@ class NoClusterLimits:
         return None
 
     def take_page(self, account: Account, now: float) -> LimitExceeded | None:
+        return None
+
+    def give_back_page(self, account: Account, now: float) -> None:
         return None

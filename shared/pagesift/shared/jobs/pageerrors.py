@@ -46,6 +46,9 @@ class ErrorCode(enum.StrEnum):
     # the page needed a browser and none could render it (not installed, failed to
     # start), or the browser crashed on it past the job's retries
     RENDER_FAILED = "render_failed"
+    # in a cluster: the page's host (a crawl's link, a redirect's target) belongs to
+    # another pair (``pagesift.shared.cluster.ownership``): left to it, never fetched here
+    HOST_OWNED_ELSEWHERE = "host_owned_elsewhere"
 
 
 class PageError(Exception):

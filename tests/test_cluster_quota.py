@@ -1,0 +1,133 @@
+"""Daily pages exact in fetches: no request leaves a node for a page not drawn first.
+
+Finding 4 of issue 29: ``pages_per_day = 300`` over two pairs stored 300 documents while
+the origins served 315 and 312 page requests: the pages were charged in the group that
+stored them, after the fetch, so every worker in flight when the day ran out fetched a
+page that was then thrown away. Now every attempt draws its page first
+(``pagesift.primary.jobs.pagedraws``) and gives it back when it stored nothing.
+
+- ``PageDraws`` itself, deterministic: the node's count (charged + held) never passes
+  the limit, a draw refused while pages are in flight waits for one to come back, and
+  the cluster's block is taken before the request and refilled by a give-back;
+- one node, a counting origin (``pagesift.node.drill.counting``), a crawl of eight
+  workers for an account of 12 pages a day: the origin's page requests (robots.txt is
+  free, named in ``pagedraws``) are the 12 stored documents plus the requests that
+  stored nothing and were recorded as the job's errors (free, named too), none more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from pagesift.demo.site import CALENDAR_EXCLUDE
+from pagesift.node.drill.counting import CountedSite
+from pagesift.primary.jobs.pagedraws import Draw, PageDraws
+from pagesift.shared.jobs import quota
+from pagesift.shared.jobs.accounts import Account, Accounts
+from pagesift.shared.jobs.clusterlimits import NoClusterLimits
+from pagesift.shared.jobs.quota import LimitExceeded
+from pagesift.shared.store.db import Store
+from pagesift.v1 import jobs_pb2
+from tests.helpers import Acct, in_process_node, wait_done, write_accounts
+
+DAILY = Acct("daily", {"pages_per_day": 12})
+
+
+def _accounts(tmp_path: Path, limit: int) -> Accounts:
+    return Accounts.load(
+        write_accounts(tmp_path / "accounts.toml", (Acct("a", {"pages_per_day": limit}),))
+    )
+
+
+def _charge(store: Store, name: str) -> None:
+    store.write(lambda g: quota.charge(g, name, 1, time.time()))
+
+
+class Block(NoClusterLimits):
+    """A pair's block of ``left`` pages (the ``ClusterLimits`` port's page half)."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def take_page(self, account: Account, now: float) -> LimitExceeded | None:
+        if self.left <= 0:
+            return LimitExceeded("pages_per_day", "across the cluster")
+        self.left -= 1
+        return None
+
+    def give_back_page(self, account: Account, now: float) -> None:
+        self.left += 1
+
+
+async def test_the_nodes_charged_and_held_pages_never_pass_the_limit(
+    tmp_path: Path, store: Store
+) -> None:
+    draws = PageDraws(store, _accounts(tmp_path, 2))
+    first, second = await draws.draw("a"), await draws.draw("a")
+    assert isinstance(first, Draw) and isinstance(second, Draw)
+    third = asyncio.create_task(draws.draw("a"))  # two in flight: it waits for one
+    await asyncio.sleep(0.05)
+    assert not third.done()
+    first.settle(stored=False)  # the attempt stored nothing: its page goes back
+    got = await asyncio.wait_for(third, 5)
+    assert isinstance(got, Draw) and draws.held("a") == 2
+    for drawn in (second, got):  # both stored: charged in the store, then settled
+        _charge(store, "a")
+        drawn.settle(stored=True)
+    assert draws.held("a") == 0
+    refused = await draws.draw("a")  # nothing in flight: refused at once
+    assert isinstance(refused, LimitExceeded) and refused.limit_name == "pages_per_day"
+
+
+async def test_the_clusters_page_is_taken_before_the_request_and_a_give_back_refills_it(
+    tmp_path: Path, store: Store
+) -> None:
+    draws = PageDraws(store, _accounts(tmp_path, 100))
+    block = Block(1)
+    draws.cluster = block
+    drawn = await draws.draw("a")
+    assert isinstance(drawn, Draw) and block.left == 0
+    waiting = asyncio.create_task(draws.draw("a"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the block is spent but a page is in flight here
+    drawn.settle(stored=False)
+    again = await asyncio.wait_for(waiting, 5)
+    assert isinstance(again, Draw) and block.left == 0
+    _charge(store, "a")
+    again.settle(stored=True)  # spent for good: nothing goes back
+    assert block.left == 0
+    refused = await draws.draw("a")
+    assert isinstance(refused, LimitExceeded) and "cluster" in refused.message
+    assert draws.held("a") == 0  # the refused draw held nothing
+
+
+@pytest.mark.system
+async def test_a_crawl_sends_no_page_request_past_the_accounts_daily_pages(
+    tmp_path: Path,
+) -> None:
+    site = CountedSite(80, delay=0.05)
+    await site.start()
+    accounts = write_accounts(tmp_path / "accounts.toml", (DAILY,))
+    try:
+        async with in_process_node(tmp_path / "n", accounts_file=str(accounts)) as node:
+            req = jobs_pb2.StartCrawlRequest(
+                url=site.root, exclude_paths=[CALENDAR_EXCLUDE], max_concurrency=8,
+                sitemap=jobs_pb2.SITEMAP_MODE_SKIP, max_retries=0,
+            )  # fmt: skip
+            job = await node.stub.StartCrawl(req, metadata=DAILY.md)
+            final = await wait_done(node.stub, job.id, DAILY.md, timeout=60)
+            errors = await node.stub.GetJobErrors(
+                jobs_pb2.GetJobErrorsRequest(id=job.id, page_size=1000), metadata=DAILY.md
+            )
+    finally:
+        await site.stop()
+    limit = DAILY.limits["pages_per_day"]
+    assert final.state == jobs_pb2.JOB_STATE_FAILED and "pages_per_day" in final.note
+    assert final.completed == limit
+    pages = [p for _, p in site.counter.arrivals if p != "/robots.txt"]
+    # every page request stored a document or is one of the job's errors (free)
+    assert len(pages) <= limit + len(errors.errors), (len(pages), len(errors.errors))
