@@ -12,12 +12,17 @@ page that was then thrown away. Now every attempt draws its page first
 - one node, a counting origin (``pagesift.node.drill.counting``), a crawl of eight
   workers for an account of 12 pages a day: the origin's page requests (robots.txt is
   free, named in ``pagedraws``) are the 12 stored documents plus the requests that
-  stored nothing and were recorded as the job's errors (free, named too), none more.
+  stored nothing and were recorded as the job's errors (free, named too), none more;
+- two pairs of one cluster (a real etcd, the nodes built as ``--cluster`` builds them),
+  a crawl on each of its own counted site, one account of 30 pages a day: 30 documents
+  stored across the cluster, and the two origins' page requests together are those
+  documents plus the jobs' recorded errors, none more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -25,6 +30,7 @@ import pytest
 
 from pagesift.demo.site import CALENDAR_EXCLUDE
 from pagesift.node.drill.counting import CountedSite
+from pagesift.node.drill.fixture import Etcd
 from pagesift.primary.jobs.pagedraws import Draw, PageDraws
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Account, Accounts
@@ -33,6 +39,7 @@ from pagesift.shared.jobs.quota import LimitExceeded
 from pagesift.shared.store.db import Store
 from pagesift.v1 import jobs_pb2
 from tests.helpers import Acct, in_process_node, wait_done, write_accounts
+from tests.test_cluster_politeness import enforce_ownership
 
 DAILY = Acct("daily", {"pages_per_day": 12})
 
@@ -131,3 +138,50 @@ async def test_a_crawl_sends_no_page_request_past_the_accounts_daily_pages(
     pages = [p for _, p in site.counter.arrivals if p != "/robots.txt"]
     # every page request stored a document or is one of the job's errors (free)
     assert len(pages) <= limit + len(errors.errors), (len(pages), len(errors.errors))
+
+
+def _page_requests(site: CountedSite) -> int:
+    return sum(1 for _, path in site.counter.arrivals if path != "/robots.txt")
+
+
+@pytest.mark.system
+async def test_two_pairs_send_no_page_request_past_the_accounts_daily_pages(
+    tmp_path: Path, etcd: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    account = Acct("shared", {"pages_per_day": 30})
+    accounts = write_accounts(tmp_path / "accounts.toml", (account,))
+    enforce_ownership(monkeypatch, etcd, "quota")
+    async with contextlib.AsyncExitStack() as stack:
+        sites = []
+        for host in ("127.0.0.1", "127.0.0.2"):
+            site = CountedSite(80, host=host, delay=0.05)
+            await site.start()
+            stack.push_async_callback(site.stop)
+            sites.append(site)
+        finals, errors = [], 0
+        nodes = [
+            await stack.enter_async_context(
+                in_process_node(tmp_path / pair, accounts_file=str(accounts), pair=pair)
+            )
+            for pair in ("qa", "qb")
+        ]
+        jobs = []
+        for node, site in zip(nodes, sites, strict=True):
+            req = jobs_pb2.StartCrawlRequest(
+                url=site.root, exclude_paths=[CALENDAR_EXCLUDE], max_concurrency=8,
+                sitemap=jobs_pb2.SITEMAP_MODE_SKIP, max_retries=0,
+            )  # fmt: skip
+            jobs.append((node, (await node.stub.StartCrawl(req, metadata=account.md)).id))
+        for node, job_id in jobs:
+            finals.append(await wait_done(node.stub, job_id, account.md, timeout=90))
+            got = await node.stub.GetJobErrors(
+                jobs_pb2.GetJobErrorsRequest(id=job_id, page_size=1000), metadata=account.md
+            )
+            errors += len(got.errors)
+    limit = account.limits["pages_per_day"]
+    assert all("pages_per_day" in f.note for f in finals), [f.note for f in finals]
+    stored = sum(f.completed for f in finals)
+    assert stored <= limit
+    requests = sum(_page_requests(s) for s in sites)
+    # every page request of either pair stored a document or is a recorded error (free)
+    assert requests <= stored + errors, (requests, stored, errors)
