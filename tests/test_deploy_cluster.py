@@ -674,6 +674,18 @@ def test_the_gateway_flags_exist_in_the_real_parser_and_its_files_are_mounted() 
     mounts = [m["mountPath"] for m in c["volumeMounts"]]
     for path in (args.tls_cert, args.tls_key, args.tls_ca):
         assert any(path.startswith(m.rstrip("/") + "/") for m in mounts), path
+    # the registry verified against the members file, read as the reader
+    assert args.cluster_members and args.cluster_user == etcdauth.READER
+    for path in (args.cluster_members, args.cluster_password_file):
+        assert any(path.startswith(m.rstrip("/") + "/") for m in mounts), path
+    volumes = {v["name"]: v for v in g["spec"]["template"]["spec"]["volumes"]}
+    by_path = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}
+    members_dir, _, _ = args.cluster_members.rpartition("/")
+    assert by_path[members_dir]["configMap"]["name"] == "pagesift-members"
+    password_dir, _, password_name = args.cluster_password_file.rpartition("/")
+    assert by_path[password_dir]["secret"]["items"] == [
+        {"key": etcdauth.READER, "path": password_name}
+    ]
     # probes: ready on /healthz over TLS on the port it listens on; the Service targets it
     port = int(args.listen.rsplit(":", 1)[1])
     (named,) = [p for p in c["ports"] if p["containerPort"] == port]

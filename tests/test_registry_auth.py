@@ -25,6 +25,9 @@ from pagesift.coord import keys
 from pagesift.coord.etcdauth import apply_auth, kit_users
 from pagesift.coord.registry import EtcdRegistry, Registrar
 from pagesift.demo.site import build_site, serve_site
+from pagesift.gateway.app import make_app
+from pagesift.gateway.clients import Clients
+from pagesift.gateway.metrics import METRICS
 from pagesift.node.drill.fixture import Etcd
 from pagesift.shared.cluster import registry
 from pagesift.shared.cluster.members import Members, parse_members
@@ -332,3 +335,19 @@ async def test_a_forged_record_receives_no_call_and_no_key(etcd: Etcd, tmp_path:
 def registry_plain(record: NodeRecord, node: str) -> bytes:
     """An unsigned record, as pagesift wrote them before records were signed."""
     return registry.encode_record(dataclasses.replace(record, node=node))
+
+
+async def test_the_gateway_exports_its_views_refusals_by_reason() -> None:
+    """``pagesift_cluster_records_rejected_total{reason}`` is the gateway's view's count
+    (the alert PagesiftRegistryRecordsRejected reads it)."""
+    clients = Clients([], cluster=f"etcd://127.0.0.1:1/{CLUSTER}", view_kw={"members": MEMBERS})
+    try:
+        app = make_app(clients)
+        assert clients.view is not None
+        counts = clients.view._registry.rejected
+        counts.update({"bad_signature": 3, "unknown_pair": 1})
+        text = app[METRICS].exposition().decode()
+        assert 'pagesift_cluster_records_rejected_total{reason="bad_signature"} 3.0' in text
+        assert 'pagesift_cluster_records_rejected_total{reason="unknown_pair"} 1.0' in text
+    finally:
+        await clients.close()

@@ -62,7 +62,10 @@ def make_app(
     app[CLIENTS] = clients
     app[PAGING] = (page_documents, page_bytes)
     app[TRUST_FORWARDED] = trust_forwarded
-    app[METRICS] = GatewayMetrics()
+    app[METRICS] = gateway_metrics = GatewayMetrics()
+    if clients.view is not None:
+        view = clients.view
+        gateway_metrics.watch_rejected(lambda: view.rejected)
     credentials = clients.client_kw.get("credentials")
     app[PROBE] = probe = PrimaryProbe(clients.addresses, credentials, clients.view)
 

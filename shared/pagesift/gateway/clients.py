@@ -39,10 +39,12 @@ class Clients:
         *,
         limit: int = MAX_CLIENTS,
         cluster: str = "",
+        view_kw: dict[str, Any] | None = None,
         **client_kw: Any,
     ) -> None:
         self.addresses = list(addresses)
-        self.view = ClusterView(cluster) if cluster else None
+        # view_kw: the view's members file and etcd user (``ClusterView``'s keywords)
+        self.view = ClusterView(cluster, **(view_kw or {})) if cluster else None
         self.limit = limit
         self.client_kw = client_kw
         self._clients: OrderedDict[str, JobClient] = OrderedDict()

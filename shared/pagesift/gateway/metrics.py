@@ -11,25 +11,32 @@ one, so a test or a node may run several gateways) with
 - ``pagesift_gateway_requests_in_flight`` (gauge);
 - ``pagesift_gateway_grpc_errors_total`` (counter; ``code``): the gRPC errors of the
   pair a route turned into an HTTP error (``note_grpc_error``, called by
-  ``handling.answer``).
+  ``handling.answer``);
+- ``pagesift_cluster_records_rejected_total`` (counter; ``reason``): in front of a
+  cluster, the registry records its view refused (``watch_rejected``: a record that does
+  not verify against the members file, an unknown pair, a foreign address...), read from
+  the view at scrape time.
 
 ``middleware`` (the aiohttp middleware that times every request) and ``metrics``
 (the ``/metrics`` handler; the exposition rendered off the event loop).
 
 Invariants: label values come from bounded sets (route templates, methods, status
-codes, gRPC code names); the module imports no pagesift code but ``prometheus_client``.
+codes, gRPC code names, the registry's refusal reasons); the module imports no pagesift
+code but ``prometheus_client``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 import grpc
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
 __all__ = ["METRICS", "GatewayMetrics", "metrics", "middleware", "note_grpc_error", "route_of"]
 
@@ -60,8 +67,28 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+    def watch_rejected(self, rejected: Callable[[], Mapping[str, int]]) -> None:
+        """Export ``rejected()`` (the cluster view's refused records, by reason)."""
+        self.registry.register(_Rejected(rejected))
+
     def exposition(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+
+class _Rejected(Collector):
+    def __init__(self, rejected: Callable[[], Mapping[str, int]]) -> None:
+        self.rejected = rejected
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "pagesift_cluster_records_rejected",
+            "registry records the cluster view refused (not verified against the members "
+            "file), by reason",
+            labels=("reason",),
+        )
+        for reason, count in sorted(self.rejected().items()):
+            family.add_metric((reason,), count)
+        yield family
 
 
 METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics", GatewayMetrics)

@@ -30,6 +30,7 @@ import signal
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -38,6 +39,7 @@ from aiohttp import web
 from pagesift.client.auth import tls_credentials
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import MAX_CLIENTS, Clients
+from pagesift.shared.cluster.members import load_members
 from pagesift.shared.util import descriptors
 from pagesift.shared.util.listeners import ListenerLimits, start_site
 
@@ -57,6 +59,9 @@ class Options:
     ``X-Forwarded-*`` for the answers' absolute URLs (``pagesift.gateway.forwarded``);
     ``cluster``: ``etcd://HOST:PORT[,...]/NAME``, a cluster of pairs in place of the
     addresses (its jobs placed and found by their ids, ``JobClient(cluster=...)``);
+    ``cluster_members``: the members file its registry is verified against (a record
+    that does not verify gets no call); ``cluster_user``/``cluster_password_file``: the
+    etcd user the registry is read as;
     ``limits``: the port's connection discipline (``pagesift.shared.util.listeners``)."""
 
     tls_cert: str = ""
@@ -67,6 +72,9 @@ class Options:
     credentials: grpc.ChannelCredentials | None = None
     trust_forwarded: bool = False
     cluster: str = ""
+    cluster_members: str = ""
+    cluster_user: str = ""
+    cluster_password_file: str = ""
     limits: ListenerLimits = field(default_factory=ListenerLimits)
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -79,6 +87,17 @@ class Options:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.tls_cert, self.tls_key)
         return ctx
+
+    def view_options(self) -> dict[str, Any]:
+        """The cluster view's members and etcd credentials (files read now: ``ValueError``
+        or ``OSError`` naming one that cannot be)."""
+        out: dict[str, Any] = {}
+        if self.cluster_members:
+            out["members"] = load_members(self.cluster_members)
+        if self.cluster_user:
+            out["user"] = self.cluster_user
+            out["password"] = Path(self.cluster_password_file).read_text().strip()
+        return out
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
         """The credentials of the channels to the pair (None: plaintext)."""
@@ -101,7 +120,12 @@ async def start(
     the bound ``host:port``. ``app_kw``: ``make_app``'s paging bounds."""
     opts = options or Options()
     ctx = opts.ssl_context()
-    clients = Clients(addresses, cluster=opts.cluster, credentials=opts.channel_credentials())
+    clients = Clients(
+        addresses,
+        cluster=opts.cluster,
+        view_kw=opts.view_options() if opts.cluster else None,
+        credentials=opts.channel_credentials(),
+    )
     app = make_app(clients, trust_forwarded=opts.trust_forwarded, **app_kw)
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")

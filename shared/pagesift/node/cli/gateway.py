@@ -59,6 +59,9 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         client_key=args.client_key,
         trust_forwarded=args.trust_forwarded,
         cluster=args.cluster or "",
+        cluster_members=args.cluster_members,
+        cluster_user=args.cluster_user,
+        cluster_password_file=args.cluster_password_file,
         limits=limits,
     )
     default = [] if args.cluster else [["127.0.0.1:50051"]]
@@ -67,6 +70,8 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         serve_forever(args.listen, list(dict.fromkeys(addresses)), options)
     except ssl.SSLError as err:
         return fail(f"gateway: TLS: {err}", exit=EXIT_FAILED)
+    except ValueError as err:  # a members file that does not parse names its field
+        return fail(f"gateway: {err}", exit=EXIT_FAILED)
     except OSError as err:
         where = f"{err.filename}: " if err.filename else f"{args.listen}: "
         return fail(f"gateway: {where}{err.strerror or err}", exit=EXIT_FAILED)
@@ -89,6 +94,17 @@ def add_gateway_command(sub: Any) -> None:
         action="append",
         metavar="ADDR[,ADDR]",
         help="the pair's gRPC addresses (repeatable; default 127.0.0.1:50051)",
+    )
+    p.add_argument(
+        "--cluster-members",
+        default="",
+        metavar="TOML",
+        help="with --cluster: the members file; a registry record that does not verify "
+        "against it gets no call",
+    )
+    p.add_argument("--cluster-user", default="", help="with --cluster: the etcd user to read as")
+    p.add_argument(
+        "--cluster-password-file", default="", metavar="FILE", help="that etcd user's password"
     )
     p.add_argument("--tls-cert", default="", metavar="PEM", help="TLS certificate for this port")
     p.add_argument("--tls-key", default="", metavar="PEM", help="TLS private key for this port")
