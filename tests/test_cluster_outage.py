@@ -9,7 +9,10 @@ same data:
 - a start during the outage waits ``place_wait`` for etcd: placed when etcd returns
   within it, else UNAVAILABLE with reason ``CLUSTER_UNAVAILABLE`` naming etcd;
 - a client made while etcd is down reads an existing job by its id through the members
-  file's addresses (``ClusterView(members=...)``).
+  file's addresses (``ClusterView(members=...)``);
+- on a node (``tests.test_cluster_budgets``' two pairs, ``wait`` 1.5 s), a start that
+  needs a block of pages right after a 12 s outage is served at once: its etcd
+  connection does not inherit gRPC's shared reconnect backoff (``coord.etcd``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from pagesift.node.drill.fixture import Etcd
 from pagesift.shared.cluster import ids
 from pagesift.shared.cluster.members import parse_members
 from pagesift.shared.cluster.registry import NodeRecord
-from tests.helpers import RunningNode, crawl, in_process_node
+from tests.helpers import RunningNode, crawl, in_process_node, wait_done
+from tests.test_cluster_budgets import BIG, GatedEngine, two_pairs
+from tests.test_cluster_budgets import crawl as fake_crawl
 
 pytestmark = pytest.mark.system
 
@@ -141,3 +146,17 @@ async def test_a_client_made_while_etcd_is_down_reads_a_job_through_the_members_
             await blind.get_job(job_id, status_only=True)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     await without.close()
+
+
+async def test_a_nodes_start_right_after_a_long_outage_is_not_refused(
+    tmp_path: Path, etcd: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with two_pairs(tmp_path, etcd, monkeypatch, GatedEngine()) as ((a, _), (b, _)):
+        first = await a.stub.StartCrawl(fake_crawl("http://one.test/", 3), metadata=BIG.md)
+        await wait_done(a.stub, first.id, BIG.md)
+        etcd.child.kill()
+        await asyncio.sleep(12)  # every connection failing all along: backoffs grow
+        await etcd.start()
+        second = await b.stub.StartCrawl(fake_crawl("http://two.test/", 3), metadata=BIG.md)
+        done = await wait_done(b.stub, second.id, BIG.md)
+        assert done.completed == 3

@@ -13,6 +13,10 @@ Failure model
 Any error or timeout of a call raises ``EtcdUnavailable`` (``label`` first in its
 message: "witness", "registry") and drops the connection; the next call opens one to
 the next endpoint of the list, so a dead member costs one failed call, not all of them.
+Each connection has a subchannel of its own (``CHANNEL_OPTIONS``): gRPC otherwise shares
+one per address across channels, with its reconnect backoff, so after an outage a new
+connection inherited a backoff of seconds and failed "connection refused" while etcd
+was answering again (a start right after etcd returned was refused at once).
 A call that timed out may still have been applied by etcd: the callers' writes are
 idempotent or read back (``coord.witness.campaign``), never blindly repeated.
 
@@ -51,6 +55,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Endpoint = tuple[str, int]
 CLOSE_SECONDS = 1.0
+#: a connection's own subchannel (no backoff inherited from an earlier, failed one), and
+#: reconnects within one connection at most a second apart
+CHANNEL_OPTIONS = {
+    "grpc.use_local_subchannel_pool": 1,
+    "grpc.initial_reconnect_backoff_ms": 200,
+    "grpc.min_reconnect_backoff_ms": 200,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
 
 
 class EtcdUnavailable(RuntimeError):
@@ -108,7 +120,9 @@ class Etcd:
 
     def _open(self, endpoint: Endpoint) -> aetcd.Client:
         host, port = endpoint
-        return aetcd.Client(host=host, port=port, timeout=self.timeout, **self._auth)
+        return aetcd.Client(
+            host=host, port=port, timeout=self.timeout, options=CHANNEL_OPTIONS, **self._auth
+        )
 
     async def call(self, make: Callable[[aetcd.Client], Awaitable[T]]) -> T:
         """``make(client)`` within ``timeout``; on failure the connection is dropped and
