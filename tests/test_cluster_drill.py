@@ -258,4 +258,6 @@ def test_a_cluster_drill_of_running_pairs_kills_and_restarts_with_the_operators_
     restarted = [port for port in pids if now[port] != pids[port]]
     assert len(restarted) == 1 and pids[restarted[0]] not in _ours(d)
     assert now[restarted[0]] in _ours(d)
+    assert "SIGKILL of its primary at 127.0.0.1:" in done.stderr
+    assert "primary primary" not in done.stderr  # the remote label is the flag's name
     assert not list(drill_tmp.glob("pagesift-cluster-drill-*"))

@@ -288,9 +288,7 @@ class _Drill:
             o.problems.append("no primary with a connected standby at the kill")
             return
         primary, standby = found
-        self.say(
-            f"pair {o.pair}: SIGKILL of its primary {nodes.label(primary)} after {after} pages"
-        )
+        self.say(f"pair {o.pair}: SIGKILL of its primary at {primary} after {after} pages")
         o.kill_at = time.monotonic()
         await nodes.kill(primary)
         site = self.sites[self.names.index(o.pair)]
