@@ -6,9 +6,10 @@ What it owns
 to one upstream ``host:port``, in the test's own event loop. Three states:
 
 - ``OPEN``: bytes flow both ways (``heal`` returns here);
-- ``CUT``: every relayed connection is reset at once and the port refuses new ones
-  (the listener is closed; ``heal`` listens again on the same port): a peer that died
-  or a firewall that rejects;
+- ``CUT``: every relayed connection is reset at once, and so is every new one as soon
+  as it is accepted: a peer that died or a firewall that rejects. The listener stays
+  bound (were the port released, another process's ephemeral port could take it, and
+  ``heal`` could not listen there again);
 - ``BLACKHOLE``: connections stay open and new ones are accepted, but no byte moves
   either way (the relays stop reading, so the senders' buffers fill): a partition as
   TCP sees it, where only the caller's own deadline ends a call. ``heal`` resumes the
@@ -78,14 +79,11 @@ class CutProxy:
         return self
 
     async def _listen(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        self.port = sock.getsockname()[1]
-        self._server = await asyncio.start_server(self._accept, sock=sock)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.state is State.CUT:  # accepted just before the listener closed
+        if self.state is State.CUT:
             _reset(writer)
             return
         self.accepted += 1
@@ -136,20 +134,15 @@ class CutProxy:
         self._flowing.clear()
 
     async def cut(self) -> None:
-        """Reset every relayed connection and refuse new ones until ``heal``."""
+        """Reset every relayed connection, and every new one until ``heal``."""
         self.state = State.CUT
         self._flowing.set()  # a blackholed relay must see its reset, not wait
-        if self._server is not None:
-            self._server.close()
-            self._server = None
         for w in list(self._writers):
             _reset(w)
         await self._drain_relays()
 
     async def heal(self) -> None:
-        """Back to ``OPEN``: listen again (after a cut) and let held bytes flow."""
-        if self.state is State.CUT:
-            await self._listen()
+        """Back to ``OPEN``: new connections are relayed, held bytes flow."""
         self.state = State.OPEN
         self._flowing.set()
 
