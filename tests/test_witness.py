@@ -166,7 +166,8 @@ async def test_a_primary_that_loses_etcd_goes_read_only_within_ttl_and_writes_re
     nodes: NodeFactory, etcd: Etcd, site: tuple[Site, str]
 ) -> None:
     _, root = site
-    primary, standby = await elected(*await witness_pair(nodes, etcd))
+    # without failsafe (``test_failsafe``: with it, the standby's grants keep it writing)
+    primary, standby = await elected(*await witness_pair(nodes, etcd, witness_failsafe=False))
     job_id = await start_crawl(primary.address, crawl(root, limit=5))
     await finished(primary.address, job_id)
     assert (
