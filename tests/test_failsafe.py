@@ -69,10 +69,10 @@ async def test_an_etcd_outage_of_three_ttls_stops_no_pair_and_loses_no_page(
     s, root = site
     metrics = {name: f"127.0.0.1:{free_port()}" for name in ("a", "b")}
     extra = ("--witness", etcd.endpoint, "--pair", PAIR, "--witness-ttl", str(TTL))
-    made = [nodes(n, role="", extra=extra, config={"metrics_listen": m})
-            for n, m in metrics.items()]  # fmt: skip
-    await asyncio.gather(*(n.start() for n in made))
-    primary, standby = await elected(*made)
+    a, b = (nodes(n, role="", extra=extra, config={"metrics_listen": m})
+            for n, m in metrics.items())  # fmt: skip
+    await asyncio.gather(a.start(), b.start())
+    primary, standby = await elected(a, b)
     metrics_at = metrics[primary.name]
     job_id = await start_crawl(primary.address, paced(root))
     await eventually(lambda: at_least(primary.address, job_id, 20), "20 pages", 30)
