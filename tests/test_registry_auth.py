@@ -14,6 +14,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import aetcd
 import grpc
@@ -245,18 +246,18 @@ class CountingServer:
         self.server.add_generic_rpc_handlers([self._Handler(self)])
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
 
-    class _Handler(grpc.GenericRpcHandler):
+    class _Handler(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         def __init__(self, outer: CountingServer) -> None:
             self.outer = outer
 
-        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any]:
             outer = self.outer
             outer.calls.append(details.method or "")
             for key, value in details.invocation_metadata or ():
                 if key == "authorization":
                     outer.keys.append(str(value))
 
-            async def refuse(_request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            async def refuse(_request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "rogue")
                 return b""
 
