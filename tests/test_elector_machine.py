@@ -57,10 +57,12 @@ from pagesift.shared.ha.elector import (
     ReadPairState,
     Request,
     Resign,
+    ResumeGranting,
     SetDeadline,
     SleepUntil,
     Start,
     Stop,
+    StopGranting,
     Tick,
     Unavailable,
     WakeAt,
@@ -433,8 +435,8 @@ class TwoNodesOneWitness(RuleBasedStateMachine):
                     assert lease is not None and node.published_epoch == lease.epoch
                     assert node.log_deadline > self.now
                 self.feed_role(node, event)
-            case Warn():
-                pass
+            case Warn() | StopGranting() | ResumeGranting():
+                pass  # this model has no standby to give failsafe grants
             case _:
                 assert node.waiting is None, (node.waiting, action)  # one loop per node
                 node.waiting = (action, self.now)

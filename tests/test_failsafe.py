@@ -6,7 +6,7 @@ three ttls. With its standby connected the primary keeps writing through the out
 (its page count grows well past the lease, ``pagesift_witness_failsafe`` reads 1, a
 start during the outage is taken), nobody takes over, and once etcd is back the crawl
 completes with every page once on both nodes. A primary with no standby has no one to
-vouch for it: it stops within a ttl as before, and its refusal no longer names the
+vouch for it: it stops within a ttl, and its refusal does not name the
 node itself as the primary to send writes to. Fault injection beyond this (SIGSTOP,
 one node cut from etcd, the stream cut, randomized rounds) is ``test_failsafe_faults``.
 """

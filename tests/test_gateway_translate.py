@@ -404,6 +404,7 @@ def test_the_errors_body_lists_failed_pages_not_job_notes() -> None:
     [
         (C.INVALID_ARGUMENT, "INVALID_FIELD", {}, 400, "BAD_REQUEST"),
         (C.INVALID_ARGUMENT, "IDEMPOTENCY_KEY_REUSED", {}, 409, "CONFLICT"),
+        (C.FAILED_PRECONDITION, "HOST_OWNED_ELSEWHERE", {"owner": "b"}, 421, "MISDIRECTED"),
         (C.UNAUTHENTICATED, "UNAUTHENTICATED", {}, 401, "UNAUTHORIZED"),
         (C.PERMISSION_DENIED, "PERMISSION_DENIED_FIELD", {}, 403, "FORBIDDEN"),
         (C.NOT_FOUND, "JOB_NOT_FOUND", {}, 404, "NOT_FOUND"),

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the node's dependencies (the ``server`` extra), never needed by a client
 SERVER_ONLY = (
     "rocksdict",
+    "cryptography",
     "lxml",
     "defusedxml",
     "aiohttp",

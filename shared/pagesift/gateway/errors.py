@@ -82,6 +82,9 @@ TABLE: dict[str, tuple[int, str]] = {
     # x-idempotency-key already used with another body: 409 as Firecrawl's own reuse
     # answer (a retry with the same body is the same job, not a 409: AIP-155)
     "IDEMPOTENCY_KEY_REUSED": (409, "CONFLICT"),
+    # a gateway in front of one pair of a cluster, asked for a host another pair owns
+    # (a cluster gateway's client follows the owner and never shows it): 421 Misdirected
+    "HOST_OWNED_ELSEWHERE": (421, "MISDIRECTED"),
     "QUOTA_EXCEEDED": (429, "RATE_LIMIT_EXCEEDED"),
     "DOCUMENT_TOO_LARGE": (500, "DOCUMENT_TOO_LARGE"),
     "PAGE_FETCH_FAILED": (500, "SCRAPE_FAILED"),

@@ -271,7 +271,7 @@ class ServerConfig:
         str, Doc('the cluster\'s members TOML (pairs, keys, node addresses); "" = unverified')
     ] = ""
     cluster_signing_key_file: Annotated[
-        str, Doc('this pair\'s Ed25519 private key (PEM) its registry records are signed with')
+        str, Doc("this pair's Ed25519 private key (PEM) its registry records are signed with")
     ] = ""
     # health: a standby is ``pagesift.replica`` SERVING within this many seconds of its primary
     replica_max_lag: Annotated[

@@ -40,7 +40,7 @@ Failsafe (``ElectorConfig.failsafe``; the rule and its proof are ``failsafe``'s)
 - A lease found lapsed (``KeepaliveRefused``, ``PublishRefused``) while a grant still
   covers ``now``: the deadline becomes the grants' alone, the old lease is resigned
   and the key is campaigned for at once, without ``LeaseLost`` (the jobs go on); a
-  campaign lost then closes the deadline. Without a grant: ``LeaseLost`` as before.
+  campaign lost then closes the deadline. Without a grant: ``LeaseLost``.
 - A campaign: ``may_campaign`` gets the promise left (``Candidate.promised_until``,
   and one ttl after ``Start``: the promises a previous run of this node gave), and
   ``StopGranting`` goes out before ``Campaign`` in the same batch, so the follower

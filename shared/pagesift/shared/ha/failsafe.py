@@ -35,7 +35,7 @@ The protocol (over the replication stream, ``proto/pagesift/v1/replication.proto
 The invariant, and why it holds
 -------------------------------
 **Never two nodes accepting writes in overlapping intervals.** A node writes only
-under a deadline. Under the lease's: as before (``election``). Under a grant's: every
+under a deadline. Under the lease's: ``election``'s rule. Under a grant's: every
 member answered a request sent at ``s`` or later, so each promised, from an instant at
 or after ``s``, not to campaign for ``ttl`` of its clock; the primary stops at ``s +
 ttl - margin`` of its clock, before any promise ends as long as the two clocks' rates
