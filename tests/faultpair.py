@@ -47,8 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aetcd
 import grpc
 
+from pagesift.coord.keys import state_key
+from pagesift.shared.ha.election import PairState
 from pagesift.shared.replication.writetrace import ENV as TRACE_ENV
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
@@ -180,6 +183,31 @@ class FaultPair:
             if primary and follows and rs.peer == p.peer.address:
                 return p, s
         return None
+
+    async def vouched(self) -> tuple[PairNode, PairNode] | None:
+        """(primary, standby) once settled and the pair state in etcd names the standby
+        among those whose failsafe grants count (``PairState.standbys``): before that a
+        new primary has no one to vouch for it, and an outage stops it as it should."""
+        found = await self.settled()
+        if found is None:
+            return None
+        primary, standby = found
+        try:
+            standby_id = (await role(standby.address)).node_id
+        except grpc.aio.AioRpcError:
+            return None
+        host, port = self.etcd.members[0].address.rsplit(":", 1)
+        client = aetcd.Client(host=host, port=int(port), timeout=RPC_TIMEOUT)
+        try:
+            got = await asyncio.wait_for(client.get(state_key(self.name).encode()), RPC_TIMEOUT)
+        except (aetcd.ClientError, TimeoutError):
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 1)
+        if got is None or standby_id not in PairState.parse(got.value).standbys:
+            return None
+        return primary, standby
 
     async def elected(self, timeout: float = 40.0) -> tuple[PairNode, PairNode]:
         return await eventually(
@@ -455,15 +483,27 @@ class Round:
 
 
 def rounds(seed: int, count: int, ttl: float) -> list[Round]:
-    """``count`` faults drawn with ``seed``, each held 2 to 4 ttls (past the lease)."""
+    """``count`` faults drawn with ``seed``, each held 2 to 4 ttls (past the lease); one
+    the pair must write through is held 3 to 5, so that at least 2 s of it fall past
+    the lease's end plus a second's slack (a loaded box's paced crawl may write
+    nothing in a shorter stretch)."""
     rng = random.Random(seed)
     names = sorted(FAULTS)
-    return [Round(rng.choice(names), round(ttl * rng.uniform(2.0, 4.0), 2)) for _ in range(count)]
+    out = []
+    for _ in range(count):
+        fault = rng.choice(names)
+        low = 3.0 if fault in WRITES_THROUGH else 2.0
+        out.append(Round(fault, round(ttl * rng.uniform(low, low + 2.0), 2)))
+    return out
 
 
 async def inject(pair: FaultPair, watcher: Watcher, r: Round) -> tuple[int, int]:
     """One round: the fault held for its time, then the pair settled again; returns
-    the fault's [start, end] on CLOCK_MONOTONIC ns (the trace's clock)."""
+    the fault's [start, end] on CLOCK_MONOTONIC ns (the trace's clock). A fault the
+    pair must write through waits first for the standby to be named in the pair state
+    (``vouched``): a primary elected in the round before may not have published it yet."""
+    if r.writes_through:
+        await eventually(pair.vouched, f"pair {pair.name}: the standby named in its state", 60)
     start = time.monotonic_ns()
     await FAULTS[r.fault](pair, watcher, r.hold)
     end = time.monotonic_ns()
