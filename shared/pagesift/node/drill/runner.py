@@ -14,7 +14,9 @@ Owns ``DrillSettings`` and ``run_drill``. One run (``_Run``), on a pair that is 
    --primary <new>`` (a killed standby just restarts as a standby); with ``--auto``,
    wait for the witness to make the survivor primary and restart the killed node with
    its same command line; a killed witness is restarted once the primary refuses
-   writes;
+   writes (the local pair of a witness kill runs with ``witness_failsafe = false``, so
+   its lease runs out as a pair without failsafe's would; a remote pair must be
+   configured so for ``--kill witness``);
 4. wait for the killed node to rejoin (its ``Role``: standby, connected, and how its
    session began: ``continue`` or ``full`` resync; ``discarded``), for the crawl to
    end and for the receiver to hold every event the final job implies, then compare
@@ -46,6 +48,7 @@ import grpc
 
 from pagesift.client import JobClient
 from pagesift.node.drill.fixture import (
+    NODE_SETTINGS,
     WITNESS,
     DemoSite,
     DrillKeys,
@@ -315,9 +318,12 @@ class _Run:
             lambda: _true_if(any(not p.accepted for p in prober.probes)),
             self.left(2 * ttl + 5.0),
         )
-        if refused is None:
-            self.say(f"run {self.n}: writes still accepted {2 * ttl + 5:g} s after etcd died")
         await self.pair.restart(WITNESS, role="", primary="")
+        if refused is None:  # the probe would wait for a refusal to the drill's end
+            raise _Broken(
+                f"writes still accepted {2 * ttl + 5:g} s after etcd died (a witness kill "
+                "needs nodes with witness_failsafe = false)"
+            )
 
     async def _collect(self, obs: Observation, follower: Follower) -> None:
         client = self.client
@@ -421,7 +427,14 @@ async def run_drill(s: DrillSettings, say: Say) -> list[RunReport]:
         hook_url = await receiver.start()
         pair: Pair
         if s.local:
-            pair = LocalPair(workdir, s.keys, mode=s.mode, auto=s.auto, witness_ttl=s.witness_ttl)
+            # a witness kill rehearses the lease running out, which failsafe (on by
+            # default) would ride through while the standby vouches: those nodes run
+            # without it (tests/test_failsafe_faults.py proves the failsafe side)
+            settings = {**NODE_SETTINGS, "witness_failsafe": s.kill != WITNESS}
+            pair = LocalPair(
+                workdir, s.keys, mode=s.mode, auto=s.auto, witness_ttl=s.witness_ttl,
+                settings=settings,
+            )  # fmt: skip
         else:
             pair = CommandPair(
                 s.primary, s.standby, kill_cmd=s.kill_cmd, start_cmd=s.start_cmd,
