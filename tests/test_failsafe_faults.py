@@ -248,12 +248,6 @@ async def is_primary(node: PairNode) -> bool | None:
 
 @pytest.mark.parametrize("outage", ["etcd stopped", "primary's etcd cut"])
 @pytest.mark.system
-@pytest.mark.xfail(
-    reason="open (issue 29): in sync mode a primary whose jobs stopped (StopJobs drops the "
-    "runtime and its visible-page caps) lets GetJob show pages its standby never applied; "
-    "the standby takes over without them, so the checker counts them lost",
-    strict=False,
-)
 async def test_a_stream_cut_during_an_etcd_outage_stops_the_primary_within_the_grant(
     pair: FaultPair, site: tuple[Site, str], outage: str
 ) -> None:

@@ -218,6 +218,7 @@ class Node:
         self.elector: Elector | None = None
         self._elector_task: asyncio.Task[None] | None = None
         self.jobs: Jobs | None = None
+        self._stopped_jobs: Jobs | None = None  # its sync caps hold until a new role (visible)
         self.engine: Engine | None = None
         self._registration: tuple[Registrar, asyncio.Task[None]] | None = None
         # with ``cluster``: account limits held cluster-wide through etcd (ClusteredJobs)
@@ -295,6 +296,10 @@ class Node:
 
     def runtime(self) -> JobRuntime | None:
         return self.jobs
+
+    def visible(self, job_id: str) -> int | None:
+        jobs = self.jobs if self.jobs is not None else self._stopped_jobs
+        return jobs.visible(job_id) if jobs is not None else None
 
     def primary_hint(self) -> str:
         if self.role == Role.FENCED:
@@ -382,6 +387,7 @@ class Node:
                     self.slot.log.step_down(epoch)
 
     def _follow(self, target: str) -> None:
+        self._stopped_jobs = None  # the store follows the primary's from here
         cfg = self.config
         if cfg.replication_ca or cfg.replication_cert:
             self._peer_credentials = tls.channel_credentials(
@@ -429,6 +435,7 @@ class Node:
         assert not actions, actions  # the machine only records that the fencer ended
 
     async def _start_jobs(self) -> None:
+        self._stopped_jobs = None  # the new runtime caps what it resumes
         cfg = self.config
         self.engine = self._engine_factory(cfg, self.metrics)
         if isinstance(self.engine, RenderingEngine):
@@ -600,6 +607,7 @@ class Node:
         jobs, self.jobs = self.jobs, None
         engine, self.engine = self.engine, None
         if jobs is not None:
+            self._stopped_jobs = jobs  # reads stay capped where the standby confirmed
             await jobs.close()
         if engine is not None:
             await engine.close()

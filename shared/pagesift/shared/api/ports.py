@@ -105,6 +105,12 @@ class Node(Protocol):
     def runtime(self) -> JobRuntime | None:
         """The job runtime when this node is the primary, else None."""
 
+    def visible(self, job_id: str) -> int | None:
+        """How many of the job's pages reads may show (None: all that are stored): the
+        runtime's sync-mode caps, kept after its jobs stopped until this node runs a
+        new runtime or follows a primary (stored pages past them were never confirmed
+        by a standby and may be rolled back)."""
+
     def primary_hint(self) -> str:
         """Where the writes go, for a standby's NOT_PRIMARY message (an address, or
         an address followed by words, or "(unknown)")."""

@@ -187,8 +187,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return meta
 
     def _visible(self, job_id: str) -> int | None:
-        runtime = self.node.runtime()
-        return runtime.visible(job_id) if runtime is not None else None
+        return self.node.visible(job_id)
 
     async def _readable(self) -> None:
         """Sync mode on a primary: wait until the store it started with is replicated."""
