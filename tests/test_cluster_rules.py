@@ -283,3 +283,47 @@ def test_serve_refuses_a_cluster_without_a_witness_or_with_a_bad_name(
     assert cli.main(["serve", *witness, "--cluster", "Prod", *data]) == 2
     assert "not a pair name" in capsys.readouterr().err
     assert cli.main(["serve", *witness, "--cluster", "prod", "--pair", "a/b", *data]) == 2
+
+
+# ---------------------------------------------------------------- cluster status
+
+
+def test_cluster_status_names_a_listed_pair_without_records_as_missing() -> None:
+    from pagesift.coord.etcd import EndpointHealth
+    from pagesift.node.cli.cluster import MISSING, status_json
+
+    now = 1_000.0
+    recs = [
+        NodeRecord("p1", "a", "127.0.0.1:1", "primary", epoch=2, updated=now),
+        NodeRecord("p1", "b", "127.0.0.1:2", "standby", epoch=2, updated=now),
+    ]
+    healthy = EndpointHealth("127.0.0.1:2379", ok=True, member_id=7, leader_id=7)
+    out = status_json("prod", registry.pair_views(recs), now, expected=["p1", "p2"],
+                      etcd=[healthy])  # fmt: skip
+    by_pair = {p["pair"]: p for p in out["pairs"]}
+    assert by_pair["p1"]["problems"] == [] and by_pair["p2"]["problems"] == [MISSING]
+    assert out["placeable"] == ["p1"] and out["etcd"][0]["problems"] == []
+    assert status_json("prod", registry.pair_views(recs), now)["pairs"][0]["pair"] == "p1"
+
+
+def test_cluster_status_counts_an_etcd_member_that_is_down_leaderless_or_alarmed() -> None:
+    from pagesift.coord.etcd import EndpointHealth
+    from pagesift.node.cli.cluster import etcd_problems
+
+    assert etcd_problems(EndpointHealth("e1", ok=True, member_id=1, leader_id=1)) == []
+    assert etcd_problems(EndpointHealth("e2", ok=False, error="TimeoutError"))[0].startswith(
+        "does not answer"
+    )
+    assert etcd_problems(EndpointHealth("e3", ok=True, member_id=3)) == ["no raft leader"]
+    alarmed = EndpointHealth("e4", ok=True, member_id=4, leader_id=1, alarms=("NOSPACE",))
+    assert etcd_problems(alarmed) == ["alarm NOSPACE"]
+
+
+def test_a_stalled_primary_record_is_a_problem() -> None:
+    now = 1_000.0
+    recs = [
+        NodeRecord("p1", "a", "127.0.0.1:1", "primary", updated=now - 4 * registry.REFRESH_SECONDS),
+        NodeRecord("p1", "b", "127.0.0.1:2", "standby"),
+    ]
+    (view,) = registry.pair_views(recs).values()
+    assert any("old" in p for p in registry.problems(view, now))
