@@ -32,7 +32,7 @@ from pagesift.client.errors import error_info_of
 from pagesift.gateway import errors as gateway_errors
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients
-from pagesift.primary.engine.browser.procs import children, is_renderer
+from pagesift.primary.engine.browser.procs import children, process_type
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.rendering import RenderingEngine
@@ -129,7 +129,7 @@ async def kill_renderers_soon(after: float) -> int:
             if pid not in seen:
                 seen.add(pid)
                 todo.extend(children(pid))
-        found = {p for p in seen if is_renderer(p)}
+        found = {p for p in seen if process_type(p) == b"renderer"}
         if found:
             break
         await asyncio.sleep(0.05)

@@ -4,7 +4,9 @@ Owns ``PageMemoryWatch``, one daemon thread per browser (``BrowserPool`` starts 
 the browser when ``browser_page_memory_limit`` is set, stops it when the browser goes).
 Every ``EVERY`` seconds while a page is in flight (``IDLE_EVERY`` otherwise) it lists
 the browser's renderer processes, the children of its zygotes (found once; read from
-``/proc/PID/task/TID/children``, never a scan of /proc), reads each one's RSS
+``/proc/PID/task/TID/children``, never a scan of /proc; a child is classed by its
+command line, and one that still reads ``--type=zygote`` is a fork not yet renamed,
+read again at the next reading, never set aside), reads each one's RSS
 (``statm``) and sends SIGKILL to any past the limit (``over_limit``, the pure decision),
 through a pidfd opened on it and checked to still be the zygote's child, so a pid
 reused meanwhile is never hit. Each kill is recorded (``Kill``: when, pid, bytes).
@@ -43,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagesift.primary.engine.browser.procs import children, is_renderer, rss
+from pagesift.primary.engine.browser.procs import children, process_type, rss
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 
 __all__ = ["EVERY", "Kill", "PageMemoryWatch", "over_limit", "too_large"]
@@ -143,7 +145,10 @@ class PageMemoryWatch:
                 if pid in self._others:
                     continue
                 if pid not in self._renderers:
-                    if not is_renderer(pid):
+                    kind = process_type(pid)
+                    if kind == b"zygote":
+                        continue  # just forked, not yet renamed: read it again next time
+                    if kind != b"renderer":
                         self._others.add(pid)
                         continue
                     self._renderers[pid] = parent
@@ -167,7 +172,7 @@ class PageMemoryWatch:
     def _parents(self) -> set[int]:
         """The zygotes (found once), or the browser itself when it has none."""
         if not self._zygotes:
-            self._zygotes = {c for c in children(self.pid) if is_renderer(c, b"--type=zygote")}
+            self._zygotes = {c for c in children(self.pid) if process_type(c) == b"zygote"}
         return self._zygotes or {self.pid}
 
     def _run(self) -> None:

@@ -5,7 +5,7 @@ table, ``browser_roots`` (the browser main processes below the node), ``tree_pss
 PSS of a process tree, shared pages counted once), ``tree_rss``, ``sweep_profiles`` (the
 ``playwright_chromiumdev_profile-*`` folders a killed node left in the temp dir), and the
 cheap readers the page-memory watcher polls (``pagememory``): ``children`` (from
-``/proc/PID/task/TID/children``, no scan of /proc), ``is_renderer`` and ``rss``
+``/proc/PID/task/TID/children``, no scan of /proc), ``process_type`` and ``rss``
 (``/proc/PID/statm``).
 
 Why it is safe: every read tolerates a process that ended meanwhile (skipped); a sweep
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 __all__ = [
-    "PROFILE_PREFIX", "browser_roots", "children", "descendants", "is_renderer", "rss",
+    "PROFILE_PREFIX", "browser_roots", "children", "descendants", "process_type", "rss",
     "sweep_profiles", "tree_pss", "tree_rss",
 ]  # fmt: skip
 
@@ -107,13 +107,21 @@ def children(pid: int) -> set[int]:
     return found
 
 
-def is_renderer(pid: int, kind: bytes = b"--type=renderer") -> bool:
-    """Whether ``pid`` is a Chromium process of ``kind`` (its command line names it;
-    Chromium rewrites its title, so the whole line is searched)."""
+def process_type(pid: int) -> bytes | None:
+    """The Chromium process type ``pid``'s command line names (``b"renderer"``,
+    ``b"zygote"``, ...; ``b""`` when it names none), or None when it is gone. Chromium
+    rewrites its title, so the whole line is searched; a renderer the zygote has just
+    forked still reads ``zygote`` until it renames itself."""
     try:
-        return kind in Path(f"/proc/{pid}/cmdline").read_bytes()
+        line = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return False
+        return None
+    at = line.find(b"--type=")
+    if at < 0:
+        return b""
+    rest = line[at + len(b"--type=") :]
+    end = min((i for i in (rest.find(b" "), rest.find(b"\0")) if i >= 0), default=len(rest))
+    return rest[:end]
 
 
 def rss(pid: int) -> int:
