@@ -109,6 +109,47 @@ def test_a_record_changed_after_signing_does_not_verify() -> None:
     assert reason(json.dumps(forged).encode()) == "bad_signature"
 
 
+def test_a_records_per_host_limit_is_signed_and_changing_it_breaks_the_signature() -> None:
+    limited = dataclasses.replace(RECORD, per_host_concurrency=2)
+    assert opened(sealed(limited, SIGNER_A)).per_host_concurrency == 2
+    envelope = json.loads(sealed(limited, SIGNER_A))
+    assert '"per_host_concurrency":2' in envelope["record"]
+    envelope["record"] = envelope["record"].replace(
+        '"per_host_concurrency":2', '"per_host_concurrency":64'
+    )
+    assert reason(json.dumps(envelope).encode()) == "bad_signature"
+    # dropping the field (as if an older node wrote it) is a change too
+    body = json.loads(json.loads(sealed(limited, SIGNER_A))["record"])
+    del body["per_host_concurrency"]
+    stripped = json.loads(sealed(limited, SIGNER_A))
+    stripped["record"] = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    assert reason(json.dumps(stripped).encode()) == "bad_signature"
+
+
+def test_a_record_without_a_per_host_limit_decodes_to_0_and_a_bad_one_is_refused() -> None:
+    plain = json.loads(registry.encode_record(RECORD))
+    assert plain["per_host_concurrency"] == 0  # the default: not published
+    del plain["per_host_concurrency"]  # an older node's record, from before the field
+    old = json.dumps(plain).encode()
+    assert registry.decode_record(old) == RECORD
+    assert opened(old, members=None).per_host_concurrency == 0
+    # an older node signed its record without the field: it still verifies
+    body = json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()
+    signature = SIGNER_A.sign(registry.signed_message(CLUSTER, body))
+    envelope = {"key": SIGNER_A.key_id, "record": body.decode(),
+                "sig": base64.b64encode(signature).decode()}  # fmt: skip
+    assert opened(json.dumps(envelope).encode()).per_host_concurrency == 0
+    top = registry.MAX_PER_HOST_CONCURRENCY
+    assert registry.decode_record(json.dumps({**plain, "per_host_concurrency": top}).encode())
+    refused = [(-1, "must not be negative"), (top + 1, f"must be at most {top}"),
+               ("2", "must be int"), (True, "must be int"), (2.0, "must be int")]  # fmt: skip
+    for bad, why in refused:
+        data = json.dumps({**plain, "per_host_concurrency": bad}).encode()
+        with pytest.raises(ValueError, match=f"per_host_concurrency {why}"):
+            registry.decode_record(data)
+        assert reason(json.dumps({**plain, "per_host_concurrency": bad}).encode()) == "malformed"
+
+
 def test_a_record_replayed_into_another_cluster_does_not_verify() -> None:
     assert reason(sealed(RECORD, SIGNER_A, cluster="staging")) == "bad_signature"
 

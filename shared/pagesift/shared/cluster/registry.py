@@ -8,8 +8,11 @@ placement by itself, and a pair whose primary died still shows its standby.
 The records
 -----------
 Every node of every pair writes its own ``NodeRecord`` every ``REFRESH_SECONDS``: its
-advertised client address, role, epoch, lag, load and capacity. ``updated`` is the
-writer's wall clock, read only to show staleness; liveness is the lease's.
+advertised client address, role, epoch, lag, load, capacity and the per-host
+concurrency limit it runs with (``per_host_concurrency``: what ``pagesift drill
+--cluster`` judges politeness by; 0 in a record of a node older than the field, which
+decodes as before). ``updated`` is the writer's wall clock, read only to show
+staleness; liveness is the lease's.
 ``pair_views`` merges a pair's node records into one ``PairView``: the primary is the
 node that says it is primary with the highest epoch (a deposed primary that has not
 noticed yet has a lower one), the standby is another node.
@@ -32,7 +35,7 @@ members nothing is verified (the registry is then as trusted as etcd's access ru
 
 Replays: etcd write access lets a holder put back an old record it once read, validly
 signed. Such a record can only name an address its pair lists (one of the pair's own
-nodes) and state the pair's role, epoch, load or ``accepting`` of that time: at worst
+nodes) and state the pair's role, epoch, load, limit or ``accepting`` of that time: at worst
 work placed on a stale or stopped node of the right pair, which fails or is followed
 to the primary by the pair's own client. It cannot name another address, another pair,
 another cluster (the name is signed), or survive a key rotation (the old key leaves the
@@ -42,6 +45,9 @@ Guarantees
 ----------
 - ``decode_record`` refuses a record that is too large, not JSON, or has a field of the
   wrong type or out of range (``ValueError``), so a bad record cannot steer placement.
+  A field it does not know is ignored and a field it lacks takes its default, so nodes
+  of two versions read each other's records (an older node's has no
+  ``per_host_concurrency``: 0); a sealed record's new fields are signed like the rest.
 - ``open_record`` with members returns only a record signed by its pair's listed key,
   stored under its own pair, whose address the pair lists.
 - ``placeable`` is the set of pairs with a primary that accepts new work, by name
@@ -61,13 +67,16 @@ from pagesift.shared.cluster.ids import check_pair_name
 from pagesift.shared.cluster.members import Members
 
 __all__ = [
-    "MAX_RECORD_BYTES", "MAX_SEALED_BYTES", "REFRESH_SECONDS", "REJECT_REASONS", "Load",
-    "NodeRecord", "PairView", "RecordRejected", "decode_record", "encode_record",
-    "open_record", "pair_views", "parse_cluster_url", "placeable", "problems", "seal_record",
-    "signed_message",
+    "MAX_PER_HOST_CONCURRENCY", "MAX_RECORD_BYTES", "MAX_SEALED_BYTES", "REFRESH_SECONDS",
+    "REJECT_REASONS", "Load", "NodeRecord", "PairView", "RecordRejected", "decode_record",
+    "encode_record", "open_record", "pair_views", "parse_cluster_url", "placeable", "problems",
+    "seal_record", "signed_message",
 ]  # fmt: skip
 
 MAX_RECORD_BYTES = 8 * 1024
+#: the largest ``per_host_concurrency`` a record may state (a node running with more
+#: publishes this: no host sees more requests at once than that, whatever the config)
+MAX_PER_HOST_CONCURRENCY = 1_000_000
 MAX_SEALED_BYTES = MAX_RECORD_BYTES * 2  # the record as a JSON string, and its signature
 #: why ``open_record`` refuses a record (the ``reason`` of
 #: ``pagesift_cluster_records_rejected_total``)
@@ -119,6 +128,9 @@ class NodeRecord:
     epoch: int = 0
     lag: int = 0  # log entries a standby is behind (0 on the primary)
     capacity: int = 0  # pages it fetches at once at most (max_concurrency)
+    # requests at once to one host, its config's per_host_concurrency (0: not published,
+    # a node older than the field)
+    per_host_concurrency: int = 0
     accepting: bool = True  # False while draining: no new work
     load: Load = field(default_factory=Load)
     updated: float = 0.0  # the writer's wall clock, seconds
@@ -176,6 +188,11 @@ def decode_record(data: bytes) -> NodeRecord:
     node = _typed(raw, "node", str, "")
     if not node or "/" in node:
         raise ValueError("node record: node must be a key segment")
+    per_host = _typed(raw, "per_host_concurrency", int, 0)
+    if per_host > MAX_PER_HOST_CONCURRENCY:
+        raise ValueError(
+            f"node record: per_host_concurrency must be at most {MAX_PER_HOST_CONCURRENCY}"
+        )
     return NodeRecord(
         pair=check_pair_name(_typed(raw, "pair", str, "")),
         node=node,
@@ -184,6 +201,7 @@ def decode_record(data: bytes) -> NodeRecord:
         epoch=_typed(raw, "epoch", int, 0),
         lag=_typed(raw, "lag", int, 0),
         capacity=_typed(raw, "capacity", int, 0),
+        per_host_concurrency=per_host,
         accepting=_typed(raw, "accepting", bool, True),
         load=Load(
             running_jobs=_typed(load, "running_jobs", int, 0),
