@@ -167,8 +167,8 @@ async def test_a_pairs_nodes_register_and_the_view_follows_a_failover(
     url = f"{etcd.endpoint}/prod"
     extra = ("--witness", etcd.endpoint, "--pair", "p1", "--witness-ttl", "2",
              "--cluster", "prod")  # fmt: skip
-    a = nodes("a", role="", extra=extra)
-    b = nodes("b", role="", extra=extra)
+    a = nodes("a", role="", extra=extra, config={"per_host_concurrency": 3})
+    b = nodes("b", role="", extra=extra, config={"per_host_concurrency": 5})
     await asyncio.gather(a.start(), b.start())
 
     async def settled() -> PairView | None:
@@ -176,6 +176,12 @@ async def test_a_pairs_nodes_register_and_the_view_follows_a_failover(
         return v if v and v.primary and len(v.standbys) == 1 else None
 
     first = await eventually(settled, "p1 registered with a primary and a standby", 30)
+    reader = EtcdRegistry(url)
+    try:  # each node publishes the per-host limit it runs with (the drill judges by it)
+        limits = {r.address: r.per_host_concurrency for r in await reader.nodes()}
+    finally:
+        await reader.close()
+    assert limits == {a.address: 3, b.address: 5}
     primary, standby = (a, b) if first.primary == a.address else (b, a)
     assert first.standbys == (standby.address,)
     async with grpc.aio.insecure_channel(primary.address) as ch:

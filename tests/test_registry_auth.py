@@ -29,6 +29,7 @@ from pagesift.demo.site import build_site, serve_site
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients
 from pagesift.gateway.metrics import METRICS
+from pagesift.node.clustering import LoadMeter, node_record
 from pagesift.node.drill.fixture import Etcd
 from pagesift.shared.cluster import registry
 from pagesift.shared.cluster.members import Members, parse_members
@@ -372,6 +373,39 @@ async def test_a_forged_record_receives_no_call_and_no_key(etcd: Etcd, tmp_path:
         assert [r.keys for r in rogues] == [[], [], []]
         for reason in ("wrong_key", "bad_signature", "unsigned", "unknown_pair"):
             assert view.rejected[reason] >= 1, (reason, view.rejected)
+
+
+@pytest.mark.system
+async def test_a_nodes_record_publishes_its_per_host_limit(etcd: Etcd, tmp_path: Path) -> None:
+    """``clustering.node_record`` of real nodes states their config's
+    ``per_host_concurrency`` (a limit past the record's bound as the bound); signed by
+    the pair's key, put in etcd, it is read back verified with the limit."""
+    url = f"{etcd.endpoint}/{CLUSTER}"
+    top = registry.MAX_PER_HOST_CONCURRENCY
+    async with contextlib.AsyncExitStack() as stack:
+        strict = await stack.enter_async_context(
+            in_process_node(tmp_path / "a", pair="a", per_host_concurrency=3)
+        )
+        loose = await stack.enter_async_context(
+            in_process_node(tmp_path / "b", pair="a", per_host_concurrency=top + 5)
+        )
+        members = parse_members(members_file(a=(SIGNER_A, [strict.address, loose.address])))
+        for running in (strict, loose):
+            meter = LoadMeter(0.0, time.monotonic())
+            registrar = Registrar(
+                EtcdRegistry(url, signer=SIGNER_A),
+                lambda n=running.node, m=meter: node_record(  # type: ignore[misc]
+                    n, m, time.time(), time.monotonic()
+                ),
+                ttl=5,
+            )
+            await registrar.step()
+            stack.push_async_callback(registrar.close)
+        reader = EtcdRegistry(url, members=members)
+        stack.push_async_callback(reader.close)
+        limits = {r.address: r.per_host_concurrency for r in await reader.nodes()}
+        assert limits == {strict.address: 3, loose.address: top}
+        assert not reader.rejected
 
 
 def registry_plain(record: NodeRecord, node: str) -> bytes:

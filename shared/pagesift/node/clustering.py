@@ -19,7 +19,9 @@ from ``os.times``.
 What a record says (``node_record``)
 ------------------------------------
 role "primary" while the node takes writes, else "standby"; the log's epoch; a
-standby's lag in log entries; ``max_concurrency`` as capacity; and, on the primary,
+standby's lag in log entries; ``max_concurrency`` as capacity; ``per_host_concurrency``
+as it is (capped at ``registry.MAX_PER_HOST_CONCURRENCY``, which a reader accepts), the
+limit ``pagesift drill --cluster`` judges this node's politeness by; and, on the primary,
 its running jobs and the pages they still have to fetch (``views.progress`` of each
 running job: bounded by the running jobs, no scan of the store).
 """
@@ -44,7 +46,7 @@ from pagesift.primary.jobs.clustered import ClusteredJobs
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.cluster.members import load_members
-from pagesift.shared.cluster.registry import Load, NodeRecord
+from pagesift.shared.cluster.registry import MAX_PER_HOST_CONCURRENCY, Load, NodeRecord
 from pagesift.shared.cluster.signing import RecordSigner
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import records as jr
@@ -176,6 +178,7 @@ def node_record(node: Node, meter: LoadMeter, now_wall: float, now: float) -> No
         epoch=node.slot.log.epoch,
         lag=0 if primary else status.lag_offsets,
         capacity=cfg.max_concurrency,
+        per_host_concurrency=min(cfg.per_host_concurrency, MAX_PER_HOST_CONCURRENCY),
         load=Load(running_jobs=running, queued_pages=queued, pages_per_s=pages_per_s, cpu=cpu),
         updated=now_wall,
     )
