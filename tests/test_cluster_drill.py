@@ -28,7 +28,9 @@ import pytest
 from pagesift.client.registryview import ClusterView
 from pagesift.node import cli
 from pagesift.node.drill.clusterverdict import (
+    NO_LIMIT,
     PairObservation,
+    choose_limit,
     cluster_json,
     cluster_lines,
     judge_cluster,
@@ -104,6 +106,86 @@ def test_a_duplicate_a_missing_page_or_no_write_after_the_kill_fails_the_pair() 
     assert not judge_pair(_obs(final=FinalJob("failed", DOCS, [])), "async").passed
 
 
+# ---------------------------------------------------------------- the per-host limit
+
+
+def test_the_limit_judged_is_the_smallest_the_nodes_publish_and_disagreement_is_reported() -> None:
+    same = choose_limit({"a/1": 2, "a/2": 2, "b/1": 2})
+    assert (same.limit, same.source, same.notes, same.disagree) == (2, "nodes", (), False)
+    mixed = choose_limit({"a/1": 8, "a/2": 2, "b/1": 4, "b/2": 0})
+    assert mixed.limit == 2 and mixed.source == "nodes" and mixed.disagree
+    assert mixed.unpublished == ("b/2",) and "b/2" not in mixed.published
+    disagree, silent = mixed.notes
+    assert "disagree" in disagree and "2 on a/2; 4 on b/1; 8 on a/1" in disagree
+    assert "1 node(s) publish no per_host_concurrency" in silent and "b/2" in silent
+    # the strictest node bounds every pair: a site at 3 breaks it, though a/1 allows 8
+    obs = [_obs("a", peak=3, limit=None), _obs("b", peak=2, limit=None)]
+    report = judge_cluster(obs, "async", mixed)
+    assert [p.limit for p in report.pairs] == [2, 2]
+    assert [p.polite for p in report.pairs] == [False, True] and not report.passed
+    lines = cluster_lines(report)
+    assert "per-host limit 2 (as the nodes publish it)" in lines
+    assert any("disagree" in line for line in lines) and "politeness BROKEN" in lines[-1]
+    out = cluster_json(report)["per_host_limit"]
+    assert out["limit"] == 2 and out["source"] == "nodes" and out["nodes_disagree"]
+    assert out["published"] == {"a/1": 8, "a/2": 2, "b/1": 4}
+    assert out["unpublished"] == ["b/2"]
+
+
+def test_an_explicit_limit_overrides_what_the_nodes_publish_and_the_report_says_so() -> None:
+    given = choose_limit({"a/1": 2, "a/2": 2}, override=8)
+    assert (given.limit, given.source) == (8, "override")
+    assert given.notes == ("--per-host-limit 8 overrides the nodes' 2",)
+    report = judge_cluster([_obs("a", peak=5, limit=None)], "async", given)
+    assert report.passed and report.pairs[0].limit == 8
+    assert "per-host limit 8 (from --per-host-limit)" in cluster_lines(report)
+    assert choose_limit({"a/1": 2}, override=2).notes == ()  # agrees: nothing to say
+    assert choose_limit({}, override=3).limit == 3  # older nodes, the operator knows
+    with pytest.raises(ValueError):
+        choose_limit({"a/1": 2}, override=0)
+
+
+def test_without_a_published_or_given_limit_politeness_is_not_judged_and_fails() -> None:
+    none = choose_limit({"a/1": 0, "a/2": 0})
+    assert none.limit is None and none.source == "none"
+    assert none.unpublished == ("a/1", "a/2") and NO_LIMIT in none.notes
+    assert choose_limit({}).limit is None
+    report = judge_cluster([_obs("a", limit=None), _killed(limit=None)], "async", none)
+    assert report.politeness_held is None and not report.passed
+    assert all(p.polite is None and NO_LIMIT in p.failures for p in report.pairs)
+    lines = cluster_lines(report)
+    assert "per-host limit unknown" in lines and "politeness not judged" in lines[-1]
+    assert "(limit -)" in lines[0]
+    assert cluster_json(report)["politeness_held"] is None
+    # one pair broken and one unknown: broken
+    mixed = judge_cluster([_obs("a", peak=3), _obs("b", limit=None)], "async")
+    assert mixed.politeness_held is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "override", "nodes_limit"),
+    [
+        (["--local", "--pairs", "2"], None, 2),
+        (["--local", "--pairs", "2", "--per-host-limit", "3"], None, 3),  # set on the nodes
+        (["--cluster", "etcd://127.0.0.1:2379/c", "--kill-cmd", "k", "--start-cmd", "s"], None, 2),
+        (
+            ["--cluster", "etcd://127.0.0.1:2379/c", "--kill-cmd", "k", "--start-cmd", "s",
+             "--per-host-limit", "4"],
+            4,
+            4,
+        ),
+    ],
+)  # fmt: skip
+def test_the_per_host_limit_flag_overrides_only_a_remote_drills_verdict_and_only_if_given(
+    argv: list[str], override: int | None, nodes_limit: int
+) -> None:
+    from pagesift.node.cli.drill import cluster_settings
+
+    args = cli.build_parser().parse_args(["drill", *argv])
+    settings = cluster_settings(args)
+    assert settings.per_host_limit == override and settings.per_host == nodes_limit
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -157,6 +239,9 @@ def test_a_local_three_pair_drill_kills_one_primary_and_every_pair_completes_pol
         assert p["max_concurrent_per_host"] == p["per_host_limit"] == 2
         if not p["killed"]:
             assert p["rto_s"] is None and p["pages_lost"] == 0
+    limit = out["per_host_limit"]  # what the nodes published: the --per-host-limit they ran
+    assert limit["source"] == "nodes" and limit["limit"] == 2 and not limit["nodes_disagree"]
+    assert len(limit["published"]) >= 3 and set(limit["published"].values()) == {2}
     assert "SIGKILL of its primary" in done.stderr
     _assert_clean(drill_tmp)
     assert not _ours(drill_tmp)
@@ -233,7 +318,7 @@ def test_a_cluster_drill_of_running_pairs_kills_and_restarts_with_the_operators_
         "--cluster", cluster_deployment["url"],
         "--kill-cmd", f"sh {shlex.quote(str(d / 'kill.sh'))} {{port}}",
         "--start-cmd", f"sh {shlex.quote(str(d / 'start.sh'))} {{port}}",
-        "--per-host-limit", "2", "--pages", "30", "--witness-ttl", "3", "--seed", "6",
+        "--pages", "30", "--witness-ttl", "3", "--seed", "6",
         "--page-retries", "1", "--json",
     ]  # fmt: skip
     env = dict(os.environ, TMPDIR=str(drill_tmp), PYTHONUNBUFFERED="1")
@@ -247,6 +332,12 @@ def test_a_cluster_drill_of_running_pairs_kills_and_restarts_with_the_operators_
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     assert out["passed"] and out["politeness_held"]
+    # no --per-host-limit: the verdict judges by the per_host_concurrency = 2 the nodes
+    # run with and publish (the CLI's old default judged by 8)
+    limit = out["per_host_limit"]
+    assert limit["source"] == "nodes" and limit["limit"] == 2 and limit["notes"] == []
+    assert set(limit["published"].values()) == {2}
+    assert {name.split("/")[0] for name in limit["published"]} == {"east", "north", "west"}
     assert sorted(p["pair"] for p in out["pairs"]) == ["east", "north", "west"]
     (killed,) = [p for p in out["pairs"] if p["killed"]]
     assert killed["rto_s"] is not None and killed["pages_lost"] <= killed["allowed_lost"]

@@ -83,6 +83,10 @@ hosts 127.0.0.1..N, per_host_concurrency --per-host-limit), one crawl of each th
 cluster client, the primary of one pair SIGKILLed mid-crawl and its standby promoted by
 the witness; it reports per pair the RTO, pages lost, duplicates and the most requests
 its site had in flight at once against the per-host limit (politeness held or not).
+The limit is the per_host_concurrency the nodes publish in their registry records, the
+smallest of them (the report names nodes that disagree or publish none); with --cluster,
+--per-host-limit N judges by N instead. When no node publishes one and no N is given,
+politeness is not judged and the drill fails saying so.
 With --cluster, name the node in the commands by {address}, {host} or {port} ({node} is
 only primary or standby, the same in every pair).
 
@@ -196,7 +200,8 @@ def cluster_settings(args: argparse.Namespace) -> ClusterDrillSettings:
         timeout=args.timeout,
         pace=args.pace,
         concurrency=args.concurrency,
-        per_host=args.per_host_limit or (8 if args.cluster else 2),
+        per_host=args.per_host_limit or 2,
+        per_host_limit=args.per_host_limit if args.cluster else None,
         page_retries=args.page_retries,
         witness_ttl=args.witness_ttl,
         kill_cmd=args.kill_cmd or "",
@@ -330,7 +335,8 @@ def add_drill_command(sub: Any) -> None:
         type=positive_int,
         metavar="N",
         help="cluster drill: per_host_concurrency (--local: set on the nodes, default 2; "
-        "--cluster: the nodes' value to judge by, default 8)",
+        "--cluster: judge by N instead of what the nodes publish); the verdict reads the "
+        "limit each node publishes in its registry record, the smallest of them",
     )
     where.add_argument("--primary", type=host_port, metavar="HOST:PORT", help="remote: primary")
     where.add_argument("--standby", type=host_port, metavar="HOST:PORT", help="remote: standby")

@@ -20,7 +20,10 @@ single-pair drill's pieces (``LocalPair``/``CommandPair``, ``Follower``, ``Probe
    accepted (the witness promotes it: the RTO), restart the killed node with its same
    command line and wait for it to rejoin as a standby (``discarded``);
 4. wait for every crawl to end, read each in full through the cluster client, read each
-   site's peak concurrency, and judge (``clusterverdict``).
+   site's peak concurrency, and judge (``clusterverdict``) against the per-host limit the
+   nodes publish in their registry records, read once every pair is up, before the
+   crawls (``published_limits``; ``clusterverdict.choose_limit``: the strictest node's,
+   or ``per_host_limit`` when the operator gave one).
 
 Webhooks and digests are the single-pair drill's: not repeated here. Every wait is
 bounded by ``timeout``; everything started is stopped and the working directory removed
@@ -37,7 +40,7 @@ import secrets
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +49,13 @@ import grpc
 from pagesift.client import JobClient
 from pagesift.client.registryview import ClusterUnavailable, ClusterView
 from pagesift.demo.site import CALENDAR_EXCLUDE
-from pagesift.node.drill.clusterverdict import ClusterReport, PairObservation, judge_cluster
+from pagesift.node.drill.clusterverdict import (
+    ClusterReport,
+    LimitChoice,
+    PairObservation,
+    choose_limit,
+    judge_cluster,
+)
 from pagesift.node.drill.counting import CountedSite
 from pagesift.node.drill.fixture import (
     NODE_SETTINGS,
@@ -71,7 +80,10 @@ from pagesift.shared.cluster.registry import PairView, placeable
 from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["ClusterDrillSettings", "run_cluster_drill", "site_hosts", "spread_names"]
+__all__ = [
+    "ClusterDrillSettings", "published_limits", "run_cluster_drill", "site_hosts",
+    "spread_names",
+]  # fmt: skip
 
 LOOPBACK_HOSTS = 64  # 127.0.0.1..N: the hosts a loopback --callback-host stands for
 
@@ -92,7 +104,8 @@ class ClusterDrillSettings:
     pace: float = 0.03
     site_delay: float = 0.02  # seconds each site answer waits (so requests overlap)
     concurrency: int = 8
-    per_host: int = 2  # local: the nodes' per_host_concurrency; remote: the limit judged
+    per_host: int = 2  # local: the nodes' per_host_concurrency
+    per_host_limit: int | None = None  # the limit judged by, over what the nodes publish
     page_retries: int | None = None
     witness_ttl: float = 3.0
     kill_cmd: str = ""
@@ -120,6 +133,24 @@ def site_hosts(callback_host: str) -> list[str]:
     if len(hosts) == 1 and hosts[0].startswith("127."):
         return [f"127.0.0.{i}" for i in range(1, LOOPBACK_HOSTS + 1)]
     return hosts
+
+
+async def published_limits(url: str, pairs: Iterable[str]) -> dict[str, int]:
+    """The ``per_host_concurrency`` each registered node of ``pairs`` publishes in its
+    record (``"pair/node"`` -> value; 0: a node that publishes none); ``SetupError``
+    when the registry cannot be read."""
+    from pagesift.coord.etcd import EtcdUnavailable
+    from pagesift.coord.registry import EtcdRegistry
+
+    wanted = set(pairs)
+    registry = EtcdRegistry(url, timeout=2.0)
+    try:
+        records = await registry.nodes()
+    except EtcdUnavailable as e:
+        raise SetupError(f"cannot read the nodes' records: {e}") from None
+    finally:
+        await registry.close()
+    return {f"{r.pair}/{r.node}": r.per_host_concurrency for r in records if r.pair in wanted}
 
 
 class _Drill:
@@ -246,12 +277,21 @@ class _Drill:
             req.max_retries = self.s.page_retries
         return req
 
+    async def limits(self) -> LimitChoice:
+        """The per-host limit to judge by: the nodes' published ones, or the override."""
+        published = await published_limits(self.url, self.names)
+        choice = choose_limit(published, self.s.per_host_limit)
+        for note in choice.notes:
+            self.say(f"per-host limit: {note}")
+        return choice
+
     async def run(self, rng: random.Random) -> ClusterReport:
         s = self.s
+        limits = await self.limits()
         cc = JobClient(cluster=self.url, api_key=s.keys.api_key, tls_ca=s.tls_ca, timeout=30.0)
         self.stack.push_async_callback(cc.close)
         obs = [
-            PairObservation(p, x.root, s.per_host)
+            PairObservation(p, x.root, limits.limit)
             for p, x in zip(self.names, self.sites, strict=True)
         ]
         followers: list[Follower] = []
@@ -273,7 +313,7 @@ class _Drill:
                 await cancel_and_wait(t)
         for o, f, site in zip(obs, followers, self.sites, strict=True):
             o.shown, o.peak = list(f.shown), site.counter.peak
-        return judge_cluster(obs, s.mode)
+        return judge_cluster(obs, s.mode, limits)
 
     async def _kill(self, o: PairObservation, follower: Follower, rng: random.Random) -> None:
         o.killed = True

@@ -12,7 +12,16 @@ it judges, per pair (``judge_pair``), with the single-pair drill's own definitio
   ``discarded``, the writes the killed node dropped when it rejoined; sync: none);
   every other pair loses nothing: a failover in one pair is invisible to the others;
 - politeness: the most requests the pair's site had in flight at once (counted at the
-  site, whichever node sent them) never above ``per_host_concurrency``.
+  site, whichever node sent them) never above the per-host limit.
+
+The per-host limit (``choose_limit``) is what the nodes publish in their registry
+records (``NodeRecord.per_host_concurrency``), the smallest of them: a site may be
+fetched by any node of its owner pair (and by the next owner while ownership moves),
+so the bound that must hold is the strictest node's. ``--per-host-limit`` given
+explicitly overrides it. The report says where the limit came from, which nodes
+disagree and which publish none (older nodes, 0); when no node publishes one and no
+override is given, politeness is not judged and every pair fails saying so (a drill
+cannot claim a bound it does not know).
 
 ``judge_cluster`` adds it up: the drill passes when every pair passed. Nothing here
 starts a process, opens a socket or reads a clock.
@@ -20,8 +29,8 @@ starts a process, opens a socket or reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pagesift.node.drill.verdict import (
@@ -34,7 +43,66 @@ from pagesift.node.drill.verdict import (
     site_check,
 )
 
-__all__ = ["ClusterReport", "PairObservation", "PairReport", "cluster_json", "cluster_lines"]
+__all__ = [
+    "NO_LIMIT", "ClusterReport", "LimitChoice", "PairObservation", "PairReport", "choose_limit",
+    "cluster_json", "cluster_lines", "judge_cluster", "judge_pair",
+]  # fmt: skip
+
+NO_LIMIT = (
+    "politeness not judged: no node publishes its per_host_concurrency (nodes older than "
+    "the field); give --per-host-limit"
+)
+
+
+@dataclass(frozen=True)
+class LimitChoice:
+    """The per-host limit a cluster drill judges by, and why (``choose_limit``)."""
+
+    limit: int | None  # None: no node published one and no override was given
+    source: str  # "nodes", "override" or "none"
+    published: Mapping[str, int] = field(default_factory=dict)  # "pair/node" -> its limit
+    unpublished: tuple[str, ...] = ()  # "pair/node" of the nodes that publish none
+    notes: tuple[str, ...] = ()  # what the report says about the choice
+
+    @property
+    def disagree(self) -> bool:
+        return len(set(self.published.values())) > 1
+
+
+def _nodes_at(published: Mapping[str, int]) -> str:
+    by_value: dict[int, list[str]] = {}
+    for node, value in sorted(published.items()):
+        by_value.setdefault(value, []).append(node)
+    return "; ".join(f"{v} on {', '.join(nodes)}" for v, nodes in sorted(by_value.items()))
+
+
+def choose_limit(published: Mapping[str, int], override: int | None = None) -> LimitChoice:
+    """The limit to judge by from each node's published ``per_host_concurrency``
+    (``"pair/node"`` -> value, 0 for a node that publishes none) and the explicit
+    ``--per-host-limit`` (None when not given); see the module docstring."""
+    if override is not None and override < 1:
+        raise ValueError(f"a per-host limit override must be at least 1, not {override}")
+    given = {n: v for n, v in published.items() if v > 0}
+    silent = tuple(sorted(n for n, v in published.items() if v <= 0))
+    notes: list[str] = []
+    smallest = min(given.values(), default=None)
+    if len(set(given.values())) > 1:
+        notes.append(
+            f"the nodes disagree on per_host_concurrency ({_nodes_at(given)}): "
+            f"the strictest, {smallest}, is the bound"
+        )
+    if silent and given:
+        notes.append(
+            f"{len(silent)} node(s) publish no per_host_concurrency (older nodes): "
+            f"{', '.join(silent)}"
+        )
+    if override is not None:
+        if smallest is not None and override != smallest:
+            notes.append(f"--per-host-limit {override} overrides the nodes' {smallest}")
+        return LimitChoice(override, "override", given, silent, tuple(notes))
+    if smallest is None:
+        return LimitChoice(None, "none", given, silent, (*notes, NO_LIMIT))
+    return LimitChoice(smallest, "nodes", given, silent, tuple(notes))
 
 
 @dataclass
@@ -43,7 +111,7 @@ class PairObservation:
 
     pair: str
     site: str  # the root URL this pair's crawl started from (a site it owns)
-    limit: int  # per_host_concurrency
+    limit: int | None  # the per-host limit judged by (``LimitChoice.limit``; None: unknown)
     peak: int = 0  # requests in flight at once at the site, at most
     job_id: str = ""
     killed: bool = False
@@ -72,8 +140,8 @@ class PairReport:
     missing: int
     unexpected: int
     peak: int
-    limit: int
-    polite: bool
+    limit: int | None
+    polite: bool | None  # None: not judged (no limit known)
     failures: tuple[str, ...]
 
     @property
@@ -85,14 +153,18 @@ class PairReport:
 class ClusterReport:
     mode: str
     pairs: tuple[PairReport, ...]
+    limits: LimitChoice | None = None  # how the per-host limit was chosen (None: given)
 
     @property
     def killed_pair(self) -> str:
         return next((p.pair for p in self.pairs if p.killed), "")
 
     @property
-    def politeness_held(self) -> bool:
-        return all(p.polite for p in self.pairs)
+    def politeness_held(self) -> bool | None:
+        """False when a pair broke the limit, None when one was not judged, else True."""
+        if any(p.polite is False for p in self.pairs):
+            return False
+        return None if any(p.polite is None for p in self.pairs) else True
 
     @property
     def passed(self) -> bool:
@@ -130,8 +202,10 @@ def judge_pair(obs: PairObservation, mode: str) -> PairReport:
         failures.append(f"{lost} shown page(s) lost and the lag window is unknown")
     elif allowed is not None and lost > allowed:
         failures.append(f"{lost} shown page(s) lost (allowed {allowed})")
-    polite = obs.peak <= obs.limit
-    if not polite:
+    polite = None if obs.limit is None else obs.peak <= obs.limit
+    if polite is None:
+        failures.append(NO_LIMIT)
+    elif not polite:
         failures.append(f"politeness: {obs.peak} requests at once to the site, limit {obs.limit}")
     return PairReport(
         pair=obs.pair, job_id=obs.job_id, killed=obs.killed, state=state,
@@ -142,8 +216,27 @@ def judge_pair(obs: PairObservation, mode: str) -> PairReport:
     )  # fmt: skip
 
 
-def judge_cluster(observations: Sequence[PairObservation], mode: str) -> ClusterReport:
-    return ClusterReport(mode, tuple(judge_pair(o, mode) for o in observations))
+def judge_cluster(
+    observations: Sequence[PairObservation], mode: str, limits: LimitChoice | None = None
+) -> ClusterReport:
+    """Every pair judged; with ``limits``, each by ``limits.limit`` (the chosen limit)
+    and the report carries how it was chosen."""
+    if limits is not None:
+        observations = [replace(o, limit=limits.limit) for o in observations]
+    return ClusterReport(mode, tuple(judge_pair(o, mode) for o in observations), limits)
+
+
+def _limits_json(c: LimitChoice | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {
+        "limit": c.limit,
+        "source": c.source,
+        "published": dict(sorted(c.published.items())),
+        "unpublished": list(c.unpublished),
+        "nodes_disagree": c.disagree,
+        "notes": list(c.notes),
+    }
 
 
 def cluster_json(r: ClusterReport) -> dict[str, Any]:
@@ -152,6 +245,7 @@ def cluster_json(r: ClusterReport) -> dict[str, Any]:
         "mode": r.mode,
         "killed_pair": r.killed_pair,
         "politeness_held": r.politeness_held,
+        "per_host_limit": _limits_json(r.limits),
         "passed": r.passed,
         "pairs": [
             {
@@ -186,10 +280,18 @@ def cluster_lines(r: ClusterReport) -> list[str]:
             f"pair {p.pair}{' (primary killed)' if p.killed else ''}: {p.state}, "
             f"{p.documents} pages, rto {took}, lost {p.pages_lost}"
             f"{f' (allowed {p.allowed_lost})' if p.killed else ''}, duplicates "
-            f"{p.duplicates}, max {p.peak} at once per host (limit {p.limit}): "
+            f"{p.duplicates}, max {p.peak} at once per host (limit {p.limit or '-'}): "
             + ("PASS" if p.passed else "FAIL: " + "; ".join(p.failures))
         )
-    held = "held" if r.politeness_held else "BROKEN"
+    c = r.limits
+    if c is not None:
+        how = {"nodes": "as the nodes publish it", "override": "from --per-host-limit"}
+        lines.append(
+            f"per-host limit {c.limit if c.limit is not None else 'unknown'}"
+            f"{f' ({how[c.source]})' if c.source in how else ''}"
+        )
+        lines.extend(f"  {note}" for note in c.notes)
+    held = {True: "held", False: "BROKEN", None: "not judged"}[r.politeness_held]
     lines.append(
         f"cluster drill: {'PASS' if r.passed else 'FAIL'} ({len(r.pairs)} pairs, "
         f"{r.mode}, killed the primary of {r.killed_pair or '-'}; politeness {held})"
