@@ -5,14 +5,18 @@ config keys through ``ServerConfig``, metric names against a real ``Metrics``
 exposition, manifests through the Kubernetes schemas (kubernetes-validate, strict), the
 Dockerfile through hadolint, the alert rules through promtool (``check rules`` and the
 unit tests in ``deploy/prometheus/pagesift-alerts.test.yaml``), the systemd units
-through ``systemd-analyze verify``. One end-to-end test runs a primary and a standby
-from the example config over TLS and asks them through ``deploy/healthcheck.py``.
+through ``systemd-analyze verify``, the compose etcd-auth command through the real
+``pagesift.coord.etcdauth`` parser. One end-to-end test runs a primary and a standby
+from the example config over TLS and asks them through ``deploy/healthcheck.py``; another
+starts compose's three etcd members (their own flags, on loopback), runs compose's
+etcd-auth command against them and takes the lease as a compose node logs in.
 
 promtool is required (Debian: ``apt-get install -y --no-install-recommends prometheus``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -27,12 +31,16 @@ from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
 import kubernetes_validate
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagesift.coord import etcdauth, keys
+from pagesift.coord.etcd import EtcdUnavailable
+from pagesift.coord.witness import EtcdWitness, Lease
 from pagesift.gateway.metrics import GatewayMetrics
 from pagesift.node.cli import build_parser
 from pagesift.node.cli.serve import serve_overrides
@@ -46,7 +54,7 @@ from pagesift.shared.api.metricsources import (
 )
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.config.settings import load_config
-from pagesift.shared.ha.election import MIN_TTL, parse_witness
+from pagesift.shared.ha.election import MIN_TTL, Holder, parse_witness
 from pagesift.shared.jobs.accounts import Accounts, AccountsError, hash_key, new_key
 from pagesift.shared.store.db import Store
 from tests.helpers import free_port, start_server_process
@@ -102,6 +110,57 @@ def compose_nodes() -> dict[str, dict[str, Any]]:
         for name, svc in compose()["services"].items()
         if svc.get("image", "").startswith("pagesift") and "entrypoint" not in svc
     }
+
+
+ETCD_IMAGES = ("gcr.io/etcd-development/etcd:v3.5.", "quay.io/coreos/etcd:v3.5.")
+ETCD_AUTH = ["python", "-m", "pagesift.coord.etcdauth"]  # the etcd-auth service's entrypoint
+
+
+def compose_etcd_members() -> dict[str, dict[str, Any]]:
+    """The compose services that run an etcd member."""
+    return {
+        name: svc
+        for name, svc in compose()["services"].items()
+        if str(svc.get("image", "")).startswith(ETCD_IMAGES)
+    }
+
+
+def etcd_flags(svc: dict[str, Any]) -> dict[str, str]:
+    """An etcd member's ``--flag=value`` command line as a dict (each flag once)."""
+    command = [str(a) for a in svc["command"]]
+    assert command[0] == "/usr/local/bin/etcd", command
+    flags = dict(a.split("=", 1) for a in command[1:])
+    assert len(flags) == len(command) - 1, f"a repeated or bare flag in {command}"
+    return flags
+
+
+def mounted_secrets(svc: dict[str, Any]) -> dict[str, str]:
+    """path in the container -> compose secret, as compose mounts them: the short form
+    and a relative ``target`` under /run/secrets/, an absolute ``target`` as it is."""
+    out = {}
+    for entry in svc.get("secrets", []):
+        if isinstance(entry, str):
+            entry = {"source": entry}
+        target = str(entry.get("target", entry["source"]))
+        path = target if target.startswith("/") else f"/run/secrets/{target}"
+        out[path] = str(entry["source"])
+    return out
+
+
+def etcd_auth_args() -> Any:
+    """The compose etcd-auth command through the real ``etcdauth`` parser."""
+    svc = compose()["services"]["etcd-auth"]
+    assert svc["entrypoint"] == ETCD_AUTH
+    argv = [str(a) for a in svc["command"]]
+    try:
+        return etcdauth.parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"compose etcd-auth: `python -m pagesift.coord.etcdauth` rejects {argv}")
+
+
+def auth_pairs(args: Any) -> list[str]:
+    """The pairs the command makes users for, split as ``etcdauth.main`` splits them."""
+    return [p.strip() for p in str(args.pairs).split(",") if p.strip()]
 
 
 @dataclass(frozen=True)
@@ -539,19 +598,15 @@ def test_the_image_installs_the_project_as_a_non_root_user_with_a_tls_health_pro
 
 def test_the_compose_pair_runs_with_the_witness_healthchecks_and_file_secrets() -> None:
     doc = compose()
-    services = doc["services"]
     nodes = compose_nodes()
-    assert set(nodes) == {"node-a", "node-b"} and "etcd" in services
-    assert services["etcd"]["image"].startswith(("gcr.io/etcd-development/etcd:v3.5.", "quay.io"))
-    assert "healthcheck" in services["etcd"]
+    assert set(nodes) == {"node-a", "node-b"}
     declared = doc["secrets"]
     for name, svc in nodes.items():
         argv = [str(a) for a in svc["command"]]
         args = parse_serve(argv, f"compose {name}")
         assert args.role is None, f"{name}: with a witness there is no --role"
-        assert args.witness == "etcd://etcd:2379" and args.pair and args.witness_ttl == 5
+        assert args.witness and args.pair and args.witness_ttl == 5
         assert args.advertise == f"{svc['hostname']}:50051" and svc["hostname"] == name
-        assert svc["depends_on"]["etcd"]["condition"] == "service_healthy"
         assert svc["healthcheck"]["test"] == ["CMD", "python", HEALTHCHECK]
         assert svc["environment"]["PAGESIFT_HEALTH_CA"].startswith("/run/secrets/")
         # every /run/secrets/X a node reads is one of its secrets, each a declared file
@@ -564,6 +619,254 @@ def test_the_compose_pair_runs_with_the_witness_healthchecks_and_file_secrets() 
     for secret in declared.values():
         assert secret["file"].startswith("./secrets/"), secret
     assert (DEPLOY / "secrets" / ".gitignore").read_text().splitlines()[1:] == ["*", "!.gitignore"]
+
+
+def test_the_compose_witness_is_three_etcd_members_of_one_initial_cluster() -> None:
+    doc = compose()
+    members = compose_etcd_members()
+    assert set(members) == {"e1", "e2", "e3"}, f"compose etcd members: {sorted(members)}"
+    flags = {name: etcd_flags(svc) for name, svc in members.items()}
+    peers = {name: f"http://{name}:2380" for name in members}
+    clusters = {f["--initial-cluster"] for f in flags.values()}
+    assert len(clusters) == 1, f"the members disagree on --initial-cluster: {clusters}"
+    (initial,) = clusters
+    assert dict(m.split("=", 1) for m in initial.split(",")) == peers  # each member, once
+    assert len({f["--initial-cluster-token"] for f in flags.values()}) == 1
+    volumes = set()
+    for name, svc in members.items():
+        f = flags[name]
+        assert f["--name"] == name and svc.get("hostname", name) == name, name
+        assert f["--initial-advertise-peer-urls"] == peers[name], name
+        assert f["--advertise-client-urls"] == f"http://{name}:2379", name
+        assert f["--listen-client-urls"].endswith(":2379"), name
+        assert f["--listen-peer-urls"].endswith(":2380"), name
+        assert f["--initial-cluster-state"] == "new", name
+        assert svc["image"] == members["e1"]["image"], name  # one etcd version
+        assert "ports" not in svc, f"{name}: etcd is published off the compose network"
+        # healthy: this member answers a quorum read (etcdctl counts auth's refusal as one)
+        test = svc["healthcheck"]["test"]
+        assert test[:2] == ["CMD", "/usr/local/bin/etcdctl"] and test[-2:] == [
+            "endpoint",
+            "health",
+        ], name
+        (volume,) = svc["volumes"]
+        source, mount = volume.split(":", 1)
+        assert source in doc["volumes"] and f["--data-dir"].startswith(mount + "/"), name
+        volumes.add(source)
+    assert len(volumes) == 3, "each member keeps its own volume"
+    assert "etcd" not in doc["services"] and "etcd-data" not in doc["volumes"]
+
+
+def test_the_compose_etcd_auth_runs_the_real_command_after_the_members_and_before_the_nodes() -> (
+    None
+):
+    doc = compose()
+    services = doc["services"]
+    svc = services["etcd-auth"]
+    args = etcd_auth_args()  # the real parser accepts the command
+    with pytest.raises(SystemExit):  # and would refuse one without the pairs
+        etcdauth.parser().parse_args(
+            [a for a in map(str, svc["command"]) if not a.startswith("--pairs")]
+        )
+    nodes = compose_nodes()
+    assert {n["image"] for n in nodes.values()} == {svc["image"]}  # the nodes' image and client
+    assert svc.get("restart", "no") == "no", "a one-shot: restarting it would race `up`"
+    members = compose_etcd_members()
+    assert svc["depends_on"] == {m: {"condition": "service_healthy"} for m in members}
+    for name, node in nodes.items():
+        assert node["depends_on"]["etcd-auth"] == {"condition": "service_completed_successfully"}, (
+            name
+        )
+    # every member, by the address it advertises
+    advertised = sorted(parse_witness(etcd_flags(m)["--advertise-client-urls"].replace(
+        "http://", "etcd://"))[0] for m in members.values())  # fmt: skip
+    assert sorted(parse_witness(args.etcd)) == advertised
+    # its password directory holds exactly one file per user, each a declared file secret
+    users = etcdauth.kit_users(args.cluster, auth_pairs(args))
+    mounted = mounted_secrets(svc)
+    folder = str(args.passwords).rstrip("/")
+    wanted = {f"{folder}/{user}" for user in [etcdauth.ROOT, *users]}
+    assert set(mounted) == wanted, f"etcd-auth mounts {sorted(mounted)}, reads {sorted(wanted)}"
+    for source in mounted.values():
+        assert doc["secrets"][source]["file"].startswith("./secrets/"), source
+
+
+def test_every_compose_node_logs_in_to_all_three_members_as_its_pairs_user_from_a_secret(
+    tmp_path: Path,
+) -> None:
+    doc = compose()
+    auth = etcd_auth_args()
+    auth_mounts = mounted_secrets(doc["services"]["etcd-auth"])
+    folder = str(auth.passwords).rstrip("/")
+    password_of = {
+        path.rsplit("/", 1)[1]: doc["secrets"][s]["file"] for path, s in auth_mounts.items()
+    }
+    members = compose_etcd_members()
+    endpoints = sorted((name, 2379) for name in members)
+    assert folder and etcdauth.ROOT in password_of
+    for name, svc in compose_nodes().items():
+        spec = NodeSpec(f"compose.yaml: {name}", [str(a) for a in svc["command"]], None)
+        cfg = effective_config(spec, tmp_path)
+        assert sorted(parse_witness(cfg.witness)) == endpoints, f"{name}: {cfg.witness}"
+        assert cfg.cluster == auth.cluster and cfg.pair in auth_pairs(auth), name
+        # its own pair's user (a pair alone: the user is named as the pair), whose
+        # password is the same host file etcd-auth set it from, mounted as a secret
+        assert cfg.witness_user == cfg.pair, name
+        node_mounts = mounted_secrets(svc)
+        assert cfg.witness_password_file in node_mounts, f"{name}: not a mounted secret"
+        secret = node_mounts[cfg.witness_password_file]
+        assert doc["secrets"][secret]["file"] == password_of[cfg.witness_user], name
+        assert doc["secrets"][secret]["file"] != password_of[etcdauth.ROOT], name
+        root_file = password_of[etcdauth.ROOT]
+        assert all(doc["secrets"][s]["file"] != root_file for s in node_mounts.values()), (
+            f"{name} mounts etcd's root password"
+        )
+        # no literal credential anywhere in its definition
+        assert not [e for e in svc.get("environment", {}) if "PASSWORD" in e.upper()], name
+
+
+LOCAL_ETCD = Path("/usr/bin/etcd")  # Debian's etcd-server (tests/conftest.py's etcd)
+
+
+def _on_loopback(value: str, ports: dict[tuple[str, int], int], me: str) -> str:
+    """``value`` with every compose ``HOST:PORT`` (``0.0.0.0`` = member ``me``) made the
+    loopback port that stands in for it."""
+
+    def local(match: re.Match[str]) -> str:
+        host = me if match.group(1) == "0.0.0.0" else match.group(1)
+        return f"127.0.0.1:{ports[(host, int(match.group(2)))]}"
+
+    return re.sub(r"(?<![\w.-])([\w.-]+):(\d+)\b", local, value)
+
+
+def _http_get(url: str) -> bytes:
+    with urlopen(url, timeout=2) as reply:
+        body: bytes = reply.read()
+        return body
+
+
+async def _until_healthy(urls: list[str], timeout: float = 60.0) -> None:
+    """Every etcd member's /health says true (a leader elected), within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    waiting = list(urls)
+    while waiting:
+        url = waiting[0]
+        try:
+            body = await asyncio.to_thread(_http_get, url)
+            if json.loads(body).get("health") == "true":
+                waiting.pop(0)
+                continue
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline, f"etcd never healthy at {waiting}"
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.system
+@pytest.mark.skipif(not LOCAL_ETCD.exists(), reason="needs etcd at /usr/bin/etcd")
+async def test_the_compose_etcd_members_form_one_cluster_that_etcd_auth_locks_to_the_pair(
+    tmp_path: Path,
+) -> None:
+    """compose's three members, started with their own flags (hosts and ports made
+    loopback, data under their volume's stand-in), form one cluster; compose's etcd-auth
+    command (twice: it is run again after a change) turns auth on; a compose node's user,
+    with the password compose mounts for it, takes the pair's lease through the
+    endpoints it lists, the other node's user finds it held on every member, and
+    without credentials nothing is allowed."""
+    doc = compose()
+    members = compose_etcd_members()
+    ports = {(name, port): free_port() for name in members for port in (2379, 2380)}
+    children: list[Child] = []
+    witnesses: list[EtcdWitness] = []
+    won: tuple[str, EtcdWitness, Lease] | None = None
+    try:
+        for name, svc in members.items():
+            source, mount = svc["volumes"][0].split(":", 1)
+            argv = [str(LOCAL_ETCD)]
+            for flag, value in etcd_flags(svc).items():
+                if flag == "--data-dir":
+                    value = str(tmp_path / source) + value.removeprefix(mount)
+                argv.append(f"{flag}={_on_loopback(value, ports, name)}")
+            child = Child(name, argv, tmp_path / f"{name}.log")
+            child.start()
+            children.append(child)
+        await _until_healthy([f"http://127.0.0.1:{ports[(m, 2379)]}/health" for m in members])
+
+        # the host's secret files (fresh passwords), and the password folder compose
+        # makes for etcd-auth out of them
+        def host_file(secret: str) -> Path:
+            return tmp_path / "deploy" / str(doc["secrets"][secret]["file"])
+
+        for secret in doc["secrets"]:
+            if secret.startswith("etcd"):
+                host_file(secret).parent.mkdir(parents=True, exist_ok=True)
+                host_file(secret).write_text(new_key() + "\n")
+        auth_svc = doc["services"]["etcd-auth"]
+        args = etcd_auth_args()
+        folder = tmp_path / "etcd-auth-secrets"
+        folder.mkdir()
+        for path, secret in mounted_secrets(auth_svc).items():
+            relative = Path(path).relative_to(str(args.passwords))
+            (folder / relative).write_text(host_file(secret).read_text())
+        argv = []
+        for arg in map(str, auth_svc["command"]):
+            if arg.startswith("--etcd="):
+                arg = _on_loopback(arg, ports, "")
+            elif arg.startswith("--passwords="):
+                arg = f"--passwords={folder}"
+            argv.append(arg)
+        for _ in range(2):  # idempotent: the second run logs in as root
+            run = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "pagesift.coord.etcdauth", *argv],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert run.returncode == 0 and "etcd auth: on" in run.stdout, run.stdout + run.stderr
+
+        # each node as it logs in: the first takes the lease, the other finds it held
+        for name, svc in compose_nodes().items():
+            serve = parse_serve([str(a) for a in svc["command"]], name)
+            url = _on_loopback(serve.witness, ports, "")
+            assert len(parse_witness(url)) == 3, url
+            pair = keys.witness_pair(serve.pair, serve.cluster or "")
+            secret = mounted_secrets(svc)[serve.witness_password_file]
+            password = host_file(secret).read_text().strip()  # as the node reads it
+            me = Holder(name, f"{name}:50051", f"{name}:50051")
+            anonymous = EtcdWitness(url, pair, timeout=10.0)
+            witnesses.append(anonymous)
+            with pytest.raises(EtcdUnavailable):  # auth is on
+                await anonymous.campaign(me, 10)
+            witness = EtcdWitness(
+                url, pair, timeout=10.0, user=serve.witness_user, password=password
+            )
+            witnesses.append(witness)
+            if won is None:
+                lease = await witness.campaign(me, 10)
+                assert lease is not None, f"{name}: its etcd user could not take the lease"
+                won = (name, witness, lease)
+            else:
+                assert await witness.campaign(me, 10) is None, f"{name} took a held lease"
+                for host, port in parse_witness(url):  # one cluster: each member knows
+                    alone = EtcdWitness(
+                        f"etcd://{host}:{port}",
+                        pair,
+                        timeout=10.0,
+                        user=serve.witness_user,
+                        password=password,
+                    )
+                    witnesses.append(alone)
+                    held = await alone.holder()
+                    assert held is not None and held.node_id == won[0], (port, held)
+        assert won is not None
+    finally:
+        if won is not None:
+            await won[1].resign(won[2])
+        for w in witnesses:
+            await w.close()
+        for child in children:
+            child.stop(10.0)
 
 
 def test_the_certificate_recipes_name_every_address_a_peer_or_the_probe_dials() -> None:
