@@ -2,17 +2,25 @@
 
 Pure: ``registry.seal_record`` / ``open_record`` with ``signing`` (Ed25519) against a
 members file: every forgery is refused with its reason, a replay into another cluster
-does not verify, and a key file that is not an Ed25519 key is refused.
+does not verify, a record's per-host limit is signed with the rest (and an older
+node's record without it still reads), and a key file that is not an Ed25519 key is
+refused. On a real etcd: a pair's credential cannot write another's records, real
+nodes publish their per-host limit, ``pagesift cluster status --members`` believes
+only signed records and names a listed pair without one as missing, and a forged
+record receives no call and no key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
 import json
 import subprocess
+import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +44,7 @@ from pagesift.shared.cluster.members import Members, parse_members
 from pagesift.shared.cluster.registry import NodeRecord, RecordRejected, open_record, seal_record
 from pagesift.shared.cluster.signing import RecordSigner, new_private_key_pem, verify_signature
 from pagesift.shared.ha.election import parse_witness
+from pagesift.shared.util.tasks import cancel_and_wait
 from tests.helpers import in_process_node
 
 CLUSTER = "prod"
@@ -272,6 +281,98 @@ async def test_a_pairs_credential_cannot_create_another_pairs_records(etcd: Etcd
         assert view.pairs["a"].standbys == (standby.address,)
     finally:
         await view.close()
+
+
+# ---------------------------------------------------------------- cluster status --members
+
+
+async def _status(url: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+    """``pagesift cluster status --cluster url …`` as a child: (exit, --json object, text)."""
+    cmd = [sys.executable, "-m", "pagesift.node.cli", "cluster", "status", "--cluster", url]
+    done = await asyncio.to_thread(
+        subprocess.run, [*cmd, *extra, "--json"], capture_output=True, text=True, timeout=60
+    )
+    text = await asyncio.to_thread(
+        subprocess.run, [*cmd, *extra], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == text.returncode, (done.stderr, text.stderr)
+    return done.returncode, json.loads(done.stdout), text.stdout
+
+
+@pytest.mark.system
+async def test_cluster_status_with_members_believes_signed_records_and_names_a_missing_pair(
+    etcd: Etcd, tmp_path: Path
+) -> None:
+    """A members file lists pairs a and b. Pair a's two nodes register records signed by
+    its key: a is healthy. Pair b has no record: missing, exit 1. Records signed with
+    the wrong key (one claiming a higher epoch for pair a, one for pair b) sit in etcd
+    and are not believed: a keeps its honest primary, b stays missing. Once b's own
+    nodes register signed records, the status is healthy, exit 0."""
+    from pagesift.node.cli.cluster import MISSING
+
+    url = f"{etcd.endpoint}/{CLUSTER}"
+    a_nodes = ["127.0.0.1:50051", "127.0.0.1:50052"]
+    b_nodes = ["127.0.0.1:50061", "127.0.0.1:50062"]
+    members = tmp_path / "members.toml"
+    members.write_text(members_file(a=(SIGNER_A, a_nodes), b=(SIGNER_B, b_nodes)))
+    flag = ("--members", str(members))
+
+    def node(pair: str, n: int, address: str) -> NodeRecord:
+        role = "standby" if n else "primary"
+        return NodeRecord(pair, f"{pair}-{n}", address, role, epoch=2, updated=time.time())
+
+    def honest(pair: str, signer: RecordSigner, addresses: list[str]) -> list[Registrar]:
+        return [
+            Registrar(
+                EtcdRegistry(url, signer=signer),
+                partial(node, pair, n, address),
+                ttl=30,
+            )
+            for n, address in enumerate(addresses)
+        ]
+
+    async def register(stack: contextlib.AsyncExitStack, registrars: list[Registrar]) -> None:
+        """Each registrar running, as a node's does (its record refreshed every round)."""
+        for r in registrars:
+            stack.push_async_callback(r.close)
+            task = asyncio.create_task(r.run())
+            stack.push_async_callback(cancel_and_wait, task)
+        for r in registrars:
+            await asyncio.wait_for(r.registered.wait(), 30)
+
+    async with contextlib.AsyncExitStack() as stack:
+        await register(stack, honest("a", SIGNER_A, a_nodes))
+        code, out, text = await _status(url, *flag)
+        by_pair = {p["pair"]: p for p in out["pairs"]}
+        assert code == 1 and sorted(by_pair) == ["a", "b"]
+        assert by_pair["a"]["problems"] == [] and by_pair["a"]["primary"] == a_nodes[0]
+        assert by_pair["a"]["standbys"] == [a_nodes[1]]
+        assert by_pair["b"]["problems"] == [MISSING] and out["placeable"] == ["a"]
+        assert f"b: {MISSING}" in text and f"a: primary {a_nodes[0]}, standby {a_nodes[1]}" in text
+
+        # records signed with the wrong key, as a holder of etcd write access puts them
+        hijack = NodeRecord("a", "a-x", a_nodes[1], "primary", epoch=9, updated=time.time())
+        fake_b = NodeRecord("b", "b-x", b_nodes[0], "primary", epoch=9, updated=time.time())
+        await _put(etcd, keys.node_key(CLUSTER, "a", "a-x"), sealed(hijack, SIGNER_B))
+        await _put(etcd, keys.node_key(CLUSTER, "b", "b-x"), sealed(fake_b, ROGUE))
+        code, out, text = await _status(url, *flag)
+        by_pair = {p["pair"]: p for p in out["pairs"]}
+        assert code == 1 and by_pair["b"]["problems"] == [MISSING]
+        assert by_pair["a"]["primary"] == a_nodes[0] and by_pair["a"]["epoch"] == 2
+        assert by_pair["a"]["problems"] == [] and out["placeable"] == ["a"]
+        # without the members file the forged records are read as they are (they are there)
+        _, unverified, _ = await _status(url)
+        shown = {p["pair"]: p for p in unverified["pairs"]}
+        assert shown["a"]["epoch"] == 9 and shown["b"]["primary"] == b_nodes[0]
+
+        # pair b's own nodes register: believed, beside the rogue's record that is not
+        await register(stack, honest("b", SIGNER_B, b_nodes))
+        code, out, text = await _status(url, *flag)
+        by_pair = {p["pair"]: p for p in out["pairs"]}
+        assert code == 0, text
+        assert [by_pair[p]["problems"] for p in ("a", "b")] == [[], []]
+        assert by_pair["b"]["primary"] == b_nodes[0] and by_pair["b"]["epoch"] == 2
+        assert out["placeable"] == ["a", "b"]
 
 
 # ---------------------------------------------------------------- forged records, no call
