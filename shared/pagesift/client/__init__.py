@@ -8,6 +8,8 @@ names below are the whole public surface. One module per concern:
 - ``failover``: the pure rules of which address a call goes to next;
 - ``retry``: which calls may be repeated, idempotency keys, the sleeps between rounds;
 - ``auth``: bearer keys and TLS credentials;
+- ``transport``: the channel of one address (the name its certificate must carry, no
+  key in plaintext off loopback in cluster mode);
 - ``errors``: the client's exceptions, and the reading of a server's rich error details;
 - cluster mode (``JobClient(cluster="etcd://HOST:PORT[,...]/NAME")``): ``registryview``
   (``ClusterView``, the registry read from etcd; aetcd, the ``cluster`` extra),

@@ -2,11 +2,12 @@
 
 What it owns
 ------------
-The I/O shell of the client: one channel per address (``open_channel``; TLS and bearer
-keys from ``pagesift.client.auth``), the unary call loop (``call``), the resumed watch
-stream, paging, and ``AdminService`` lookups. Which address comes next and whether a
-round is tried again are ``pagesift.client.failover``'s pure rules; which calls may be
-repeated and the sleeps between rounds are ``pagesift.client.retry``'s.
+The I/O shell of the client: one channel per address (``pagesift.client.transport``:
+TLS, the name the node's certificate must carry, the bearer keys), the unary call loop
+(``call``), the resumed watch stream, paging, and ``AdminService`` lookups. Which
+address comes next and whether a round is tried again are ``pagesift.client.failover``'s
+pure rules; which calls may be repeated and the sleeps between rounds are
+``pagesift.client.retry``'s.
 
 Guarantees
 ----------
@@ -25,7 +26,7 @@ Guarantees
 - ``JobClient(cluster="etcd://HOST:PORT[,...]/NAME")`` (or a shared ``ClusterView``)
   is a client of a cluster of pairs: ``stub`` is then the cluster's router
   (``pagesift.client.cluster``), which routes each call by its job id or places it,
-  through one single-pair client per pair (which does the retries: this one does not).
+  through one client per pair (its retries; none here), pinned to the pair's TLS name.
 - Errors surface as ``grpc.aio.AioRpcError`` (``ClientError`` for a server that breaks
   the paging contract); ``pagesift.client.errors.reason_of`` reads their reason.
 """
@@ -56,10 +57,11 @@ from pagesift.client.failover import (
 )
 from pagesift.client.registryview import ClusterView
 from pagesift.client.retry import RetryPolicy, is_retryable, with_idempotency_key
-from pagesift.shared.util.channels import open_channel
+from pagesift.client.transport import Transport
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
 if TYPE_CHECKING:
+    from pagesift.shared.cluster.members import Members
     from pagesift.v1.jobs_pb2_grpc import JobServiceAsyncStub
     from pagesift.v1.replication_pb2_grpc import AdminServiceAsyncStub
 
@@ -68,14 +70,6 @@ __all__ = ["CONTROL_ATTEMPT_SECONDS", "ROLE_LOOKUP_SECONDS", "JobClient"]
 #: one CancelJob/ResumeJob attempt at most: a frozen primary costs this, not ``timeout``
 CONTROL_ATTEMPT_SECONDS = 5.0
 ROLE_LOOKUP_SECONDS = 2.0  # bound on one round of Role calls
-
-_CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    # a restarted server is found within ~1 s, not after grpc's default 1..120 s backoff
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 T = TypeVar("T")
 
@@ -99,6 +93,9 @@ class JobClient:
         credentials: grpc.ChannelCredentials | None = None,
         channel_options: Sequence[tuple[str, Any]] = (),
         cluster: str | ClusterView | None = None,
+        cluster_members: Members | None = None,
+        tls_name: str = "",
+        insecure_keys: bool | None = None,
     ) -> None:
         """``timeout`` bounds each unary call (``scrape_timeout`` a Scrape and a Map);
         WatchJob is unbounded. ``retry`` is the retry policy (``RetryPolicy()`` by
@@ -110,11 +107,22 @@ class JobClient:
         ``credentials`` (e.g. ``grpc.ssl_channel_credentials(...)``, or composite ones)
         replaces all three. ``channel_options`` (``("grpc.keepalive_time_ms",
         30000)``, ...) are passed to every channel, over the client's own defaults.
+        ``tls_name``: the name every address's certificate must carry ("": its host;
+        a cluster's pairs: ``cluster_members``'); ``insecure_keys``: keys may go in
+        plaintext off loopback (by default with addresses, not in cluster mode).
         ``cluster`` (instead of ``addresses``): the cluster's registry, an
-        ``etcd://HOST:PORT[,...]/NAME`` URL or a ``ClusterView`` shared by clients."""
-        self._interceptors = auth_interceptors(api_key, admin_key)
+        ``etcd://HOST:PORT[,...]/NAME`` URL or a ``ClusterView`` shared by clients;
+        ``cluster_members`` (with a URL): its members file, which verifies the records
+        and names each pair's ``tls_name`` (``pagesift.client.transport``)."""
         self._credentials = credentials or tls_credentials(tls_ca, tls_cert, tls_key)
-        self._channel_options = list({**dict(_CHANNEL_OPTIONS), **dict(channel_options)}.items())
+        self._transport = Transport.of(
+            self._credentials,
+            auth_interceptors(api_key, admin_key),
+            channel_options,
+            tls_name=tls_name,
+            plaintext_keys=insecure_keys is not False,
+        )
+        self._channel_options = self._transport.options  # the defaults under the caller's
         self.failover = Failover(parse_addresses(addresses))
         self.timeout = timeout
         self.scrape_timeout = scrape_timeout
@@ -129,8 +137,8 @@ class JobClient:
         self._router: ClusterRouter | None = None
         self._own_view: ClusterView | None = None
         if cluster is not None:  # the pairs' clients retry, with this client's options
-            if addresses is not None:
-                raise ValueError("a client takes addresses or a cluster, not both")
+            if addresses is not None or tls_name:  # each pair's name: the members file's
+                raise ValueError("a cluster client takes no addresses and no tls_name")
             kw: dict[str, Any] = dict(
                 timeout=timeout,
                 scrape_timeout=scrape_timeout,
@@ -139,8 +147,11 @@ class JobClient:
                 admin_key=admin_key,
                 credentials=self._credentials,
                 channel_options=channel_options,
+                insecure_keys=bool(insecure_keys),  # the registry names the nodes: refused
             )
-            self._router, self._own_view = open_router(cluster, lambda a: JobClient(a, **kw))
+            self._router, self._own_view = open_router(
+                cluster, lambda a, name: JobClient(a, tls_name=name, **kw), cluster_members
+            )
             self.failover = Failover([f"cluster:{self._router.cluster}"])
             self.retry = RetryPolicy(budget=0)
 
@@ -180,13 +191,7 @@ class JobClient:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = open_channel(
-                address,
-                self._credentials,
-                options=self._channel_options,
-                interceptors=self._interceptors,
-            )
-            self._channels[address] = channel
+            channel = self._channels[address] = self._transport.open(address)
         return channel
 
     def stub(self, address: str) -> JobServiceAsyncStub:

@@ -7,8 +7,10 @@ place of a pair's JobService stub (``JobClient.stub`` returns it), so the client
 whole surface (paging, watch resume, ``errors``, ``list_jobs``) works unchanged on top.
 It holds the registry's view (``ClusterView``) and one single-pair client per pair,
 made from the pair's registered addresses (primary first, then its standbys: the pair's
-failover is that client's, its reads go to a standby while the primary is down), made
-again when those addresses change.
+failover is that client's, its reads go to a standby while the primary is down) and the
+TLS name the members file gives the pair (``ClusterView.tls_name``: each channel checks
+the node's certificate against it, ``pagesift.client.transport``), made again when
+those addresses change.
 
 Routing
 -------
@@ -58,6 +60,7 @@ from pagesift.client.pairs import PairClient, invalid_field, pair_unavailable, r
 from pagesift.client.registryview import ClusterUnavailable, ClusterView
 from pagesift.client.retry import is_retryable
 from pagesift.shared.cluster import ids, merge, placement
+from pagesift.shared.cluster.members import Members
 from pagesift.shared.cluster.registry import placeable
 from pagesift.v1 import jobs_pb2
 
@@ -93,7 +96,7 @@ class _Stream:
 class ClusterRouter:
     """The cluster's JobService, as one stub (see the module docstring)."""
 
-    def __init__(self, view: ClusterView, make_client: Callable[[list[str]], PairClient]):
+    def __init__(self, view: ClusterView, make_client: Callable[[list[str], str], PairClient]):
         self.view = view
         self.cluster = view.name
         self._make = make_client
@@ -121,7 +124,7 @@ class ClusterRouter:
         known = self._clients.get(pair)
         if known is not None and known[0] == frozenset(addresses):
             return known[1]  # a failover within the pair is its client's to follow
-        client = self._make(addresses)
+        client = self._make(addresses, self.view.tls_name(pair))
         self._clients[pair] = (frozenset(addresses), client)
         if known is not None:
             self._retire(known[1])
@@ -578,11 +581,16 @@ class ClusterRouter:
 
 
 def open_router(
-    cluster: str | ClusterView, make_client: Callable[[list[str]], PairClient]
+    cluster: str | ClusterView,
+    make_client: Callable[[list[str], str], PairClient],
+    members: Members | None = None,
 ) -> tuple[ClusterRouter, ClusterView | None]:
-    """The router of ``cluster`` (a URL: a view of its own, returned to be closed with
-    it; a ``ClusterView``: shared, its maker closes it)."""
-    view = cluster if isinstance(cluster, ClusterView) else ClusterView(cluster)
+    """The router of ``cluster`` (a URL: a view of its own, verified against
+    ``members``, returned to be closed with it; a ``ClusterView``: shared, with its own
+    members, its maker closes it). ``make_client(addresses, tls_name)``: a pair's client."""
+    if isinstance(cluster, ClusterView) and members is not None:
+        raise ValueError("a shared ClusterView has its members file: give it there")
+    view = cluster if isinstance(cluster, ClusterView) else ClusterView(cluster, members=members)
     return ClusterRouter(view, make_client), (None if view is cluster else view)
 
 

@@ -33,6 +33,8 @@ Failure model
   an address the pair does not list), counted in ``rejected`` by reason, so no call
   and no key go to an address the members file does not list for that pair.
   ``user``/``password``: the etcd user the registry is read as (the kit's ``reader``).
+- ``tls_name(pair)``: the server name the members file pins for the pair's certificates
+  ("" without members or without the field: each address's host is checked).
 """
 
 from __future__ import annotations
@@ -135,6 +137,11 @@ class ClusterView:
     def rejected(self) -> Mapping[str, int]:
         """Registry records refused so far, by reason (``registry.REJECT_REASONS``)."""
         return self._registry.rejected
+
+    def tls_name(self, pair: str) -> str:
+        """The server name ``pair``'s certificates must carry ("": the address's host)."""
+        member = self.members.get(pair) if self.members is not None else None
+        return member.tls_name if member is not None else ""
 
     def age(self) -> float:
         """Seconds since the last good read (infinite before it)."""
