@@ -1,5 +1,5 @@
 """``cancel_and_wait`` and ``cancel_and_wait_all``: a child's end is absorbed, the
-caller's own cancellation is not."""
+caller's own cancellation is not. ``all_or_none``: no sibling outlives the call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from pagesift.shared.util.tasks import cancel_and_wait, cancel_and_wait_all
+from pagesift.shared.util.tasks import all_or_none, cancel_and_wait, cancel_and_wait_all
 
 
 async def slow_to_stop(stopping: asyncio.Event) -> None:
@@ -87,3 +87,49 @@ async def test_suppressing_the_cancel_around_an_await_loses_the_callers_cancel()
     await stopping.wait()
     caller.cancel()
     assert await caller == "ran on"  # the caller's cancel was lost
+
+
+class Refused(Exception):
+    pass
+
+
+async def test_when_one_sibling_raises_the_others_are_stopped_before_it_propagates() -> None:
+    fetched: list[int] = []
+    stopped: list[int] = []
+
+    async def worker(k: int) -> None:
+        try:
+            for step in range(100):
+                if k == 0 and step == 3:
+                    raise Refused("the store takes no write")
+                fetched.append(k)
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            stopped.append(k)
+            raise
+
+    with pytest.raises(Refused):
+        await asyncio.wait_for(all_or_none(worker(k) for k in range(3)), 10)
+    assert sorted(stopped) == [1, 2]
+    after = len(fetched)
+    await asyncio.sleep(0.1)
+    assert len(fetched) == after  # nobody goes on (asyncio.gather leaves them running)
+
+
+async def test_siblings_that_all_end_return_and_a_cancel_of_the_caller_stops_them() -> None:
+    done: list[int] = []
+
+    async def quick(k: int) -> None:
+        await asyncio.sleep(0.01 * k)
+        done.append(k)
+
+    await asyncio.wait_for(all_or_none(quick(k) for k in range(3)), 10)
+    assert sorted(done) == [0, 1, 2]
+    stopping = asyncio.Event()
+    siblings = all_or_none(slow_to_stop(stopping) for _ in range(2))
+    workers = asyncio.create_task(siblings)
+    await asyncio.sleep(0.01)
+    workers.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await workers
+    assert stopping.is_set()

@@ -69,6 +69,7 @@ from pagesift.shared.jobs.scope import Entry, Scope
 from pagesift.shared.store.db import Commit, Store
 from pagesift.shared.store.errors import StorageUnavailable
 from pagesift.shared.store.groups import GroupTooLarge, WriteGroup
+from pagesift.shared.util.tasks import all_or_none
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -453,7 +454,7 @@ class Runner:
             while True:
                 start, covered.end = covered.end, 0
                 pending = appending.batch_urls(self.store, meta.id, req, start, covered)
-                await asyncio.gather(*(worker() for _ in range(workers)))
+                await all_or_none(worker() for _ in range(workers))
                 await run.drain()
                 if await self._end_batch(meta.id, covered.end):
                     return
@@ -543,7 +544,7 @@ class Runner:
                 await self._attempt(run, meta.id, mark, entry.url, fetch, record)
 
         try:
-            await asyncio.gather(*(worker() for _ in range(workers)))
+            await all_or_none(worker() for _ in range(workers))
             await run.drain()
         finally:
             run.cancel()
