@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Sequence
 from urllib.parse import urljoin, urlsplit
 
+from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.shared.jobs import urls
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
@@ -67,6 +68,7 @@ class FakeEngine:
         self.site = site
         self.sitemaps = sitemaps or {}
         self.disallowed = disallowed
+        self.slots = HostSlots(1)  # a clustered runtime sets its gate; nothing enters
         self.requests: list[str] = []
         self.closed = False
 
@@ -107,6 +109,9 @@ class FakeEngine:
 
     def host_delays(self) -> dict[str, float]:
         return {}  # no politeness: no host is ever slowed
+
+    def host_slots(self) -> HostSlots:
+        return self.slots  # never entered: no request leaves a fake engine
 
     async def close(self) -> None:
         self.closed = True

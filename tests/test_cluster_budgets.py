@@ -83,7 +83,7 @@ async def two_pairs(
 
     real_factory = clustering_module.jobs_factory
 
-    def factory(cfg: Any, accts: Any) -> Any:
+    def factory(cfg: Any, accts: Any, **_: Any) -> Any:
         # what serve's node wires with --cluster: the same config, its witness's etcd
         witness = replace(cfg, cluster="prod", witness=etcd.endpoint, witness_ttl=TTL)
         make = real_factory(witness, accts, wait=1.5, linger=0.3)

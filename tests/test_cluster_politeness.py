@@ -31,6 +31,7 @@ import pytest
 
 from pagesift.client import JobClient
 from pagesift.client.registryview import ClusterView
+from pagesift.coord.owners import RegistryOwners
 from pagesift.coord.registry import EtcdRegistry, Registrar
 from pagesift.demo.site import CALENDAR_EXCLUDE
 from pagesift.node import clustering
@@ -83,12 +84,7 @@ class Cluster:
 
     async def register(self, pair: str, node: RunningNode) -> None:
         self.nodes[pair] = node
-
-        def record() -> NodeRecord:
-            return NodeRecord(pair, f"{pair}-a", node.address, "primary", 1, updated=time.time())
-
-        registrar = Registrar(EtcdRegistry(self.url), record, ttl=3)
-        await registrar.step()
+        registrar = await registered(self.url, pair, node)
         self.registrars[pair] = registrar
         self.refreshing.append(asyncio.create_task(registrar.run()))  # as a node's does
 
@@ -105,12 +101,28 @@ class Cluster:
         return found
 
 
+async def registered(url: str, pair: str, node: RunningNode) -> Registrar:
+    """A registrar that has written ``node``'s record as pair ``pair``'s primary in
+    cluster ``url`` (its ``run`` keeps it), as the node's ``--cluster`` one would: with
+    ownership enforced it feeds the node's tenure, whose lease holds the pair's hosts."""
+
+    def record() -> NodeRecord:
+        return NodeRecord(pair, f"{pair}-a", node.address, "primary", 1, updated=time.time())
+
+    jobs = node.node.jobs
+    owners = jobs.owners if isinstance(jobs, ClusteredJobs) else None
+    tenure = owners.tenure if isinstance(owners, RegistryOwners) else None
+    registrar = Registrar(EtcdRegistry(url), record, ttl=3, tenure=tenure)
+    await registrar.step()
+    return registrar
+
+
 def enforce_ownership(monkeypatch: pytest.MonkeyPatch, etcd: Etcd, cluster: str) -> None:
     """Nodes started from now on build their runtime as ``--cluster NAME`` with the
     witness's etcd would (``clustering.jobs_factory``), without running the witness."""
     real = clustering.jobs_factory
 
-    def factory(cfg: ServerConfig, accounts: Accounts) -> Any:
+    def factory(cfg: ServerConfig, accounts: Accounts, **_: Any) -> Any:
         joined = replace(cfg, cluster=cluster, witness=etcd.endpoint, witness_ttl=3)
         return real(joined, accounts)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from pathlib import Path
 
@@ -32,16 +33,19 @@ from pagesift.demo.site import CALENDAR_EXCLUDE
 from pagesift.node.drill.counting import CountedSite
 from pagesift.node.drill.fixture import Etcd
 from pagesift.primary.jobs.pagedraws import Draw, PageDraws
+from pagesift.shared.cluster import placement
 from pagesift.shared.jobs import quota
 from pagesift.shared.jobs.accounts import Account, Accounts
 from pagesift.shared.jobs.clusterlimits import NoClusterLimits
 from pagesift.shared.jobs.quota import LimitExceeded
 from pagesift.shared.store.db import Store
+from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.v1 import jobs_pb2
 from tests.helpers import Acct, in_process_node, wait_done, write_accounts
-from tests.test_cluster_politeness import enforce_ownership
+from tests.test_cluster_politeness import enforce_ownership, owners_read, registered
 
 DAILY = Acct("daily", {"pages_per_day": 12})
+HOSTS = ("127.0.0.1", "127.0.0.2")
 
 
 def _accounts(tmp_path: Path, limit: int) -> Accounts:
@@ -153,18 +157,28 @@ async def test_two_pairs_send_no_page_request_past_the_accounts_daily_pages(
     enforce_ownership(monkeypatch, etcd, "quota")
     async with contextlib.AsyncExitStack() as stack:
         sites = []
-        for host in ("127.0.0.1", "127.0.0.2"):
+        for host in HOSTS:
             site = CountedSite(80, host=host, delay=0.05)
             await site.start()
             stack.push_async_callback(site.stop)
             sites.append(site)
         finals, errors = [], 0
+        pairs = next(  # pair k owns site k: its crawl is never left to the other
+            names
+            for names in itertools.permutations([f"q{k}" for k in range(8)], 2)
+            if all(placement.owner(h, names) == n for h, n in zip(HOSTS, names, strict=True))
+        )
         nodes = [
             await stack.enter_async_context(
                 in_process_node(tmp_path / pair, accounts_file=str(accounts), pair=pair)
             )
-            for pair in ("qa", "qb")
+            for pair in pairs
         ]
+        for pair, node in zip(pairs, nodes, strict=True):
+            registrar = await registered(f"{etcd.endpoint}/quota", pair, node)
+            stack.push_async_callback(registrar.close)
+            stack.push_async_callback(cancel_and_wait, asyncio.create_task(registrar.run()))
+        await owners_read(nodes, 2)
         jobs = []
         for node, site in zip(nodes, sites, strict=True):
             req = jobs_pb2.StartCrawlRequest(

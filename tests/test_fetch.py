@@ -234,6 +234,7 @@ async def test_http_engine_has_every_engine_method_with_the_protocol_s_signature
     kinds: dict[str, Callable[[object], bool]] = {
         "close": inspect.iscoroutinefunction,
         "host_delays": inspect.isfunction,
+        "host_slots": inspect.isfunction,
         "robots_allowed": inspect.iscoroutinefunction,
         "scrape": inspect.iscoroutinefunction,
         "sitemap_batches": inspect.isasyncgenfunction,

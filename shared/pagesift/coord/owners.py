@@ -11,6 +11,14 @@ over ``registry.pair_views``) and kept as one immutable ``Owners`` (pure:
 never calls etcd, so a refusal costs no round trip and an etcd outage never blocks a
 start: the node goes on deciding by its last read (before any read it refuses nothing).
 
+With a ``Tenure`` (``pagesift.shared.cluster.tenure``: the node's hold on its hosts,
+which its registrar feeds too) every good read is also the tenure's ``read``, and
+``fence(host, now)`` is its ``wait``: the seconds a request to a host this pair owns
+must still wait (a handover, a lease not confirmed). A read that changes who owns what
+calls ``moved`` with the new ``Owners`` (the job runtime abandons the requests in
+flight to the hosts that left). ``joined`` says this node has just become its pair's
+primary: the hosts other pairs owned while the pair had none wait the handover.
+
 Bounds: one read per ``interval`` (a prefix scan of ``C/nodes/``, as a client's view
 does), each bounded by the registry's timeout; a failed read keeps the last ``Owners``
 and is logged at most once per outage.
@@ -21,11 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 
 from pagesift.coord.etcd import EtcdUnavailable
 from pagesift.coord.registry import EtcdRegistry
 from pagesift.shared.cluster.ownership import Owners
 from pagesift.shared.cluster.registry import pair_views, placeable
+from pagesift.shared.cluster.tenure import Tenure
 
 __all__ = ["READ_SECONDS", "RegistryOwners"]
 
@@ -37,10 +48,19 @@ READ_SECONDS = 1.0  # how often the node reads who owns what (a client's view: 1
 class RegistryOwners:
     """The owners of hosts as pair ``here`` reads them from ``registry``."""
 
-    def __init__(self, registry: EtcdRegistry, here: str, *, interval: float = READ_SECONDS):
+    def __init__(
+        self,
+        registry: EtcdRegistry,
+        here: str,
+        *,
+        interval: float = READ_SECONDS,
+        tenure: Tenure | None = None,
+    ):
         self.registry = registry
         self.here = here
         self.interval = interval
+        self.tenure = tenure
+        self.moved: Callable[[Owners], object] | None = None
         self._owners = Owners(here)
         self._task: asyncio.Task[None] | None = None
         self._failing = False
@@ -48,10 +68,22 @@ class RegistryOwners:
     def current(self) -> Owners:
         return self._owners
 
+    def fence(self, host: str, now: float) -> float:
+        return 0.0 if self.tenure is None else self.tenure.wait(host, now)
+
+    def joined(self, now: float) -> None:
+        if self.tenure is not None:
+            self.tenure.joined(now)
+
     async def read(self) -> None:
         """One read of the registry (``EtcdUnavailable`` when etcd does not answer)."""
         records = await self.registry.nodes()
+        before = self._owners
         self._owners = Owners.read(self.here, placeable(pair_views(records).values()))
+        if self.tenure is not None and self._owners.pairs is not None:
+            self.tenure.read(self._owners.pairs, time.monotonic())
+        if self.moved is not None and before.pairs is not None and before != self._owners:
+            self.moved(self._owners)
 
     async def start(self) -> None:
         """The first read (bounded; a failure leaves ``Owners.unknown``), then the loop."""

@@ -28,6 +28,11 @@ keeps serving: its record lapses with its lease (clients then stop placing new w
 it, running work carries on) and the registrar re-registers when etcd answers again.
 A node that dies stops refreshing, and etcd deletes its record ``ttl`` seconds later:
 nobody has to clean up after it.
+
+With a ``tenure`` (``pagesift.shared.cluster.tenure``) the registrar tells it each
+round's fate: ``round_began`` before the first call of a round (the instant the lease's
+deadline counts from), then ``kept`` (the lease was alive), ``granted`` (a new one;
+``lapsed`` when the old ran out) or ``failed`` (etcd did not answer).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -53,6 +59,7 @@ from pagesift.shared.cluster.registry import (
     seal_record,
 )
 from pagesift.shared.cluster.signing import RecordSigner, verify_signature
+from pagesift.shared.cluster.tenure import Tenure
 
 __all__ = ["EtcdRegistry", "Registrar"]
 
@@ -147,21 +154,34 @@ class Registrar:
         *,
         ttl: int,
         interval: float = REFRESH_SECONDS,
+        tenure: Tenure | None = None,
     ) -> None:
         self.registry = registry
         self.make_record = make_record
         self.ttl = ttl
         self.interval = min(interval, ttl / 3)
+        self.tenure = tenure
         self.lease: int | None = None
+        self.lapsed = False  # a lease ran out and no new one is granted yet
         self.registered = asyncio.Event()  # set after the first successful write
 
     async def step(self) -> None:
         """One round: a lease if none is alive, then the fresh record under it."""
-        if self.lease is not None and not await self.registry.refresh(self.lease):
-            log.warning("cluster %s: the registration lease lapsed", self.registry.cluster)
-            self.lease = None
+        tenure = self.tenure
+        if tenure is not None:
+            tenure.round_began(time.monotonic())
+        if self.lease is not None:
+            if await self.registry.refresh(self.lease):
+                if tenure is not None:
+                    tenure.kept(time.monotonic())
+            else:
+                log.warning("cluster %s: the registration lease lapsed", self.registry.cluster)
+                self.lease, self.lapsed = None, True
         if self.lease is None:
             self.lease = await self.registry.grant(self.ttl)
+            if tenure is not None:
+                tenure.granted(time.monotonic(), lapsed=self.lapsed)
+            self.lapsed = False
         await self.registry.put(self.make_record(), self.lease)
         self.registered.set()
 
@@ -170,6 +190,8 @@ class Registrar:
             try:
                 await self.step()
             except EtcdUnavailable as e:
+                if self.tenure is not None:
+                    self.tenure.failed(time.monotonic())
                 log.info("cluster %s: %s (retrying)", self.registry.cluster, e)
             await asyncio.sleep(self.interval)
 

@@ -5,7 +5,9 @@ What it owns
 ``start_registrar(node)``: with ``cluster`` set (and a witness, whose etcd holds the
 cluster), a ``pagesift.coord.registry.Registrar`` that keeps this node's ``NodeRecord``
 under its own lease (ttl = ``witness_ttl``), so ``pagesift cluster status`` and cluster
-clients see the pair; None without a cluster. ``jobs_factory(config, accounts)``: what
+clients see the pair, and tells the node's ``Tenure`` (``tenure_for``: its hold on its
+pair's hosts, ``pagesift.shared.cluster.tenure``) how each round went; None without a
+cluster. ``jobs_factory(config, accounts)``: what
 the node builds its job runtime with (``Jobs``, or with ``cluster`` set ``ClusteredJobs``
 over one ``pagesift.coord.budgets.ClusterBudgets``, kept for every time it is primary):
 it lives here, not in ``pagesift.coord``, because it imports the primary role.
@@ -48,6 +50,7 @@ from pagesift.shared.api.metrics import Metrics
 from pagesift.shared.cluster.members import load_members
 from pagesift.shared.cluster.registry import MAX_PER_HOST_CONCURRENCY, Load, NodeRecord
 from pagesift.shared.cluster.signing import RecordSigner
+from pagesift.shared.cluster.tenure import Tenure
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import views
@@ -63,6 +66,7 @@ class Node(Protocol):
     metrics: Metrics
     slot: StoreSlot
     jobs: Jobs | None
+    tenure: Tenure | None
 
     @property
     def takes_writes(self) -> bool: ...
@@ -72,7 +76,7 @@ class Node(Protocol):
 
 __all__ = [
     "LoadMeter", "budgets_for", "cluster_access", "jobs_factory", "node_record",
-    "registry_for", "start_registrar",
+    "registration_ttl", "registry_for", "start_registrar", "tenure_for",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -88,15 +92,33 @@ def cluster_access(config: ServerConfig) -> tuple[str, str, str]:
     return f"etcd://{endpoints}/{config.cluster}", config.witness_user, password
 
 
-def jobs_factory(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> Callable[..., Jobs]:
+def jobs_factory(
+    config: ServerConfig, accounts: Accounts, *, tenure: Tenure | None = None, **kwargs: Any
+) -> Callable[..., Jobs]:
     """What a node builds its job runtime with: ``Jobs``, or with ``cluster`` set
     ``ClusteredJobs`` over one ``ClusterBudgets`` and one ``RegistryOwners`` (the hosts
-    its pair owns), both kept for every time it is primary."""
+    its pair owns, held by ``tenure``: the node's, which its registrar feeds; a new one
+    when none is given), both kept for every time it is primary."""
     budgets = budgets_for(config, accounts, **kwargs)
     if budgets is None:
         return Jobs
-    owners = RegistryOwners(registry_for(config), config.pair)
+    tenure = tenure or tenure_for(config)
+    owners = RegistryOwners(registry_for(config), config.pair, tenure=tenure)
     return partial(ClusteredJobs, budgets=budgets, owners=owners)
+
+
+def registration_ttl(config: ServerConfig) -> int:
+    """Seconds a node's registry lease lives: ``witness_ttl``, at least 2."""
+    return max(2, round(config.witness_ttl))
+
+
+def tenure_for(config: ServerConfig) -> Tenure | None:
+    """The node's hold on its pair's hosts (None without ``cluster``): its registry
+    lease's ttl, the handover ``cluster_handover``, a stall past one ttl."""
+    if not config.cluster:
+        return None
+    ttl = registration_ttl(config)
+    return Tenure(config.pair, ttl=ttl, settle=config.cluster_handover, stall=ttl)
 
 
 def registry_for(config: ServerConfig) -> EtcdRegistry:
@@ -123,7 +145,7 @@ def budgets_for(config: ServerConfig, accounts: Accounts, **kwargs: Any) -> Clus
         return None
     url, user, password = cluster_access(config)
     etcd = EtcdBudgets(url, user=user, password=password)
-    return ClusterBudgets(etcd, accounts, ttl=max(2, round(config.witness_ttl)), **kwargs)
+    return ClusterBudgets(etcd, accounts, ttl=registration_ttl(config), **kwargs)
 
 
 def _pages_total(node: Node) -> float:
@@ -191,9 +213,11 @@ def start_registrar(node: Node) -> tuple[Registrar, asyncio.Task[None]] | None:
         return None
     registry = registry_for(cfg)
     meter = LoadMeter(_pages_total(node), time.monotonic())
-    ttl = max(2, round(cfg.witness_ttl))
     registrar = Registrar(
-        registry, lambda: node_record(node, meter, time.time(), time.monotonic()), ttl=ttl
+        registry,
+        lambda: node_record(node, meter, time.time(), time.monotonic()),
+        ttl=registration_ttl(cfg),
+        tenure=node.tenure,
     )
     task = asyncio.create_task(registrar.run())
     log.info("registering in cluster %s as pair %s", cfg.cluster, cfg.pair)

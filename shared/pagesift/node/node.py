@@ -222,7 +222,8 @@ class Node:
         self.engine: Engine | None = None
         self._registration: tuple[Registrar, asyncio.Task[None]] | None = None
         # with ``cluster``: account limits held cluster-wide through etcd (ClusteredJobs)
-        self._make_jobs = clustering.jobs_factory(config, self.accounts)
+        self.tenure = clustering.tenure_for(config)  # the hold on its pair's hosts
+        self._make_jobs = clustering.jobs_factory(config, self.accounts, tenure=self.tenure)
         # the node's role, and what it runs: the one place it is kept (see ``rolestate``)
         self._state = RoleState.initial(
             RoleConfig(

@@ -12,7 +12,8 @@ redirect), in this order:
 - in a cluster, its host is this pair's (``foreign_host``: a redirect to a host another
   pair owns is ``HOST_OWNED_ELSEWHERE``, never sent: that pair keeps its politeness);
 - robots.txt allows it (when the caller asks: the server and the job respect it);
-- it waits for the host's politeness slot (``politeness.HostSlots``): the larger of
+- it waits for the host's politeness slot (``politeness.HostSlots``; in a cluster the
+  slot asks last whether the pair holds the host: ``HostSlots.gate``): the larger of
   the configured, the job's, the Crawl-delay and the adaptive delay. A 429/503 with
   ``Retry-After`` pauses the host inside the slot, so no later request to it starts
   before the time passes; one beyond ``max_retry_after`` is ``RETRY_AFTER_TOO_LONG``;
@@ -127,7 +128,7 @@ class Fetcher:
     ) -> Response:
         """GET ``url`` following redirects by hand; every hop guarded, robots-checked
         (when ``robots``, for the profile's agent) and run in the host's politeness
-        slot (unless ``job_delay`` is None: only the host's pauses), sent as
+        slot (``job_delay`` None: no delay of its own, the host's pauses), sent as
         ``profile`` says (``Sessions.hop``), none to a host ``foreign_host`` names a
         reason for. Returns the final response with its body (cut at ``max_bytes``
         with ``truncate``); raises PageError."""
@@ -163,22 +164,22 @@ class Fetcher:
                 current, host, profile, home, validators if hops == 0 else None
             )
             try:
-                if job_delay is None:
-                    await self.slots.unpaused(host)  # robots.txt honours Retry-After too
-                    resp = await self._get(hop, current, accept, max_bytes, truncate)
-                else:
+                # robots.txt and sitemaps (no job delay) take a slot too: they are
+                # requests to the host, and count against its concurrency
+                delay = 0.0
+                if job_delay is not None:
                     delay = effective_delay(self.config.per_host_delay, job_delay, crawl_delay)
                     if self.config.adaptive_throttle:
                         delay = max(delay, self.throttle.delay(host))
-                    async with self.slots.slot(host, delay):
-                        sent = time.monotonic()
-                        try:
-                            resp = await self._get(hop, current, accept, max_bytes, truncate)
-                        except PageError as err:
-                            self._slowed(host, err)  # inside the slot: before anyone else
-                            raise
-                        if self.config.adaptive_throttle:
-                            self.throttle.success(host, time.monotonic() - sent)
+                async with self.slots.slot(host, delay):
+                    sent = time.monotonic()
+                    try:
+                        resp = await self._get(hop, current, accept, max_bytes, truncate)
+                    except PageError as err:
+                        self._slowed(host, err)  # inside the slot: before anyone else
+                        raise
+                    if self.config.adaptive_throttle:
+                        self.throttle.success(host, time.monotonic() - sent)
             except _Redirect as redirect:
                 location = redirect.location
             else:

@@ -39,6 +39,7 @@ from pagesift.primary.engine import content, retrypolicy, sitemaps
 from pagesift.primary.engine.hops import Fetcher, Response, next_hop, status_error
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.pages import PageMaker, kind_of, page_accept
+from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.engine.robots import SLICE_SECONDS, origin_of
@@ -283,6 +284,9 @@ class HttpEngine:
     def host_delays(self) -> dict[str, float]:
         """The current delay of the most recently slowed hosts (``Fetcher.host_delays``)."""
         return self.fetcher.host_delays(_loop_time())
+
+    def host_slots(self) -> HostSlots:
+        return self.fetcher.slots
 
     # --- sitemaps --------------------------------------------------------------------------
 

@@ -14,7 +14,15 @@ Owns the politeness state of each host. The guarantees, per host name:
 - a host's state is dropped as soon as it has no user and its delay window (or
   pause) has passed, so idle hosts cost no memory;
 - cancellation at any point (waiting for a permit, waiting for the start time, inside
-  the block) releases what was taken.
+  the block) releases what was taken;
+- with a ``gate`` (a node of a cluster: the hosts its pair holds,
+  ``pagesift.primary.jobs.clustered``), a request that has its permit and its turn
+  asks ``gate.admit(host)`` last, so nothing is sent to a host the pair does not hold
+  at that instant (the gate waits, or raises the page's ``PageError``); and
+  ``abandon(lost)`` ends every request inside a slot of a host ``lost`` names (its
+  block raises ``HOST_OWNED_ELSEWHERE``: the cancel scope each gated slot opens is set
+  to expire at once), so a pair that learns a host moved stops its requests in flight
+  before the new owner's handover ends (``pagesift.shared.cluster.tenure``).
 """
 
 from __future__ import annotations
@@ -22,9 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
+from typing import Protocol
 
-__all__ = ["MAX_CRAWL_DELAY", "HostSlots", "effective_delay"]
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+
+__all__ = ["MAX_CRAWL_DELAY", "HostGate", "HostSlots", "effective_delay"]
 
 MAX_CRAWL_DELAY = 60.0
 #: A request that met this many new pauses while it waited goes ahead after the last.
@@ -40,6 +52,13 @@ def effective_delay(server_delay: float, job_delay: float, crawl_delay: float | 
     return max(delay, 0.0)
 
 
+class HostGate(Protocol):
+    """Whether a request may be sent to a host now: ``admit`` returns when it may,
+    waits while it may not yet, raises the page's ``PageError`` when it may not."""
+
+    async def admit(self, host: str) -> None: ...
+
+
 class _Host:
     __slots__ = (
         "active",
@@ -47,6 +66,7 @@ class _Host:
         "hold_until",
         "last_start",
         "paused_until",
+        "scopes",
         "users",
         "waiters",
     )
@@ -59,6 +79,7 @@ class _Host:
         self.hold_until = float("-inf")  # the state must live until then (delay window)
         self.paused_until = float("-inf")  # no request starts before (Retry-After)
         self.drop_handle: asyncio.TimerHandle | None = None
+        self.scopes: set[asyncio.Timeout] = set()  # gated requests inside the slot
 
 
 class HostSlots:
@@ -69,6 +90,7 @@ class HostSlots:
             raise ValueError("concurrency must be at least 1")
         self.concurrency = concurrency
         self.min_delay = max(min_delay, 0.0)
+        self.gate: HostGate | None = None
         self._hosts: dict[str, _Host] = {}
 
     def __len__(self) -> int:
@@ -90,16 +112,6 @@ class HostSlots:
             loop = asyncio.get_running_loop()
             st.drop_handle = loop.call_at(st.hold_until, self._drop_if_idle, host, st)
 
-    async def unpaused(self, host: str) -> None:
-        """Returns once ``host`` is not paused (for requests outside the slots:
-        robots.txt). Bounded: every pause has an end, and the loop re-checks it."""
-        loop = asyncio.get_running_loop()
-        for _ in range(1000):
-            left = self.paused_for(host, loop.time())
-            if left <= 0:
-                return
-            await asyncio.sleep(left)
-
     def paused_for(self, host: str, now: float) -> float:
         """Seconds left of the host's pause (0: none)."""
         st = self._hosts.get(host)
@@ -112,6 +124,17 @@ class HostSlots:
     def slot(self, host: str, delay: float = 0.0) -> _Slot:
         """``async with slots.slot(host, delay):`` -- one request to ``host``."""
         return _Slot(self, host, delay)
+
+    def abandon(self, lost: Callable[[str], bool]) -> int:
+        """End the gated requests in flight to every host ``lost`` names; how many."""
+        now = asyncio.get_running_loop().time()
+        ended = 0
+        for host, st in self._hosts.items():
+            if st.scopes and lost(host):
+                for scope in st.scopes:
+                    scope.reschedule(now)
+                    ended += 1
+        return ended
 
     # --- internals -----------------------------------------------------------------------
 
@@ -209,16 +232,30 @@ class HostSlots:
 
 
 class _Slot:
-    __slots__ = ("_delay", "_host", "_slots", "_state")
+    __slots__ = ("_delay", "_host", "_scope", "_slots", "_state")
 
     def __init__(self, slots: HostSlots, host: str, delay: float) -> None:
         self._slots = slots
         self._host = host
         self._delay = delay
         self._state: _Host | None = None
+        self._scope: asyncio.Timeout | None = None
 
     async def __aenter__(self) -> None:
-        self._state = await self._slots._enter(self._host, self._delay)
+        state = await self._slots._enter(self._host, self._delay)
+        gate = self._slots.gate
+        if gate is None:
+            self._state = state
+            return
+        try:
+            await gate.admit(self._host)
+            scope = asyncio.timeout(None)
+            await scope.__aenter__()
+        except BaseException:
+            self._slots._exit(self._host, state)
+            raise
+        self._state, self._scope = state, scope
+        state.scopes.add(scope)
 
     async def __aexit__(
         self,
@@ -226,6 +263,20 @@ class _Slot:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._state is not None:
-            self._slots._exit(self._host, self._state)
-            self._state = None
+        state, self._state = self._state, None
+        scope, self._scope = self._scope, None
+        try:
+            if scope is not None:
+                assert state is not None
+                state.scopes.discard(scope)
+                try:
+                    await scope.__aexit__(exc_type, exc, tb)
+                except TimeoutError:
+                    raise PageError(
+                        ErrorCode.HOST_OWNED_ELSEWHERE,
+                        f"host {self._host} moved to another pair of the cluster while "
+                        "this request was in flight: abandoned, left to its new owner",
+                    ) from None
+        finally:
+            if state is not None:
+                self._slots._exit(self._host, state)

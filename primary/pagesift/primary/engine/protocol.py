@@ -29,6 +29,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.v1 import jobs_pb2
 
@@ -91,5 +92,10 @@ class Engine(Protocol):
     ) -> list[bool]: ...
 
     def host_delays(self) -> dict[str, float]: ...
+
+    def host_slots(self) -> HostSlots:
+        """The per-host slots every request of this engine passes (a cluster's node
+        sets their ``gate`` and calls their ``abandon``)."""
+        ...
 
     async def close(self) -> None: ...

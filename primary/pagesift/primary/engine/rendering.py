@@ -42,7 +42,7 @@ from pagesift.primary.engine.browser.guardproxy import ERROR_HEADER, GuardProxy,
 from pagesift.primary.engine.browser.pool import BrowserPool
 from pagesift.primary.engine.hops import Response
 from pagesift.primary.engine.http import HttpEngine
-from pagesift.primary.engine.politeness import effective_delay
+from pagesift.primary.engine.politeness import HostSlots, effective_delay
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.extract.metadata import response_metadata
@@ -344,6 +344,9 @@ class RenderingEngine:
 
     def host_delays(self) -> dict[str, float]:
         return self.http.host_delays()
+
+    def host_slots(self) -> HostSlots:
+        return self.http.host_slots()
 
     def figures(self) -> BrowserFigures:
         """What the browser series show (``metricsources.BrowserFigures``)."""

@@ -26,6 +26,15 @@ and Map (their URL). The engine's slot key is the host checked (``urls.host_of``
 what the node refuses is exactly what its per-host slots would not cover. A crawl's
 links to hosts owned elsewhere are the runner's (``runner.owners``).
 
+And the last word before any request leaves: while this runtime runs, the engine's
+per-host slots carry ``OwnedHosts`` as their gate (``politeness.HostSlots.gate``):
+inside the host's slot, a request to a host another pair owns is refused
+``HOST_OWNED_ELSEWHERE`` and one this pair does not hold yet (a handover, a lease not
+confirmed: ``pagesift.shared.cluster.tenure``) waits, at most ``ADMIT_WAIT`` seconds
+(then ``TIMEOUT``, retried as any transient failure). A registry read that moves hosts
+away abandons the requests in flight to them (``HostSlots.abandon``), and ``start``
+tells the tenure this node has just become its pair's primary (``joined``).
+
 Why a subclass: the local limits (``quota``) still hold inside each pair exactly as
 before; this only adds the cluster's check around them, and a single pair runs
 ``runtime.Jobs`` unchanged.
@@ -33,6 +42,8 @@ before; this only adds the cluster's check around them, and a single pair runs
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -40,14 +51,48 @@ from typing import Any
 from pagesift.primary.jobs import oneoff
 from pagesift.primary.jobs.appending import Appended, Check
 from pagesift.primary.jobs.runtime import Jobs, Registered
-from pagesift.shared.cluster.ownership import NoOwners, OwnersSource
+from pagesift.shared.cluster.ownership import NoOwners, Owners, OwnersSource
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import urls as job_urls
 from pagesift.shared.jobs.clusterlimits import ClusterLimits
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.shared.jobs.specs import AppendSpec
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["ClusteredJobs"]
+__all__ = ["ADMIT_WAIT", "ClusteredJobs", "OwnedHosts"]
+
+ADMIT_WAIT = 30.0  # the longest a request waits for this pair's hold on its host
+
+
+class OwnedHosts:
+    """The engine's host gate of a clustered node (module docstring)."""
+
+    def __init__(self, owners: OwnersSource, *, limit: float = ADMIT_WAIT) -> None:
+        self.owners = owners
+        self.limit = limit
+
+    async def admit(self, host: str) -> None:
+        deadline = time.monotonic() + self.limit
+        while True:
+            owners = self.owners.current()
+            owner = owners.elsewhere(host)
+            if owner is not None:
+                raise PageError(
+                    ErrorCode.HOST_OWNED_ELSEWHERE,
+                    f"host {host} belongs to pair {owner} of the cluster, which keeps its "
+                    "politeness: left to that pair, not fetched here",
+                )
+            now = time.monotonic()
+            wait = self.owners.fence(host, now)
+            if wait <= 0:
+                return
+            if now >= deadline:
+                raise PageError(
+                    ErrorCode.TIMEOUT,
+                    f"pair {owners.here} has not held host {host} for {self.limit:g} s "
+                    "(a handover, or a registry lease etcd has not confirmed)",
+                )
+            await asyncio.sleep(min(wait, deadline - now))
 
 
 class ClusteredJobs(Jobs):
@@ -66,11 +111,21 @@ class ClusteredJobs(Jobs):
 
     async def start(self) -> None:
         await self.owners.start()
+        self.owners.joined(time.monotonic())
+        slots = self.engine.host_slots()
+        slots.gate = OwnedHosts(self.owners)
+
+        def moved(owners: Owners) -> None:
+            slots.abandon(lambda host: owners.elsewhere(host) is not None)
+
+        self.owners.moved = moved
         await self.budgets.attach(self.store)  # slots before the jobs resume (bounded)
         await super().start()
 
     async def close(self) -> None:
         await super().close()
+        self.owners.moved = None
+        self.engine.host_slots().gate = None
         await self.budgets.detach()
         await self.owners.stop()
 
@@ -131,7 +186,7 @@ class ClusteredJobs(Jobs):
     ) -> jobs_pb2.Document:
         self._check_owned([url], "url")
         async with self.runner.activity.fetching(owner):
-            draws, foreign = self.runner.draws, self.runner.foreign("")
+            draws, foreign = self.runner.draws, self.runner.foreign()
             return await oneoff.scrape(self.store, self.engine, draws, owner, url, options, foreign)
 
     async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]:

@@ -10,9 +10,10 @@ order, read in chunks so memory stays flat), fetch each as a Scrape does
   ``pagesift.shared.cluster.ownership``): a crawl's queued URL whose host another pair
   owns is recorded ``host_owned_elsewhere`` and never fetched (left to its owner, the
   keeper of that host's politeness), and so is a redirect or meta refresh of any page
-  to such a host (``FetchPolicy.foreign_host``). The crawl's own site (its start URL's
-  host and ``www.`` twin) is exempt: it was this pair's at the start, and running work
-  does not move when a pair joins (that would need a lease per host, not built).
+  to such a host (``FetchPolicy.foreign_host``). The crawl's own site is no exception:
+  when it moves to another pair (one joined, this one lapsed and came back) its pages
+  left are recorded so too, and the engine's host gate (``clustered.OwnedHosts``)
+  holds every request to the instant it is sent.
 - daily pages: every attempt draws its page first (``pagedraws``: the node's count and,
   in a cluster, the pair's block) inside its permit, before the request leaves, and
   settles it after: charged when its group stored a document, else given back. A draw
@@ -57,7 +58,6 @@ from pagesift.primary.jobs.activity import Activity
 from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import PageResult
 from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.cluster import placement
 from pagesift.shared.cluster.ownership import NoOwners, OwnersSource
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import patterns, quota, validate, views
@@ -282,12 +282,12 @@ class Runner:
         self.finish(job_id, "failed", hit.message)
         self._host.stop(job_id)
 
-    def foreign(self, site: str) -> Callable[[str], str | None]:
+    def foreign(self) -> Callable[[str], str | None]:
         """Why a host (an engine slot key) is not fetched here: another pair owns it
-        (None: this pair's, the job's own ``site``, or no registry read yet)."""
+        (None: this pair's, or no registry read yet)."""
 
         def why(host: str) -> str | None:
-            if not host or placement.site_key(host) == site:
+            if not host:
                 return None
             owner = self.owners.current().elsewhere(host)
             if owner is None:
@@ -430,7 +430,7 @@ class Runner:
         del targets
         covered = appending.Covered()
         pending: Iterator[tuple[int, str]] = iter(())
-        policy = FetchPolicy(request=profile, owner=meta.owner, foreign_host=self.foreign(""))
+        policy = FetchPolicy(request=profile, owner=meta.owner, foreign_host=self.foreign())
         workers = concurrency(self.config, req.max_concurrency)
         run = _Run(workers, self._max_retries(req), lambda delta: None, meta.owner)
 
@@ -483,7 +483,7 @@ class Runner:
         profile = self._profile(meta, req.options, [req.url])
         if profile is None:
             return
-        foreign = self.foreign(placement.site_key(job_urls.host_of(req.url)))
+        foreign = self.foreign()
         policy = FetchPolicy(
             delay=req.delay, request=profile, owner=meta.owner, foreign_host=foreign
         )

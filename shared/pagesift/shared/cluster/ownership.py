@@ -18,10 +18,10 @@ At no instant do the requests in flight to one host, across the cluster, exceed
 ``per_host_concurrency``. A node's per-host slots bound its own requests; a host's work
 reaches only its owner because each node refuses new work on hosts it does not own
 (direct starts included) and a crawl leaves links to foreign hosts to their owners
-(``pagesift.primary.jobs``). Its limit, stated where it is used: two nodes whose
-registry reads disagree (a pair joining or leaving, within one read interval) can both
-believe they own a host, and a job started before ownership moved runs on where it
-started (a lease per host would fence it; not built here).
+(``pagesift.primary.jobs``, its own site included). When ownership moves (a pair
+joins, leaves, lapses, comes back) the old owner abandons its requests in flight to the
+hosts that left and the new owner waits a handover first: ``tenure.Tenure``, which also
+states the limit (a pair cut off from etcd alone).
 
 Why these rules
 ---------------
@@ -108,9 +108,18 @@ class Owners:
 
 class OwnersSource(Protocol):
     """Where a node's ``Owners`` come from (the registry, read by ``pagesift.coord``):
-    ``current`` is the last good read's, never a call to etcd."""
+    ``current`` is the last good read's, never a call to etcd; ``fence`` the seconds a
+    request to a host this pair owns must still wait (``tenure.Tenure.wait``); ``moved``
+    is called with the new ``Owners`` after a read that changed them; ``joined`` says
+    this node has just become its pair's primary."""
+
+    moved: Callable[[Owners], object] | None
 
     def current(self) -> Owners: ...
+
+    def fence(self, host: str, now: float) -> float: ...
+
+    def joined(self, now: float) -> None: ...
 
     async def start(self) -> None: ...
 
@@ -122,9 +131,16 @@ class NoOwners:
 
     def __init__(self, here: str = "") -> None:
         self._owners = Owners(here)
+        self.moved: Callable[[Owners], object] | None = None
 
     def current(self) -> Owners:
         return self._owners
+
+    def fence(self, host: str, now: float) -> float:
+        return 0.0
+
+    def joined(self, now: float) -> None:
+        return None
 
     async def start(self) -> None:
         return None

@@ -10,8 +10,8 @@ The records
 Every node of every pair writes its own ``NodeRecord`` every ``REFRESH_SECONDS``: its
 advertised client address, role, epoch, lag, load, capacity and the per-host
 concurrency limit it runs with (``per_host_concurrency``: what ``pagesift drill
---cluster`` judges politeness by; 0 in a record of a node older than the field, which
-decodes as before). ``updated`` is the writer's wall clock, read only to show
+--cluster`` judges politeness by; 0 in a record without the field, which decodes with
+every other field intact). ``updated`` is the writer's wall clock, read only to show
 staleness; liveness is the lease's.
 ``pair_views`` merges a pair's node records into one ``PairView``: the primary is the
 node that says it is primary with the highest epoch (a deposed primary that has not

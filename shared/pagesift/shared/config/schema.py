@@ -273,6 +273,11 @@ class ServerConfig:
     cluster_signing_key_file: Annotated[
         str, Doc("this pair's Ed25519 private key (PEM) its registry records are signed with")
     ] = ""
+    # pagesift.shared.cluster.tenure: the old owner's registry read (1 s) and its bounded
+    # call, then its abandon of the requests in flight
+    cluster_handover: Annotated[
+        float, Doc("seconds a host that came to this pair waits before its first request", ge=0)
+    ] = 3.0
     # health: a standby is ``pagesift.replica`` SERVING within this many seconds of its primary
     replica_max_lag: Annotated[
         float, Doc("seconds of lag within which a standby is pagesift.replica SERVING", ge=0)
