@@ -50,7 +50,7 @@ from typing import Any
 import aetcd
 import grpc
 
-from pagesift.coord.keys import state_key
+from pagesift.coord.keys import state_key, witness_pair
 from pagesift.shared.ha.election import PairState
 from pagesift.shared.replication.writetrace import ENV as TRACE_ENV
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
@@ -140,6 +140,7 @@ class FaultPair:
         self.etcd = etcd
         self.trace = trace
         self.name = name
+        self.config = dict(config or {})
         self.ttl = ttl
         self.nodes: list[PairNode] = []
         for label in ("a", "b"):
@@ -199,7 +200,9 @@ class FaultPair:
         host, port = self.etcd.members[0].address.rsplit(":", 1)
         client = aetcd.Client(host=host, port=int(port), timeout=RPC_TIMEOUT)
         try:
-            got = await asyncio.wait_for(client.get(state_key(self.name).encode()), RPC_TIMEOUT)
+            cluster = str(self.config.get("cluster", ""))
+            key = state_key(witness_pair(self.name, cluster)).encode()
+            got = await asyncio.wait_for(client.get(key), RPC_TIMEOUT)
         except (aetcd.ClientError, TimeoutError):
             return None
         finally:

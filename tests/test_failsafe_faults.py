@@ -211,6 +211,31 @@ async def test_a_pair_keeps_writing_while_etcd_is_stopped_for_three_ttls(
 
 
 @pytest.mark.system
+async def test_a_clustered_pair_crawls_on_through_an_etcd_outage_on_its_hosts_tenure(
+    nodes: NodeFactory, etcd1: EtcdCluster, tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    # in a cluster every request also asks the pair's hold on its host (its registry
+    # lease): the registrar keeps trying through the outage, so the hold stays (failsafe)
+    fp = FaultPair(nodes, etcd1, tmp_path / "writes.trace", config={"cluster": "faults"})
+    try:
+        await fp.start()
+        _, root = site
+        watcher = Watcher(fp)
+        async with watching(watcher):
+            job_id = await crawling(fp, root, watcher)
+            primary, _ = await eventually(fp.vouched, "the standby to vouch", timeout=40)
+            async with fp.etcd.outage():
+                await asyncio.sleep(TTL + 1)  # past the witness's and the registry's leases
+                past_lease = await pages_on(primary, job_id)
+                await asyncio.sleep(2 * TTL)
+                end = await pages_on(primary, job_id)
+            assert end > past_lease, f"pages froze in the outage: {past_lease} -> {end}"
+        await settle_and_check(fp, watcher)
+    finally:
+        await fp.close()
+
+
+@pytest.mark.system
 async def test_a_standby_that_reaches_etcd_does_not_take_over_from_the_primary_it_vouches_for(
     pair: FaultPair, site: tuple[Site, str]
 ) -> None:
