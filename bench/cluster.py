@@ -143,30 +143,41 @@ def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 class Pairs:
     """n one-node pairs of cluster ``name`` (``pagesift serve`` children)."""
 
-    def __init__(self, etcd: Etcd, work: Path, name: str, pairs: list[str]) -> None:
+    def __init__(
+        self, etcd: Etcd, work: Path, name: str, pairs: list[str], *, per_host: int = PER_HOST
+    ) -> None:
         token = work / "replication.token"
         if not token.exists():
             write_new_token(token)
+        self.etcd, self.work, self.name = etcd, work, name
         self.url = f"{etcd.endpoint}/{name}"
         self.addresses: dict[str, str] = {}
         self.children: list[Child] = []
-        table = {
+        self.by_pair: dict[str, Child] = {}
+        self.table = {
             "allow_private_networks": True,
             "extract_processes": 1,
-            "per_host_concurrency": PER_HOST,
+            "per_host_concurrency": per_host,
             "replication_token_file": str(token),
             "storage_reserve_bytes": 0,
         }
         for pair in pairs:
-            address = f"127.0.0.1:{free_port()}"
-            config = write_server_toml(work / f"{name}-{pair}.toml", table)
-            args = [
-                "--witness", etcd.endpoint, "--pair", pair, "--cluster", name,
-                "--listen", address, "--advertise", address,
-                "--data", str(work / f"{name}-{pair}"), "--config", str(config),
-            ]  # fmt: skip
-            self.children.append(start_serve(pair, args, work / f"{name}-{pair}.log"))
-            self.addresses[pair] = address
+            self.add(pair)
+
+    def add(self, pair: str) -> None:
+        """Start pair ``pair``'s one node (it joins the cluster when it registers)."""
+        name, work = self.name, self.work
+        address = f"127.0.0.1:{free_port()}"
+        config = write_server_toml(work / f"{name}-{pair}.toml", self.table)
+        args = [
+            "--witness", self.etcd.endpoint, "--pair", pair, "--cluster", name,
+            "--listen", address, "--advertise", address,
+            "--data", str(work / f"{name}-{pair}"), "--config", str(config),
+        ]  # fmt: skip
+        child = start_serve(pair, args, work / f"{name}-{pair}.log")
+        self.children.append(child)
+        self.by_pair[pair] = child
+        self.addresses[pair] = address
 
     async def wait_placeable(self, timeout: float) -> None:
         view = ClusterView(self.url)

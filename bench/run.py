@@ -40,6 +40,7 @@ SECTIONS = (
     "browserbounds",
     "cookiechurn",
     "failsafe",
+    "handover",
 )
 
 
