@@ -42,9 +42,12 @@ RENAME_AFTER = 1.0
 
 def test_process_type_reads_the_type_a_command_line_names() -> None:
     zygote = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(30)", "--type=zygote"]
+        [sys.executable, "-c", "import time; print(flush=True); time.sleep(30)", "--type=zygote"],
+        stdout=subprocess.PIPE,
     )
     try:
+        assert zygote.stdout is not None
+        zygote.stdout.readline()  # it runs its own command line now (exec is done)
         assert process_type(zygote.pid) == b"zygote"
         assert process_type(os.getpid()) == b""
     finally:
