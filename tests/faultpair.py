@@ -136,7 +136,10 @@ class FaultPair:
         name: str = "faults",
         ttl: int = TTL,
         config: Mapping[str, Any] | None = None,
+        clock_ahead: float = 0.0,
     ) -> None:
+        """``clock_ahead``: node b's monotonic clock runs that many seconds ahead of
+        node a's (its own time namespace: ``unshare --time --monotonic``)."""
         self.etcd = etcd
         self.trace = trace
         self.name = name
@@ -144,7 +147,10 @@ class FaultPair:
         self.ttl = ttl
         self.nodes: list[PairNode] = []
         for label in ("a", "b"):
-            proc = make(f"{name}-{label}", role="", config=dict(config or {}))
+            wrapper: list[str] = []
+            if label == "b" and clock_ahead:
+                wrapper = ["unshare", "--time", "--monotonic", f"{clock_ahead:.0f}"]
+            proc = make(f"{name}-{label}", role="", config=dict(config or {}), wrapper=wrapper)
             self.nodes.append(PairNode(proc, Link(etcd), CutProxy(proc.address)))
 
     async def start(self) -> FaultPair:

@@ -236,12 +236,12 @@ async def all_documents(
     return docs
 
 
-def start_server_process(config_args: list[str], log: Path) -> Child:
+def start_server_process(config_args: list[str], log: Path, wrapper: Sequence[str] = ()) -> Child:
     """``pagesift serve`` as a real child process (``pagesift.node.procs``: its own
-    process group, output appended to ``log``), started."""
-    child = Child(
-        log.stem, serve_argv(*config_args), log, env=dict(os.environ, PYTHONUNBUFFERED="1")
-    )
+    process group, output appended to ``log``), started; ``wrapper`` is a command that
+    execs it (``unshare --time --monotonic N``: its own clock)."""
+    argv = [*wrapper, *serve_argv(*config_args)]
+    child = Child(log.stem, argv, log, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     child.start()
     return child
 
@@ -297,8 +297,10 @@ class ServeProc:
         config: Mapping[str, Any] | None = None,
         extra: tuple[str, ...] = (),
         base: Mapping[str, Any] = SERVE_CONFIG,
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.name = name
+        self.wrapper = list(wrapper)
         self.address = f"127.0.0.1:{free_port()}"
         self.data = tmp / name
         self.log = tmp / f"{name}.log"
@@ -329,7 +331,7 @@ class ServeProc:
         self.role = role or self.role
         self.primary = primary if primary is not None else self.primary
         self.stop()
-        self.child = start_server_process(self.args(), self.log)
+        self.child = start_server_process(self.args(), self.log, self.wrapper)
 
     async def start(self, *, role: str | None = None, primary: str | None = None) -> None:
         self.launch(role=role, primary=primary)

@@ -211,6 +211,36 @@ async def test_a_pair_keeps_writing_while_etcd_is_stopped_for_three_ttls(
 
 
 @pytest.mark.system
+async def test_a_node_whose_clock_is_a_day_ahead_changes_nothing_through_an_outage(
+    nodes: NodeFactory, etcd1: EtcdCluster, tmp_path: Path, site: tuple[Site, str]
+) -> None:
+    # node b's monotonic clock reads a day ahead of node a's (a time namespace): a
+    # grant, a promise or a deadline compared across the two would end at once or never
+    fp = FaultPair(nodes, etcd1, tmp_path / "writes.trace", config=SYNC, clock_ahead=86_400)
+    try:
+        await fp.start()
+        b = fp.nodes[1].proc.proc
+        assert b is not None
+        offsets = (await asyncio.to_thread(Path(f"/proc/{b.pid}/timens_offsets").read_text)).split()
+        assert offsets[offsets.index("monotonic") + 1] == "86400"
+        _, root = site
+        watcher = Watcher(fp)
+        async with watching(watcher):
+            job_id = await crawling(fp, root, watcher)
+            primary, standby = await eventually(fp.vouched, "the standby to vouch", timeout=40)
+            async with fp.etcd.outage():
+                await asyncio.sleep(TTL + 1)
+                past_lease = await pages_on(primary, job_id)
+                await asyncio.sleep(2 * TTL)
+                end = await pages_on(primary, job_id)
+                assert (await role(standby.address)).role == rpb.NODE_ROLE_STANDBY
+            assert end > past_lease, f"pages froze: {past_lease} -> {end}"
+        await settle_and_check(fp, watcher)  # no overlapping writers, no page lost
+    finally:
+        await fp.close()
+
+
+@pytest.mark.system
 async def test_a_clustered_pair_crawls_on_through_an_etcd_outage_on_its_hosts_tenure(
     nodes: NodeFactory, etcd1: EtcdCluster, tmp_path: Path, site: tuple[Site, str]
 ) -> None:
