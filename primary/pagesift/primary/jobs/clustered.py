@@ -51,7 +51,7 @@ from typing import Any
 from pagesift.primary.jobs import oneoff
 from pagesift.primary.jobs.appending import Appended, Check
 from pagesift.primary.jobs.runtime import Jobs, Registered
-from pagesift.shared.cluster.ownership import NoOwners, Owners, OwnersSource
+from pagesift.shared.cluster.ownership import NoOwners, Owners, OwnersSource, left_to_owner
 from pagesift.shared.jobs import records as jr
 from pagesift.shared.jobs import urls as job_urls
 from pagesift.shared.jobs.clusterlimits import ClusterLimits
@@ -77,11 +77,7 @@ class OwnedHosts:
             owners = self.owners.current()
             owner = owners.elsewhere(host)
             if owner is not None:
-                raise PageError(
-                    ErrorCode.HOST_OWNED_ELSEWHERE,
-                    f"host {host} belongs to pair {owner} of the cluster, which keeps its "
-                    "politeness: left to that pair, not fetched here",
-                )
+                raise PageError(ErrorCode.HOST_OWNED_ELSEWHERE, left_to_owner(host, owner))
             now = time.monotonic()
             wait = self.owners.fence(host, now)
             if wait <= 0:

@@ -58,7 +58,7 @@ from pagesift.primary.jobs.activity import Activity
 from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import PageResult
 from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.cluster.ownership import NoOwners, OwnersSource
+from pagesift.shared.cluster.ownership import NoOwners, OwnersSource, left_to_owner
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import patterns, quota, validate, views
 from pagesift.shared.jobs import records as jr
@@ -292,10 +292,7 @@ class Runner:
             owner = self.owners.current().elsewhere(host)
             if owner is None:
                 return None
-            return (
-                f"host {host} belongs to pair {owner} of the cluster, which keeps its "
-                "politeness: left to that pair, not fetched here"
-            )
+            return left_to_owner(host, owner)
 
         return why
 

@@ -44,7 +44,15 @@ from typing import Protocol
 
 from pagesift.shared.cluster import placement
 
-__all__ = ["HostOwnedElsewhere", "NoOwners", "Owners", "OwnersSource"]
+__all__ = ["HostOwnedElsewhere", "NoOwners", "Owners", "OwnersSource", "left_to_owner"]
+
+
+def left_to_owner(host: str, owner: str) -> str:
+    """The page error's words for a request a node leaves to ``host``'s owner."""
+    return (
+        f"host {host} belongs to pair {owner} of the cluster, which keeps its "
+        "politeness: left to that pair, not fetched here"
+    )
 
 
 class HostOwnedElsewhere(Exception):
