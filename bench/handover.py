@@ -12,7 +12,10 @@ fault starts a crawl of the origin on the pair that owns it, waits for 10 pages,
   until it is accepted); then SIGCONT: the owner takes its origin back;
 - ``join``: a third pair, named so that it owns the origin once listed, is started;
   once it is placeable a crawl of the origin is started on it (retried until it is
-  accepted): the first crawl's pages left go to no one but the new owner's crawl.
+  accepted): the first crawl's pages left go to no one but the new owner's crawl;
+- ``leave``: the owner is stopped (SIGTERM: it withdraws its records, then stops its
+  jobs) and a crawl of the origin is started on the other pair (retried until it is
+  accepted).
 
 Figures per fault: the origin's peak against the limit (the invariant: never above),
 the pages each crawl stored and how many it left to another pair
@@ -36,14 +39,14 @@ from typing import Any
 import grpc
 
 from bench.cluster import TERMINAL, Pairs
-from bench.common import OUT_DIR, machine_facts, markdown_table, say
+from bench.common import OUT_DIR, machine_facts, markdown_table, say, stop_serve
 from pagesift.demo.site import CALENDAR_EXCLUDE
 from pagesift.node.drill.counting import CountedSite
 from pagesift.node.drill.fixture import Etcd
 from pagesift.shared.cluster import placement
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
-FAULTS = ("stall", "join")
+FAULTS = ("stall", "join", "leave")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -53,6 +56,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--handover-delay", type=float, default=0.05, help="seconds per page")
     g.add_argument("--handover-freeze", type=float, default=20.0, help="SIGSTOP seconds (20)")
     g.add_argument("--handover-timeout", type=float, default=240.0, help="seconds per wait")
+    g.add_argument("--handover-faults", default=",".join(FAULTS), help="which (all)")
 
 
 def _names(host: str, n: int) -> list[str]:
@@ -141,13 +145,24 @@ async def _fault(fault: str, etcd: Etcd, work: Path, args: argparse.Namespace) -
                 frozen = time.monotonic()
                 b = await _until(lambda: other.start(site), "the other pair to take it", 60)
                 await asyncio.sleep(max(0.0, args.handover_freeze - (time.monotonic() - frozen)))
+        elif fault == "leave":
+            other = Node(pairs.addresses[names[1]])
+            nodes.append(other)
+            left_with = await first.pages(a)
+            leaving = asyncio.create_task(asyncio.to_thread(stop_serve, pairs.by_pair[names[0]]))
+            b = await _until(lambda: other.start(site), "the other pair to take it", 60)
+            await leaving
         else:
             pairs.add(names[2])
             await pairs.wait_placeable(min(60.0, args.handover_timeout))
             other = Node(pairs.addresses[names[2]])
             nodes.append(other)
             b = await _until(lambda: other.start(site), "the new pair to take it", 60)
-        first_out = await first.outcome(a, args.handover_timeout)
+        first_out = (
+            {"pages": left_with, "failed": 0, "left_to_owner": 0}  # stored when it left
+            if fault == "leave"
+            else await first.outcome(a, args.handover_timeout)
+        )
         other_out = await other.outcome(b, args.handover_timeout)
     finally:
         for node in nodes:
@@ -176,7 +191,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(etcd.child.stop)
         await etcd.start()
         facts = machine_facts()
-        rows = [await _fault(f, etcd, work, args) for f in FAULTS]
+        wanted = [f for f in args.handover_faults.split(",") if f in FAULTS]
+        rows = [await _fault(f, etcd, work, args) for f in wanted]
     settings = {k: v for k, v in vars(args).items() if k.startswith("handover_")}
     return {"machine": facts, "settings": settings, "faults": rows}
 
