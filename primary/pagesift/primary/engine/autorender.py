@@ -1,21 +1,28 @@
 """AUTO's decision: does a fetched page need a browser, and does its host always need one?
 
-Owns two pure parts of ``FETCH_ENGINE_AUTO`` (``rendering.RenderingEngine`` is the shell):
+Owns the pure parts of ``FETCH_ENGINE_AUTO`` (``rendering.RenderingEngine`` is the shell):
 
 - ``needs_render(body, content_type)``: the reason an HTML body needs rendering ("empty
   app root #root", "noscript asks for JavaScript", "scripts and little text"), or None;
+- ``judge_and_extract``: that decision and, when no browser is needed, the page's
+  extraction, as ONE call of an extraction worker (``pages.PageMaker.page`` with
+  ``judge_render``): the decision costs no round trip of its own and no time on the
+  event loop, and a page that needs a browser is not extracted at all;
 - ``HostMemory``: per (owner, host), how many pages AUTO fetched and how many of them
   needed rendering; after ``threshold`` needed (and most did), the host's next pages go
   straight to the browser, so a JS-only host is not fetched twice per page. At most
   ``capacity`` hosts, least recently used dropped first.
 
-Why it is safe on the event loop with hostile bytes: ``needs_render`` parses nothing.
+Why it is safe with hostile bytes (it runs in a worker, and was built to be safe even on
+the event loop): ``needs_render`` parses nothing.
 It reads at most ``SCAN_BYTES`` of the body and works with ``bytes.find``/``count``,
 ``bytes.translate`` and one regex (``<[^<>]*>``) that cannot backtrack past the next
 ``<`` or ``>``: every byte is visited a bounded number of times, so its time is
 linear in at most ``SCAN_BYTES`` (under 50 ms on the worst input tried, ~1 ms on real pages);
 it allocates a few copies of that prefix at most. Text counting stops once the page
 has ``RICH_TEXT`` visible characters: a page with that much text never needs a browser.
+The skipped parts (scripts, styles, ...) are found by one alternation searched again
+only once passed, so each byte is searched once.
 """
 
 from __future__ import annotations
@@ -24,7 +31,16 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["LITTLE_TEXT", "RICH_TEXT", "SCAN_BYTES", "HostMemory", "needs_render"]
+from pagesift.primary.extract import html as extract
+
+__all__ = [
+    "LITTLE_TEXT",
+    "RICH_TEXT",
+    "SCAN_BYTES",
+    "HostMemory",
+    "judge_and_extract",
+    "needs_render",
+]
 
 SCAN_BYTES = 512 << 10  # the prefix of a body the decision reads
 LITTLE_TEXT = 200  # fewer visible characters than this, with scripts: render
@@ -36,8 +52,10 @@ _TAG = re.compile(rb"<[^<>]*>")  # linear: stops at the next < or >
 _WHITESPACE = b" \t\r\n\f\v\xa0"
 # Element ids single-page frameworks mount into (React, Vue, Next, Nuxt, Svelte, Gatsby...).
 _ROOT_IDS = (b"root", b"app", b"__next", b"__nuxt", b"svelte", b"___gatsby", b"main-app")
-_SKIPPED = ((b"<script", b"</script"), (b"<style", b"</style"), (b"<!--", b"-->"),
-            (b"<template", b"</template"), (b"<noscript", b"</noscript"))  # fmt: skip
+_CLOSERS = {b"<script": b"</script", b"<style": b"</style", b"<!--": b"-->",
+            b"<template": b"</template", b"<noscript": b"</noscript"}  # fmt: skip
+# The parts whose bytes are no visible text: one alternation, one pass to the next of them.
+_OPENER = re.compile(b"|".join(re.escape(o) for o in _CLOSERS))
 _JS_ASKS = (
     b"enable javascript", b"javascript is required", b"requires javascript",
     b"javascript to run", b"javascript enabled", b"turn on javascript",
@@ -65,6 +83,18 @@ def needs_render(body: bytes | str, content_type: str = "") -> str | None:
     return None
 
 
+def judge_and_extract(
+    text: str, content_type: str, base_url: str, want: extract.Wanted, only_main_content: bool
+) -> str | extract.Extracted:
+    """AUTO's step in an extraction worker: the reason the HTML ``text`` needs a browser
+    (``needs_render``; the page is then not extracted), else its extraction
+    (``extract.extract_compact``)."""
+    reason = needs_render(text, content_type)
+    if reason is not None:
+        return reason
+    return extract.extract_compact(text, base_url, want, only_main_content)
+
+
 def _squeeze(chunk: bytes) -> bytes:
     """``chunk`` with its tags gone and its whitespace runs as one space."""
     return b" ".join(_TAG.sub(b" ", chunk).split())
@@ -75,24 +105,20 @@ def _visible_text(page: bytes) -> tuple[int, bytes]:
     counted up to ``RICH_TEXT``; the noscripts' own bytes, at most 64 KiB)."""
     count, pos, noscript = 0, 0, bytearray()
     size = len(page)
-    # Each opener's next place, found again only once passed: every find moves forward.
-    nxt = [page.find(opener) for opener, _ in _SKIPPED]
+    opener = _OPENER.search(page)  # the next skipped part; searched again only once passed
     while pos < size and count < RICH_TEXT:
-        for i, (opener, _) in enumerate(_SKIPPED):
-            if 0 <= nxt[i] < pos:
-                nxt[i] = page.find(opener, pos)
-        found = [(at, i) for i, at in enumerate(nxt) if at >= 0]
-        end = min(min(found)[0] if found else size, pos + _STEP)
-        chunk = _TAG.sub(b"", page[pos:end])
-        count += len(chunk.translate(None, _WHITESPACE))
-        if not found or end < min(found)[0]:
+        if opener is not None and opener.start() < pos:
+            opener = _OPENER.search(page, pos)
+        start = size if opener is None else opener.start()
+        end = min(start, pos + _STEP)
+        count += len(_TAG.sub(b"", page[pos:end]).translate(None, _WHITESPACE))
+        if opener is None or end < start:
             pos = end  # text counted a step at a time, to stop early
             continue
-        start, which = min(found)
-        opener, closer = _SKIPPED[which]
-        close = page.find(closer, start + len(opener))
+        closer = _CLOSERS[opener.group()]
+        close = page.find(closer, start + len(opener.group()))
         stop = size if close < 0 else close + len(closer)
-        if which == len(_SKIPPED) - 1 and len(noscript) < 65536:
+        if closer == b"</noscript" and len(noscript) < 65536:
             noscript += page[start : min(stop, start + 65536)]
         pos = stop
     return count, bytes(noscript)

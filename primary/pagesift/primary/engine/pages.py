@@ -19,6 +19,9 @@ invariants:
   would take the node down;
 - what stays on the loop is linear and bounded: ``content.decode``, ``content.sniff``
   (the first KiB) and the text of a non-HTML page;
+- with ``judge_render`` (AUTO), the worker that extracts an HTML page first decides
+  whether it needs a browser (``autorender.judge_and_extract``, one call): such a page
+  raises ``RenderNeeded`` and is not extracted;
 - ``Page.noindex``/``nofollow`` come from meta robots and X-Robots-Tag
   (``robots.page_directives``), ``canonical`` from the page's ``<link>``, else its
   ``Link:`` header (the form PDFs use); the job runtime applies them.
@@ -32,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from pagesift.primary.engine import content, workers
+from pagesift.primary.engine import autorender, content, workers
 from pagesift.primary.engine.hops import Accept, Response, status_error
 from pagesift.primary.engine.protocol import Page
 from pagesift.primary.engine.robots import page_directives
@@ -46,10 +49,23 @@ from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
-__all__ = ["PageMaker", "kind_of", "page_accept"]
+__all__ = ["PageMaker", "RenderNeeded", "kind_of", "page_accept"]
 
 # Imported once in the workers' forkserver, so a fresh worker starts without imports.
-_WORKER_PRELOAD = ("pagesift.primary.extract.html", "pagesift.primary.extract.documents")
+_WORKER_PRELOAD = (
+    "pagesift.primary.extract.html",
+    "pagesift.primary.extract.documents",
+    "pagesift.primary.engine.autorender",
+)
+
+
+class RenderNeeded(Exception):
+    """The HTML page needs a browser (``reason``: ``autorender.needs_render``'s); raised
+    by ``PageMaker.page`` with ``judge_render`` instead of extracting it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def page_accept(allow_non_html: bool) -> Accept:
@@ -113,10 +129,13 @@ class PageMaker:
         options: jobs_pb2.ScrapeOptions,
         agent: str,
         owner: str = "",
+        *,
+        judge_render: bool = False,
     ) -> Page:
         """The ``Page`` of ``url`` whose final response is ``resp`` of ``kind``
         (``kind_of``); ``agent`` is the robots.txt product token the directives are
-        read for, ``owner`` the account the workers' fair share counts it to."""
+        read for, ``owner`` the account the workers' fair share counts it to. With
+        ``judge_render``, an HTML page that needs a browser raises ``RenderNeeded``."""
         doc = jobs_pb2.Document(
             url=url,
             final_url=resp.url,
@@ -132,8 +151,11 @@ class PageMaker:
         text = content.decode(resp.body, resp.charset, html=kind == "html")
         if kind == "html":
             try:
-                got = await self._extract(doc, text, resp.url, options, resp.meta_headers, owner)
-            except PageError:
+                judge = resp.content_type if judge_render else None
+                got = await self._extract(
+                    doc, text, resp.url, options, resp.meta_headers, owner, judge
+                )
+            except (PageError, RenderNeeded):
                 raise
             except Exception as exc:  # the parsers are lenient; keep the contract anyway
                 raise PageError(ErrorCode.UNSUPPORTED_CONTENT, f"cannot extract: {exc}") from exc
@@ -210,26 +232,32 @@ class PageMaker:
         options: jobs_pb2.ScrapeOptions,
         headers: tuple[tuple[str, str], ...],
         owner: str,
+        judge: str | None = None,
     ) -> extract.Extracted:
         """Extract the page, whatever its size, within ``extract_timeout`` and the
         worker memory cap; ``headers`` (the response's ``metadata.response_metadata``)
-        join ``doc.metadata``."""
+        join ``doc.metadata``. With ``judge`` (the response's Content-Type), the same
+        call first decides whether the page needs a browser: ``RenderNeeded``."""
         want = extract.wanted(options)
-        args = (text, base_url, want, options.only_main_content)
+        fn: Any = extract.extract_compact
+        args: tuple[object, ...] = (text, base_url, want, options.only_main_content)
+        if judge is not None:
+            fn, args = autorender.judge_and_extract, (text, judge, *args[1:])
         timeout = self.config.extract_timeout
         try:
             if self.workers is None:
-                got = await asyncio.to_thread(extract.extract_compact, *args)
+                got = await asyncio.to_thread(fn, *args)
             else:
-                out = await self.workers.call(
-                    extract.extract_compact, *args, timeout=timeout, owner=owner
-                )
+                out = await self.workers.call(fn, *args, timeout=timeout, owner=owner)
                 self._worker_done(out)
                 got = out.value
         except TooLarge as exc:  # past a cap of ``htmlshape``: named
             raise PageError(ErrorCode.TOO_LARGE, exc.reason) from None
         except workers.WorkerLost as exc:
             raise self._worker_error(exc, "the extraction", timeout) from None
+        if isinstance(got, str):
+            raise RenderNeeded(got)
+        assert isinstance(got, extract.Extracted)
         extract.apply(doc, got, want, text, headers)
         return got
 

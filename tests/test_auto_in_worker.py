@@ -1,0 +1,81 @@
+"""AUTO's decision runs in the extraction worker, fused with the page's extraction
+(``pages.PageMaker.page(judge_render=True)``, ``autorender.judge_and_extract``): one
+worker call per page, nothing judged on the event loop, and a page that needs a
+browser is not extracted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pagesift.primary.engine import autorender
+from pagesift.primary.engine.hops import Response
+from pagesift.primary.engine.pages import PageMaker, RenderNeeded
+from pagesift.shared.config.schema import ServerConfig
+from pagesift.v1 import jobs_pb2
+
+APP_SHELL = (
+    b"<!doctype html><html><head><title>App</title><script src='/main.js'></script></head>"
+    b"<body><noscript>You need to enable JavaScript to run this app.</noscript>"
+    b"<div id='root'></div></body></html>"
+)
+ARTICLE = (
+    b"<html><head><title>Guide</title><script src='/nav.js'></script></head><body><h1>Guide</h1>"
+    + b"<p>Every option of the tool is explained here in plain words.</p>" * 40
+    + b"<a href='/next'>Next</a></body></html>"
+)
+
+
+def _response(body: bytes) -> Response:
+    return Response(
+        url="http://127.0.0.1:9/page",
+        status=200,
+        content_type="text/html; charset=utf-8",
+        mimetype="text/html",
+        charset="utf-8",
+        kind="html",
+        body=body,
+    )
+
+
+async def _page(maker: PageMaker, body: bytes, judge: bool) -> jobs_pb2.Document:
+    page = await maker.page(
+        "http://127.0.0.1:9/page",
+        _response(body),
+        "html",
+        jobs_pb2.ScrapeOptions(),
+        "pagesift",
+        judge_render=judge,
+    )
+    return page.document
+
+
+def _no_decision_here(body: bytes | str, content_type: str = "") -> str | None:
+    raise AssertionError("AUTO's decision ran in the node's process")
+
+
+@pytest.mark.parametrize("processes", [1, 0])
+def test_a_page_that_needs_a_browser_is_judged_in_the_worker_and_not_extracted(
+    monkeypatch: pytest.MonkeyPatch, processes: int
+) -> None:
+    maker = PageMaker(ServerConfig(extract_processes=processes))
+    if processes:  # the decision must not run here: the worker has its own import of it
+        monkeypatch.setattr(autorender, "needs_render", _no_decision_here)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(RenderNeeded) as need:
+                await _page(maker, APP_SHELL, judge=True)
+            assert need.value.reason == "empty app root #root"
+            doc = await _page(maker, ARTICLE, judge=True)
+            assert doc.title == "Guide" and "plain words" in doc.markdown
+            # without judge_render the shell is extracted like any page
+            shell = await _page(maker, APP_SHELL, judge=False)
+            assert shell.title == "App"
+            if maker.workers is not None:
+                assert maker.workers.started == 1  # one worker, one call per page
+        finally:
+            maker.close()
+
+    asyncio.run(go())
