@@ -9,36 +9,81 @@ little. Read from ``/proc``:
 - ``tree_memory``: summed ``Pss`` (shared pages split among their users, so the sum is the
   tree's real footprint) and summed ``Rss`` (counts shared pages once per process) from
   ``smaps_rollup``.
-- ``TreeSampler``: their peaks, sampled in a thread every ``interval`` s, for at most an hour.
+- ``CpuByKind``: the tree's CPU over a window split by process kind (``KINDS``: the
+  browser's main process, its renderers, its other processes, the Playwright driver, the
+  crawler's own process and its other children). Protocol: ``open()`` snapshots every
+  process of the tree (``/proc/PID/stat``: own ``utime+stime``, reaped ``cutime+cstime``,
+  start time; kind from ``cmdline`` and ``exe``), ``sample()`` (any number, e.g. every
+  0.25 s) keeps each process's latest reading, ``close()`` snapshots again and adds up.
+  Why the split is exact in total: a process seen in the window counts its own CPU since
+  ``open`` (or since birth) up to its last reading; what its reaped children used after
+  their last reading (or in a life too short to be seen) is the growth of its reaped
+  counters less the readings already counted, and goes to the kind of those children (a
+  zygote reaps renderers). The kinds then add up to the tree's ``tree_cpu_seconds``
+  difference; how fine the sampling is only decides how much of a child's CPU is
+  attributed through its parent (``via_parent``). Processes are keyed by (pid, start
+  time), so a reused pid is a new process.
+- ``TreeSampler``: the peaks of ``tree_memory``, sampled in a thread every ``interval`` s
+  for at most an hour, and the samples of a ``CpuByKind`` window (``open_window`` /
+  ``close_window``) on the same thread's ticks.
+- ``WindowPipe``: the crawl window of a child that measures its own window (a peer opens
+  it when its crawl starts, closes it when the crawl ends): the child writes ``open`` or
+  ``close`` on one pipe and waits for ``go`` on the other, so the parent's snapshots land
+  exactly at the window's edges. Every read is bounded by a timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+KINDS = ("browser", "renderer", "chromium-other", "driver", "crawler", "crawler-other")
+KIND_LABELS = {
+    "browser": "chromium browser process",
+    "renderer": "chromium renderers (--type=renderer)",
+    "chromium-other": "other chromium (zygote, gpu, utility)",
+    "driver": "Playwright driver (node)",
+    "crawler": "the crawler's own process",
+    "crawler-other": "the crawler's other children",
+}
 
-def _tree(root: int) -> list[int]:
-    """``root`` and every live descendant (one scan of ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
+
+def _scan() -> dict[int, list[str]]:
+    """pid -> the ``/proc/PID/stat`` fields after the command name (one scan)."""
+    table: dict[int, list[str]] = {}
+    for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
-                raw = (entry / "stat").read_text()
-                ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
+                raw = Path(entry.path, "stat").read_text()
+                table[int(entry.name)] = raw[raw.rindex(")") + 2 :].split()
+    return table
+
+
+def _descendants(root: int, table: dict[int, list[str]]) -> list[int]:
+    """``root`` and every descendant in ``table`` (bounded)."""
+    children: dict[int, list[int]] = {}
+    for pid, rest in table.items():
+        with contextlib.suppress(ValueError, IndexError):
+            children.setdefault(int(rest[1]), []).append(pid)
     tree, todo = [root], [root]
     while todo and len(tree) < 100_000:
         kids = children.get(todo.pop(), [])
         tree += kids
         todo += kids
     return tree
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and every live descendant (one scan of ``/proc``)."""
+    return _descendants(root, _scan())
 
 
 def tree_cpu_seconds(root: int) -> float:
@@ -65,19 +110,167 @@ def tree_memory(root: int) -> tuple[int, int, int]:
     return pss, rss, n
 
 
+def process_kind(cmdline: list[str], exe: str, *, is_root: bool, browser: str = "") -> str:
+    """The ``KINDS`` entry of one process: ``exe`` (its ``/proc/PID/exe`` target) and
+    ``cmdline``; ``browser`` is the browser's executable (resolved here)."""
+    if is_root:
+        return "crawler"
+    first = os.path.basename(cmdline[0]) if cmdline else ""
+    real = os.path.realpath(browser) if browser else ""
+    is_chromium = (real and exe == real) or "chrom" in os.path.basename(exe) or "chrom" in first
+    if is_chromium:
+        kind = next((a.split("=", 1)[1] for a in cmdline if a.startswith("--type=")), "")
+        if not kind:
+            return "browser"
+        return "renderer" if kind == "renderer" else "chromium-other"
+    if "run-driver" in cmdline:
+        return "driver"
+    return "crawler-other"
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """One process at one snapshot: its parent's key, own and reaped CPU seconds."""
+
+    parent: tuple[int, int] | None
+    own: float
+    reaped: float
+
+
+@dataclass
+class CpuSplit:
+    """A window's CPU seconds by kind; ``via_parent``: the part attributed through a
+    parent's reaped counters; ``total``: the kinds added up."""
+
+    seconds: dict[str, float]
+    via_parent: float
+    processes: int  # distinct processes seen in the window
+    by_kind_processes: dict[str, int]
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+class CpuByKind:
+    """The CPU of ``root``'s tree over one window, by process kind (module docstring)."""
+
+    def __init__(self, root: int, browser: str = "") -> None:
+        self.root = root
+        self.browser = browser
+        self._lock = threading.Lock()
+        self._first: dict[tuple[int, int], _Reading] = {}  # at open
+        self._last: dict[tuple[int, int], _Reading] = {}
+        self._kind: dict[tuple[int, int], str] = {}
+        self._open = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def _snapshot(self) -> dict[tuple[int, int], _Reading]:
+        table = _scan()
+        tree = _descendants(self.root, table)
+        keys: dict[int, tuple[int, int]] = {}
+        for pid in tree:
+            with contextlib.suppress(ValueError, IndexError, KeyError):  # root gone: none
+                keys[pid] = (pid, int(table[pid][19]))
+        now: dict[tuple[int, int], _Reading] = {}
+        for pid, key in keys.items():
+            rest = table[pid]
+            try:
+                own = (int(rest[11]) + int(rest[12])) / _CLK_TCK
+                reaped = (int(rest[13]) + int(rest[14])) / _CLK_TCK
+                ppid = int(rest[1])
+            except (ValueError, IndexError):
+                continue
+            now[key] = _Reading(keys.get(ppid), own, reaped)
+            self._classify(key)
+        return now
+
+    def _classify(self, key: tuple[int, int]) -> None:
+        """Read the kind again while the process lives (a zygote's fork renames itself
+        only after the fork: the latest reading wins)."""
+        pid = key[0]
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            self._kind.setdefault(key, "crawler" if pid == self.root else "crawler-other")
+            return
+        args = [a.decode("utf-8", "replace") for a in cmd if a]
+        self._kind[key] = process_kind(args, exe, is_root=pid == self.root, browser=self.browser)
+
+    def open(self) -> None:
+        with self._lock:
+            self._kind.clear()
+            self._first = self._snapshot()
+            self._last = dict(self._first)
+            self._open = True
+
+    def sample(self) -> None:
+        with self._lock:
+            if self._open:
+                self._last.update(self._snapshot())
+
+    def close(self) -> CpuSplit:
+        with self._lock:
+            end = self._snapshot()
+            self._last.update(end)
+            self._open = False
+            return self._split(end)
+
+    def _split(self, end: dict[tuple[int, int], _Reading]) -> CpuSplit:
+        zero = _Reading(None, 0.0, 0.0)
+        seconds = dict.fromkeys(KINDS, 0.0)
+        reaped_growth: dict[tuple[int, int], float] = {}
+        for key, last in self._last.items():
+            first = self._first.get(key, zero)
+            seconds[self._kind.get(key, "crawler-other")] += last.own - first.own
+            reaped_growth[key] = last.reaped - first.reaped
+        # children gone before the end: their CPU after their last reading (and that of
+        # children never seen at all) is in their parent's reaped counters
+        gone: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for key, last in self._last.items():
+            if key not in end and last.parent is not None:
+                gone.setdefault(last.parent, []).append(key)
+        kids_ever: dict[tuple[int, int], Counter[str]] = {}
+        for key, last in self._last.items():
+            if last.parent is not None:
+                kids_ever.setdefault(last.parent, Counter())[self._kind.get(key, "")] += 1
+        via = 0.0
+        for parent, growth in reaped_growth.items():
+            counted = sum(self._last[k].own + self._last[k].reaped for k in gone.get(parent, []))
+            rest = growth - counted
+            if abs(rest) < 1e-9:
+                continue
+            kinds = Counter(self._kind.get(k, "") for k in gone.get(parent, [])) or kids_ever.get(
+                parent, Counter()
+            )
+            kind = kinds.most_common(1)[0][0] if kinds else ""
+            seconds[kind or self._kind.get(parent, "crawler-other")] += rest
+            via += rest
+        counts = Counter(self._kind.get(k, "crawler-other") for k in self._last)
+        return CpuSplit(seconds, via, len(self._last), dict(counts))
+
+
 @dataclass
 class TreeSampler:
-    """Peak summed PSS/RSS of a process tree, sampled every ``interval`` s in a thread."""
+    """Peak summed PSS/RSS of a process tree, sampled every ``interval`` s in a thread;
+    with ``browser`` given, ``open_window``/``close_window`` split a window's CPU by kind."""
 
     root: int
     interval: float = 0.25
+    browser: str = ""
     peak_pss: int = 0
     peak_rss: int = 0
     peak_procs: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _cpu: CpuByKind | None = None
 
     def start(self) -> TreeSampler:
+        self._cpu = CpuByKind(self.root, self.browser)
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
@@ -89,9 +282,69 @@ class TreeSampler:
             self.peak_pss = max(self.peak_pss, pss)
             self.peak_rss = max(self.peak_rss, rss)
             self.peak_procs = max(self.peak_procs, n)
+            if self._cpu is not None:
+                self._cpu.sample()
             self._stop.wait(self.interval)
+
+    def open_window(self) -> None:
+        assert self._cpu is not None, "start() first"
+        self._cpu.open()
+
+    def close_window(self) -> CpuSplit:
+        assert self._cpu is not None, "start() first"
+        return self._cpu.close()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+class WindowPipe:
+    """The parent's end of a child's window handshake (module docstring). Give the child
+    ``child_fds`` (``pass_fds``) and ``child_args``; after starting it call ``started``;
+    then ``expect("open", on_open)`` and ``expect("close", on_close)``."""
+
+    def __init__(self) -> None:
+        self._from_child, self._child_w = os.pipe()
+        self._child_r, self._to_child = os.pipe()
+        self._buf = b""
+
+    @property
+    def child_fds(self) -> tuple[int, int]:
+        return (self._child_w, self._child_r)
+
+    def child_args(self) -> list[str]:
+        return ["--sync-out", str(self._child_w), "--sync-in", str(self._child_r)]
+
+    def started(self) -> None:
+        """Close the child's ends here, so its exit reads as end of file."""
+        for fd in (self._child_w, self._child_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def expect(self, word: str, timeout: float, action: object = None) -> None:
+        """Wait (at most ``timeout`` s) for ``word`` from the child, run ``action`` (a
+        callable) and answer ``go``. ``RuntimeError`` when the child ends or says else."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"no {word!r} from the child in {timeout:.0f}s")
+            ready, _, _ = select.select([self._from_child], [], [], min(left, 1.0))
+            if ready:
+                data = os.read(self._from_child, 256)
+                if not data:
+                    raise RuntimeError(f"the child ended before saying {word!r}")
+                self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        if line.decode("ascii", "replace").strip() != word:
+            raise RuntimeError(f"the child said {line!r}, not {word!r}")
+        if callable(action):
+            action()
+        os.write(self._to_child, b"go\n")
+
+    def close(self) -> None:
+        for fd in (self._from_child, self._to_child):
+            with contextlib.suppress(OSError):
+                os.close(fd)
