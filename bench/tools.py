@@ -1,16 +1,24 @@
 """Install-if-missing for the tools the benchmarks need, saying what it does on stdout.
 
-- Debian packages (``nginx``, ``python-django-doc``): checked with ``dpkg-query``;
-  missing ones are installed with ``apt-get update`` then ``apt-get install`` (root only).
+- Debian packages (``nginx``, the crawl sites ``python-django-doc``, ``postgresql-doc-15``,
+  ``python3.11-doc``): checked with ``dpkg-query``; missing ones are installed with
+  ``apt-get update`` then ``apt-get install`` (root only). A site's HTML root is read from
+  ``dpkg -L`` (``doc_root``), never guessed.
 - Scrapy (pinned in ``SCRAPY_VERSION``) lives in its own virtualenv, ``bench/.venv-scrapy``,
   so the project's ``.venv`` never sees it; ``py-spy`` (for ``--profile``) and
   scrapy-playwright + playwright (the render section's peer) go there too.
   The venv gets a ``.gitignore`` of ``*`` so git, ruff and friends skip it.
+- Crawlee (the render section's other peer, ``bench/crawlee/crawl.mjs``): ``npm ci`` in
+  ``bench/crawlee`` from its committed ``package.json`` and ``package-lock.json`` (crawlee
+  and playwright pinned there) when ``node_modules`` is missing or holds other versions;
+  ``PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1``: it drives Debian's chromium-headless-shell.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -26,6 +34,15 @@ SCRAPY_PLAYWRIGHT_VERSION = "0.0.48"
 PLAYWRIGHT_VERSION = "1.65.2"
 SCRAPY_VENV = BENCH_DIR / ".venv-scrapy"
 DJANGO_DOC_PACKAGE = "python-django-doc"
+POSTGRES_DOC_PACKAGE = "postgresql-doc-15"  # root /usr/share/doc/postgresql-doc-15/html
+PYTHON_DOC_PACKAGE = "python3.11-doc"  # root /usr/share/doc/python3.11/html
+# the crawl section's sites (``--site``): name -> (what it is, the Debian package of its HTML)
+DOC_SITES = {
+    "django": ("Django docs", DJANGO_DOC_PACKAGE),
+    "postgres": ("PostgreSQL 15 docs", POSTGRES_DOC_PACKAGE),
+    "python": ("Python 3.11 docs", PYTHON_DOC_PACKAGE),
+}
+CRAWLEE_DIR = BENCH_DIR / "crawlee"
 APT_TIMEOUT = 900.0
 PIP_TIMEOUT = 900.0
 
@@ -66,18 +83,24 @@ def ensure_apt(packages: Sequence[str]) -> None:
         raise RuntimeError(f"apt-get did not install {still}")
 
 
-def django_docs_root() -> Path:
-    """The HTML root of python-django-doc, found from ``dpkg -L`` (not guessed)."""
-    listing = run_checked(["dpkg", "-L", DJANGO_DOC_PACKAGE], timeout=60).splitlines()
+def doc_root(package: str) -> Path:
+    """The HTML root of a documentation package: the shallowest directory with an
+    ``index.html`` among the files ``dpkg -L`` lists (not guessed)."""
+    listing = run_checked(["dpkg", "-L", package], timeout=60).splitlines()
     roots = sorted(
         (Path(line).parent for line in listing if line.endswith("/index.html")),
         key=lambda p: len(p.parts),
     )
     for root in roots:
         if (root / "index.html").is_file():
-            say(f"django docs HTML root: {root}")
+            say(f"{package} HTML root: {root}")
             return root
-    raise RuntimeError(f"no index.html in `dpkg -L {DJANGO_DOC_PACKAGE}`")
+    raise RuntimeError(f"no index.html in `dpkg -L {package}`")
+
+
+def django_docs_root() -> Path:
+    """The HTML root of python-django-doc (``doc_root``)."""
+    return doc_root(DJANGO_DOC_PACKAGE)
 
 
 def _venv_python() -> Path:
@@ -136,3 +159,44 @@ def ensure_render_peer() -> Path:
 
 def py_spy_path() -> Path:
     return SCRAPY_VENV / "bin" / "py-spy"
+
+
+def _npm_pins() -> dict[str, str]:
+    """The dependencies ``bench/crawlee/package.json`` pins (name -> exact version)."""
+    deps = json.loads((CRAWLEE_DIR / "package.json").read_text())["dependencies"]
+    return {str(k): str(v) for k, v in deps.items()}
+
+
+def crawlee_versions() -> dict[str, str | None]:
+    """The versions installed in ``bench/crawlee/node_modules`` of the pinned packages."""
+    have: dict[str, str | None] = {}
+    for name in _npm_pins():
+        manifest = CRAWLEE_DIR / "node_modules" / name / "package.json"
+        try:
+            have[name] = str(json.loads(manifest.read_text())["version"])
+        except (OSError, ValueError, KeyError):
+            have[name] = None
+    return have
+
+
+def ensure_crawlee() -> Path:
+    """``bench/crawlee/node_modules`` as the lock file says (``npm ci`` when missing or
+    other versions); returns the node executable to run ``crawl.mjs`` with."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        raise RuntimeError("the Crawlee peer needs node and npm: apt-get install nodejs npm")
+    pins = _npm_pins()
+    if crawlee_versions() == pins:
+        say(f"crawlee peer: {', '.join(f'{k}@{v}' for k, v in pins.items())} installed")
+        return Path(node)
+    say(f"crawlee peer: npm ci in {CRAWLEE_DIR.relative_to(BENCH_DIR.parent)}")
+    env = {**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}
+    run_checked(
+        [npm, "ci", "--prefix", str(CRAWLEE_DIR), "--no-audit", "--no-fund", "--loglevel=error"],
+        timeout=PIP_TIMEOUT,
+        env=env,
+    )
+    have = crawlee_versions()
+    if have != pins:
+        raise RuntimeError(f"npm ci left {have} in bench/crawlee, not {pins}")
+    return Path(node)
