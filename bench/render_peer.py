@@ -4,7 +4,7 @@ Runs under ``bench/.venv-scrapy/bin/python`` (Scrapy, scrapy-playwright and Play
 not in the project's venv), e.g.::
 
     bench/.venv-scrapy/bin/python bench/render_peer.py --pages pages.json --concurrency 4 \\
-        --selector '#content' --stats stats.json
+        --selector '#content' --stats stats.json [--browser PATH] [--sync-out FD --sync-in FD]
 
 ``--pages`` is a JSON object ``{url: marker}``. Every URL is requested once through
 scrapy-playwright (Debian's chromium-headless-shell, ``CONCURRENT_REQUESTS`` and the pages
@@ -14,6 +14,12 @@ spider closes it writes ``--stats``: Scrapy's stats, pages seen and correct, and
 measured inside the process (spider_opened -> spider_closed): wall time, and the CPU of
 this process and every live descendant (the Playwright driver and the browser's processes:
 ``utime+stime+cutime+cstime`` from ``/proc``, so reaped renderers count too).
+
+With ``--sync-out``/``--sync-in`` (two pipe fds from the bench, ``bench.proctree.WindowPipe``)
+the window's edges are told to the bench: ``open`` is written when the spider opens and
+``close`` when it closes, each waiting for the bench's ``go`` (its CPU snapshots of the whole
+tree), so the bench measures this crawler's tree exactly as it measures the others. The wall
+time runs from the ``go`` at the open to just before the ``close``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +39,27 @@ from scrapy.crawler import CrawlerProcess  # type: ignore[import-not-found]
 from scrapy.http import Response  # type: ignore[import-not-found]
 from scrapy_playwright.page import PageMethod  # type: ignore[import-not-found]
 
-BROWSER = "/usr/lib/chromium/chromium-headless-shell"
+BROWSER = "/usr/lib/chromium/chromium-headless-shell"  # Debian's; --browser overrides
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def sync(fds: tuple[int, int] | None, word: str) -> None:
+    """Tell the bench ``word`` and wait for its ``go`` (bounded: 120 s)."""
+    if fds is None:
+        return
+    out, inp = fds
+    os.write(out, word.encode() + b"\n")
+    deadline = time.monotonic() + 120
+    got = b""
+    while b"\n" not in got:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no go from the bench after {word}")
+        ready, _, _ = select.select([inp], [], [], 1.0)
+        if ready:
+            data = os.read(inp, 64)
+            if not data:
+                raise RuntimeError("the bench closed the window pipe")
+            got += data
 
 
 def tree_cpu_seconds(root: int) -> float:
@@ -62,11 +88,19 @@ class RenderSpider(Spider):  # type: ignore[misc]
 
     name = "render"
 
-    def __init__(self, pages: dict[str, str], selector: str, stats_path: str, **kw: Any) -> None:
+    def __init__(
+        self,
+        pages: dict[str, str],
+        selector: str,
+        stats_path: str,
+        sync_fds: tuple[int, int] | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.pages = pages
         self.selector = selector
         self.stats_path = stats_path
+        self.sync_fds = sync_fds
         self.seen = 0
         self.correct = 0
         self.t_open = 0.0
@@ -79,6 +113,7 @@ class RenderSpider(Spider):  # type: ignore[misc]
         return spider
 
     def on_opened(self, spider: Spider) -> None:
+        sync(self.sync_fds, "open")
         self.t_open = time.monotonic()
         self.cpu_open = tree_cpu_seconds(os.getpid())
 
@@ -104,6 +139,7 @@ class RenderSpider(Spider):  # type: ignore[misc]
     def closed(self, reason: str) -> None:
         wall = time.monotonic() - self.t_open
         cpu = tree_cpu_seconds(os.getpid()) - self.cpu_open
+        sync(self.sync_fds, "close")
         out = {
             "reason": reason,
             "pages": self.seen,
@@ -122,6 +158,9 @@ def main() -> None:
     ap.add_argument("--selector", required=True)
     ap.add_argument("--stats", required=True)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--browser", default=BROWSER, help="the Chromium executable")
+    ap.add_argument("--sync-out", type=int, help="fd: window edges to the bench")
+    ap.add_argument("--sync-in", type=int, help="fd: the bench's go")
     args = ap.parse_args()
     pages: dict[str, str] = json.loads(Path(args.pages).read_text())
     handler = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
@@ -129,7 +168,7 @@ def main() -> None:
         "DOWNLOAD_HANDLERS": {"http": handler, "https": handler},
         "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
         "PLAYWRIGHT_BROWSER_TYPE": "chromium",
-        "PLAYWRIGHT_LAUNCH_OPTIONS": {"executable_path": BROWSER, "headless": True},
+        "PLAYWRIGHT_LAUNCH_OPTIONS": {"executable_path": args.browser, "headless": True},
         "PLAYWRIGHT_MAX_PAGES_PER_CONTEXT": args.concurrency,
         "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT": 30_000,
         "CONCURRENT_REQUESTS": args.concurrency,
@@ -140,7 +179,10 @@ def main() -> None:
         "LOG_LEVEL": "INFO",
     }
     process = CrawlerProcess(settings)
-    process.crawl(RenderSpider, pages=pages, selector=args.selector, stats_path=args.stats)
+    fds = None if args.sync_out is None else (args.sync_out, args.sync_in)
+    process.crawl(
+        RenderSpider, pages=pages, selector=args.selector, stats_path=args.stats, sync_fds=fds
+    )
     process.start()
 
 
