@@ -1,7 +1,9 @@
 """Install-if-missing for the tools the benchmarks need, saying what it does on stdout.
 
-- Debian packages (``nginx``, ``python-django-doc``): checked with ``dpkg-query``;
-  missing ones are installed with ``apt-get update`` then ``apt-get install`` (root only).
+- Debian packages (``nginx``, the crawl sites ``python-django-doc``, ``postgresql-doc-15``,
+  ``python3.11-doc``): checked with ``dpkg-query``; missing ones are installed with
+  ``apt-get update`` then ``apt-get install`` (root only). A site's HTML root is read from
+  ``dpkg -L`` (``doc_root``), never guessed.
 - Scrapy (pinned in ``SCRAPY_VERSION``) lives in its own virtualenv, ``bench/.venv-scrapy``,
   so the project's ``.venv`` never sees it; ``py-spy`` (for ``--profile``) and
   scrapy-playwright + playwright (the render section's peer) go there too.
@@ -32,6 +34,14 @@ SCRAPY_PLAYWRIGHT_VERSION = "0.0.48"
 PLAYWRIGHT_VERSION = "1.65.2"
 SCRAPY_VENV = BENCH_DIR / ".venv-scrapy"
 DJANGO_DOC_PACKAGE = "python-django-doc"
+POSTGRES_DOC_PACKAGE = "postgresql-doc-15"  # root /usr/share/doc/postgresql-doc-15/html
+PYTHON_DOC_PACKAGE = "python3.11-doc"  # root /usr/share/doc/python3.11/html
+# the crawl section's sites (``--site``): name -> (what it is, the Debian package of its HTML)
+DOC_SITES = {
+    "django": ("Django docs", DJANGO_DOC_PACKAGE),
+    "postgres": ("PostgreSQL 15 docs", POSTGRES_DOC_PACKAGE),
+    "python": ("Python 3.11 docs", PYTHON_DOC_PACKAGE),
+}
 CRAWLEE_DIR = BENCH_DIR / "crawlee"
 APT_TIMEOUT = 900.0
 PIP_TIMEOUT = 900.0
@@ -73,18 +83,24 @@ def ensure_apt(packages: Sequence[str]) -> None:
         raise RuntimeError(f"apt-get did not install {still}")
 
 
-def django_docs_root() -> Path:
-    """The HTML root of python-django-doc, found from ``dpkg -L`` (not guessed)."""
-    listing = run_checked(["dpkg", "-L", DJANGO_DOC_PACKAGE], timeout=60).splitlines()
+def doc_root(package: str) -> Path:
+    """The HTML root of a documentation package: the shallowest directory with an
+    ``index.html`` among the files ``dpkg -L`` lists (not guessed)."""
+    listing = run_checked(["dpkg", "-L", package], timeout=60).splitlines()
     roots = sorted(
         (Path(line).parent for line in listing if line.endswith("/index.html")),
         key=lambda p: len(p.parts),
     )
     for root in roots:
         if (root / "index.html").is_file():
-            say(f"django docs HTML root: {root}")
+            say(f"{package} HTML root: {root}")
             return root
-    raise RuntimeError(f"no index.html in `dpkg -L {DJANGO_DOC_PACKAGE}`")
+    raise RuntimeError(f"no index.html in `dpkg -L {package}`")
+
+
+def django_docs_root() -> Path:
+    """The HTML root of python-django-doc (``doc_root``)."""
+    return doc_root(DJANGO_DOC_PACKAGE)
 
 
 def _venv_python() -> Path:
