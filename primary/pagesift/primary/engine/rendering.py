@@ -3,7 +3,8 @@
 Owns the per-request engine choice (``choose``: ``ScrapeOptions.engine``; UNSPECIFIED
 is AUTO on a node that can render, else HTTP) and the render path around a
 ``browser.pool.BrowserPool``; the HTTP path is ``http.HttpEngine``'s, untouched. AUTO
-fetches over HTTP and renders when ``autorender.needs_render`` names a reason, when the
+fetches over HTTP and renders when ``autorender.needs_render`` names a reason (decided in
+the extraction worker, with the page's extraction: ``pages.RenderNeeded``), when the
 request sets an option only a browser honours (``browser_asked``: waits, actions, a
 screenshot, the viewport, phone emulation, locale, time zone), or when
 ``autorender.HostMemory`` says the host's pages need it (no fetch first); without a
@@ -42,6 +43,7 @@ from pagesift.primary.engine.browser.guardproxy import ERROR_HEADER, GuardProxy,
 from pagesift.primary.engine.browser.pool import BrowserPool
 from pagesift.primary.engine.hops import Response
 from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.pages import RenderNeeded
 from pagesift.primary.engine.politeness import HostSlots, effective_delay
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
@@ -193,12 +195,19 @@ class RenderingEngine:
         if kind == "not_modified":
             unchanged = jobs_pb2.Document(url=url, final_url=resp.url, status_code=resp.status)
             return Page(document=unchanged, validators=resp.validators, not_modified=True), ""
-        reason = autorender.needs_render(resp.body, resp.content_type) if kind == "html" else None
-        if host:
-            self.memory.record(policy.owner, host, reason is not None)
-        if reason is not None:
-            return None, reason
-        page = await self.http.pages.page(url, resp, kind, options, agent, policy.owner)
+        # the extraction worker decides first (``autorender.judge_and_extract``): a page
+        # that needs a browser comes back as RenderNeeded, not extracted
+        needed = False
+        try:
+            page = await self.http.pages.page(
+                url, resp, kind, options, agent, policy.owner, judge_render=kind == "html"
+            )
+        except RenderNeeded as need:
+            needed = True
+            return None, need.reason
+        finally:
+            if host:
+                self.memory.record(policy.owner, host, needed)
         return self._mark(page, HTTP, started), ""
 
     async def _render(
