@@ -119,7 +119,10 @@ def process_kind(cmdline: list[str], exe: str, *, is_root: bool, browser: str = 
     real = os.path.realpath(browser) if browser else ""
     is_chromium = (real and exe == real) or "chrom" in os.path.basename(exe) or "chrom" in first
     if is_chromium:
-        kind = next((a.split("=", 1)[1] for a in cmdline if a.startswith("--type=")), "")
+        # a forked child (a zygote's renderer) rewrites its title as ONE string, spaces
+        # and no NUL between the arguments: look at its words
+        words = [w for a in cmdline for w in (a.split() if " " in a else [a])]
+        kind = next((w.split("=", 1)[1] for w in words if w.startswith("--type=")), "")
         if not kind:
             return "browser"
         return "renderer" if kind == "renderer" else "chromium-other"

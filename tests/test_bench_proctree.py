@@ -119,6 +119,9 @@ def test_process_kinds_from_the_command_line() -> None:
     assert process_kind([shell, "--headless"], shell, is_root=False, browser=shell) == "browser"
     renderer = [shell, "--type=renderer", "--lang=en"]
     assert process_kind(renderer, shell, is_root=False, browser=shell) == "renderer"
+    # a zygote's fork rewrites its title as one string (no NUL between arguments)
+    retitled = [f"{shell} --type=renderer --headless=old --no-sandbox"]
+    assert process_kind(retitled, shell, is_root=False, browser=shell) == "renderer"
     for other in ("zygote", "gpu-process", "utility"):
         cmd = [shell, f"--type={other}"]
         assert process_kind(cmd, shell, is_root=False, browser=shell) == "chromium-other"
