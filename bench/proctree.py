@@ -15,14 +15,19 @@ little. Read from ``/proc``:
   process of the tree (``/proc/PID/stat``: own ``utime+stime``, reaped ``cutime+cstime``,
   start time; kind from ``cmdline`` and ``exe``), ``sample()`` (any number, e.g. every
   0.25 s) keeps each process's latest reading, ``close()`` snapshots again and adds up.
-  Why the split is exact in total: a process seen in the window counts its own CPU since
-  ``open`` (or since birth) up to its last reading; what its reaped children used after
-  their last reading (or in a life too short to be seen) is the growth of its reaped
-  counters less the readings already counted, and goes to the kind of those children (a
-  zygote reaps renderers). The kinds then add up to the tree's ``tree_cpu_seconds``
-  difference; how fine the sampling is only decides how much of a child's CPU is
-  attributed through its parent (``via_parent``). Processes are keyed by (pid, start
-  time), so a reused pid is a new process.
+  Why the split holds: a process seen in the window counts its own CPU since ``open``
+  (or since birth) up to its last reading; what its reaped children used after their
+  last reading (or in a life too short to be seen) is the growth of its reaped counters
+  less the readings already counted, and goes to the kind of those children (a zygote
+  reaps renderers; a parent read before it reaped its last children passes the
+  shortfall to its own parent). A process whose parent died (a browser closed before its
+  zygote: the zygote goes to init) is followed outside the tree while it lives, so its
+  CPU still counts, where ``tree_cpu_seconds`` loses it and all its children reaped;
+  only its use after its last reading is lost (``unreaped``: what no process of the tree
+  reaped). With no orphan the kinds add up to the tree's ``tree_cpu_seconds`` difference;
+  how fine the sampling is only decides how much of a child's CPU is attributed through
+  its parent (``via_parent``). Processes are keyed by (pid, start time), so a reused pid
+  is a new process.
 - ``TreeSampler``: the peaks of ``tree_memory``, sampled in a thread every ``interval`` s
   for at most an hour, and the samples of a ``CpuByKind`` window (``open_window`` /
   ``close_window``) on the same thread's ticks.
@@ -143,10 +148,13 @@ class _Reading:
 @dataclass
 class CpuSplit:
     """A window's CPU seconds by kind; ``via_parent``: the part attributed through a
-    parent's reaped counters; ``total``: the kinds added up."""
+    parent's reaped counters; ``unreaped``: readings of children no process of the tree
+    reaped (orphans that died unseen: not taken off any kind); ``total``: the kinds
+    added up."""
 
     seconds: dict[str, float]
     via_parent: float
+    unreaped: float
     processes: int  # distinct processes seen in the window
     by_kind_processes: dict[str, int]
 
@@ -178,6 +186,13 @@ class CpuByKind:
         for pid in tree:
             with contextlib.suppress(ValueError, IndexError, KeyError):  # root gone: none
                 keys[pid] = (pid, int(table[pid][19]))
+        # a process seen in this window whose parent died is reparented outside the
+        # tree (init, a subreaper): still followed while it lives, with no parent here
+        for pid, start in list(self._last):
+            if pid not in keys and pid in table:
+                with contextlib.suppress(ValueError, IndexError):
+                    if int(table[pid][19]) == start:
+                        keys[pid] = (pid, start)
         now: dict[tuple[int, int], _Reading] = {}
         for pid, key in keys.items():
             rest = table[pid]
@@ -223,6 +238,13 @@ class CpuByKind:
             self._open = False
             return self._split(end)
 
+    def _depth(self, key: tuple[int, int]) -> int:
+        """How far below the root ``key`` is, among the processes seen (bounded)."""
+        depth, at = 0, self._last.get(key)
+        while at is not None and at.parent is not None and depth < 1000:
+            depth, at = depth + 1, self._last.get(at.parent)
+        return depth
+
     def _split(self, end: dict[tuple[int, int], _Reading]) -> CpuSplit:
         zero = _Reading(None, 0.0, 0.0)
         seconds = dict.fromkeys(KINDS, 0.0)
@@ -241,20 +263,34 @@ class CpuByKind:
         for key, last in self._last.items():
             if last.parent is not None:
                 kids_ever.setdefault(last.parent, Counter())[self._kind.get(key, "")] += 1
-        via = 0.0
+        rest: dict[tuple[int, int], float] = {}
         for parent, growth in reaped_growth.items():
             counted = sum(self._last[k].own + self._last[k].reaped for k in gone.get(parent, []))
-            rest = growth - counted
-            if abs(rest) < 1e-9:
+            rest[parent] = growth - counted
+        # a parent gone before the end may have been read before it reaped its last
+        # children: its rest is short by what they had shown (negative), and that same
+        # CPU sits in the rest of ITS parent, which reaped it: move the shortfall up,
+        # deepest first, so it is taken off there instead of off the children's kind
+        for parent in sorted(rest, key=self._depth, reverse=True):
+            up = self._last[parent].parent
+            if rest[parent] < 0 and parent not in end and up is not None and up in rest:
+                rest[up] += rest[parent]
+                rest[parent] = 0.0
+        # what is still short was reaped by no process of the tree: children orphaned
+        # between two readings (their readings count; what they used after is lost)
+        unreaped = -sum(min(0.0, left) for left in rest.values())
+        via = 0.0
+        for parent, left in rest.items():
+            if left < 1e-9:
                 continue
             kinds = Counter(self._kind.get(k, "") for k in gone.get(parent, [])) or kids_ever.get(
                 parent, Counter()
             )
             kind = kinds.most_common(1)[0][0] if kinds else ""
-            seconds[kind or self._kind.get(parent, "crawler-other")] += rest
-            via += rest
+            seconds[kind or self._kind.get(parent, "crawler-other")] += left
+            via += left
         counts = Counter(self._kind.get(k, "crawler-other") for k in self._last)
-        return CpuSplit(seconds, via, len(self._last), dict(counts))
+        return CpuSplit(seconds, via, unreaped, len(self._last), dict(counts))
 
 
 @dataclass

@@ -147,6 +147,7 @@ def _figures(
         "cpu_ms_per_page_by_kind": {k: split.seconds[k] * per_page for k in KINDS},
         "cpu_s_by_kind": dict(split.seconds),
         "cpu_s_via_parent": split.via_parent,
+        "cpu_s_unreaped": split.unreaped,
         "processes_by_kind": split.by_kind_processes,
         "peak_pss_mb": sampler.peak_pss / MB,
         "peak_rss_mb": sampler.peak_rss / MB,

@@ -113,6 +113,111 @@ def test_without_samples_the_unseen_children_still_count_through_their_parent() 
     assert abs(sum(seconds.values()) - tree) < 0.1
 
 
+# a browser that ends right after its renderer: read last before it reaped the renderer
+SHORT_BROWSER = textwrap.dedent(
+    f"""
+    import subprocess
+    child = {BURN!r} + "burn(0.4)"
+    subprocess.run(["chromium-fake", "-c", child, "--type=renderer"],
+                   executable={sys.executable!r}, check=True, timeout=60)
+    """
+)
+SHORT_ROOT = textwrap.dedent(
+    f"""
+    import subprocess, sys
+    sys.stdin.readline()  # the window is open
+    subprocess.run(["chromium-fake", "-c", {SHORT_BROWSER!r}], executable={sys.executable!r},
+                   check=True, timeout=60)
+    print("done", flush=True)
+    sys.stdin.readline()  # the window is closed
+    """
+)
+
+
+def test_a_parent_gone_before_its_last_reading_caught_up_keeps_its_childrens_kind() -> None:
+    root = subprocess.Popen(
+        [sys.executable, "-c", SHORT_ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert root.stdin is not None and root.stdout is not None
+    try:
+        sampler = TreeSampler(root.pid, interval=0.05).start()
+        time.sleep(0.2)
+        cpu0 = tree_cpu_seconds(root.pid)
+        sampler.open_window()
+        root.stdin.write("go\n")
+        root.stdin.flush()
+        assert root.stdout.readline().strip() == "done"
+        split = sampler.close_window()
+        cpu = tree_cpu_seconds(root.pid) - cpu0
+        sampler.stop()
+        root.stdin.write("end\n")
+        root.stdin.flush()
+        assert root.wait(timeout=60) == 0
+    finally:
+        if root.poll() is None:
+            root.kill()
+            root.wait(timeout=30)
+    # the renderer's burn stays its own, nothing goes negative, and it all adds up
+    assert split.seconds["renderer"] >= 0.4 * 0.8
+    assert min(split.seconds.values()) >= 0.0
+    assert abs(split.total - cpu) < 0.1
+
+
+# a browser that leaves its renderer behind (seen in the tree first): the renderer burns
+# on once its parent is gone, reparented outside the tree
+ORPHANING_BROWSER = textwrap.dedent(
+    f"""
+    import subprocess, time
+    child = {BURN!r} + "time.sleep(0.6); burn(0.4); print('renderer done', flush=True)"
+    subprocess.Popen(["chromium-fake", "-c", child, "--type=renderer"],
+                     executable={sys.executable!r})
+    time.sleep(0.3)
+    """
+)
+ORPHAN_ROOT = textwrap.dedent(
+    f"""
+    import subprocess, sys
+    sys.stdin.readline()  # the window is open
+    subprocess.run(["chromium-fake", "-c", {ORPHANING_BROWSER!r}], executable={sys.executable!r},
+                   check=True, timeout=60)
+    sys.stdin.readline()  # the window is closed
+    """
+)
+
+
+def test_a_child_orphaned_by_its_parent_still_counts() -> None:
+    root = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert root.stdin is not None and root.stdout is not None
+    try:
+        sampler = TreeSampler(root.pid, interval=0.05).start()
+        time.sleep(0.2)
+        cpu0 = tree_cpu_seconds(root.pid)
+        sampler.open_window()
+        root.stdin.write("go\n")
+        root.stdin.flush()
+        # the renderer inherited the root's stdout: its line comes once its burn is over
+        assert root.stdout.readline().strip() == "renderer done"
+        time.sleep(0.2)  # it has exited (and init reaped it)
+        split = sampler.close_window()
+        lost = tree_cpu_seconds(root.pid) - cpu0
+        sampler.stop()
+        root.stdin.write("end\n")
+        root.stdin.flush()
+        assert root.wait(timeout=60) == 0
+    finally:
+        if root.poll() is None:
+            root.kill()
+            root.wait(timeout=30)
+    # the tree's counters never see the orphan; the split follows it
+    assert lost < 0.4 * 0.5
+    assert split.seconds["renderer"] >= 0.4 * 0.8
+    assert min(split.seconds.values()) >= 0.0
+
+
 def test_process_kinds_from_the_command_line() -> None:
     shell = "/usr/lib/chromium/chromium-headless-shell"
     assert process_kind(["python"], "/usr/bin/python3.11", is_root=True) == "crawler"
