@@ -384,7 +384,11 @@ async def _latency_round(
     return got
 
 
-async def _latency(base: str, pages: int, site_pages: int) -> dict[str, dict[str, list[float]]]:
+async def _latency(
+    base: str, pages: int, site_pages: int
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, int]]]:
+    """Milliseconds by side and resource kind, and the guard proxy's counters by side
+    (connections accepted, requests authorized, 407 answers)."""
     from playwright.async_api import async_playwright
 
     from pagesift.primary.engine.browser.guardproxy import (
@@ -402,6 +406,7 @@ async def _latency(base: str, pages: int, site_pages: int) -> dict[str, dict[str
     out: dict[str, dict[str, list[float]]] = {
         s: {k: [] for k in ("html", *SUBRESOURCES)} for s in LATENCY_SIDES
     }
+    counters = {s: dict.fromkeys(("connections", "requests", "unauthorized"), 0) for s in out}
     exe = browser_path()
     try:
         async with async_playwright() as pw:
@@ -422,11 +427,15 @@ async def _latency(base: str, pages: int, site_pages: int) -> dict[str, dict[str
                             got = await _latency_round(direct, {}, False, urls)
                         else:
                             creds = proxy.register()
+                            seen = proxy.stats()
                             try:
                                 kw = guarded_context_options(creds)
                                 got = await _latency_round(guarded, kw, side != "guard proxy", urls)
                             finally:
                                 proxy.release(creds)
+                            after = proxy.stats()
+                            for key in ("connections", "requests", "unauthorized"):
+                                counters[side][key] += getattr(after, key) - getattr(seen, key)
                         for kind, values in got.items():
                             out[side][kind] += values
             finally:
@@ -434,7 +443,7 @@ async def _latency(base: str, pages: int, site_pages: int) -> dict[str, dict[str
                 await guarded.close()
     finally:
         await proxy.close()
-    return out
+    return out, counters
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -449,11 +458,11 @@ def subresource_latency(base: str, pages: int, site_pages: int, timeout: float) 
     """Sub-resource latency per side (module docstring, 2), ``pages`` per side of the
     site's ``site_pages``: per kind and pooled, in milliseconds; within ``timeout`` s."""
 
-    async def bounded() -> dict[str, dict[str, list[float]]]:
+    async def bounded() -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, int]]]:
         async with asyncio.timeout(timeout):
             return await _latency(base, pages, site_pages)
 
-    raw = asyncio.run(bounded())
+    raw, proxy_counters = asyncio.run(bounded())
     sides: dict[str, Any] = {}
     for side, kinds in raw.items():
         pooled = [v for k in SUBRESOURCES for v in kinds[k]]
@@ -465,6 +474,7 @@ def subresource_latency(base: str, pages: int, site_pages: int, timeout: float) 
                 k: {"n": len(v), "median_ms": _pct(v, 0.5), "p90_ms": _pct(v, 0.9)}
                 for k, v in kinds.items()
             },
+            "guard_proxy": proxy_counters[side],
         }
     return {"pages_per_side": max(1, pages // LATENCY_ROUNDS) * LATENCY_ROUNDS, "sides": sides}
 
@@ -717,6 +727,9 @@ def _latency_lines(latency: dict[str, Any]) -> list[str]:
                 f"{fig['p90_ms']:.2f}",
                 *(f"{kinds[k]['median_ms']:.2f} / {kinds[k]['p90_ms']:.2f}" for k in SUBRESOURCES),
                 f"{kinds['html']['median_ms']:.2f}",
+                "-"
+                if side == "direct"
+                else "{connections} / {requests} / {unauthorized}".format(**fig["guard_proxy"]),
             ]
         )
     return [
@@ -734,6 +747,7 @@ def _latency_lines(latency: dict[str, Any]) -> list[str]:
                 "js median / p90",
                 "JSON median / p90",
                 "HTML (navigation) median",
+                "proxy conn. / req. / 407",
             ],
             rows,
         ),
