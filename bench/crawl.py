@@ -1,14 +1,27 @@
 """Crawl benchmark: pagesift against Scrapy on the same local static site, same concurrency.
 
-What it measures, per crawler, on Django's HTML documentation (Debian's
-``python-django-doc``) served by a private nginx on 127.0.0.1 (one worker, no access log):
+The sites (``--site``, a comma list runs several, each with its own nginx, runs and
+table): Django's HTML documentation (Debian's ``python-django-doc``, the default), the
+PostgreSQL 15 docs (``postgresql-doc-15``) and the Python 3.11 docs (``python3.11-doc``),
+each served from the package's HTML root (``tools.doc_root``: the shallowest
+``index.html`` ``dpkg -L`` lists) by a private nginx on 127.0.0.1 (one worker, no access
+log); both crawlers start at ``/``, that root's ``index.html``. From it every page is
+reachable by ``<a href>`` but for the few no page links to (as shipped: django's
+``search.html``, four of python's, none of postgres's); python's ``_static/jquery.js``
+and ``underscore.js`` are symlinks into ``/usr/share/javascript``, which nginx follows
+(no crawler fetches scripts); python's ``search.html`` (linked from every page) asks for
+JavaScript in its ``<noscript>``, so AUTO renders that one page in a browser, whose CPU is
+the pagesift split's ``other``. What it measures, per crawler and site:
 
 - pages: HTML pages crawled (Scrapy: lines of its JSON-lines feed; pagesift: ``GetJob.completed``)
 - wall s: the crawl window only. Scrapy: spider_opened -> spider_closed, timed inside its
   process (interpreter start-up and imports excluded). pagesift: StartCrawl sent -> terminal
   state seen by ``GetJob`` polled every 50 ms (server start-up excluded).
 - CPU s/page: crawler CPU (user + sys) over the same window / pages. Scrapy: its own
-  ``getrusage(RUSAGE_SELF)`` delta; pagesift: ``/proc/<pid>/stat`` delta of the server.
+  ``getrusage(RUSAGE_SELF)`` delta; pagesift: ``/proc/<pid>/stat`` delta of the server
+  and its descendants, split by process (``cpu_split``): the main process (fetch, AUTO,
+  record, store) and its extraction workers (the forkserver and its children, reaped
+  workers included through the forkserver's ``cutime``/``cstime``).
 - peak RSS MB: the crawler process's high-water mark (``VmHWM``, cross-checked with the
   ``wait4`` rusage of the Scrapy child), start-up included for both.
 - RSS at 25/50/75/100 % of the pages, from a 10 Hz sampler, to show whether memory grows with
@@ -19,8 +32,12 @@ pagesift: ``max_concurrency`` of the job and ``per_host_concurrency`` of the ser
 same page limit (``--limit``; 0 = the whole site). Scrapy only extracts url/title/length per
 page; pagesift converts each page to Markdown and stores it durably, so it does more work
 per page. With ``--runs N`` each crawler runs N times (alternating) and the median run by
-pages/s is reported; every run is kept in ``bench/out/crawl.json``. ``--profile`` adds one
-unreported pagesift run under ``py-spy record`` and summarizes where the server's time goes.
+pages/s is reported, with the ratio pagesift/Scrapy; every run is kept in
+``bench/out/crawl-<site>.json`` (and ``crawl.json``/``crawl.md`` for django, the names other
+readers know). After the runs ``bench.crawlstages`` adds the site's CPU-per-stage table
+(``--stage-passes``; 0 = none) beside the reported pagesift run's main/worker split.
+``--profile`` adds one unreported pagesift run under ``py-spy record`` and summarizes where
+the server's time goes.
 """
 
 from __future__ import annotations
@@ -52,6 +69,7 @@ from bench.common import (
     OUT_DIR,
     REPO_DIR,
     ProcessSampler,
+    descendant_pids,
     free_port,
     machine_facts,
     markdown_table,
@@ -60,7 +78,6 @@ from bench.common import (
     start_serve,
     stop_process,
     stop_serve,
-    subtree_cpu_seconds,
     subtree_peak_rss,
     wait_for_grpc,
     wait_rusage,
@@ -68,9 +85,9 @@ from bench.common import (
 )
 from bench.nginx import Nginx
 from bench.tools import (
-    DJANGO_DOC_PACKAGE,
+    DOC_SITES,
     SCRAPY_VERSION,
-    django_docs_root,
+    doc_root,
     ensure_apt,
     ensure_scrapy_venv,
     py_spy_path,
@@ -82,6 +99,33 @@ POLL_INTERVAL = 0.05
 SERVER_READY_TIMEOUT = 60.0
 SKIP_ALL = 2**31 - 1  # GetJob skip past the end: status only, no documents
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * MB)]
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Site:
+    """A crawl site: its ``--site`` name, what it is, its Debian package and HTML root."""
+
+    name: str
+    title: str
+    package: str
+    root: Path
+
+    def out(self, stem: str, suffix: str) -> Path:
+        """``bench/out/<stem>-<site><suffix>``: one file per site."""
+        return OUT_DIR / f"{stem}-{self.name}{suffix}"
+
+
+def parse_sites(value: str) -> list[str]:
+    """``--site``'s comma list: known names, in order, each once."""
+    names: list[str] = []
+    for raw in value.split(","):
+        name = raw.strip()
+        if name not in DOC_SITES:
+            raise SystemExit(f"--site: {name!r} is not one of {', '.join(DOC_SITES)}")
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -94,17 +138,31 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--profile", action="store_true", help="extra pagesift run under py-spy (not reported)"
     )
+    g.add_argument(
+        "--site",
+        default="django",
+        help=f"site(s) to crawl, comma-separated: {', '.join(DOC_SITES)} (default django)",
+    )
+    g.add_argument(
+        "--stage-passes",
+        type=int,
+        default=3,
+        help="passes of the CPU-per-stage table (bench.crawlstages), best reported; 0 = none",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
     crawlers = [args.only] if args.only else list(CRAWLERS)
     if args.concurrency < 1 or args.limit < 0 or not 1 <= args.runs <= 20:
         raise SystemExit("need --concurrency >= 1, --limit >= 0, 1 <= --runs <= 20")
+    if not 0 <= args.stage_passes <= 20:
+        raise SystemExit("need 0 <= --stage-passes <= 20")
+    names = parse_sites(args.site)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
 
     say("crawl: ensuring tools")
-    ensure_apt(["nginx", DJANGO_DOC_PACKAGE])
-    docs = django_docs_root()
+    ensure_apt(["nginx", *(DOC_SITES[n][1] for n in names)])
+    sites = [Site(n, DOC_SITES[n][0], DOC_SITES[n][1], doc_root(DOC_SITES[n][1])) for n in names]
     scrapy_python: Path | None = None
     if "scrapy" in crawlers or args.profile:
         scrapy_python = ensure_scrapy_venv(with_py_spy=args.profile)
@@ -115,37 +173,59 @@ def run(args: argparse.Namespace) -> None:
             say(f"crawl: skipping pagesift: {missing}")
             skipped["pagesift"] = missing
             crawlers.remove("pagesift")
+    for site in sites:
+        run_site(site, args, crawlers, scrapy_python, skipped)
 
-    warm_page_cache(docs)
+
+def run_site(
+    site: Site,
+    args: argparse.Namespace,
+    crawlers: list[str],
+    scrapy_python: Path | None,
+    skipped: dict[str, str],
+) -> None:
+    """The runs on one site, its stage table, its report (``crawl-<site>.md``/``.json``)."""
+    warm_page_cache(site.root)
     load_before = os.getloadavg()[0]
     if load_before > 0.5:
         say(f"crawl: note: 1-min load average is {load_before:.2f}; figures may be noisy")
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in crawlers}
     profile: dict[str, Any] | None = None
-    with Nginx(docs) as site:
+    with Nginx(site.root) as web:
         for i in range(args.runs):
             order = crawlers if i % 2 == 0 else crawlers[::-1]
             for name in order:
-                say(f"crawl: {name} run {i + 1}/{args.runs} of {site.url}")
+                say(f"crawl: {site.name}: {name} run {i + 1}/{args.runs} of {web.url}")
                 if name == "scrapy":
                     assert scrapy_python is not None
-                    result = run_scrapy(scrapy_python, site, args)
+                    result = run_scrapy(scrapy_python, web, args, site)
                 else:
-                    result = run_pagesift(site, args)
+                    result = run_pagesift(web, args, site)
                 say(
-                    f"crawl: {name}: {result['pages']} pages in {result['wall_s']:.2f}s "
-                    f"({result['pages_per_s']:.1f}/s, {result['cpu_s']:.2f} CPU s, "
-                    f"peak RSS {result['peak_rss_mb']:.0f} MB)"
+                    f"crawl: {site.name}: {name}: {result['pages']} pages in "
+                    f"{result['wall_s']:.2f}s ({result['pages_per_s']:.1f}/s, "
+                    f"{result['cpu_s']:.2f} CPU s, peak RSS {result['peak_rss_mb']:.0f} MB)"
                 )
                 runs[name].append(result)
         if args.profile and "pagesift" in crawlers:
-            profile = run_pagesift(site, args, profile_out=OUT_DIR / "pagesift-profile")
+            profile = run_pagesift(web, args, site, profile_out=site.out("pagesift-profile", ""))
 
-    report = build_report(args, docs, runs, skipped, profile, load_before)
-    write_json(OUT_DIR / "crawl.json", report["json"])
-    (OUT_DIR / "crawl.md").write_text(report["markdown"] + "\n")
+    stages: dict[str, Any] | None = None
+    if args.stage_passes:
+        from bench.crawlstages import measure
+
+        reported = _median_run(runs["pagesift"]) if runs.get("pagesift") else None
+        stages = measure(site.name, site.root, args.stage_passes, reported)
+    report = build_report(args, site, runs, skipped, profile, load_before, stages)
+    outs = [site.out("crawl", ".md")]
+    write_json(site.out("crawl", ".json"), report["json"])
+    if site.name == "django":  # the names the other sections and readers know
+        write_json(OUT_DIR / "crawl.json", report["json"])
+        outs.append(OUT_DIR / "crawl.md")
+    for path in outs:
+        path.write_text(report["markdown"] + "\n")
     print(report["markdown"], flush=True)
-    say(f"crawl: wrote {OUT_DIR / 'crawl.md'} and {OUT_DIR / 'crawl.json'}")
+    say(f"crawl: {site.name}: wrote {', '.join(str(p) for p in outs)} and the .json")
 
 
 def warm_page_cache(root: Path, max_bytes: int = 1 << 30) -> None:
@@ -183,17 +263,17 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
-def run_scrapy(python: Path, site: Nginx, args: argparse.Namespace) -> dict[str, Any]:
-    feed = OUT_DIR / "scrapy-items.jsonl"
-    stats_path = OUT_DIR / "scrapy-stats.json"
-    log_path = OUT_DIR / "scrapy.log"
+def run_scrapy(python: Path, web: Nginx, args: argparse.Namespace, site: Site) -> dict[str, Any]:
+    feed = site.out("scrapy-items", ".jsonl")
+    stats_path = site.out("scrapy-stats", ".json")
+    log_path = site.out("scrapy", ".log")
     for p in (feed, stats_path):
         p.unlink(missing_ok=True)
     cmd = [
         str(python),
         str(BENCH_DIR / "scrapy_spider.py"),
         "--url",
-        site.url,
+        web.url,
         "--concurrency",
         str(args.concurrency),
         "--limit",
@@ -206,7 +286,7 @@ def run_scrapy(python: Path, site: Nginx, args: argparse.Namespace) -> dict[str,
         str(stats_path),
     ]
     say("$ " + shlex.join(cmd))
-    nginx_cpu0 = site.cpu_seconds()
+    nginx_cpu0 = web.cpu_seconds()
     t0 = time.monotonic()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_DIR)
@@ -218,7 +298,7 @@ def run_scrapy(python: Path, site: Nginx, args: argparse.Namespace) -> dict[str,
             if proc.poll() is None:
                 stop_process(proc)
     process_wall = time.monotonic() - t0
-    nginx_cpu = site.cpu_seconds() - nginx_cpu0
+    nginx_cpu = web.cpu_seconds() - nginx_cpu0
     if usage.returncode != 0 or not stats_path.exists():
         raise RuntimeError(f"scrapy failed (exit {usage.returncode}); see {log_path}")
     stats = json.loads(stats_path.read_text())
@@ -326,8 +406,42 @@ def pagesift_server(
             say(f"pagesift server stopped (exit {code})")
 
 
+def cpu_split(pid: int, others: dict[str, float] | None = None) -> dict[str, float]:
+    """CPU seconds so far of the server ``pid`` by process: ``main`` (its own utime +
+    stime), ``workers`` (the forkserver and every descendant of it: the extraction
+    workers, with the CPU of those already reaped through their parent's cutime +
+    cstime) and ``other`` (any other descendant, e.g. a browser AUTO started, likewise;
+    ``others``, when given, gets that CPU by program name: ``argv[0]``'s basename)."""
+    out = {"main": 0.0, "workers": 0.0, "other": 0.0}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        out["main"] = _stat_cpu(pid, children=False)
+    for p in descendant_pids(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            cpu = _stat_cpu(p, children=True)
+            cmdline = Path(f"/proc/{p}/cmdline").read_bytes()
+            if b"forkserver" in cmdline:
+                out["workers"] += cpu
+                continue
+            out["other"] += cpu
+            if others is not None:
+                # argv[0]'s basename (a program that rewrote its title: its first word)
+                first = cmdline.split(b"\0", 1)[0].split(b" ", 1)[0]
+                name = os.path.basename(first.decode(errors="replace"))
+                others[name or "?"] = others.get(name or "?", 0.0) + cpu
+    return out
+
+
+def _stat_cpu(pid: int, *, children: bool) -> float:
+    """utime + stime of ``pid`` (+ cutime + cstime: its reaped children's, with
+    ``children``) from ``/proc/<pid>/stat``."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    rest = raw[raw.rindex(")") + 2 :].split()  # comm may hold spaces and parens
+    fields = rest[11:15] if children else rest[11:13]  # stat(5) fields 14-17
+    return sum(int(f) for f in fields) / _CLK_TCK
+
+
 def run_pagesift(
-    site: Nginx, args: argparse.Namespace, profile_out: Path | None = None
+    web: Nginx, args: argparse.Namespace, site: Site, profile_out: Path | None = None
 ) -> dict[str, Any]:
     from pagesift.v1 import jobs_pb2
 
@@ -336,7 +450,7 @@ def run_pagesift(
         jobs_pb2.JOB_STATE_FAILED,
         jobs_pb2.JOB_STATE_CANCELLED,
     }
-    log_path = OUT_DIR / ("pagesift-profile-server.log" if profile_out else "pagesift-server.log")
+    log_path = site.out("pagesift-profile-server" if profile_out else "pagesift-server", ".log")
     with pagesift_server(args.concurrency, log_path) as server:
         proc, stub = server.proc, server.stub
         spy: subprocess.Popen[bytes] | None = None
@@ -346,13 +460,14 @@ def run_pagesift(
             progress = [0]
             sampler = ProcessSampler(proc.pid, progress=lambda: progress[0])
             _, idle_hwm = memory_bytes(proc.pid)
-            nginx_cpu0 = site.cpu_seconds()
-            cpu0 = subtree_cpu_seconds(proc.pid)  # + extraction workers
+            nginx_cpu0 = web.cpu_seconds()
+            others0: dict[str, float] = {}
+            cpu0 = cpu_split(proc.pid, others0)  # + extraction workers
             sampler.start()
             t0 = time.monotonic()
             started = stub.StartCrawl(
                 jobs_pb2.StartCrawlRequest(
-                    url=site.url,
+                    url=web.url,
                     limit=args.limit,
                     max_concurrency=args.concurrency,
                     options=jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_MARKDOWN]),
@@ -361,8 +476,12 @@ def run_pagesift(
             )
             job = _poll_job(stub, started.id, terminal, progress, args.timeout)
             wall = time.monotonic() - t0
-            cpu = subtree_cpu_seconds(proc.pid) - cpu0
-            nginx_cpu = site.cpu_seconds() - nginx_cpu0
+            others1: dict[str, float] = {}
+            cpu1 = cpu_split(proc.pid, others1)
+            split = {k: cpu1[k] - cpu0[k] for k in cpu1}
+            others = {k: v - others0.get(k, 0.0) for k, v in others1.items()}
+            cpu = sum(split.values())
+            nginx_cpu = web.cpu_seconds() - nginx_cpu0
             sampler.stop()
             hwm = subtree_peak_rss(proc.pid)  # + extraction workers
             if spy is not None and profile_out is not None:
@@ -389,6 +508,10 @@ def run_pagesift(
         "pages_per_s": pages / wall if wall > 0 else 0.0,
         "cpu_s": cpu,
         "cpu_s_per_page": cpu / pages if pages else 0.0,
+        "main_cpu_s": split["main"],
+        "workers_cpu_s": split["workers"],
+        "other_cpu_s": split["other"],
+        "other_cpu_s_by_program": {k: round(v, 3) for k, v in others.items() if v > 0},
         "server_ready_s": server.ready_s,
         "idle_rss_mb": idle_hwm / MB,
         "peak_rss_mb": max(hwm, sampler.peak_rss_bytes) / MB,
@@ -400,9 +523,9 @@ def run_pagesift(
         "document_urls": len(urls),
         "markdown_mb": markdown_bytes / MB,
         "empty_markdown": empty_markdown,
-        "other_origin_documents": sorted(u for u in urls if not u.startswith(site.url))[:20],
+        "other_origin_documents": sorted(u for u in urls if not u.startswith(web.url))[:20],
     }
-    _compare_with_scrapy(urls, result)
+    _compare_with_scrapy(urls, result, site.out("scrapy-items", ".jsonl"))
     return result
 
 
@@ -496,9 +619,8 @@ def _page_key(url: str) -> str:
     return path + (f"?{parts.query}" if parts.query else "")
 
 
-def _compare_with_scrapy(urls: list[str], result: dict[str, Any]) -> None:
-    """Diff pagesift's document URLs against the last Scrapy feed, if there is one."""
-    feed = OUT_DIR / "scrapy-items.jsonl"
+def _compare_with_scrapy(urls: list[str], result: dict[str, Any], feed: Path) -> None:
+    """Diff pagesift's document URLs against the site's last Scrapy feed, if there is one."""
     if not feed.exists():
         return
     # Each bench invocation has its own nginx port: compare path + query.
@@ -615,15 +737,16 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def build_report(
     args: argparse.Namespace,
-    docs: Path,
+    site: Site,
     runs: dict[str, list[dict[str, Any]]],
     skipped: dict[str, str],
     profile: dict[str, Any] | None,
     load_before: float,
+    stages: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     facts = {**machine_facts(), "loadavg_1m_before": load_before}
     command = shlex.join([".venv/bin/python", "-m", "bench.run", *sys.argv[1:]])
-    html_files = sum(1 for _ in docs.rglob("*.html"))
+    html_files = sum(1 for _ in site.root.rglob("*.html"))
     chosen = {name: _median_run(rs) for name, rs in runs.items() if rs}
     how = f"median of {args.runs} runs by pages/s" if args.runs > 1 else "single run"
     rows = [
@@ -638,10 +761,10 @@ def build_report(
         for name, r in chosen.items()
     ]
     md = [
-        "## Crawl: pagesift vs Scrapy",
+        f"## Crawl: pagesift vs Scrapy ({site.name})",
         "",
-        f"Site: Django docs ({DJANGO_DOC_PACKAGE}, {html_files} .html files) from nginx on "
-        f"127.0.0.1, 1 worker. Concurrency {args.concurrency}, limit "
+        f"Site: {site.title} ({site.package}, {html_files} .html files under {site.root}) "
+        f"from nginx on 127.0.0.1, 1 worker. Concurrency {args.concurrency}, limit "
         f"{args.limit or 'none (whole site)'}; {how}.",
         "",
         markdown_table(
@@ -649,10 +772,14 @@ def build_report(
         ),
         "",
     ]
-    ratio = None
+    ratio = cpu_ratio = None
     if "scrapy" in chosen and "pagesift" in chosen and chosen["scrapy"]["pages_per_s"] > 0:
         ratio = chosen["pagesift"]["pages_per_s"] / chosen["scrapy"]["pages_per_s"]
-        md.append(f"pagesift/scrapy pages/s: **{ratio:.2f}x**")
+        line = f"pagesift/scrapy pages/s: **{ratio:.2f}x**"
+        if chosen["scrapy"]["cpu_s_per_page"] > 0:
+            cpu_ratio = chosen["pagesift"]["cpu_s_per_page"] / chosen["scrapy"]["cpu_s_per_page"]
+            line += f"; CPU ms/page: {cpu_ratio:.2f}x"
+        md.append(line)
         md.append("")
     rss_rows = []
     for name, r in chosen.items():
@@ -674,6 +801,16 @@ def build_report(
             f"{p['error_codes'] or ''}, server ready in {p['server_ready_s']:.2f}s, "
             f"idle RSS {p['idle_rss_mb']:.0f} MB."
         )
+        if p["pages"]:
+            per = {k: p[f"{k}_cpu_s"] * 1000 / p["pages"] for k in ("main", "workers", "other")}
+            other = ""
+            if per["other"]:
+                programs = ", ".join(sorted(p.get("other_cpu_s_by_program", {})))
+                other = f", other {per['other']:.2f} ({programs or 'exited'})"
+            md.append(
+                f"pagesift CPU ms/page by process: main {per['main']:.2f}, extraction "
+                f"workers {per['workers']:.2f}{other}."
+            )
         if "only_in_scrapy_count" in p:
             md.append(
                 f"URL sets vs Scrapy: {p['only_in_pagesift_count']} only in pagesift, "
@@ -698,6 +835,8 @@ def build_report(
             f"{prof['summary']}): " + "; ".join(prof["top_self"]) + ".",
             "",
         ]
+    if stages is not None:
+        md += [stages["markdown"], ""]
     md += [
         "Wall = crawl window (Scrapy: spider open->close inside its process; pagesift: "
         "StartCrawl->terminal state). CPU and peak RSS = the crawler process plus its "
@@ -714,13 +853,21 @@ def build_report(
         "section": "crawl",
         "command": command,
         "machine": facts,
-        "site": {"package": DJANGO_DOC_PACKAGE, "root": str(docs), "html_files": html_files},
+        "site": {
+            "name": site.name,
+            "title": site.title,
+            "package": site.package,
+            "root": str(site.root),
+            "html_files": html_files,
+        },
         "concurrency": args.concurrency,
         "limit": args.limit,
         "runs_per_crawler": args.runs,
         "reported": how,
         "results": chosen,
         "pagesift_over_scrapy_pages_per_s": ratio,
+        "pagesift_over_scrapy_cpu_per_page": cpu_ratio,
+        "stages": stages["json"] if stages is not None else None,
         "all_runs": runs,
         "skipped": skipped,
         "profile": profile,

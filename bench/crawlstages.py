@@ -106,6 +106,7 @@ class Stage:
     errors: int = 0
     why: str = ""
     pages: int = 0
+    note: str = ""  # what the stage found, said under the table
 
     def cell(self) -> str:
         return f"{self.ms:.3f}" if self.ms is not None else f"n/a ({self.why})"
@@ -267,7 +268,27 @@ def _in_process(pages: list[Page], passes: int) -> list[Stage]:
     for key, label, build in table:
         say(f"crawlstages: {key} ({passes} passes over {len(pages)} pages)")
         out.append(_timed(key, label, pages, passes, build))
+    auto_row = next(s for s in out if s.key == "auto")
+    if auto_row.ms is not None:
+        auto_row.note = _render_note(pages)
     return out
+
+
+def _render_note(pages: list[Page]) -> str:
+    """Which pages AUTO sends to a browser (once more, untimed), and why."""
+    needs_render = _resolve(f"{_ENGINE}.autorender.needs_render")
+    chosen = []
+    for page in pages:
+        try:
+            why = needs_render(page.body, "text/html")
+        except Exception:  # counted by the timed pass already
+            continue
+        if why:
+            chosen.append(f"{page.url.removeprefix(BASE)} ({why})")
+    shown = "; ".join(chosen[:5]) + ("; ..." if len(chosen) > 5 else "")
+    return f"AUTO sends {len(chosen)} of {len(pages)} pages to a browser" + (
+        f": {shown}" if chosen else ""
+    )
 
 
 # ---------------------------------------------------------------------------- hand-off
@@ -353,23 +374,31 @@ def _handoff(pages: list[Page], passes: int) -> list[Stage]:
 
 
 def _crawl_rows(crawl: dict[str, Any] | None) -> tuple[list[Stage], float | None]:
-    """The rows a crawl measured, and its CPU ms per page (None without a crawl)."""
-    rows = [
-        Stage("crawl_main", "crawl: node main process (fetch, AUTO, record, store)"),
-        Stage("crawl_workers", "crawl: extraction workers"),
-        Stage("crawl_total", "crawl: total (main + workers)"),
-    ]
+    """The rows a crawl measured, and its CPU ms per page (None without a crawl). The
+    "other descendants" row (e.g. a browser AUTO started) only when there were some."""
+    main = Stage("crawl_main", "crawl: node main process (fetch, AUTO, record, store)")
+    workers = Stage("crawl_workers", "crawl: extraction workers")
+    total = Stage("crawl_total", "crawl: total (all of the node's processes)")
     pages = int(crawl.get("pages", 0)) if crawl else 0
     if crawl is None or not pages or "main_cpu_s" not in crawl:
-        for row in rows:
+        for row in (main, workers, total):
             row.why = "no pagesift crawl measured"
-        return rows, None
-    main, workers = float(crawl["main_cpu_s"]), float(crawl["workers_cpu_s"])
-    other = float(crawl.get("other_cpu_s", 0.0))
-    for row, cpu in zip(rows, (main, workers, main + workers + other), strict=True):
-        row.ms = cpu * 1000 / pages
+        return [main, workers, total], None
+    cpu = {
+        "main": float(crawl["main_cpu_s"]),
+        "workers": float(crawl["workers_cpu_s"]),
+        "other": float(crawl.get("other_cpu_s", 0.0)),
+    }
+    rows = [main, workers]
+    if cpu["other"] > 0:
+        programs = ", ".join(sorted(crawl.get("other_cpu_s_by_program") or {})) or "exited"
+        rows.append(Stage("crawl_other", f"crawl: other descendants ({programs})"))
+    rows.append(total)
+    for row in rows:
+        key = row.key.removeprefix("crawl_")
+        row.ms = (sum(cpu.values()) if key == "total" else cpu[key]) * 1000 / pages
         row.pages = pages
-    return rows, rows[2].ms
+    return rows, total.ms
 
 
 def measure(
@@ -415,6 +444,9 @@ def measure(
         markdown_table(["stage", "CPU ms/page", "x floor", "pages failed"], rows),
         "",
     ]
+    for s in stages:
+        if s.note:
+            md += [s.note + ".", ""]
     if ratio is not None:
         verdict = "meets" if ratio <= FLOOR_GOAL else "misses"
         md.append(
@@ -437,6 +469,7 @@ def measure(
                 "pages": s.pages,
                 "errors": s.errors,
                 "why": s.why,
+                "note": s.note,
             }
             for s in [*stages, *crawl_rows]
         },
