@@ -278,7 +278,7 @@ class CpuByKind:
                 rest[parent] = 0.0
         # what is still short was reaped by no process of the tree: children orphaned
         # between two readings (their readings count; what they used after is lost)
-        unreaped = -sum(min(0.0, left) for left in rest.values())
+        unreaped = sum(max(0.0, -left) for left in rest.values())
         via = 0.0
         for parent, left in rest.items():
             if left < 1e-9:
