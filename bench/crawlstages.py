@@ -54,7 +54,8 @@ from bench.tools import DOC_SITES, doc_root
 
 FLOOR_GOAL = 1.3  # issue 30: the crawl's CPU per page at most this times the floor
 HANDOFF_CALLS = 2000  # worker calls per hand-off pass at least (pages repeated)
-WARM_BURSTS = 50  # bursts of 8 calls at most to get the pool's two workers started
+WARM_BURSTS = 600  # bursts of 8 calls at most to get the pool's two workers started,
+WARM_TIMEOUT = 60.0  # and seconds (0.1 s apart: a start may be slow on a busy machine)
 HANDOFF_TIMEOUT = 600.0  # seconds one hand-off pass may take at most
 BASE = "http://127.0.0.1/"  # the pages' URL prefix (links resolve against it)
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -344,12 +345,15 @@ def _handoff(pages: list[Page], passes: int) -> list[Stage]:
     async def run() -> tuple[float, float]:
         pool = pool_class(2)
         try:
-            # both workers started and warm before the timed passes (bursts of calls until
-            # the lazy pool has started its second one; bounded)
+            # both workers started and warm before the timed passes: bursts of calls (the
+            # lazy pool starts its second worker while calls wait) and time for that start
+            # to finish, bounded in count and time
+            deadline = time.monotonic() + WARM_TIMEOUT
             for _ in range(WARM_BURSTS):
                 await asyncio.gather(*(pool.run(echo, "warm") for _ in range(8)))
-                if len(pool.pids()) == 2:
+                if len(pool.pids()) == 2 or time.monotonic() > deadline:
                     break
+                await asyncio.sleep(0.1)
             if len(pool.pids()) != 2:
                 raise RuntimeError(f"expected 2 workers, have {pool.pids()}")
             best_caller = best_workers = math.inf
