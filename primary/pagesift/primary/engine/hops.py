@@ -1,22 +1,26 @@
-"""Hops: one request's chain of redirects, each hop guarded, robots-checked and polite.
+"""Hops: one request's chain of redirects, each hop admitted, then sent and read.
 
-Owns ``Fetcher.fetch`` (a GET that follows redirects by hand), the per-host
-politeness slots and adaptive delays shared by every job of the node, the robots.txt
-cache, and the reading of one response. The invariants, per hop (the first and each
-redirect), in this order:
+Owns ``Fetcher.fetch`` (a GET that follows redirects by hand), the node's admission
+step it builds and passes every hop through (``admission.Admission``: the address
+guard, cluster ownership, robots.txt, the politeness delay and the host's slot, shared
+with the render path), and the reading of one response. The invariants, per hop (the
+first and each redirect), in this order:
 
 - the URL is rewritten to ``urls.fetch_url`` form (canonical host, no userinfo: the
   HTTP client never sees a credential, so never sends Basic auth);
-- the address guard judges it (``netguard``: loopback names and literal IPs here; the
-  sessions' connector judges every address at connect time, ``sessions``);
-- in a cluster, its host is this pair's (``foreign_host``: a redirect to a host another
-  pair owns is ``HOST_OWNED_ELSEWHERE``, never sent: that pair keeps its politeness);
-- robots.txt allows it (when the caller asks: the server and the job respect it);
-- it waits for the host's politeness slot (``politeness.HostSlots``; in a cluster the
-  slot asks last whether the pair holds the host: ``HostSlots.gate``): the larger of
-  the configured, the job's, the Crawl-delay and the adaptive delay. A 429/503 with
-  ``Retry-After`` pauses the host inside the slot, so no later request to it starts
-  before the time passes; one beyond ``max_retry_after`` is ``RETRY_AFTER_TOO_LONG``;
+- it is admitted (``Admission.admit``): the address guard judges it (``netguard``:
+  loopback names and literal IPs here; the sessions' connector judges every address
+  at connect time, ``sessions``); in a cluster, its host is this pair's
+  (``foreign_host``: a redirect to a host another pair owns is
+  ``HOST_OWNED_ELSEWHERE``, never sent: that pair keeps its politeness); robots.txt
+  allows it (when the caller asks: the server and the job respect it); it waits for
+  the host's politeness slot (``politeness.HostSlots``; in a cluster the slot asks
+  last whether the pair holds the host: ``HostSlots.gate``): the larger of the
+  configured, the job's, the Crawl-delay and the adaptive delay;
+- inside the slot it is prepared (``Sessions.hop``: headers, cookies, proxy) and sent;
+  a 429/503 with ``Retry-After`` pauses the host before the slot is left
+  (``Pass.failed``), so no later request to it starts before the time passes; one
+  beyond ``max_retry_after`` is ``RETRY_AFTER_TOO_LONG``;
 - the response's Set-Cookie lines join the profile's jar before anything else;
 - at most ``max_redirects`` hops; a revisited URL or one hop too many is
   ``REDIRECT_LOOP`` (``next_hop``, also used for meta refreshes);
@@ -29,7 +33,6 @@ robots.txt itself is fetched through ``fetch`` with the server's user agent.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -39,9 +42,9 @@ from urllib.parse import urljoin
 import aiohttp
 
 from pagesift.primary.engine import retrypolicy
-from pagesift.primary.engine.politeness import HostSlots, effective_delay
+from pagesift.primary.engine.admission import Admission
 from pagesift.primary.engine.reqprofile import RequestProfile
-from pagesift.primary.engine.robots import MAX_ROBOTS_BYTES, RobotsCache
+from pagesift.primary.engine.robots import MAX_ROBOTS_BYTES
 from pagesift.primary.engine.sessions import Hop, Sessions, page_error
 from pagesift.primary.extract.metadata import response_metadata
 from pagesift.shared.config.schema import ServerConfig
@@ -51,7 +54,6 @@ from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 __all__ = ["Accept", "Fetcher", "Response", "accept_any", "next_hop", "status_error"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-HOST_DELAY_SERIES = 50  # hosts whose delay ``pagesift_host_delay_seconds`` shows at most
 ROBOTS_MAX_REDIRECTS = 5  # RFC 9309 2.3.1.2
 
 
@@ -105,11 +107,8 @@ class Fetcher:
     def __init__(self, config: ServerConfig, sessions: Sessions) -> None:
         self.config = config
         self.sessions = sessions
-        self.slots = HostSlots(config.per_host_concurrency, config.per_host_delay)
-        self.throttle = retrypolicy.HostThrottle(
-            concurrency=config.per_host_concurrency, max_delay=config.throttle_max_delay
-        )
-        self.robots = RobotsCache(self._fetch_robots, config.user_agent)
+        #: the node's admission step: this fetcher's hops and the render path's pages
+        self.admission = Admission(config, sessions.guard, self._fetch_robots)
 
     async def fetch(
         self,
@@ -126,13 +125,13 @@ class Fetcher:
         validators: tuple[str, str] | None = None,
         foreign_host: Callable[[str], str | None] | None = None,
     ) -> Response:
-        """GET ``url`` following redirects by hand; every hop guarded, robots-checked
-        (when ``robots``, for the profile's agent) and run in the host's politeness
-        slot (``job_delay`` None: no delay of its own, the host's pauses), sent as
-        ``profile`` says (``Sessions.hop``), none to a host ``foreign_host`` names a
-        reason for. Returns the final response with its body (cut at ``max_bytes``
-        with ``truncate``); raises PageError."""
-        guard = self.sessions.guard
+        """GET ``url`` following redirects by hand; every hop admitted (guarded,
+        robots-checked when ``robots``, for the profile's agent, and run in the host's
+        politeness slot: ``admission.Admission.admit``; ``job_delay`` None: no delay of
+        its own, the host's pauses; none to a host ``foreign_host`` names a reason
+        for), sent as ``profile`` says (``Sessions.hop``). Returns the final response
+        with its body (cut at ``max_bytes`` with ``truncate``); raises PageError."""
+        admit = self.admission.admit
         agent = None if profile is None else profile.robots_agent(self.config.user_agent)
         try:
             current = urls.fetch_url(url)
@@ -141,45 +140,27 @@ class Fetcher:
         seen = {current}
         hops = 0
         while True:
-            host = urls.host_of(current)
-            if guard is not None:
-                reason = guard.refusal_for_url(current)
-                if reason is not None:
-                    raise PageError(ErrorCode.BLOCKED_ADDRESS, reason)
-            elsewhere = None if foreign_host is None else foreign_host(host)
-            if elsewhere is not None:
-                raise PageError(ErrorCode.HOST_OWNED_ELSEWHERE, elsewhere)
-            crawl_delay: float | None = None
-            if robots:
-                rules = await self.robots.rules(current, agent)
-                if not rules.allowed(current):
-                    if isinstance(rules.error, PageError):
-                        raise PageError(
-                            rules.error.code, f"{rules.error.message} (fetching robots.txt)"
-                        )
-                    raise PageError(ErrorCode.ROBOTS_DISALLOWED, f"robots.txt disallows {current}")
-                crawl_delay = rules.crawl_delay
             location: str | None = None
-            hop = await self.sessions.hop(
-                current, host, profile, home, validators if hops == 0 else None
-            )
             try:
-                # robots.txt and sitemaps (no job delay) take a slot too: they are
+                # robots.txt and sitemaps (no job delay) are admitted too: they are
                 # requests to the host, and count against its concurrency
-                delay = 0.0
-                if job_delay is not None:
-                    delay = effective_delay(self.config.per_host_delay, job_delay, crawl_delay)
-                    if self.config.adaptive_throttle:
-                        delay = max(delay, self.throttle.delay(host))
-                async with self.slots.slot(host, delay):
+                async with admit(
+                    current,
+                    robots=robots,
+                    agent=agent,
+                    job_delay=job_delay,
+                    foreign_host=foreign_host,
+                ) as ticket:
+                    hop = await self.sessions.hop(
+                        current, ticket.host, profile, home, validators if hops == 0 else None
+                    )
                     sent = time.monotonic()
                     try:
                         resp = await self._get(hop, current, accept, max_bytes, truncate)
                     except PageError as err:
-                        self._slowed(host, err)  # inside the slot: before anyone else
+                        ticket.failed(err)  # inside the slot: before anyone else
                         raise
-                    if self.config.adaptive_throttle:
-                        self.throttle.success(host, time.monotonic() - sent)
+                    ticket.answered(time.monotonic() - sent)
             except _Redirect as redirect:
                 location = redirect.location
             else:
@@ -187,27 +168,6 @@ class Fetcher:
                 return resp
             hops += 1
             current = next_hop(current, location, seen, hops, max_redirects, "redirect")
-
-    def _slowed(self, host: str, err: PageError) -> None:
-        """A failed hop: pause the host for its Retry-After, slow its adaptive delay on
-        429/503; a Retry-After beyond ``max_retry_after`` becomes the page's error."""
-        if err.code != ErrorCode.HTTP_STATUS or err.status not in retrypolicy.SLOW_DOWN_STATUSES:
-            return
-        if self.config.adaptive_throttle:
-            self.throttle.slow_down(host, time.monotonic())
-        wait = err.retry_after
-        if wait is None or wait <= 0:
-            return
-        limit = self.config.max_retry_after
-        self.slots.pause(host, asyncio.get_running_loop().time() + min(wait, limit))
-        if wait > limit:
-            raise PageError(
-                ErrorCode.RETRY_AFTER_TOO_LONG,
-                f"HTTP {err.status} asks to retry after {wait:g} s, over the server's "
-                f"max_retry_after of {limit:g} s",
-                status=err.status,
-                retry_after=wait,
-            ) from err
 
     async def _get(
         self, hop: Hop, url: str, accept: Accept, max_bytes: int, truncate: bool
@@ -274,20 +234,8 @@ class Fetcher:
             raise
         return resp.status, resp.body
 
-    def host_delays(self, now: float | None) -> dict[str, float]:
-        """The current delay of the ``HOST_DELAY_SERIES`` most recently slowed hosts:
-        the adaptive delay, or what is left of a Retry-After pause when longer (at
-        ``now``, the loop's clock; None outside a loop: the adaptive delays alone)."""
-        out = dict(list(self.throttle.delays().items())[-HOST_DELAY_SERIES:])
-        if now is not None:
-            for host, left in self.slots.paused_hosts(now).items():
-                out[host] = max(out.get(host, 0.0), left)
-        if len(out) > HOST_DELAY_SERIES:
-            out = dict(sorted(out.items(), key=lambda kv: kv[1])[-HOST_DELAY_SERIES:])
-        return out
-
     async def close(self) -> None:
-        await self.robots.close()
+        await self.admission.close()
         await self.sessions.close()
 
 

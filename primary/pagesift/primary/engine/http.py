@@ -3,8 +3,11 @@
 Owns the engine's facade: one scrape from URL to ``Page``, the sitemap walk, the
 robots.txt checks of a Map call, and the parts' lifetimes. Its parts, each with its
 own invariants: ``sessions`` (the aiohttp sessions, proxies, the connector's address
-guard), ``hops`` (redirects, robots.txt, per-host politeness, reading a response),
-``pages`` (what a response is, extraction in worker processes). The guarantees:
+guard), ``hops`` (redirects, reading a response) and the admission step it passes
+every hop through (``admission``: the address guard, robots.txt, per-host politeness),
+``pages`` (what a response is, extraction in worker processes). What the render path
+(``rendering``) uses of it is public and named: ``admission``, ``pages``, ``guard``,
+``proxies``, ``fetch_response``; the rest is this engine's own. The guarantees:
 
 - ``scrape`` makes ONE attempt: retrying a page is the job runtime's (durable
   attempt counts), so a page is never fetched twice behind its back;
@@ -36,12 +39,13 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 
 from pagesift.primary.engine import content, retrypolicy, sitemaps
+from pagesift.primary.engine.admission import Admission
 from pagesift.primary.engine.hops import Fetcher, Response, next_hop, status_error
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.pages import PageMaker, kind_of, page_accept
 from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.protocol import FetchPolicy, Page
-from pagesift.primary.engine.reqprofile import RequestProfile
+from pagesift.primary.engine.reqprofile import ProxyPool, RequestProfile
 from pagesift.primary.engine.robots import SLICE_SECONDS, origin_of
 from pagesift.primary.engine.sessions import Sessions
 from pagesift.shared.api.metrics import Metrics
@@ -95,8 +99,23 @@ class HttpEngine:
             config, None if config.allow_private_networks else (guard or AddressGuard()), resolver
         )
         self.fetcher = Fetcher(config, self.sessions)
+        #: the admission step every request of the node passes (this engine's hops, and
+        #: the render path's pages: ``rendering.RenderingEngine``)
+        self.admission: Admission = self.fetcher.admission
+        #: what a response becomes (worker processes), for a fetched or a rendered page
         self.pages = PageMaker(config, metrics)
         self._random = random.Random()
+
+    @property
+    def guard(self) -> AddressGuard | None:
+        """The address guard of this engine's requests (None: private networks allowed):
+        the admission's, the connector's, and the one a guard proxy should apply."""
+        return self.admission.guard
+
+    @property
+    def proxies(self) -> ProxyPool:
+        """The upstream proxies requests may go through (``reqprofile.ProxyPool``)."""
+        return self.sessions.pool
 
     # --- Engine ----------------------------------------------------------------------------
 
@@ -224,7 +243,7 @@ class HttpEngine:
             parts = urlsplit(urls.fetch_url(url))
             origin = f"{parts.scheme}://{parts.netloc}"
             try:
-                roots = list((await self.fetcher.robots.rules(origin + "/")).sitemaps)
+                roots = list((await self.admission.robots.rules(origin + "/")).sitemaps)
             except Exception:
                 roots = []
             if not roots:
@@ -266,7 +285,7 @@ class HttpEngine:
                 turn = loop.time() + SLICE_SECONDS
             try:
                 current = urls.fetch_url(target)
-                rules = await self.fetcher.robots.rules(current, agent)
+                rules = await self.admission.robots.rules(current, agent)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -282,11 +301,11 @@ class HttpEngine:
     # --- for metrics -----------------------------------------------------------------------
 
     def host_delays(self) -> dict[str, float]:
-        """The current delay of the most recently slowed hosts (``Fetcher.host_delays``)."""
-        return self.fetcher.host_delays(_loop_time())
+        """The current delay of the most recently slowed hosts (``Admission.host_delays``)."""
+        return self.admission.host_delays(_loop_time())
 
     def host_slots(self) -> HostSlots:
-        return self.fetcher.slots
+        return self.admission.slots
 
     # --- sitemaps --------------------------------------------------------------------------
 

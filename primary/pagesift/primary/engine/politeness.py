@@ -1,6 +1,9 @@
 """Per-host request slots, shared by every job of the server.
 
-Owns the politeness state of each host. The guarantees, per host name:
+Owns the politeness state of each host, and ``Slot``, one request's hold on it
+(``HostSlots.slot`` makes a bare one; ``admission.Pass`` is one that runs the
+admission checks first, so a request costs one object either way). The guarantees,
+per host name:
 
 - at most ``concurrency`` requests are inside ``slot(host, delay)`` at once; waiters
   are served first come, first served;
@@ -32,11 +35,11 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, Self
 
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 
-__all__ = ["MAX_CRAWL_DELAY", "HostGate", "HostSlots", "effective_delay"]
+__all__ = ["MAX_CRAWL_DELAY", "HostGate", "HostSlots", "Slot", "effective_delay"]
 
 MAX_CRAWL_DELAY = 60.0
 #: A request that met this many new pauses while it waited goes ahead after the last.
@@ -121,9 +124,9 @@ class HostSlots:
         """Every host still paused, with the seconds left."""
         return {h: st.paused_until - now for h, st in self._hosts.items() if st.paused_until > now}
 
-    def slot(self, host: str, delay: float = 0.0) -> _Slot:
+    def slot(self, host: str, delay: float = 0.0) -> Slot:
         """``async with slots.slot(host, delay):`` -- one request to ``host``."""
-        return _Slot(self, host, delay)
+        return Slot(self, host, delay)
 
     def abandon(self, lost: Callable[[str], bool]) -> int:
         """End the gated requests in flight to every host ``lost`` names; how many."""
@@ -138,7 +141,8 @@ class HostSlots:
 
     # --- internals -----------------------------------------------------------------------
 
-    async def _enter(self, host: str, delay: float) -> _Host:
+    def _user(self, host: str) -> _Host:
+        """The host's state, with one more caller inside ``slot()`` (no drop pending)."""
         st = self._hosts.get(host)
         if st is None:
             st = self._hosts[host] = _Host()
@@ -146,17 +150,6 @@ class HostSlots:
             st.drop_handle.cancel()
             st.drop_handle = None
         st.users += 1
-        try:
-            await self._acquire(st)
-        except BaseException:
-            self._leave(host, st)
-            raise
-        try:
-            await self._wait_turn(st, max(delay, self.min_delay))
-        except BaseException:
-            self._release(st)
-            self._leave(host, st)
-            raise
         return st
 
     def _exit(self, host: str, st: _Host) -> None:
@@ -231,31 +224,51 @@ class HostSlots:
             del self._hosts[host]
 
 
-class _Slot:
-    __slots__ = ("_delay", "_host", "_scope", "_slots", "_state")
+class Slot:
+    """One request's hold on its host (``async with``). Entering (``take``) waits for a
+    permit, then for the start time, then asks the gate; leaving gives back what was
+    taken, whatever the block raised. ``admission.Pass`` extends it with the checks a
+    request passes before its turn (one object per request either way)."""
 
-    def __init__(self, slots: HostSlots, host: str, delay: float) -> None:
+    __slots__ = ("_scope", "_slots", "_state", "delay", "host")
+
+    def __init__(self, slots: HostSlots, host: str, delay: float = 0.0) -> None:
         self._slots = slots
-        self._host = host
-        self._delay = delay
+        self.host = host
+        self.delay = delay  # seconds after the host's previous start (the caller's)
         self._state: _Host | None = None
         self._scope: asyncio.Timeout | None = None
 
-    async def __aenter__(self) -> None:
-        state = await self._slots._enter(self._host, self._delay)
-        gate = self._slots.gate
-        if gate is None:
-            self._state = state
-            return
+    async def take(self) -> Self:
+        """Wait for the turn (module docstring); on any exception nothing is held."""
+        slots, host = self._slots, self.host
+        st = slots._user(host)
         try:
-            await gate.admit(self._host)
+            await slots._acquire(st)
+        except BaseException:
+            slots._leave(host, st)
+            raise
+        try:
+            await slots._wait_turn(st, max(self.delay, slots.min_delay))
+        except BaseException:
+            slots._exit(host, st)
+            raise
+        gate = slots.gate
+        if gate is None:
+            self._state = st
+            return self
+        try:
+            await gate.admit(host)
             scope = asyncio.timeout(None)
             await scope.__aenter__()
         except BaseException:
-            self._slots._exit(self._host, state)
+            slots._exit(host, st)
             raise
-        self._state, self._scope = state, scope
-        state.scopes.add(scope)
+        self._state, self._scope = st, scope
+        st.scopes.add(scope)
+        return self
+
+    __aenter__ = take
 
     async def __aexit__(
         self,
@@ -274,9 +287,9 @@ class _Slot:
                 except TimeoutError:
                     raise PageError(
                         ErrorCode.HOST_OWNED_ELSEWHERE,
-                        f"host {self._host} moved to another pair of the cluster while "
+                        f"host {self.host} moved to another pair of the cluster while "
                         "this request was in flight: abandoned, left to its new owner",
                     ) from None
         finally:
             if state is not None:
-                self._slots._exit(self._host, state)
+                self._slots._exit(self.host, state)

@@ -11,11 +11,16 @@ screenshot, the viewport, phone emulation, locale, time zone), or when
 ``wait_until`` of its own, an AUTO render waits for ``networkidle``.
 The invariants, for a rendered page as for a fetched one:
 
-- the address guard refuses the start URL before the browser is asked; every request
-  the browser makes goes through the node's guard proxy (``browser.guardproxy``);
-- robots.txt is checked for the start URL (and the final URL after the browser's
-  redirects) with the profile's agent; the render holds the host's politeness slot
-  (``hops.Fetcher.slots``) with the same delay as a fetch;
+- the start URL passes the HTTP engine's admission step before the browser is asked
+  (``admission.Admission``, the one object both engines' requests pass: the address
+  guard, robots.txt with the profile's agent, the same delay as a fetch, the host's
+  politeness slot held for the whole render, the cluster's host gate); a 429/503
+  render pauses and slows the host as a fetch's would, before the slot is left. The
+  final URL after the browser's redirects is checked against robots.txt too, and
+  every request the browser makes goes through the node's guard proxy
+  (``browser.guardproxy``). What it uses of the HTTP engine is its public interface
+  (``admission``, ``pages``, ``guard``, ``proxies``, ``fetch_response``), nothing of
+  its parts (``tests/test_admission.py`` checks it);
 - the request profile's headers, user agent and cookies go into the render, and the
   context's cookies come back into the job's jar (``cookiejar.JobCookies.absorb``), so
   the page's write group stores them like a fetch's Set-Cookie lines; a job's pages
@@ -44,7 +49,7 @@ from pagesift.primary.engine.browser.pool import BrowserPool
 from pagesift.primary.engine.hops import Response
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.pages import RenderNeeded
-from pagesift.primary.engine.politeness import HostSlots, effective_delay
+from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.extract.metadata import response_metadata
@@ -116,7 +121,7 @@ class RenderingEngine:
         self.proxy: GuardProxy | None = None
         if render:
             self.pool = BrowserPool(self.config)  # launches nothing until a page comes
-            self.proxy = GuardProxy(http.sessions.guard, resolver, pool=http.sessions.pool)
+            self.proxy = GuardProxy(http.guard, resolver, pool=http.proxies)
         self._started = asyncio.Lock()
         #: an account's own cap on its pages rendering at once (None: the pool's only);
         #: the node sets it from the accounts file (``Account.max_browser_pages``)
@@ -250,52 +255,47 @@ class RenderingEngine:
             current = urls.fetch_url(url)
         except ValueError as exc:
             raise PageError(ErrorCode.INVALID_URL, f"invalid URL: {exc}") from None
-        host = urls.host_of(current)
-        guard = self.http.sessions.guard
-        if guard is not None:
-            refused = guard.refusal_for_url(current)
-            if refused is not None:
-                raise PageError(ErrorCode.BLOCKED_ADDRESS, refused)
+        if not self.can_render():  # before any check or turn: nothing would be sent
+            raise PageError(ErrorCode.RENDER_FAILED, f"cannot render: {self.render_status()}")
         agent = profile.robots_agent(self.config.user_agent)
         robots = self.config.respect_robots and profile.respect_robots
-        crawl_delay = await self._robots_check(current, agent) if robots else None
-        fetcher = self.http.fetcher
-        delay = effective_delay(self.config.per_host_delay, policy.delay, crawl_delay)
-        if self.config.adaptive_throttle:
-            delay = max(delay, fetcher.throttle.delay(host))
-        pool, proxy = await self._pool()
+        # the page's navigation passes the HTTP engine's admission step: the same guard,
+        # robots.txt, delay and host slot (the page's own host: its owner was checked
+        # before the engine was asked); the browser's redirects and subrequests go
+        # through the guard proxy
         started = time.monotonic()
-        creds = proxy.register(proxy=profile.proxy, proxy_url=profile.proxy_url)
-        handed = False  # once the pool has them, it releases the credentials
-        try:
-            async with fetcher.slots.slot(host, delay):
-                handed = True
-                rendered = await pool.render(
-                    current,
-                    options,
-                    owner=policy.owner,
-                    owner_limit=self.owner_limit(policy.owner),
-                    headers=dict(profile.headers),
-                    user_agent=profile.user_agent or None,
-                    cookies=_browser_cookies(profile, current),
-                    proxy=creds.playwright(),
-                    timeout=profile.timeout,
-                    # a job's pages share its context (the profile lives as the job);
-                    # the pool releases the credentials when no context uses them
-                    scope=policy.request,
-                    release=lambda: proxy.release(creds),
-                )
-        except BaseException:
-            if not handed:
-                proxy.release(creds)
-            raise
-        proxy_failed = _proxy_error(rendered.headers)
+        async with self.http.admission.admit(
+            current, robots=robots, agent=agent, job_delay=policy.delay
+        ) as ticket:
+            pool, proxy = await self._pool()
+            creds = proxy.register(proxy=profile.proxy, proxy_url=profile.proxy_url)
+            # from here the pool has the credentials: it releases them when no context
+            # uses them (a job's pages share its context: the profile lives as the job)
+            rendered = await pool.render(
+                current,
+                options,
+                owner=policy.owner,
+                owner_limit=self.owner_limit(policy.owner),
+                headers=dict(profile.headers),
+                user_agent=profile.user_agent or None,
+                cookies=_browser_cookies(profile, current),
+                proxy=creds.playwright(),
+                timeout=profile.timeout,
+                scope=policy.request,
+                release=lambda: proxy.release(creds),
+            )
+            proxy_failed = _proxy_error(rendered.headers)
+            if proxy_failed is None:  # the host answered: its politeness, as a fetch's
+                if rendered.status in retrypolicy.SLOW_DOWN_STATUSES:
+                    ticket.failed(_status_error(rendered.status, rendered.headers))
+                elif rendered.status < 400:
+                    ticket.answered(0.0)  # a render's time is the browser's: decay only
         if proxy_failed is not None:
             raise proxy_failed
         _absorb_cookies(profile, rendered.cookies)
         final = rendered.final_url or current
         if robots and final != current:
-            await self._robots_check(final, agent)
+            await self.http.admission.robots_check(final, agent)
         if rendered.status >= 400:
             raise _status_error(rendered.status, rendered.headers)
         resp = _response(final, rendered.status, rendered.headers, rendered.html)
@@ -309,16 +309,6 @@ class RenderingEngine:
             if self.metrics is not None:
                 self.metrics.auto_rendered(reason)
         return self._mark(page, BROWSER, started)
-
-    async def _robots_check(self, target: str, agent: str) -> float | None:
-        """robots.txt's verdict on ``target`` for ``agent``: its Crawl-delay, or the
-        page's error (the HTTP engine's, word for word)."""
-        rules = await self.http.fetcher.robots.rules(target, agent)
-        if not rules.allowed(target):
-            if isinstance(rules.error, PageError):
-                raise PageError(rules.error.code, f"{rules.error.message} (fetching robots.txt)")
-            raise PageError(ErrorCode.ROBOTS_DISALLOWED, f"robots.txt disallows {target}")
-        return rules.crawl_delay
 
     def _mark(self, page: Page, engine: int, started: float) -> Page:
         """Record which engine produced ``page`` (document, metadata, metrics)."""
