@@ -28,6 +28,7 @@ from urllib.parse import urljoin, urlsplit
 
 from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.protocol import FetchPolicy, Page
+from pagesift.shared.api.metricsources import BrowserFigures
 from pagesift.shared.jobs import urls
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
@@ -71,6 +72,7 @@ class FakeEngine:
         self.slots = HostSlots(1)  # a clustered runtime sets its gate; nothing enters
         self.requests: list[str] = []
         self.closed = False
+        self.render_limit: Callable[[str], int | None] | None = None  # the node's, once wired
 
     async def scrape(
         self,
@@ -112,6 +114,12 @@ class FakeEngine:
 
     def host_slots(self) -> HostSlots:
         return self.slots  # never entered: no request leaves a fake engine
+
+    def browser_figures(self) -> BrowserFigures | None:
+        return None  # no browser
+
+    def limit_renders(self, per_owner: Callable[[str], int | None]) -> None:
+        self.render_limit = per_owner  # kept for a test of the node's wiring; nothing renders
 
     async def close(self) -> None:
         self.closed = True

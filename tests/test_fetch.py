@@ -232,8 +232,10 @@ async def test_http_engine_has_every_engine_method_with_the_protocol_s_signature
 ) -> None:
     engine: Engine = await make_engine(CONFIG)  # mypy checks HttpEngine's signatures statically
     kinds: dict[str, Callable[[object], bool]] = {
+        "browser_figures": inspect.isfunction,
         "close": inspect.iscoroutinefunction,
         "host_delays": inspect.isfunction,
+        "limit_renders": inspect.isfunction,
         "host_slots": inspect.isfunction,
         "robots_allowed": inspect.iscoroutinefunction,
         "scrape": inspect.iscoroutinefunction,

@@ -201,7 +201,7 @@ async def test_renders_show_in_the_metrics_by_engine_and_reason(rig: Rig) -> Non
     assert 'pagesift_page_seconds_count{engine="browser"}' in text
     assert 'pagesift_page_seconds_count{engine="http"}' in text
     assert 'pagesift_auto_renders_total{reason="empty app root #root"}' in text
-    figures = rig.engine.figures()
+    figures = rig.engine.browser_figures()
     assert figures.can_render and figures.pages_max == 4 and figures.pages_in_use == 0
 
 
@@ -337,8 +337,10 @@ async def test_requests_the_guard_proxy_refuses_show_in_the_browser_figures() ->
                 url, opts(BROWSER, wait_until=jobs_pb2.WAIT_UNTIL_NETWORKIDLE)
             )
             assert "mounted" in page.document.markdown
-            await until(lambda: engine.figures().blocked_requests >= 1, "a refusal counted", 5)
-            assert engine.figures().blocked_bytes > 0
+            await until(
+                lambda: engine.browser_figures().blocked_requests >= 1, "a refusal counted", 5
+            )
+            assert engine.browser_figures().blocked_bytes > 0
         finally:
             await engine.close()
 

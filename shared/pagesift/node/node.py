@@ -439,8 +439,7 @@ class Node:
         self._stopped_jobs = None  # the new runtime caps what it resumes
         cfg = self.config
         self.engine = self._engine_factory(cfg, self.metrics)
-        if isinstance(self.engine, RenderingEngine):
-            self.engine.owner_limit = self._browser_pages_of
+        self.engine.limit_renders(self._browser_pages_of)  # an engine without a browser: no-op
         deliverer = delivery.Deliverer(
             lambda: self.slot.store,
             None,
@@ -558,9 +557,9 @@ class Node:
         )
 
     def _host_delays(self) -> dict[str, float] | None:
-        """The slowed hosts of the engine running now (an HTTP engine's; None: none)."""
+        """The slowed hosts of the engine running now (None: no engine runs)."""
         engine = self.engine
-        return engine.host_delays() if isinstance(engine, HttpEngine | RenderingEngine) else None
+        return engine.host_delays() if engine is not None else None
 
     @property
     def can_render(self) -> bool:
@@ -575,9 +574,8 @@ class Node:
     def _browser_figures(self) -> BrowserFigures:
         """The browser series: the running engine's pool, else whether it could render."""
         engine = self.engine
-        if isinstance(engine, RenderingEngine):
-            return engine.figures()
-        return BrowserFigures(self.can_render, 0, 0, 0, 0, 0)
+        figures = engine.browser_figures() if engine is not None else None
+        return figures if figures is not None else BrowserFigures(self.can_render, 0, 0, 0, 0, 0)
 
     def _witness_gauges(self) -> WitnessGauges | None:
         if self.elector is None:

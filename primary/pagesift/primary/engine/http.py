@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -49,6 +49,7 @@ from pagesift.primary.engine.reqprofile import ProxyPool, RequestProfile
 from pagesift.primary.engine.robots import SLICE_SECONDS, origin_of
 from pagesift.primary.engine.sessions import Sessions
 from pagesift.shared.api.metrics import Metrics
+from pagesift.shared.api.metricsources import BrowserFigures
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs import scope as crawl
 from pagesift.shared.jobs import urls
@@ -306,6 +307,12 @@ class HttpEngine:
 
     def host_slots(self) -> HostSlots:
         return self.admission.slots
+
+    def browser_figures(self) -> BrowserFigures | None:
+        return None  # no browser: an HTTP engine renders nothing
+
+    def limit_renders(self, per_owner: Callable[[str], int | None]) -> None:
+        return None  # no browser: no render to cap
 
     # --- sitemaps --------------------------------------------------------------------------
 

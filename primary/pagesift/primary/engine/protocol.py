@@ -3,9 +3,14 @@
 ``Engine`` is the only surface the job code (``pagesift.primary.jobs``) sees: a page
 (``scrape``), a site's sitemap URLs (``sitemap_urls``, or ``sitemap_batches`` as they
 are parsed), robots.txt verdicts on URLs listed without fetching (``robots_allowed``),
-and nothing else; the node's metrics read ``host_delays()`` (per-host politeness
-delays, empty for an engine without politeness). ``http.HttpEngine`` is the real one,
-``tests/fakeengine.py`` an in-process one. Every engine obeys the same contract:
+and nothing else. The node reads and wires the rest through it, whatever the engine:
+its metrics read ``host_delays()`` (per-host politeness delays, empty for an engine
+without politeness) and ``browser_figures()`` (None for an engine without a browser);
+a cluster's node sets the gate of ``host_slots()``; ``limit_renders`` hands it each
+account's cap on its pages rendering at once (ignored by an engine that renders
+nothing). ``rendering.RenderingEngine`` is the node's (HTTP through ``http.HttpEngine``
+or a render, both through one admission step: ``admission``), ``tests/fakeengine.py``
+an in-process one. Every engine obeys the same contract:
 
 - ``scrape`` returns a ``Page`` (the document plus its absolute, normalized links) or
   raises ``PageError`` with an ``ErrorCode`` (``pagesift.shared.jobs.pageerrors``).
@@ -31,6 +36,7 @@ from typing import Protocol
 
 from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.reqprofile import RequestProfile
+from pagesift.shared.api.metricsources import BrowserFigures
 from pagesift.v1 import jobs_pb2
 
 
@@ -96,6 +102,14 @@ class Engine(Protocol):
     def host_slots(self) -> HostSlots:
         """The per-host slots every request of this engine passes (a cluster's node
         sets their ``gate`` and calls their ``abandon``)."""
+        ...
+
+    def browser_figures(self) -> BrowserFigures | None:
+        """What the browser series show (None: this engine has no browser)."""
+        ...
+
+    def limit_renders(self, per_owner: Callable[[str], int | None]) -> None:
+        """Each account's cap on its pages rendering at once (None: the pool's only)."""
         ...
 
     async def close(self) -> None: ...

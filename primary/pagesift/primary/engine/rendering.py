@@ -347,7 +347,10 @@ class RenderingEngine:
     def host_slots(self) -> HostSlots:
         return self.http.host_slots()
 
-    def figures(self) -> BrowserFigures:
+    def limit_renders(self, per_owner: Callable[[str], int | None]) -> None:
+        self.owner_limit = per_owner
+
+    def browser_figures(self) -> BrowserFigures:
         """What the browser series show (``metricsources.BrowserFigures``)."""
         stats = self.pool.stats() if self.pool is not None else {}
         blocked = self.proxy.stats() if self.proxy is not None else None
