@@ -1,7 +1,8 @@
-"""AUTO's decision runs in the extraction worker, fused with the page's extraction
-(``pages.PageMaker.page(judge_render=True)``, ``autorender.judge_and_extract``): one
-worker call per page, nothing judged on the event loop, and a page that needs a
-browser is not extracted."""
+"""The HTML page path does its work once. AUTO's decision runs in the extraction
+worker, fused with the page's extraction (``pages.PageMaker.page(judge_render=True)``,
+``autorender.judge_and_extract``): one worker call per page, nothing judged on the
+event loop, and a page that needs a browser is not extracted. The body is decoded once
+on the loop (the meta-refresh check's text is the page's)."""
 
 from __future__ import annotations
 
@@ -77,5 +78,41 @@ def test_a_page_that_needs_a_browser_is_judged_in_the_worker_and_not_extracted(
                 assert maker.workers.started == 1  # one worker, one call per page
         finally:
             maker.close()
+
+    asyncio.run(go())
+
+
+def test_an_html_page_is_decoded_once_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The meta-refresh check's decode is the page's: the body is not decoded twice."""
+    from aiohttp import web
+
+    from pagesift.primary.engine import content
+    from pagesift.primary.engine.http import HttpEngine
+    from tests.helpers import serve_handler
+
+    decoded: list[int] = []
+    real = content.decode
+
+    def counting(body: bytes, charset: str | None, *, html: bool) -> str:
+        decoded.append(len(body))
+        return real(body, charset, html=html)
+
+    monkeypatch.setattr(content, "decode", counting)
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(body=ARTICLE, content_type="text/html")
+
+    async def go() -> None:
+        async with serve_handler(page) as port:
+            engine = HttpEngine(
+                ServerConfig(allow_private_networks=True, respect_robots=False, extract_processes=0)
+            )
+            try:
+                url = f"http://127.0.0.1:{port}/guide"
+                got = await engine.scrape(url, jobs_pb2.ScrapeOptions())
+            finally:
+                await engine.close()
+        assert got.document.title == "Guide"
+        assert decoded == [len(ARTICLE)]
 
     asyncio.run(go())

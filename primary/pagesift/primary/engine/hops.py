@@ -71,6 +71,7 @@ class Response:
     validators: tuple[str, str] = ("", "")  # its ETag and Last-Modified headers
     meta_headers: tuple[tuple[str, str], ...] = ()  # metadata.response_metadata(headers)
     hops: int = 0  # redirects followed to get here
+    text: str | None = None  # the body decoded as HTML, once someone did (decoded once a page)
 
 
 # Called on the final (non-redirect) response before its body is read; raises PageError

@@ -200,7 +200,8 @@ class HttpEngine:
             kind = kind_of(resp, allow_non_html)
             if kind != "html":
                 break
-            target = content.meta_refresh(content.decode(resp.body, resp.charset, html=True))
+            resp.text = content.decode(resp.body, resp.charset, html=True)  # kept for the page
+            target = content.meta_refresh(resp.text)
             if target is None:
                 break
             hops += 1

@@ -148,7 +148,9 @@ class PageMaker:
             noindex, nofollow = page_directives([], list(resp.robots_tag), agent)
             return Page(document=doc, canonical=resp.canonical, noindex=noindex,
                         nofollow=nofollow, validators=resp.validators)  # fmt: skip
-        text = content.decode(resp.body, resp.charset, html=kind == "html")
+        text = resp.text
+        if text is None or kind != "html":
+            text = content.decode(resp.body, resp.charset, html=kind == "html")
         if kind == "html":
             try:
                 judge = resp.content_type if judge_render else None

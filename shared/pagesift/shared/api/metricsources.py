@@ -85,7 +85,7 @@ class StorageFigures:
 
 @dataclass(frozen=True)
 class BrowserFigures:
-    """What the browser series show (``rendering.RenderingEngine.figures``)."""
+    """What the browser series show (``rendering.RenderingEngine.browser_figures``)."""
 
     can_render: bool
     pages_in_use: int
