@@ -9,6 +9,7 @@ context shared across jobs, or one not reused within a job, fails an assertion.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -24,7 +25,8 @@ from pagesift.primary.engine.browser.pool import BrowserPool
 from pagesift.shared.config.schema import ServerConfig
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2 as pb
-from tests.jssite import PAGES, serve_js_site
+from tests.helpers import until
+from tests.jssite import MARKERS, PAGES, serve_js_site
 
 EXE = "/usr/lib/chromium/chromium-headless-shell"
 pytestmark = [
@@ -210,3 +212,86 @@ async def test_a_popup_the_page_asks_for_is_refused_and_nothing_lingers_in_a_job
     assert cur is not None
     entry = next(e for e in cur.contexts.values() if e.scope() is job)
     assert entry.context.pages == []  # neither the page nor its popup lingers
+
+
+def kept_page(pool: BrowserPool, job: Job) -> list[object]:
+    """The pages the job's context keeps between renders."""
+    cur = pool._current
+    assert cur is not None
+    entry = next(e for e in cur.contexts.values() if e.scope() is job)
+    return [k.page for k in entry.pages._kept]
+
+
+def job_entry(pool: BrowserPool, job: Job) -> poolmod._Context:
+    cur = pool._current
+    assert cur is not None
+    return next(e for e in cur.contexts.values() if e.scope() is job)
+
+
+async def test_a_jobs_next_page_navigates_the_page_its_last_one_left(
+    pool: BrowserPool, site: tuple[str, Counter[str]]
+) -> None:
+    root = site[0]
+    job = Job()
+    first = await pool.render(root + PAGES["app"], pb.ScrapeOptions(), owner="acct", scope=job)
+    assert MARKERS["app"] in first.html.decode()
+    [page] = kept_page(pool, job)
+    # the job's next page is rendered in that very page: its own document, nothing left
+    # of the one before
+    late = pb.ScrapeOptions()
+    late.wait_for.selector = "#late"
+    second = await pool.render(root + PAGES["timer"], late, owner="acct", scope=job)
+    html = second.html.decode()
+    assert MARKERS["timer"] in html and MARKERS["app"] not in html
+    assert second.final_url == root + PAGES["timer"]
+    assert kept_page(pool, job) == [page]
+    # another job never gets it: its context has its own
+    other = Job()
+    await pool.render(root + PAGES["static"], pb.ScrapeOptions(), owner="acct", scope=other)
+    assert kept_page(pool, other) != [page] and kept_page(pool, job) == [page]
+    # a render with actions opens its own page and closes it; the kept one stays
+    await remember(pool, root + PAGES["probe"], "k", scope=job)
+    assert kept_page(pool, job) == [page]
+    # a failed render closes its page (and retires the context)
+    missing = pb.ScrapeOptions()
+    missing.wait_for.selector = "#never-there"
+    entry = job_entry(pool, job)
+    with pytest.raises(PageError):
+        await pool.render(root + PAGES["static"], missing, owner="acct", scope=job)
+    assert entry.broken and page.is_closed()  # type: ignore[attr-defined]
+
+
+async def test_a_kept_page_closes_when_idle_after_its_last_use_or_once_crashed(
+    pool: BrowserPool, site: tuple[str, Counter[str]]
+) -> None:
+    url = site[0] + PAGES["static"]
+    job = Job()
+    await pool.render(url, pb.ScrapeOptions(), owner="acct", scope=job)
+    entry = job_entry(pool, job)
+    [page] = kept_page(pool, job)
+    entry.pages.idle = 60.0  # (the default is short for a busy machine's test)
+    # at most ``uses`` renders a page
+    entry.pages.uses = 3
+    for _ in range(2):
+        await pool.render(url, pb.ScrapeOptions(), owner="acct", scope=job)
+    await until(lambda: page.is_closed(), "the page closed after its last use")  # type: ignore[attr-defined]
+    assert kept_page(pool, job) == []
+    # a page whose renderer died while it waited is never handed out
+    await pool.render(url, pb.ScrapeOptions(), owner="acct", scope=job)
+    [crashing] = kept_page(pool, job)
+    cdp = await entry.context.new_cdp_session(crashing)
+    crash = asyncio.ensure_future(cdp.send("Page.crash"))  # answers nothing: it crashed
+    await until(lambda: entry.pages._kept[0].crashed, "the kept page's crash event")
+    crash.cancel()
+    with contextlib.suppress(BaseException):
+        await crash
+    again = await pool.render(url, pb.ScrapeOptions(), owner="acct", scope=job)
+    assert b"<html" in again.html and not entry.broken
+    [fresh] = kept_page(pool, job)
+    assert fresh is not crashing
+    # a kept page waits ``idle`` seconds for the job's next render, then closes
+    entry.pages.idle = 0.2
+    await pool.render(url, pb.ScrapeOptions(), owner="acct", scope=job)
+    [idle] = kept_page(pool, job)
+    await until(lambda: idle.is_closed(), "the idle page closed")  # type: ignore[attr-defined]
+    assert kept_page(pool, job) == [] and len(entry.context.pages) == 0

@@ -26,7 +26,10 @@ at most one per 256 MiB of memory) handed out by ``FairSlots``, and the browser'
   owner, the scope's identity and the options, and a hit also needs the scope's weak
   reference to be that very object, so two jobs never share one. A context whose page
   failed takes no new page; unused ones close after ``CONTEXT_IDLE`` or once their job
-  is gone, their credentials released then.
+  is gone, their credentials released then. Within a job's context a page that ended
+  well waits for the job's next page (``render.IdlePages``: ``PAGE_IDLE`` at most,
+  closed with its context), so the job's pages reuse a renderer instead of each
+  starting one.
 
 Why it is safe: every page holds a slot for its whole render and releases it in
 ``finally``; each render is bounded by ``render_timeout``; ``available()`` says why
@@ -66,6 +69,7 @@ from pagesift.primary.engine.browser.procs import (
 )
 from pagesift.primary.engine.browser.render import (
     BrowserGone,
+    IdlePages,
     Rendered,
     blocks_heavy,
     context_options,
@@ -212,6 +216,7 @@ class _Context:
     in_flight: int = 0
     idle_since: float = field(default_factory=time.monotonic)
     broken: bool = False  # a render on it failed: no new page goes to it
+    pages: IdlePages = field(default_factory=IdlePages)  # its pages between renders
 
     def reusable(self, scope: object) -> bool:
         return not self.broken and self.scope() is scope
@@ -378,6 +383,7 @@ class BrowserPool:
         b.contexts.clear()
         b.orphans.clear()
         for e in entries:
+            e.pages.drop()
             _release(e)
 
     async def _job_context(
@@ -428,6 +434,8 @@ class BrowserPool:
             self._close_context(e)
 
     def _close_context(self, e: _Context) -> None:
+        e.pages.close()
+
         async def close() -> None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CONTEXT_CLOSE_TIMEOUT):
@@ -526,8 +534,9 @@ class BrowserPool:
                             b, scope, owner, options, heavy, headers, user_agent, proxy, release
                         )
                         got = await render_in(
-                            b.browser, entry.context, url, options, cookies=cookies, **limits
-                        )
+                            b.browser, entry.context, url, options, cookies=cookies,
+                            idle=entry.pages, **limits,
+                        )  # fmt: skip
                 except BrowserGone as e:
                     if entry is not None:
                         entry.broken = True

@@ -23,14 +23,22 @@ Invariants and why they are safe:
   ``pagememory``); the HTML is refused past ``max_body_bytes`` (TOO_LARGE); a
   ``wait_for`` that never shows is TIMEOUT (``actions.wait_for``);
 - popups: the browser opens none (``pool.BOUND_LAUNCH_ARGS``); one that came anyway
-  would be closed with the page.
+  would be closed with the page;
+- a job's pages (``IdlePages``): a render that ran no actions and ended well leaves its
+  page to the job's next render in the same context, which navigates it instead of
+  opening a page (a new page is a new renderer process and target: about 40% of a
+  page's CPU). Isolation is the context's, as before: the page never leaves its job's
+  context. A kept page waits ``PAGE_IDLE`` at most (then closes), serves ``PAGE_USES``
+  renders at most, and is never handed out once it crashed or closed; a render with
+  actions (clicks, scripts, a ``beforeunload`` they could arm) or that failed closes
+  its page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +47,8 @@ from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
-    "MOBILE_UA", "BrowserGone", "Rendered", "blocks_heavy", "context_options", "new_context",
-    "render_in", "render_page",
+    "MOBILE_UA", "PAGE_IDLE", "PAGE_USES", "BrowserGone", "IdlePages", "Rendered", "blocks_heavy",
+    "context_options", "new_context", "render_in", "render_page",
 ]  # fmt: skip
 
 MOBILE_UA = (
@@ -49,6 +57,9 @@ MOBILE_UA = (
 )
 BLOCKED_RESOURCES = frozenset({"image", "media", "font"})
 CLOSE_TIMEOUT = 5.0
+PAGE_IDLE = 2.0  # seconds a job's page waits for the job's next render, then closes
+PAGE_USES = 10  # renders one page serves at most: its renderer keeps garbage (V8 collects
+# lazily, about 3 MB a navigation), so it starts afresh after these
 _WAIT_UNTIL = {
     jobs_pb2.WAIT_UNTIL_UNSPECIFIED: "load",
     jobs_pb2.WAIT_UNTIL_LOAD: "load",
@@ -89,6 +100,91 @@ class Rendered:
     screenshot: jobs_pb2.Screenshot | None = None
     action_results: list[jobs_pb2.ActionResult] = field(default_factory=list)
     cookies: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Kept:
+    """A page between two renders: its uses so far, its expiry, whether it crashed."""
+
+    page: Any
+    uses: int
+    timer: asyncio.TimerHandle | None = None
+    crashed: bool = False
+
+    def mark(self, _: object = None) -> None:
+        self.crashed = True
+
+
+class IdlePages:
+    """One job context's pages between renders (module docstring): ``take`` one (or
+    None), ``put`` it back after a render that may leave it. Each page waits ``idle``
+    seconds at most, then closes; ``close`` closes them all (the context is going)."""
+
+    def __init__(self, idle: float = PAGE_IDLE, uses: int = PAGE_USES) -> None:
+        self.idle = idle
+        self.uses = uses
+        self._kept: list[_Kept] = []
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def take(self) -> tuple[Any, int] | None:
+        """A kept page that is still whole, and its uses so far (the others close)."""
+        while self._kept:
+            kept = self._kept.pop()
+            self._unkeep(kept)
+            if not kept.crashed and not kept.page.is_closed():
+                return kept.page, kept.uses
+            self._close(kept.page)
+        return None
+
+    def put(self, page: Any, uses: int) -> None:
+        """Keep ``page`` (``uses`` renders so far) for the next render, or close it when
+        it served its last."""
+        if uses >= self.uses or page.is_closed():
+            self._close(page)
+            return
+        kept = _Kept(page, uses)
+        page.on("crash", kept.mark)
+        kept.timer = asyncio.get_running_loop().call_later(self.idle, self._expire, kept)
+        self._kept.append(kept)
+
+    def close(self) -> None:
+        """Close every kept page (bounded, in the background)."""
+        kept, self._kept = self._kept, []
+        for k in kept:
+            self._unkeep(k)
+            self._close(k.page)
+
+    def drop(self) -> None:
+        """Forget every kept page without closing it (its browser is gone)."""
+        kept, self._kept = self._kept, []
+        for k in kept:
+            self._unkeep(k)
+
+    def _expire(self, kept: _Kept) -> None:
+        if kept in self._kept:
+            self._kept.remove(kept)
+            self._unkeep(kept)
+            self._close(kept.page)
+
+    @staticmethod
+    def _unkeep(kept: _Kept) -> None:
+        if kept.timer is not None:
+            kept.timer.cancel()
+        with contextlib.suppress(Exception):
+            kept.page.remove_listener("crash", kept.mark)
+
+    def _close(self, page: Any) -> None:
+        async def close() -> None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await page.close()
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
 
 def context_options(
@@ -275,16 +371,28 @@ async def render_in(
     timeout: float,
     max_html_bytes: int,
     cookies: Sequence[Mapping[str, Any]] = (),
+    idle: IdlePages | None = None,
 ) -> Rendered:
-    """Render ``url`` on a new page of ``context`` (made by ``new_context`` for these
-    options), the page closed after (bounded); errors as ``render_page``'s."""
+    """Render ``url`` on a page of ``context`` (made by ``new_context`` for these
+    options): one of ``idle`` (the context's kept pages) or a new one; after, the page
+    goes back to ``idle`` when the render ran no actions and ended well, else it is
+    closed (bounded); errors as ``render_page``'s."""
     steps = actions.plan(options, bounds)
     crashed: list[str] = []  # the page's "crash" event: its renderer died
     pages: list[Any] = []
+    keep = idle if idle is not None and not steps.steps else None
+
+    def on_popup(popup: Any) -> None:
+        pages.append(popup)  # none opens; if one did: closed
+
+    def on_crash(_: object) -> None:
+        crashed.append("crash")
+
     try:
         async with asyncio.timeout(timeout):
-            return await _render(context, url, options, steps, bounds, timeout, max_html_bytes,
-                                 cookies, crashed, pages)  # fmt: skip
+            got, uses = await _render(context, url, options, steps, bounds, timeout,
+                                      max_html_bytes, cookies, crashed, pages, keep,
+                                      on_popup, on_crash)  # fmt: skip
     except TimeoutError as e:
         if crashed:
             raise BrowserGone("the page's renderer crashed") from e
@@ -299,6 +407,13 @@ async def render_in(
         if gone(e) or not browser.is_connected():
             raise BrowserGone(actions.reason(e)) from e
         raise PageError(ErrorCode.RENDER_FAILED, actions.reason(e)) from e
+    else:
+        if keep is not None and len(pages) == 1 and not crashed:
+            page = pages.pop()  # whole, no popup: the job's next render navigates it
+            page.remove_listener("popup", on_popup)
+            page.remove_listener("crash", on_crash)
+            keep.put(page, uses + 1)
+        return got
     finally:
         for page in pages:
             with contextlib.suppress(Exception):
@@ -317,15 +432,22 @@ async def _render(
     cookies: Sequence[Mapping[str, Any]],
     crashed: list[str],
     pages: list[Any],
-) -> Rendered:
+    keep: IdlePages | None,
+    on_popup: Callable[[Any], None],
+    on_crash: Callable[[object], None],
+) -> tuple[Rendered, int]:
+    """The render on a kept page of ``keep`` or a new one; with the page's uses before."""
     if cookies:
         await context.add_cookies([dict(c) for c in cookies])
-    page = await context.new_page()
+    # a URL with a fragment could be a same-document navigation of a kept page (its
+    # old document would stay): such a render gets a new page
+    taken = keep.take() if keep is not None and "#" not in url else None
+    page, uses = taken if taken is not None else (await context.new_page(), 0)
     pages.append(page)
-    page.on("popup", lambda popup: pages.append(popup))  # none opens; if one did: closed
+    page.on("popup", on_popup)
     page.set_default_timeout(timeout * 1000)
     page.set_default_navigation_timeout(timeout * 1000)
-    page.on("crash", lambda _: crashed.append("crash"))
+    page.on("crash", on_crash)
     try:
         response = await page.goto(url, wait_until=_WAIT_UNTIL.get(options.wait_until, "load"))
     except Exception as e:
@@ -349,7 +471,7 @@ async def _render(
     if response is not None:
         status = response.status
         resp_headers = await response.all_headers()
-    return Rendered(
+    rendered = Rendered(
         url=url,
         final_url=page.url,
         status=status,
@@ -359,3 +481,4 @@ async def _render(
         action_results=results,
         cookies=[dict(c) for c in await context.cookies()],
     )
+    return rendered, uses
