@@ -13,9 +13,14 @@ Invariants and why they are safe:
 - isolation: a context (cookies, localStorage, cache) serves one page or one job's
   pages (``pool``); pages and fresh contexts are closed in ``finally`` (bounded);
   service workers blocked, downloads refused;
-- images, media and fonts are aborted by a context route unless a screenshot is asked;
-  the route handler catches every exception and aborts (an unhandled route hangs the
-  page);
+- images, media and fonts are refused unless a screenshot is asked: each page of a
+  context made with ``block_heavy`` gets its own DevTools session whose ``Fetch``
+  interception pauses only those resource types (Chromium matches them, so no other
+  request makes a round trip to this process) and fails them ``BlockedByClient``
+  before any byte is asked of the network; its handler never raises (a paused request
+  left unanswered would hang) and continues anything else it is handed. It covers the
+  page's frames and their workers (one renderer: no out-of-process frames in the
+  headless shell, ``pagememory``);
 - the whole render runs under ``timeout`` (TIMEOUT past it); navigation errors map to
   the HTTP engine's codes (``DNS``, ``CONNECT``, ``TLS``, ``TIMEOUT``); a browser or
   page that went away raises ``BrowserGone`` for the pool to turn into a retryable
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +62,13 @@ MOBILE_UA = (
     "Chrome/131.0.0.0 Mobile Safari/537.36"
 )
 BLOCKED_RESOURCES = frozenset({"image", "media", "font"})
+# the DevTools Fetch patterns of BLOCKED_RESOURCES: only these requests pause
+_HEAVY_PATTERNS = [
+    {"urlPattern": "*", "resourceType": kind, "requestStage": "Request"}
+    for kind in ("Image", "Media", "Font")
+]
+# the contexts whose pages refuse BLOCKED_RESOURCES (``new_context(block_heavy=True)``)
+_BLOCKING: weakref.WeakSet[Any] = weakref.WeakSet()
 CLOSE_TIMEOUT = 5.0
 PAGE_IDLE = 2.0  # seconds a job's page waits for the job's next render, then closes
 PAGE_USES = 10  # renders one page serves at most: its renderer keeps garbage (V8 collects
@@ -220,17 +233,41 @@ def context_options(
     return kw
 
 
-async def _block_heavy(route: Any) -> None:
-    """Abort images, media and fonts; let the rest through. Never raises: a route left
-    unanswered hangs the page."""
-    try:
-        if route.request.resource_type in BLOCKED_RESOURCES:
-            await route.abort("blockedbyclient")
-        else:
-            await route.fallback()
-    except Exception:
-        with contextlib.suppress(Exception):
-            await route.abort()
+async def _new_page(context: Any) -> Any:
+    """A new page of ``context``, refusing heavy resources when the context does."""
+    page = await context.new_page()
+    if context in _BLOCKING:
+        try:
+            await _block_heavy(context, page)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await page.close()
+            raise
+    return page
+
+
+async def _block_heavy(context: Any, page: Any) -> None:
+    """The page's own interception of BLOCKED_RESOURCES (module docstring), on before
+    its first navigation. Its handler never raises."""
+    session = await context.new_cdp_session(page)
+
+    async def paused(event: dict[str, Any]) -> None:
+        request = str(event.get("requestId", ""))
+        kind = str(event.get("resourceType", "")).lower()
+        try:
+            if kind in BLOCKED_RESOURCES:
+                params = {"requestId": request, "errorReason": "BlockedByClient"}
+                await session.send("Fetch.failRequest", params)
+            else:
+                await session.send("Fetch.continueRequest", {"requestId": request})
+        except Exception:
+            with contextlib.suppress(Exception):
+                params = {"requestId": request, "errorReason": "BlockedByClient"}
+                await session.send("Fetch.failRequest", params)
+
+    session.on("Fetch.requestPaused", paused)
+    await session.send("Fetch.enable", {"patterns": _HEAVY_PATTERNS})
 
 
 def gone(exc: BaseException) -> bool:
@@ -310,8 +347,9 @@ async def new_context(
     user_agent: str | None = None,
     proxy: Mapping[str, str] | None = None,
 ) -> Any:
-    """A context for ``options`` (``context_options``), with the heavy-resource route
-    when ``block_heavy``. ``BrowserGone`` when the browser went, else ``PageError``."""
+    """A context for ``options`` (``context_options``) whose pages (``render_in``'s)
+    refuse heavy resources when ``block_heavy``. ``BrowserGone`` when the browser went,
+    else ``PageError``."""
     ctx_kw = context_options(options, headers=headers or {}, user_agent=user_agent, proxy=proxy)
     try:
         context = await browser.new_context(**ctx_kw)
@@ -319,14 +357,8 @@ async def new_context(
         if gone(e) or not browser.is_connected():
             raise BrowserGone(actions.reason(e)) from e
         raise PageError(ErrorCode.RENDER_FAILED, f"new context: {actions.reason(e)}") from e
-    try:
-        if block_heavy:
-            await context.route("**/*", _block_heavy)
-    except Exception as e:
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await context.close()
-        raise BrowserGone(actions.reason(e)) from e
+    if block_heavy:
+        _BLOCKING.add(context)
     return context
 
 
@@ -442,7 +474,7 @@ async def _render(
     # a URL with a fragment could be a same-document navigation of a kept page (its
     # old document would stay): such a render gets a new page
     taken = keep.take() if keep is not None and "#" not in url else None
-    page, uses = taken if taken is not None else (await context.new_page(), 0)
+    page, uses = taken if taken is not None else (await _new_page(context), 0)
     pages.append(page)
     page.on("popup", on_popup)
     page.set_default_timeout(timeout * 1000)
