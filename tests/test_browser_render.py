@@ -148,6 +148,23 @@ async def test_timer_content_needs_a_selector_wait_not_networkidle(
     assert MARKERS["timer"] in waited.html.decode()
 
 
+async def test_a_wait_for_leaves_no_element_handle_behind(pool: BrowserPool, root: str) -> None:
+    # the wait goes through a locator that returns nothing: ``wait_for_selector`` would
+    # hand back an element adopted into the page (DevTools calls, a handle the page
+    # holds: about a quarter more CPU a render, issue 30)
+    class Job:
+        """A job's page is kept after its render: a handle would stay with it."""
+
+    job = Job()
+    late = pb.ScrapeOptions()
+    late.wait_for.selector = "#late"
+    got = await pool.render(root + PAGES["timer"], late, owner="t", scope=job)
+    assert MARKERS["timer"] in got.html.decode()
+    assert pool._playwright is not None
+    objects = pool._playwright._impl_obj._connection._objects.values()
+    assert [o for o in objects if type(o).__name__ == "ElementHandle"] == []
+
+
 async def test_infinite_scroll_until_end_loads_every_batch(pool: BrowserPool, root: str) -> None:
     url = root + PAGES["scroll"]
     assert "Scrolled item 21" not in await plain_get(url)
