@@ -21,8 +21,10 @@ It reads at most ``SCAN_BYTES`` of the body and works with ``bytes.find``/``coun
 linear in at most ``SCAN_BYTES`` (under 50 ms on the worst input tried, ~1 ms on real pages);
 it allocates a few copies of that prefix at most. Text counting stops once the page
 has ``RICH_TEXT`` visible characters: a page with that much text never needs a browser.
-The skipped parts (scripts, styles, ...) are found by one alternation searched again
-only once passed, so each byte is searched once.
+The skipped parts (scripts, styles, ...) are found by one case-insensitive alternation,
+searched at most a step ahead of the count and again only once passed, so a byte is
+searched once and a text page is read only as far as its first ``RICH_TEXT`` characters;
+the prefix is lowercased only for the checks of a page with little text.
 """
 
 from __future__ import annotations
@@ -52,10 +54,14 @@ _TAG = re.compile(rb"<[^<>]*>")  # linear: stops at the next < or >
 _WHITESPACE = b" \t\r\n\f\v\xa0"
 # Element ids single-page frameworks mount into (React, Vue, Next, Nuxt, Svelte, Gatsby...).
 _ROOT_IDS = (b"root", b"app", b"__next", b"__nuxt", b"svelte", b"___gatsby", b"main-app")
-_CLOSERS = {b"<script": b"</script", b"<style": b"</style", b"<!--": b"-->",
-            b"<template": b"</template", b"<noscript": b"</noscript"}  # fmt: skip
-# The parts whose bytes are no visible text: one alternation, one pass to the next of them.
-_OPENER = re.compile(b"|".join(re.escape(o) for o in _CLOSERS))
+_PARTS = {b"<script": b"</script", b"<style": b"</style", b"<!--": b"-->",
+          b"<template": b"</template", b"<noscript": b"</noscript"}  # fmt: skip
+# The parts whose bytes are no visible text (ASCII case ignored, as bytes.lower does): one
+# alternation, searched a step ahead of the count at most; each opener's closer.
+_OPENER = re.compile(b"|".join(re.escape(o) for o in _PARTS), re.IGNORECASE)
+_OPENER_MAX = max(len(o) for o in _PARTS)
+_CLOSERS = {o: re.compile(re.escape(c), re.IGNORECASE) for o, c in _PARTS.items()}
+_NOSCRIPT_END = _CLOSERS[b"<noscript"]
 _JS_ASKS = (
     b"enable javascript", b"javascript is required", b"requires javascript",
     b"javascript to run", b"javascript enabled", b"turn on javascript",
@@ -68,11 +74,11 @@ def needs_render(body: bytes | str, content_type: str = "") -> str | None:
     ctype = content_type.split(";", 1)[0].strip().lower().encode()
     if ctype and ctype not in _HTML_TYPES:
         return None
-    raw = body.encode("utf-8", "replace") if isinstance(body, str) else body
-    page = raw[:SCAN_BYTES].lower()
-    text, noscript = _visible_text(page)
+    raw = body[:SCAN_BYTES].encode("utf-8", "replace") if isinstance(body, str) else body
+    text, noscript = _visible_text(raw[:SCAN_BYTES])
     if text >= RICH_TEXT:
         return None
+    page = raw[:SCAN_BYTES].lower()
     root = _empty_root(page)
     if root is not None:
         return f"empty app root {root}"
@@ -102,24 +108,25 @@ def _squeeze(chunk: bytes) -> bytes:
 
 def _visible_text(page: bytes) -> tuple[int, bytes]:
     """(visible characters outside scripts, styles, comments, templates and noscripts,
-    counted up to ``RICH_TEXT``; the noscripts' own bytes, at most 64 KiB)."""
+    counted up to ``RICH_TEXT``; the noscripts' own bytes, lowercased, at most 64 KiB).
+    ``page`` in any case: the parts are found case-insensitively."""
     count, pos, noscript = 0, 0, bytearray()
     size = len(page)
-    opener = _OPENER.search(page)  # the next skipped part; searched again only once passed
+    opener: re.Match[bytes] | None = None  # the next skipped part, found ahead of ``pos``
     while pos < size and count < RICH_TEXT:
-        if opener is not None and opener.start() < pos:
-            opener = _OPENER.search(page, pos)
+        if opener is None or opener.start() < pos:  # searched a step ahead at most
+            opener = _OPENER.search(page, pos, pos + _STEP + _OPENER_MAX)
         start = size if opener is None else opener.start()
         end = min(start, pos + _STEP)
         count += len(_TAG.sub(b"", page[pos:end]).translate(None, _WHITESPACE))
         if opener is None or end < start:
             pos = end  # text counted a step at a time, to stop early
             continue
-        closer = _CLOSERS[opener.group()]
-        close = page.find(closer, start + len(opener.group()))
-        stop = size if close < 0 else close + len(closer)
-        if closer == b"</noscript" and len(noscript) < 65536:
-            noscript += page[start : min(stop, start + 65536)]
+        closer = _CLOSERS[opener.group().lower()]
+        close = closer.search(page, opener.end())
+        stop = size if close is None else close.end()
+        if closer is _NOSCRIPT_END and len(noscript) < 65536:
+            noscript += page[start : min(stop, start + 65536)].lower()
         pos = stop
     return count, bytes(noscript)
 
