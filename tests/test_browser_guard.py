@@ -30,9 +30,11 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from playwright.async_api import Browser, BrowserContext, Page, ProxySettings, async_playwright
 
+from pagesift.primary.engine.browser import actions, render
 from pagesift.primary.engine.browser.guardproxy import (
     ERROR_HEADER,
     GUARD_LAUNCH_ARGS,
+    PRIME_URL,
     GuardProxy,
     Head,
     ProxyCredentials,
@@ -45,12 +47,15 @@ from pagesift.primary.engine.browser.guardproxy import (
 )
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.reqprofile import ProxyPool
+from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.v1 import jobs_pb2 as pb
 from tests.helpers import MapResolver, until
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 
 CHROMIUM = "/usr/lib/chromium/chromium-headless-shell"
 SETTLE = 0.3  # seconds a refused request is given to (wrongly) reach the listener
+BOUNDS = actions.Bounds(5.0, 5.0, 2000, 1 << 20)
 
 
 # ---------------------------------------------------------------- listeners and sites
@@ -179,6 +184,12 @@ class PublicSite:
             return web.Response(text="self.onfetch = () => {};", content_type="text/javascript")
         if name == "sw":
             return web.Response(text=_SW_PAGE, content_type="text/html")
+        if name == "cached":  # a page whose script the browser may keep for 10 minutes
+            page = "<html><body><p>cached page</p><script src='/cached.js'></script></body></html>"
+            return web.Response(text=page, content_type="text/html")
+        if name == "cached.js":
+            headers = {"Cache-Control": "max-age=600"}
+            return web.Response(text="1;", content_type="text/javascript", headers=headers)
         return web.Response(text="page", content_type="text/html")
 
 
@@ -577,6 +588,77 @@ async def test_unknown_wrong_and_released_credentials_get_407(
     assert final is not None and final.requests == 1
     assert (await _get(proxy, creds, site.url()))[0] == 407
     assert len(site.hits) == hits + 1 and proxy.stats().registrations == 0
+
+
+async def test_the_prime_url_is_answered_by_the_proxy_itself_and_only_with_credentials(
+    site: PublicSite, proxies: list[GuardProxy]
+) -> None:
+    proxy = await _proxy(proxies, ("127.0.0.1", site.port))  # MapResolver({}): no DNS
+    creds = proxy.register()
+    status, headers, body = await _get(proxy, creds, PRIME_URL)
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == "*" and body == b""
+    assert (await _get(proxy, None, PRIME_URL))[0] == 407
+    proxy.release(creds)
+    assert (await _get(proxy, creds, PRIME_URL))[0] == 407
+    assert proxy.stats().requests == 0  # nothing was asked of any host
+
+
+async def test_a_render_context_teaches_its_credentials_once_and_every_connection_has_them(
+    browser: Browser, site: PublicSite, internal: Counting, proxies: list[GuardProxy]
+) -> None:
+    proxy = await _proxy(proxies, ("127.0.0.1", site.port))
+    creds = proxy.register()
+    ctx = await render.new_context(
+        browser, pb.ScrapeOptions(), block_heavy=False, proxy=creds.playwright()
+    )
+    idle = render.IdlePages()
+    limits: dict[str, Any] = {"bounds": BOUNDS, "timeout": 20.0, "max_html_bytes": 1 << 20}
+    try:
+        # the context was given the proxy's server only, and a page that taught it the
+        # credentials (one 407, the prime's): Playwright intercepts no request
+        assert proxy.stats().unauthorized == 1
+        for _ in range(2):  # the kept page, then a new one beside it
+            pages = await asyncio.gather(
+                *(render.render_in(browser, ctx, site.url(), pb.ScrapeOptions(), idle=idle,
+                                   **limits) for _ in range(2))
+            )  # fmt: skip
+            assert all(b"public page" in got.html for got in pages)
+        await until(lambda: proxy.stats().tunnels >= 1, "the pages' ws:// went by CONNECT")
+        assert proxy.stats().unauthorized == 1  # every later connection carried them
+        # no interception: the context's HTTP cache is on (Playwright turns it off when
+        # it answers the proxy's 407s itself), so a cacheable script is asked once
+        for _ in range(2):
+            await render.render_in(browser, ctx, site.url("/cached"), pb.ScrapeOptions(), **limits)
+        assert site.hits.count("/cached.js") == 1
+        assert proxy.usage(creds).requests >= 4 * 4 and proxy.usage(creds).blocked == 0
+        # and the guard holds on them: a hostile page's fetch makes no connection
+        got = await render.render_in(
+            browser, ctx, site.url("/hostile") + "?" + urlencode(
+                {"kind": "fetch", "base": f"http://127.0.0.1:{internal.port}"}
+            ), pb.ScrapeOptions(), **limits,
+        )  # fmt: skip
+        assert got.status == 200
+        await until(lambda: proxy.usage(creds).blocked >= 1, "the proxy refused the fetch")
+        await asyncio.sleep(SETTLE)
+        assert internal.accepts == 0
+    finally:
+        idle.close()
+        await ctx.close()
+
+
+async def test_a_render_context_whose_credentials_are_refused_fails_and_reaches_nothing(
+    browser: Browser, site: PublicSite, proxies: list[GuardProxy]
+) -> None:
+    proxy = await _proxy(proxies, ("127.0.0.1", site.port))
+    creds = proxy.register()
+    proxy.release(creds)
+    hits = len(site.hits)
+    with pytest.raises(PageError) as err:
+        await render.new_context(
+            browser, pb.ScrapeOptions(), block_heavy=True, proxy=creds.playwright()
+        )
+    assert err.value.code == ErrorCode.RENDER_FAILED and "refused" in err.value.message
+    assert len(site.hits) == hits and proxy.stats().requests == 0
 
 
 # ---------------------------------------------------------------- upstream proxies

@@ -11,6 +11,12 @@ address:
   ``<-loopback>`` so loopback is proxied too (never pass ``bypass``). The browser's
   launch proxy has no credentials, so a context without its own gets 407: nothing
   uses the proxy, or goes around it, without a registration.
+- **Credentials taught once.** ``PRIME_URL`` (a name under ``.invalid``) asked with a
+  registration's credentials is answered 204 by the proxy itself: no name resolved, no
+  upstream socket. ``render`` has each context's first page ask it, answering the 407
+  with the context's credentials, so the browser then sends them on every connection
+  of that context unasked (its own per-context auth cache) and Playwright need not
+  intercept every request to answer 407s. Asked without them it is a 407 like any.
 - **The proxy connects to exactly the address it checked.** It resolves the name
   itself through ``netguard.GuardedResolver`` (``localhost`` refused without DNS; a
   name refused when ANY address is blocked), re-checks the address, and connects to
@@ -52,9 +58,9 @@ from pagesift.shared.jobs import urls
 from pagesift.shared.util.listeners import start_stream_server
 
 __all__ = [
-    "ERROR_HEADER", "GUARD_LAUNCH_ARGS", "GuardProxy", "Head", "ProxyCredentials", "ProxyStats",
-    "Target", "Usage", "guarded_context_options", "launch_proxy", "parse_head", "parse_target",
-    "upstream_request",
+    "ERROR_HEADER", "GUARD_LAUNCH_ARGS", "PRIME_HOST", "PRIME_URL", "GuardProxy", "Head",
+    "ProxyCredentials", "ProxyStats", "Target", "Usage", "guarded_context_options",
+    "launch_proxy", "parse_head", "parse_target", "upstream_request",
 ]  # fmt: skip
 
 # The launch flags the guard needs: WebRTC sends UDP (STUN/TURN) around any HTTP proxy
@@ -66,6 +72,9 @@ GUARD_LAUNCH_ARGS: tuple[str, ...] = (
 # On every response the proxy itself makes: the ``ErrorCode`` value of what failed
 # ("blocked_address", "dns", "connect", "timeout"), so a render can name it.
 ERROR_HEADER = "X-Pagesift-Proxy-Error"
+# the proxy's own URL (module docstring): answered 204 to an authorized request
+PRIME_HOST = "pagesift-guard.invalid"
+PRIME_URL = f"http://{PRIME_HOST}/"
 _HOP = frozenset(("connection", "keep-alive", "proxy-connection", "proxy-authorization", "te"))
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _REALM = b'Proxy-Authenticate: Basic realm="pagesift"\r\n'
@@ -247,6 +256,11 @@ def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
 
 
 _BUSY = _response(503, "Service Unavailable", "too many connections\n")
+# the answer to PRIME_URL: readable by the page that asked (about:blank, any origin)
+_PRIMED = (
+    b"HTTP/1.1 204 No Content\r\nAccess-Control-Allow-Origin: *\r\n"
+    b"Cache-Control: no-store\r\nConnection: close\r\nProxy-Connection: close\r\n\r\n"
+)
 
 
 class _Failure(Exception):
@@ -397,6 +411,9 @@ class GuardProxy:
         if reg is None:
             self._c["unauthorized"] += 1
             await _send_close(writer, _response(407, "Proxy Authentication Required", "", _REALM))
+            return
+        if head.method == "GET" and head.target == PRIME_URL:
+            await _send_close(writer, _PRIMED)  # authorized: the context's credentials work
             return
         reg.tasks.add(task)
         try:

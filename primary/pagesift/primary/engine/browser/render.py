@@ -6,8 +6,8 @@ emulation, locale, time zone, user agent, extra headers and a per-context proxy;
 gets the job's cookies, ``goto`` with ``wait_until``, the request's ``wait_for`` and actions
 (``actions.run_actions``), then the HTML, the final URL, the main response's status and
 headers, a screenshot when ``FORMAT_SCREENSHOT`` asks, and the context's cookies (the
-caller merges them into the job's jar). ``BrowserPool.render`` is the entry point; this
-module holds no state.
+caller merges them into the job's jar). ``BrowserPool.render`` is the entry point; the
+module's only state is what each live context's pages need (a weak map).
 
 Invariants and why they are safe:
 - isolation: a context (cookies, localStorage, cache) serves one page or one job's
@@ -21,6 +21,16 @@ Invariants and why they are safe:
   left unanswered would hang) and continues anything else it is handed. It covers the
   page's frames and their workers (one renderer: no out-of-process frames in the
   headless shell, ``pagememory``);
+- the guard proxy's credentials: the context is given the proxy's server only, and
+  ``new_context`` has a first page ask ``guardproxy.PRIME_URL`` with its session
+  answering the proxy's 407 (only the proxy's, once per request); the browser keeps
+  them in the context's own auth cache and sends them on every later connection
+  unasked, so no request waits on an interception (Playwright, given credentials,
+  pauses every request to answer 407s and turns the HTTP cache off). A context whose
+  credentials are refused is closed and fails ``RENDER_FAILED`` before any page is
+  rendered; a connection that came without them would get 407 (fail closed). Every
+  connection still goes through the guard proxy: the context's proxy server is what
+  routes it, not the credentials;
 - the whole render runs under ``timeout`` (TIMEOUT past it); navigation errors map to
   the HTTP engine's codes (``DNS``, ``CONNECT``, ``TLS``, ``TIMEOUT``); a browser or
   page that went away raises ``BrowserGone`` for the pool to turn into a retryable
@@ -49,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagesift.primary.engine.browser import actions
+from pagesift.primary.engine.browser.guardproxy import PRIME_URL
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
@@ -67,8 +78,22 @@ _HEAVY_PATTERNS = [
     {"urlPattern": "*", "resourceType": kind, "requestStage": "Request"}
     for kind in ("Image", "Media", "Font")
 ]
-# the contexts whose pages refuse BLOCKED_RESOURCES (``new_context(block_heavy=True)``)
-_BLOCKING: weakref.WeakSet[Any] = weakref.WeakSet()
+PRIME_TIMEOUT = 10.0  # seconds a new context may take to teach its proxy credentials
+# asks PRIME_URL from the page (about:blank): its status, 0 when refused
+_PRIME = "(url) => fetch(url, {cache: 'no-store'}).then((r) => r.status, () => 0)"
+
+
+@dataclass(eq=False)
+class _Setup:
+    """What the pages of a context (``new_context``) need: the heavy-resource refusal,
+    and the page that taught its proxy credentials, handed out first."""
+
+    block_heavy: bool
+    spare: Any = None
+
+
+# the contexts made by ``new_context`` and what their pages need
+_SETUP: weakref.WeakKeyDictionary[Any, _Setup] = weakref.WeakKeyDictionary()
 CLOSE_TIMEOUT = 5.0
 PAGE_IDLE = 2.0  # seconds a job's page waits for the job's next render, then closes
 PAGE_USES = 10  # renders one page serves at most: its renderer keeps garbage (V8 collects
@@ -234,40 +259,93 @@ def context_options(
 
 
 async def _new_page(context: Any) -> Any:
-    """A new page of ``context``, refusing heavy resources when the context does."""
+    """A page of ``context``: the one that taught its credentials first, else a new
+    one, refusing heavy resources when the context does."""
+    setup = _SETUP.get(context)
+    if setup is not None and setup.spare is not None:
+        page, setup.spare = setup.spare, None
+        if not page.is_closed():
+            return page
     page = await context.new_page()
-    if context in _BLOCKING:
+    if setup is not None and setup.block_heavy:
         try:
-            await _block_heavy(context, page)
+            await _session(context, page, block_heavy=True)
         except BaseException:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(CLOSE_TIMEOUT):
-                    await page.close()
+            await _close_page(page)
             raise
     return page
 
 
-async def _block_heavy(context: Any, page: Any) -> None:
-    """The page's own interception of BLOCKED_RESOURCES (module docstring), on before
-    its first navigation. Its handler never raises."""
+async def _close_page(page: Any) -> None:
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            await page.close()
+
+
+async def _session(
+    context: Any, page: Any, *, block_heavy: bool, proxy: Mapping[str, str] | None = None
+) -> None:
+    """The page's own DevTools session (module docstring): with ``block_heavy`` it
+    fails BLOCKED_RESOURCES for the page's life; with ``proxy`` (a guard proxy
+    registration) it first teaches the context its credentials: PRIME_URL asked from
+    the page, the proxy's 407 answered with them (once per request, and only the
+    proxy's), refused unless the proxy then answers 204. Its handlers never raise."""
     session = await context.new_cdp_session(page)
+    answered: set[str] = set()
+    server = (proxy or {}).get("server", "").rstrip("/")
 
     async def paused(event: dict[str, Any]) -> None:
         request = str(event.get("requestId", ""))
         kind = str(event.get("resourceType", "")).lower()
+        url = str(event.get("request", {}).get("url", ""))
+        refuse = {"requestId": request, "errorReason": "BlockedByClient"}
         try:
-            if kind in BLOCKED_RESOURCES:
-                params = {"requestId": request, "errorReason": "BlockedByClient"}
-                await session.send("Fetch.failRequest", params)
+            if kind in BLOCKED_RESOURCES and url != PRIME_URL:
+                await session.send("Fetch.failRequest", refuse)
             else:
                 await session.send("Fetch.continueRequest", {"requestId": request})
         except Exception:
             with contextlib.suppress(Exception):
-                params = {"requestId": request, "errorReason": "BlockedByClient"}
-                await session.send("Fetch.failRequest", params)
+                await session.send("Fetch.failRequest", refuse)
+
+    async def auth(event: dict[str, Any]) -> None:
+        request = str(event.get("requestId", ""))
+        challenge = event.get("authChallenge", {})
+        ours = (
+            proxy is not None
+            and challenge.get("source") == "Proxy"
+            and str(challenge.get("origin", "")).rstrip("/") == server
+            and request not in answered
+        )
+        answered.add(request)
+        answer: dict[str, str] = {"response": "CancelAuth"}
+        if ours and proxy is not None:
+            answer = {
+                "response": "ProvideCredentials",
+                "username": proxy.get("username", ""),
+                "password": proxy.get("password", ""),
+            }
+        with contextlib.suppress(Exception):
+            params = {"requestId": request, "authChallengeResponse": answer}
+            await session.send("Fetch.continueWithAuth", params)
 
     session.on("Fetch.requestPaused", paused)
-    await session.send("Fetch.enable", {"patterns": _HEAVY_PATTERNS})
+    session.on("Fetch.authRequired", auth)
+    heavy = _HEAVY_PATTERNS if block_heavy else []
+    if proxy is not None:
+        prime = [*heavy, {"urlPattern": PRIME_URL, "requestStage": "Request"}]
+        await session.send("Fetch.enable", {"handleAuthRequests": True, "patterns": prime})
+        status = await page.evaluate(_PRIME, PRIME_URL)
+        if status != 204:
+            raise PageError(
+                ErrorCode.RENDER_FAILED,
+                f"the guard proxy refused the browser context's credentials ({status})",
+            )
+    if heavy:  # from here only the heavy types pause; no 407 is answered
+        await session.send("Fetch.enable", {"patterns": heavy})
+    else:
+        await session.send("Fetch.disable")
+        await session.detach()
 
 
 def gone(exc: BaseException) -> bool:
@@ -348,8 +426,14 @@ async def new_context(
     proxy: Mapping[str, str] | None = None,
 ) -> Any:
     """A context for ``options`` (``context_options``) whose pages (``render_in``'s)
-    refuse heavy resources when ``block_heavy``. ``BrowserGone`` when the browser went,
-    else ``PageError``."""
+    refuse heavy resources when ``block_heavy``. ``proxy`` is the context's guard proxy
+    registration (``ProxyCredentials.playwright``): the browser is given its server
+    only, and a first page teaches it the credentials (``_session``), kept for the
+    context's first render; Playwright, given none, intercepts no request to answer a
+    407. ``BrowserGone`` when the browser went, else ``PageError``."""
+    credentials = proxy if proxy and proxy.get("username") else None
+    if credentials is not None:
+        proxy = {k: v for k, v in credentials.items() if k not in ("username", "password")}
     ctx_kw = context_options(options, headers=headers or {}, user_agent=user_agent, proxy=proxy)
     try:
         context = await browser.new_context(**ctx_kw)
@@ -357,8 +441,23 @@ async def new_context(
         if gone(e) or not browser.is_connected():
             raise BrowserGone(actions.reason(e)) from e
         raise PageError(ErrorCode.RENDER_FAILED, f"new context: {actions.reason(e)}") from e
-    if block_heavy:
-        _BLOCKING.add(context)
+    setup = _SETUP[context] = _Setup(block_heavy)
+    if credentials is None:
+        return context
+    try:
+        async with asyncio.timeout(PRIME_TIMEOUT):
+            page = await context.new_page()
+            setup.spare = page
+            await _session(context, page, block_heavy=block_heavy, proxy=credentials)
+    except BaseException as e:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await context.close()
+        if isinstance(e, PageError) or not isinstance(e, Exception):
+            raise
+        if gone(e) or not browser.is_connected():
+            raise BrowserGone(actions.reason(e)) from e
+        raise PageError(ErrorCode.RENDER_FAILED, f"new context: {actions.reason(e)}") from e
     return context
 
 
