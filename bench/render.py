@@ -24,8 +24,10 @@ the guard proxy's cost per sub-resource; and AUTO against HTTP on a static docs 
    direct (no proxy); through pagesift's guard proxy (``GuardProxy`` in this process, the
    browser launched with ``launch_proxy`` and the context with ``guarded_context_options``,
    the address guard on with the site's endpoint exempt); and through the guard proxy in
-   the context pagesift itself makes (``browser.render.new_context``: its route that aborts
-   images, media and fonts, which passes every request through the Playwright client).
+   the context pagesift itself makes (``browser.render.new_context``: the guard proxy's
+   server only, its credentials taught once by a first page, so no request waits on the
+   Playwright client; the pages here are the bench's own, without the render path's
+   per-page refusal of images, media and fonts).
    The sides alternate in rounds; median and p90 per side.
 3. AUTO vs HTTP: crawls of the Django docs (bench/crawl.py's nginx) with ``--render-static-
    limit`` pages, ``--render-runs`` each, alternating; median pages/s, ratio, and how many

@@ -42,7 +42,7 @@ Invariants and why they are safe:
 - a job's pages (``IdlePages``): a render that ran no actions and ended well leaves its
   page to the job's next render in the same context, which navigates it instead of
   opening a page (a new page is a new renderer process and target: about 40% of a
-  page's CPU). Isolation is the context's, as before: the page never leaves its job's
+  page's CPU). Isolation is the context's: the page never leaves its job's
   context. A kept page waits ``PAGE_IDLE`` at most (then closes), serves ``PAGE_USES``
   renders at most, and is never handed out once it crashed or closed; a render with
   actions (clicks, scripts, a ``beforeunload`` they could arm) or that failed closes
