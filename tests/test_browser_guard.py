@@ -30,17 +30,19 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from playwright.async_api import Browser, BrowserContext, Page, ProxySettings, async_playwright
 
-from pagesift.primary.engine.browser import actions, render
+from pagesift.primary.engine.browser import actions, idlepages, render
 from pagesift.primary.engine.browser.guardproxy import (
     ERROR_HEADER,
     GUARD_LAUNCH_ARGS,
     PRIME_URL,
     GuardProxy,
-    Head,
     ProxyCredentials,
-    Target,
     guarded_context_options,
     launch_proxy,
+)
+from pagesift.primary.engine.browser.proxyhead import (
+    Head,
+    Target,
     parse_head,
     parse_target,
     upstream_request,
@@ -611,7 +613,7 @@ async def test_a_render_context_teaches_its_credentials_once_and_every_connectio
     ctx = await render.new_context(
         browser, pb.ScrapeOptions(), block_heavy=False, proxy=creds.playwright()
     )
-    idle = render.IdlePages()
+    idle = idlepages.IdlePages()
     limits: dict[str, Any] = {"bounds": BOUNDS, "timeout": 20.0, "max_html_bytes": 1 << 20}
     try:
         # the context was given the proxy's server only, and a page that taught it the

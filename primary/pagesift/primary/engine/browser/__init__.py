@@ -5,11 +5,14 @@ Modules:
 - ``guardproxy``: the in-node forward proxy every browser request goes through (the
   address rules of the HTTP engine applied to the exact address connected to), and
   the browser's launch arguments and context options that keep traffic on it.
+- ``proxyhead``: the guard proxy's HTTP/1.x framing (request heads read, the heads
+  sent on, one request per connection).
 - ``pool``: ``BrowserPool``, one lazily launched browser per node, a semaphore of
   pages with per-account fair limits, recycling, relaunch after a crash, the sweep of
   leftover profile folders.
 - ``render``: one page's render in a fresh context (viewport, mobile, locale, time
   zone, headers, cookies in and out, waits, actions, screenshot) into ``Rendered``.
+- ``idlepages``: a job context's pages between renders, reused by the job's next.
 - ``actions``: the pure checks of waits and actions against the server's bounds, and
   the executor that runs them on a page within the actions' time budget.
 """

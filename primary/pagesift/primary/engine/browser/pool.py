@@ -27,7 +27,7 @@ at most one per 256 MiB of memory) handed out by ``FairSlots``, and the browser'
   reference to be that very object, so two jobs never share one. A context whose page
   failed takes no new page; unused ones close after ``CONTEXT_IDLE`` or once their job
   is gone, their credentials released then. Within a job's context a page that ended
-  well waits for the job's next page (``render.IdlePages``: ``PAGE_IDLE`` at most,
+  well waits for the job's next page (``idlepages.IdlePages``: ``PAGE_IDLE`` at most,
   closed with its context), so the job's pages reuse a renderer instead of each
   starting one.
 
@@ -52,6 +52,7 @@ from typing import Any
 
 from pagesift.primary.engine.browser import actions
 from pagesift.primary.engine.browser.guardproxy import GUARD_LAUNCH_ARGS
+from pagesift.primary.engine.browser.idlepages import IdlePages
 from pagesift.primary.engine.browser.pagememory import PageMemoryWatch, too_large
 from pagesift.primary.engine.browser.procs import (  # the /proc readers, still pool's names
     _live_profiles as _live_profiles,
@@ -69,7 +70,6 @@ from pagesift.primary.engine.browser.procs import (
 )
 from pagesift.primary.engine.browser.render import (
     BrowserGone,
-    IdlePages,
     Rendered,
     blocks_heavy,
     context_options,

@@ -39,7 +39,7 @@ Invariants and why they are safe:
   ``wait_for`` that never shows is TIMEOUT (``actions.wait_for``);
 - popups: the browser opens none (``pool.BOUND_LAUNCH_ARGS``); one that came anyway
   would be closed with the page;
-- a job's pages (``IdlePages``): a render that ran no actions and ended well leaves its
+- a job's pages (``idlepages.IdlePages``): a render that ran no actions and ended well leaves its
   page to the job's next render in the same context, which navigates it instead of
   opening a page (a new page is a new renderer process and target: about 40% of a
   page's CPU). Isolation is the context's: the page never leaves its job's
@@ -60,12 +60,13 @@ from typing import Any
 
 from pagesift.primary.engine.browser import actions
 from pagesift.primary.engine.browser.guardproxy import PRIME_URL
+from pagesift.primary.engine.browser.idlepages import CLOSE_TIMEOUT, IdlePages
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
-    "MOBILE_UA", "PAGE_IDLE", "PAGE_USES", "BrowserGone", "IdlePages", "Rendered", "blocks_heavy",
-    "context_options", "new_context", "render_in", "render_page",
+    "MOBILE_UA", "BrowserGone", "Rendered", "blocks_heavy", "context_options", "new_context",
+    "render_in", "render_page",
 ]  # fmt: skip
 
 MOBILE_UA = (
@@ -94,10 +95,6 @@ class _Setup:
 
 # the contexts made by ``new_context`` and what their pages need
 _SETUP: weakref.WeakKeyDictionary[Any, _Setup] = weakref.WeakKeyDictionary()
-CLOSE_TIMEOUT = 5.0
-PAGE_IDLE = 2.0  # seconds a job's page waits for the job's next render, then closes
-PAGE_USES = 10  # renders one page serves at most: its renderer keeps garbage (V8 collects
-# lazily, about 3 MB a navigation), so it starts afresh after these
 _WAIT_UNTIL = {
     jobs_pb2.WAIT_UNTIL_UNSPECIFIED: "load",
     jobs_pb2.WAIT_UNTIL_LOAD: "load",
@@ -138,91 +135,6 @@ class Rendered:
     screenshot: jobs_pb2.Screenshot | None = None
     action_results: list[jobs_pb2.ActionResult] = field(default_factory=list)
     cookies: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class _Kept:
-    """A page between two renders: its uses so far, its expiry, whether it crashed."""
-
-    page: Any
-    uses: int
-    timer: asyncio.TimerHandle | None = None
-    crashed: bool = False
-
-    def mark(self, _: object = None) -> None:
-        self.crashed = True
-
-
-class IdlePages:
-    """One job context's pages between renders (module docstring): ``take`` one (or
-    None), ``put`` it back after a render that may leave it. Each page waits ``idle``
-    seconds at most, then closes; ``close`` closes them all (the context is going)."""
-
-    def __init__(self, idle: float = PAGE_IDLE, uses: int = PAGE_USES) -> None:
-        self.idle = idle
-        self.uses = uses
-        self._kept: list[_Kept] = []
-        self._closing: set[asyncio.Task[None]] = set()
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def take(self) -> tuple[Any, int] | None:
-        """A kept page that is still whole, and its uses so far (the others close)."""
-        while self._kept:
-            kept = self._kept.pop()
-            self._unkeep(kept)
-            if not kept.crashed and not kept.page.is_closed():
-                return kept.page, kept.uses
-            self._close(kept.page)
-        return None
-
-    def put(self, page: Any, uses: int) -> None:
-        """Keep ``page`` (``uses`` renders so far) for the next render, or close it when
-        it served its last."""
-        if uses >= self.uses or page.is_closed():
-            self._close(page)
-            return
-        kept = _Kept(page, uses)
-        page.on("crash", kept.mark)
-        kept.timer = asyncio.get_running_loop().call_later(self.idle, self._expire, kept)
-        self._kept.append(kept)
-
-    def close(self) -> None:
-        """Close every kept page (bounded, in the background)."""
-        kept, self._kept = self._kept, []
-        for k in kept:
-            self._unkeep(k)
-            self._close(k.page)
-
-    def drop(self) -> None:
-        """Forget every kept page without closing it (its browser is gone)."""
-        kept, self._kept = self._kept, []
-        for k in kept:
-            self._unkeep(k)
-
-    def _expire(self, kept: _Kept) -> None:
-        if kept in self._kept:
-            self._kept.remove(kept)
-            self._unkeep(kept)
-            self._close(kept.page)
-
-    @staticmethod
-    def _unkeep(kept: _Kept) -> None:
-        if kept.timer is not None:
-            kept.timer.cancel()
-        with contextlib.suppress(Exception):
-            kept.page.remove_listener("crash", kept.mark)
-
-    def _close(self, page: Any) -> None:
-        async def close() -> None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(CLOSE_TIMEOUT):
-                    await page.close()
-
-        task = asyncio.get_running_loop().create_task(close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
 
 
 def context_options(
