@@ -19,7 +19,14 @@ import time
 
 import pytest
 
-from bench.proctree import CpuByKind, TreeSampler, WindowPipe, process_kind, tree_cpu_seconds
+from bench.proctree import (
+    CpuByKind,
+    CpuSplit,
+    TreeSampler,
+    WindowPipe,
+    process_kind,
+    tree_cpu_seconds,
+)
 
 BURN = textwrap.dedent(
     """
@@ -134,9 +141,12 @@ SHORT_ROOT = textwrap.dedent(
 )
 
 
-def test_a_parent_gone_before_its_last_reading_caught_up_keeps_its_childrens_kind() -> None:
+def _window_over(root_code: str, line: str, settle: float = 0.0) -> tuple[CpuSplit, float]:
+    """Run ``root_code`` (it waits for "go", prints ``line`` once its children's work is
+    done, then waits for "end") with a sampler's window open around its work; the
+    window's split and the tree's own CPU counters' delta over it."""
     root = subprocess.Popen(
-        [sys.executable, "-c", SHORT_ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [sys.executable, "-c", root_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     assert root.stdin is not None and root.stdout is not None
@@ -147,7 +157,8 @@ def test_a_parent_gone_before_its_last_reading_caught_up_keeps_its_childrens_kin
         sampler.open_window()
         root.stdin.write("go\n")
         root.stdin.flush()
-        assert root.stdout.readline().strip() == "done"
+        assert root.stdout.readline().strip() == line
+        time.sleep(settle)
         split = sampler.close_window()
         cpu = tree_cpu_seconds(root.pid) - cpu0
         sampler.stop()
@@ -158,6 +169,11 @@ def test_a_parent_gone_before_its_last_reading_caught_up_keeps_its_childrens_kin
         if root.poll() is None:
             root.kill()
             root.wait(timeout=30)
+    return split, cpu
+
+
+def test_a_parent_gone_before_its_last_reading_caught_up_keeps_its_childrens_kind() -> None:
+    split, cpu = _window_over(SHORT_ROOT, "done")
     # the renderer's burn stays its own, nothing goes negative, and it all adds up
     assert split.seconds["renderer"] >= 0.4 * 0.8
     assert min(split.seconds.values()) >= 0.0
@@ -187,31 +203,9 @@ ORPHAN_ROOT = textwrap.dedent(
 
 
 def test_a_child_orphaned_by_its_parent_still_counts() -> None:
-    root = subprocess.Popen(
-        [sys.executable, "-c", ORPHAN_ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert root.stdin is not None and root.stdout is not None
-    try:
-        sampler = TreeSampler(root.pid, interval=0.05).start()
-        time.sleep(0.2)
-        cpu0 = tree_cpu_seconds(root.pid)
-        sampler.open_window()
-        root.stdin.write("go\n")
-        root.stdin.flush()
-        # the renderer inherited the root's stdout: its line comes once its burn is over
-        assert root.stdout.readline().strip() == "renderer done"
-        time.sleep(0.2)  # it has exited (and init reaped it)
-        split = sampler.close_window()
-        lost = tree_cpu_seconds(root.pid) - cpu0
-        sampler.stop()
-        root.stdin.write("end\n")
-        root.stdin.flush()
-        assert root.wait(timeout=60) == 0
-    finally:
-        if root.poll() is None:
-            root.kill()
-            root.wait(timeout=30)
+    # the renderer inherited the root's stdout: its line comes once its burn is over;
+    # 0.2 s more and it has exited (and init reaped it)
+    split, lost = _window_over(ORPHAN_ROOT, "renderer done", settle=0.2)
     # the tree's counters never see the orphan; the split follows it
     assert lost < 0.4 * 0.5
     assert split.seconds["renderer"] >= 0.4 * 0.8
