@@ -24,10 +24,16 @@ little. Read from ``/proc``:
   zygote: the zygote goes to init) is followed outside the tree while it lives, so its
   CPU still counts, where ``tree_cpu_seconds`` loses it and all its children reaped;
   only its use after its last reading is lost (``unreaped``: what no process of the tree
-  reaped). With no orphan the kinds add up to the tree's ``tree_cpu_seconds`` difference;
-  how fine the sampling is only decides how much of a child's CPU is attributed through
-  its parent (``via_parent``). Processes are keyed by (pid, start time), so a reused pid
-  is a new process.
+  reaped), unless the measuring process is a child subreaper (``become_subreaper``) and
+  the window is made with ``adopt=True``: then orphans are reparented to it, a child of
+  it started inside the window is the tree's too (the bench starts none itself while a
+  window is open), and an adopted process that exits stays a zombie until read once
+  more (its final own and reaped counters, so the children it reaped, seen or not, are
+  counted) and then reaped here (``os.waitpid`` on that pid only). With no orphan the
+  kinds add up to the tree's ``tree_cpu_seconds`` difference; how fine the sampling
+  is only decides how much of a child's CPU is attributed through its parent
+  (``via_parent``). Processes are keyed by (pid, start time), so a reused pid is a new
+  process.
 - ``TreeSampler``: the peaks of ``tree_memory``, sampled in a thread every ``interval`` s
   for at most an hour, and the samples of a ``CpuByKind`` window (``open_window`` /
   ``close_window``) on the same thread's ticks.
@@ -40,6 +46,7 @@ little. Read from ``/proc``:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import select
 import threading
@@ -49,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PR_SET_CHILD_SUBREAPER = 36
 
 KINDS = ("browser", "renderer", "chromium-other", "driver", "crawler", "crawler-other")
 KIND_LABELS = {
@@ -72,6 +80,14 @@ def _scan() -> dict[int, list[str]]:
     return table
 
 
+def become_subreaper() -> None:
+    """Make this process the child subreaper of its descendants (``prctl``): a process
+    orphaned below it is reparented here instead of to init (``CpuByKind(adopt=True)``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
 def _descendants(root: int, table: dict[int, list[str]]) -> list[int]:
     """``root`` and every descendant in ``table`` (bounded)."""
     children: dict[int, list[int]] = {}
@@ -89,6 +105,11 @@ def _descendants(root: int, table: dict[int, list[str]]) -> list[int]:
 def _tree(root: int) -> list[int]:
     """``root`` and every live descendant (one scan of ``/proc``)."""
     return _descendants(root, _scan())
+
+
+def _ticks_since_boot() -> int:
+    """Now, in the unit of ``/proc/PID/stat``'s start time (clock ticks since boot)."""
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * _CLK_TCK)
 
 
 def tree_cpu_seconds(root: int) -> float:
@@ -166,9 +187,11 @@ class CpuSplit:
 class CpuByKind:
     """The CPU of ``root``'s tree over one window, by process kind (module docstring)."""
 
-    def __init__(self, root: int, browser: str = "") -> None:
+    def __init__(self, root: int, browser: str = "", *, adopt: bool = False) -> None:
         self.root = root
         self.browser = browser
+        self.adopt = adopt
+        self._opened_at = 0  # clock ticks since boot, as /proc/PID/stat's start time
         self._lock = threading.Lock()
         self._first: dict[tuple[int, int], _Reading] = {}  # at open
         self._last: dict[tuple[int, int], _Reading] = {}
@@ -193,6 +216,12 @@ class CpuByKind:
                 with contextlib.suppress(ValueError, IndexError):
                     if int(table[pid][19]) == start:
                         keys[pid] = (pid, start)
+        if self.adopt:  # orphans born unseen, reparented to this subreaper
+            me = os.getpid()
+            for pid, rest in table.items():
+                with contextlib.suppress(ValueError, IndexError):
+                    if pid not in keys and int(rest[1]) == me and int(rest[19]) >= self._opened_at:
+                        keys[pid] = (pid, int(rest[19]))
         now: dict[tuple[int, int], _Reading] = {}
         for pid, key in keys.items():
             rest = table[pid]
@@ -204,6 +233,9 @@ class CpuByKind:
                 continue
             now[key] = _Reading(keys.get(ppid), own, reaped)
             self._classify(key)
+            if self.adopt and rest[0] == "Z" and ppid == os.getpid() and pid != self.root:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)  # its final counters are read
         return now
 
     def _classify(self, key: tuple[int, int]) -> None:
@@ -222,6 +254,7 @@ class CpuByKind:
     def open(self) -> None:
         with self._lock:
             self._kind.clear()
+            self._opened_at = _ticks_since_boot()
             self._first = self._snapshot()
             self._last = dict(self._first)
             self._open = True
@@ -301,6 +334,7 @@ class TreeSampler:
     root: int
     interval: float = 0.25
     browser: str = ""
+    adopt: bool = False  # CpuByKind's: this process is a subreaper (become_subreaper)
     peak_pss: int = 0
     peak_rss: int = 0
     peak_procs: int = 0
@@ -309,7 +343,7 @@ class TreeSampler:
     _cpu: CpuByKind | None = None
 
     def start(self) -> TreeSampler:
-        self._cpu = CpuByKind(self.root, self.browser)
+        self._cpu = CpuByKind(self.root, self.browser, adopt=self.adopt)
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self

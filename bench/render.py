@@ -38,7 +38,8 @@ Measured the same way for every crawler, over its crawl window: pagesift StartBa
 peer itself (scrapy-playwright spider_opened -> spider_closed, Crawlee around
 ``crawler.run()``) over a ``proctree.WindowPipe``, the peer waiting while the bench takes
 its snapshots. All include the lazy browser launch. CPU: user+sys of the whole process
-tree (``proctree.CpuByKind``, reaped renderers included), split by process kind: the
+tree (``proctree.CpuByKind``, reaped renderers included, and processes orphaned by a
+closed browser: the bench is their child subreaper), split by process kind: the
 chromium browser process, its renderers, its other processes (zygote, gpu, utility), the
 Playwright driver (node), the crawler's own process, the crawler's other children
 (pagesift's extraction workers). Memory: the tree sampled every 0.25 s, peak of the summed
@@ -74,7 +75,14 @@ from bench.common import (
     stop_process,
     write_json,
 )
-from bench.proctree import KIND_LABELS, KINDS, CpuSplit, TreeSampler, WindowPipe
+from bench.proctree import (
+    KIND_LABELS,
+    KINDS,
+    CpuSplit,
+    TreeSampler,
+    WindowPipe,
+    become_subreaper,
+)
 from bench.render_site import SUBRESOURCES, counts, js_site, kind_of, marker, served_between
 
 SELECTOR = "#content"
@@ -206,7 +214,7 @@ def run_pagesift(
     extra = [f"max_browser_pages = {concurrency}"]
     log = OUT_DIR / "render-server.log"
     with pagesift_server(concurrency, log, extra) as server:
-        sampler = TreeSampler(server.proc.pid, browser=browser_path()).start()
+        sampler = TreeSampler(server.proc.pid, browser=browser_path(), adopt=True).start()
         try:
             before = counts(site) if site else {}
             sampler.open_window()
@@ -293,7 +301,7 @@ def run_peer(
             pass_fds=pipe.child_fds,
         )
         pipe.started()
-        sampler = TreeSampler(proc.pid, browser=browser_path()).start()
+        sampler = TreeSampler(proc.pid, browser=browser_path(), adopt=True).start()
         split: list[CpuSplit] = []
         try:
             before = counts(site)
@@ -548,6 +556,7 @@ def run(args: argparse.Namespace) -> None:
     if not 1 <= args.render_js_runs <= 9 or args.render_latency_pages < 0:
         raise SystemExit("need 1..9 --render-js-runs and --render-latency-pages >= 0")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    become_subreaper()  # a crawler's orphaned browser processes count (bench.proctree)
     only = args.render_only
     missing = pagesift_missing()
     if missing:

@@ -6,16 +6,21 @@ CPU and runs short-lived "renderers" (``--type=renderer``) one after another, ea
 a known amount and reaped by the fake browser. Most renderers live between two samples
 or without any sample at all, so their CPU is only in the browser's reaped counters: the
 split must put it under ``renderer`` all the same, and the kinds must add up to the
-tree's CPU. Also the window handshake (``WindowPipe``) with a child that opens and closes
-its own window, and the kind of each process from its command line.
+tree's CPU; and what an orphan never seen in the tree did is counted when the measuring
+process is a child subreaper, and lost when not. Also the window handshake
+(``WindowPipe``) with a child that opens and closes its own window, and the kind of each
+process from its command line.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +32,8 @@ from bench.proctree import (
     process_kind,
     tree_cpu_seconds,
 )
+
+REPO = Path(__file__).resolve().parent.parent
 
 BURN = textwrap.dedent(
     """
@@ -279,3 +286,75 @@ def test_a_child_that_dies_before_its_window_is_an_error() -> None:
     finally:
         pipe.close()
         child.wait(timeout=30)
+
+
+# a browser that starts its zygote and exits at once; the zygote, orphaned, runs one
+# renderer and reaps it: none of it is ever seen inside the tree (no sample in between)
+ZYGOTE = textwrap.dedent(
+    f"""
+    import subprocess, sys, time
+    time.sleep(0.3)
+    subprocess.run(["chromium-fake", "-c", {BURN!r} + "burn(0.4)", "--type=renderer"],
+                   executable={sys.executable!r}, check=True, timeout=60)
+    print("renderer done", flush=True)
+    """
+)
+LEAVING_BROWSER = textwrap.dedent(
+    f"""
+    import subprocess
+    subprocess.Popen(["chromium-fake", "-c", {ZYGOTE!r}, "--type=zygote"],
+                     executable={sys.executable!r})
+    """
+)
+MEASURER = textwrap.dedent(
+    f"""
+    import json, os, subprocess, sys, time
+    from bench.proctree import CpuByKind, become_subreaper
+    adopt = sys.argv[1] == "adopt"
+    if adopt:
+        become_subreaper()
+    root_code = "import subprocess, sys\\n" \\
+        "sys.stdin.readline()\\n" \\
+        "subprocess.run(['chromium-fake', '-c', " + repr({LEAVING_BROWSER!r}) + "], " \\
+        "executable=sys.executable, check=True, timeout=60)\\n" \\
+        "sys.stdin.readline()\\n"
+    root = subprocess.Popen([sys.executable, "-c", root_code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    cpu = CpuByKind(root.pid, adopt=adopt)
+    time.sleep(0.2)
+    cpu.open()
+    root.stdin.write("go\\n"); root.stdin.flush()
+    assert root.stdout.readline().strip() == "renderer done"
+    time.sleep(0.3)  # the zygote has exited
+    split = cpu.close()
+    me = str(os.getpid())
+    zombies = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            rest = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        zombies += rest[0] == "Z" and rest[1] == me and int(pid) != root.pid
+    root.stdin.write("end\\n"); root.stdin.flush()
+    assert root.wait(timeout=60) == 0
+    print(json.dumps({{"total": split.total, "zombies": zombies}}))
+    """
+)
+
+
+def _measure_orphans(mode: str) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURER, mode], capture_output=True, text=True, timeout=120,
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
+
+
+def test_a_subreaper_counts_what_an_orphan_unseen_did_and_reaps_it() -> None:
+    adopted = _measure_orphans("adopt")
+    assert adopted["total"] >= 0.4 * 0.8  # the renderer, through the zygote's zombie
+    assert adopted["zombies"] == 0
+    # the same tree measured without: the orphan went to init, its CPU with it
+    assert _measure_orphans("plain")["total"] < 0.4 * 0.5
