@@ -44,9 +44,10 @@ Invariants and why they are safe:
   opening a page (a new page is a new renderer process and target: about 40% of a
   page's CPU). Isolation is the context's: the page never leaves its job's
   context. A kept page waits ``PAGE_IDLE`` at most (then closes), serves ``PAGE_USES``
-  renders at most, and is never handed out once it crashed or closed; a render with
-  actions (clicks, scripts, a ``beforeunload`` they could arm) or that failed closes
-  its page.
+  renders at most, runs a full garbage collection before each (``idlepages.collected``;
+  a page whose collection fails is replaced), and is never handed out once it crashed
+  or closed; a render with actions (clicks, scripts, a ``beforeunload`` they could arm)
+  or that failed closes its page.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from typing import Any
 
 from pagesift.primary.engine.browser import actions
 from pagesift.primary.engine.browser.guardproxy import PRIME_URL
-from pagesift.primary.engine.browser.idlepages import CLOSE_TIMEOUT, IdlePages
+from pagesift.primary.engine.browser.idlepages import CLOSE_TIMEOUT, IdlePages, collected
 from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
@@ -485,6 +486,9 @@ async def _render(
     # a URL with a fragment could be a same-document navigation of a kept page (its
     # old document would stay): such a render gets a new page
     taken = keep.take() if keep is not None and "#" not in url else None
+    if keep is not None and taken is not None and not await collected(context, taken[0]):
+        keep.discard(taken[0])  # its renderer is not answering: a new page instead
+        taken = None
     page, uses = taken if taken is not None else (await _new_page(context), 0)
     pages.append(page)
     page.on("popup", on_popup)
