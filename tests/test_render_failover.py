@@ -5,9 +5,10 @@ browser). The site is the JavaScript site (``tests/jssite.py``) behind a front t
 serves its own index and ``DOCS`` server-rendered pages and passes every other path
 to the JS site. The index links ``app.html`` (script-rendered: the primary renders it
 before the kill), then the docs and ``static.html``, then ``links.html``, whose links
-to ``spa/1.html``..``spa/4.html`` exist only once its script runs. The frontier hands
-out pages in enqueue order and the crawl is paced, so ``links.html`` is reached well
-after the kill: the spa pages in the results prove the promoted node rendered. The
+to ``spa/1.html``..``spa/4.html`` exist only once its script runs. The front holds
+its answer to ``links.html`` until the primary is killed (``gate``), so however slow the
+machine, the primary renders nothing but ``app.html``: the spa pages in the results
+prove the promoted node rendered. The
 static pages come before any script-only page on either node, so AUTO's host memory
 (which sends a host's next pages straight to the browser once most needed rendering)
 never applies to them: they are fetched (engine HTTP), the script pages rendered.
@@ -15,6 +16,7 @@ never applies to them: they are fetched (engine HTTP), the script pages rendered
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -49,6 +51,7 @@ BROWSER = jobs_pb2.FETCH_ENGINE_BROWSER
 HTTP = jobs_pb2.FETCH_ENGINE_HTTP
 DOCS = 20
 PACE = 0.15  # seconds between two request starts: the docs take ~3 s after app.html
+GATE_TIMEOUT = 300.0  # seconds links.html waits for the kill at most
 BROWSER_EXE = os.path.realpath(ServerConfig().browser_executable)
 _PROSE = " ".join(["Each chapter of the guide is server-rendered text with no script."] * 30)
 
@@ -58,9 +61,10 @@ def _html(title: str, body: str) -> str:
 
 
 @asynccontextmanager
-async def serve_mixed_site() -> AsyncIterator[str]:
+async def serve_mixed_site(gate: asyncio.Event) -> AsyncIterator[str]:
     """The front on 127.0.0.1; yields its root URL. ``/`` and ``/doc/N.html`` are its
-    own (static); any other path is the JS site's answer, passed through."""
+    own (static); any other path is the JS site's answer, passed through, ``links.html``
+    once ``gate`` is set (at most ``GATE_TIMEOUT`` s later)."""
     async with serve_js_site() as js_root, aiohttp.ClientSession() as session:
         index = "".join(
             f"<a href='{p}'>{p}</a> "
@@ -75,6 +79,8 @@ async def serve_mixed_site() -> AsyncIterator[str]:
             if path.startswith("doc/"):
                 body = f"<h1>Chapter {path}</h1><p>{_PROSE}</p>"
                 return web.Response(text=_html(path, body), content_type="text/html")
+            if path == "links.html":
+                await asyncio.wait_for(gate.wait(), GATE_TIMEOUT)
             async with session.get(js_root + path) as resp:
                 return web.Response(
                     status=resp.status,
@@ -112,7 +118,8 @@ async def _render_health(address: str) -> int:
 async def test_a_crawl_mixing_engines_fails_over_and_the_promoted_standby_renders_every_page_once(
     nodes: NodeFactory,
 ) -> None:
-    async with serve_mixed_site() as root:
+    gate = asyncio.Event()
+    async with serve_mixed_site(gate) as root:
         config = {"max_browser_pages": 2}
         primary, standby = await start_pair(nodes, primary_config=config, standby_config=config)
         proc = primary.proc
@@ -143,20 +150,21 @@ async def test_a_crawl_mixing_engines_fails_over_and_the_promoted_standby_render
             urls = {normalize_url(d.url) for d in docs}
             return docs if seen and app in urls and len(urls) >= 4 else None
 
-        await eventually(standby_has_a_render, "app.html rendered and on the standby", 30)
+        await eventually(standby_has_a_render, "app.html rendered and on the standby", 90)
         primary.kill()
         killed_at = time.monotonic()
+        gate.set()  # links.html for whoever asks from now on: the promoted standby
         before = await _documents(standby.address, job.id)
         rendered_before = {normalize_url(d.url) for d in before if d.engine == BROWSER}
         assert rendered_before == {app}, "the primary rendered past app.html before the kill"
         assert links not in {normalize_url(d.url) for d in before}
-        await until(lambda: not _alive(seen), "every browser of the killed primary gone", 15)
+        await until(lambda: not _alive(seen), "every browser of the killed primary gone", 60)
 
         promoted = await promote(standby.address)
         assert promoted.epoch == 2 and not promoted.already_primary
         serving = health_pb2.HealthCheckResponse.SERVING
         assert await _render_health(standby.address) == serving
-        final = await finished(standby.address, job.id, timeout=40)
+        final = await finished(standby.address, job.id, timeout=180)
         assert final.state == jobs_pb2.JOB_STATE_COMPLETED, final.note
         docs = await _documents(standby.address, job.id)
 
