@@ -837,15 +837,13 @@ async def test_upstream_request_is_origin_form_with_hop_by_hop_headers_dropped()
             ("Host", "a.test"),
             ("Proxy-Authorization", "Basic c2VjcmV0"),
             ("Proxy-Connection", "keep-alive"),
-            ("Connection", "keep-alive, X-Drop"),
+            ("Connection", "keep-alive, X-Drop, content-length"),  # framing: kept
             ("X-Drop", "1"),
             ("Content-Length", "2"),
         ),
     )
     out = upstream_request(head, Target(False, "a.test", 80, "/x?y")).decode()
-    assert out == (
-        "POST /x?y HTTP/1.1\r\nHost: a.test\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
-    )
+    assert out == ("POST /x?y HTTP/1.1\r\nHost: a.test\r\nContent-Length: 2\r\n\r\n")
 
 
 # ---------------------------------------------------------------- helpers
@@ -875,8 +873,9 @@ async def _raw(proxy: GuardProxy, data: bytes) -> bytes:
 async def _get(
     proxy: GuardProxy, creds: ProxyCredentials | None, url: str
 ) -> tuple[int, dict[str, str], bytes]:
-    """One GET through the proxy: status, headers, body."""
-    answer = await _raw(proxy, f"GET {url} HTTP/1.1\r\nHost: x\r\n{_auth(creds)}\r\n".encode())
+    """One GET through the proxy on a connection of its own: status, headers, body."""
+    wire = f"GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{_auth(creds)}\r\n"
+    answer = await _raw(proxy, wire.encode())
     head, _, body = answer.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = dict(line.split(": ", 1) for line in lines[1:])

@@ -5,8 +5,14 @@ Modules:
 - ``guardproxy``: the in-node forward proxy every browser request goes through (the
   address rules of the HTTP engine applied to the exact address connected to), and
   the browser's launch arguments and context options that keep traffic on it.
-- ``proxyhead``: the guard proxy's HTTP/1.x framing (request heads read, the heads
-  sent on, one request per connection).
+- ``proxyhead``: the guard proxy's HTTP/1.x heads (request and response heads read
+  strictly, the heads sent on).
+- ``proxybody``: its message bodies (where each ends: one length, chunks, the close)
+  and one request/response exchange relayed by them.
+- ``proxyroute``: where one of its requests may go (the checked addresses, the
+  upstream proxy).
+- ``upstream``: its origin connections (dialled to checked addresses, kept idle per
+  browser context for the next request).
 - ``pool``: ``BrowserPool``, one lazily launched browser per node, a semaphore of
   pages with per-account fair limits, recycling, relaunch after a crash, the sweep of
   leftover profile folders.

@@ -1,10 +1,10 @@
 """The address guard on every browser request: an in-node forward proxy on 127.0.0.1.
 
 Owns ``GuardProxy`` (asyncio server), the registrations that give each browser context
-its own credentials, the pure request-head functions it relays with, and the launch and
-context options that keep the browser's traffic on it (``GUARD_LAUNCH_ARGS``,
-``launch_proxy``, ``guarded_context_options``). Why nothing the page does reaches a blocked
-address:
+its own credentials, and the launch and context options that keep the browser's traffic
+on it (``GUARD_LAUNCH_ARGS``, ``launch_proxy``, ``guarded_context_options``); the heads it
+relays are ``proxyhead``'s, their bodies ``proxybody``'s, its origin connections
+``upstream``'s. Why nothing the page does reaches a blocked address:
 
 - **Every request is the proxy's to make.** A context's ``proxy=`` (``guarded_context_options``)
   sends http as absolute-URI requests and https/ws/wss as ``CONNECT``; Playwright adds
@@ -18,18 +18,40 @@ address:
   of that context unasked (its own per-context auth cache) and Playwright need not
   intercept every request to answer 407s. Asked without them it is a 407 like any.
 - **The proxy connects to exactly the address it checked.** It resolves the name
-  itself through ``netguard.GuardedResolver`` (``localhost`` refused without DNS; a
-  name refused when ANY address is blocked), re-checks the address, and connects to
-  that literal address, so a DNS answer that changes (rebinding) is judged where it is
-  used. A refusal is a 403 naming the reason; no upstream socket exists.
+  itself (``proxyroute.Router``) through ``netguard.GuardedResolver`` (``localhost``
+  refused without DNS; a name refused when ANY address is blocked), re-checks the
+  address, and connects to that literal address, so a DNS answer that changes
+  (rebinding) is judged where it is used. A refusal is a 403 naming the reason; no
+  upstream socket exists.
 - **A job's upstream proxy** (``proxy_url``, else the pool's choice, as ``sessions``)
   is reached under the same guard (the pool's literal endpoints exempt, only for the
   proxy itself) and asked to ``CONNECT`` to the checked address, never the name.
-- One request per upstream connection (``Connection: close`` both ways); heads are
-  bounded; connections (past ``max_connections`` a 503 at accept, from the listeners'
-  gate: ``pagesift.shared.util.listeners.start_stream_server``), idle time per tunnel
-  and connect time are bounded; ``close`` and ``release`` cancel every connection task
-  they own.
+- **Persistent connections, each request judged alone.** A browser connection carries
+  plain-http requests one after another (``keepalive_timeout`` idle between them, the
+  same head bounds); each is authorized by its own ``Proxy-Authorization`` (a request
+  without it is a 407 even on a connection an earlier one authorized: Chromium sends
+  them on every request of a kept connection, tested; another registration's are
+  judged as its own) and resolved and checked as above. A ``CONNECT`` ends the
+  connection's requests: it becomes the tunnel. Whatever the proxy answers itself but
+  the prime's 204 (400, 403, 407, 431, 502, 504) closes the connection, as does a
+  response read to the origin's close, an HTTP/1.0 request or ``Connection: close``.
+  Bodies are framed strictly (``proxybody``: a request with ``Transfer-Encoding`` or an
+  unclear ``Content-Length`` is a 400, never relayed).
+- **Origin connections reused, never re-aimed.** A connection goes back to its
+  registration's idle pool (``upstream.IdlePool``: bounded a key, in all and in time)
+  only after an HTTP/1.1 response framed by length or chunks (or none), read to its
+  end, with no ``close`` from the origin and the request body sent whole. It is keyed
+  by (registration, checked address, port, upstream proxy and its checked address) and
+  looked up only with the addresses the current request's own check returned: a
+  request is sent only over a connection to an address the guard passed for that very
+  request, and only for the registration that owns it. A pooled connection that turns
+  out closed before any byte of the response is retried once on a new one (GET or
+  HEAD without a body only).
+- Heads are bounded; connections (past ``max_connections`` a 503 at accept, from the
+  listeners' gate: ``pagesift.shared.util.listeners.start_stream_server``), idle time
+  per tunnel, per read and between requests, and connect time are bounded; ``close`` and
+  ``release`` cancel every connection task they own (a browser connection is owned by
+  each registration it served) and close their idle origin connections.
 """
 
 from __future__ import annotations
@@ -39,31 +61,38 @@ import base64
 import binascii
 import contextlib
 import hmac
-import ipaddress
 import secrets
-import socket
 import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from pagesift.primary.engine.browser.proxybody import (
+    Aborted,
+    Limits,
+    Outcome,
+    Stale,
+    exchange,
+    request_length,
+)
 from pagesift.primary.engine.browser.proxyhead import (
     Head,
+    Refusal,
     Target,
     authority,
-    closing_response_head,
     parse_head,
     parse_target,
+    request_keeps,
     upstream_request,
 )
-from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError, GuardedResolver
+from pagesift.primary.engine.browser.proxyroute import Route, Router
+from pagesift.primary.engine.browser.upstream import IdlePool, Upstream, dial, open_tunnel
+from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.reqprofile import ProxyPool
-from pagesift.shared.jobs import urls
 from pagesift.shared.util.listeners import start_stream_server
 
 __all__ = [
@@ -145,14 +174,10 @@ class ProxyStats:
     bytes_up: int
     bytes_down: int
     registrations: int
-
-
-def _is_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+    upstream_opened: int  # origin connections made (tunnels and upstream-proxy hops too)
+    upstream_reused: int  # requests sent on an idle origin connection of the pool
+    upstream_retried: int  # of those, sent again on a new one (the idle one had closed)
+    upstream_idle: int  # idle origin connections now
 
 
 def _response(status: int, reason: str, body: str, *extra: bytes) -> bytes:
@@ -169,19 +194,13 @@ def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
 
 
 _BUSY = _response(503, "Service Unavailable", "too many connections\n")
-# the answer to PRIME_URL: readable by the page that asked (about:blank, any origin)
+# the answer to PRIME_URL: readable by the page that asked (about:blank, any origin);
+# the connection is kept unless the request said otherwise
 _PRIMED = (
-    b"HTTP/1.1 204 No Content\r\nAccess-Control-Allow-Origin: *\r\n"
-    b"Cache-Control: no-store\r\nConnection: close\r\nProxy-Connection: close\r\n\r\n"
+    b"HTTP/1.1 204 No Content\r\nAccess-Control-Allow-Origin: *\r\nCache-Control: no-store\r\n"
 )
-
-
-class _Failure(Exception):
-    """A request the proxy answers itself: status, reason phrase, error code, message."""
-
-    def __init__(self, status: int, reason: str, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.code, self.message = status, reason, code, message
+_CLOSING = b"Connection: close\r\nProxy-Connection: close\r\n"
+_UNANSWERED = "the server closed the connection without a response"
 
 
 @dataclass
@@ -208,23 +227,29 @@ class GuardProxy:
         max_connections: int = 256,
         idle_timeout: float = 60.0,
         connect_timeout: float = 10.0,
+        keepalive_timeout: float = 15.0,
+        idle_per_key: int = 8,
+        idle_total: int = 128,
+        idle_upstream: float = 15.0,
     ) -> None:
         self.guard = guard
         self.pool = pool or ProxyPool()
         self._resolver, self._own_resolver = resolver, resolver is None  # made in start
-        self._proxy_guard = guard
-        if guard is not None:  # the pool's literal endpoints, for proxy connections only
-            self._proxy_guard = AddressGuard(exempt=guard.exempt | _pool_endpoints(self.pool))
+        self._router = Router(guard, self.pool, resolver, connect_timeout)
         self.max_head, self.max_response_head = max_head, max_response_head
-        self.max_connections, self._turns = max_connections, 0
+        self.max_connections = max_connections
         self.idle_timeout, self.connect_timeout = idle_timeout, connect_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self._idle_bounds = (idle_per_key, idle_total, idle_upstream)
+        self._idle = IdlePool(*self._idle_bounds)
         self._server: asyncio.Server | None = None
         self.port = 0
         self._registrations: dict[str, _Registration] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._c = dict.fromkeys(
             ("connections", "requests", "tunnels", "blocked", "blocked_bytes",
-             "unauthorized", "bytes_up", "bytes_down"), 0,
+             "unauthorized", "bytes_up", "bytes_down", "upstream_opened",
+             "upstream_reused", "upstream_retried"), 0,
         )  # fmt: skip
 
     @property
@@ -235,6 +260,7 @@ class GuardProxy:
         """Listen on 127.0.0.1 (an ephemeral port); returns the port."""
         if self._server is None:
             self._resolver = self._resolver or DefaultResolver()  # binds to this loop
+            self._router.resolver = self._resolver
             # past max_connections: the 503 at once, before any task or read (the
             # listeners' gate, pagesift.shared.util.listeners)
             self._server = await start_stream_server(
@@ -261,28 +287,34 @@ class GuardProxy:
         return self._registrations[creds.username].usage
 
     def release(self, creds: ProxyCredentials) -> Usage | None:
-        """Forget ``creds`` (later requests get 407) and cancel its open connections;
-        returns its final counters (None if unknown)."""
+        """Forget ``creds`` (later requests get 407), cancel the browser connections
+        that served it and close its idle origin connections; returns its final
+        counters (None if unknown)."""
         reg = self._registrations.pop(creds.username, None)
         if reg is None:
             return None
         for task in reg.tasks:
             task.cancel()
+        self._idle.drop(creds.username)
         return reg.usage
 
     def stats(self) -> ProxyStats:
         return ProxyStats(
-            active=len(self._tasks), registrations=len(self._registrations), **self._c
-        )
+            active=len(self._tasks), registrations=len(self._registrations),
+            upstream_idle=len(self._idle), **self._c,
+        )  # fmt: skip
 
     async def close(self) -> None:
-        """Stop listening and cancel every connection task; waits for them to end."""
+        """Stop listening, cancel every connection task (waits for them to end) and
+        close every idle origin connection."""
         if self._server is not None:
             self._server.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._idle.close()
+        self._idle = IdlePool(*self._idle_bounds)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
@@ -298,41 +330,72 @@ class GuardProxy:
         assert task is not None
         self._c["connections"] += 1
         self._tasks.add(task)
+        served: list[_Registration] = []  # each owns this connection (release ends it)
         try:
-            await self._serve(reader, writer, task)
+            wait = self.idle_timeout
+            while await self._request((reader, writer), task, served, wait):
+                wait = self.keepalive_timeout
         except (OSError, asyncio.IncompleteReadError, TimeoutError, asyncio.CancelledError):
             pass  # a side went away, or release/close (asyncio would log the cancel)
         finally:
+            for reg in served:
+                reg.tasks.discard(task)
             self._tasks.discard(task)
             writer.close()
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[Any]
-    ) -> None:
+    async def _request(
+        self, client: _Conn, task: asyncio.Task[Any], served: list[_Registration], wait: float
+    ) -> bool:
+        """Read one request on ``client`` and answer it; whether another may follow."""
+        reader, writer = client
         try:
-            async with asyncio.timeout(self.idle_timeout):
+            async with asyncio.timeout(wait):
                 raw = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             await _send_close(writer, _response(431, "Header Too Large", "header too large\n"))
-            return
+            return False
+        except asyncio.IncompleteReadError:
+            return False  # the browser closed it, between requests or within a head
         try:
             head = parse_head(raw)
+            reg = self._authorize(head)  # this request's own credentials, every time
+            length = request_length(head) if reg is not None else 0
         except ValueError as exc:
             await _send_close(writer, _response(400, "Bad Request", f"{exc}\n"))
-            return
-        reg = self._authorize(head)
+            return False
         if reg is None:
             self._c["unauthorized"] += 1
             await _send_close(writer, _response(407, "Proxy Authentication Required", "", _REALM))
-            return
+            return False
         if head.method == "GET" and head.target == PRIME_URL:
-            await _send_close(writer, _PRIMED)  # authorized: the context's credentials work
-            return
-        reg.tasks.add(task)
+            keep = request_keeps(head) and length == 0  # an unread body ends the connection
+            writer.write(_PRIMED + (b"" if keep else _CLOSING) + b"\r\n")
+            await writer.drain()
+            return keep
+        if not any(r is reg for r in served):
+            served.append(reg)
+            reg.tasks.add(task)
+        self._c["requests"] += 1
+        reg.usage.requests += 1
         try:
-            await self._relay((reader, writer), head, raw, reg)
-        finally:
-            reg.tasks.discard(task)
+            target = parse_target(head)
+        except ValueError as exc:
+            await _send_close(writer, _response(400, "Bad Request", f"{exc}\n"))
+            return False
+        try:
+            route = await self._router.route(target, reg.proxy, reg.proxy_url)
+            if target.tunnel:
+                await self._tunnel(client, route, reg)
+                return False
+            return await self._exchange(client, head, target, route, reg, length)
+        except Refusal as f:
+            if f.code == "blocked_address":
+                self._c["blocked"] += 1
+                self._c["blocked_bytes"] += len(raw)
+                reg.usage.blocked += 1
+                reg.usage.last_refusal = f.message[:300]
+            await _send_close(writer, _refusal(f.status, f.reason, f.code, f.message))
+            return False
 
     def _authorize(self, head: Head) -> _Registration | None:
         scheme, _, token = (head.get("proxy-authorization") or "").partition(" ")
@@ -348,138 +411,92 @@ class GuardProxy:
             return None
         return reg
 
-    async def _relay(self, client: _Conn, head: Head, raw: bytes, reg: _Registration) -> None:
-        writer = client[1]
-        self._c["requests"] += 1
-        reg.usage.requests += 1
+    async def _exchange(
+        self, client: _Conn, head: Head, target: Target, route: Route, reg: _Registration,
+        length: int,
+    ) -> bool:  # fmt: skip
+        """One plain-http request on an idle origin connection of ``route`` or a new
+        one (module docstring); whether the browser's connection may carry another."""
+        wire = upstream_request(head, target)
+        limits = Limits(self.idle_timeout, max_head=self.max_response_head)
+
+        def count(way: str, n: int) -> None:
+            self._count(reg, "bytes_up" if way == "up" else "bytes_down", n)
+
+        conn = await self._take(route, reg)
+        retry = conn is not None and head.method in ("GET", "HEAD") and length == 0
+        if conn is None:
+            conn = await self._dial(route, reg)
+        else:
+            self._c["upstream_reused"] += 1
+        outcome = Outcome(False, False)
         try:
-            target = parse_target(head)
-        except ValueError as exc:
-            await _send_close(writer, _response(400, "Bad Request", f"{exc}\n"))
-            return
-        try:
-            up_reader, up_writer = await self._open(target, reg)
-        except _Failure as f:
-            if f.code == "blocked_address":
-                self._c["blocked"] += 1
-                self._c["blocked_bytes"] += len(raw)
-                reg.usage.blocked += 1
-                reg.usage.last_refusal = f.message[:300]
-            await _send_close(writer, _refusal(f.status, f.reason, f.code, f.message))
-            return
-        try:
-            if target.tunnel:
-                self._c["tunnels"] += 1
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
-                first = b""
-            else:
-                up_writer.write(upstream_request(head, target))
+            try:
+                outcome = await exchange(client, (conn.reader, conn.writer), head, wire, length,
+                                         limits, count)  # fmt: skip
+            except Stale:
+                conn.close()
+                if not retry:
+                    raise Refusal(502, "Bad Gateway", "connect", _UNANSWERED) from None
+                self._c["upstream_retried"] += 1
+                conn = await self._dial(route, reg)  # once, on a new connection
                 try:
-                    async with asyncio.timeout(self.idle_timeout):
-                        first = closing_response_head(await up_reader.readuntil(b"\r\n\r\n"))
-                except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError):
-                    msg = "the server sent no complete response head"
-                    await _send_close(writer, _refusal(502, "Bad Gateway", "connect", msg))
-                    return
-            await self._splice(client, (up_reader, up_writer), reg, first)
+                    outcome = await exchange(client, (conn.reader, conn.writer), head, wire,
+                                             length, limits, count)  # fmt: skip
+                except Stale:
+                    raise Refusal(502, "Bad Gateway", "connect", _UNANSWERED) from None
+        except Aborted:
+            return False
         finally:
-            up_writer.close()
+            conn.requests += 1
+            if outcome.upstream_keep and self._registrations.get(reg.creds.username) is reg:
+                self._idle.put(conn)
+            else:
+                conn.close()
+        return outcome.browser_keep
 
-    async def _open(self, target: Target, reg: _Registration) -> _Conn:
-        """A connection to ``target``'s checked address: direct, or a tunnel through
-        the registration's upstream proxy. ``_Failure`` says why not."""
-        addresses = await self._checked(self.guard, target.host, target.port)
-        self._turns += 1
-        upstream = reg.proxy_url or self.pool.choose(reg.proxy, target.host, self._turns)
-        if upstream is None:
-            return await self._connect(addresses, target.port)
-        parts = urlsplit(upstream)
-        host = urls.host_of(upstream)
-        scheme = parts.scheme.lower()
-        if scheme not in ("http", "https") or not host:
-            raise _Failure(502, "Bad Gateway", "connect", "the proxy URL is not http(s)://")
-        port = parts.port or (443 if scheme == "https" else 80)
-        # an account's own proxy is judged by the full guard (as ``sessions``)
-        guard = self.guard if reg.proxy_url else self._proxy_guard
-        proxy_ips = await self._checked(guard, host, port)
-        tls = ssl.create_default_context() if scheme == "https" else None
-        r, w = await self._connect(proxy_ips, port, tls, host if tls else "")
-        auth = ""
-        if parts.username is not None:
-            pair = f"{parts.username}:{parts.password or ''}".encode()
-            auth = f"Proxy-Authorization: Basic {base64.b64encode(pair).decode()}\r\n"
-        where = authority(addresses[0], target.port)
-        w.write(f"CONNECT {where} HTTP/1.1\r\nHost: {where}\r\n{auth}\r\n".encode())
+    async def _tunnel(self, client: _Conn, route: Route, reg: _Registration) -> None:
+        up = await self._dial(route, reg)
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                answer = await r.readuntil(b"\r\n\r\n")
-        except (OSError, asyncio.LimitOverrunError, asyncio.IncompleteReadError) as exc:
-            w.close()
-            raise _Failure(502, "Bad Gateway", "connect", f"the proxy failed: {exc}") from None
-        except TimeoutError:
-            w.close()
-            raise _Failure(504, "Gateway Timeout", "timeout", "the proxy did not answer") from None
-        status = answer.split(b" ", 2)[1:2]
-        if not status or not status[0].startswith(b"2"):
-            w.close()
-            line = answer.split(b"\r\n", 1)[0].decode("latin-1")[:100]
-            raise _Failure(502, "Bad Gateway", "connect", f"the proxy refused: {line}")
-        return r, w
+            self._c["tunnels"] += 1
+            client[1].write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await client[1].drain()
+            await self._splice(client, (up.reader, up.writer), reg)
+        finally:
+            up.close()
 
-    async def _checked(self, guard: AddressGuard | None, host: str, port: int) -> list[str]:
-        """The addresses ``host`` may be connected to, each judged by ``guard``: a
-        literal as is; a name resolved here (refused when ANY address is blocked)."""
-        addresses = [host]
-        if not _is_literal(host):
-            assert self._resolver is not None
-            names = self._resolver if guard is None else GuardedResolver(self._resolver, guard)
-            try:
-                async with asyncio.timeout(self.connect_timeout):
-                    results = await names.resolve(host, port, socket.AF_UNSPEC)
-            except BlockedAddressError as exc:
-                raise _Failure(403, "Forbidden", "blocked_address", f"{exc}") from None
-            except TimeoutError:
-                msg = f"resolving {host} timed out"
-                raise _Failure(504, "Gateway Timeout", "dns", msg) from None
-            except OSError as exc:
-                raise _Failure(502, "Bad Gateway", "dns", f"cannot resolve {host}: {exc}") from None
-            addresses = list(dict.fromkeys(str(r["host"]) for r in results))[:4]
-            if not addresses:
-                raise _Failure(502, "Bad Gateway", "dns", f"{host} has no address")
-        for address in addresses:  # again, on the very text connected to
-            reason = None if guard is None else guard.refusal(address, port)
-            if reason is not None:
-                msg = f"blocked by the address guard: {host}:{port}: {reason}"
-                raise _Failure(403, "Forbidden", "blocked_address", msg)
-        return addresses
+    async def _take(self, route: Route, reg: _Registration) -> Upstream | None:
+        """An idle connection of ``reg`` to one of ``route``'s checked addresses."""
+        for key in route.keys(reg.creds.username):
+            conn = await self._idle.take(key)
+            if conn is not None:
+                return conn
+        return None
 
-    async def _connect(
-        self, ips: list[str], port: int, tls: ssl.SSLContext | None = None, name: str = ""
-    ) -> _Conn:
-        """A connection to the first of ``ips`` (checked addresses) that answers."""
-        failure = _Failure(502, "Bad Gateway", "connect", "no address")
-        for ip in ips:
-            try:
-                async with asyncio.timeout(self.connect_timeout):
-                    return await asyncio.open_connection(
-                        ip, port, ssl=tls, server_hostname=name or None,
-                        limit=self.max_response_head,
-                    )  # fmt: skip
-            except OSError as exc:  # TimeoutError included
-                code = "timeout" if isinstance(exc, TimeoutError) else "connect"
-                why = "timed out" if code == "timeout" else exc.strerror or str(exc)
-                msg = f"cannot connect to {authority(ip, port)}: {why}"
-                failure = _Failure(502, "Bad Gateway", code, msg)
-        raise failure
+    async def _dial(self, route: Route, reg: _Registration) -> Upstream:
+        """A new connection to ``route``'s checked address: direct, or a tunnel through
+        its upstream proxy; ``Refusal`` says why not."""
+        owner, wait, limit = reg.creds.username, self.connect_timeout, self.max_response_head
+        if not route.via:
+            r, w, ip = await dial(list(route.addresses), route.port, timeout=wait, limit=limit)
+            self._c["upstream_opened"] += 1
+            return Upstream(r, w, (owner, ip, route.port, "", ""))
+        tls = ssl.create_default_context() if route.via_tls else None
+        r, w, ip = await dial(list(route.via_ips), route.via_port, timeout=wait, limit=limit,
+                              tls=tls, name=route.via_tls)  # fmt: skip
+        self._c["upstream_opened"] += 1
+        where = authority(route.addresses[0], route.port)
+        try:
+            await open_tunnel(r, w, where, route.via_auth, self.connect_timeout)
+        except BaseException:
+            w.close()
+            raise
+        return Upstream(r, w, (owner, route.addresses[0], route.port, route.via, ip))
 
-    async def _splice(self, client: _Conn, up: _Conn, reg: _Registration, first: bytes) -> None:
+    async def _splice(self, client: _Conn, up: _Conn, reg: _Registration) -> None:
         """Relay both ways until either side ends or both are idle ``idle_timeout``."""
         (reader, writer), (up_reader, up_writer) = client, up
         last = [time.monotonic()]
-        if first:
-            writer.write(first)
-            self._count(reg, "bytes_down", len(first))
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, key: str) -> None:
             while True:
@@ -518,13 +535,3 @@ async def _send_close(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
         await writer.drain()
     writer.close()
-
-
-def _pool_endpoints(pool: ProxyPool) -> frozenset[tuple[str, int]]:
-    """The (address, port) of every pool proxy named by a literal address."""
-    named = ((urls.host_of(url), urlsplit(url)) for url in pool.endpoints())
-    return frozenset(
-        (host, parts.port or (443 if parts.scheme == "https" else 80))
-        for host, parts in named
-        if host and _is_literal(host)
-    )
