@@ -47,8 +47,8 @@ from pagesift.primary.engine.browser.proxyhead import (
 )
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.v1 import jobs_pb2 as pb
-from tests.helpers import MapResolver, until
-from tests.test_browser_guard import CHROMIUM, Counting, FlipResolver
+from tests.helpers import MapResolver, serve_handler, until
+from tests.test_browser_guard import CHROMIUM, Counting, FlipResolver, Upstream
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -264,13 +264,7 @@ async def test_two_requests_on_one_browser_connection_share_one_origin_connectio
         peers.add(request.transport)
         return web.Response(text=f"page {request.path}")
 
-    app = web.Application()
-    app.router.add_get("/{name}", page)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = int(runner.addresses[0][1])
-    try:
+    async with serve_handler(page) as port:
         proxy = await _proxy(proxies, ("127.0.0.1", port))
         creds = proxy.register()
         client = await _client(clients, proxy)
@@ -283,8 +277,6 @@ async def test_two_requests_on_one_browser_connection_share_one_origin_connectio
         assert (stats.connections, stats.requests) == (1, 3)
         assert (stats.upstream_opened, stats.upstream_reused, stats.upstream_idle) == (1, 2, 1)
         assert proxy.usage(creds).requests == 3
-    finally:
-        await runner.cleanup()
 
 
 _CHUNKED = (
@@ -669,47 +661,11 @@ async def test_retried_at_most_once(
     assert origin.accepts == 2 and proxy.stats().upstream_retried == 1
 
 
-@dataclass
-class ConnectProxy:
-    """A minimal upstream CONNECT proxy: counts tunnels, splices each."""
-
-    tunnels: list[str] = field(default_factory=list)
-    server: asyncio.Server | None = None
-    port: int = 0
-
-    async def start(self) -> ConnectProxy:
-        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
-        self.port = int(self.server.sockets[0].getsockname()[1])
-        return self
-
-    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            where = head.split(b" ")[1].decode()
-            self.tunnels.append(where)
-            host, _, port = where.rpartition(":")
-            up_r, up_w = await asyncio.open_connection(host, int(port))
-            writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
-
-            async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-                while data := await r.read(65536):
-                    w.write(data)
-                    await w.drain()
-                w.close()
-
-            async with asyncio.timeout(20):
-                await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
-        except (OSError, TimeoutError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-
 async def test_a_tunnel_through_a_jobs_proxy_is_reused_for_its_key_only(
     origins: list[Origin], proxies: list[GuardProxy], clients: list[Client]
 ) -> None:
     origin = await _origin(origins)
-    chain = await ConnectProxy().start()
+    chain = await Upstream().start()
     try:
         proxy = await _proxy(proxies, ("127.0.0.1", origin.port), ("127.0.0.1", chain.port))
         via = proxy.register(proxy_url=f"http://127.0.0.1:{chain.port}")
@@ -717,12 +673,11 @@ async def test_a_tunnel_through_a_jobs_proxy_is_reused_for_its_key_only(
         client = await _client(clients, proxy)
         for path in ("/1", "/2"):
             assert (await client.get(origin.url(path), via)).status == 200
-        assert chain.tunnels == [f"127.0.0.1:{origin.port}"]  # one tunnel, two requests
+        assert [t for t, _ in chain.seen] == [f"127.0.0.1:{origin.port}"]  # one, two requests
         assert (await client.get(origin.url("/3"), direct)).status == 200
-        assert len(chain.tunnels) == 1 and origin.accepts == 2
+        assert len(chain.seen) == 1 and origin.accepts == 2
     finally:
-        if chain.server is not None:
-            chain.server.close()
+        await chain.stop()
 
 
 # ---------------------------------------------------------------- the pure parts
@@ -819,13 +774,7 @@ async def test_a_rendered_page_makes_fewer_origin_and_proxy_connections_than_req
             text=script, content_type="text/javascript", headers={"Cache-Control": "no-store"}
         )
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", serve)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = int(runner.addresses[0][1])
-    try:
+    async with serve_handler(serve) as port:
         proxy = await _proxy(proxies, ("127.0.0.1", port))
         creds = proxy.register()
         async with async_playwright() as pw:
@@ -854,5 +803,3 @@ async def test_a_rendered_page_makes_fewer_origin_and_proxy_connections_than_req
         # Chromium sent its credentials on every request of a kept connection: the
         # only 407 is the prime's (the proxy answers 407 to any request without them)
         assert stats.unauthorized == 1 and stats.blocked == 0
-    finally:
-        await runner.cleanup()
