@@ -424,6 +424,20 @@ async def get_job(address: str, job_id: str) -> jobs_pb2.GetJobResponse:
         return resp
 
 
+async def pages_done(address: str, job_id: str, at_least: int) -> int | None:
+    """The pages the node at ``address`` has finished of the job (done or failed) once
+    they are ``at_least``; None before, also while the job is not there yet (a standby
+    the job has not been replicated to)."""
+    try:
+        job = await get_job(address, job_id)
+    except grpc.aio.AioRpcError as err:
+        if err.code() == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
+    done = job.completed + job.failed
+    return done if done >= at_least else None
+
+
 async def finished(address: str, job_id: str, timeout: float = 60.0) -> jobs_pb2.GetJobResponse:
     """The job on the node at ``address`` once it is in a terminal state."""
 

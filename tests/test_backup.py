@@ -42,6 +42,7 @@ from tests.helpers import (
     finished,
     get_job,
     in_process_node,
+    pages_done,
     role,
     until,
     write_accounts,
@@ -78,12 +79,6 @@ async def start_crawl(address: str, root: str) -> str:
     )
     async with JobClient(address) as client:
         return await client.start_crawl(req)
-
-
-async def pages_done(address: str, job_id: str, at_least: int) -> int | None:
-    job = await get_job(address, job_id)
-    done = job.completed + job.failed
-    return done if done >= at_least else None
 
 
 async def offset_past(address: str, offset: int) -> int | None:

@@ -41,6 +41,7 @@ from tests.helpers import (
     free_port,
     get_job,
     metric,
+    pages_done,
     role,
     scrape_metrics,
 )
@@ -127,17 +128,6 @@ def crawl_request(root: str, key: str = "", delay: float = PACE) -> jobs_pb2.Sta
 async def start_crawl(address: str, req: jobs_pb2.StartCrawlRequest) -> str:
     async with JobClient(address) as client:
         return await client.start_crawl(req)
-
-
-async def pages_done(address: str, job_id: str, at_least: int) -> int | None:
-    try:
-        job = await get_job(address, job_id)
-    except grpc.aio.AioRpcError as err:
-        if err.code() == grpc.StatusCode.NOT_FOUND:
-            return None  # not replicated yet
-        raise
-    done = job.completed + job.failed
-    return done if done >= at_least else None
 
 
 async def offset_at_least(address: str, offset: int) -> int | None:

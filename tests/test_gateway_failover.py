@@ -30,8 +30,7 @@ from pagesift.client import JobClient
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
 from pagesift.gateway.server import run
 from pagesift.node.drill.fixture import Etcd
-from tests.helpers import NodeFactory, eventually
-from tests.test_failover import pages_done
+from tests.helpers import NodeFactory, eventually, pages_done
 from tests.test_witness import elected, is_primary, witness_pair
 
 pytestmark = pytest.mark.system

@@ -37,6 +37,7 @@ from tests.helpers import (
     eventually,
     finished,
     get_job,
+    pages_done,
     role,
     until,
 )
@@ -99,12 +100,6 @@ async def write_refused(address: str, root: str) -> grpc.StatusCode | None:
     except grpc.aio.AioRpcError as err:
         return err.code()
     return None
-
-
-async def pages_done(address: str, job_id: str, at_least: int) -> int | None:
-    job = await get_job(address, job_id)
-    done = job.completed + job.failed
-    return done if done >= at_least else None
 
 
 async def health(address: str, service: str) -> int:
