@@ -217,7 +217,9 @@ async def test_a_standby_away_longer_than_the_backlog_gets_a_full_resync_while_t
 ) -> None:
     s, root = site
     primary, standby = await start_pair(nodes, primary_config={"backlog_bytes": 20_000})
-    job_id = await start_crawl(primary.address, crawl_request(root, delay=0.03))
+    # paced so the crawl (~170 pages) outlasts the standby's restart and full resync with
+    # room to spare on a loaded box (at 0.03 s a loaded CI run saw the crawl end first)
+    job_id = await start_crawl(primary.address, crawl_request(root, delay=0.1))
     await eventually(lambda: pages_done(standby.address, job_id, 10), "10 pages on the standby")
     standby.kill()
     away_at = (await role(primary.address)).applied_offset
