@@ -23,7 +23,7 @@ $(BUF):
 
 ## make run: a local primary + standby pair under ./data, a demo site, and the commands to try.
 run: $(BIN)/.installed
-	$(BIN)/python -m pagesift.node.demo --data ./data
+	$(BIN)/python -m pagesift.demo.launcher --data ./data
 
 ## make proto: regenerate the gRPC/protobuf code (and its type stubs) from proto/.
 proto: $(BIN)/.installed

@@ -39,9 +39,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 async def _scenario(name: str, root: str, path: str, cap: int) -> dict[str, Any]:
+    from pagesift.core.config.schema import ServerConfig
+    from pagesift.core.jobs.pageerrors import PageError
     from pagesift.primary.engine.browser.pool import BrowserPool
-    from pagesift.shared.config.schema import ServerConfig
-    from pagesift.shared.jobs.pageerrors import PageError
     from pagesift.v1 import jobs_pb2
 
     config = ServerConfig(max_browser_pages=2, render_timeout=60.0, browser_page_memory_limit=cap)

@@ -2,14 +2,14 @@
 
 What it runs (``python -m bench.run --section cluster``):
 
-- one etcd (Debian's, ``pagesift.node.drill.fixture.Etcd``) and, for each pair count
+- one etcd (Debian's, ``pagesift.drill.fixture.Etcd``) and, for each pair count
   n in ``--cluster-pairs`` (default 1,2,3), n ``pagesift serve --witness … --pair P
   --cluster NAME`` children, ONE node a pair (the witness makes it primary; a standby
   would add replication CPU and nothing to placement), under a fresh cluster name;
 - ``--cluster-sites`` demo sites (default 6, ``--cluster-pages`` articles each, 150)
   on loopback hosts 127.0.0.1, .2, …, each page answered after ``--cluster-delay``
   seconds (default 0.2), counted at the server
-  (``pagesift.node.drill.counting``), so a page costs the node little CPU and the
+  (``pagesift.drill.counting``), so a page costs the node little CPU and the
   throughput is bound by how many pages are in flight, not by the 2 cores;
 - the work: ONE batch scrape of every page of every site, through
   ``JobClient(cluster=…)``, ``max_concurrency`` ``--cluster-concurrency`` (default 8).
@@ -49,12 +49,12 @@ import aiohttp
 from bench.common import OUT_DIR, machine_facts, markdown_table, say, start_serve, stop_serve
 from pagesift.client import JobClient
 from pagesift.client.registryview import ClusterView
-from pagesift.node.drill.counting import CountedSite
-from pagesift.node.drill.fixture import Etcd, write_server_toml
-from pagesift.node.procs import Child, free_port
-from pagesift.shared.api.tls import write_new_token
-from pagesift.shared.cluster import ids, placement
-from pagesift.shared.cluster.registry import placeable
+from pagesift.core.api.tls import write_new_token
+from pagesift.core.cluster import ids, placement
+from pagesift.core.cluster.registryrules import placeable
+from pagesift.core.util.children import Child, free_port
+from pagesift.drill.counting import CountedSite
+from pagesift.drill.fixture import Etcd, write_server_toml
 from pagesift.v1 import jobs_pb2
 
 PER_HOST = 8  # per_host_concurrency of every node (the server's default)

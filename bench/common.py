@@ -34,8 +34,8 @@ import grpc
 
 # The node's launcher, shared with the drill and the tests (bench sections run in the
 # same venv as the node).
-from pagesift.node.procs import Child, serve_argv
-from pagesift.node.procs import free_port as free_port
+from pagesift.core.util.children import Child, serve_argv
+from pagesift.core.util.children import free_port as free_port
 
 LOOPBACK = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent
@@ -262,7 +262,7 @@ class ProcessSampler:
 
 def start_serve(name: str, args: Sequence[str], log: Path, *, append: bool = False) -> Child:
     """``pagesift serve ARGS`` from the repository directory, started, in its own process
-    group (``pagesift.node.procs.Child``), its output in ``log`` (emptied first, unless
+    group (``pagesift.core.util.children.Child``), its output in ``log`` (emptied first, unless
     ``append``). Its ``proc`` is the server process: its pid for the samplers, ``poll``
     for the waits."""
     child = Child(name, serve_argv(*args), log, cwd=REPO_DIR)

@@ -243,7 +243,7 @@ def warm_page_cache(root: Path, max_bytes: int = 1 << 30) -> None:
 
 def pagesift_missing() -> str:
     """Why the pagesift server cannot be started yet, or '' if it can."""
-    for mod in ("pagesift.node.cli", "pagesift.node.grpcserver"):
+    for mod in ("pagesift.cli", "pagesift.node.grpcserver"):
         try:
             if importlib.util.find_spec(mod) is None:
                 return f"module {mod} does not exist yet"

@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> None:
     from pagesift.v1 import jobs_pb2
 
     pages = min(max(args.export_pages, 8), 10_000)
-    cli = [sys.executable, "-m", "pagesift.node.cli"]
+    cli = [sys.executable, "-m", "pagesift.cli"]
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"machine": machine_facts(), "pages": pages, "runs": []}
     with (

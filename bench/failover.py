@@ -1,6 +1,6 @@
 """Section ``failover``: recovery time of a failover, manual promote vs the etcd witness.
 
-Both are ``pagesift drill --local --repeat N --json`` (``pagesift.node.drill``): a real
+Both are ``pagesift drill --local --repeat N --json`` (``pagesift.drill``): a real
 pair of ``pagesift serve`` children on loopback, a crawl of the bundled demo site with
 a signed webhook, the primary SIGKILLed at a seeded random point of the crawl, then
 
@@ -40,7 +40,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def _drill(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [
-        sys.executable, "-m", "pagesift.node.cli", "drill", "--local", *KINDS[kind],
+        sys.executable, "-m", "pagesift.cli", "drill", "--local", *KINDS[kind],
         "--repeat", str(args.failover_runs), "--pages", str(args.failover_pages),
         "--witness-ttl", str(args.failover_ttl), "--seed", "20261130", "--json",
     ]  # fmt: skip

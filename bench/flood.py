@@ -52,7 +52,7 @@ from bench.common import (
     wait_for_port,
     write_json,
 )
-from pagesift.node.procs import free_port
+from pagesift.core.util.children import free_port
 from tests.hostile.connections import Flood, fd_count, raise_own_limit, server_established
 
 BUDGET = re.compile(r"descriptors: .*")

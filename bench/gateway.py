@@ -59,7 +59,7 @@ from bench.common import (
 from bench.map import generate_site
 from bench.nginx import Nginx
 from bench.proctree import TreeSampler, tree_cpu_seconds, tree_memory
-from pagesift.node.procs import Child
+from pagesift.core.util.children import Child
 
 POLL = 0.2  # seconds between two status reads (grpc and http modes)
 MODES = ("grpc", "http", "sdk")
@@ -102,7 +102,7 @@ async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float
 
 
 def _start_gateway(listen: str, server: str, log: Path) -> Child:
-    argv = [sys.executable, "-m", "pagesift.node.cli", "gateway"]
+    argv = [sys.executable, "-m", "pagesift.cli", "gateway"]
     child = Child("gateway", [*argv, "--listen", listen, "--server", server], log, cwd=REPO_DIR)
     log.unlink(missing_ok=True)
     child.start()

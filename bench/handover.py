@@ -3,7 +3,7 @@
 What it runs (``python -m bench.run --section handover``): one etcd, one-node pairs of
 ``pagesift serve --cluster`` (``bench.cluster.Pairs``, ``per_host_concurrency``
 ``--handover-limit``, default 2), and one counted origin on 127.0.0.1
-(``pagesift.node.drill.counting``: every request any node sends it, the peak in
+(``pagesift.drill.counting``: every request any node sends it, the peak in
 flight), answered after ``--handover-delay`` seconds a page so requests overlap. Each
 fault starts a crawl of the origin on the pair that owns it, waits for 10 pages, then:
 
@@ -40,10 +40,10 @@ import grpc
 
 from bench.cluster import TERMINAL, Pairs
 from bench.common import OUT_DIR, machine_facts, markdown_table, say, stop_serve
+from pagesift.core.cluster import placement
 from pagesift.demo.site import CALENDAR_EXCLUDE
-from pagesift.node.drill.counting import CountedSite
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.cluster import placement
+from pagesift.drill.counting import CountedSite
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 
 FAULTS = ("stall", "join", "leave")

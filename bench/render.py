@@ -98,7 +98,7 @@ OPEN_TIMEOUT = 120.0  # a peer's start (imports, no browser yet) until it opens 
 def browser_path() -> str:
     """The headless shell every side drives: pagesift's default ``browser_executable``
     (Debian's chromium-headless-shell)."""
-    from pagesift.shared.config.schema import ServerConfig
+    from pagesift.core.config.schema import ServerConfig
 
     return ServerConfig().browser_executable
 

@@ -44,7 +44,7 @@ from bench.common import (
     stop_serve,
     write_json,
 )
-from pagesift.shared.util.tasks import cancel_and_wait
+from pagesift.core.util.tasks import cancel_and_wait
 
 READY_TIMEOUT = 30.0
 JOB_TIMEOUT = 300.0
@@ -107,7 +107,7 @@ async def _settle(pid: int, timeout: float = SETTLE_TIMEOUT) -> float:
 
 
 def _server_config(tmp: Path, streams: int) -> Path:
-    from pagesift.shared.config.schema import ServerConfig
+    from pagesift.core.config.schema import ServerConfig
 
     lines = ["[server]", "extract_processes = 1", "max_batch_urls = 100000"]
     known = ServerConfig.__dataclass_fields__

@@ -24,17 +24,17 @@ from pathlib import Path
 import pytest
 from aiohttp.abc import AbstractResolver
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.store.db import Store
 from pagesift.demo.site import Site, build_site, serve_site
-from pagesift.node.drill.fixture import Etcd
+from pagesift.drill.fixture import Etcd
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.store.db import Store
 from tests.helpers import EngineMaker, NodeFactory, SiteSpec, serve_procs
 
 # Every ``pagesift serve`` child of the suite inherits this: no 64 MiB reserve file
-# (``pagesift.node.storage``) in each of hundreds of data directories. The tests of the
+# (``pagesift.core.api.storagewatch``) in each of hundreds of data directories. The tests of the
 # reserve set it themselves (tests/test_disk_full.py).
 os.environ.setdefault("PAGESIFT_STORAGE_RESERVE_BYTES", "0")
 

@@ -3,7 +3,7 @@
 What it owns
 ------------
 ``EtcdCluster(workdir, members=1|3)`` runs Debian's ``/usr/bin/etcd`` (etcd-server),
-each member a ``pagesift.node.procs.Child`` (its own process group, output in
+each member a ``pagesift.core.util.children.Child`` (its own process group, output in
 ``workdir/etcd-<name>.log``, data in ``workdir/etcd-<name>``), client and peer ports
 picked free on 127.0.0.1. Per member: ``kill`` (SIGKILL), ``freeze``/``thaw``
 (SIGSTOP/SIGCONT, and ``frozen()`` for a block), ``restart`` (the same data directory
@@ -40,7 +40,7 @@ from types import TracebackType
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagesift.node.procs import Child, free_port
+from pagesift.core.util.children import Child, free_port
 
 ETCD = "/usr/bin/etcd"
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Sequence
 from urllib.parse import urljoin, urlsplit
 
+from pagesift.core.api.metricsources import BrowserFigures
+from pagesift.core.jobs import urls
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.protocol import FetchPolicy, Page
-from pagesift.shared.api.metricsources import BrowserFigures
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 Site = Callable[[str], Page]

@@ -51,8 +51,8 @@ import aetcd
 import grpc
 
 from pagesift.coord.keys import state_key, witness_pair
-from pagesift.shared.ha.election import PairState
-from pagesift.shared.replication.writetrace import ENV as TRACE_ENV
+from pagesift.core.ha.election import PairState
+from pagesift.core.replication.writetrace import ENV as TRACE_ENV
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 from tests.cutproxy import CutProxy

@@ -1,6 +1,6 @@
 """Shared test plumbing: bounded waits, free ports, in-process nodes, server
 subprocesses (``ServeProc``, on the drill's and the bench's launcher,
-``pagesift.node.procs``), accounts files, a webhook receiver, metrics scrapes, admin
+``pagesift.core.util.children``), accounts files, a webhook receiver, metrics scrapes, admin
 RPCs and test certificates. Test modules import from here, from the small modules
 beside it (``fakeengine``, ``importscan``, ``pdfmaker``, ``hostile``) and get fixtures
 from ``conftest.py``; two reuse another test module's pieces (``test_freshness`` the
@@ -33,19 +33,19 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagesift.core.api import tls
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.accounts import hash_key
+from pagesift.core.util.children import Child, serve_argv
+from pagesift.core.util.children import free_port as free_port
 from pagesift.demo.site import CALENDAR_EXCLUDE, normalize_url
 from pagesift.node import grpcserver
 from pagesift.node.node import Node, http_engine
-from pagesift.node.procs import Child, serve_argv
-from pagesift.node.procs import free_port as free_port
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import Engine
-from pagesift.primary.webhooks import outbox as webhooks
-from pagesift.shared.api import tls
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.accounts import hash_key
+from pagesift.primary.webhooks import outbox
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 
@@ -237,7 +237,7 @@ async def all_documents(
 
 
 def start_server_process(config_args: list[str], log: Path, wrapper: Sequence[str] = ()) -> Child:
-    """``pagesift serve`` as a real child process (``pagesift.node.procs``: its own
+    """``pagesift serve`` as a real child process (``pagesift.core.util.children``: its own
     process group, output appended to ``log``), started; ``wrapper`` is a command that
     execs it (``unshare --time --monotonic N``: its own clock)."""
     argv = [*wrapper, *serve_argv(*config_args)]
@@ -541,7 +541,7 @@ class Receiver:
             seq=int(doc["seq"]),
             event=str(doc["event"]),
             data=dict(doc["data"]),
-            signed=webhooks.verify_signature(self.secret, timestamp, body, signature),
+            signed=outbox.verify_signature(self.secret, timestamp, body, signature),
             headers_ok=h.get("pagesift-event") == doc["event"]
             and h.get("pagesift-delivery") == f"{doc['id']}:{doc['seq']}"
             and h.get("content-type") == "application/json",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pagesift.shared.jobs.accounts import (
+from pagesift.core.jobs.accounts import (
     ANONYMOUS,
     Accounts,
     AccountsError,
@@ -185,7 +185,7 @@ def test_new_keys_are_random_and_hash_to_their_sha256(capsys: pytest.CaptureFixt
 
 def test_the_cli_runs_as_a_module(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "pagesift.shared.jobs.accounts", "hash-key"],
+        [sys.executable, "-m", "pagesift.core.jobs.accounts", "hash-key"],
         input="abc\n",
         capture_output=True,
         text=True,
@@ -194,7 +194,7 @@ def test_the_cli_runs_as_a_module(tmp_path: Path) -> None:
     )
     assert res.stdout.strip() == hash_key("abc")
     res = subprocess.run(
-        [sys.executable, "-m", "pagesift.shared.jobs.accounts", "new-key"],
+        [sys.executable, "-m", "pagesift.core.jobs.accounts", "new-key"],
         capture_output=True,
         text=True,
         timeout=30,

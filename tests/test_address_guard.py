@@ -30,11 +30,11 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import urls, validate
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import urls, validate
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 from tests.helpers import EngineMaker, all_documents, in_process_node, wait_terminal
 

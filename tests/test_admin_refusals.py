@@ -1,7 +1,7 @@
 """Every refusal of the AdminService and the ReplicationService, pinned: its status
 code, message, ``ErrorInfo`` reason and metadata, and its other details, as a client
 reads them over a real gRPC server on 127.0.0.1 (the error table's rows for these
-reasons, ``pagesift.shared.api.errortable``). Every wait is bounded."""
+reasons, ``pagesift.core.api.errortable``). Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_status import rpc_status
 
+from pagesift.core.api import tls
+from pagesift.core.api.guard import GuardRule, MetadataGuard
+from pagesift.core.api.rpcerrors import DOMAIN, Reason
+from pagesift.core.replication.slot import open_slot
+from pagesift.core.store.groups import WriteGroup
 from pagesift.node.admin import AdminServicer
-from pagesift.node.replication import ReplicationParts
+from pagesift.node.replicationparts import ReplicationParts
 from pagesift.primary.replication import add_to_server
-from pagesift.shared.api import tls
-from pagesift.shared.api.guard import GuardRule, MetadataGuard
-from pagesift.shared.api.rpcerrors import DOMAIN, Reason
-from pagesift.shared.replication.slot import open_slot
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 

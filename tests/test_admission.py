@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from pagesift.core.cluster import placement
+from pagesift.core.cluster.ownership import NoOwners, Owners
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.node import node as node_module
 from pagesift.primary.engine import rendering
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.rendering import RenderingEngine
 from pagesift.primary.jobs.clustered import OwnedHosts
-from pagesift.shared.cluster import placement
-from pagesift.shared.cluster.ownership import NoOwners, Owners
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page
 from tests.helpers import Acct, in_process_node, serve_handler, until, write_accounts

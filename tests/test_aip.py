@@ -17,14 +17,13 @@ from aiohttp import web
 from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from pagesift.cli import amain
 from pagesift.client.errors import details_of, error_info_of, reason_of, status_of
-from pagesift.node.cli import amain
-from pagesift.shared.api.rpcerrors import Reason
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import views
-from pagesift.shared.jobs.pageerrors import ErrorCode
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.core.api.rpcerrors import Reason
+from pagesift.core.jobs import records, views
+from pagesift.core.jobs.pageerrors import ErrorCode
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import (
     ALICE,
@@ -91,7 +90,7 @@ def ids(jobs: list[jobs_pb2.JobSummary]) -> list[str]:
 
 
 def members(store: Store, owner: str) -> set[str]:
-    return {jr.member_job(m) for m in store.set_members(jr.owner_set(owner))}
+    return {records.member_job(m) for m in store.set_members(records.owner_set(owner))}
 
 
 # ------------------------------------------------------------------ the store's range read
@@ -162,7 +161,7 @@ async def test_list_jobs_pages_every_job_of_the_caller_once_newest_first_never_a
         store = node.node.store()
         assert members(store, "alice") == set(mine)  # the index, written with each job
         assert members(store, "bob") == set(theirs)
-        assert store.get(jr.OWNER_INDEX_DONE) == b"1"
+        assert store.get(records.OWNER_INDEX_DONE) == b"1"
 
 
 async def test_list_jobs_refuses_a_bad_page_token_page_size_or_state_naming_the_field(
@@ -221,9 +220,9 @@ async def test_a_store_written_before_the_index_still_lists_its_jobs(tmp_path: P
     data = tmp_path / "n"
 
     def unindex(g: WriteGroup) -> None:  # what a store of the previous version holds
-        g.clear_set(jr.owner_set("alice"))
-        g.clear_set(jr.owner_set("bob"))
-        g.delete(jr.OWNER_INDEX_DONE)
+        g.clear_set(records.owner_set("alice"))
+        g.clear_set(records.owner_set("bob"))
+        g.delete(records.OWNER_INDEX_DONE)
 
     async with in_process_node(data, accounts_file=str(accounts)) as node:
         mine = [await start(node, ALICE.md, f"{DEAD}{i}") for i in range(4)]
@@ -232,12 +231,12 @@ async def test_a_store_written_before_the_index_still_lists_its_jobs(tmp_path: P
             await wait_done(node.stub, job_id, ALICE.md)
         store = node.node.store()
         store.write(unindex)
-        assert not jr.has_owner_index(store)
+        assert not records.has_owner_index(store)
         jobs, _ = await walk(node, ALICE.md, 3)  # the fallback pages the jobs set
         assert sorted(ids(jobs)) == sorted(mine)
     async with in_process_node(data, accounts_file=str(accounts)) as node:
         store = node.node.store()  # the start-up migration built the index, in one group
-        assert store.get(jr.OWNER_INDEX_DONE) == b"1"
+        assert store.get(records.OWNER_INDEX_DONE) == b"1"
         assert members(store, "alice") == set(mine)
         assert members(store, "bob") == set(theirs)
         jobs, pages = await walk(node, ALICE.md, 3)
@@ -303,9 +302,9 @@ def test_page_error_codes_and_webhook_events_are_closed_sets_with_enums() -> Non
     for note in ("failed", "completed", "webhook_undeliverable"):
         assert views.code_enum(note) != jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
     assert views.code_enum("no_such_code") == jobs_pb2.PAGE_ERROR_CODE_UNSPECIFIED
-    named = [jr.event_name(v) for v in jobs_pb2.WebhookEvent.values()]
-    assert sorted(n for n in named if n) == sorted(jr.WEBHOOK_EVENTS)
-    assert jr.event_name(jobs_pb2.WEBHOOK_EVENT_UNSPECIFIED) == ""
+    named = [records.event_name(v) for v in jobs_pb2.WebhookEvent.values()]
+    assert sorted(n for n in named if n) == sorted(records.WEBHOOK_EVENTS)
+    assert records.event_name(jobs_pb2.WEBHOOK_EVENT_UNSPECIFIED) == ""
 
 
 async def test_webhook_event_types_are_validated_naming_the_element(tmp_path: Path) -> None:
@@ -326,7 +325,7 @@ async def test_webhook_event_types_are_validated_naming_the_element(tmp_path: Pa
         resp = await node.stub.StartBatchScrape(
             jobs_pb2.StartBatchScrapeRequest(urls=[DEAD], webhook=hook), metadata=ALICE.md
         )
-        raw = node.node.store().get(jr.JobKeys(resp.id).webhook)
+        raw = node.node.store().get(records.JobKeys(resp.id).webhook)
         assert raw is not None and b"completed" in raw and b"started" in raw
 
 
@@ -379,10 +378,10 @@ async def test_a_key_is_reusable_for_another_request_once_its_job_expired(
         await wait_done(node.stub, first, ALICE.md)
         store = node.node.store()
         for _ in range(100):
-            if store.get(jr.idem_key("alice", "k1")) is None:
+            if store.get(records.idem_key("alice", "k1")) is None:
                 break
             await asyncio.sleep(0.1)
-        assert store.get(jr.idem_key("alice", "k1")) is None  # expired with its job
+        assert store.get(records.idem_key("alice", "k1")) is None  # expired with its job
         second = await start(node, ALICE.md, f"{DEAD}other", key="k1")
         assert second != first
 
@@ -393,14 +392,14 @@ async def test_a_key_stored_without_a_request_hash_returns_its_job_as_before(
     accounts = write_accounts(tmp_path / "accounts.toml", (ALICE,))
     async with in_process_node(tmp_path / "n", accounts_file=str(accounts)) as node:
         old = "00000000-0000-4000-8000-000000000001"
-        now = jr.now_ms()
-        meta = jr.JobMeta(old, "batch", "completed", "alice", now, now + 3_600_000, 1, 0, "k0")
+        now = records.now_ms()
+        meta = records.JobMeta(old, "batch", "completed", "alice", now, now + 3_600_000, 1, 0, "k0")
 
         def previous_version(g: WriteGroup) -> None:  # a job and key as they were stored
-            g.put(jr.JobKeys(old).meta, meta.encode())
-            g.put(jr.idem_key("alice", "k0"), old.encode())
-            g.insert(jr.owner_set("alice"), jr.owner_member(now, old))
-            g.insert(jr.JOBS_SET, old.encode())
+            g.put(records.JobKeys(old).meta, meta.encode())
+            g.put(records.idem_key("alice", "k0"), old.encode())
+            g.insert(records.owner_set("alice"), records.owner_member(now, old))
+            g.insert(records.JOBS_SET, old.encode())
 
         node.node.store().write(previous_version)
         assert await start(node, ALICE.md, f"{DEAD}any", key="k0") == old

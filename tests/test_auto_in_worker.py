@@ -10,10 +10,10 @@ import asyncio
 
 import pytest
 
+from pagesift.core.config.schema import ServerConfig
 from pagesift.primary.engine import autorender
 from pagesift.primary.engine.hops import Response
 from pagesift.primary.engine.pages import PageMaker, RenderNeeded
-from pagesift.shared.config.schema import ServerConfig
 from pagesift.v1 import jobs_pb2
 
 APP_SHELL = (

@@ -1,4 +1,4 @@
-"""The one backoff (``pagesift.shared.util.backoff``): pure, so every delay is pinned exactly."""
+"""The one backoff (``pagesift.core.util.backoff``): pure, so every delay is pinned exactly."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagesift.shared.util.backoff import backoff_delay, budgeted_delays
+from pagesift.core.util.backoff import backoff_delay, budgeted_delays
 
 
 def test_the_delay_doubles_from_its_base_up_to_its_cap() -> None:

@@ -22,13 +22,13 @@ from typing import Any
 import grpc
 import pytest
 
+from pagesift import cli
+from pagesift.cli.backup import MANIFEST_FILE
+from pagesift.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from pagesift.client import JobClient
+from pagesift.core.replication.slot import open_slot
+from pagesift.core.store.groups import WriteGroup
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
-from pagesift.node import cli
-from pagesift.node.cli.backup import MANIFEST_FILE
-from pagesift.node.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
-from pagesift.shared.replication.slot import open_slot
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (
@@ -65,7 +65,7 @@ def site_spec() -> SiteSpec:
 def pagesift(*argv: str) -> tuple[int, str, str]:
     """The real ``pagesift`` command line, as a child process."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pagesift.node.cli", *argv],
+        [sys.executable, "-m", "pagesift.cli", *argv],
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,8 +12,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from pagesift.client.errors import details_of
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.rpcerrors import Reason
+from pagesift.core.api import rpcerrors
+from pagesift.core.api.rpcerrors import Reason
 from pagesift.v1 import jobs_pb2
 from tests.helpers import RunningNode, in_process_node
 

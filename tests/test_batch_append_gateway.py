@@ -21,7 +21,7 @@ from aiohttp import web
 from firecrawl.v2.utils.error_handler import BadRequestError, FirecrawlError
 
 from pagesift.gateway import translate
-from pagesift.gateway.errors import HttpError, from_rpc
+from pagesift.gateway.httperrors import HttpError, from_rpc
 from pagesift.gateway.models import BatchScrapeRequest
 from pagesift.v1 import jobs_pb2
 from tests.helpers import ALICE, BOB, serve_handler, write_accounts

@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.browser import pagememory
 from pagesift.primary.engine.browser.pool import BrowserPool
 from pagesift.primary.engine.browser.procs import children, rss
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2 as pb
 from tests.heavypages import serve_heavy
 

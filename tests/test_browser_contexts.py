@@ -20,10 +20,10 @@ import pytest
 import pytest_asyncio
 from google.protobuf.duration_pb2 import Duration
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.browser import pool as poolmod
 from pagesift.primary.engine.browser.pool import BrowserPool
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2 as pb
 from tests.helpers import until
 from tests.jssite import MARKERS, PAGES, serve_js_site

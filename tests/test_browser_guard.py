@@ -30,6 +30,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from playwright.async_api import Browser, BrowserContext, Page, ProxySettings, async_playwright
 
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.browser import actions, idlepages, render
 from pagesift.primary.engine.browser.guardproxy import (
     ERROR_HEADER,
@@ -49,7 +50,6 @@ from pagesift.primary.engine.browser.proxyhead import (
 )
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.reqprofile import ProxyPool
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2 as pb
 from tests.helpers import MapResolver, until
 

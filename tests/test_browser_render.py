@@ -26,11 +26,11 @@ import pytest
 import pytest_asyncio
 from google.protobuf.duration_pb2 import Duration
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.browser import actions
 from pagesift.primary.engine.browser import pool as poolmod
 from pagesift.primary.engine.browser.pool import BrowserPool, FairSlots, sweep_profiles
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2 as pb
 from tests.helpers import free_port, until
 from tests.jssite import MARKERS, PAGES, SPA_PAGES, serve_js_site
@@ -630,7 +630,7 @@ CHILD = textwrap.dedent(
     """
     import asyncio, sys
     from pagesift.primary.engine.browser.pool import BrowserPool
-    from pagesift.shared.config.schema import ServerConfig
+    from pagesift.core.config.schema import ServerConfig
     from pagesift.v1 import jobs_pb2
 
     async def main():

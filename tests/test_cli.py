@@ -23,20 +23,20 @@ import grpc.aio
 import pytest
 from google.protobuf import timestamp_pb2
 
+from pagesift import cli
+from pagesift.cli import amain, build_parser, main
+from pagesift.cli.args import server_addresses
+from pagesift.cli.common import format_rpc_error
+from pagesift.cli.jobs import batch_request, crawl_request
+from pagesift.cli.jobview import document_json, errors_json, job_json, jobs_json
+from pagesift.cli.progress import JobProgress
+from pagesift.cli.serve import serve_overrides
 from pagesift.client import (
     DEFAULT_ADDRESS,
     ClientError,
     JobClient,
 )
-from pagesift.node import cli
-from pagesift.node.cli import amain, build_parser, main
-from pagesift.node.cli.args import server_addresses
-from pagesift.node.cli.common import format_rpc_error
-from pagesift.node.cli.jobs import batch_request, crawl_request
-from pagesift.node.cli.jobview import document_json, errors_json, job_json, jobs_json
-from pagesift.node.cli.progress import JobProgress
-from pagesift.node.cli.serve import serve_overrides
-from pagesift.shared.config.schema import ServerConfig
+from pagesift.core.config.schema import ServerConfig
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import free_port
 

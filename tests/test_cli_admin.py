@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 import pytest
 
+from pagesift import cli
+from pagesift.cli.common import EXIT_UNREACHABLE, EXIT_USAGE
 from pagesift.client import JobClient
 from pagesift.demo.site import CALENDAR_EXCLUDE, build_site, serve_site
-from pagesift.node import cli
-from pagesift.node.cli.common import EXIT_UNREACHABLE, EXIT_USAGE
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import PAIR_TOKEN, ServeProc, eventually, finished, free_port, role
@@ -38,7 +38,7 @@ ROLE_KEYS = {
 def pagesift(*argv: str) -> tuple[int, str, str]:
     """The real ``pagesift`` command line, as a child process."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pagesift.node.cli", *argv],
+        [sys.executable, "-m", "pagesift.cli", *argv],
         capture_output=True,
         text=True,
         timeout=60,

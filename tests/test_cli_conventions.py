@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from pagesift.node import cli
-from pagesift.node.cli import build_parser, main
-from pagesift.node.cli.common import (
+from pagesift import cli
+from pagesift.cli import build_parser, main
+from pagesift.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -36,10 +36,10 @@ from pagesift.node.cli.common import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
-from pagesift.node.cli.jobview import watch_json
-from pagesift.node.cli.progress import JobProgress
-from pagesift.shared.jobs import accounts
-from pagesift.shared.jobs.accounts import Accounts, hash_key
+from pagesift.cli.jobview import watch_json
+from pagesift.cli.progress import JobProgress
+from pagesift.core.jobs import accounts
+from pagesift.core.jobs.accounts import Accounts, hash_key
 from pagesift.v1 import jobs_pb2
 from tests.helpers import free_port, in_process_node, serve_handler
 
@@ -335,7 +335,7 @@ def _complete(line: str, tmp_path: Path) -> list[str]:
         "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
     }
     subprocess.run(
-        [sys.executable, "-m", "pagesift.node.cli"],
+        [sys.executable, "-m", "pagesift.cli"],
         env=env,
         cwd=ROOT,
         capture_output=True,

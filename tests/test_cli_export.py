@@ -35,9 +35,8 @@ from google.protobuf.message import Message
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pagesift.demo.site import CALENDAR_EXCLUDE, Site
-from pagesift.node.cli import amain, build_parser
-from pagesift.node.cli.exportpaths import (
+from pagesift.cli import amain, build_parser
+from pagesift.cli.exportpaths import (
     _FILE_SUFFIXES,
     _WINDOWS_DEVICES,
     MAX_COMPONENT_BYTES,
@@ -45,7 +44,8 @@ from pagesift.node.cli.exportpaths import (
     PathAllocator,
     page_path,
 )
-from pagesift.node.cli.jobview import document_dict, document_json
+from pagesift.cli.jobview import document_dict, document_json
+from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile
 from tests.helpers import SiteSpec, all_documents, in_process_node
@@ -198,7 +198,7 @@ def test_any_url_set_gets_safe_distinct_paths(urls: list[str], ext: str) -> None
 def test_resuming_reads_what_is_kept_one_line_at_a_time(tmp_path: Path) -> None:
     import tracemalloc
 
-    from pagesift.node.cli.export import ResumeError, keep_first_lines
+    from pagesift.cli.export import ResumeError, keep_first_lines
 
     big = tmp_path / "job.jsonl"
     line = json.dumps({"markdown": "x" * 100_000}) + "\n"

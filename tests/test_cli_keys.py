@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pagesift.node import cli
-from pagesift.node.cli.common import EXIT_REFUSED
-from pagesift.shared.jobs.accounts import hash_key
+from pagesift import cli
+from pagesift.cli.common import EXIT_REFUSED
+from pagesift.core.jobs.accounts import hash_key
 from tests.helpers import in_process_node
 
 API_KEY = "psk_test_account_key_0123456789"

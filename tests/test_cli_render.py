@@ -1,4 +1,4 @@
-"""The CLI's rendering flags (``pagesift.node.cli.render``): the ``--action`` syntax as a
+"""The CLI's rendering flags (``pagesift.cli.render``): the ``--action`` syntax as a
 table, the flags as ScrapeOptions, a bad spec a usage error naming it; ``scrape
 --engine http --json`` against an in-process node (no browser needed) shows the engine;
 ``export --dir --format screenshot`` writes the images; and ``scrape --engine browser
@@ -14,11 +14,11 @@ import pytest
 from aiohttp import web
 from google.protobuf import duration_pb2
 
-from pagesift.node.cli import amain, build_parser, main
-from pagesift.node.cli.common import describe
-from pagesift.node.cli.export import DirSink
-from pagesift.node.cli.jobs import batch_request, crawl_request, scrape_options
-from pagesift.node.cli.render import (
+from pagesift.cli import amain, build_parser, main
+from pagesift.cli.common import describe
+from pagesift.cli.export import DirSink
+from pagesift.cli.jobs import batch_request, crawl_request, scrape_options
+from pagesift.cli.render import (
     parse_action,
     parse_viewport,
     parse_wait_for,

@@ -13,8 +13,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from pagesift.client import errors
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.rpcerrors import Reason
+from pagesift.core.api import rpcerrors
+from pagesift.core.api.rpcerrors import Reason
 
 
 def sent(status: object) -> grpc.aio.AioRpcError:

@@ -23,8 +23,8 @@ from pagesift.client.failover import (
     primary_named,
     should_try_next,
 )
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.rpcerrors import Reason
+from pagesift.core.api import rpcerrors
+from pagesift.core.api.rpcerrors import Reason
 from pagesift.v1 import replication_pb2 as pb
 
 C = grpc.StatusCode

@@ -30,10 +30,10 @@ import pytest
 import pagesift.node.clustering as clustering_module
 from pagesift.client.errors import reason_of
 from pagesift.coord.budgets import ClusterBudgets, EtcdBudgets, day_of
-from pagesift.node.drill.fixture import Etcd
+from pagesift.core.cluster.budgetplans import block_size
+from pagesift.drill.fixture import Etcd
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.jobs.clustered import ClusteredJobs
-from pagesift.shared.cluster.budgets import block_size
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page
 from tests.helpers import Acct, RunningNode, eventually, in_process_node, wait_done, write_accounts

@@ -23,16 +23,16 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
+from pagesift.cli import amain, main
 from pagesift.client import ClusterView, JobClient, SyncJobClient
 from pagesift.client.errors import details_of, status_of
 from pagesift.coord.registry import EtcdRegistry, Registrar
+from pagesift.core.cluster import ids, placement
+from pagesift.core.cluster.registryrules import NodeRecord, PairView
 from pagesift.demo.site import Site, build_site, serve_site
+from pagesift.drill.clusterrun import spread_names
+from pagesift.drill.fixture import Etcd
 from pagesift.gateway import server as gateway
-from pagesift.node.cli import amain, main
-from pagesift.node.drill.clusterrun import spread_names
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.cluster import ids, placement
-from pagesift.shared.cluster.registry import NodeRecord, PairView
 from pagesift.v1 import jobs_pb2
 from tests.helpers import NodeFactory, RunningNode, crawl, eventually, in_process_node
 

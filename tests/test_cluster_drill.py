@@ -1,6 +1,6 @@
 """The cluster drill (``pagesift drill --local --pairs N``): its verdict, then a real one.
 
-The unit tests feed ``pagesift.node.drill.clusterverdict`` hand-made observations (no
+The unit tests feed ``pagesift.drill.clusterverdict`` hand-made observations (no
 process, no clock): what fails a pair (a lost page outside the killed pair's lag
 window, a duplicate, a breach of the per-host limit, no write after the kill). The
 system test runs the real command as a child process with ``TMPDIR`` in the test's
@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 
+from pagesift import cli
 from pagesift.client.registryview import ClusterView
-from pagesift.node import cli
-from pagesift.node.drill.clusterverdict import (
+from pagesift.core.util.children import free_port
+from pagesift.drill.clusterverdict import (
     NO_LIMIT,
     PairObservation,
     choose_limit,
@@ -36,9 +37,8 @@ from pagesift.node.drill.clusterverdict import (
     judge_cluster,
     judge_pair,
 )
-from pagesift.node.drill.fixture import Etcd
-from pagesift.node.drill.verdict import DocKey, FinalJob, Probe
-from pagesift.node.procs import free_port
+from pagesift.drill.fixture import Etcd
+from pagesift.drill.verdict import DocKey, FinalJob, Probe
 from tests.helpers import PAIR_TOKEN_FILE, eventually
 from tests.test_drill import _assert_clean, _ours
 
@@ -179,7 +179,7 @@ def test_without_a_published_or_given_limit_politeness_is_not_judged_and_fails()
 def test_the_per_host_limit_flag_overrides_only_a_remote_drills_verdict_and_only_if_given(
     argv: list[str], override: int | None, nodes_limit: int
 ) -> None:
-    from pagesift.node.cli.drill import cluster_settings
+    from pagesift.cli.drill import cluster_settings
 
     args = cli.build_parser().parse_args(["drill", *argv])
     settings = cluster_settings(args)
@@ -217,7 +217,7 @@ def test_a_local_three_pair_drill_kills_one_primary_and_every_pair_completes_pol
     argv = ["--local", "--pairs", "3", "--pages", "30", "--witness-ttl", "3", "--seed", "4"]
     argv += ["--page-retries", "1", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "pagesift.node.cli", "drill", *argv],
+        [sys.executable, "-m", "pagesift.cli", "drill", *argv],
         capture_output=True,
         text=True,
         env=env,
@@ -277,7 +277,7 @@ def cluster_deployment(etcd: Etcd, tmp_path: Path) -> Iterator[dict[str, Any]]:
             (d / f"{port}.args").write_text(shlex.join(args))
     (d / "start.sh").write_text(
         'd=$(dirname "$0")\n'
-        f'{py} -m pagesift.node.cli $(cat "$d/$1.args") >> "$d/$1.log" 2>&1 &\n'
+        f'{py} -m pagesift.cli $(cat "$d/$1.args") >> "$d/$1.log" 2>&1 &\n'
         'echo $! > "$d/$1.pid"\n'
     )
     (d / "kill.sh").write_text('d=$(dirname "$0"); kill -9 "$(cat "$d/$1.pid")"\n')
@@ -323,7 +323,7 @@ def test_a_cluster_drill_of_running_pairs_kills_and_restarts_with_the_operators_
     ]  # fmt: skip
     env = dict(os.environ, TMPDIR=str(drill_tmp), PYTHONUNBUFFERED="1")
     done = subprocess.run(
-        [sys.executable, "-m", "pagesift.node.cli", "drill", *argv],
+        [sys.executable, "-m", "pagesift.cli", "drill", *argv],
         capture_output=True,
         text=True,
         env=env,

@@ -2,8 +2,8 @@
 
 Two pairs, one ``pagesift serve`` node each, registered in a real etcd as ``--cluster``
 runs them (their own registrar, their own registry reads, their tenure:
-``pagesift.shared.cluster.tenure``), and one counting origin
-(``pagesift.node.drill.counting``) that pair ``first`` owns while both are listed.
+``pagesift.core.cluster.tenure``), and one counting origin
+(``pagesift.drill.counting``) that pair ``first`` owns while both are listed.
 
 The fault, as the issue met it: ``first`` crawls the origin and is SIGSTOPped for 20 s.
 Its registry lease lapses, ``second`` reads it gone and takes the origin (a crawl
@@ -25,10 +25,10 @@ import grpc
 import pytest
 from aiohttp import web
 
+from pagesift.core.cluster import placement
 from pagesift.demo.site import CALENDAR_EXCLUDE
-from pagesift.node.drill.counting import CountedSite
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.cluster import placement
+from pagesift.drill.counting import CountedSite
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import NodeFactory, ServeProc, eventually, wait_done, wait_ready
 

@@ -1,4 +1,4 @@
-"""The members file (``pagesift.shared.cluster.members``): the pairs a cluster should have.
+"""The members file (``pagesift.core.cluster.members``): the pairs a cluster should have.
 
 Pure: parsing, the refusals naming their field, and the lookups the registry's
 verification relies on (``PairMember.lists``, ``key_id``).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pagesift.shared.cluster.members import (
+from pagesift.core.cluster.members import (
     Members,
     PairMember,
     key_id,

@@ -1,5 +1,5 @@
 """The cluster client's pure rules: ids of jobs of parts, their order and state, and the
-merged ListJobs (``pagesift.shared.cluster.ids`` and ``merge``)."""
+merged ListJobs (``pagesift.core.cluster.ids`` and ``merge``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from pagesift.shared.cluster import ids, merge
-from pagesift.shared.cluster.merge import ListCursor, PairPage, Part
+from pagesift.core.cluster import ids, merge
+from pagesift.core.cluster.merge import ListCursor, PairPage, Part
 
 
 def _u(n: int) -> str:

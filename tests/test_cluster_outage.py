@@ -32,11 +32,11 @@ import pytest
 from pagesift.client import ClusterView, JobClient
 from pagesift.client.errors import reason_of
 from pagesift.coord.registry import EtcdRegistry, Registrar
+from pagesift.core.cluster import ids
+from pagesift.core.cluster.members import parse_members
+from pagesift.core.cluster.registryrules import NodeRecord
 from pagesift.demo.site import Site
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.cluster import ids
-from pagesift.shared.cluster.members import parse_members
-from pagesift.shared.cluster.registry import NodeRecord
+from pagesift.drill.fixture import Etcd
 from tests.helpers import RunningNode, crawl, in_process_node, wait_done
 from tests.test_cluster_budgets import BIG, GatedEngine, two_pairs
 from tests.test_cluster_budgets import crawl as fake_crawl

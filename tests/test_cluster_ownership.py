@@ -31,8 +31,8 @@ from aiohttp import web
 from pagesift.client import JobClient
 from pagesift.client.errors import error_info_of
 from pagesift.client.registryview import ClusterView
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.cluster import ids
+from pagesift.core.cluster import ids
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2
 from tests.helpers import RunningNode, eventually, in_process_node, serve_handler
 from tests.test_cluster_politeness import (

@@ -4,7 +4,7 @@ A real etcd, three pairs of one in-process node each (two nodes a pair would add
 nothing here: only a pair's primary fetches, and six nodes crowd the 2 shared cores),
 each registered by a ``Registrar`` as the node's ``--cluster`` would. Three sites on
 three loopback hosts (127.0.0.1, .2, .3: the per-host slots key on the host, so one
-host per site), each counted at the server (``pagesift.node.drill.counting``): every
+host per site), each counted at the server (``pagesift.drill.counting``): every
 request any node sends it, its peak concurrency and its Retry-After window. The pair
 names are chosen so that pair k owns site k (rendezvous hashing is deterministic), so
 the owner of every piece of work is known in advance.
@@ -33,16 +33,16 @@ from pagesift.client import JobClient
 from pagesift.client.registryview import ClusterView
 from pagesift.coord.owners import RegistryOwners
 from pagesift.coord.registry import EtcdRegistry, Registrar
+from pagesift.core.cluster import ids, placement
+from pagesift.core.cluster.registryrules import NodeRecord
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.accounts import Accounts
+from pagesift.core.util.tasks import cancel_and_wait
 from pagesift.demo.site import CALENDAR_EXCLUDE
+from pagesift.drill.counting import CountedSite
+from pagesift.drill.fixture import Etcd
 from pagesift.node import clustering
-from pagesift.node.drill.counting import CountedSite
-from pagesift.node.drill.fixture import Etcd
 from pagesift.primary.jobs.clustered import ClusteredJobs
-from pagesift.shared.cluster import ids, placement
-from pagesift.shared.cluster.registry import NodeRecord
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.accounts import Accounts
-from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.v1 import jobs_pb2
 from tests.helpers import RunningNode, eventually, in_process_node
 

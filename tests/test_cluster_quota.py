@@ -9,7 +9,7 @@ page that was then thrown away. Now every attempt draws its page first
 - ``PageDraws`` itself, deterministic: the node's count (charged + held) never passes
   the limit, a draw refused while pages are in flight waits for one to come back, and
   the cluster's block is taken before the request and refilled by a give-back;
-- one node, a counting origin (``pagesift.node.drill.counting``), a crawl of eight
+- one node, a counting origin (``pagesift.drill.counting``), a crawl of eight
   workers for an account of 12 pages a day: the origin's page requests (robots.txt is
   free, named in ``pagedraws``) are the 12 stored documents plus the requests that
   stored nothing and were recorded as the job's errors (free, named too), none more;
@@ -29,17 +29,17 @@ from pathlib import Path
 
 import pytest
 
+from pagesift.core.cluster import placement
+from pagesift.core.jobs import quota
+from pagesift.core.jobs.accounts import Account, Accounts
+from pagesift.core.jobs.clusterlimits import NoClusterLimits
+from pagesift.core.jobs.quota import LimitExceeded
+from pagesift.core.store.db import Store
+from pagesift.core.util.tasks import cancel_and_wait
 from pagesift.demo.site import CALENDAR_EXCLUDE
-from pagesift.node.drill.counting import CountedSite
-from pagesift.node.drill.fixture import Etcd
+from pagesift.drill.counting import CountedSite
+from pagesift.drill.fixture import Etcd
 from pagesift.primary.jobs.pagedraws import Draw, PageDraws
-from pagesift.shared.cluster import placement
-from pagesift.shared.jobs import quota
-from pagesift.shared.jobs.accounts import Account, Accounts
-from pagesift.shared.jobs.clusterlimits import NoClusterLimits
-from pagesift.shared.jobs.quota import LimitExceeded
-from pagesift.shared.store.db import Store
-from pagesift.shared.util.tasks import cancel_and_wait
 from pagesift.v1 import jobs_pb2
 from tests.helpers import Acct, in_process_node, wait_done, write_accounts
 from tests.test_cluster_politeness import enforce_ownership, owners_read, registered

@@ -13,9 +13,9 @@ import pytest
 
 from pagesift.coord.etcd import EtcdUnavailable
 from pagesift.coord.registry import EtcdRegistry, Registrar
+from pagesift.core.cluster.registryrules import Load, NodeRecord, PairView, pair_views, placeable
 from pagesift.demo.site import Site
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.cluster.registry import Load, NodeRecord, PairView, pair_views, placeable
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2_grpc
 from tests.helpers import NodeFactory, crawl, eventually
 
@@ -123,7 +123,7 @@ async def test_cluster_status_shows_every_pair_and_what_is_unhealthy(etcd: Etcd)
     try:
         for r in registrars:
             await r.step()
-        cmd = [sys.executable, "-m", "pagesift.node.cli", "cluster", "status", "--cluster", url]
+        cmd = [sys.executable, "-m", "pagesift.cli", "cluster", "status", "--cluster", url]
         done = await asyncio.to_thread(
             subprocess.run, [*cmd, "--json"], capture_output=True, text=True, timeout=60
         )

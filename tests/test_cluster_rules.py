@@ -1,4 +1,4 @@
-"""The cluster's pure rules (``pagesift.shared.cluster``): ids, placement, registry, budgets."""
+"""The cluster's pure rules (``pagesift.core.cluster``): ids, placement, registry, budgets."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from pagesift.node import cli
-from pagesift.shared.cluster import budgets, ids, placement, registry
-from pagesift.shared.cluster.registry import Load, NodeRecord
-from pagesift.shared.jobs import urls
+from pagesift import cli
+from pagesift.core.cluster import budgetplans, ids, placement, registryrules
+from pagesift.core.cluster.registryrules import Load, NodeRecord
+from pagesift.core.jobs import urls
 
 U = "6f1c2a9e-3b4d-4e5f-8a7b-1c2d3e4f5a6b"
 
@@ -120,8 +120,8 @@ def test_a_record_round_trips_and_bad_ones_are_refused() -> None:
     rec = NodeRecord("p1", "n-a", "10.0.0.1:50051", "primary", epoch=7, lag=0, capacity=64,
                      load=Load(running_jobs=2, queued_pages=40, pages_per_s=120.5, cpu=1.5),
                      updated=1.7e9)  # fmt: skip
-    assert registry.decode_record(registry.encode_record(rec)) == rec
-    good = json.loads(registry.encode_record(rec))
+    assert registryrules.decode_record(registryrules.encode_record(rec)) == rec
+    good = json.loads(registryrules.encode_record(rec))
     changes: list[dict[str, object]] = [
         {"pair": "P1"}, {"epoch": -1}, {"epoch": "7"}, {"accepting": 1}, {"role": "leader"},
         {"node": ""}, {"node": "a/b"}, {"load": {"cpu": "x"}}, {"load": []},
@@ -129,10 +129,10 @@ def test_a_record_round_trips_and_bad_ones_are_refused() -> None:
     ]  # fmt: skip
     for change in changes:
         with pytest.raises(ValueError):
-            registry.decode_record(json.dumps({**good, **change}).encode())
-    for raw in (b"[]", b"{", b"\xff", b"{}" + b" " * registry.MAX_RECORD_BYTES):
+            registryrules.decode_record(json.dumps({**good, **change}).encode())
+    for raw in (b"[]", b"{", b"\xff", b"{}" + b" " * registryrules.MAX_RECORD_BYTES):
         with pytest.raises(ValueError):
-            registry.decode_record(raw)
+            registryrules.decode_record(raw)
 
 
 def node(pair: str, name: str, role: str, epoch: int = 1, **kw: object) -> NodeRecord:
@@ -140,7 +140,7 @@ def node(pair: str, name: str, role: str, epoch: int = 1, **kw: object) -> NodeR
 
 
 def test_a_pairs_view_names_the_primary_with_the_highest_epoch() -> None:
-    views = registry.pair_views([
+    views = registryrules.pair_views([
         node("p1", "a", "primary", 3, load=Load(running_jobs=4)),
         node("p1", "b", "standby", 3, lag=12),
         node("p2", "c", "primary", 5), node("p2", "d", "primary", 9),  # d took over
@@ -150,20 +150,20 @@ def test_a_pairs_view_names_the_primary_with_the_highest_epoch() -> None:
     assert views["p1"].lag == 12 and views["p1"].load.running_jobs == 4
     assert views["p2"].primary == "d:1" and views["p2"].standbys == ("c:1",)
     assert views["p3"].primary == "" and views["p3"].standbys == ("e:1",)
-    assert registry.placeable(views.values()) == ["p1", "p2"]
+    assert registryrules.placeable(views.values()) == ["p1", "p2"]
 
 
 def test_a_pairs_problems_are_named() -> None:
     now = 1000.0
     fresh: dict[str, Any] = {"updated": now - 1}
-    views = registry.pair_views([
+    views = registryrules.pair_views([
         node("ok", "a", "primary", **fresh), node("ok", "b", "standby", lag=5),
         node("solo", "c", "primary", **fresh),
         node("orphan", "d", "standby"),
         node("slow", "e", "primary", **fresh), node("slow", "f", "standby", lag=50_000),
         node("old", "g", "primary", updated=now - 60), node("old", "h", "standby"),
     ])  # fmt: skip
-    said = {pair: registry.problems(v, now) for pair, v in views.items()}
+    said = {pair: registryrules.problems(v, now) for pair, v in views.items()}
     assert said["ok"] == []
     assert ["no standby" in x for x in said["solo"]] == [True]
     assert any("no primary" in x for x in said["orphan"])
@@ -172,35 +172,35 @@ def test_a_pairs_problems_are_named() -> None:
 
 
 def test_only_pairs_with_a_primary_that_accept_take_new_work() -> None:
-    views = registry.pair_views([
+    views = registryrules.pair_views([
         node("p3", "a", "primary"), node("p1", "b", "primary"), node("p2", "c", "standby"),
         node("p4", "d", "primary", accepting=False),
     ])  # fmt: skip
-    assert registry.placeable(views.values()) == ["p1", "p3"]
+    assert registryrules.placeable(views.values()) == ["p1", "p3"]
 
 
 def test_a_cluster_url_names_its_endpoints_and_cluster() -> None:
-    got = registry.parse_cluster_url("etcd://127.0.0.1:2379,[::1]:2380/prod")
+    got = registryrules.parse_cluster_url("etcd://127.0.0.1:2379,[::1]:2380/prod")
     assert got == ([("127.0.0.1", 2379), ("::1", 2380)], "prod")
     for bad in ("etcd://h:1", "http://h:1/prod", "etcd://h/prod", "etcd://h:0/prod",
                 "etcd://h:1/Prod", "etcd:///prod"):  # fmt: skip
         with pytest.raises(ValueError):
-            registry.parse_cluster_url(bad)
+            registryrules.parse_cluster_url(bad)
 
 
 # ---------------------------------------------------------------- budgets
 
 
 def test_the_free_slot_is_the_lowest_not_taken() -> None:
-    assert budgets.free_slot({0, 1, 3}, 5) == 2
-    assert budgets.free_slot({0, 1}, 2) is None
-    assert budgets.free_slot(set(), 0) is None
+    assert budgetplans.free_slot({0, 1, 3}, 5) == 2
+    assert budgetplans.free_slot({0, 1}, 2) is None
+    assert budgetplans.free_slot(set(), 0) is None
 
 
 def test_block_size_is_an_eighth_of_a_fair_share_within_bounds() -> None:
-    assert budgets.block_size(50_000, 3) == 256
-    assert budgets.block_size(1000, 3) == 41
-    assert budgets.block_size(5, 3) == 1
+    assert budgetplans.block_size(50_000, 3) == 256
+    assert budgetplans.block_size(1000, 3) == 41
+    assert budgetplans.block_size(5, 3) == 1
 
 
 class Counter:
@@ -209,7 +209,7 @@ class Counter:
     def __init__(self) -> None:
         self.value, self.revision = 0, 1
 
-    def swap(self, draw: budgets.Draw) -> bool:
+    def swap(self, draw: budgetplans.Draw) -> bool:
         if draw.revision != self.revision:
             return False
         self.value, self.revision = draw.value, self.revision + 1
@@ -220,8 +220,8 @@ class Counter:
 def test_pages_across_racing_pairs_never_exceed_the_allowance(seed: int) -> None:
     rng = random.Random(seed)
     allowance, pairs, day = 1000, 3, "d1"
-    block = budgets.block_size(allowance, pairs)
-    counter, ledgers = Counter(), [budgets.BlockLedger() for _ in range(pairs)]
+    block = budgetplans.block_size(allowance, pairs)
+    counter, ledgers = Counter(), [budgetplans.BlockLedger() for _ in range(pairs)]
     fetched, refused, writes = 0, 0, 0
     for _ in range(5000):
         p = rng.randrange(pairs)
@@ -235,11 +235,11 @@ def test_pages_across_racing_pairs_never_exceed_the_allowance(seed: int) -> None
         seen = (counter.value, counter.revision)  # a read, then maybe a racing draw
         if rng.random() < 0.3:
             other = (p + 1) % pairs
-            plan = budgets.plan_draw(counter.value, counter.revision, allowance, block)
+            plan = budgetplans.plan_draw(counter.value, counter.revision, allowance, block)
             if plan and counter.swap(plan):
                 writes += 1
                 ledgers[other].drawn("acme", day, plan.granted)
-        plan = budgets.plan_draw(seen[0], seen[1], allowance, block)
+        plan = budgetplans.plan_draw(seen[0], seen[1], allowance, block)
         if plan is None:
             ledgers[p].drawn("acme", day, 0)
         elif counter.swap(plan):
@@ -251,20 +251,20 @@ def test_pages_across_racing_pairs_never_exceed_the_allowance(seed: int) -> None
     assert refused > 0 and writes <= allowance // block + pairs
     for ledger in ledgers:  # returned blocks go back to the counter
         unused = ledger.release("acme", day)
-        back = budgets.plan_return(counter.value, counter.revision, unused)
+        back = budgetplans.plan_return(counter.value, counter.revision, unused)
         if back:
             assert counter.swap(back)
     assert counter.value == fetched
 
 
 def test_a_block_of_an_earlier_day_is_not_spent_today() -> None:
-    ledger = budgets.BlockLedger()
+    ledger = budgetplans.BlockLedger()
     ledger.drawn("acme", "d1", 5)
     assert ledger.take("acme", "d1").ok
-    assert ledger.take("acme", "d2") == budgets.Grant(ok=False, draw=True)
+    assert ledger.take("acme", "d2") == budgetplans.Grant(ok=False, draw=True)
     assert ledger.release("acme", "d2") == 0
     ledger.drawn("acme", "d2", 0)
-    assert ledger.take("acme", "d2") == budgets.Grant(ok=False, draw=False)
+    assert ledger.take("acme", "d2") == budgetplans.Grant(ok=False, draw=False)
 
 
 def test_a_pair_name_and_uuid_make_ids_unique_across_pairs() -> None:
@@ -289,8 +289,8 @@ def test_serve_refuses_a_cluster_without_a_witness_or_with_a_bad_name(
 
 
 def test_cluster_status_names_a_listed_pair_without_records_as_missing() -> None:
+    from pagesift.cli.cluster import MISSING, status_json
     from pagesift.coord.etcd import EndpointHealth
-    from pagesift.node.cli.cluster import MISSING, status_json
 
     now = 1_000.0
     recs = [
@@ -298,17 +298,17 @@ def test_cluster_status_names_a_listed_pair_without_records_as_missing() -> None
         NodeRecord("p1", "b", "127.0.0.1:2", "standby", epoch=2, updated=now),
     ]
     healthy = EndpointHealth("127.0.0.1:2379", ok=True, member_id=7, leader_id=7)
-    out = status_json("prod", registry.pair_views(recs), now, expected=["p1", "p2"],
+    out = status_json("prod", registryrules.pair_views(recs), now, expected=["p1", "p2"],
                       etcd=[healthy])  # fmt: skip
     by_pair = {p["pair"]: p for p in out["pairs"]}
     assert by_pair["p1"]["problems"] == [] and by_pair["p2"]["problems"] == [MISSING]
     assert out["placeable"] == ["p1"] and out["etcd"][0]["problems"] == []
-    assert status_json("prod", registry.pair_views(recs), now)["pairs"][0]["pair"] == "p1"
+    assert status_json("prod", registryrules.pair_views(recs), now)["pairs"][0]["pair"] == "p1"
 
 
 def test_cluster_status_counts_an_etcd_member_that_is_down_leaderless_or_alarmed() -> None:
+    from pagesift.cli.cluster import etcd_problems
     from pagesift.coord.etcd import EndpointHealth
-    from pagesift.node.cli.cluster import etcd_problems
 
     assert etcd_problems(EndpointHealth("e1", ok=True, member_id=1, leader_id=1)) == []
     assert etcd_problems(EndpointHealth("e2", ok=False, error="TimeoutError"))[0].startswith(
@@ -322,8 +322,10 @@ def test_cluster_status_counts_an_etcd_member_that_is_down_leaderless_or_alarmed
 def test_a_stalled_primary_record_is_a_problem() -> None:
     now = 1_000.0
     recs = [
-        NodeRecord("p1", "a", "127.0.0.1:1", "primary", updated=now - 4 * registry.REFRESH_SECONDS),
+        NodeRecord(
+            "p1", "a", "127.0.0.1:1", "primary", updated=now - 4 * registryrules.REFRESH_SECONDS
+        ),
         NodeRecord("p1", "b", "127.0.0.1:2", "standby"),
     ]
-    (view,) = registry.pair_views(recs).values()
-    assert any("old" in p for p in registry.problems(view, now))
+    (view,) = registryrules.pair_views(recs).values()
+    assert any("old" in p for p in registryrules.problems(view, now))

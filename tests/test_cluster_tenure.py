@@ -1,4 +1,4 @@
-"""The tenure rule (``pagesift.shared.cluster.tenure``), driven deterministically.
+"""The tenure rule (``pagesift.core.cluster.tenure``), driven deterministically.
 
 Each test feeds the registrar's and the registry reads' events with explicit instants
 and asks ``wait``; the hosts are picked by rendezvous hashing over the pair names used,
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagesift.shared.cluster import placement
-from pagesift.shared.cluster.tenure import MARGIN, RECHECK, Tenure
+from pagesift.core.cluster import placement
+from pagesift.core.cluster.tenure import MARGIN, RECHECK, Tenure
 
 TTL, SETTLE = 5.0, 3.0
 PAIRS = ("alpha", "beta")

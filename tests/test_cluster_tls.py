@@ -38,11 +38,11 @@ from pagesift.client import JobClient, SyncJobClient
 from pagesift.client.errors import details_of, status_of
 from pagesift.client.transport import PLAINTEXT_KEY_REFUSED, Transport, is_loopback
 from pagesift.coord.registry import EtcdRegistry
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.api.tls import ServerInterceptor
-from pagesift.shared.cluster.members import Members, parse_members
-from pagesift.shared.cluster.registry import NodeRecord
-from pagesift.shared.cluster.signing import RecordSigner, new_private_key_pem
+from pagesift.core.api.tls import ServerInterceptor
+from pagesift.core.cluster.members import Members, parse_members
+from pagesift.core.cluster.registryrules import NodeRecord
+from pagesift.core.cluster.signing import RecordSigner, new_private_key_pem
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import make_ca, make_leaf
 

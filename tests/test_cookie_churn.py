@@ -27,6 +27,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pagesift.core.jobs import records as jr
 from pagesift.primary.engine.cookiejar import EMPTY, MAX_DOMAIN_COOKIES, JarChanges, JobCookies
 from pagesift.primary.engine.cookierecords import (
     JAR_BURST_BYTES,
@@ -36,7 +37,6 @@ from pagesift.primary.engine.cookierecords import (
     OP_BYTES,
     Budget,
 )
-from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import ServeProc, all_documents, crawl_cookie_site, eventually, wait_terminal
 from tests.hostile import Handler, cookies, serve

@@ -21,6 +21,11 @@ import grpc
 import pytest
 from aiohttp import web
 
+from pagesift.core.jobs import records as jr
+from pagesift.core.replication.log import Log
+from pagesift.core.replication.slot import open_slot
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import GroupTooLarge, WriteGroup
 from pagesift.primary.engine.cookiejar import (
     EMPTY,
     JAR_BURST_BYTES,
@@ -28,11 +33,6 @@ from pagesift.primary.engine.cookiejar import (
     MAX_JOB_COOKIE_BYTES,
     JobCookies,
 )
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.replication.log import Log
-from pagesift.shared.replication.slot import open_slot
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import GroupTooLarge, WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     ServeProc,

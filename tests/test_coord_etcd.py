@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from pagesift.coord.etcd import Etcd, EtcdUnavailable
-from pagesift.node.drill.fixture import Etcd as EtcdProcess
+from pagesift.drill.fixture import Etcd as EtcdProcess
 
 pytestmark = pytest.mark.system
 

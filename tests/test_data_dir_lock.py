@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from pagesift.core.api.storagewatch import RESERVE_FILE
 from pagesift.node.startup import DATA_LOCK_FILE, StartRefused, lock_data_dir
-from pagesift.node.storage import RESERVE_FILE
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import NodeFactory, until
 

@@ -31,12 +31,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pagesift.cli import build_parser
 from pagesift.coord import etcdauth
-from pagesift.node.cli import build_parser
-from pagesift.shared.cluster.ids import check_pair_name
-from pagesift.shared.cluster.members import parse_members
-from pagesift.shared.cluster.registry import parse_cluster_url
-from pagesift.shared.ha.election import MIN_TTL, parse_witness
+from pagesift.core.cluster.ids import check_pair_name
+from pagesift.core.cluster.members import parse_members
+from pagesift.core.cluster.registryrules import parse_cluster_url
+from pagesift.core.ha.election import MIN_TTL, parse_witness
 from tests.test_deploy_kit import (
     HEALTHCHECK,
     K8S_VERSIONS,

@@ -38,25 +38,25 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagesift.cli import build_parser
+from pagesift.cli.serve import serve_overrides
 from pagesift.coord import etcdauth, keys
 from pagesift.coord.etcd import EtcdUnavailable
 from pagesift.coord.witness import EtcdWitness, Lease
-from pagesift.gateway.metrics import GatewayMetrics
-from pagesift.node.cli import build_parser
-from pagesift.node.cli.serve import serve_overrides
-from pagesift.node.procs import Child
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.metricsources import (
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.api.metricsources import (
     ReplicationFigures,
     ScrapeSources,
     StorageFigures,
     WitnessGauges,
 )
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.config.settings import load_config
-from pagesift.shared.ha.election import MIN_TTL, Holder, parse_witness
-from pagesift.shared.jobs.accounts import Accounts, AccountsError, hash_key, new_key
-from pagesift.shared.store.db import Store
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.config.settings import load_config
+from pagesift.core.ha.election import MIN_TTL, Holder, parse_witness
+from pagesift.core.jobs.accounts import Accounts, AccountsError, hash_key, new_key
+from pagesift.core.store.db import Store
+from pagesift.core.util.children import Child
+from pagesift.gateway.metrics import GatewayMetrics
 from tests.helpers import free_port, start_server_process
 
 ROOT = Path(__file__).resolve().parents[1]

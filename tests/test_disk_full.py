@@ -29,15 +29,15 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.client.errors import error_info_of, reason_of
-from pagesift.node.health import NOT_SERVING, PRIMARY, SERVING, health_statuses
+from pagesift.core.api import rpcerrors
+from pagesift.core.api.storagewatch import RESERVE_FILE, Look, Step, decide
+from pagesift.core.ha.roles import Role
+from pagesift.core.store.db import Store
+from pagesift.core.store.errors import IO_ERROR, NO_SPACE, StorageUnavailable, storage_error
+from pagesift.core.store.groups import WriteGroup
+from pagesift.node.grpchealth import NOT_SERVING, PRIMARY, SERVING, health_statuses
 from pagesift.node.node import Node
 from pagesift.node.startup import StartRefused
-from pagesift.node.storage import RESERVE_FILE, Look, Step, decide
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.ha.roles import Role
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.errors import IO_ERROR, NO_SPACE, StorageUnavailable, storage_error
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import (
     all_documents,

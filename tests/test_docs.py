@@ -327,14 +327,14 @@ def test_a_broken_link_and_a_missing_anchor_are_reported(tmp_path: Path) -> None
     assert link_problem(page, "nowhere.md") == "no file nowhere.md"
     assert link_problem(page, "architecture.md#no-such-heading") is not None
     assert link_problem(page, "#no-such-heading") is not None
-    assert link_problem(page, "../shared/pagesift/shared/api/service.py") is None
+    assert link_problem(page, "../shared/pagesift/core/api/service.py") is None
 
 
 def test_a_moved_name_is_reported() -> None:
     assert resolves("pagesift.client.JobClient")
     assert resolves("pagesift.v1.JobService")  # a protobuf service
     assert resolves("pagesift.replica")  # a health service name the code spells
-    assert not resolves("pagesift.shared.jobservice")
+    assert not resolves("pagesift.core.jobservice")
     assert not resolves("pagesift.client.NoSuchClient")
 
 

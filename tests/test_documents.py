@@ -37,10 +37,10 @@ from fpdf.enums import XPos, YPos
 from openpyxl.cell.rich_text import CellRichText, TextBlock
 from openpyxl.cell.text import InlineFont
 
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.extract import zipguard
 from pagesift.primary.extract.converted import DocumentError
 from pagesift.primary.extract.documents import convert, convert_compact, kind_of
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 from tests.helpers import (
     EngineMaker,

@@ -1,10 +1,10 @@
 """``pagesift drill``: the verdict's rules on plain values, then real drills.
 
-The unit tests feed ``pagesift.node.drill.verdict`` hand-made observations (no
+The unit tests feed ``pagesift.drill.verdict`` hand-made observations (no
 process, no clock) and pin every definition the drill reports by: which re-send is an
 acknowledged one and which the one in flight, what a lost page and an undone event
 are, the sync and async pass rules. The end-to-end tests run the real command as a
-child process (``python -m pagesift.node.cli drill ... --json``) with ``TMPDIR`` inside
+child process (``python -m pagesift.cli drill ... --json``) with ``TMPDIR`` inside
 the test's ``tmp_path``, so they can check afterwards that the drill left neither a
 directory nor a process behind: a local manual drill in async and in sync mode, a
 witness (etcd) outage (the drill whose witness promotes runs in ``make bench``), a remote
@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
-from pagesift.node import cli
-from pagesift.node.cli import drill as drill_cli
-from pagesift.node.drill import runner
-from pagesift.node.drill.report import drill_json, run_lines, summary_line
-from pagesift.node.drill.verdict import (
+from pagesift import cli
+from pagesift.cli import drill as drill_cli
+from pagesift.drill import runner
+from pagesift.drill.report import drill_json, run_lines, summary_line
+from pagesift.drill.verdict import (
     Delivery,
     DocKey,
     FinalJob,
@@ -325,7 +325,7 @@ def drill_tmp(tmp_path: Path) -> Path:
 def drill(drill_tmp: Path, *argv: str) -> tuple[int, dict[str, Any], str]:
     env = dict(os.environ, TMPDIR=str(drill_tmp), PYTHONUNBUFFERED="1")
     done = subprocess.run(
-        [sys.executable, "-m", "pagesift.node.cli", "drill", *argv],
+        [sys.executable, "-m", "pagesift.cli", "drill", *argv],
         capture_output=True,
         text=True,
         env=env,
@@ -437,7 +437,7 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
     (d / "start.sh").write_text(
         'd=$(dirname "$0"); node=$1; role=$2; primary=$3\n'
         'follow=""; [ "$role" = standby ] && follow="--primary $primary"\n'
-        f'{py} -m pagesift.node.cli serve --role "$role" $follow --listen "$(cat "$d/$node.addr")"'
+        f'{py} -m pagesift.cli serve --role "$role" $follow --listen "$(cat "$d/$node.addr")"'
         ' --data "$d/$node" --config "$d/$node.toml" >> "$d/$node.log" 2>&1 &\n'
         'echo $! > "$d/$node.pid"\n'
     )
@@ -505,7 +505,7 @@ def test_a_remote_drill_whose_start_command_fails_exits_5_and_leaves_the_survivo
 def test_an_interrupted_drill_stops_everything_it_started(drill_tmp: Path) -> None:
     env = dict(os.environ, TMPDIR=str(drill_tmp), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pagesift.node.cli", "drill", *LOCAL, "--pace", "0.2"],
+        [sys.executable, "-m", "pagesift.cli", "drill", *LOCAL, "--pace", "0.2"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagesift.shared.ha import election
-from pagesift.shared.ha.election import Candidate, Holder, PairState, may_campaign
+from pagesift.core.ha import election
+from pagesift.core.ha.election import Candidate, Holder, PairState, may_campaign
 
 STATE = PairState(primary="A", history_id="h1", epoch=7, offset=100, mode="async")
 

@@ -21,8 +21,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from pagesift.shared.ha import rolestate
-from pagesift.shared.ha.election import (
+from pagesift.core.ha import rolestate
+from pagesift.core.ha.election import (
     EMPTY_NODE_GRACE,
     Candidate,
     Holder,
@@ -31,7 +31,7 @@ from pagesift.shared.ha.election import (
     poll_interval,
     write_deadline,
 )
-from pagesift.shared.ha.elector import (
+from pagesift.core.ha.electorstate import (
     CLOSED,
     Action,
     Campaign,
@@ -73,7 +73,7 @@ from pagesift.shared.ha.elector import (
     step,
     writable_lease,
 )
-from pagesift.shared.ha.roles import Role
+from pagesift.core.ha.roles import Role
 
 TTL = 3.0
 T0 = 1000.0

@@ -1,4 +1,4 @@
-"""Every error status carries ``google.rpc`` details (``pagesift.shared.api.rpcerrors``), and
+"""Every error status carries ``google.rpc`` details (``pagesift.core.api.rpcerrors``), and
 the client fails over on the ErrorInfo reason, not on the status code."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from grpc_status import rpc_status
 
 from pagesift.client import JobClient
 from pagesift.client.errors import details_of, reason_of
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.rpcerrors import DOMAIN, Reason
-from pagesift.shared.jobs import quota
+from pagesift.core.api import rpcerrors
+from pagesift.core.api.rpcerrors import DOMAIN, Reason
+from pagesift.core.jobs import quota
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     DAILY,

@@ -1,5 +1,5 @@
-"""The error table (``pagesift.shared.api.errortable``) and the request specs
-(``pagesift.shared.jobs.specs``): one row per reason, every mapped exception becomes
+"""The error table (``pagesift.core.api.errortable``) and the request specs
+(``pagesift.core.jobs.specs``): one row per reason, every mapped exception becomes
 its row's status, the API docs' reason table is the generated one, and one validation
 call per request reports every bad field."""
 
@@ -14,7 +14,7 @@ import pytest
 from google.rpc import error_details_pb2
 
 from pagesift.client.errors import details_of, status_of
-from pagesift.shared.api.errortable import (
+from pagesift.core.api.errortable import (
     HANDLED,
     TABLE,
     AdminKeyRequired,
@@ -39,20 +39,20 @@ from pagesift.shared.api.errortable import (
     refusal_of,
     row_for,
 )
-from pagesift.shared.api.rpcerrors import Reason
-from pagesift.shared.cluster.ownership import HostOwnedElsewhere
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import quota
-from pagesift.shared.jobs.accounts import Account, Unauthenticated
-from pagesift.shared.jobs.clusterlimits import ClusterUnavailable
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.jobs.records import IdempotencyKeyReused, JobNotAppendable
-from pagesift.shared.jobs.rendering import RenderingUnavailable
-from pagesift.shared.jobs.specs import Permissions, WebhookSecretMissing, crawl, scrape
-from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
-from pagesift.shared.replication.backlog import BacklogLost
-from pagesift.shared.replication.identity import Fenced, NotWritable
-from pagesift.shared.store.errors import NO_SPACE, StorageUnavailable
+from pagesift.core.api.rpcerrors import Reason
+from pagesift.core.cluster.ownership import HostOwnedElsewhere
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import quota
+from pagesift.core.jobs.accounts import Account, Unauthenticated
+from pagesift.core.jobs.clusterlimits import ClusterUnavailable
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.records import IdempotencyKeyReused, JobNotAppendable
+from pagesift.core.jobs.renderoptions import RenderingUnavailable
+from pagesift.core.jobs.specs import Permissions, WebhookSecretMissing, crawl, scrape
+from pagesift.core.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.core.replication.backlog import BacklogLost
+from pagesift.core.replication.identity import Fenced, NotWritable
+from pagesift.core.store.errors import NO_SPACE, StorageUnavailable
 from pagesift.v1 import jobs_pb2
 from tests.helpers import in_process_node
 
@@ -164,7 +164,7 @@ def test_the_docs_reason_table_is_the_generated_one() -> None:
     assert len(found) == 1, "the docs need one reason-table:begin/end marker pair"
     assert found[0][1] == reason_table_markdown(), (
         f"{found[0][0].name}'s reason table is stale: paste "
-        "pagesift.shared.api.errortable.reason_table_markdown()"
+        "pagesift.core.api.errortable.reason_table_markdown()"
     )
 
 

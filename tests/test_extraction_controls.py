@@ -10,7 +10,7 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.shared.config.schema import ServerConfig
+from pagesift.core.config.schema import ServerConfig
 from pagesift.v1 import jobs_pb2
 from tests.helpers import EngineMaker, in_process_node, serve_handler
 from tests.pdfmaker import text_pdf

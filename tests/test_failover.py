@@ -21,12 +21,12 @@ from typing import Any
 import grpc
 import pytest
 
+from pagesift import cli
+from pagesift.cli.common import EXIT_OK
 from pagesift.client import JobClient
+from pagesift.core.replication.slot import open_slot
+from pagesift.core.replication.verify import VerifyResult, verify_digests
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, build_site, serve_site
-from pagesift.node import cli
-from pagesift.node.cli.common import EXIT_OK
-from pagesift.node.verify import VerifyResult, verify_digests
-from pagesift.shared.replication.slot import open_slot
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (

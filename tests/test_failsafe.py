@@ -19,9 +19,9 @@ import time
 import grpc
 import pytest
 
+from pagesift.core.util.children import free_port
 from pagesift.demo.site import Site
-from pagesift.node.drill.fixture import Etcd
-from pagesift.node.procs import free_port
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (

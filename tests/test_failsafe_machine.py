@@ -1,4 +1,4 @@
-"""Failsafe (``pagesift.shared.ha.failsafe``), driven by fake clocks: no sleep, no socket.
+"""Failsafe (``pagesift.core.ha.failsafe``), driven by fake clocks: no sleep, no socket.
 
 The sequences: a grant carries the deadline past the lease; it expires when the
 standby stops answering (the stream cut); a pair with no standby published, or a
@@ -25,8 +25,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from pagesift.shared.ha import rolestate
-from pagesift.shared.ha.election import (
+from pagesift.core.ha import rolestate
+from pagesift.core.ha.election import (
     Candidate,
     Holder,
     PairState,
@@ -35,7 +35,7 @@ from pagesift.shared.ha.election import (
     may_campaign,
     write_deadline,
 )
-from pagesift.shared.ha.elector import (
+from pagesift.core.ha.electorstate import (
     CLOSED,
     Action,
     Campaign,
@@ -76,10 +76,9 @@ from pagesift.shared.ha.elector import (
     in_failsafe,
     step,
 )
-from pagesift.shared.ha.failsafe import NONE, StandbyPromise, failsafe_deadline
-from pagesift.shared.ha.roles import Role
-from pagesift.shared.replication import follower as replfollower
-from pagesift.shared.replication import sender as replsender
+from pagesift.core.ha.failsafe import NONE, StandbyPromise, failsafe_deadline
+from pagesift.core.ha.roles import Role
+from pagesift.core.replication import followerstate, senderstate
 
 TTL = 3.0
 T0 = 1000.0
@@ -332,41 +331,41 @@ def test_the_failsafe_deadline_is_the_oldest_members_grant() -> None:
 
 # --- on the stream ----------------------------------------------------------------------
 def test_the_sender_asks_every_heartbeat_and_matches_answers_to_their_send_time() -> None:
-    s = replsender.SenderState(replsender.SenderConfig(failsafe_ttl=TTL, heartbeat_interval=0.5))
-    s.step(replsender.SessionOpened(1, "b", "peer", 0), T0)
-    s.step(replsender.SessionTailing(1), T0)
+    s = senderstate.SenderState(senderstate.SenderConfig(failsafe_ttl=TTL, heartbeat_interval=0.5))
+    s.step(senderstate.SessionOpened(1, "b", "peer", 0), T0)
+    s.step(senderstate.SessionTailing(1), T0)
     assert s.standbys() == ("b",)
-    first = s.step(replsender.TailTurnEnded(1, sent=True), T0)
-    second = s.step(replsender.TailTurnEnded(1, sent=True), T0 + 0.5)
-    assert first == [replsender.SendHeartbeat(1)] and second == [replsender.SendHeartbeat(2)]
-    actions = s.step(replsender.AckReceived(1, 0, 0, grant=1), T0 + 0.7)
-    assert replsender.GrantConfirmed("b", T0) in actions  # the time the request left
-    assert s.step(replsender.AckReceived(1, 0, 0, grant=1), T0 + 0.8) == []  # once
-    assert replsender.GrantConfirmed("b", T0 + 0.5) in s.step(
-        replsender.AckReceived(1, 0, 0, grant=2), T0 + 0.9
+    first = s.step(senderstate.TailTurnEnded(1, sent=True), T0)
+    second = s.step(senderstate.TailTurnEnded(1, sent=True), T0 + 0.5)
+    assert first == [senderstate.SendHeartbeat(1)] and second == [senderstate.SendHeartbeat(2)]
+    actions = s.step(senderstate.AckReceived(1, 0, 0, grant=1), T0 + 0.7)
+    assert senderstate.GrantConfirmed("b", T0) in actions  # the time the request left
+    assert s.step(senderstate.AckReceived(1, 0, 0, grant=1), T0 + 0.8) == []  # once
+    assert senderstate.GrantConfirmed("b", T0 + 0.5) in s.step(
+        senderstate.AckReceived(1, 0, 0, grant=2), T0 + 0.9
     )
-    assert s.step(replsender.AckReceived(1, 0, 0, grant=99), T0 + 1) == []  # never asked
-    s.step(replsender.SessionClosed(1), T0 + 1)
+    assert s.step(senderstate.AckReceived(1, 0, 0, grant=99), T0 + 1) == []  # never asked
+    s.step(senderstate.SessionClosed(1), T0 + 1)
     assert s.standbys() == ()
 
 
 def test_a_sender_without_failsafe_asks_nothing() -> None:
-    s = replsender.SenderState(replsender.SenderConfig())
-    s.step(replsender.SessionOpened(1, "b", "peer", 0), T0)
-    s.step(replsender.SessionTailing(1), T0)
-    assert s.step(replsender.TailTurnEnded(1, sent=True), T0) == [replsender.SendHeartbeat(0)]
+    s = senderstate.SenderState(senderstate.SenderConfig())
+    s.step(senderstate.SessionOpened(1, "b", "peer", 0), T0)
+    s.step(senderstate.SessionTailing(1), T0)
+    assert s.step(senderstate.TailTurnEnded(1, sent=True), T0) == [senderstate.SendHeartbeat(0)]
 
 
 def test_the_followers_next_ack_answers_the_request_it_promised_on() -> None:
-    f = replfollower.FollowerState(caught_up_at=T0)
-    f.step(replfollower.SessionSynced(), T0)
-    f.step(replfollower.HeartbeatReceived(5, 0, 0.0, applied=5, grant=7), T0 + 1)
-    assert f.step(replfollower.NextMessage(buffered=False), T0 + 1) == [replfollower.SendAck(7)]
-    f.step(replfollower.HeartbeatReceived(5, 0, 0.0, applied=5), T0 + 2)  # not promised
-    assert f.step(replfollower.NextMessage(buffered=False), T0 + 2) == [replfollower.SendAck(0)]
-    f.step(replfollower.HeartbeatReceived(5, 0, 0.0, applied=5, grant=8), T0 + 3)
+    f = followerstate.FollowerState(caught_up_at=T0)
+    f.step(followerstate.SessionSynced(), T0)
+    f.step(followerstate.HeartbeatReceived(5, 0, 0.0, applied=5, grant=7), T0 + 1)
+    assert f.step(followerstate.NextMessage(buffered=False), T0 + 1) == [followerstate.SendAck(7)]
+    f.step(followerstate.HeartbeatReceived(5, 0, 0.0, applied=5), T0 + 2)  # not promised
+    assert f.step(followerstate.NextMessage(buffered=False), T0 + 2) == [followerstate.SendAck(0)]
+    f.step(followerstate.HeartbeatReceived(5, 0, 0.0, applied=5, grant=8), T0 + 3)
     # the stream broke before the ack: a new session does not answer the old request
-    assert f.step(replfollower.SessionSynced(), T0 + 4) == [replfollower.SendAck(0)]
+    assert f.step(followerstate.SessionSynced(), T0 + 4) == [followerstate.SendAck(0)]
 
 
 # --- clocks -----------------------------------------------------------------------------

@@ -22,14 +22,14 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import urls
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import BlockedAddressError, GuardedResolver
 from pagesift.primary.engine.politeness import HostSlots, effective_delay
 from pagesift.primary.engine.protocol import Engine, FetchPolicy
 from pagesift.primary.engine.reqprofile import RequestProfile
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 from tests.helpers import EngineMaker, free_port
 

@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 from google.protobuf.duration_pb2 import Duration
 
+from pagesift.core.jobs import records
 from pagesift.primary.jobs import pagecache
 from pagesift.primary.jobs.runtime import Jobs
-from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, store_pb2
 from tests.helpers import (
     ALICE,
@@ -250,7 +250,7 @@ async def test_a_second_crawl_says_new_same_changed_and_lists_removed_pages(tmp_
         second, docs = await crawl(node.stub, root)
         # a crash between the removed list's write and the job's end replays it: no change
         runtime = node.node.runtime()
-        meta = jr.load_meta(node.node.store(), second.id)
+        meta = records.load_meta(node.node.store(), second.id)
         assert isinstance(runtime, Jobs) and meta is not None
         await runtime.runner.record_removed(meta, root + "/")
         replayed = await node.stub.GetJob(jobs_pb2.GetJobRequest(id=second.id, status_only=True))

@@ -31,10 +31,10 @@ from firecrawl.v2.utils.error_handler import (
     WebsiteNotSupportedError,
 )
 
+from pagesift.core.util.children import free_port
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.gateway.clients import Clients
 from pagesift.gateway.server import run
-from pagesift.node.procs import free_port
 from tests.helpers import (
     ALICE,
     SMALL,
@@ -319,7 +319,7 @@ async def test_the_gateway_command_serves_in_front_of_a_node(
     async with in_process_node(tmp_path) as node:
         port = free_port()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pagesift.node.cli", "gateway",
+            sys.executable, "-m", "pagesift.cli", "gateway",
             "--listen", f"127.0.0.1:{port}", "--server", f"127.0.0.1:1,{node.address}",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

@@ -3,7 +3,7 @@
 A real in-process node with an accounts file, the gateway app in front of it
 (``tests/test_gateway_contract.serve_gateway``) and ``JobClient`` on the node's own
 address. The gateway keeps nothing of a job, so what HTTP shows must be what gRPC holds:
-the same documents in the same order (``pagesift.client.firecrawl.document`` of each
+the same documents in the same order (``pagesift.core.jobs.firecrawlshape.document`` of each
 gRPC document equals the HTTP one), the same errors, cancel on one side seen on the
 other; and the account isolation holds across both (another account's key sees 404 over
 HTTP and NOT_FOUND over gRPC, and its cancel changes nothing). A job started over
@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from pagesift.client import JobClient
-from pagesift.client.firecrawl import document
+from pagesift.core.jobs.firecrawlshape import document
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.v1 import jobs_pb2
 from tests.helpers import ALICE, BOB, TERMINAL, SiteSpec, crawl, in_process_node, write_accounts

@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.client import JobClient
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, build_site, normalize_url, serve_site
+from pagesift.drill.fixture import Etcd
 from pagesift.gateway.server import run
-from pagesift.node.drill.fixture import Etcd
 from tests.helpers import NodeFactory, eventually, pages_done
 from tests.test_witness import elected, is_primary, witness_pair
 

@@ -24,7 +24,7 @@ import pytest
 from pydantic import BaseModel
 
 from pagesift.gateway import options, translate
-from pagesift.gateway.errors import HttpError
+from pagesift.gateway.httperrors import HttpError
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
 from pagesift.gateway.optionmodels import ACTION_MODELS
 

@@ -266,7 +266,7 @@ def test_the_shape_check_is_linear_on_a_body_of_escapes_and_an_open_string() -> 
     escaped quote: quadratic. Against a control of the same size (one plain string),
     the adversarial body costs the same order of time."""
     from pagesift.gateway.bounds import parse_json
-    from pagesift.gateway.errors import HttpError
+    from pagesift.gateway.httperrors import HttpError
 
     n = 200_000
     control = b'"' + b"a" * (3 * n) + b'"'

@@ -24,6 +24,9 @@ import pytest
 from firecrawl import Firecrawl
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagesift.cli import main
+from pagesift.cli.common import EXIT_FAILED, EXIT_USAGE
+from pagesift.core.util.children import free_port
 from pagesift.demo.site import Site
 from pagesift.gateway import openapi
 from pagesift.gateway.app import make_app
@@ -32,10 +35,7 @@ from pagesift.gateway.forwarded import origin
 from pagesift.gateway.models import ScrapeRequest
 from pagesift.gateway.server import Options, run
 from pagesift.node import grpcserver
-from pagesift.node.cli import main
-from pagesift.node.cli.common import EXIT_FAILED, EXIT_USAGE
 from pagesift.node.node import Node
-from pagesift.node.procs import free_port
 from tests.helpers import NodeFactory, SiteSpec, in_process_node, make_ca, make_leaf, node_config
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
@@ -415,7 +415,7 @@ async def test_gateway_command_serves_tls_and_reaches_a_tls_pair_with_tls_ca(
     async with tls_node(tmp_path / "n", tls_cert=str(cert), tls_key=str(key)) as node:
         http = f"127.0.0.1:{free_port()}"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pagesift.node.cli", "gateway", "--listen", http,
+            sys.executable, "-m", "pagesift.cli", "gateway", "--listen", http,
             "--server", node.config.listen, "--tls-cert", str(cert), "--tls-key", str(key),
             "--tls-ca", str(ca),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -438,7 +438,7 @@ async def test_gateway_command_with_an_unreadable_certificate_fails_with_exit_5(
     tmp_path: Path,
 ) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pagesift.node.cli", "gateway",
+        sys.executable, "-m", "pagesift.cli", "gateway",
         "--listen", f"127.0.0.1:{free_port()}",
         "--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(tmp_path / "none.key"),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,

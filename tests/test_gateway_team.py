@@ -21,6 +21,7 @@ from firecrawl import V1FirecrawlApp
 from firecrawl.v2.client import FirecrawlClient
 from firecrawl.v2.utils.error_handler import BadRequestError, UnauthorizedError
 
+from pagesift.core.jobs.records import timestamp
 from pagesift.gateway.team import (
     UNLIMITED,
     active_crawls,
@@ -28,7 +29,6 @@ from pagesift.gateway.team import (
     credit_usage,
     queue_status,
 )
-from pagesift.shared.jobs.records import timestamp
 from pagesift.v1 import jobs_pb2
 from tests.gatedsite import gated_site
 from tests.helpers import Acct, eventually, write_accounts

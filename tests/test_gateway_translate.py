@@ -16,8 +16,11 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from pagesift.client.errors import BLOCKED_ADDRESS
+from pagesift.core.api import rpcerrors
+from pagesift.core.api.errortable import CallFacts, refusal_of
+from pagesift.core.jobs import renderoptions, validate
 from pagesift.gateway import options, translate
-from pagesift.gateway.errors import (
+from pagesift.gateway.httperrors import (
     BY_STATUS,
     TABLE,
     UNREACHABLE,
@@ -27,9 +30,6 @@ from pagesift.gateway.errors import (
     from_rpc,
 )
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.errortable import CallFacts, refusal_of
-from pagesift.shared.jobs import rendering, validate
 from pagesift.v1 import jobs_pb2
 
 C = grpc.StatusCode
@@ -710,7 +710,7 @@ def test_change_tracking_settings_pagesift_cannot_honour_are_refused(
 def test_the_gateways_renders_rule_is_the_nodes_browser_fields(
     opts: jobs_pb2.ScrapeOptions,
 ) -> None:
-    assert options.renders(opts) == bool(rendering.browser_fields(opts))
+    assert options.renders(opts) == bool(renderoptions.browser_fields(opts))
 
 
 def test_a_document_carries_firecrawls_actions_answer() -> None:

@@ -20,16 +20,16 @@ import pytest
 import requests
 from firecrawl import V1FirecrawlApp, V1ScrapeOptions
 
+from pagesift.core.jobs import patterns
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.gateway import models, v1translate
-from pagesift.gateway.errors import HttpError
+from pagesift.gateway.httperrors import HttpError
 from pagesift.gateway.v1models import (
     BatchScrapeRequestV1,
     CrawlRequestV1,
     MapRequestV1,
     ScrapeRequestV1,
 )
-from pagesift.shared.jobs import patterns
 from pagesift.v1 import jobs_pb2
 from tests.helpers import ALICE, SiteSpec, write_accounts
 from tests.test_gateway import PAGE_DOCS, gateway, sdk

@@ -22,7 +22,7 @@ import pytest
 from aiohttp import WSMsgType, web
 from firecrawl import AsyncFirecrawl
 
-from pagesift.client.firecrawl import document
+from pagesift.core.jobs.firecrawlshape import document
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients

@@ -17,7 +17,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pagesift.node.health import (
+from pagesift.core.ha.roles import Role
+from pagesift.node.grpchealth import (
     JOB_SERVICE,
     LIVENESS,
     NOT_SERVING,
@@ -27,7 +28,6 @@ from pagesift.node.health import (
     Freshness,
     health_statuses,
 )
-from pagesift.shared.ha.roles import Role
 from pagesift.v1 import replication_pb2 as rpb
 from pagesift.v1 import replication_pb2_grpc
 from tests.helpers import PROMOTE_MD, in_process_node, until

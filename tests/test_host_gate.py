@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import pytest
 
+from pagesift.core.cluster import placement
+from pagesift.core.cluster.ownership import Owners
+from pagesift.core.cluster.tenure import Tenure
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.jobs.clustered import OwnedHosts
-from pagesift.shared.cluster import placement
-from pagesift.shared.cluster.ownership import Owners
-from pagesift.shared.cluster.tenure import Tenure
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 
 PAIRS = ("alpha", "beta")
 

@@ -42,8 +42,8 @@ import aiohttp
 import grpc
 import pytest
 
+from pagesift.core.util.children import Child, serve_argv
 from pagesift.demo.site import build_site, serve_site
-from pagesift.node.procs import Child, serve_argv
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import ALICE, BOB, NodeFactory, ServeProc, free_port, wait_ready, write_accounts
 from tests.hostile.connections import Flood, fd_count, raise_own_limit, server_established
@@ -208,7 +208,7 @@ async def test_the_standalone_gateway_keeps_a_flood_to_its_share(
         "gateway",
         [
             "prlimit", f"--nofile={GATEWAY_LIMIT}:{GATEWAY_LIMIT}",
-            sys.executable, "-m", "pagesift.node.cli", "gateway",
+            sys.executable, "-m", "pagesift.cli", "gateway",
             "--listen", f"127.0.0.1:{http}", "--server", node.address,
         ],
         log,

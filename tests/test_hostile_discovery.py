@@ -34,9 +34,9 @@ import pytest
 from aiohttp import web
 from protego import Protego
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import scope
 from pagesift.primary.engine import robots, sitemaps
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import scope as crawl
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile, liveness
 from tests.helpers import (
@@ -150,7 +150,7 @@ async def test_a_50_mib_sitemap_is_walked_with_the_event_loop_turning() -> None:
         return url, 200, body
 
     found: dict[str, None] = {}
-    site = crawl.origin_of("http://s/")
+    site = scope.origin_of("http://s/")
     gap = await _max_gap(sitemaps.walk(["http://s/sm.xml"], found, site, fetch))
     assert len(found) == sitemaps.SITEMAP_MAX_URLS  # 50,000 of the 60,000: the cap
     assert gap < 0.5, f"the loop waited {gap:.3f} s for one slice"

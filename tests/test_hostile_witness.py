@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from pagesift.node.drill.fixture import Etcd
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests import hostile

@@ -113,8 +113,8 @@ def test_a_lazy_import_planted_in_a_module_closes_a_reported_cycle(tmp_path: Pat
     imports = imports_by_module()
     planted = tmp_path / "settings.py"
     # schema never imports settings; a function-level import that did would be a cycle
-    planted.write_text("def load():\n    from pagesift.shared.config import settings\n")
-    name = "pagesift.shared.config.schema"
+    planted.write_text("def load():\n    from pagesift.core.config import settings\n")
+    name = "pagesift.core.config.schema"
     imports[name] = [*imports[name], *imports_of(name, planted)]
     found = cycles(graph(imports))
-    assert ["pagesift.shared.config.schema", "pagesift.shared.config.settings"] in found
+    assert ["pagesift.core.config.schema", "pagesift.core.config.settings"] in found

@@ -452,7 +452,7 @@ COPY shared ./shared
 COPY primary ./primary
 COPY standby ./standby
 RUN pip install --no-cache-dir . \\
-    && python -c "import pagesift.node.cli, grpc_health.v1.health_pb2"
+    && python -c "import pagesift.cli, grpc_health.v1.health_pb2"
 """
 
 
@@ -499,7 +499,7 @@ def test_each_node_install_instruction_gives_a_node_that_serves(
         [
             venv.bin / "python",
             "-c",
-            "from pagesift.node.cli.common import server_extra_missing as m; "
+            "from pagesift.cli.common import server_extra_missing as m; "
             "import sys; sys.exit(m('serve') or 0)",
         ],
         tmp_path,

@@ -9,11 +9,11 @@ import grpc
 import pytest
 
 from pagesift.client.errors import error_info_of
+from pagesift.core.api import rpcerrors
+from pagesift.core.jobs import records
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.helpers import SiteSpec, all_documents, in_process_node, wait_terminal
 
@@ -219,16 +219,16 @@ async def test_an_expired_job_is_gone_with_every_one_of_its_keys(
 
 
 def test_job_keys_name_every_key_a_job_owns_and_expiry_deletes_them(tmp_path: Path) -> None:
-    keys = jr.JobKeys("j1")
-    meta = jr.JobMeta("j1", "crawl", "completed", "acme", 0, 0, idempotency_key="k")
+    keys = records.JobKeys("j1")
+    meta = records.JobMeta("j1", "crawl", "completed", "acme", 0, 0, idempotency_key="k")
     assert keys.meta == "job/j1" and keys.pages == "job/j1/pages"  # the on-disk names
     assert keys.webhook_ack == "job/j1/webhook_ack" and keys.outbox == "job/j1/outbox"
 
     def fill(g: WriteGroup) -> None:
-        g.insert(jr.JOBS_SET, b"j1")
-        g.put(jr.idem_key("acme", "k"), b"j1")
+        g.insert(records.JOBS_SET, b"j1")
+        g.put(records.idem_key("acme", "k"), b"j1")
         for kind, name in keys.all():
-            assert jr.job_of(name) == "j1"
+            assert records.job_of(name) == "j1"
             if kind == "list":
                 g.push(name, b"x")
             elif kind == "set":
@@ -239,8 +239,8 @@ def test_job_keys_name_every_key_a_job_owns_and_expiry_deletes_them(tmp_path: Pa
     store = Store(tmp_path / "db")
     try:
         store.write(fill)
-        assert jr.job_of("jobs") is None and jr.job_of("idem/acme/x") is None
-        store.write(lambda g: jr.delete_job(g, "j1", meta))
+        assert records.job_of("jobs") is None and records.job_of("idem/acme/x") is None
+        store.write(lambda g: records.delete_job(g, "j1", meta))
         assert list(store.replicated_items()) == []
     finally:
         store.close()
@@ -317,7 +317,7 @@ async def test_each_page_is_one_group_with_its_document_and_its_done_mark(
         node.node.store().add_observer(recorder)
         started = await node.stub.StartCrawl(crawl_request(root, limit=40))
         final = await wait_terminal(node.stub, started.id)
-    keys = jr.JobKeys(started.id)
+    keys = records.JobKeys(started.id)
     page_groups = [g for g in recorder.groups if ("list_push", keys.pages) in g]
     done_groups = [g for g in recorder.groups if ("set_insert", keys.done) in g]
     assert len(page_groups) == final.completed

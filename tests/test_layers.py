@@ -4,14 +4,14 @@
 state, the gRPC server, the admin service, the CLI, ``serve``) and the only one allowed
 to import both roles. Below it (``FLOORS``, each with its reason):
 
-- ``pagesift.shared`` and ``pagesift.v1`` import no role and not the root;
+- ``pagesift.core`` and ``pagesift.v1`` import no role and not the root;
 - ``pagesift.primary`` and ``pagesift.standby`` import neither each other nor the root,
   nor ``pagesift.demo`` (the demo site is for ``make run``, drills, tests and bench);
 - ``pagesift.demo`` imports no role and not the root;
 - ``pagesift.client`` imports only ``CLIENT_MAY_IMPORT`` (what ``pip install pagesift``
   must ship), directly or through those; ``pagesift.gateway`` (the HTTP gateway, a
   client of the pair) imports only those and itself;
-- inside ``pagesift.shared``: ``replication`` and ``ha`` import nothing from ``jobs`` or
+- inside ``pagesift.core``: ``replication`` and ``ha`` import nothing from ``jobs`` or
   ``api``; ``store`` and ``cluster`` import only ``util``;
 - ``pagesift.coord`` (coordination: witness, registry, budgets) is the only package that
   imports ``aetcd``, and it imports no role, not the root, not the client nor the
@@ -63,15 +63,23 @@ class Floor:
         )
 
 
-ROLES_AND_ROOT = ("pagesift.primary", "pagesift.standby", "pagesift.node")
+#: the roles, the composition root and the two programs built on it (the command line and
+#: the failover drill): what the common code must never import
+ROLES_AND_ROOT = (
+    "pagesift.primary",
+    "pagesift.standby",
+    "pagesift.node",
+    "pagesift.cli",
+    "pagesift.drill",
+)
 
 #: the pagesift modules ``pagesift.client`` may import: the wire code and the small helpers
 #: it runs on (backoff, channels). A new entry is a module ``pip install pagesift`` must ship.
 CLIENT_MAY_IMPORT: tuple[str, ...] = (
     "pagesift.client",
     "pagesift.v1",
-    "pagesift.shared.util",
-    "pagesift.shared.cluster",  # the cluster's pure rules (ids, placement, merges)
+    "pagesift.core.util",
+    "pagesift.core.cluster",  # the cluster's pure rules (ids, placement, merges)
     # the registry read of a cluster client, imported lazily (aetcd: the cluster extra)
     "pagesift.coord.etcd",
     "pagesift.coord.keys",
@@ -85,13 +93,13 @@ ENGINE_FOR_JOBS: tuple[str, ...] = (
     "pagesift.primary.engine.reqprofile",
     "pagesift.primary.engine.cookiejar",
     "pagesift.primary.engine.retrypolicy",
-    "pagesift.shared.cluster.placement",
-    "pagesift.shared.cluster.budgets",
-    "pagesift.shared.cluster.registry",
+    "pagesift.core.cluster.placement",
+    "pagesift.core.cluster.budgetplans",
+    "pagesift.core.cluster.registryrules",
 )
 
 FLOORS: tuple[Floor, ...] = (
-    Floor("pagesift.shared", ROLES_AND_ROOT, "shared code serves both roles"),
+    Floor("pagesift.core", ROLES_AND_ROOT, "shared code serves both roles"),
     Floor("pagesift.v1", ROLES_AND_ROOT, "generated wire code depends on nothing of ours"),
     Floor(
         "pagesift.primary",
@@ -114,23 +122,34 @@ FLOORS: tuple[Floor, ...] = (
         "pagesift.gateway",
         ("pagesift",),
         "the HTTP gateway is a client of the pair: it reaches the server only over gRPC",
-        allowed=(*CLIENT_MAY_IMPORT, "pagesift.gateway"),
+        allowed=(*CLIENT_MAY_IMPORT, "pagesift.gateway", "pagesift.core.jobs.firecrawlshape"),
     ),
     Floor(
-        "pagesift.shared.replication",
-        ("pagesift.shared.jobs", "pagesift.shared.api"),
+        "pagesift.core.jobs.firecrawlshape",
+        ("pagesift",),
+        "Firecrawl's shape is shared by the server's webhooks and the gateway: wire code alone",
+        allowed=("pagesift.v1", "pagesift.core.jobs.firecrawlshape"),
+    ),
+    Floor(
+        "pagesift.node",
+        ("pagesift.cli", "pagesift.drill"),
+        "the composition root wires a node; the command line and the drill are built on it",
+    ),
+    Floor(
+        "pagesift.core.replication",
+        ("pagesift.core.jobs", "pagesift.core.api"),
         "the log ships opaque writes; it knows no job or RPC",
     ),
     Floor(
-        "pagesift.shared.ha",
-        ("pagesift.shared.jobs", "pagesift.shared.api"),
+        "pagesift.core.ha",
+        ("pagesift.core.jobs", "pagesift.core.api"),
         "role and election rules know no job or RPC",
     ),
     Floor(
-        "pagesift.shared.cluster",
+        "pagesift.core.cluster",
         ("pagesift",),
         "the cluster's rules are shared by clients and nodes: they build on util alone",
-        allowed=("pagesift.shared.util", "pagesift.shared.cluster"),
+        allowed=("pagesift.core.util", "pagesift.core.cluster"),
     ),
     Floor(
         "pagesift",
@@ -144,10 +163,10 @@ FLOORS: tuple[Floor, ...] = (
         "coordination serves nodes and clients alike: it knows no role, root or client",
     ),
     Floor(
-        "pagesift.shared.store",
-        ("pagesift.shared",),
+        "pagesift.core.store",
+        ("pagesift.core",),
         "the store is the bottom of the house: it builds on util alone",
-        allowed=("pagesift.shared.util", "pagesift.shared.store"),
+        allowed=("pagesift.core.util", "pagesift.core.store"),
     ),
     Floor(
         "pagesift.primary.engine",
@@ -216,13 +235,13 @@ def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         "def f():\n"
         "    from pagesift.primary.engine.protocol import PageError\n"
         "    from ..standby import follower\n"
-        "    importlib.import_module('pagesift.node.cli')\n"
+        "    importlib.import_module('pagesift.cli')\n"
     )
-    found = {(i.line, i.target) for i in imports_of("pagesift.shared.mod", src)}
+    found = {(i.line, i.target) for i in imports_of("pagesift.core.mod", src)}
     assert (3, "pagesift.primary.engine.protocol.PageError") in found
     assert (4, "pagesift.standby.follower") in found
-    assert (5, "pagesift.node.cli") in found
-    assert len(violations(list(imports_of("pagesift.shared.mod", src)))) == 3
+    assert (5, "pagesift.cli") in found
+    assert len(violations(list(imports_of("pagesift.core.mod", src)))) == 3
 
 
 def _client_strays(target: str) -> bool:
@@ -240,32 +259,32 @@ def test_the_client_reaches_only_what_it_ships() -> None:
 def test_the_client_reach_check_follows_imports(tmp_path: Path) -> None:
     helper = tmp_path / "backoff.py"
     helper.write_text("import math\n")
-    name = "pagesift.shared.util.backoff"
+    name = "pagesift.core.util.backoff"
     imports = {
         "pagesift.client.planted": [Import(tmp_path / "c.py", 1, "pagesift.client.planted", name)],
         name: list(imports_of(name, helper)),
     }
     assert reach("pagesift.client.planted", imports, _client_strays) == []
-    helper.write_text("def f():\n    from pagesift.shared.store.db import Store\n")
+    helper.write_text("def f():\n    from pagesift.core.store.db import Store\n")
     imports[name] = list(imports_of(name, helper))
     assert reach("pagesift.client.planted", imports, _client_strays) == [
-        f"pagesift.client.planted -> {name} -> pagesift.shared.store.db.Store"
+        f"pagesift.client.planted -> {name} -> pagesift.core.store.db.Store"
     ]
 
 
 #: the decision modules: events and ``now`` in, actions out (their shells do the I/O)
 PURE = (
-    "pagesift.shared.ha.rolestate",
-    "pagesift.shared.ha.election",
-    "pagesift.shared.ha.elector",
-    "pagesift.shared.replication.protocol",
-    "pagesift.shared.replication.sender",
-    "pagesift.shared.replication.follower",
-    "pagesift.shared.jobs.quarantine",
+    "pagesift.core.ha.rolestate",
+    "pagesift.core.ha.election",
+    "pagesift.core.ha.electorstate",
+    "pagesift.core.replication.protocol",
+    "pagesift.core.replication.senderstate",
+    "pagesift.core.replication.followerstate",
+    "pagesift.core.jobs.quarantine",
     "pagesift.primary.engine.retrypolicy",
     "pagesift.primary.engine.cookierecords",
-    "pagesift.shared.util.logthrottle",
-    "pagesift.shared.util.connlimits",
+    "pagesift.core.util.logthrottle",
+    "pagesift.core.util.connlimits",
 )
 #: what a pure machine must never import, directly or through another module
 IO_MODULES = (
@@ -313,15 +332,15 @@ def test_an_io_import_planted_in_each_pure_machine_is_reported(
 
 def test_the_purity_scan_follows_imports_through_other_modules(tmp_path: Path) -> None:
     a, b = tmp_path / "a.py", tmp_path / "b.py"
-    a.write_text("from pagesift.shared import b\n")
+    a.write_text("from pagesift.core import b\n")
     b.write_text("def f():\n    import asyncio\n")
     imports = {
-        "pagesift.shared.a": list(imports_of("pagesift.shared.a", a)),
-        "pagesift.shared.b": list(imports_of("pagesift.shared.b", b)),
+        "pagesift.core.a": list(imports_of("pagesift.core.a", a)),
+        "pagesift.core.b": list(imports_of("pagesift.core.b", b)),
     }
-    assert reach("pagesift.shared.a", imports, _is_io) == [
-        "pagesift.shared.a -> pagesift.shared.b -> asyncio"
+    assert reach("pagesift.core.a", imports, _is_io) == [
+        "pagesift.core.a -> pagesift.core.b -> asyncio"
     ]
     b.write_text("import json\n")
-    imports["pagesift.shared.b"] = list(imports_of("pagesift.shared.b", b))
-    assert reach("pagesift.shared.a", imports, _is_io) == []
+    imports["pagesift.core.b"] = list(imports_of("pagesift.core.b", b))
+    assert reach("pagesift.core.a", imports, _is_io) == []

@@ -27,19 +27,19 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.api.metricshttp import METRICS_LIMITS, start_http
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.store.db import MAX_OPEN_FILES
+from pagesift.core.util import listeners, quietlog
+from pagesift.core.util.connlimits import BACKLOG, ConnectionGate, ListenerLimits, client_key
+from pagesift.core.util.descriptors import plan
+from pagesift.core.util.listeners import OUTSIDER_LOG, listener_of, start_site
+from pagesift.core.util.logthrottle import OVERFLOW, Throttle
 from pagesift.demo.site import build_site, serve_site
 from pagesift.gateway.server import Options
 from pagesift.gateway.server import start as start_gateway
 from pagesift.node import fdreserve
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.metricshttp import METRICS_LIMITS, start_http
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.store.db import MAX_OPEN_FILES
-from pagesift.shared.util import listeners, quietlog
-from pagesift.shared.util.connlimits import BACKLOG, ConnectionGate, ListenerLimits, client_key
-from pagesift.shared.util.descriptors import plan
-from pagesift.shared.util.listeners import OUTSIDER_LOG, listener_of, start_site
-from pagesift.shared.util.logthrottle import OVERFLOW, Throttle
 from tests.helpers import make_ca, make_leaf
 
 SHORT = ListenerLimits(

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from pagesift.core.api.metrics import LAG_BUCKETS
 from pagesift.node.logs import JsonLogFormatter
 from pagesift.node.looplag import LagLine, LagLog, lag, lag_buckets, quantile
-from pagesift.shared.api.metrics import LAG_BUCKETS
 from tests.helpers import free_port, in_process_node, until
 
 # ---------------------------------------------------------------- the pure parts

@@ -8,8 +8,8 @@ import threading
 import grpc
 import pytest
 
-from pagesift.shared.util.channels import open_channel
-from pagesift.shared.util.loopwake import on_loop
+from pagesift.core.util.channels import open_channel
+from pagesift.core.util.loopwake import on_loop
 
 
 async def test_on_the_running_loop_the_call_happens_at_once() -> None:

@@ -14,8 +14,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from pagesift.client.errors import details_of
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.tls import token_metadata
+from pagesift.core.api import rpcerrors
+from pagesift.core.api.tls import token_metadata
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import PAIR_TOKEN, in_process_node
 

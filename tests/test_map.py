@@ -17,11 +17,11 @@ import grpc
 import pytest
 from aiohttp import web
 
-from pagesift.node.cli import amain
+from pagesift.cli import amain
+from pagesift.core.api.paging import MAP_BATCH_URLS, url_batches
+from pagesift.core.jobs import records
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.jobs import mapper
-from pagesift.shared.api.paging import MAP_BATCH_URLS, url_batches
-from pagesift.shared.jobs import records as jr
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page
 from tests.helpers import (
@@ -126,7 +126,7 @@ async def test_include_mode_lists_start_url_then_sitemap_then_walk_and_stores_no
     async with serve_handler(site.handle) as port, in_process_node(tmp_path) as node:
         site.port = port
         got = await _map(node, jobs_pb2.MapRequest(url=site.url("/")))
-        assert jr.all_job_ids(node.node.store()) == []
+        assert records.all_job_ids(node.node.store()) == []
     expected = ["/", "/s1", "/s2", "/s3", "/l1", "/l2"]
     assert got == [site.url(p) for p in expected]
 

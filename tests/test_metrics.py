@@ -12,13 +12,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.metricsgrpc import MetricsInterceptor
-from pagesift.shared.api.metricshttp import bound_port, start_http
-from pagesift.shared.api.metricsources import ReplicationFigures, ScrapeSources
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.api.metricsgrpc import MetricsInterceptor
+from pagesift.core.api.metricshttp import bound_port, start_http
+from pagesift.core.api.metricsources import ReplicationFigures, ScrapeSources
+from pagesift.core.jobs import records
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -41,11 +41,11 @@ async def scrape(port: int) -> tuple[str, str]:
 
 
 def add_job(store: Store, job_id: str, kind: str, state: str) -> None:
-    meta = jr.JobMeta(id=job_id, kind=kind, state=state, owner="a", created_ms=0, expires_ms=0)
+    meta = records.JobMeta(id=job_id, kind=kind, state=state, owner="a", created_ms=0, expires_ms=0)
 
     def group(g: WriteGroup) -> None:
-        g.put(jr.JobKeys(job_id).meta, meta.encode())
-        g.insert(jr.JOBS_SET, job_id.encode())
+        g.put(records.JobKeys(job_id).meta, meta.encode())
+        g.insert(records.JOBS_SET, job_id.encode())
 
     store.write(group)
 

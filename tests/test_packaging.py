@@ -135,7 +135,7 @@ def test_the_client_install_has_no_server_dependency(client_venv: ClientVenv) ->
     _run(
         client_venv.python,
         "-c",
-        "import pagesift.v1.jobs_pb2, pagesift.client, pagesift.node.cli",
+        "import pagesift.v1.jobs_pb2, pagesift.client, pagesift.cli",
     )
 
 
@@ -143,7 +143,7 @@ def test_the_client_install_has_no_server_dependency(client_venv: ClientVenv) ->
 def test_a_cluster_client_without_aetcd_names_the_extra(client_venv: ClientVenv) -> None:
     code = (
         "from pagesift.client import ClusterUnavailable, JobClient\n"
-        "from pagesift.shared.cluster import ids\n"  # the cluster's rules ship with the client
+        "from pagesift.core.cluster import ids\n"  # the cluster's rules ship with the client
         "try:\n"
         "    JobClient(cluster='etcd://127.0.0.1:2379/prod')\n"
         "except ClusterUnavailable as e:\n"
@@ -156,7 +156,7 @@ def test_a_cluster_client_without_aetcd_names_the_extra(client_venv: ClientVenv)
 def test_the_wheel_ships_the_type_information(client_venv: ClientVenv) -> None:
     code = (
         "import importlib.util, pathlib\n"
-        "for pkg in ('pagesift.v1', 'pagesift.shared', 'pagesift.node'):\n"
+        "for pkg in ('pagesift.v1', 'pagesift.core', 'pagesift.node'):\n"
         "    d = pathlib.Path(importlib.util.find_spec(pkg).origin).parent\n"
         "    print(pkg, (d / 'py.typed').is_file(), sorted(p.name for p in d.glob('*.pyi')))\n"
     )

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 
-from pagesift.shared.jobs import patterns
-from pagesift.shared.jobs.patterns import Limits, PathFilter, PatternError, compile_patterns
+from pagesift.core.jobs import patterns
+from pagesift.core.jobs.patterns import Limits, PathFilter, PatternError, compile_patterns
 from pagesift.v1 import jobs_pb2
 from tests.helpers import in_process_node
 

@@ -25,14 +25,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagesift.client import JobClient
+from pagesift.core.api import tls
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import records
+from pagesift.core.replication.verify import verify_digests
 from pagesift.demo.site import Site
 from pagesift.node import grpcserver
 from pagesift.node.node import Node
-from pagesift.node.verify import verify_digests
-from pagesift.primary.webhooks import outbox as webhooks
-from pagesift.shared.api import tls
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import records as jr
+from pagesift.primary.webhooks import outbox
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 from tests import helpers
@@ -460,7 +460,7 @@ async def test_a_crawl_webhook_delivers_every_event_once_in_order_and_signed(
             assert final.state == jobs_pb2.JOB_STATE_COMPLETED
             n = 2 + final.completed + final.failed  # started, one per page, completed
             await until(
-                lambda: webhooks.pending(node.store(), job.id) == 0, "the outbox to drain", 15
+                lambda: outbox.pending(node.store(), job.id) == 0, "the outbox to drain", 15
             )
             docs = await documents(stub, job.id, md)
             errs = await stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=job.id), metadata=md)
@@ -478,10 +478,10 @@ async def test_a_crawl_webhook_delivers_every_event_once_in_order_and_signed(
             assert (x.data["url"], x.data["title"]) == (d.url, d.title)
         failed = sorted(str(x.data["url"]) for x in hits if x.event == "page_failed")
         assert failed == sorted(e.url for e in errs.errors if e.url)
-        assert not [e for e in errs.errors if e.code == webhooks.NOTE_CODE]
+        assert not [e for e in errs.errors if e.code == outbox.NOTE_CODE]
         # signed with alice's secret, and with nobody else's
         for x in hits:
-            assert not webhooks.verify_signature(BOB.secret, x.timestamp, x.body, x.signature)
+            assert not outbox.verify_signature(BOB.secret, x.timestamp, x.body, x.signature)
     finally:
         await receiver.stop()
 
@@ -525,17 +525,17 @@ async def test_a_webhook_receiver_down_then_back_gets_every_event_by_retries(
 
             # nobody listens: connection refused, again and again, nothing given up
             await until(lambda: errors._value.get() >= 5, "failed attempts", 10)
-            assert webhooks.pending(node.store(), job.id) == n
+            assert outbox.pending(node.store(), job.id) == n
             queue = metric(await scrape_metrics_local(node), "pagesift_webhook_queue_depth")
             assert queue == n
             await receiver.start(port)
             await until(
-                lambda: webhooks.pending(node.store(), job.id) == 0, "the outbox to drain", 15
+                lambda: outbox.pending(node.store(), job.id) == 0, "the outbox to drain", 15
             )
             errs = await stub.GetJobErrors(
                 jobs_pb2.GetJobErrorsRequest(id=job.id), metadata=ALICE.md
             )
-            assert not [e for e in errs.errors if e.code == webhooks.NOTE_CODE]
+            assert not [e for e in errs.errors if e.code == outbox.NOTE_CODE]
             assert node.metrics.webhook_deliveries.labels("undeliverable")._value.get() == 0
         hits = receiver.of(job.id)
         assert [x.seq for x in hits] == [0, 0, 0, *range(1, n)]  # 503, 503, then 2xx
@@ -562,7 +562,7 @@ async def test_in_sync_mode_a_page_event_is_posted_only_once_its_page_is_replica
         if hit.event == "started":
             # answer once a page is committed (its event is next in the outbox), so the
             # delivery loop reads that event at once instead of going idle
-            pages = jr.JobKeys(hit.job).pages
+            pages = records.JobKeys(hit.job).pages
             await until(lambda: node.store().list_len(pages) > 0, "a page committed", 10)
         if hit.event == "page" and len(seen) < 3:
             job = await stub.GetJob(jobs_pb2.GetJobRequest(id=hit.job), metadata=ALICE.md)

@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from pagesift.demo.site import Site
-from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.primary.webhooks import outbox
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb
 from tests.helpers import (
@@ -124,7 +124,7 @@ async def drained(node: ServeProc, job_id: str, timeout: float = 40) -> tuple[in
         await eventually(empty, f"{node.name}'s webhook queue to drain", timeout)
         docs = await documents(stub, job_id, ALICE.md)
         errs = await stub.GetJobErrors(jobs_pb2.GetJobErrorsRequest(id=job_id), metadata=ALICE.md)
-    assert not [e for e in errs.errors if e.code == webhooks.NOTE_CODE], "an event given up"
+    assert not [e for e in errs.errors if e.code == outbox.NOTE_CODE], "an event given up"
     assert final.completed == len(docs)
     return 2 + final.completed + final.failed, [d.url for d in docs]
 

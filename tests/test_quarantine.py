@@ -1,6 +1,6 @@
 """A poison job is quarantined, not chased (issue 19, finding 2 and point 4).
 
-The pure rule (``pagesift.shared.jobs.quarantine``) first, with no I/O: interruptions and
+The pure rule (``pagesift.core.jobs.quarantine``) first, with no I/O: interruptions and
 worker losses counted, reset by progress, the threshold, suspects one at a time.
 
 Then the real thing: ``pagesift serve`` children SIGKILLed while a job's page is in
@@ -25,11 +25,11 @@ import grpc
 import pytest
 from aiohttp import web
 
+from pagesift.cli import amain
+from pagesift.cli.common import EXIT_JOB_NOT_COMPLETED
 from pagesift.client import JobClient
-from pagesift.node.cli import amain
-from pagesift.node.cli.common import EXIT_JOB_NOT_COMPLETED
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.jobs import quarantine as q
+from pagesift.core.jobs import quarantine
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests import hostile
@@ -47,36 +47,36 @@ from tests.helpers import (
 )
 from tests.hostile import workers as hw
 
-LIMITS = q.Limits(interruptions=2, worker_losses=3, progress_pages=20)
-NEEDED = q.progress_needed(LIMITS, 4)  # 20: more than 2 x concurrency 4
+LIMITS = quarantine.Limits(interruptions=2, worker_losses=3, progress_pages=20)
+NEEDED = quarantine.progress_needed(LIMITS, 4)  # 20: more than 2 x concurrency 4
 
 
-def marker(done_at_start: int, started_ms: int = 1_700_000_000_000) -> q.RunMarker:
-    return q.RunMarker("run-1", "127.0.0.1:1", 3, started_ms, done_at_start)
+def marker(done_at_start: int, started_ms: int = 1_700_000_000_000) -> quarantine.RunMarker:
+    return quarantine.RunMarker("run-1", "127.0.0.1:1", 3, started_ms, done_at_start)
 
 
-def interrupted(done_at_start: int, done_now: int, *urls: str) -> q.Interrupted:
-    return q.Interrupted(marker(done_at_start), done_now, urls, 1_700_000_001_000)
+def interrupted(done_at_start: int, done_now: int, *urls: str) -> quarantine.Interrupted:
+    return quarantine.Interrupted(marker(done_at_start), done_now, urls, 1_700_000_001_000)
 
 
-def lost(url: str, done_now: int) -> q.WorkerLost:
-    return q.WorkerLost(url, done_now, "127.0.0.1:1", 3, 1_700_000_002_000)
+def lost(url: str, done_now: int) -> quarantine.WorkerLost:
+    return quarantine.WorkerLost(url, done_now, "127.0.0.1:1", 3, 1_700_000_002_000)
 
 
 # ---------------------------------------------------------------- the pure rule
 
 
 def test_progress_needed_is_at_least_twice_the_concurrency() -> None:
-    assert q.progress_needed(LIMITS, 4) == 20
-    assert q.progress_needed(LIMITS, 32) == 64
-    assert q.progress_needed(q.Limits(progress_pages=0), 0) == 1
+    assert quarantine.progress_needed(LIMITS, 4) == 20
+    assert quarantine.progress_needed(LIMITS, 32) == 64
+    assert quarantine.progress_needed(quarantine.Limits(progress_pages=0), 0) == 1
 
 
 def test_one_interruption_resumes_and_the_second_without_progress_poisons() -> None:
-    first = q.count(q.Budget(), interrupted(0, 3, "http://s/p"), LIMITS, NEEDED)
+    first = quarantine.count(quarantine.Budget(), interrupted(0, 3, "http://s/p"), LIMITS, NEEDED)
     assert not first.poisoned and first.budget.interruptions == 1
     assert first.budget.suspect and first.budget.in_flight == ("http://s/p",)
-    second = q.count(first.budget, interrupted(3, 5, "http://s/p"), LIMITS, NEEDED)
+    second = quarantine.count(first.budget, interrupted(3, 5, "http://s/p"), LIMITS, NEEDED)
     assert second.poisoned and second.budget.interruptions == 2
     assert "2 runs in a row" in second.reason
     assert len(second.budget.evidence) == 2 and "http://s/p" in second.budget.evidence[-1]
@@ -84,65 +84,71 @@ def test_one_interruption_resumes_and_the_second_without_progress_poisons() -> N
 
 def test_an_interrupted_run_that_made_progress_starts_the_count_again() -> None:
     """A long crawl cut by unrelated failovers hours apart is never poisoned."""
-    budget = q.Budget()
+    budget = quarantine.Budget()
     done = 0
     for _ in range(10):
-        verdict = q.count(budget, interrupted(done, done + NEEDED, "http://s/x"), LIMITS, NEEDED)
+        verdict = quarantine.count(
+            budget, interrupted(done, done + NEEDED, "http://s/x"), LIMITS, NEEDED
+        )
         assert not verdict.poisoned and verdict.budget.interruptions == 1
         budget, done = verdict.budget, done + NEEDED
-    one_short = q.count(budget, interrupted(done, done + NEEDED - 1), LIMITS, NEEDED)
+    one_short = quarantine.count(budget, interrupted(done, done + NEEDED - 1), LIMITS, NEEDED)
     assert one_short.poisoned
 
 
 def test_the_threshold_is_the_setting() -> None:
-    limits = q.Limits(interruptions=3)
-    budget = q.Budget()
+    limits = quarantine.Limits(interruptions=3)
+    budget = quarantine.Budget()
     verdicts = []
     for _ in range(3):
-        v = q.count(budget, interrupted(0, 0), limits, NEEDED)
+        v = quarantine.count(budget, interrupted(0, 0), limits, NEEDED)
         budget = v.budget
         verdicts.append(v.poisoned)
     assert verdicts == [False, False, True]
 
 
 def test_worker_losses_poison_at_their_own_threshold_unless_pages_were_done_between() -> None:
-    budget = q.Budget()
+    budget = quarantine.Budget()
     for i, done in enumerate((10, 11, 12)):
-        v = q.count(budget, lost(f"http://s/doc{i}.pdf", done), LIMITS, NEEDED)
+        v = quarantine.count(budget, lost(f"http://s/doc{i}.pdf", done), LIMITS, NEEDED)
         budget = v.budget
     assert v.poisoned and budget.worker_losses == 3
     assert budget.in_flight == ("http://s/doc2.pdf",) and budget.interruptions == 0
-    spread = q.Budget()
+    spread = quarantine.Budget()
     for i in range(6):  # one loss per NEEDED pages: sporadic bad documents
-        v = q.count(spread, lost(f"http://s/{i}.pdf", (i + 1) * NEEDED), LIMITS, NEEDED)
+        v = quarantine.count(spread, lost(f"http://s/{i}.pdf", (i + 1) * NEEDED), LIMITS, NEEDED)
         assert not v.poisoned
         spread = v.budget
     assert spread.worker_losses == 1
 
 
 def test_a_suspect_is_cleared_only_after_the_pages_needed() -> None:
-    budget = q.count(q.Budget(), interrupted(0, 1), LIMITS, NEEDED).budget
-    assert q.cleared(budget, 1 + NEEDED - 1, 1, NEEDED) is None
-    cleared = q.cleared(budget, 1 + NEEDED, 1, NEEDED)
+    budget = quarantine.count(quarantine.Budget(), interrupted(0, 1), LIMITS, NEEDED).budget
+    assert quarantine.cleared(budget, 1 + NEEDED - 1, 1, NEEDED) is None
+    cleared = quarantine.cleared(budget, 1 + NEEDED, 1, NEEDED)
     assert cleared is not None and not cleared.suspect and cleared.mark == 1 + NEEDED
-    assert q.cleared(q.Budget(), 100, 0, NEEDED) is None  # not a suspect: nothing to clear
+    assert (
+        quarantine.cleared(quarantine.Budget(), 100, 0, NEEDED) is None
+    )  # not a suspect: nothing to clear
 
 
 def test_evidence_and_urls_are_bounded() -> None:
     urls = tuple(f"http://s/{'a' * 5000}{i}" for i in range(100))
-    budget = q.Budget()
-    for _ in range(3 * q.MAX_EVIDENCE):
-        budget = q.count(budget, interrupted(0, 0, *urls), q.Limits(interruptions=10**6), 1).budget
-    assert len(budget.evidence) == q.MAX_EVIDENCE
-    assert len(budget.in_flight) == q.MAX_IN_FLIGHT
-    assert all(len(u) == q.MAX_URL_CHARS for u in budget.in_flight)
-    assert q.Budget.decode(budget.encode()) == budget
+    budget = quarantine.Budget()
+    for _ in range(3 * quarantine.MAX_EVIDENCE):
+        budget = quarantine.count(
+            budget, interrupted(0, 0, *urls), quarantine.Limits(interruptions=10**6), 1
+        ).budget
+    assert len(budget.evidence) == quarantine.MAX_EVIDENCE
+    assert len(budget.in_flight) == quarantine.MAX_IN_FLIGHT
+    assert all(len(u) == quarantine.MAX_URL_CHARS for u in budget.in_flight)
+    assert quarantine.Budget.decode(budget.encode()) == budget
     m = marker(7)
-    assert q.RunMarker.decode(m.encode()) == m
+    assert quarantine.RunMarker.decode(m.encode()) == m
 
 
 def test_suspects_run_one_at_a_time_in_arrival_order() -> None:
-    s = q.Suspects()
+    s = quarantine.Suspects()
     assert s.admit("a") and not s.admit("b") and not s.admit("c")
     assert s.admit("a")  # the running one again
     assert s.release("b") is None and s.waiting == ["c"]  # a waiting one went away

@@ -11,11 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared.jobs import quota
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.accounts import Account
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.core.jobs import quota, records
+from pagesift.core.jobs.accounts import Account
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 
 H = 3600
 T0 = 1_800_000_000.0 - (1_800_000_000 % H)  # an hour boundary
@@ -213,7 +212,7 @@ def test_active_jobs_counts_the_owners_running_jobs(store: Store) -> None:
         ("acme", "completed"),
         ("beta", "scraping"),
     ]:
-        meta = jr.JobMeta(
+        meta = records.JobMeta(
             id=f"j{next(ids)}",
             kind="batch",
             state=state,
@@ -222,9 +221,9 @@ def test_active_jobs_counts_the_owners_running_jobs(store: Store) -> None:
             expires_ms=0,
         )
 
-        def group(g: WriteGroup, meta: jr.JobMeta = meta) -> None:
-            g.put(jr.JobKeys(meta.id).meta, meta.encode())
-            g.insert(jr.JOBS_SET, meta.id.encode())
+        def group(g: WriteGroup, meta: records.JobMeta = meta) -> None:
+            g.put(records.JobKeys(meta.id).meta, meta.encode())
+            g.insert(records.JOBS_SET, meta.id.encode())
 
         store.write(group)
     assert quota.active_jobs(store, "acme") == 2

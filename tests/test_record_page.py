@@ -17,20 +17,19 @@ from typing import TypeVar
 
 import pytest
 
+from pagesift.core.jobs import quarantine, quota
+from pagesift.core.jobs import records as jr
+from pagesift.core.jobs.accounts import Accounts
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.scope import Entry
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.engine.cookiejar import JobCookies
 from pagesift.primary.engine.protocol import Page
 from pagesift.primary.jobs import oneoff, pagecache, recording
 from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import NOTHING, PageResult, Recorded
 from pagesift.primary.webhooks import outbox as webhooks
-from pagesift.shared.jobs import quarantine as q
-from pagesift.shared.jobs import quota
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.accounts import Accounts
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.jobs.scope import Entry
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page
 
@@ -269,7 +268,7 @@ def test_a_page_error_writes_its_error_done_mark_and_event_once(store: Store) ->
 
 def test_finish_rewrites_the_meta_drops_the_run_marker_and_keeps_the_note(store: Store) -> None:
     start_job(store)
-    marker = q.RunMarker("run-1", "node:1", 1, 5, 0)
+    marker = quarantine.RunMarker("run-1", "node:1", 1, 5, 0)
     write(store, lambda g: g.put(jr.JobKeys(JOB).run, marker.encode()))
 
     def finish(state: str) -> jr.JobMeta | None:

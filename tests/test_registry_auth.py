@@ -33,18 +33,18 @@ from pagesift.client import ClusterView, JobClient
 from pagesift.coord import keys
 from pagesift.coord.etcdauth import apply_auth, kit_users
 from pagesift.coord.registry import EtcdRegistry, Registrar
+from pagesift.core.cluster import registryrules
+from pagesift.core.cluster.members import Members, parse_members
+from pagesift.core.cluster.registryrules import NodeRecord, RecordRejected, open_record, seal_record
+from pagesift.core.cluster.signing import RecordSigner, new_private_key_pem, verify_signature
+from pagesift.core.ha.election import parse_witness
+from pagesift.core.util.tasks import cancel_and_wait
 from pagesift.demo.site import build_site, serve_site
+from pagesift.drill.fixture import Etcd
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients
 from pagesift.gateway.metrics import METRICS
 from pagesift.node.clustering import LoadMeter, node_record
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.cluster import registry
-from pagesift.shared.cluster.members import Members, parse_members
-from pagesift.shared.cluster.registry import NodeRecord, RecordRejected, open_record, seal_record
-from pagesift.shared.cluster.signing import RecordSigner, new_private_key_pem, verify_signature
-from pagesift.shared.ha.election import parse_witness
-from pagesift.shared.util.tasks import cancel_and_wait
 from tests.helpers import in_process_node
 
 CLUSTER = "prod"
@@ -83,7 +83,7 @@ def opened(data: bytes, key_pair: str = "a", members: Members | None = MEMBERS) 
 def reason(data: bytes, key_pair: str = "a") -> str:
     with pytest.raises(RecordRejected) as caught:
         opened(data, key_pair)
-    assert caught.value.reason in registry.REJECT_REASONS
+    assert caught.value.reason in registryrules.REJECT_REASONS
     return caught.value.reason
 
 
@@ -97,7 +97,7 @@ def test_every_forgery_is_refused_with_its_reason() -> None:
     foreign = dataclasses.replace(RECORD, address="127.0.0.1:6666")
     rogue = dataclasses.replace(RECORD, pair="rogue", address="127.0.0.1:6666")
     assert reason(sealed(rogue, ROGUE), key_pair="rogue") == "unknown_pair"
-    assert reason(registry.encode_record(RECORD)) == "unsigned"  # the old, plain record
+    assert reason(registryrules.encode_record(RECORD)) == "unsigned"  # the old, plain record
     assert reason(sealed(foreign, ROGUE)) == "wrong_key"
     assert reason(sealed(foreign, SIGNER_B)) == "wrong_key"  # another pair's key
     # a record under pair b's key that names pair a
@@ -137,26 +137,26 @@ def test_a_records_per_host_limit_is_signed_and_changing_it_breaks_the_signature
 
 
 def test_a_record_without_a_per_host_limit_decodes_to_0_and_a_bad_one_is_refused() -> None:
-    plain = json.loads(registry.encode_record(RECORD))
+    plain = json.loads(registryrules.encode_record(RECORD))
     assert plain["per_host_concurrency"] == 0  # the default: not published
     del plain["per_host_concurrency"]  # an older node's record, from before the field
     old = json.dumps(plain).encode()
-    assert registry.decode_record(old) == RECORD
+    assert registryrules.decode_record(old) == RECORD
     assert opened(old, members=None).per_host_concurrency == 0
     # an older node signed its record without the field: it still verifies
     body = json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()
-    signature = SIGNER_A.sign(registry.signed_message(CLUSTER, body))
+    signature = SIGNER_A.sign(registryrules.signed_message(CLUSTER, body))
     envelope = {"key": SIGNER_A.key_id, "record": body.decode(),
                 "sig": base64.b64encode(signature).decode()}  # fmt: skip
     assert opened(json.dumps(envelope).encode()).per_host_concurrency == 0
-    top = registry.MAX_PER_HOST_CONCURRENCY
-    assert registry.decode_record(json.dumps({**plain, "per_host_concurrency": top}).encode())
+    top = registryrules.MAX_PER_HOST_CONCURRENCY
+    assert registryrules.decode_record(json.dumps({**plain, "per_host_concurrency": top}).encode())
     refused = [(-1, "must not be negative"), (top + 1, f"must be at most {top}"),
                ("2", "must be int"), (True, "must be int"), (2.0, "must be int")]  # fmt: skip
     for bad, why in refused:
         data = json.dumps({**plain, "per_host_concurrency": bad}).encode()
         with pytest.raises(ValueError, match=f"per_host_concurrency {why}"):
-            registry.decode_record(data)
+            registryrules.decode_record(data)
         assert reason(json.dumps({**plain, "per_host_concurrency": bad}).encode()) == "malformed"
 
 
@@ -174,7 +174,7 @@ def test_a_record_replayed_into_another_cluster_does_not_verify() -> None:
         b'{"sig": "*", "key": "k", "record": "{}"}',
         b'{"sig": "AAAA", "key": "k", "record": "{}", "extra": 1}',
         b'{"sig": "AAAA", "key": "k", "record": "not json"}',
-        b"x" * (registry.MAX_SEALED_BYTES + 1),
+        b"x" * (registryrules.MAX_SEALED_BYTES + 1),
     ],
 )
 def test_a_malformed_envelope_is_refused(data: bytes) -> None:
@@ -182,7 +182,7 @@ def test_a_malformed_envelope_is_refused(data: bytes) -> None:
 
 
 def test_without_members_records_are_read_as_before() -> None:
-    assert opened(registry.encode_record(RECORD), members=None) == RECORD
+    assert opened(registryrules.encode_record(RECORD), members=None) == RECORD
     assert opened(sealed(RECORD, ROGUE), key_pair="x", members=None) == RECORD
 
 
@@ -269,11 +269,11 @@ async def test_a_pairs_credential_cannot_create_another_pairs_records(etcd: Etcd
     for key in own:
         assert await put_as(etcd, "a", passwords["a"], key, value) == "ok", key
     # the registrar of pair a registers under its credential; the reader sees only a
-    registry = EtcdRegistry(url, user="a", password=passwords["a"], signer=SIGNER_A)
-    lease = await registry.grant(5)
+    registryrules = EtcdRegistry(url, user="a", password=passwords["a"], signer=SIGNER_A)
+    lease = await registryrules.grant(5)
     standby = dataclasses.replace(RECORD, node="n2", address="127.0.0.1:50052", role="standby")
-    await registry.put(standby, lease)
-    await registry.close()
+    await registryrules.put(standby, lease)
+    await registryrules.close()
     view = ClusterView(url, members=MEMBERS, user="reader", password=passwords["reader"])
     try:
         await view.ready()
@@ -288,7 +288,7 @@ async def test_a_pairs_credential_cannot_create_another_pairs_records(etcd: Etcd
 
 async def _status(url: str, *extra: str) -> tuple[int, dict[str, Any], str]:
     """``pagesift cluster status --cluster url …`` as a child: (exit, --json object, text)."""
-    cmd = [sys.executable, "-m", "pagesift.node.cli", "cluster", "status", "--cluster", url]
+    cmd = [sys.executable, "-m", "pagesift.cli", "cluster", "status", "--cluster", url]
     done = await asyncio.to_thread(
         subprocess.run, [*cmd, *extra, "--json"], capture_output=True, text=True, timeout=60
     )
@@ -308,7 +308,7 @@ async def test_cluster_status_with_members_believes_signed_records_and_names_a_m
     the wrong key (one claiming a higher epoch for pair a, one for pair b) sit in etcd
     and are not believed: a keeps its honest primary, b stays missing. Once b's own
     nodes register signed records, the status is healthy, exit 0."""
-    from pagesift.node.cli.cluster import MISSING
+    from pagesift.cli.cluster import MISSING
 
     url = f"{etcd.endpoint}/{CLUSTER}"
     a_nodes = ["127.0.0.1:50051", "127.0.0.1:50052"]
@@ -439,9 +439,9 @@ async def test_a_forged_record_receives_no_call_and_no_key(etcd: Etcd, tmp_path:
             members_file(a=(SIGNER_A, [node.address]), b=(SIGNER_B, [rogues[1].address]))
         )
         honest = NodeRecord(pair="a", node="a-1", address=node.address, role="primary", epoch=1)
-        registry = EtcdRegistry(url, signer=SIGNER_A)
+        registryrules = EtcdRegistry(url, signer=SIGNER_A)
         registrar = Registrar(
-            registry, lambda: dataclasses.replace(honest, updated=time.time()), ttl=5
+            registryrules, lambda: dataclasses.replace(honest, updated=time.time()), ttl=5
         )
         await registrar.step()
         stack.push_async_callback(registrar.close)
@@ -482,7 +482,7 @@ async def test_a_nodes_record_publishes_its_per_host_limit(etcd: Etcd, tmp_path:
     ``per_host_concurrency`` (a limit past the record's bound as the bound); signed by
     the pair's key, put in etcd, it is read back verified with the limit."""
     url = f"{etcd.endpoint}/{CLUSTER}"
-    top = registry.MAX_PER_HOST_CONCURRENCY
+    top = registryrules.MAX_PER_HOST_CONCURRENCY
     async with contextlib.AsyncExitStack() as stack:
         strict = await stack.enter_async_context(
             in_process_node(tmp_path / "a", pair="a", per_host_concurrency=3)
@@ -511,7 +511,7 @@ async def test_a_nodes_record_publishes_its_per_host_limit(etcd: Etcd, tmp_path:
 
 def registry_plain(record: NodeRecord, node: str) -> bytes:
     """An unsigned record, as pagesift wrote them before records were signed."""
-    return registry.encode_record(dataclasses.replace(record, node=node))
+    return registryrules.encode_record(dataclasses.replace(record, node=node))
 
 
 async def test_the_gateway_exports_its_views_refusals_by_reason() -> None:

@@ -29,15 +29,15 @@ from aiohttp import web
 from google.protobuf.duration_pb2 import Duration
 
 from pagesift.client.errors import error_info_of
-from pagesift.gateway import errors as gateway_errors
+from pagesift.core.api import errortable, rpcerrors
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.gateway import httperrors
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients
 from pagesift.primary.engine.browser.procs import children, process_type
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.rendering import RenderingEngine
-from pagesift.shared.api import errortable, rpcerrors
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2 as pb
 from tests.heavypages import serve_heavy
 from tests.helpers import MapResolver, free_port, in_process_node, node_config
@@ -78,7 +78,7 @@ def test_every_code_the_engine_raises_is_a_page_error_code_with_its_status() -> 
 def test_the_gateway_answers_each_render_failure_with_its_own_code_never_500() -> None:
     for code in RENDER_CODES:
         status = rpcerrors.page_status(code)
-        err = gateway_errors.from_rpc(status, "PAGE_FETCH_FAILED", {"code": code}, "why")
+        err = httperrors.from_rpc(status, "PAGE_FETCH_FAILED", {"code": code}, "why")
         assert err.status != 500 and err.code != "SCRAPE_FAILED", (code, err)
         assert err.body()["details"]["code"] == code
 

@@ -28,9 +28,9 @@ import pytest
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pagesift.core.config.schema import ServerConfig
 from pagesift.demo.site import normalize_url
 from pagesift.primary.engine.browser import pool as poolmod
-from pagesift.shared.config.schema import ServerConfig
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     NodeFactory,

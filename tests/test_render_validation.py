@@ -1,5 +1,5 @@
-"""The rendering options' validation (``pagesift.shared.jobs.rendering``, run by
-``pagesift.shared.jobs.specs``): every bound of engine, waits, actions, emulation and
+"""The rendering options' validation (``pagesift.core.jobs.renderoptions``, run by
+``pagesift.core.jobs.specs``): every bound of engine, waits, actions, emulation and
 screenshots refused naming its field path; HTTP with a browser-only option is
 INVALID_ARGUMENT; a node that cannot render answers FAILED_PRECONDITION
 (RENDERING_UNAVAILABLE); execute_javascript only for accounts allowed to.
@@ -18,13 +18,13 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 
 from pagesift.client.errors import details_of, status_of
-from pagesift.shared.api.rpcerrors import Reason
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import rendering
-from pagesift.shared.jobs.accounts import Account
-from pagesift.shared.jobs.rendering import RenderingUnavailable
-from pagesift.shared.jobs.specs import Permissions, batch, crawl, scrape
-from pagesift.shared.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.core.api.rpcerrors import Reason
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import renderoptions
+from pagesift.core.jobs.accounts import Account
+from pagesift.core.jobs.renderoptions import RenderingUnavailable
+from pagesift.core.jobs.specs import Permissions, batch, crawl, scrape
+from pagesift.core.jobs.validate import InvalidArgument, PermissionDenied
 from pagesift.v1 import jobs_pb2
 from tests.helpers import in_process_node
 
@@ -46,7 +46,7 @@ def ms(n: int) -> duration_pb2.Duration:
 def fields(opts: jobs_pb2.ScrapeOptions, config: ServerConfig = CONFIG) -> list[str]:
     """The field paths ``rendering.check`` refuses in ``opts`` ([] when it accepts)."""
     try:
-        rendering.check(opts, config)
+        renderoptions.check(opts, config)
     except InvalidArgument as e:
         return [f for f, _ in e.violations]
     return []
@@ -188,13 +188,13 @@ def test_max_height_follows_the_servers_max_screenshot_height() -> None:
 
 
 def test_the_time_zone_list_is_read_once() -> None:
-    assert rendering.time_zones() is rendering.time_zones()
-    assert "Asia/Tokyo" in rendering.time_zones()
+    assert renderoptions.time_zones() is renderoptions.time_zones()
+    assert "Asia/Tokyo" in renderoptions.time_zones()
 
 
 def test_browser_fields_list_what_only_a_browser_honours() -> None:
-    assert rendering.browser_fields(Opts(formats=[jobs_pb2.FORMAT_MARKDOWN])) == []
-    assert rendering.browser_fields(Opts(mobile=True, formats=SCREENSHOT), "x") == [
+    assert renderoptions.browser_fields(Opts(formats=[jobs_pb2.FORMAT_MARKDOWN])) == []
+    assert renderoptions.browser_fields(Opts(mobile=True, formats=SCREENSHOT), "x") == [
         "x.formats[0]",
         "x.mobile",
     ]
@@ -202,7 +202,7 @@ def test_browser_fields_list_what_only_a_browser_honours() -> None:
 
 def test_a_node_that_cannot_render_refuses_what_needs_a_browser_only() -> None:
     def refused(opts: jobs_pb2.ScrapeOptions, renders: bool) -> str | None:
-        r = rendering.unavailable(opts, renders)
+        r = renderoptions.unavailable(opts, renders)
         return None if r is None else r.field
 
     browser = Opts(engine=jobs_pb2.FETCH_ENGINE_BROWSER)

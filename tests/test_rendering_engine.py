@@ -24,6 +24,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.util import tracing
 from pagesift.primary.engine.autorender import HostMemory
 from pagesift.primary.engine.browser import pool as poolmod
 from pagesift.primary.engine.http import HttpEngine
@@ -31,10 +35,6 @@ from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import FetchPolicy
 from pagesift.primary.engine.rendering import RenderingEngine, choose
 from pagesift.primary.engine.reqprofile import RequestProfile
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.util import tracing
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     NodeFactory,

@@ -15,10 +15,10 @@ from typing import Any
 import grpc
 import pytest
 
+from pagesift.core.api.tls import token_metadata
+from pagesift.core.jobs.accounts import hash_key
 from pagesift.node import grpcserver
 from pagesift.node.startup import StartRefused
-from pagesift.shared.api.tls import token_metadata
-from pagesift.shared.jobs.accounts import hash_key
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import PAIR_TOKEN, PROMOTE_MD, in_process_node, node_config

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import grpc
 
-from pagesift.primary import replication
-from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared.replication import follower as replfollower
-from pagesift.shared.replication.follower import (
+from pagesift.core.replication import followerstate as replfollower
+from pagesift.core.replication.followerstate import (
     EntriesApplied,
     FollowerState,
     HeartbeatReceived,
     SendAck,
     SnapshotInstalled,
 )
-from pagesift.shared.replication.slot import open_slot
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.core.replication.slot import open_slot
+from pagesift.core.store.groups import WriteGroup
+from pagesift.primary import replication
+from pagesift.primary.replication import ReplicationServicer
 from pagesift.standby.follower import Follower
 from tests.helpers import until
 

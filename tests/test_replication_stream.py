@@ -1,7 +1,7 @@
 """Replication over real grpc.aio servers on 127.0.0.1, in process, Store only.
 
 Each node is a slot (store + log) with its replication pieces wired as the real
-server wires them (``pagesift.node.replication.ReplicationParts``) and served by the
+server wires them (``pagesift.node.replicationparts.ReplicationParts``) and served by the
 server's own assembly (``pagesift.node.grpcserver.grpc_server``, without the JobService
 and the guards); a standby also runs a Follower. Every wait is bounded.
 """
@@ -19,14 +19,14 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
+from pagesift.core.replication.identity import NotWritable
+from pagesift.core.replication.log import Log
+from pagesift.core.replication.slot import StoreSlot, open_slot
+from pagesift.core.replication.verify import verify_digests
+from pagesift.core.store.groups import WriteGroup
 from pagesift.node.grpcserver import grpc_server
-from pagesift.node.replication import ReplicationParts
-from pagesift.node.verify import verify_digests
+from pagesift.node.replicationparts import ReplicationParts
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared.replication.identity import NotWritable
-from pagesift.shared.replication.log import Log
-from pagesift.shared.replication.slot import StoreSlot, open_slot
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.standby import follower as follower_module
 from pagesift.standby.fencing import fence_former_primary
 from pagesift.standby.follower import Follower, hello_message

@@ -13,20 +13,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared.replication.backlog import BacklogLost
-from pagesift.shared.replication.framing import (
+from pagesift.core.replication.backlog import BacklogLost
+from pagesift.core.replication.framing import (
     entries_message,
     ops_from_pairs,
     snapshot_chunks,
     snapshot_messages,
     split_entries_message,
 )
-from pagesift.shared.replication.identity import Fenced, NotWritable
-from pagesift.shared.replication.log import Log
-from pagesift.shared.replication.slot import open_slot
-from pagesift.shared.store.cuts import OffsetPassed, replicated_pairs, view_digest
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.core.replication.identity import Fenced, NotWritable
+from pagesift.core.replication.log import Log
+from pagesift.core.replication.slot import open_slot
+from pagesift.core.store.cuts import OffsetPassed, replicated_pairs, view_digest
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.v1 import replication_pb2
 
 

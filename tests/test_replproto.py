@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagesift.shared.replication.protocol import (
+from pagesift.core.replication.protocol import (
     Continue,
     EntryMeta,
     FencingVerdict,

@@ -1,6 +1,6 @@
 """The sender's and the follower's steady state, driven by a fake clock.
 
-``replsender.SenderState`` and ``replfollower.FollowerState`` take events and ``now``
+``senderstate.SenderState`` and ``followerstate.FollowerState`` take events and ``now``
 and return actions; nothing here sleeps, opens a socket or reads a clock.
 """
 
@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pagesift.shared.replication import protocol as replproto
-from pagesift.shared.replication.follower import (
+from pagesift.core.replication import protocol
+from pagesift.core.replication.followerstate import (
     EntriesApplied,
     FollowerState,
     HeartbeatReceived,
@@ -33,7 +33,7 @@ from pagesift.shared.replication.follower import (
     SnapshotInstalled,
     WaitForMessage,
 )
-from pagesift.shared.replication.sender import (
+from pagesift.core.replication.senderstate import (
     AckReceived,
     AwaitAck,
     Degraded,
@@ -211,10 +211,10 @@ def test_the_primary_measures_lag_since_the_standby_was_last_caught_up() -> None
     s.step(AckReceived(1, 7, last_offset=8), 2.0)  # not caught up
     st_ = s.status(last_offset=8, now=4.0)
     assert (st_.connected, st_.peer, st_.acked_offset, st_.last_offset) == (True, "b", 7, 8)
-    assert st_.lag == replproto.Lag(1, 3.0)
-    assert s.status(last_offset=7, now=4.0).lag == replproto.Lag(0, 0.0)
+    assert st_.lag == protocol.Lag(1, 3.0)
+    assert s.status(last_offset=7, now=4.0).lag == protocol.Lag(0, 0.0)
     alone = SenderState(SYNC).status(last_offset=8, now=4.0)
-    assert not alone.connected and alone.lag == replproto.Lag(8, 0.0)
+    assert not alone.connected and alone.lag == protocol.Lag(8, 0.0)
 
 
 def test_the_best_session_is_the_one_that_acked_most() -> None:
@@ -226,9 +226,9 @@ def test_the_best_session_is_the_one_that_acked_most() -> None:
 
 
 def test_lag_is_zero_while_caught_up_and_never_negative() -> None:
-    assert replproto.lag(leader=5, follower=5, caught_up_at=1.0, now=9.0) == replproto.Lag(0, 0.0)
-    assert replproto.lag(leader=5, follower=7, caught_up_at=1.0, now=9.0) == replproto.Lag(0, 0.0)
-    assert replproto.lag(leader=9, follower=7, caught_up_at=1.0, now=9.0) == replproto.Lag(2, 8.0)
+    assert protocol.lag(leader=5, follower=5, caught_up_at=1.0, now=9.0) == protocol.Lag(0, 0.0)
+    assert protocol.lag(leader=5, follower=7, caught_up_at=1.0, now=9.0) == protocol.Lag(0, 0.0)
+    assert protocol.lag(leader=9, follower=7, caught_up_at=1.0, now=9.0) == protocol.Lag(2, 8.0)
 
 
 # --- the follower: ack pacing ---------------------------------------------------------
@@ -312,14 +312,14 @@ def test_ack_pacing_bounds(steps: list[tuple[float, bool, bool]]) -> None:
 def test_the_standby_measures_lag_from_the_primarys_heartbeats_and_entries() -> None:
     f = follower(0.0)
     f.step(SnapshotInstalled(10, applied=10), 1.0)
-    assert f.lag(10, 3.0) == replproto.Lag(0, 0.0)
+    assert f.lag(10, 3.0) == protocol.Lag(0, 0.0)
     f.step(HeartbeatReceived(14, 1_000_500, 1000.0, applied=10), 2.0)  # behind since 1.0
     assert f.primary_offset == 14 and f.clock_skew == pytest.approx(0.5)
-    assert f.lag(10, 5.0) == replproto.Lag(4, 4.0)
+    assert f.lag(10, 5.0) == protocol.Lag(4, 4.0)
     f.step(EntriesApplied(12, applied=12), 5.5)
-    assert f.lag(12, 6.0) == replproto.Lag(2, 5.0)
+    assert f.lag(12, 6.0) == protocol.Lag(2, 5.0)
     f.step(EntriesApplied(14, applied=14), 6.0)  # caught up
-    assert f.lag(14, 7.0) == replproto.Lag(0, 0.0)
+    assert f.lag(14, 7.0) == protocol.Lag(0, 0.0)
     f.step(HeartbeatReceived(13, 0, 0.0, applied=14), 7.0)  # an older offset: ignored
     assert f.primary_offset == 14
 

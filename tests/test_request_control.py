@@ -22,16 +22,16 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 
 from pagesift.client.errors import details_of, status_of
+from pagesift.core.api import rpcerrors
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import validate
+from pagesift.core.jobs.accounts import Account, Accounts, AccountsError
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.cookiejar import JobCookies
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import FetchPolicy
 from pagesift.primary.engine.reqprofile import ProxyPool, RequestProfile
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import validate
-from pagesift.shared.jobs.accounts import Account, Accounts, AccountsError
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     Acct,

@@ -23,9 +23,9 @@ import grpc
 import pytest
 from aiohttp import web
 
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine import retrypolicy
 from pagesift.primary.engine.retrypolicy import HostThrottle, parse_retry_after, retry_delay
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     ServeProc,

@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from pagesift.shared.ha.roles import Role
-from pagesift.shared.ha.rolestate import (
+from pagesift.core.ha.roles import Role
+from pagesift.core.ha.rolestate import (
     Action,
     Event,
     FencerDone,
@@ -50,7 +50,7 @@ from pagesift.shared.ha.rolestate import (
     step,
     takes_writes,
 )
-from pagesift.shared.replication.protocol import FencingVerdict
+from pagesift.core.replication.protocol import FencingVerdict
 
 AFTER = 10.0
 PRIMARY = RoleConfig(requested=Role.PRIMARY)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pagesift.demo.site import CALENDAR_EXCLUDE
-from pagesift.node.drill.counting import CountedSite
+from pagesift.drill.counting import CountedSite
 from pagesift.v1 import jobs_pb2
 from tests.helpers import eventually, in_process_node
 

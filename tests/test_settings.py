@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pagesift.node.cli import main
-from pagesift.shared.config.schema import ConfigError, ServerConfig
-from pagesift.shared.config.settings import OTHER_VARIABLES, config_table_markdown, load_config
+from pagesift.cli import main
+from pagesift.core.config.schema import ConfigError, ServerConfig
+from pagesift.core.config.settings import OTHER_VARIABLES, config_table_markdown, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -227,7 +227,7 @@ def test_the_configuration_doc_has_the_generated_config_table() -> None:
     assert len(found) == 1, "docs/configuration.md needs one config-table:begin/end marker pair"
     assert found[0] == config_table_markdown(), (
         "docs/configuration.md's config table is stale: paste "
-        "pagesift.shared.config.settings.config_table_markdown()"
+        "pagesift.core.config.settings.config_table_markdown()"
     )
 
 

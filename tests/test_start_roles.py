@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pagesift.core.replication.slot import open_slot
 from pagesift.node import grpcserver
 from pagesift.node.startup import StartRefused
-from pagesift.shared.replication.slot import open_slot
 from tests.helpers import node_config
 
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
-from pagesift.shared.store.layout import local_key
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
+from pagesift.core.store.layout import local_key
 from pagesift.v1 import store_pb2
 
 

@@ -16,12 +16,12 @@ import pytest
 from google.rpc import error_details_pb2
 
 from pagesift.client.errors import details_of, status_of
-from pagesift.shared.api import rpcerrors
-from pagesift.shared.api.streams import WINDOW_DOCS
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.accounts import hash_key
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.core.api import rpcerrors
+from pagesift.core.api.streams import WINDOW_DOCS
+from pagesift.core.jobs import records
+from pagesift.core.jobs.accounts import hash_key
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import RunningNode, in_process_node, until
 
@@ -54,8 +54,8 @@ def put_job(store: Store, owner: str, docs: int, doc_bytes: int, *, state: str) 
     """A job written straight into the node's store: ``docs`` documents of about
     ``doc_bytes`` each (incompressible text), in ``state``."""
     job_id = str(uuid.uuid4())
-    now = jr.now_ms()
-    meta = jr.JobMeta(
+    now = records.now_ms()
+    meta = records.JobMeta(
         id=job_id,
         kind="batch",
         state=state,
@@ -63,18 +63,18 @@ def put_job(store: Store, owner: str, docs: int, doc_bytes: int, *, state: str) 
         created_ms=now,
         expires_ms=now + 3_600_000,
         total=docs,
-        finished_ms=now if state in jr.TERMINAL else 0,
+        finished_ms=now if state in records.TERMINAL else 0,
     )
 
     def group(g: WriteGroup) -> None:
-        g.put(jr.JobKeys(job_id).meta, meta.encode())
-        g.insert(jr.JOBS_SET, job_id.encode())
+        g.put(records.JobKeys(job_id).meta, meta.encode())
+        g.insert(records.JOBS_SET, job_id.encode())
         for i in range(docs):
             doc = jobs_pb2.Document(
                 url=f"http://127.0.0.1/{i}", status_code=200, markdown=os.urandom(doc_bytes).hex()
             )
-            g.push(jr.JobKeys(job_id).pages, doc.SerializeToString())
-            g.insert(jr.JobKeys(job_id).done, str(i).encode())
+            g.push(records.JobKeys(job_id).pages, doc.SerializeToString())
+            g.insert(records.JobKeys(job_id).done, str(i).encode())
 
     store.write(group)
     return job_id
@@ -269,7 +269,7 @@ async def test_a_batch_stores_its_valid_urls_and_every_other_field(tmp_path: Pat
     async with in_process_node(tmp_path / "node") as node:
         for request in (req, jobs_pb2.StartBatchScrapeRequest(urls=req.urls[:1])):
             resp = await node.stub.StartBatchScrape(request)
-            raw = node.node.store().get(jr.JobKeys(resp.id).request)
+            raw = node.node.store().get(records.JobKeys(resp.id).request)
             assert raw is not None
             want = jobs_pb2.StartBatchScrapeRequest()
             want.CopyFrom(request)

@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from pagesift.shared.util.tasks import all_or_none, cancel_and_wait, cancel_and_wait_all
+from pagesift.core.util.tasks import all_or_none, cancel_and_wait, cancel_and_wait_all
 
 
 async def slow_to_stop(stopping: asyncio.Event) -> None:

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pagesift.shared.api import tls
-from pagesift.shared.api.guard import GuardRule, MetadataGuard
+from pagesift.core.api import tls
+from pagesift.core.api.guard import GuardRule, MetadataGuard
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 from tests.helpers import make_ca, make_leaf

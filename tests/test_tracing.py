@@ -1,4 +1,4 @@
-"""Tracing (pagesift.shared.util.tracing): off by default and free when off; on, a real
+"""Tracing (pagesift.core.util.tracing): off by default and free when off; on, a real
 in-process node makes an RPC server span continuing the caller's trace, a child fetch
 span per page, store commit spans, and JSON log lines carry the trace and span ids."""
 
@@ -18,10 +18,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
+from pagesift.core.util import tracing
 from pagesift.node.logs import JsonLogFormatter
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
-from pagesift.shared.util import tracing
 from pagesift.v1 import jobs_pb2
 from tests.helpers import eventually, in_process_node, serve_handler, until
 

@@ -22,14 +22,13 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pagesift.core.jobs import records, urls, views
+from pagesift.core.jobs.scope import in_scope
+from pagesift.core.store.db import Store
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.protocol import Page
 from pagesift.primary.engine.robots import page_directives
 from pagesift.primary.jobs.runtime import Jobs
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import urls, views
-from pagesift.shared.jobs.scope import in_scope
-from pagesift.shared.store.db import Store
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.fakeengine import FakeEngine, page
 from tests.helpers import (
@@ -480,8 +479,8 @@ async def test_www_and_bare_host_links_are_one_page_in_a_live_crawl_with_dedupe(
         )
         reg = await jobs.register("crawl", "anonymous", request.SerializeToString(), "", limit=50)
 
-        async def finished() -> jr.JobMeta | None:
-            meta = jr.load_meta(store, reg.id)
+        async def finished() -> records.JobMeta | None:
+            meta = records.load_meta(store, reg.id)
             return meta if meta is not None and meta.terminal else None
 
         meta = await eventually(finished, "the crawl's end", timeout=30)

@@ -1,4 +1,4 @@
-"""``pagesift.shared.jobs.urls``: page keys, validation, site scope, path filters, the guard."""
+"""``pagesift.core.jobs.urls``: page keys, validation, site scope, path filters, the guard."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared.jobs import urls
+from pagesift.core.jobs import urls
 
 
 @pytest.mark.parametrize(

@@ -27,11 +27,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.streams import StreamBytes, WatchBytes, fits
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.api.streams import StreamBytes, WatchBytes, fits
+from pagesift.core.jobs import records as jr
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import hostile
 from tests.helpers import (

@@ -17,12 +17,12 @@ import grpc
 import pytest
 from aiohttp import web
 
+from pagesift.core.jobs import records
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.demo.site import Site
 from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     ALICE,
@@ -244,25 +244,25 @@ async def test_a_resumed_delivery_sends_the_same_body_and_the_store_keeps_one_co
     page = jobs_pb2.Document(
         url="http://s/a", final_url="http://s/a", title="A", markdown="# A\n" + "text " * 200
     )
-    meta = jr.JobMeta(
+    meta = records.JobMeta(
         id=job_id, kind="crawl", state="scraping", owner="alice", created_ms=0, expires_ms=2**62
     )
 
     def register(g: WriteGroup) -> None:
-        g.put(jr.JobKeys(job_id).meta, meta.encode())
-        g.insert(jr.JOBS_SET, job_id.encode())
+        g.put(records.JobKeys(job_id).meta, meta.encode())
+        g.insert(records.JOBS_SET, job_id.encode())
         webhooks.configure(
             g, job_id, url, ("page",), "alice",
             headers=HEADERS, metadata=METADATA, include_document=True, max_document_bytes=1 << 20,
         )  # fmt: skip
 
     def record(g: WriteGroup) -> None:
-        index = g.push(jr.JobKeys(job_id).pages, page.SerializeToString())
+        index = g.push(records.JobKeys(job_id).pages, page.SerializeToString())
         webhooks.enqueue(g, job_id, "page", {"index": index, "url": page.url})
 
     store.write(register)
     store.write(record)
-    (item,) = store.list_range(jr.JobKeys(job_id).outbox)
+    (item,) = store.list_range(records.JobKeys(job_id).outbox)
     assert b"text text" not in item  # the event names the page; it holds no copy of it
 
     def deliverer() -> delivery.Deliverer:
@@ -299,5 +299,5 @@ async def test_a_resumed_delivery_sends_the_same_body_and_the_store_keeps_one_co
         assert x.signed and readme_verify(ALICE.secret, x.timestamp, x.body, x.signature)
     assert hits[-1].data["document"] == webhooks.document_json(page)
     assert body_of(hits[-1])["metadata"] == METADATA
-    assert store.list_len(jr.JobKeys(job_id).outbox) == 0  # delivered: dropped
-    assert store.list_len(jr.JobKeys(job_id).pages) == 1
+    assert store.list_len(records.JobKeys(job_id).outbox) == 0  # delivered: dropped
+    assert store.list_len(records.JobKeys(job_id).pages) == 1

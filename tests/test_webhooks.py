@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.jobs import records, views
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.webhooks import delivery
 from pagesift.primary.webhooks import outbox as webhooks
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import views
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from tests.helpers import free_port, until
 
 SECRET = "acme-webhook-secret-0123456789"
@@ -104,7 +103,7 @@ def make_job(
     store: Store, job_id: str, url: str | None, events: tuple[str, ...] = (), account: str = "acme"
 ) -> None:
     """What the runtime's registration group does: meta, webhook config, `started`."""
-    meta = jr.JobMeta(
+    meta = records.JobMeta(
         id=job_id,
         kind="batch",
         state="scraping",
@@ -114,8 +113,8 @@ def make_job(
     )
 
     def group(g: WriteGroup) -> None:
-        g.put(jr.JobKeys(job_id).meta, meta.encode())
-        g.insert(jr.JOBS_SET, job_id.encode())
+        g.put(records.JobKeys(job_id).meta, meta.encode())
+        g.insert(records.JOBS_SET, job_id.encode())
         if url is not None:
             webhooks.configure(g, job_id, url, events, account)
         webhooks.enqueue(g, job_id, "started", {"kind": "batch", "total": 3})
@@ -127,7 +126,7 @@ def record_page(store: Store, job_id: str, index: int, event: str = "page") -> i
     """What the runtime's page group does: the page and its event, one group."""
 
     def group(g: WriteGroup) -> int | None:
-        g.push(jr.JobKeys(job_id).pages, f"doc {index}".encode())
+        g.push(records.JobKeys(job_id).pages, f"doc {index}".encode())
         return webhooks.enqueue(g, job_id, event, {"index": index, "url": f"https://x/{index}"})
 
     seq = store.write(group).result
@@ -210,10 +209,10 @@ async def test_every_event_arrives_once_in_order_and_signed(
         }
         for x in receiver.got:
             check_delivery(x, now)
-        assert receiver.seqs("c") == [] and store.list_len(jr.JobKeys("c").outbox) == 0
+        assert receiver.seqs("c") == [] and store.list_len(records.JobKeys("c").outbox) == 0
         assert webhooks.queue_depth(store) == 0
         for job, n in want.items():  # delivered events are dropped; seqs keep rising
-            assert store.list_bounds(jr.JobKeys(job).outbox) == (n, n), job
+            assert store.list_bounds(records.JobKeys(job).outbox) == (n, n), job
         assert metrics.webhook_deliveries.labels("ok")._value.get() == sum(want.values())
     finally:
         await d.close()
@@ -382,7 +381,7 @@ async def test_a_job_expiring_during_delivery_leaves_no_stray_key(
 ) -> None:
     async def expire_then_ok(d: Delivery, n: int) -> int:
         def group(g: WriteGroup) -> None:  # the runtime's expiry group
-            jr.delete_job(g, "j", None)
+            records.delete_job(g, "j", None)
 
         store.write(group)
         return 200
@@ -404,7 +403,7 @@ async def test_a_job_expiring_during_delivery_leaves_no_stray_key(
 
 def test_enqueue_is_part_of_the_group_and_filters_events(store: Store) -> None:
     make_job(store, "j", "https://example.com/hook", events=("completed",))
-    assert store.list_len(jr.JobKeys("j").outbox) == 0  # started not wanted
+    assert store.list_len(records.JobKeys("j").outbox) == 0  # started not wanted
     assert record_page(store, "j", 0) is None
 
     def failing(g: WriteGroup) -> None:
@@ -413,17 +412,17 @@ def test_enqueue_is_part_of_the_group_and_filters_events(store: Store) -> None:
 
     with pytest.raises(RuntimeError):
         store.write(failing)
-    assert store.list_len(jr.JobKeys("j").outbox) == 0  # no change, no event
+    assert store.list_len(records.JobKeys("j").outbox) == 0  # no change, no event
     finish(store, "j")
-    assert store.list_len(jr.JobKeys("j").outbox) == 1
+    assert store.list_len(records.JobKeys("j").outbox) == 1
     with pytest.raises(ValueError, match="unknown webhook event"):
         store.write(lambda g: webhooks.enqueue(g, "j", "exploded", {}))
     cfg = webhooks.load_config(store, "j")
     assert cfg == webhooks.WebhookConfig("https://example.com/hook", ("completed",), "acme")
-    assert jr.webhook_events([]) == jr.WEBHOOK_EVENTS
-    assert jr.webhook_events(["completed", "started"]) == ("started", "completed")
+    assert records.webhook_events([]) == records.WEBHOOK_EVENTS
+    assert records.webhook_events(["completed", "started"]) == ("started", "completed")
     with pytest.raises(ValueError, match=r"webhook.events\[1\]"):
-        jr.webhook_events(["page", "nope"])
+        records.webhook_events(["page", "nope"])
 
 
 def test_verify_signature() -> None:

@@ -29,15 +29,15 @@ from firecrawl import Firecrawl
 from firecrawl.v2.types import WebhookConfig as SdkWebhook
 from firecrawl.v2.utils.error_handler import BadRequestError
 
-from pagesift.client.firecrawl import document
+from pagesift.core.jobs import records
+from pagesift.core.jobs.firecrawlshape import document
+from pagesift.core.store.db import Store
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site
 from pagesift.gateway import translate
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest
 from pagesift.gateway.server import run
 from pagesift.primary.webhooks import firecrawl as fw
 from pagesift.primary.webhooks import outbox
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store
 from pagesift.v1 import jobs_pb2
 from tests.helpers import (
     ALICE,
@@ -171,9 +171,9 @@ def test_a_firecrawl_config_keeps_firecrawls_events_and_documents_and_pagesifts_
     assert cfg.include_document and cfg.max_document_bytes == 999
     assert (cfg.format, cfg.kind) == (outbox.FIRECRAWL, "crawl")
     plain = configure(outbox.PAGESIFT)
-    assert plain.events == jr.WEBHOOK_EVENTS and not plain.include_document
+    assert plain.events == records.WEBHOOK_EVENTS and not plain.include_document
     # a pagesift config names no format: its bytes are those of a config without one
-    assert store.get(jr.JobKeys("j").webhook) == (
+    assert store.get(records.JobKeys("j").webhook) == (
         b'{"url":"http://h","events":["started","page","page_failed","completed","failed",'
         b'"cancelled"],"account":"alice"}'
     )

@@ -19,12 +19,12 @@ from aetcd import rpc as etcd_rpc
 from aetcd.rpc import auth_pb2 as etcd_auth
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pagesift import cli
 from pagesift.coord.etcd import EtcdUnavailable
 from pagesift.coord.witness import EtcdWitness
+from pagesift.core.ha.election import Holder
 from pagesift.demo.site import Site
-from pagesift.node import cli
-from pagesift.node.drill.fixture import Etcd
-from pagesift.shared.ha.election import Holder
+from pagesift.drill.fixture import Etcd
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from pagesift.v1 import replication_pb2 as pb
 from tests.helpers import (

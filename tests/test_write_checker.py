@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pagesift.shared.replication import writetrace
-from pagesift.shared.replication.log import Log
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.core.replication import writetrace
+from pagesift.core.replication.log import Log
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from tests.writechecker import Write, check, parse
 
 S = 1_000_000_000  # one second in ns

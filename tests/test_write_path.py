@@ -1,8 +1,8 @@
 """Invariant 1: nothing writes RocksDB except the store's one write path.
 
-Only ``pagesift.shared.store.db`` may import rocksdict or reach the database handle;
+Only ``pagesift.core.store.db`` may import rocksdict or reach the database handle;
 everything else writes through ``Store.write`` / ``Store.apply`` (one group = one
-atomic WriteBatch = one log entry). ``WriteGroup`` (``pagesift.shared.store.groups``)
+atomic WriteBatch = one log entry). ``WriteGroup`` (``pagesift.core.store.groups``)
 is no exception: it reads through the point read ``Store`` hands it and holds no handle.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE = [ROOT / "shared", ROOT / "primary", ROOT / "standby"]
-STORE = ROOT / "shared" / "pagesift" / "shared" / "store" / "db.py"
+STORE = ROOT / "shared" / "pagesift" / "core" / "store" / "db.py"
 
 
 def test_only_the_store_module_touches_rocksdb() -> None:

@@ -4,7 +4,7 @@ What it owns
 ------------
 Pure functions over two records of a fault-injection run (no I/O, no clock):
 
-- the nodes' **write trace** (``pagesift.shared.replication.writetrace``: one line
+- the nodes' **write trace** (``pagesift.core.replication.writetrace``: one line
   ``<CLOCK_MONOTONIC ns> <node id> <epoch> <offset>`` per write group a primary
   committed, every node of the run appending to one file), read by ``parse``;
 - what the **client saw acknowledged** (the documents it read back from whichever node

@@ -35,9 +35,9 @@ class Driver:
     control method (JSON over a generic unary gRPC call) to drive its writer."""
 
     def __init__(self, data: Path, backlog_bytes: int) -> None:
-        from pagesift.node.replication import ReplicationParts
-        from pagesift.shared.jobs.events import JobEvents
-        from pagesift.shared.replication.slot import open_slot
+        from pagesift.core.jobs.events import JobEvents
+        from pagesift.core.replication.slot import open_slot
+        from pagesift.node.replicationparts import ReplicationParts
 
         self.slot = open_slot(data, backlog_bytes=backlog_bytes)
         self.events = JobEvents()  # the server's store observer (watch wake-ups), as in Node
@@ -54,7 +54,7 @@ class Driver:
         self._paced_stop = asyncio.Event()
 
     def write_one(self) -> int:
-        from pagesift.shared.store.groups import WriteGroup
+        from pagesift.core.store.groups import WriteGroup
 
         doc, key, links = self.gen.page(self.n)
         key += str(self.n).encode()

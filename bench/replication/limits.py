@@ -40,7 +40,7 @@ def raw_rocksdb(seconds: float, with_entry: bool, gen: PageGen) -> dict[str, Any
     """WriteBatch commits/s of page-shaped batches straight on an Rdict (no pagesift)."""
     from rocksdict import Rdict, WriteBatch, WriteOptions
 
-    from pagesift.shared.store.db import rocksdb_options
+    from pagesift.core.store.db import rocksdb_options
 
     with tempfile.TemporaryDirectory(prefix="bench-raw-rocks-") as tmp:
         db = Rdict(str(Path(tmp) / "db"), rocksdb_options())  # the store's options

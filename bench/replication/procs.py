@@ -27,8 +27,8 @@ import grpc
 from bench.common import LOOPBACK, MB, OUT_DIR, REPO_DIR, free_port, say, stop_serve
 from bench.replication.driver import DRIVER_METHOD
 from bench.replication.stats import Samples
-from pagesift.node.procs import Child, serve_argv
-from pagesift.shared.api.tls import write_new_token
+from pagesift.core.api.tls import write_new_token
+from pagesift.core.util.children import Child, serve_argv
 
 SAMPLE_PERIOD = 0.02
 READY_TIMEOUT = 60.0
@@ -52,7 +52,7 @@ class Proc:
 
 
 def spawn(name: str, cmd: list[str], addr: str) -> Proc:
-    """``cmd`` from the repository directory (``pagesift.node.procs.Child``: its own
+    """``cmd`` from the repository directory (``pagesift.core.util.children.Child``: its own
     process group, stopped for sure), its output in a fresh ``replication-<name>.log``."""
     log = OUT_DIR / f"replication-{name}.log"
     say("$ " + shlex.join(cmd))

@@ -5,7 +5,7 @@ What it owns
 ``ReplicationServicer`` serves ``ReplicationService.Stream`` (one session per
 connected standby), tracks each standby's acknowledged offset, and implements
 ``wait_replicated(offset)`` for sync mode. It is a thin asyncio shell: the decision
-(continue / full / step down / refuse) is ``replproto.decide``; every decision after
+(continue / full / step down / refuse) is ``protocol.decide``; every decision after
 it (sync mode's waits, degradation and restoration, linger, heartbeats, the lag) is
 ``replsender.SenderState``'s, a pure state machine this shell feeds events with
 ``time.monotonic()`` as the time, carrying out the actions it returns; the entries,
@@ -17,7 +17,7 @@ The session, step by step, and why each step is safe
 1. **Hello.** The standby's first message names its history, applied offset and
    epoch. We read our own state under the write section (``Log.primary_state``) so
    first/last offsets and identity are one consistent fact.
-2. **Decide.** ``replproto.decide``. A peer with a higher epoch means we were
+2. **Decide.** ``protocol.decide``. A peer with a higher epoch means we were
    deposed: we fence ourselves (durably, before answering) so that no write accepted
    from now on can be lost to a history nobody follows, and abort the stream.
 3. **Full resync.** ``Log.view()`` creates a RocksDB iterator while holding the write
@@ -47,7 +47,7 @@ The session, step by step, and why each step is safe
    ``linger``; sync mode never lingers (its writers wait for the ack).
 5. **Heartbeats** carry our offset and clock every ``heartbeat_interval`` so the
    standby can measure its lag and detect a dead stream; once ``enable_failsafe`` each
-   asks for a failsafe grant (``pagesift.shared.ha.failsafe``), and each grant
+   asks for a failsafe grant (``pagesift.core.ha.failsafe``), and each grant
    answered goes to ``on_grant`` (the elector) with the time its request left.
 6. **Acks** arrive on the same stream (a reader task). An ack means "applied and
    durable up to N" because the standby writes the applied offset in the same batch
@@ -75,7 +75,7 @@ from dataclasses import dataclass, replace
 
 import grpc
 
-from pagesift.shared.api.errortable import (
+from pagesift.core.api.errortable import (
     HelloExpected,
     NodeRefuser,
     NoLongerPrimary,
@@ -83,11 +83,11 @@ from pagesift.shared.api.errortable import (
     SteppedDownForPeer,
     answers_errors,
 )
-from pagesift.shared.replication import protocol as replproto
-from pagesift.shared.replication import sender as replsender
-from pagesift.shared.replication.framing import entries_message, snapshot_messages
-from pagesift.shared.replication.log import Log
-from pagesift.shared.replication.sender import (
+from pagesift.core.replication import protocol
+from pagesift.core.replication import senderstate as replsender
+from pagesift.core.replication.framing import entries_message, snapshot_messages
+from pagesift.core.replication.log import Log
+from pagesift.core.replication.senderstate import (
     AckReceived,
     AwaitAck,
     Degraded,
@@ -108,8 +108,8 @@ from pagesift.shared.replication.sender import (
     WaitForEntries,
     WaitStarted,
 )
-from pagesift.shared.replication.slot import StoreSlot
-from pagesift.shared.util.tasks import cancel_and_wait_all
+from pagesift.core.replication.slot import StoreSlot
+from pagesift.core.util.tasks import cancel_and_wait_all
 from pagesift.v1 import replication_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -339,25 +339,25 @@ class ReplicationServicer(NodeRefuser):
         if first.WhichOneof("msg") != "hello":
             raise HelloExpected()
         h = first.hello
-        hello = replproto.Hello(h.node_id, h.history_id, h.applied_offset, h.epoch)
+        hello = protocol.Hello(h.node_id, h.history_id, h.applied_offset, h.epoch)
         log = self._slot.log
-        decision = replproto.decide(hello, log.primary_state())
+        decision = protocol.decide(hello, log.primary_state())
         logger.info("standby %s (%s): %s", hello.node_id, context.peer(), decision)
-        if isinstance(decision, replproto.StepDown):
+        if isinstance(decision, protocol.StepDown):
             await self.step_down(decision.peer_epoch, by=h.address)
             raise SteppedDownForPeer(decision.peer_epoch, decision.reason)
-        if isinstance(decision, replproto.Refuse):
+        if isinstance(decision, protocol.Refuse):
             raise ReplicationRefused(decision.reason)
 
         # A full resync starts from nothing we share: the standby's old offset counts
         # for nothing (it may even be of a diverged history) until it acks.
-        shared = hello.applied_offset if isinstance(decision, replproto.Continue) else 0
+        shared = hello.applied_offset if isinstance(decision, protocol.Continue) else 0
         sid = next(self._ids)
         self._step(SessionOpened(sid, hello.node_id, context.peer(), shared))
         closed = asyncio.Event()
         reader = asyncio.create_task(self._read_acks(requests, sid, hello.node_id, closed))
         try:
-            if isinstance(decision, replproto.Full):
+            if isinstance(decision, protocol.Full):
                 self.full_resyncs += 1
                 view = log.view()  # the cut at O, taken inside the write section
                 yield pb.StreamResponse(
@@ -383,7 +383,7 @@ class ReplicationServicer(NodeRefuser):
                     yield chunk
                 del chunks
             else:
-                assert isinstance(decision, replproto.Continue)
+                assert isinstance(decision, protocol.Continue)
                 self.continues += 1
                 yield pb.StreamResponse(
                     decision=pb.SyncDecision(

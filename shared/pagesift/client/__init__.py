@@ -17,8 +17,8 @@ names below are the whole public surface. One module per concern:
   (a batch spanning pairs as one job) and ``pairs`` (what those share).
 
 Floor (tests/test_layers.py): the client imports only ``pagesift.v1``, the small pure
-helpers ``pagesift.shared.util.backoff`` and ``pagesift.shared.util.channels``, and the
-cluster's pure rules ``pagesift.shared.cluster``, so a client-only install (no ``server``
+helpers ``pagesift.core.util.backoff`` and ``pagesift.core.util.channels``, and the
+cluster's pure rules ``pagesift.core.cluster``, so a client-only install (no ``server``
 extra) imports it.
 """
 

@@ -61,7 +61,7 @@ from pagesift.client.transport import Transport
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
 if TYPE_CHECKING:
-    from pagesift.shared.cluster.members import Members
+    from pagesift.core.cluster.members import Members
     from pagesift.v1.jobs_pb2_grpc import JobServiceAsyncStub
     from pagesift.v1.replication_pb2_grpc import AdminServiceAsyncStub
 

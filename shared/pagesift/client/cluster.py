@@ -15,7 +15,7 @@ those addresses change.
 Routing
 -------
 - Ids: a node mints a bare UUID; this client hands out ``{pair}.{uuid}`` (a batch
-  spanning pairs: its parts' ids joined, ``pagesift.shared.cluster.ids``) and strips the
+  spanning pairs: its parts' ids joined, ``pagesift.core.cluster.ids``) and strips the
   pair when it calls the pair. A bare UUID is refused (INVALID_ARGUMENT naming ``id``)
   unless exactly one pair is registered.
 - GetJob, WatchJob, GetJobErrors, CancelJob, ResumeJob, AppendBatchScrape go to the
@@ -59,9 +59,9 @@ from pagesift.client.errors import DETAILS_KEY, DOMAIN, error_info_of, reason_of
 from pagesift.client.pairs import PairClient, invalid_field, pair_unavailable, rpc_error
 from pagesift.client.registryview import ClusterUnavailable, ClusterView
 from pagesift.client.retry import is_retryable
-from pagesift.shared.cluster import ids, merge, placement
-from pagesift.shared.cluster.members import Members
-from pagesift.shared.cluster.registry import placeable
+from pagesift.core.cluster import ids, merge, placement
+from pagesift.core.cluster.members import Members
+from pagesift.core.cluster.registryrules import placeable
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["RETIRE_SECONDS", "ClusterRouter", "open_router"]

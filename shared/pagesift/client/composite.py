@@ -2,12 +2,12 @@
 
 What it owns
 ------------
-The calls of a cluster client on a composite id (``pagesift.shared.cluster.ids``):
+The calls of a cluster client on a composite id (``pagesift.core.cluster.ids``):
 ``get_job`` (status: the parts' counters summed, their states merged; documents: part
 by part, each in index order, one part's page per call), ``watch`` (the parts' streams
 one after another, renumbered, with the merged state), ``errors_page`` (part after part
 under one token), ``control`` (CancelJob / ResumeJob on every part at once). The rules
-are ``pagesift.shared.cluster.merge``'s (pure); this is their shell over ``PairCalls``.
+are ``pagesift.core.cluster.merge``'s (pure); this is their shell over ``PairCalls``.
 
 Guarantees
 ----------
@@ -39,7 +39,7 @@ from pagesift.client.pairs import (
     invalid_field,
     rpc_error,
 )
-from pagesift.shared.cluster import merge
+from pagesift.core.cluster import merge
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["STATUS_SECONDS", "control", "errors_page", "get_job", "header", "statuses", "watch"]

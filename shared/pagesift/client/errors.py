@@ -15,7 +15,7 @@ Invariants
 - The readers never raise: a transport error, a server without details or unreadable
   bytes give None (or no details), so a caller falls back to the status code.
 - ``DOMAIN``, ``DETAILS_KEY`` and the reason names are wire constants: the server
-  builds them in ``pagesift.shared.api.rpcerrors`` and ``tests/test_client_errors.py``
+  builds them in ``pagesift.core.api.rpcerrors`` and ``tests/test_client_errors.py``
   holds the two sides equal. They live here too so that the client reads errors
   without importing the server's API package (the client-only install; tests/test_layers.py).
 """
@@ -49,7 +49,7 @@ DETAILS_KEY = "grpc-status-details-bin"  # grpc_status's GRPC_DETAILS_METADATA_K
 SEND_ELSEWHERE = frozenset({"NOT_PRIMARY", "FENCED"})
 
 #: ``BadRequest.FieldViolation.reason`` of a URL the server's address guard refuses
-#: (``pagesift.shared.jobs.validate.BLOCKED_ADDRESS``; also on Scrape's ``blocked_address``)
+#: (``pagesift.core.jobs.validate.BLOCKED_ADDRESS``; also on Scrape's ``blocked_address``)
 BLOCKED_ADDRESS = "BLOCKED_ADDRESS"
 
 

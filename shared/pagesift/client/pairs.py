@@ -15,7 +15,7 @@ What it owns
   message names the pair; its ``ErrorInfo`` is of ``CLUSTER_DOMAIN``, not pagesift's,
   so every caller treats it as it treats a pair it cannot reach: the CLI's exit 4, the
   gateway's 503).
-- ``STATE_NAMES``: job states as the pure rules (``pagesift.shared.cluster.merge``) name them.
+- ``STATE_NAMES``: job states as the pure rules (``pagesift.core.cluster.merge``) name them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 What it owns
 ------------
 ``ClusterView``: the pairs of cluster ``etcd://HOST:PORT[,...]/NAME`` as their nodes
-registered them (``pagesift.shared.cluster.registry``: ``NodeRecord`` -> ``PairView``),
+registered them (``pagesift.core.cluster.registryrules``: ``NodeRecord`` -> ``PairView``),
 read at the first call (``ready``), then every ``refresh`` seconds by one background
 task, and at once when a caller asks (``reread``: a pair failed to answer). One view may
 serve many clients (the gateway's, one per API key): ``close`` belongs to its maker.
@@ -23,7 +23,7 @@ Failure model
   returns finds it answering instead of failing on the outage's age; past the bound it
   is ``ClusterUnavailable`` naming etcd (the router's UNAVAILABLE, reason
   ``CLUSTER_UNAVAILABLE``). Reads by id never wait for etcd.
-- With ``members`` (the members file, ``pagesift.shared.cluster.members``: the pairs that
+- With ``members`` (the members file, ``pagesift.core.cluster.members``: the pairs that
   should exist and their nodes' addresses, kept outside etcd), a view that is empty or
   stale also holds every listed pair the registry does not show, at its listed
   addresses, with no primary (``members_fallback``): a job's id still reaches its pair
@@ -45,8 +45,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from pagesift.shared.cluster.members import Members
-from pagesift.shared.cluster.registry import Load, PairView, pair_views, parse_cluster_url
+from pagesift.core.cluster.members import Members
+from pagesift.core.cluster.registryrules import Load, PairView, pair_views, parse_cluster_url
 
 if TYPE_CHECKING:
     from pagesift.coord.registry import EtcdRegistry

@@ -12,7 +12,7 @@ What it owns
   answers a retry with the same job id).
 - ``RetryPolicy``: the sleeps between failed rounds, ``budget`` seconds in all (~10 s
   by default: enough for a standby to be promoted), through the one jittered backoff
-  (``pagesift.shared.util.backoff.budgeted_delays``).
+  (``pagesift.core.util.backoff.budgeted_delays``).
 
 Invariants
 ----------
@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
-from pagesift.shared.util.backoff import budgeted_delays
+from pagesift.core.util.backoff import budgeted_delays
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -84,7 +84,7 @@ def backoff_delays(
 ) -> list[float]:
     """Sleeps between retry rounds: ``first`` doubling up to ``cap``, each jittered
     (between half and all of it, drawn from ``rng``), summing to ``budget`` (the last
-    one is trimmed to fit). See ``pagesift.shared.util.backoff.budgeted_delays``."""
+    one is trimmed to fit). See ``pagesift.core.util.backoff.budgeted_delays``."""
     return budgeted_delays(budget, base=first, cap=cap, rng=rng)
 
 

@@ -44,7 +44,7 @@ import grpc.aio
 from google.rpc import error_details_pb2
 
 from pagesift.client.pairs import CLUSTER_DOMAIN, rpc_error
-from pagesift.shared.util.channels import open_channel
+from pagesift.core.util.channels import open_channel
 
 __all__ = ["CHANNEL_OPTIONS", "NAME_OVERRIDE", "PLAINTEXT_KEY_REFUSED", "Transport", "is_loopback"]
 

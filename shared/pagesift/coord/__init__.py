@@ -13,8 +13,8 @@ credentials are decided once:
 - ``budgets``: the account limits held cluster-wide (slot keys, the daily pages counter),
   the ``ClusterLimits`` port a clustered node hands its job runtime.
 
-The rules these carry out are pure and live beside them: ``pagesift.shared.ha.election``
-(the witness records), ``pagesift.shared.cluster`` (records, placement, budget plans).
+The rules these carry out are pure and live beside them: ``pagesift.core.ha.election``
+(the witness records), ``pagesift.core.cluster`` (records, placement, budget plans).
 
 Floor (tests/test_layers.py): nothing outside this package imports ``aetcd``, and this
 package imports no role and not the composition root. The client reaches ``etcd``,

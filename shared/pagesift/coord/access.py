@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pagesift.coord.keys import WITNESS_ROOT, cluster_prefix, nodes_prefix, witness_pair
-from pagesift.shared.cluster.ids import check_pair_name
+from pagesift.core.cluster.ids import check_pair_name
 
 __all__ = ["Grant", "pair_grants", "prefix_range_end", "reader_grants"]
 

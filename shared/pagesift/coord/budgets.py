@@ -1,9 +1,9 @@
-"""Account limits across pairs: the etcd shell of ``pagesift.shared.cluster.budgets``.
+"""Account limits across pairs: the etcd shell of ``pagesift.core.cluster.budgetplans``.
 
 What it owns
 ------------
 ``EtcdBudgets`` (the etcd calls: slot keys, the daily pages counter by compare-and-swap)
-and ``ClusterBudgets``, the ``ClusterLimits`` port (``pagesift.shared.jobs.clusterlimits``)
+and ``ClusterBudgets``, the ``ClusterLimits`` port (``pagesift.core.jobs.clusterlimits``)
 a node hands its job runtime when it runs in a cluster (wired by
 ``pagesift.node.clustering.jobs_factory``). The keys are ``coord.keys``'; the plans are
 the pure module's (``free_slot``, ``plan_draw``, ``plan_return``, ``BlockLedger``); this
@@ -52,7 +52,7 @@ import aetcd.transactions as txn
 from pagesift.coord.etcd import EtcdUnavailable, describe
 from pagesift.coord.keys import pages_key, slot_key, slots_prefix
 from pagesift.coord.registry import EtcdRegistry
-from pagesift.shared.cluster.budgets import (
+from pagesift.core.cluster.budgetplans import (
     BlockLedger,
     Draw,
     block_size,
@@ -60,11 +60,11 @@ from pagesift.shared.cluster.budgets import (
     plan_draw,
     plan_return,
 )
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.accounts import Account, Accounts
-from pagesift.shared.jobs.clusterlimits import BlockNeeded, ClusterUnavailable, Start
-from pagesift.shared.jobs.quota import LimitExceeded, rfc3339
-from pagesift.shared.store.db import Store
+from pagesift.core.jobs import records
+from pagesift.core.jobs.accounts import Account, Accounts
+from pagesift.core.jobs.clusterlimits import BlockNeeded, ClusterUnavailable, Start
+from pagesift.core.jobs.quota import LimitExceeded, rfc3339
+from pagesift.core.store.db import Store
 
 __all__ = ["ClusterBudgets", "EtcdBudgets", "day_of"]
 
@@ -195,8 +195,8 @@ class ClusterBudgets:
     # the port (ClusterLimits) ---------------------------------------------------------
     async def attach(self, store: Store) -> None:
         self._store = store
-        for job_id in jr.all_job_ids(store):
-            meta = jr.load_meta(store, job_id)
+        for job_id in records.all_job_ids(store):
+            meta = records.load_meta(store, job_id)
             account = None if meta is None else self.accounts.get(meta.owner)
             if meta is None or meta.terminal or account is None:
                 continue
@@ -227,7 +227,7 @@ class ClusterBudgets:
         account = self.accounts.get(owner)
         store = self._store
         known = bool(idempotency_key) and store is not None and (
-            store.get(jr.idem_key(owner, idempotency_key)) is not None
+            store.get(records.idem_key(owner, idempotency_key)) is not None
         )  # fmt: skip
         if account is None or known:
             yield start  # a retried start finds its job: it holds its slot already
@@ -252,7 +252,7 @@ class ClusterBudgets:
     def changed(self, job_id: str) -> None:
         if job_id not in self._jobs or self._store is None:
             return
-        meta = jr.load_meta(self._store, job_id)
+        meta = records.load_meta(self._store, job_id)
         if meta is None or meta.terminal:
             self._ended.add(job_id)
             self._wake.set()
@@ -446,7 +446,7 @@ class ClusterBudgets:
                 self._slots.clear()
         store = self._store
         for job_id in list(self._jobs):
-            meta = None if store is None else jr.load_meta(store, job_id)
+            meta = None if store is None else records.load_meta(store, job_id)
             if job_id in self._ended or meta is None or meta.terminal:
                 self._ended.discard(job_id)
                 self._jobs.pop(job_id, None)

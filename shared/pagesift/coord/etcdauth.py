@@ -39,8 +39,8 @@ from aetcd import rpc
 
 from pagesift.coord.access import Grant, pair_grants, prefix_range_end, reader_grants
 from pagesift.coord.etcd import Endpoint, describe
-from pagesift.shared.cluster.ids import check_pair_name
-from pagesift.shared.ha.election import parse_witness
+from pagesift.core.cluster.ids import check_pair_name
+from pagesift.core.ha.election import parse_witness
 
 __all__ = ["READER", "ROOT", "apply_auth", "kit_users", "main", "parser"]
 

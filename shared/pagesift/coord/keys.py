@@ -2,7 +2,7 @@
 
 Layout
 ------
-A pair's witness (``coord.witness``; the records are ``pagesift.shared.ha.election``'s)::
+A pair's witness (``coord.witness``; the records are ``pagesift.core.ha.election``'s)::
 
     /pagesift/{pair}/leader            -> the holder of the pair's lease: the primary
     /pagesift/{pair}/state             -> the pair state, written only by the holder
@@ -34,7 +34,7 @@ account as one segment without ``/``), so no name can reach into another's prefi
 
 from __future__ import annotations
 
-from pagesift.shared.cluster.ids import check_pair_name
+from pagesift.core.cluster.ids import check_pair_name
 
 __all__ = [
     "CLUSTER_ROOT", "WITNESS_ROOT", "cluster_prefix", "leader_key", "node_key",

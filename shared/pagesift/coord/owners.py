@@ -7,11 +7,11 @@ What it owns
 registry's node records (``EtcdRegistry.nodes``: the same records, decoded the same way,
 that cluster clients place by), turned into the placeable pairs (``registry.placeable``
 over ``registry.pair_views``) and kept as one immutable ``Owners`` (pure:
-``pagesift.shared.cluster.ownership``). ``current`` hands out the last good read's and
+``pagesift.core.cluster.ownership``). ``current`` hands out the last good read's and
 never calls etcd, so a refusal costs no round trip and an etcd outage never blocks a
 start: the node goes on deciding by its last read (before any read it refuses nothing).
 
-With a ``Tenure`` (``pagesift.shared.cluster.tenure``: the node's hold on its hosts,
+With a ``Tenure`` (``pagesift.core.cluster.tenure``: the node's hold on its hosts,
 which its registrar feeds too) every good read is also the tenure's ``read``, and
 ``fence(host, now)`` is its ``wait``: the seconds a request to a host this pair owns
 must still wait (a handover, a lease not confirmed). A read that changes who owns what
@@ -34,9 +34,9 @@ from collections.abc import Callable
 
 from pagesift.coord.etcd import EtcdUnavailable
 from pagesift.coord.registry import EtcdRegistry
-from pagesift.shared.cluster.ownership import Owners
-from pagesift.shared.cluster.registry import pair_views, placeable
-from pagesift.shared.cluster.tenure import Tenure
+from pagesift.core.cluster.ownership import Owners
+from pagesift.core.cluster.registryrules import pair_views, placeable
+from pagesift.core.cluster.tenure import Tenure
 
 __all__ = ["READ_SECONDS", "RegistryOwners"]
 

@@ -7,7 +7,7 @@ node of the cluster) and ``Registrar``, the loop a node runs with ``--cluster``:
 ``REFRESH_SECONDS`` it asks its node for a fresh record (``make_record``) and writes it
 under its lease, granting a new lease when etcd says the old one lapsed. The keys are
 ``coord.keys``' (``node_key``, ``nodes_prefix``), the records
-``pagesift.shared.cluster.registry``'s (pure). A cluster client's view
+``pagesift.core.cluster.registryrules``'s (pure). A cluster client's view
 (``pagesift.client.registryview``) reads through ``EtcdRegistry.nodes``, so this module
 imports nothing a client-only install lacks but aetcd.
 
@@ -29,7 +29,7 @@ it, running work carries on) and the registrar re-registers when etcd answers ag
 A node that dies stops refreshing, and etcd deletes its record ``ttl`` seconds later:
 nobody has to clean up after it.
 
-With a ``tenure`` (``pagesift.shared.cluster.tenure``) the registrar tells it each
+With a ``tenure`` (``pagesift.core.cluster.tenure``) the registrar tells it each
 round's fate: ``round_began`` before the first call of a round (the instant the lease's
 deadline counts from), then ``kept`` (the lease was alive), ``granted`` (a new one;
 ``lapsed`` when the old ran out) or ``failed`` (etcd did not answer).
@@ -48,8 +48,8 @@ import aetcd
 
 from pagesift.coord.etcd import Etcd, EtcdUnavailable
 from pagesift.coord.keys import node_key, nodes_prefix
-from pagesift.shared.cluster.members import Members
-from pagesift.shared.cluster.registry import (
+from pagesift.core.cluster.members import Members
+from pagesift.core.cluster.registryrules import (
     REFRESH_SECONDS,
     NodeRecord,
     RecordRejected,
@@ -58,8 +58,8 @@ from pagesift.shared.cluster.registry import (
     parse_cluster_url,
     seal_record,
 )
-from pagesift.shared.cluster.signing import RecordSigner, verify_signature
-from pagesift.shared.cluster.tenure import Tenure
+from pagesift.core.cluster.signing import RecordSigner, verify_signature
+from pagesift.core.cluster.tenure import Tenure
 
 __all__ = ["EtcdRegistry", "Registrar"]
 

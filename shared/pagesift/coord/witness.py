@@ -7,7 +7,7 @@ read the leader key and the pair state, campaign for the key under a new lease, 
 the lease alive, publish the pair state as the holder, resign. ``EtcdWitness`` is
 its etcd v3 backend over ``coord.etcd.Etcd``; the keys are ``coord.keys``'
 (``leader_key``, ``state_key``), the records and the rules over them
-``pagesift.shared.ha.election``'s.
+``pagesift.core.ha.election``'s.
 
 Why etcd
 --------
@@ -54,7 +54,7 @@ import aetcd.transactions as txn
 
 from pagesift.coord import keys
 from pagesift.coord.etcd import Etcd, EtcdUnavailable
-from pagesift.shared.ha.election import MIN_TTL, Holder, PairState, parse_witness
+from pagesift.core.ha.election import MIN_TTL, Holder, PairState, parse_witness
 
 __all__ = ["EtcdWitness", "Lease", "Witness", "lease_ttl"]
 

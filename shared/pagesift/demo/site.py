@@ -5,7 +5,7 @@ replication tests) and that ``make run`` serves as a demo. ``build_site`` makes
 an ``aiohttp`` application and, from the same generator, a manifest; the site is
 deterministic for a given ``seed`` (only absolute links carry the ``Host`` the
 client used). ``serve_site`` binds it to a free loopback port, under the listeners'
-discipline (``pagesift.shared.util.listeners``; ``DEMO_LIMITS``: every client is local,
+discipline (``pagesift.core.util.listeners``; ``DEMO_LIMITS``: every client is local,
 so no per-client cap).
 
 What the site contains (paths are fixed; only article slugs depend on the seed):
@@ -44,7 +44,7 @@ What the site contains (paths are fixed; only article slugs depend on the seed):
 The crawl contract (``Site.expected_documents`` / ``Site.expected_errors``):
 
 - URLs are page keys: ``normalize_url`` is the crawler's own
-  ``pagesift.shared.jobs.urls.normalize`` (lower-case scheme and host, no default
+  ``pagesift.core.jobs.urls.normalize`` (lower-case scheme and host, no default
   port, no fragment, no ``index.html``, no trailing slash but on ``/``: so
   ``/docs/``, ``/docs/index.html`` and ``/docs`` are one key ``.../docs``). A
   crawl returns each key at most once. Manifest paths are as served (``/docs/``);
@@ -92,6 +92,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from pagesift.core.jobs import urls
+from pagesift.core.util.listeners import ListenerLimits, start_site
 from pagesift.demo.app import make_app
 from pagesift.demo.layout import (
     BIG_PATH,
@@ -106,8 +108,6 @@ from pagesift.demo.layout import (
     PageInfo,
 )
 from pagesift.demo.pages import generate_pages
-from pagesift.shared.jobs import urls
-from pagesift.shared.util.listeners import ListenerLimits, start_site
 
 __all__ = [
     "BIG_PATH",
@@ -128,7 +128,7 @@ SitemapMode = Literal["include", "skip", "only"]
 
 
 def normalize_url(url: str) -> str:
-    """The crawl's page key of ``url``: ``pagesift.shared.jobs.urls.normalize`` (no trailing
+    """The crawl's page key of ``url``: ``pagesift.core.jobs.urls.normalize`` (no trailing
     slash but on ``/``, no ``index.html``, no fragment, no default port)."""
     return urls.normalize(url)
 

@@ -48,7 +48,7 @@ from typing import Any
 import annotated_types as at
 from google.protobuf import descriptor
 
-from pagesift.gateway.errors import HttpError, bad_request
+from pagesift.gateway.httperrors import HttpError, bad_request
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

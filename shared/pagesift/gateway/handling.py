@@ -42,13 +42,13 @@ import pydantic
 from aiohttp import web
 
 from pagesift.client import JobClient
+from pagesift.core.util.logthrottle import Throttle
 from pagesift.gateway.bounds import int_range, parse_json
 from pagesift.gateway.clients import Clients
-from pagesift.gateway.errors import HttpError, bad_request, from_aio_error
 from pagesift.gateway.forwarded import origin
 from pagesift.gateway.health import PrimaryProbe
+from pagesift.gateway.httperrors import HttpError, bad_request, from_aio_error
 from pagesift.gateway.metrics import note_grpc_error
-from pagesift.shared.util.logthrottle import Throttle
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

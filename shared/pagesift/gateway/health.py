@@ -24,7 +24,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.client import ClusterUnavailable, ClusterView
-from pagesift.shared.util.channels import open_channel
+from pagesift.core.util.channels import open_channel
 
 __all__ = ["PROBE_SECONDS", "PrimaryProbe"]
 

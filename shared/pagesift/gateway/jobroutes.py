@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from pagesift.gateway import translate
-from pagesift.gateway.errors import HttpError
 from pagesift.gateway.handling import (
     MAX_LIMIT,
     PAGING,
@@ -40,6 +39,7 @@ from pagesift.gateway.handling import (
     job_of,
     json_answer,
 )
+from pagesift.gateway.httperrors import HttpError
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

@@ -30,7 +30,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 from pydantic import BaseModel
 
-from pagesift.gateway.errors import HttpError, bad_request
+from pagesift.gateway.httperrors import HttpError, bad_request
 from pagesift.gateway.models import FormatObject, ScrapeOptions
 from pagesift.gateway.optionmodels import (
     ACTION_MODELS,

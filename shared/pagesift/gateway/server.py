@@ -17,7 +17,7 @@ Invariants
 - TLS files are read once, before the port is bound: a missing or bad file is an
   error at start (``OSError``/``ssl.SSLError``/``ValueError``), never a plaintext port.
 - The ``JobClient``s and the ``/healthz`` probe use the same channel credentials.
-- The port keeps ``Options.limits`` (``pagesift.shared.util.listeners.start_site``):
+- The port keeps ``Options.limits`` (``pagesift.core.util.listeners.start_site``):
   header, idle and body timeouts, requests per connection, connection caps in all and
   per client, refused at once; its outsider-triggered log lines are rate-limited.
 """
@@ -37,11 +37,11 @@ import grpc
 from aiohttp import web
 
 from pagesift.client.auth import tls_credentials
+from pagesift.core.cluster.members import load_members
+from pagesift.core.util import descriptors
+from pagesift.core.util.listeners import ListenerLimits, start_site
 from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import MAX_CLIENTS, Clients
-from pagesift.shared.cluster.members import load_members
-from pagesift.shared.util import descriptors
-from pagesift.shared.util.listeners import ListenerLimits, start_site
 
 __all__ = ["SHUTDOWN_SECONDS", "Options", "descriptor_budget", "run", "serve_forever", "start"]
 
@@ -62,7 +62,7 @@ class Options:
     ``cluster_members``: the members file its registry is verified against (a record
     that does not verify gets no call); ``cluster_user``/``cluster_password_file``: the
     etcd user the registry is read as;
-    ``limits``: the port's connection discipline (``pagesift.shared.util.listeners``)."""
+    ``limits``: the port's connection discipline (``pagesift.core.util.listeners``)."""
 
     tls_cert: str = ""
     tls_key: str = ""
@@ -166,7 +166,7 @@ async def run(
 
 
 def descriptor_budget(addresses: Sequence[str], limit: int) -> descriptors.Budget:
-    """The standalone gateway's descriptors (``pagesift.shared.util.descriptors``): the
+    """The standalone gateway's descriptors (``pagesift.core.util.descriptors``): the
     reserve is the process's own 64, for each pair address a channel per API key's
     client (``MAX_CLIENTS``) and the health probe's (a cluster's addresses are found at
     run time: 16 are counted), and the etcd channel."""

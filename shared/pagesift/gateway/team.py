@@ -29,8 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
-from pagesift.gateway.errors import HttpError, bad_request
 from pagesift.gateway.handling import answer, client_of
+from pagesift.gateway.httperrors import HttpError, bad_request
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

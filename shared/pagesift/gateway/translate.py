@@ -4,7 +4,7 @@ What it owns
 ------------
 Requests: a validated Firecrawl body (``pagesift.gateway.models``) -> the proto request
 (``scrape_options``, ``crawl_request``, ``batch_request``, ``map_arguments``).
-Answers (documents in ``pagesift.client.firecrawl``'s shape, re-exported here): a
+Answers (documents in ``pagesift.core.jobs.firecrawlshape``'s shape, re-exported here): a
 ``GetJobResponse`` page -> Firecrawl's status body with ``next`` (``status_page``), a
 ``GetJobErrorsResponse`` -> Firecrawl's errors body (``errors_body``).
 
@@ -26,9 +26,9 @@ from typing import Any
 
 from google.protobuf import duration_pb2
 
-from pagesift.client.firecrawl import STATES, document, metadata
+from pagesift.core.jobs.firecrawlshape import STATES, document, metadata
 from pagesift.gateway import options
-from pagesift.gateway.errors import HttpError, bad_request
+from pagesift.gateway.httperrors import HttpError, bad_request
 from pagesift.gateway.models import (
     BatchScrapeRequest,
     CrawlRequest,
@@ -391,7 +391,7 @@ def status_page(
     return out
 
 
-_ROBOTS_DISALLOWED = "robots_disallowed"  # pagesift.shared.jobs.pageerrors.ErrorCode's
+_ROBOTS_DISALLOWED = "robots_disallowed"  # pagesift.core.jobs.pageerrors.ErrorCode's
 
 
 def errors_body(resp: jobs_pb2.GetJobErrorsResponse, job_id: str) -> dict[str, Any]:

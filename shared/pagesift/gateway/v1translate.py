@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import pydantic
 
 from pagesift.gateway import translate
-from pagesift.gateway.errors import HttpError, bad_request
+from pagesift.gateway.httperrors import HttpError, bad_request
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
 from pagesift.gateway.v1models import (
     BatchScrapeRequestV1,

@@ -38,9 +38,9 @@ import grpc.aio
 from aiohttp import WSMsgType, web
 
 from pagesift.client import JobClient
-from pagesift.client.firecrawl import STATES, document
-from pagesift.gateway.errors import HttpError, from_aio_error
+from pagesift.core.jobs.firecrawlshape import STATES, document
 from pagesift.gateway.handling import CLIENTS, OFF_LOOP_BYTES, PAGING, Handler, checked_key
+from pagesift.gateway.httperrors import HttpError, from_aio_error
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

@@ -19,7 +19,7 @@ once, so this package, and only this package, imports ``pagesift.primary`` and
 - ``verify``: ``verify_digests``, the client side comparing both nodes at one offset;
 - ``witness``: ``Witness``, the etcd lease and leader key that decide who is primary;
 - ``elector``: ``Elector``, the shell that carries out the elector machine's actions
-  (``pagesift.shared.ha.elector``) against the witness;
+  (``pagesift.core.ha.electorstate``) against the witness;
 - ``storage``: the storage watcher and its reserve (disk full is a state), and the
   interceptor that answers STORAGE_UNAVAILABLE;
 - ``looplag``: the event-loop lag monitor (one task per node, whatever its role);
@@ -27,7 +27,7 @@ once, so this package, and only this package, imports ``pagesift.primary`` and
 - ``reflection``: server reflection, v1 as well as v1alpha;
 - ``grpcserver``: the gRPC server (services, interceptors, guards), ``run``, ``serve``;
 - ``logs``: the process's log format;
-- ``cli``: the ``pagesift`` command (``python -m pagesift.node.cli``), a package with
+- ``cli``: the ``pagesift`` command (``python -m pagesift.cli``), a package with
   one module per concern;
 - ``procs``: ``Child``, the one launcher of ``pagesift serve`` (and etcd) children,
   each in its own process group and always stopped: the drill's, the tests' and the

@@ -20,10 +20,10 @@ hashed OUTSIDE that section: neither writers nor the standby's apply wait for it
 * the node is past X: FAILED_PRECONDITION (that state is gone).
 
 The client side, comparing both nodes at one offset, is
-``pagesift.node.verify.verify_digests``.
+``pagesift.core.replication.verify.verify_digests``.
 
 Backup (a consistent copy of the store, streamed as a data directory) is
-``pagesift.node.backup.BackupSource``: one per servicer, so one backup at a time per
+``pagesift.core.replication.backup.BackupSource``: one per servicer, so one backup at a time per
 node (a second one: RESOURCE_EXHAUSTED).
 """
 
@@ -35,10 +35,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from pagesift.node.backup import BackupBusy, BackupSource
-from pagesift.node.replication import ReplicationParts
-from pagesift.node.status import role_response
-from pagesift.shared.api.errortable import (
+from pagesift.core.api.errortable import (
     BackupFailed,
     BackupInProgress,
     CannotPromote,
@@ -47,7 +44,10 @@ from pagesift.shared.api.errortable import (
     OffsetNotReached,
     answers_errors,
 )
-from pagesift.shared.store.cuts import OffsetPassed, view_digest
+from pagesift.core.replication.backup import BackupBusy, BackupSource
+from pagesift.core.store.cuts import OffsetPassed, view_digest
+from pagesift.node.replicationparts import ReplicationParts
+from pagesift.node.status import role_response
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 

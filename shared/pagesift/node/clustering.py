@@ -6,7 +6,7 @@ What it owns
 cluster), a ``pagesift.coord.registry.Registrar`` that keeps this node's ``NodeRecord``
 under its own lease (ttl = ``witness_ttl``), so ``pagesift cluster status`` and cluster
 clients see the pair, and tells the node's ``Tenure`` (``tenure_for``: its hold on its
-pair's hosts, ``pagesift.shared.cluster.tenure``) how each round went; None without a
+pair's hosts, ``pagesift.core.cluster.tenure``) how each round went; None without a
 cluster. ``jobs_factory(config, accounts)``: what
 the node builds its job runtime with (``Jobs``, or with ``cluster`` set ``ClusteredJobs``
 over one ``pagesift.coord.budgets.ClusterBudgets``, kept for every time it is primary):
@@ -42,20 +42,19 @@ from typing import Any, Protocol
 from pagesift.coord.budgets import ClusterBudgets, EtcdBudgets
 from pagesift.coord.owners import RegistryOwners
 from pagesift.coord.registry import EtcdRegistry, Registrar
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.cluster.members import load_members
+from pagesift.core.cluster.registryrules import MAX_PER_HOST_CONCURRENCY, Load, NodeRecord
+from pagesift.core.cluster.signing import RecordSigner
+from pagesift.core.cluster.tenure import Tenure
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import records, views
+from pagesift.core.jobs.accounts import Accounts
+from pagesift.core.replication.slot import StoreSlot
 from pagesift.node.startup import StartRefused, advertised
 from pagesift.node.status import RoleStatus
 from pagesift.primary.jobs.clustered import ClusteredJobs
 from pagesift.primary.jobs.runtime import Jobs
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.cluster.members import load_members
-from pagesift.shared.cluster.registry import MAX_PER_HOST_CONCURRENCY, Load, NodeRecord
-from pagesift.shared.cluster.signing import RecordSigner
-from pagesift.shared.cluster.tenure import Tenure
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import views
-from pagesift.shared.jobs.accounts import Accounts
-from pagesift.shared.replication.slot import StoreSlot
 
 
 class Node(Protocol):
@@ -185,7 +184,7 @@ def node_record(node: Node, meter: LoadMeter, now_wall: float, now: float) -> No
     if primary and node.jobs is not None:
         store = node.slot.store
         for job_id in node.jobs.running():
-            meta = jr.load_meta(store, job_id)
+            meta = records.load_meta(store, job_id)
             if meta is None or meta.terminal:
                 continue
             running += 1

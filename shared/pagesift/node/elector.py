@@ -3,12 +3,12 @@
 What it owns
 ------------
 ``Elector.run`` is the only code that talks to the witness on a running node. It is
-the thin shell of ``pagesift.shared.ha.elector``, which decides everything: it
+the thin shell of ``pagesift.core.ha.electorstate``, which decides everything: it
 reads ``time.monotonic()`` once per event (and once as a campaign or keepalive
 leaves, its ``sent_at``), feeds ``electorstate.step``, and carries out every action
 ``step`` returns, in order. A request's answer (or ``Unavailable``) is the next
 event; ``SetDeadline`` goes to the log; ``WakeAt`` arms the one timer that feeds
-``Tick``; ``Emit`` feeds the node's role machine (``pagesift.shared.ha.rolestate``):
+``Tick``; ``Emit`` feeds the node's role machine (``pagesift.core.ha.rolestate``):
 ``LeaderIs`` (another node holds the key: a primary stops its jobs, then follows),
 ``LeaseWon`` (promote, with the key's revision as the epoch), ``LeaseHeld`` (the
 state is published and the deadline set: jobs start), ``LeaseLost`` (jobs stop).
@@ -20,7 +20,7 @@ out; ``StopGranting``/``ResumeGranting`` close and open the node's
 The guarantee, and why it holds
 -------------------------------
 A primary takes no write at or after its deadline (the lease's, or with failsafe the
-later of it and the standbys' grants: ``pagesift.shared.ha.failsafe``): the log checks it inside its
+later of it and the standbys' grants: ``pagesift.core.ha.failsafe``): the log checks it inside its
 write section (``Log.set_write_deadline``), whatever this loop is doing, and the
 machine's first action is ``SetDeadline(CLOSED)`` (writes refused) until the node
 wins, is promoted, and has published. Promotion is durable before the first write,
@@ -43,10 +43,9 @@ from typing import Any, assert_never
 
 from pagesift.coord.etcd import EtcdUnavailable
 from pagesift.coord.witness import Lease, Witness, lease_ttl
-from pagesift.shared.ha import election, rolestate
-from pagesift.shared.ha import elector as electorstate
-from pagesift.shared.ha.election import Candidate, Holder, PairState
-from pagesift.shared.ha.elector import (
+from pagesift.core.ha import election, electorstate, rolestate
+from pagesift.core.ha.election import Candidate, Holder, PairState
+from pagesift.core.ha.electorstate import (
     CLOSED,
     Campaign,
     CampaignLost,
@@ -84,8 +83,8 @@ from pagesift.shared.ha.elector import (
     Woke,
     WriterPublished,
 )
-from pagesift.shared.ha.failsafe import StandbyPromise
-from pagesift.shared.replication.identity import NotWritable
+from pagesift.core.ha.failsafe import StandbyPromise
+from pagesift.core.replication.identity import NotWritable
 
 __all__ = ["CLOSED", "Elector", "ElectorHost", "WitnessFigures"]
 

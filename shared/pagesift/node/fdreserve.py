@@ -3,7 +3,7 @@
 What it owns
 ------------
 ``node_budget(config, limit)``: the reserve parts of a node as configured, each the
-bound of what that part may hold open (``pagesift.shared.util.descriptors.plan``), and
+bound of what that part may hold open (``pagesift.core.util.descriptors.plan``), and
 ``http_limits(config, budget)``: the connection discipline of the node's HTTP listeners
 (the in-node gateway: the ``http_*`` keys; ``/metrics``: ``METRICS_LIMITS``) with their
 total caps cut so that together they fit ``budget.http``. ``pagesift.node.grpcserver``
@@ -33,14 +33,14 @@ from __future__ import annotations
 import inspect
 from dataclasses import replace
 
+from pagesift.core.api.metricshttp import METRICS_LIMITS
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.store.db import MAX_OPEN_FILES
+from pagesift.core.util.connlimits import ListenerLimits
+from pagesift.core.util.descriptors import Budget, plan
 from pagesift.gateway.clients import MAX_CLIENTS
 from pagesift.primary.engine.browser.guardproxy import GuardProxy
 from pagesift.primary.engine.workers import worker_count
-from pagesift.shared.api.metricshttp import METRICS_LIMITS
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.store.db import MAX_OPEN_FILES
-from pagesift.shared.util.connlimits import ListenerLimits
-from pagesift.shared.util.descriptors import Budget, plan
 
 __all__ = ["GRPC_CONNECTIONS", "http_limits", "node_budget"]
 

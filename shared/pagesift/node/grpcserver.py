@@ -11,13 +11,13 @@ and runs the role: a primary resumes its jobs and webhook outboxes and runs new 
 a standby follows its primary. Interceptors count every call (metrics) and guard
 admin calls (admin key) and the replication stream (shared token; or mTLS on a port
 of its own, ``replication_listen``). The health service answers per role
-(``pagesift.node.health``: ``""``, ``pagesift.primary``, ``pagesift.replica``).
+(``pagesift.node.grpchealth``: ``""``, ``pagesift.primary``, ``pagesift.replica``).
 Prometheus metrics are served on ``metrics_listen``, the Firecrawl gateway on
 ``http_listen`` (``pagesift.node.httpgateway``), both under the listeners' discipline,
 their caps fitted into what RLIMIT_NOFILE (its soft limit raised to the hard one by
 ``serve``) leaves past the node's descriptor reserve (``pagesift.node.fdreserve``: the
 arithmetic is logged at start); OpenTelemetry traces are exported
-when the standard ``OTEL_*`` environment asks for them (``pagesift.shared.util.tracing``).
+when the standard ``OTEL_*`` environment asks for them (``pagesift.core.util.tracing``).
 ``serve`` runs it until SIGTERM/SIGINT; SIGKILL at any instant is safe because every
 durable change is one atomic store group.
 """
@@ -33,23 +33,23 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from pagesift.core.api import guard, tls
+from pagesift.core.api.interceptors import MalformedRequests
+from pagesift.core.api.metricsgrpc import MetricsInterceptor
+from pagesift.core.api.metricshttp import start_http
+from pagesift.core.api.service import MAX_SEND_MESSAGE_BYTES, JobService
+from pagesift.core.api.storagewatch import StorageErrors
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.accounts import bearer_token
+from pagesift.core.util import descriptors, tracing
 from pagesift.node import fdreserve, httpgateway, reflection
 from pagesift.node.admin import AdminServicer
-from pagesift.node.health import HealthPublisher
+from pagesift.node.grpchealth import HealthPublisher
 from pagesift.node.logs import setup_logging
 from pagesift.node.node import EngineFactory, Node, http_engine
-from pagesift.node.replication import ReplicationParts
+from pagesift.node.replicationparts import ReplicationParts
 from pagesift.node.startup import StartRefused
-from pagesift.node.storage import StorageErrors
 from pagesift.primary.replication import add_to_server
-from pagesift.shared.api import guard, tls
-from pagesift.shared.api.interceptors import MalformedRequests
-from pagesift.shared.api.metricsgrpc import MetricsInterceptor
-from pagesift.shared.api.metricshttp import start_http
-from pagesift.shared.api.service import MAX_SEND_MESSAGE_BYTES, JobService
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.accounts import bearer_token
-from pagesift.shared.util import descriptors, tracing
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2, replication_pb2_grpc
 
 logger = logging.getLogger("pagesift.server")
@@ -159,7 +159,7 @@ def _guards(node: Node) -> guard.MetadataGuard:
         accounts.is_caller,
         "a valid API key is needed (metadata 'authorization: Bearer KEY')",
     )
-    # the admin key may also cancel or resume any job (pagesift.shared.api.service)
+    # the admin key may also cancel or resume any job (pagesift.core.api.service)
     job_control = [
         guard.GuardRule(
             f"/pagesift.v1.JobService/{method}",
@@ -231,7 +231,7 @@ async def run(
         )
         _bind(repl_server, config.replication_listen, creds)
         servers.append(repl_server)
-    # role-aware health (``pagesift.node.health``): set before the server starts, so no
+    # role-aware health (``pagesift.node.grpchealth``): set before the server starts, so no
     # Watch sees SERVICE_UNKNOWN, then kept current as the role and the lag change
     health = HealthPublisher(node, health_servicer, replica_max_lag=config.replica_max_lag)
     await health.publish()

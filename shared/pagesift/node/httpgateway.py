@@ -23,8 +23,8 @@ import logging
 import grpc
 from aiohttp import web
 
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.util.connlimits import ListenerLimits
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.util.connlimits import ListenerLimits
 
 __all__ = ["bind_local", "start"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
-from pagesift.shared.util import tracing
+from pagesift.core.util import tracing
 
 __all__ = ["JsonLogFormatter", "rfc3339", "setup_logging"]
 

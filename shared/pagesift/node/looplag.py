@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pagesift.shared.api.metrics import LAG_BUCKETS, Metrics
+from pagesift.core.api.metrics import LAG_BUCKETS, Metrics
 
 __all__ = ["LOG_EVERY", "LagLine", "LagLog", "LoopLagMonitor", "lag", "lag_buckets", "quantile"]
 

@@ -20,16 +20,16 @@ Role changes, and what each one wires:
   write deadline (``Log.set_write_deadline``) follows the lease, on every store a full
   resync installs too.
 
-Who decides: ``pagesift.shared.ha.rolestate``, a pure state machine that holds the role
+Who decides: ``pagesift.core.ha.rolestate``, a pure state machine that holds the role
 (the one place it is kept: ``Node.role``, the metrics and the Role RPC read it) and
 decides every change above. ``Node`` is its asyncio shell: it feeds it events (start,
 the watchdog's looks at the follower, the elector's view of the lease, a promotion
 done, a higher epoch seen, the fencer's end, close) with ``time.monotonic()`` and
 carries out the actions it returns.
 The durable identity (epoch, history, fenced epoch, role last recorded) stays in the
-log (``pagesift.shared.replication.identity``), written before it takes effect.
+log (``pagesift.core.replication.identity``), written before it takes effect.
 
-The node's storage watcher (``pagesift.node.storage``) runs on every role from
+The node's storage watcher (``pagesift.core.api.storagewatch``) runs on every role from
 ``start`` to ``close``: it keeps the data volume's reserve, brings the store back
 after a disk-full or I/O error, and ``store_writable`` (health, the store series)
 says whether the store takes writes now.
@@ -53,44 +53,23 @@ import grpc
 from pagesift.coord import keys
 from pagesift.coord.registry import Registrar
 from pagesift.coord.witness import EtcdWitness
-from pagesift.node import clustering
-from pagesift.node.elector import CLOSED, Elector, ElectorHost
-from pagesift.node.looplag import LoopLagMonitor
-from pagesift.node.replication import ReplicationParts
-from pagesift.node.startup import (
-    StartRefused,
-    advertised,
-    lock_data_dir,
-    node_id,
-    open_slot_or_refuse,
-    read_token,
-    replication_credential,
-)
-from pagesift.node.status import RoleStatus, figures
-from pagesift.node.storage import StorageWatcher
-from pagesift.primary.engine.http import HttpEngine
-from pagesift.primary.engine.protocol import Engine
-from pagesift.primary.engine.rendering import RenderingEngine, render_status
-from pagesift.primary.jobs.runtime import Jobs
-from pagesift.primary.replication import ReplicationServicer
-from pagesift.primary.webhooks import delivery
-from pagesift.primary.webhooks import outbox as webhooks
-from pagesift.shared.api import tls
-from pagesift.shared.api.errortable import NO_PRIMARY_NOW
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.metricsources import (
+from pagesift.core.api import tls
+from pagesift.core.api.errortable import NO_PRIMARY_NOW
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.api.metricsources import (
     BrowserFigures,
     ReplicationFigures,
     ScrapeSources,
     WitnessGauges,
 )
-from pagesift.shared.api.ports import JobRuntime
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.ha import rolestate
-from pagesift.shared.ha.election import Candidate, Holder, PairState
-from pagesift.shared.ha.failsafe import StandbyPromise
-from pagesift.shared.ha.roles import Role
-from pagesift.shared.ha.rolestate import (
+from pagesift.core.api.ports import JobRuntime
+from pagesift.core.api.storagewatch import StorageWatcher
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.ha import rolestate
+from pagesift.core.ha.election import Candidate, Holder, PairState
+from pagesift.core.ha.failsafe import StandbyPromise
+from pagesift.core.ha.roles import Role
+from pagesift.core.ha.rolestate import (
     FencerDone,
     HigherEpochSeen,
     OpenForWrites,
@@ -116,13 +95,33 @@ from pagesift.shared.ha.rolestate import (
     StopWatchdog,
     Tick,
 )
-from pagesift.shared.jobs.accounts import Accounts
-from pagesift.shared.jobs.events import JobEvents
-from pagesift.shared.replication import backlog
-from pagesift.shared.replication.identity import Fenced
-from pagesift.shared.replication.protocol import FencingVerdict
-from pagesift.shared.store.db import Store
-from pagesift.shared.util.tasks import cancel_and_wait
+from pagesift.core.jobs.accounts import Accounts
+from pagesift.core.jobs.events import JobEvents
+from pagesift.core.replication import backlog
+from pagesift.core.replication.identity import Fenced
+from pagesift.core.replication.protocol import FencingVerdict
+from pagesift.core.store.db import Store
+from pagesift.core.util.tasks import cancel_and_wait
+from pagesift.node import clustering
+from pagesift.node.elector import CLOSED, Elector, ElectorHost
+from pagesift.node.looplag import LoopLagMonitor
+from pagesift.node.replicationparts import ReplicationParts
+from pagesift.node.startup import (
+    StartRefused,
+    advertised,
+    lock_data_dir,
+    node_id,
+    open_slot_or_refuse,
+    read_token,
+    replication_credential,
+)
+from pagesift.node.status import RoleStatus, figures
+from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.protocol import Engine
+from pagesift.primary.engine.rendering import RenderingEngine, render_status
+from pagesift.primary.jobs.runtime import Jobs
+from pagesift.primary.replication import ReplicationServicer
+from pagesift.primary.webhooks import delivery, outbox
 from pagesift.standby.follower import Follower
 from pagesift.standby.promotion import Promoter
 
@@ -185,7 +184,7 @@ class Node:
         self.metrics = Metrics(
             ScrapeSources(
                 jobs_store=lambda: self.slot.store,
-                webhook_queue_depth=lambda: webhooks.queue_depth(self.slot.store),
+                webhook_queue_depth=lambda: outbox.queue_depth(self.slot.store),
                 replication=self._replication_figures,
                 witness=self._witness_gauges,
                 storage=self.storage.figures,

@@ -40,10 +40,10 @@ import os
 import uuid
 from pathlib import Path
 
-from pagesift.node.storage import release_reserve
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.replication.slot import StoreSlot, open_slot
-from pagesift.shared.store.errors import NO_SPACE, storage_error
+from pagesift.core.api.storagewatch import release_reserve
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.replication.slot import StoreSlot, open_slot
+from pagesift.core.store.errors import NO_SPACE, storage_error
 
 logger = logging.getLogger("pagesift.server")
 
@@ -107,7 +107,7 @@ def lock_data_dir(data: Path) -> DataLock:
 
 def open_slot_or_refuse(config: ServerConfig) -> StoreSlot:
     """The node's store slot. Opening replays the WAL into a table file, which needs
-    room: on a full volume (``NO_SPACE``) the reserve (``pagesift.node.storage``) is
+    room: on a full volume (``NO_SPACE``) the reserve (``pagesift.core.api.storagewatch``) is
     released and the open tried once more; a store that still cannot open refuses the
     start, saying so. Called with the data directory's lock held (``lock_data_dir``)."""
     try:

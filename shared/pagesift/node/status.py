@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pagesift.core.api.metricsources import ReplicationFigures
+from pagesift.core.ha.roles import Role
+from pagesift.core.replication.log import Log
 from pagesift.primary.replication import ReplicationServicer
-from pagesift.shared.api.metricsources import ReplicationFigures
-from pagesift.shared.ha.roles import Role
-from pagesift.shared.replication.log import Log
 from pagesift.standby.follower import Follower
 from pagesift.v1 import replication_pb2 as pb
 

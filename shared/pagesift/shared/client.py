@@ -1,8 +1,8 @@
 """Deprecated import path of the client: use ``pagesift.client``.
 
 Importing this module warns (``DeprecationWarning``) and hands back the same objects as
-``pagesift.client``; it is the one module left at ``pagesift.shared``'s top level, and the
-next minor version removes it (CHANGELOG.md).
+``pagesift.client``; 0.1.0's path, kept as the one module of
+``pagesift.shared``; the next minor version removes it (CHANGELOG.md).
 """
 
 import warnings

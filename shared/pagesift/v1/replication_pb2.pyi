@@ -356,7 +356,7 @@ class Heartbeat(_message.Message):
     """failsafe_request (0: none) asks the standby for a failsafe grant: a promise not
     to campaign for failsafe_ttl_ms after it answers (Ack.failsafe_grant). The
     primary may then write past its witness lease until its own send time plus the
-    ttl, less the lease margin (pagesift.shared.ha.failsafe).
+    ttl, less the lease margin (pagesift.core.ha.failsafe).
     """
     failsafe_ttl_ms: _builtins.int
     def __init__(

@@ -34,10 +34,10 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from pagesift.shared.replication import protocol as replproto
-from pagesift.shared.replication.protocol import FencingVerdict
-from pagesift.shared.util.backoff import backoff_delay
-from pagesift.shared.util.channels import open_channel
+from pagesift.core.replication import protocol as replproto
+from pagesift.core.replication.protocol import FencingVerdict
+from pagesift.core.util.backoff import backoff_delay
+from pagesift.core.util.channels import open_channel
 from pagesift.v1 import replication_pb2 as pb
 from pagesift.v1 import replication_pb2_grpc
 

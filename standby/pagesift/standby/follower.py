@@ -1,6 +1,6 @@
 """The standby's client loop: follow the primary's log into the local store.
 
-Wiring: ``pagesift.node.replication.ReplicationParts`` builds a node's follower
+Wiring: ``pagesift.node.replicationparts.ReplicationParts`` builds a node's follower
 (``follow``) beside its sender and promoter; read ``slot.store``/``slot.log`` at use,
 never cache them (a full resync replaces both). An old primary restarted as a
 standby of the new one simply runs a ``Follower``: it says hello with its own
@@ -23,7 +23,7 @@ What it owns
    killed mid-snapshot restarts on its OLD store, which names its old offset: it
    never believes it is in sync, it just asks again. Reads keep being served from
    the old store meanwhile.
-4. **Entries.** Each batch is validated (``replproto.check_batch``) and applied by
+4. **Entries.** Each batch is validated (``protocol.check_batch``) and applied by
    ``Log.append_replicated``: the ops, the entries (logged with the primary's
    offsets and epochs, so a promoted standby can serve ``continue``) and the new
    applied offset in ONE WriteBatch. Exactly once: an offset at or below the applied
@@ -44,7 +44,7 @@ What it owns
    every action each step returns (``_carry_out``: acks, and waits for a message).
    A heartbeat that asks for a failsafe grant is answered on the next ack only once
    ``StandbyPromise.grant`` recorded this node's promise not to campaign
-   (``pagesift.shared.ha.failsafe``): a node without one, or campaigning, answers none.
+   (``pagesift.core.ha.failsafe``): a node without one, or campaigning, answers none.
 6. **Reconnect** with bounded exponential backoff (jittered), from the applied
    offset, whenever the stream ends, errs or stays silent past ``idle_timeout``.
 """
@@ -63,10 +63,10 @@ from typing import assert_never
 
 import grpc
 
-from pagesift.shared.ha.failsafe import StandbyPromise
-from pagesift.shared.replication import follower as replfollower
-from pagesift.shared.replication import protocol as replproto
-from pagesift.shared.replication.follower import (
+from pagesift.core.ha.failsafe import StandbyPromise
+from pagesift.core.replication import followerstate as replfollower
+from pagesift.core.replication import protocol
+from pagesift.core.replication.followerstate import (
     EntriesApplied,
     HeartbeatReceived,
     NextMessage,
@@ -75,12 +75,12 @@ from pagesift.shared.replication.follower import (
     SnapshotInstalled,
     WaitForMessage,
 )
-from pagesift.shared.replication.framing import split_entries_message
-from pagesift.shared.replication.log import Log
-from pagesift.shared.replication.slot import StoreSlot
-from pagesift.shared.util import tracing
-from pagesift.shared.util.backoff import backoff_delay
-from pagesift.shared.util.channels import open_channel
+from pagesift.core.replication.framing import split_entries_message
+from pagesift.core.replication.log import Log
+from pagesift.core.replication.slot import StoreSlot
+from pagesift.core.util import tracing
+from pagesift.core.util.backoff import backoff_delay
+from pagesift.core.util.channels import open_channel
 from pagesift.v1 import replication_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def _retrieve(task: asyncio.Future[object]) -> None:
         task.exception()
 
 
-def hello_message(h: replproto.Hello, address: str = "") -> pb.Hello:
+def hello_message(h: protocol.Hello, address: str = "") -> pb.Hello:
     """The wire form of a hello (``address``: where the sender serves clients, sent
     by a promoted node to its former primary)."""
     return pb.Hello(
@@ -256,7 +256,7 @@ class Follower:
             except grpc.aio.AioRpcError as exc:
                 self.last_error = f"{exc.code().name}: {exc.details()}"
                 logger.warning("replication stream to %s: %s", self.target, self.last_error)
-            except replproto.StalePrimary as exc:
+            except protocol.StalePrimary as exc:
                 self.last_error = f"stale primary: {exc}"
                 logger.error("not following %s: %s", self.target, exc)
             except Exception as exc:  # protocol errors, timeouts, disk errors: retry
@@ -318,10 +318,10 @@ class Follower:
             if msg is None:
                 return False
             if msg.WhichOneof("msg") != "decision":
-                raise replproto.ProtocolError("the primary's first message must be a decision")
+                raise protocol.ProtocolError("the primary's first message must be a decision")
             d = msg.decision
             # Never follow a primary of a lower epoch: it lost a promotion.
-            replproto.check_primary_epoch(log.epoch, d.epoch)
+            protocol.check_primary_epoch(log.epoch, d.epoch)
             self.primary_address = d.primary_address
             if d.kind == pb.SYNC_KIND_FULL:
                 logger.info(
@@ -337,14 +337,14 @@ class Follower:
                 await self._full_resync(call, d)
             elif d.kind == pb.SYNC_KIND_CONTINUE:
                 if d.from_offset != log.last_offset + 1:
-                    raise replproto.ProtocolError(
+                    raise protocol.ProtocolError(
                         f"continue from {d.from_offset}, but we applied {log.last_offset}"
                     )
                 log.adopt(d.history_id, d.epoch)
                 self.continues += 1
                 logger.info("continuing from %s at offset %d", self.target, d.from_offset)
             else:
-                raise replproto.ProtocolError(f"unknown sync kind {d.kind}")
+                raise protocol.ProtocolError(f"unknown sync kind {d.kind}")
             self._connected = True
             await self._carry_out(call, self._state.step(SessionSynced(), time.monotonic()))
             await self._follow(call, d.epoch)
@@ -360,10 +360,10 @@ class Follower:
                 raw = await self._next(reading)
                 reading = None
                 if raw is None:
-                    raise replproto.ProtocolError("stream ended inside the snapshot")
+                    raise protocol.ProtocolError("stream ended inside the snapshot")
                 msg = pb.StreamResponse.FromString(raw)
                 if msg.WhichOneof("msg") != "snapshot_chunk":
-                    raise replproto.ProtocolError("expected a snapshot chunk")
+                    raise protocol.ProtocolError("expected a snapshot chunk")
                 chunk = msg.snapshot_chunk
                 if not chunk.last:
                     reading = self._read_ahead(call)  # receive the next chunk meanwhile
@@ -423,7 +423,7 @@ class Follower:
                     if kind == "heartbeat":
                         hb = msg.heartbeat
                         if hb.epoch != primary_epoch:
-                            raise replproto.ProtocolError(
+                            raise protocol.ProtocolError(
                                 f"heartbeat epoch {hb.epoch} != {primary_epoch}"
                             )
                         heard = HeartbeatReceived(
@@ -436,7 +436,7 @@ class Follower:
                         await self._carry_out(call, state.step(heard, time.monotonic()))
                         continue
                     if kind != "entries":
-                        raise replproto.ProtocolError(f"unexpected {kind} after the decision")
+                        raise protocol.ProtocolError(f"unexpected {kind} after the decision")
                     entries = list(msg.entries.entries)  # an unusual layout: re-serialized
                     raws = None
                 if not entries:

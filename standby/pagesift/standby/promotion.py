@@ -29,15 +29,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pagesift.shared.replication import protocol as replproto
-from pagesift.shared.replication.slot import StoreSlot
+from pagesift.core.replication import protocol
+from pagesift.core.replication.slot import StoreSlot
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PromoteResult:
-    promotion: replproto.Promotion
+    promotion: protocol.Promotion
     already_primary: bool
 
 
@@ -63,7 +63,7 @@ class Promoter:
             log = self._slot.log
             if log.writable:
                 return PromoteResult(
-                    replproto.Promotion(
+                    protocol.Promotion(
                         log.epoch, log.history_id, log.prev_history_id, log.switch_offset
                     ),
                     already_primary=True,

@@ -40,13 +40,13 @@ import time
 from collections.abc import Callable
 from typing import Self
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import urls
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine import retrypolicy
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.politeness import HostSlots, Slot, effective_delay
 from pagesift.primary.engine.robots import RobotsCache, RobotsFetcher, Rules
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 
 __all__ = ["HOST_DELAY_SERIES", "Admission", "Pass", "robots_verdict"]
 

@@ -33,7 +33,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pagesift.primary.extract import html as extract
+from pagesift.primary.extract import html
 
 __all__ = [
     "LITTLE_TEXT",
@@ -90,15 +90,15 @@ def needs_render(body: bytes | str, content_type: str = "") -> str | None:
 
 
 def judge_and_extract(
-    text: str, content_type: str, base_url: str, want: extract.Wanted, only_main_content: bool
-) -> str | extract.Extracted:
+    text: str, content_type: str, base_url: str, want: html.Wanted, only_main_content: bool
+) -> str | html.Extracted:
     """AUTO's step in an extraction worker: the reason the HTML ``text`` needs a browser
     (``needs_render``; the page is then not extracted), else its extraction
     (``extract.extract_compact``)."""
     reason = needs_render(text, content_type)
     if reason is not None:
         return reason
-    return extract.extract_compact(text, base_url, want, only_main_content)
+    return html.extract_compact(text, base_url, want, only_main_content)
 
 
 def _squeeze(chunk: bytes) -> bytes:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import html
 import re
 
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 
 __all__ = ["HTML_TYPES", "META_REFRESH_MAX_DELAY", "decode", "is_text", "meta_refresh", "sniff"]
 

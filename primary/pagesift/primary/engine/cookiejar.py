@@ -66,6 +66,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from yarl import URL
 
+from pagesift.core.jobs import urls
 from pagesift.primary.engine.cookierecords import (
     GONE,
     JAR_BURST_BYTES,
@@ -85,7 +86,6 @@ from pagesift.primary.engine.cookierecords import (
     estimate,
     same,
 )
-from pagesift.shared.jobs import urls
 
 __all__ = [
     "EMPTY",

@@ -41,15 +41,15 @@ from urllib.parse import urljoin
 
 import aiohttp
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import urls
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine import retrypolicy
 from pagesift.primary.engine.admission import Admission
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.engine.robots import MAX_ROBOTS_BYTES
 from pagesift.primary.engine.sessions import Hop, Sessions, page_error
 from pagesift.primary.extract.metadata import response_metadata
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 
 __all__ = ["Accept", "Fetcher", "Response", "accept_any", "next_hop", "status_error"]
 

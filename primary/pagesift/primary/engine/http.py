@@ -38,6 +38,12 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.api.metricsources import BrowserFigures
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import scope, urls
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.util import tracing
 from pagesift.primary.engine import content, retrypolicy, sitemaps
 from pagesift.primary.engine.admission import Admission
 from pagesift.primary.engine.hops import Fetcher, Response, next_hop, status_error
@@ -48,13 +54,6 @@ from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import ProxyPool, RequestProfile
 from pagesift.primary.engine.robots import SLICE_SECONDS, origin_of
 from pagesift.primary.engine.sessions import Sessions
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.metricsources import BrowserFigures
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import scope as crawl
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.util import tracing
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["HttpEngine"]
@@ -250,7 +249,7 @@ class HttpEngine:
                 roots = []
             if not roots:
                 roots = [origin + "/sitemap.xml"]
-            site = crawl.origin_of(origin + "/")
+            site = scope.origin_of(origin + "/")
 
             async def fetch(sitemap_url: str) -> tuple[str, int, bytes]:
                 return await self._fetch_sitemap(sitemap_url, policy.request, origin)

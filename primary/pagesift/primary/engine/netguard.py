@@ -40,7 +40,7 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from pagesift.shared.jobs import urls
+from pagesift.core.jobs import urls
 
 __all__ = ["AddressGuard", "BlockedAddressError", "GuardedResolver", "guarded_connector"]
 

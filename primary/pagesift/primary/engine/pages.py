@@ -35,6 +35,9 @@ from typing import Any
 
 import aiohttp
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine import autorender, content, workers
 from pagesift.primary.engine.hops import Accept, Response, status_error
 from pagesift.primary.engine.protocol import Page
@@ -44,9 +47,6 @@ from pagesift.primary.extract import html as extract
 from pagesift.primary.extract.converted import DocumentError, DocumentTooLarge
 from pagesift.primary.extract.htmlshape import TooLarge
 from pagesift.primary.extract.metadata import add_metadata
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["PageMaker", "RenderNeeded", "kind_of", "page_accept"]

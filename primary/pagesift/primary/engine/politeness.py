@@ -25,7 +25,7 @@ per host name:
   ``abandon(lost)`` ends every request inside a slot of a host ``lost`` names (its
   block raises ``HOST_OWNED_ELSEWHERE``: the cancel scope each gated slot opens is set
   to expire at once), so a pair that learns a host moved stops its requests in flight
-  before the new owner's handover ends (``pagesift.shared.cluster.tenure``).
+  before the new owner's handover ends (``pagesift.core.cluster.tenure``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol, Self
 
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 
 __all__ = ["MAX_CRAWL_DELAY", "HostGate", "HostSlots", "Slot", "effective_delay"]
 

@@ -13,7 +13,7 @@ or a render, both through one admission step: ``admission``), ``tests/fakeengine
 an in-process one. Every engine obeys the same contract:
 
 - ``scrape`` returns a ``Page`` (the document plus its absolute, normalized links) or
-  raises ``PageError`` with an ``ErrorCode`` (``pagesift.shared.jobs.pageerrors``).
+  raises ``PageError`` with an ``ErrorCode`` (``pagesift.core.jobs.pageerrors``).
   Robots.txt, per-host politeness (shared by every job) and the address guard are
   applied inside it: a caller that awaits ``scrape`` has already waited its turn;
 - the ``Page`` says what the page says about its identity, for the job runtime to
@@ -34,9 +34,9 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pagesift.core.api.metricsources import BrowserFigures
 from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.reqprofile import RequestProfile
-from pagesift.shared.api.metricsources import BrowserFigures
 from pagesift.v1 import jobs_pb2
 
 

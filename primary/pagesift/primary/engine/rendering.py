@@ -43,6 +43,12 @@ from typing import Any
 from aiohttp.abc import AbstractResolver
 from multidict import CIMultiDict
 
+from pagesift.core.api.metricsources import BrowserFigures
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import urls
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.renderoptions import browser_fields
+from pagesift.core.util import tracing
 from pagesift.primary.engine import autorender, retrypolicy
 from pagesift.primary.engine.browser.guardproxy import ERROR_HEADER, GuardProxy, launch_proxy
 from pagesift.primary.engine.browser.pool import BrowserPool
@@ -53,12 +59,6 @@ from pagesift.primary.engine.politeness import HostSlots
 from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.extract.metadata import response_metadata
-from pagesift.shared.api.metricsources import BrowserFigures
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.jobs.rendering import browser_fields
-from pagesift.shared.util import tracing
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["RenderingEngine", "browser_asked", "choose", "render_status"]

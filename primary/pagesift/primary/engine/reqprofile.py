@@ -27,11 +27,11 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import urls
+from pagesift.core.jobs.validate import PermissionDenied
 from pagesift.primary.engine.cookiejar import JobCookies
 from pagesift.primary.engine.robots import agent_token
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.validate import PermissionDenied
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["ProxyPool", "RequestProfile"]

@@ -32,7 +32,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 
 __all__ = [
     "TRANSIENT_STATUSES",

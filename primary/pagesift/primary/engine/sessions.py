@@ -33,6 +33,9 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import urls
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.netguard import (
     AddressGuard,
     BlockedAddressError,
@@ -41,9 +44,6 @@ from pagesift.primary.engine.netguard import (
 )
 from pagesift.primary.engine.reqprofile import ProxyPool, RequestProfile
 from pagesift.primary.engine.robots import origin_of
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 
 __all__ = ["Hop", "Sessions", "page_error"]
 

@@ -37,9 +37,8 @@ from urllib.parse import urljoin
 
 from lxml import etree
 
-from pagesift.shared.jobs import scope as crawl
-from pagesift.shared.jobs import urls
-from pagesift.shared.jobs.pageerrors import PageError
+from pagesift.core.jobs import scope, urls
+from pagesift.core.jobs.pageerrors import PageError
 
 __all__ = [
     "CHUNK",
@@ -74,7 +73,7 @@ SitemapFetch = Callable[[str], Awaitable[tuple[str, int, bytes]]]
 
 async def batches(
     roots: list[str],
-    site: crawl.Origin | None,
+    site: scope.Origin | None,
     fetch: SitemapFetch,
     max_urls: int = SITEMAP_MAX_URLS,
 ) -> AsyncIterator[list[str]]:
@@ -86,7 +85,7 @@ async def batches(
     budget = SITEMAP_MAX_TOTAL_BYTES
     while queue and len(seen) < max_urls and len(fetched) < SITEMAP_MAX_FILES and budget > 0:
         sitemap_url, depth = queue.popleft()
-        if sitemap_url in fetched or not crawl.in_scope(sitemap_url, site, allow_subdomains=False):
+        if sitemap_url in fetched or not scope.in_scope(sitemap_url, site, allow_subdomains=False):
             continue
         fetched.add(sitemap_url)
         try:
@@ -131,7 +130,7 @@ def _enqueue(
 
 
 async def walk(
-    roots: list[str], found: dict[str, None], site: crawl.Origin | None, fetch: SitemapFetch
+    roots: list[str], found: dict[str, None], site: scope.Origin | None, fetch: SitemapFetch
 ) -> None:
     """Add the page URLs of the sitemaps from ``roots`` to ``found`` (``batches``); what
     was added stays when the caller cancels the walk."""

@@ -31,10 +31,10 @@ from urllib.parse import urljoin
 
 from selectolax.lexbor import LexborHTMLParser
 
+from pagesift.core.jobs import urls
 from pagesift.primary.extract import htmlclean, htmlhead, htmllinks
 from pagesift.primary.extract.htmlshape import check_shape
 from pagesift.primary.extract.metadata import add_metadata
-from pagesift.shared.jobs import urls
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 
 from selectolax.lexbor import LexborHTMLParser
 
+from pagesift.core.jobs import urls
 from pagesift.primary.extract.htmllinks import absolute
 from pagesift.primary.extract.metadata import MAX_METADATA_KEY, MAX_METADATA_KEYS, bounded
-from pagesift.shared.jobs import urls
 
 __all__ = ["Head", "finish_metadata", "read_head"]
 

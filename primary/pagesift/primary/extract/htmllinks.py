@@ -24,7 +24,7 @@ from urllib.parse import urljoin, urlsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from pagesift.shared.jobs import urls
+from pagesift.core.jobs import urls
 
 __all__ = ["MAX_LINK_TEXT", "absolute", "images", "links"]
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from pagesift.shared.api.ports import AccountActivity
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store
+from pagesift.core.api.ports import AccountActivity
+from pagesift.core.jobs import records
+from pagesift.core.store.db import Store
 
 __all__ = ["Activity"]
 
@@ -73,14 +73,14 @@ class Activity:
             self._page_done(owner)
 
     def _page_done(self, owner: str) -> None:
-        self._last_ms[owner] = max(jr.now_ms(), self._last_ms.get(owner, 0))
+        self._last_ms[owner] = max(records.now_ms(), self._last_ms.get(owner, 0))
 
     def of(self, store: Store, owner: str) -> AccountActivity:
         """``owner``'s unfinished jobs (as stored now), pages in flight, last page."""
         ids = self._jobs.get(owner, set())
-        metas: list[jr.JobMeta] = []
+        metas: list[records.JobMeta] = []
         for job_id in sorted(ids):
-            meta = jr.load_meta(store, job_id)
+            meta = records.load_meta(store, job_id)
             if meta is None or meta.terminal or meta.owner != owner:
                 ids.discard(job_id)
             else:

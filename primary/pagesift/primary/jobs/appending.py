@@ -31,12 +31,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import records
+from pagesift.core.jobs.specs import AppendSpec
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.jobs import recording
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.specs import AppendSpec
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["APPEND_KEYS_KEPT", "CHUNK", "Appended", "append", "batch_urls", "record_end"]
@@ -69,12 +69,12 @@ def append(
     g: WriteGroup, spec: AppendSpec, *, now_ms: int, ttl_ms: int, check: Check
 ) -> Appended | None:
     """Add ``spec.urls`` to its owner's batch job (None: no such job of theirs, or
-    expired). A known key returns its first answer (``jr.IdempotencyKeyReused`` for
-    another request); ``jr.JobNotAppendable`` for a crawl or a failed/cancelled batch."""
+    expired). A known key returns its first answer (``records.IdempotencyKeyReused`` for
+    another request); ``records.JobNotAppendable`` for a crawl or a failed/cancelled batch."""
     job_id, owner, urls, key, digest = spec.id, spec.owner, spec.urls, spec.key, spec.digest
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     raw = g.get(keys.meta)
-    meta = jr.JobMeta.decode(raw) if raw is not None else None
+    meta = records.JobMeta.decode(raw) if raw is not None else None
     if meta is None or meta.owner != owner or (meta.terminal and meta.expires_ms <= now_ms):
         return None
     known = _keys(g.get(keys.appends)) if key else {}
@@ -82,11 +82,11 @@ def append(
     if name in known:
         first_digest, first, count, reopened = (*known[name], False)[:4]
         if first_digest != digest:
-            raise jr.IdempotencyKeyReused(job_id)
+            raise records.IdempotencyKeyReused(job_id)
         n, k = int(str(first)), int(str(count))
         return Appended(n, k, n + k, reopened=bool(reopened), replayed=True)
     if meta.kind != "batch" or meta.state in ("failed", "cancelled"):
-        raise jr.JobNotAppendable(job_id, meta.kind, meta.state)
+        raise records.JobNotAppendable(job_id, meta.kind, meta.state)
     first = meta.total
     check(first + len(urls), not meta.terminal)
     for url in urls:
@@ -122,7 +122,7 @@ def batch_urls(
 ) -> Iterator[tuple[int, str]]:
     """``(index, url)`` of the batch from ``start`` on (``undone``: those without a done
     mark), the request's then the added ones; ``covered.end`` is where it stopped."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     base = len(req.urls)
 
     def wanted(i: int) -> bool:
@@ -146,13 +146,13 @@ def batch_urls(
 
 def record_end(
     g: WriteGroup, job_id: str, covered: int, *, now_ms: int, ttl_ms: int
-) -> tuple[bool, jr.JobMeta | None]:
+) -> tuple[bool, records.JobMeta | None]:
     """A batch run's end: ``(True, meta)`` once the job is finished (``completed``
     now, or ended already, or gone: meta None); ``(False, None)`` when URLs were
     added at or past ``covered`` (the run goes on with them; nothing written)."""
-    raw = g.get(jr.JobKeys(job_id).meta)
+    raw = g.get(records.JobKeys(job_id).meta)
     if raw is not None:
-        meta = jr.JobMeta.decode(raw)
+        meta = records.JobMeta.decode(raw)
         if not meta.terminal and meta.total > covered:
             return False, None
     done = recording.record_finish(g, job_id, "completed", "", now_ms=now_ms, ttl_ms=ttl_ms)
@@ -175,7 +175,7 @@ class Appending:
     async def append(self, spec: AppendSpec, check: Check) -> Appended | None:
         """``append``, one group; in sync mode it returns once the standby holds it."""
         ttl = int(self.config.job_ttl_seconds * 1000)
-        group = partial(append, spec=spec, check=check, now_ms=jr.now_ms(), ttl_ms=ttl)
+        group = partial(append, spec=spec, check=check, now_ms=records.now_ms(), ttl_ms=ttl)
         got = self.store.write(group).result
         if got is not None and got.reopened:
             ending = self._tasks.get(spec.id)

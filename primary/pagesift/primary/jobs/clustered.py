@@ -4,7 +4,7 @@ What it owns
 ------------
 ``ClusteredJobs``, the runtime a node runs when it is one pair of a cluster: the same
 ``runtime.Jobs`` with its limits' cluster-wide share asked of a ``ClusterLimits`` port
-(``pagesift.shared.jobs.clusterlimits``; the node wires the etcd one,
+(``pagesift.core.jobs.clusterlimits``; the node wires the etcd one,
 ``pagesift.coord.budgets``), at the points where a job's life changes:
 
 - ``register``: the job's id minted first, its slot taken (and its account's daily
@@ -18,7 +18,7 @@ What it owns
   the pair's block (``runner.draws``, ``pagedraws``), given back when it stored nothing.
 
 And the hosts this pair owns (``owners``, an ``OwnersSource``: the registry as this node
-last read it, ``pagesift.shared.cluster.ownership``): new work on a host another pair
+last read it, ``pagesift.core.cluster.ownership``): new work on a host another pair
 owns is refused ``HostOwnedElsewhere`` naming the owner, before anything is written or
 fetched: ``register`` (a crawl's start URL, a batch's URLs; a retried start whose key
 already holds its job is not refused: that job is here), ``append`` (its URLs), Scrape
@@ -30,7 +30,7 @@ And the last word before any request leaves: while this runtime runs, the engine
 per-host slots carry ``OwnedHosts`` as their gate (``politeness.HostSlots.gate``):
 inside the host's slot, a request to a host another pair owns is refused
 ``HOST_OWNED_ELSEWHERE`` and one this pair does not hold yet (a handover, a lease not
-confirmed: ``pagesift.shared.cluster.tenure``) waits, at most ``ADMIT_WAIT`` seconds
+confirmed: ``pagesift.core.cluster.tenure``) waits, at most ``ADMIT_WAIT`` seconds
 (then ``TIMEOUT``, retried as any transient failure). A registry read that moves hosts
 away abandons the requests in flight to them (``HostSlots.abandon``), and ``start``
 tells the tenure this node has just become its pair's primary (``joined``).
@@ -48,15 +48,15 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pagesift.core.cluster.ownership import NoOwners, Owners, OwnersSource, left_to_owner
+from pagesift.core.jobs import records
+from pagesift.core.jobs import urls as job_urls
+from pagesift.core.jobs.clusterlimits import ClusterLimits
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.specs import AppendSpec
 from pagesift.primary.jobs import oneoff
 from pagesift.primary.jobs.appending import Appended, Check
 from pagesift.primary.jobs.runtime import Jobs, Registered
-from pagesift.shared.cluster.ownership import NoOwners, Owners, OwnersSource, left_to_owner
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import urls as job_urls
-from pagesift.shared.jobs.clusterlimits import ClusterLimits
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.jobs.specs import AppendSpec
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["ADMIT_WAIT", "ClusteredJobs", "OwnedHosts"]
@@ -131,7 +131,7 @@ class ClusteredJobs(Jobs):
 
     def _new_start(self, owner: str, idempotency_key: str) -> bool:
         """Whether a start creates a job (a retried key finds its job here)."""
-        key = jr.idem_key(owner, idempotency_key) if idempotency_key else ""
+        key = records.idem_key(owner, idempotency_key) if idempotency_key else ""
         return not key or self.store.get(key) is None
 
     def wake(self, job_id: str) -> None:
@@ -169,7 +169,7 @@ class ClusteredJobs(Jobs):
         """AppendBatchScrape: a finished batch that the URLs reopen runs again, so it
         takes a slot first (given back when the append did not reopen it)."""
         self._check_owned(spec.urls, "urls")
-        meta = jr.load_meta(self.store, spec.id)
+        meta = records.load_meta(self.store, spec.id)
         if meta is None or not meta.terminal or meta.owner != spec.owner:
             return await super().append(spec, check)
         async with self.budgets.starting(spec.owner, spec.id, "") as start:

@@ -1,7 +1,7 @@
 """The crawl frontier in the store: seeding it, admitting links to it, reading it back.
 
 Owns the ``frontier``/``seen``/``seeded`` keys of a crawl job (layout in
-``pagesift.shared.jobs.records``); ``jobs.Jobs`` runs the crawl over it. The guarantees:
+``pagesift.core.jobs.records``); ``jobs.Jobs`` runs the crawl over it. The guarantees:
 
 - ``admit`` queues an entry only if its key was never seen, and never grows the
   frontier past the crawl limit; it writes inside the caller's ``WriteGroup``, so
@@ -41,11 +41,11 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
+from pagesift.core.jobs import records
+from pagesift.core.jobs.scope import Entry, Scope
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.engine.protocol import Engine, FetchPolicy
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.scope import Entry, Scope
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -63,7 +63,7 @@ __all__ = [
 
 def admit(g: WriteGroup, job_id: str, entries: list[Entry], limit: int) -> None:
     """Queue entries whose key was never seen while the frontier is below the crawl limit."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     frontier, seen = keys.frontier, keys.seen
     size = g.list_len(frontier)
     for entry in entries:
@@ -83,7 +83,7 @@ def claim_aliases(
     done (a queued entry for it is skipped), where ``queued`` are the aliases that
     were in the frontier and not done: the caller records them as duplicates, so
     every frontier entry still ends as exactly one document or one error."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     for alias in aliases:
         if g.contains(keys.done, alias.encode()):
             return alias, []
@@ -113,7 +113,7 @@ async def sitemap_stream(
 
 def seed_state(store: Store, job_id: str) -> bytes | None:
     """None (not seeded), ``SEEDING`` or ``SEEDED``."""
-    return store.get(jr.JobKeys(job_id).seeded)
+    return store.get(records.JobKeys(job_id).seeded)
 
 
 def _start_entry(req: jobs_pb2.StartCrawlRequest, scope: Scope) -> Entry:
@@ -124,7 +124,7 @@ def seed_start(store: Store, job_id: str, req: jobs_pb2.StartCrawlRequest, scope
     """Queue the start URL (not in ``SITEMAP_MODE_ONLY``) in the group that marks the
     crawl ``SEEDING`` (``SEEDED`` when it skips sitemaps); nothing once ``seeded``
     exists. Returns whether the sitemaps are still to be read (``seed_sitemaps``)."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     mode = req.sitemap
 
     def group(g: WriteGroup) -> bool:
@@ -153,7 +153,7 @@ async def seed_sitemaps(
     seconds, then mark the crawl ``SEEDED`` (module docstring); ``wake()`` after each
     group that queued something. Returns how many entries were queued. Sitemaps are
     fetched under the job's ``policy`` (its headers, cookies, proxy)."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     queued = 0
 
     full = False
@@ -230,8 +230,8 @@ class Frontier:
 
     def __init__(self, store: Store, job_id: str) -> None:
         self.store = store
-        self.list = jr.JobKeys(job_id).frontier
-        self.done = jr.JobKeys(job_id).done
+        self.list = records.JobKeys(job_id).frontier
+        self.done = records.JobKeys(job_id).done
         self.cursor = 0
         self.buffer: deque[Entry] = deque()
         self.in_flight = 0

@@ -60,13 +60,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import patterns, validate
+from pagesift.core.jobs.pageerrors import PageError
+from pagesift.core.jobs.scope import Scope
 from pagesift.primary.engine import retrypolicy
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
 from pagesift.primary.jobs import frontier
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import patterns, validate
-from pagesift.shared.jobs.pageerrors import PageError
-from pagesift.shared.jobs.scope import Scope
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["Bounds", "Listing", "map_site", "rank"]
@@ -290,7 +290,7 @@ async def map_site(
     policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
 ) -> list[str]:
     """The URLs of the site of ``req.url`` (module docstring), ranked and cut at the
-    limit. ``req`` was validated (``requestspecs.map_spec``); raises
+    limit. ``req`` was validated (``specs.map_spec``); raises
     ``patterns.PatternError`` for regexes today's bounds refuse."""
     bounds = Bounds.of(req, config)
     limits = validate.regex_limits(config)

@@ -24,16 +24,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import quota, records
+from pagesift.core.jobs.accounts import Account, Accounts
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.jobs import mapper, pagecache, recording
 from pagesift.primary.jobs.pagedraws import PageDraws
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import quota
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.accounts import Account, Accounts
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["fetch_page", "map_site", "request_profile", "scrape"]
@@ -66,7 +65,7 @@ async def fetch_page(
     if max_age <= 0:
         return await engine.scrape(url, options, policy)
     entry = pagecache.lookup(store, pagecache.cache_key(owner, url, options))
-    if entry is not None and pagecache.fresh(entry, max_age, jr.now_ms()):
+    if entry is not None and pagecache.fresh(entry, max_age, records.now_ms()):
         return pagecache.page_of(entry, url, "hit")
     if entry is not None:
         policy = replace(policy, validators=(entry.etag, entry.last_modified))

@@ -48,10 +48,10 @@ import difflib
 import hashlib
 from collections.abc import Sequence
 
+from pagesift.core.jobs import urls
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.engine.protocol import Page
-from pagesift.shared.jobs import urls
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, store_pb2
 
 __all__ = [

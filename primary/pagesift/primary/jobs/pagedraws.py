@@ -44,15 +44,15 @@ import contextlib
 import time
 from collections import Counter
 
-from pagesift.shared.jobs import quota
-from pagesift.shared.jobs.accounts import Account, Accounts
-from pagesift.shared.jobs.clusterlimits import (
+from pagesift.core.jobs import quota
+from pagesift.core.jobs.accounts import Account, Accounts
+from pagesift.core.jobs.clusterlimits import (
     BlockNeeded,
     ClusterLimits,
     ClusterUnavailable,
     NoClusterLimits,
 )
-from pagesift.shared.store.db import Store
+from pagesift.core.store.db import Store
 
 __all__ = [
     "BLOCK_TRIES",

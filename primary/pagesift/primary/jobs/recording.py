@@ -3,7 +3,7 @@
 Each function takes the group, the job's id, what happened and ``now``; it reads what
 it checks from the group, adds the ops and returns what it wrote. None awaits, sleeps
 or reads the clock, so tests run them on a real store without an event loop
-(tests/test_record_page.py). Layout: ``pagesift.shared.jobs.records``.
+(tests/test_record_page.py). Layout: ``pagesift.core.jobs.records``.
 
 - a page (``record_page``): document pushed to ``pages`` + done mark + (crawl) every
   newly admitted link in ``frontier`` with its ``seen`` mark + page cache and change
@@ -28,7 +28,7 @@ or reads the clock, so tests run them on a real store without an event loop
   page was drawn before its request (``pagedraws``: in a cluster, from the pair's block
   of the account's pages), so this check is the store's own record of it.
 - finish (``record_finish``): meta rewritten with state, times and note; the run
-  marker deleted (the run ended cleanly: ``pagesift.shared.jobs.quarantine``).
+  marker deleted (the run ended cleanly: ``pagesift.core.jobs.quarantine``).
 """
 
 from __future__ import annotations
@@ -36,16 +36,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pagesift.core.jobs import quota, records
+from pagesift.core.jobs.accounts import Account, Accounts
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.scope import Entry
+from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.engine.cookiejar import EMPTY, JarChanges, JobCookies
 from pagesift.primary.engine.protocol import Page
 from pagesift.primary.jobs import frontier, pagecache
-from pagesift.primary.webhooks import outbox as webhooks
-from pagesift.shared.jobs import quota
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs.accounts import Account, Accounts
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.jobs.scope import Entry
-from pagesift.shared.store.groups import WriteGroup
+from pagesift.primary.webhooks import outbox
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -123,7 +122,7 @@ def write_cookies(
     changes = jar.changes(now)
     if changes is None:
         return EMPTY
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     for slot, record in changes.puts:
         g.put(keys.cookie(slot), record)
     for slot in changes.deletes:
@@ -134,7 +133,7 @@ def write_cookies(
         g.delete(keys.cookies)  # a jar stored as one snapshot: replaced by the records
     if changes.note is not None:
         note = jobs_pb2.PageError(
-            code=COOKIE_NOTE, message=changes.note, time=jr.timestamp(int(now * 1000))
+            code=COOKIE_NOTE, message=changes.note, time=records.timestamp(int(now * 1000))
         )
         g.push(keys.notes, note.SerializeToString())
     return changes
@@ -143,11 +142,11 @@ def write_cookies(
 def _page_failed(g: WriteGroup, job_id: str, url: str, err: PageError, now: float) -> None:
     """The one error path: the page error and its webhook event (no done mark)."""
     item = jobs_pb2.PageError(
-        url=url, code=str(err.code), message=err.message, time=jr.timestamp(int(now * 1000))
+        url=url, code=str(err.code), message=err.message, time=records.timestamp(int(now * 1000))
     )
-    g.push(jr.JobKeys(job_id).errors, item.SerializeToString())
+    g.push(records.JobKeys(job_id).errors, item.SerializeToString())
     event: dict[str, object] = {"url": url, "code": str(err.code), "message": err.message}
-    webhooks.enqueue(g, job_id, "page_failed", event, now=now)
+    outbox.enqueue(g, job_id, "page_failed", event, now=now)
 
 
 def record_error(
@@ -162,7 +161,7 @@ def record_error(
 ) -> Recorded:
     """Page ``mark`` failed for good: its error and done mark (nothing when the page
     is done already or the job gone)."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     if g.contains(keys.done, mark) or g.get(keys.meta) is None:
         return NOTHING
     cookies = write_cookies(g, job_id, jar, now)
@@ -181,11 +180,11 @@ def record_page(
     now: float,
 ) -> Recorded:
     """Store the page, or (crawl) a ``duplicate`` or ``skip`` error in its place."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     meta_raw = g.get(keys.meta)
     if meta_raw is None or g.contains(keys.done, result.mark):
         return NOTHING  # the job is gone, or the page recorded already
-    meta = jr.JobMeta.decode(meta_raw)
+    meta = records.JobMeta.decode(meta_raw)
     if meta.terminal:
         return NOTHING  # cancelled or stopped while this page was in flight
     cookies = write_cookies(g, job_id, jar, now)
@@ -212,7 +211,7 @@ def record_page(
     if result.admitted:
         frontier.admit(g, job_id, list(result.admitted), meta.limit)
     _duplicates(g, job_id, queued, doc.url, now)
-    webhooks.enqueue(
+    outbox.enqueue(
         g,
         job_id,
         "page",
@@ -231,14 +230,14 @@ def _duplicates(g: WriteGroup, job_id: str, queued: list[str], url: str, now: fl
 
 def record_finish(
     g: WriteGroup, job_id: str, state: str, note: str, *, now_ms: int, ttl_ms: int
-) -> jr.JobMeta | None:
+) -> records.JobMeta | None:
     """The job ends ``state`` (its note kept, but for a cancel); a finished job is
     returned as it is, a gone one as None."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     raw = g.get(keys.meta)
     if raw is None:
         return None
-    meta = jr.JobMeta.decode(raw)
+    meta = records.JobMeta.decode(raw)
     if meta.terminal:
         return meta
     meta.state, meta.note, meta.finished_ms = state, note, now_ms
@@ -246,9 +245,9 @@ def record_finish(
     g.put(keys.meta, meta.encode())
     g.delete(keys.run)  # the run ended cleanly (quarantine)
     if note and state != "cancelled":
-        item = jobs_pb2.PageError(code=state, message=note, time=jr.timestamp(now_ms))
+        item = jobs_pb2.PageError(code=state, message=note, time=records.timestamp(now_ms))
         g.push(keys.notes, item.SerializeToString())
-    webhooks.enqueue(
+    outbox.enqueue(
         g,
         job_id,
         state,
@@ -265,7 +264,7 @@ def record_removed(
 ) -> None:
     """A change-tracked crawl's end: the pages of the account's previous such crawl
     from ``start_url`` that this one did not store (``pagecache.crawl_removed``)."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     if g.get(keys.removed) is not None:
         return  # written before a crash: the crawl set is this crawl's already
     removed = pagecache.crawl_removed(g, owner, start_url, stored)

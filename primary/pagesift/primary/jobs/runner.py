@@ -7,7 +7,7 @@ order, read in chunks so memory stays flat), fetch each as a Scrape does
 (``oneoff.fetch_page``) and commit what ``recording`` writes for it, one group a page.
 
 - hosts owned elsewhere (a node of a cluster: ``owners``, the registry as last read,
-  ``pagesift.shared.cluster.ownership``): a crawl's queued URL whose host another pair
+  ``pagesift.core.cluster.ownership``): a crawl's queued URL whose host another pair
   owns is recorded ``host_owned_elsewhere`` and never fetched (left to its owner, the
   keeper of that host's politeness), and so is a redirect or meta refresh of any page
   to such a host (``FetchPolicy.foreign_host``). The crawl's own site is no exception:
@@ -20,14 +20,14 @@ order, read in chunks so memory stays flat), fetch each as a Scrape does
   refused stops the job as the quota's excess (its pages so far kept).
 
 - retries: a transient failure (``retrypolicy.is_transient``) with retries left first
-  writes "retry n of this page" (``jr.mark_retry``, one group) BEFORE it sleeps, so a
+  writes "retry n of this page" (``records.mark_retry``, one group) BEFORE it sleeps, so a
   crash never hands a page its spent retries back. The sleep (full jitter, at least
   the Retry-After) runs in a task of its own holding none of the job's permits, then
   takes one for its attempt. After a restart the page is fetched again in queue order
-  and its count read back (``jr.retries_used``): at most ``1 + max_retries`` attempts
+  and its count read back (``records.retries_used``): at most ``1 + max_retries`` attempts
   plus one per crash that cut an attempt short. The last error says how many.
 - bounded groups: a page's group is written with ``max_bytes`` =
-  ``jr.page_group_bytes(max_body_bytes)``; a bigger one (links expanding to megabytes)
+  ``records.page_group_bytes(max_body_bytes)``; a bigger one (links expanding to megabytes)
   is refused whole (``GroupTooLarge``) and the page gets a ``too_large`` error instead.
 - disk full (``StorageUnavailable``): a page, page error, retry mark or finish waits in
   memory, its group not committed, until the store takes writes again, then runs the
@@ -49,6 +49,17 @@ from functools import partial
 from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.cluster.ownership import NoOwners, OwnersSource, left_to_owner
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import patterns, quota, records, urls, validate, views
+from pagesift.core.jobs.accounts import Accounts
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.scope import Entry, Scope
+from pagesift.core.store.db import Commit, Store
+from pagesift.core.store.errors import StorageUnavailable
+from pagesift.core.store.groups import GroupTooLarge, WriteGroup
+from pagesift.core.util.tasks import all_or_none
 from pagesift.primary.engine import retrypolicy
 from pagesift.primary.engine.cookiejar import JarChanges, JobCookies
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
@@ -57,19 +68,6 @@ from pagesift.primary.jobs import appending, frontier, oneoff, pagecache, record
 from pagesift.primary.jobs.activity import Activity
 from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import PageResult
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.cluster.ownership import NoOwners, OwnersSource, left_to_owner
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import patterns, quota, validate, views
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import urls as job_urls
-from pagesift.shared.jobs.accounts import Accounts
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
-from pagesift.shared.jobs.scope import Entry, Scope
-from pagesift.shared.store.db import Commit, Store
-from pagesift.shared.store.errors import StorageUnavailable
-from pagesift.shared.store.groups import GroupTooLarge, WriteGroup
-from pagesift.shared.util.tasks import all_or_none
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -116,9 +114,9 @@ def concurrency(config: ServerConfig, asked: int) -> int:
     return max(1, min(n, config.max_concurrency))
 
 
-def job_request(store: Store, meta: jr.JobMeta) -> JobRequest:
+def job_request(store: Store, meta: records.JobMeta) -> JobRequest:
     """The request the job was started with, as stored at registration."""
-    raw = store.get(jr.JobKeys(meta.id).request) or b""
+    raw = store.get(records.JobKeys(meta.id).request) or b""
     if meta.kind == "batch":
         return jobs_pb2.StartBatchScrapeRequest.FromString(raw)
     return jobs_pb2.StartCrawlRequest.FromString(raw)
@@ -127,7 +125,7 @@ def job_request(store: Store, meta: jr.JobMeta) -> JobRequest:
 def first_unfinished(store: Store, job_id: str, req: JobRequest, count: int) -> tuple[str, ...]:
     """The job's first ``count`` (at least 1) unfinished pages in queue order: every
     page in flight when a run stopped is among them (workers take them in this order)."""
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     count = max(1, count)
     out: list[str] = []
     if isinstance(req, jobs_pb2.StartBatchScrapeRequest):
@@ -208,7 +206,7 @@ class Runner:
         self.draws = PageDraws(store, accounts)  # daily pages, drawn before each request
         self.owners: OwnersSource = NoOwners()  # the hosts this pair owns (a cluster's)
 
-    async def run(self, meta: jr.JobMeta, req: JobRequest) -> None:
+    async def run(self, meta: records.JobMeta, req: JobRequest) -> None:
         """One run of the job, until it finishes (or its task is cancelled)."""
         try:
             if isinstance(req, jobs_pb2.StartBatchScrapeRequest):
@@ -241,14 +239,14 @@ class Runner:
                 await self.storage_back()
 
     # the end of a job ----------------------------------------------------------------
-    def finish(self, job_id: str, state: str, note: str) -> jr.JobMeta | None:
+    def finish(self, job_id: str, state: str, note: str) -> records.JobMeta | None:
         """The job ends ``state`` (``recording.record_finish``, one group)."""
         group = partial(
             recording.record_finish,
             job_id=job_id,
             state=state,
             note=note,
-            now_ms=jr.now_ms(),
+            now_ms=records.now_ms(),
             ttl_ms=int(self.config.job_ttl_seconds * 1000),
         )
         meta = self.store.write(group).result
@@ -298,7 +296,7 @@ class Runner:
 
     # the job's request ---------------------------------------------------------------
     def _profile(
-        self, meta: jr.JobMeta, options: jobs_pb2.ScrapeOptions, targets: list[str]
+        self, meta: records.JobMeta, options: jobs_pb2.ScrapeOptions, targets: list[str]
     ) -> RequestProfile | None:
         """The job's request profile, its cookie jar restored from the store; None
         (the job failed) when its options use what today's accounts file denies its owner."""
@@ -307,7 +305,7 @@ class Runner:
         except PermissionError as e:
             self.finish(meta.id, "failed", str(e))
             return None
-        profile.cookies.load(*jr.read_cookies(self.store, meta.id))
+        profile.cookies.load(*records.read_cookies(self.store, meta.id))
         self._jars[meta.id] = profile.cookies
         return profile
 
@@ -356,7 +354,7 @@ class Runner:
         except PageError as e:
             if e.worker_lost:  # counted toward quarantine (runtime)
                 self._host.worker_lost(job_id, url)
-            used = jr.retries_used(self.store, job_id, mark, run.max_retries)
+            used = records.retries_used(self.store, job_id, mark, run.max_retries)
             if used < run.max_retries and retrypolicy.is_transient(e):
                 await self._retry_later(run, job_id, mark, url, e, used, fetch, record)
                 return False
@@ -385,7 +383,7 @@ class Runner:
     ) -> None:
         n = used + 1
         marked = await self.write_when_writable(
-            partial(jr.mark_retry, job_id=job_id, mark=mark, n=n)
+            partial(records.mark_retry, job_id=job_id, mark=mark, n=n)
         )
         if not marked.result:
             return  # done meanwhile, or the job is gone
@@ -416,7 +414,9 @@ class Runner:
         task.add_done_callback(run.tasks.discard)
 
     # the run loops -------------------------------------------------------------------
-    async def _run_batch(self, meta: jr.JobMeta, req: jobs_pb2.StartBatchScrapeRequest) -> None:
+    async def _run_batch(
+        self, meta: records.JobMeta, req: jobs_pb2.StartBatchScrapeRequest
+    ) -> None:
         """The batch's URLs not done, in index order, URLs added meanwhile included
         (``appending``): it ends once a check in the end's group finds none it missed."""
         targets = [u for _, u in appending.batch_urls(self.store, meta.id, req, undone=False)]
@@ -463,14 +463,16 @@ class Runner:
         job ended, False when URLs were added past ``covered``."""
         ttl = int(self.config.job_ttl_seconds * 1000)
         group = partial(appending.record_end, job_id=job_id, covered=covered, ttl_ms=ttl)
-        ended, meta = (await self.write_when_writable(partial(group, now_ms=jr.now_ms()))).result
+        ended, meta = (
+            await self.write_when_writable(partial(group, now_ms=records.now_ms()))
+        ).result
         if ended:
             self._host.wake(job_id)
             if meta is not None:
                 logger.info("job %s %s", job_id, meta.state, extra={"job": job_id})
         return ended
 
-    async def _run_crawl(self, meta: jr.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
+    async def _run_crawl(self, meta: records.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
         try:  # compiled again at every (re)start, on the pattern pool, within the bounds
             scope = await Scope.build(req, meta.limit, validate.regex_limits(self.config))
         except patterns.PatternError as e:  # stored under wider bounds than today's: it fails
@@ -506,7 +508,7 @@ class Runner:
         async def worker() -> None:
             async for entry in queue.entries():
                 mark = entry.key.encode()
-                elsewhere = foreign(job_urls.host_of(entry.url))
+                elsewhere = foreign(urls.host_of(entry.url))
                 if elsewhere is not None:  # left to the host's owner, never fetched
                     err = PageError(ErrorCode.HOST_OWNED_ELSEWHERE, elsewhere)
                     await self._record_error(meta.id, mark, entry.url, err)
@@ -547,7 +549,7 @@ class Runner:
             run.cancel()
             if seeding is not None:
                 seeding.cancel()
-        pages = self.store.list_len(jr.JobKeys(meta.id).pages)
+        pages = self.store.list_len(records.JobKeys(meta.id).pages)
         if pages and pagecache.tracks_changes(req.options):
             await self.record_removed(meta, req.url)
         if pages == 0:
@@ -601,7 +603,7 @@ class Runner:
                 g, job_id, result, accounts=self.accounts, jar=jar, now=time.time()
             )
 
-        bound = jr.page_group_bytes(self.config.max_body_bytes)
+        bound = records.page_group_bytes(self.config.max_body_bytes)
         try:
             commit = await self.write_when_writable(group, max_bytes=bound)
         except GroupTooLarge as e:  # nothing of it written: the page is an error instead
@@ -641,9 +643,9 @@ class Runner:
                 self.metrics.page_failed(done.failed)
             self._host.wake(job_id)
 
-    async def record_removed(self, meta: jr.JobMeta, start_url: str) -> None:
+    async def record_removed(self, meta: records.JobMeta, start_url: str) -> None:
         """A change-tracked crawl's end: its ``removed`` URLs (``recording``)."""
-        keys = jr.JobKeys(meta.id)
+        keys = records.JobKeys(meta.id)
         stored: list[str] = []
         for start in range(0, self.store.list_len(keys.pages), 256):
             for raw in self.store.list_range(keys.pages, start, 256):

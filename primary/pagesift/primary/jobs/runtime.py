@@ -2,7 +2,7 @@
 
 It owns a job's life cycle; a run's loops are ``runner``'s, what a page writes is
 ``recording``'s, the expiry sweep is ``sweep``'s, Scrape and Map are ``oneoff``'s.
-Every durable change is one ``Store.write`` group (layout: ``pagesift.shared.jobs.records``).
+Every durable change is one ``Store.write`` group (layout: ``pagesift.core.jobs.records``).
 
 - register: meta + request + ``jobs`` set + owner index + idempotency key (+ webhook),
   one group. AIP-155: the same key from the same owner returns the first job's id and
@@ -11,7 +11,7 @@ Every durable change is one ``Store.write`` group (layout: ``pagesift.shared.job
   state (its done set), start the sweeper; ``close`` (SIGTERM, drain, stepping down)
   cancels the runs and deletes their run markers: a clean stop is no interruption.
 - cancel / finish: meta rewritten with state, times and note (``recording``).
-- quarantine (``pagesift.shared.jobs.quarantine`` states the rule): a run writes its
+- quarantine (``pagesift.core.jobs.quarantine`` states the rule): a run writes its
   marker (``job/{id}/run``) before it starts. ``start`` counts a marker it finds as one
   interruption (with the pages in flight, derived from the queue order) and deletes
   it, one group; a job interrupted ``poison_threshold`` times without progress is
@@ -37,23 +37,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.api.ports import AccountActivity
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import quarantine, records, views
+from pagesift.core.jobs.accounts import Accounts
+from pagesift.core.replication.identity import Identity, NotWritable
+from pagesift.core.store.db import Store
+from pagesift.core.store.errors import StorageUnavailable
+from pagesift.core.store.groups import WriteGroup
+from pagesift.core.util.tasks import cancel_and_wait_all
 from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.jobs import appending, oneoff, sweep
 from pagesift.primary.jobs.runner import Runner, concurrency, first_unfinished, job_request
-from pagesift.primary.webhooks import delivery
-from pagesift.primary.webhooks import outbox as webhooks
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.api.ports import AccountActivity
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import quarantine as q
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import views
-from pagesift.shared.jobs.accounts import Accounts
-from pagesift.shared.replication.identity import Identity, NotWritable
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.errors import StorageUnavailable
-from pagesift.shared.store.groups import WriteGroup
-from pagesift.shared.util.tasks import cancel_and_wait_all
+from pagesift.primary.webhooks import delivery, outbox
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["Jobs", "Registered", "WaitReplicated"]
@@ -100,10 +97,10 @@ class Jobs(appending.Appending):
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
         self._run_id = uuid.uuid4().hex  # this runtime's run markers (quarantine)
-        self._suspects = q.Suspects()
+        self._suspects = quarantine.Suspects()
         self._needed: dict[str, int] = {}  # job -> pages that count as progress
         self._later: set[asyncio.Task[None]] = set()  # _resume_later's waits
-        self._limits = q.Limits(
+        self._limits = quarantine.Limits(
             interruptions=config.poison_threshold,
             worker_losses=config.poison_worker_losses,
             progress_pages=config.poison_progress_pages,
@@ -113,7 +110,7 @@ class Jobs(appending.Appending):
     async def start(self) -> None:
         """Build the owner index of a store from before it (once), resume every job
         that was running, and start the expiry sweeper."""
-        added = self.store.write(partial(jr.build_owner_index, store=self.store)).result
+        added = self.store.write(partial(records.build_owner_index, store=self.store)).result
         if added:
             logger.info("owner index built: %d jobs", added)
         with contextlib.suppress(StorageUnavailable):  # a full volume: the sweeper's next round
@@ -121,8 +118,8 @@ class Jobs(appending.Appending):
         if self.deliverer is not None:
             await self.deliverer.start()  # resumes every outbox from its cursor
         resumed: list[str] = []
-        for job_id in jr.all_job_ids(self.store):
-            meta = jr.load_meta(self.store, job_id)
+        for job_id in records.all_job_ids(self.store):
+            meta = records.load_meta(self.store, job_id)
             if meta is not None and not meta.terminal:  # counted by GetAccountUsage
                 self.runner.activity.job_started(meta.owner, job_id)
             if meta is not None and meta.state == "scraping":
@@ -244,13 +241,13 @@ class Jobs(appending.Appending):
         idempotency key names), so a retry after a failover finds the same job.
 
         AIP-155: a key already used by ``owner`` returns its job when the request is
-        the same (``jr.request_hash`` of ``kind`` and ``request``, kept in the job's
-        meta); with another request it raises ``jr.IdempotencyKeyReused``, nothing
+        the same (``records.request_hash`` of ``kind`` and ``request``, kept in the job's
+        meta); with another request it raises ``records.IdempotencyKeyReused``, nothing
         written. A key whose job keeps no request hash in its meta returns its job.
         """
-        now = jr.now_ms()
-        digest = jr.request_hash(kind, request) if idempotency_key else ""
-        meta = jr.JobMeta(
+        now = records.now_ms()
+        digest = records.request_hash(kind, request) if idempotency_key else ""
+        meta = records.JobMeta(
             id=job_id or str(uuid.uuid4()),
             kind=kind,
             state="scraping",
@@ -260,39 +257,41 @@ class Jobs(appending.Appending):
             total=total,
             limit=limit,
             idempotency_key=idempotency_key,
-            extra={jr.REQUEST_HASH: digest} if digest else {},
+            extra={records.REQUEST_HASH: digest} if digest else {},
         )
 
         def group(g: WriteGroup) -> Registered:
             if idempotency_key:
-                existing = g.get(jr.idem_key(owner, idempotency_key))
+                existing = g.get(records.idem_key(owner, idempotency_key))
                 if existing is not None:
                     job_id = existing.decode()
-                    raw = g.get(jr.JobKeys(job_id).meta)
-                    first = jr.JobMeta.decode(raw).extra.get(jr.REQUEST_HASH) if raw else None
+                    raw = g.get(records.JobKeys(job_id).meta)
+                    first = (
+                        records.JobMeta.decode(raw).extra.get(records.REQUEST_HASH) if raw else None
+                    )
                     if first and first != digest:
-                        raise jr.IdempotencyKeyReused(job_id)
+                        raise records.IdempotencyKeyReused(job_id)
                     return Registered(job_id, created=False)
-                g.put(jr.idem_key(owner, idempotency_key), meta.id.encode())
+                g.put(records.idem_key(owner, idempotency_key), meta.id.encode())
             if check is not None:
                 check()
-            keys = jr.JobKeys(meta.id)
+            keys = records.JobKeys(meta.id)
             g.put(keys.meta, meta.encode())
             g.put(keys.request, request)
-            jr.index_owner(g, meta)  # before the jobs set: it checks the store was empty
-            g.insert(jr.JOBS_SET, meta.id.encode())
+            records.index_owner(g, meta)  # before the jobs set: it checks the store was empty
+            g.insert(records.JOBS_SET, meta.id.encode())
             if webhook is not None and webhook.url:
-                webhooks.configure(
+                outbox.configure(
                     g, meta.id, webhook.url, list(webhook.events), owner,
                     headers=dict(webhook.headers), metadata=dict(webhook.metadata),
                     include_document=webhook.include_document,
                     max_document_bytes=self.config.webhook_max_document_bytes,
-                    format=webhooks.FIRECRAWL
+                    format=outbox.FIRECRAWL
                     if webhook.format == jobs_pb2.WEBHOOK_FORMAT_FIRECRAWL
-                    else webhooks.PAGESIFT,
+                    else outbox.PAGESIFT,
                     kind=kind,
                 )  # fmt: skip
-                webhooks.enqueue(
+                outbox.enqueue(
                     g, meta.id, "started", {"kind": kind, "total": total, "limit": limit}
                 )
             return Registered(meta.id, created=True)
@@ -315,10 +314,10 @@ class Jobs(appending.Appending):
             await self._wait_replicated(None)
         return reg
 
-    async def cancel(self, job_id: str) -> jr.JobMeta | None:
+    async def cancel(self, job_id: str) -> records.JobMeta | None:
         """CancelJob: a running, waiting or paused job ends ``cancelled``; a finished
         one is returned as it is."""
-        meta = jr.load_meta(self.store, job_id)
+        meta = records.load_meta(self.store, job_id)
         if meta is None:
             return None
         if not meta.terminal:
@@ -332,10 +331,10 @@ class Jobs(appending.Appending):
                 await self._wait_replicated(None)
         return meta
 
-    async def resume(self, job_id: str) -> jr.JobMeta | None:
+    async def resume(self, job_id: str) -> records.JobMeta | None:
         """ResumeJob: a paused job runs again, its quarantine budget deleted (one
         group); a running or finished job is returned as it is."""
-        meta = self.store.write(partial(jr.unpause, job_id=job_id)).result
+        meta = self.store.write(partial(records.unpause, job_id=job_id)).result
         if meta is None:
             return None
         if meta.state == "scraping" and job_id not in self._tasks:
@@ -355,16 +354,16 @@ class Jobs(appending.Appending):
             await self._wait_replicated(None)
         return meta
 
-    # quarantine (pagesift.shared.jobs.quarantine) -----------------------------------------
+    # quarantine (pagesift.core.jobs.quarantine) -----------------------------------------
     def _clear_marker(self, g: WriteGroup, job_id: str) -> None:
         """Inside a group: this runtime's marker of ``job_id`` deleted (a clean stop)."""
-        key = jr.JobKeys(job_id).run
+        key = records.JobKeys(job_id).run
         raw = g.get(key)
-        if raw is not None and q.RunMarker.decode(raw).run == self._run_id:
+        if raw is not None and quarantine.RunMarker.decode(raw).run == self._run_id:
             g.delete(key)
 
     def _suspect(self, job_id: str) -> bool:
-        return q.Budget.decode(self.store.get(jr.JobKeys(job_id).poison)).suspect
+        return quarantine.Budget.decode(self.store.get(records.JobKeys(job_id).poison)).suspect
 
     def _epoch(self) -> int:
         with self.store.lock:
@@ -373,30 +372,37 @@ class Jobs(appending.Appending):
     def _node(self) -> str:
         return self.config.advertise or self.config.listen
 
-    def _count_interruption(self, meta: jr.JobMeta) -> jr.JobMeta | None:
+    def _count_interruption(self, meta: records.JobMeta) -> records.JobMeta | None:
         """Start-up: a run marker of ``meta``'s job means its last run was cut short:
         count it (and pause the job when that makes it poisoned), in one group."""
-        keys = jr.JobKeys(meta.id)
+        keys = records.JobKeys(meta.id)
         if self.store.get(keys.run) is None:
             return meta
         req = job_request(self.store, meta)
         workers = concurrency(self.config, req.max_concurrency)
-        needed = q.progress_needed(self._limits, workers)
-        in_flight = first_unfinished(self.store, meta.id, req, min(workers, q.MAX_IN_FLIGHT))
+        needed = quarantine.progress_needed(self._limits, workers)
+        in_flight = first_unfinished(
+            self.store, meta.id, req, min(workers, quarantine.MAX_IN_FLIGHT)
+        )
 
-        def group(g: WriteGroup) -> tuple[jr.JobMeta | None, q.Verdict | None]:
+        def group(g: WriteGroup) -> tuple[records.JobMeta | None, quarantine.Verdict | None]:
             raw = g.get(keys.run)
             if raw is None:
                 return meta, None
-            event = q.Interrupted(
-                q.RunMarker.decode(raw), jr.done_count(g, meta.id), in_flight, jr.now_ms()
+            event = quarantine.Interrupted(
+                quarantine.RunMarker.decode(raw),
+                records.done_count(g, meta.id),
+                in_flight,
+                records.now_ms(),
             )
-            verdict = q.count(q.Budget.decode(g.get(keys.poison)), event, self._limits, needed)
+            verdict = quarantine.count(
+                quarantine.Budget.decode(g.get(keys.poison)), event, self._limits, needed
+            )
             g.put(keys.poison, verdict.budget.encode())
             g.delete(keys.run)
             if verdict.poisoned:
                 note = "\n".join((verdict.reason, *verdict.budget.evidence))
-                return jr.pause(g, meta.id, "poisoned", note), verdict
+                return records.pause(g, meta.id, "poisoned", note), verdict
             return meta, verdict
 
         out, verdict = self.store.write(group).result
@@ -414,19 +420,23 @@ class Jobs(appending.Appending):
     def worker_lost(self, job_id: str, url: str) -> None:
         """A page of the job lost its extraction worker: count it (one group); a job
         poisoned by it is paused and its run stopped."""
-        keys = jr.JobKeys(job_id)
-        needed = self._needed.get(job_id, q.progress_needed(self._limits, 1))
+        keys = records.JobKeys(job_id)
+        needed = self._needed.get(job_id, quarantine.progress_needed(self._limits, 1))
         node, epoch = self._node(), self._epoch()
 
-        def group(g: WriteGroup) -> q.Verdict | None:
+        def group(g: WriteGroup) -> quarantine.Verdict | None:
             raw = g.get(keys.meta)
-            if raw is None or jr.JobMeta.decode(raw).state != "scraping":
+            if raw is None or records.JobMeta.decode(raw).state != "scraping":
                 return None
-            event = q.WorkerLost(url, jr.done_count(g, job_id), node, epoch, jr.now_ms())
-            verdict = q.count(q.Budget.decode(g.get(keys.poison)), event, self._limits, needed)
+            event = quarantine.WorkerLost(
+                url, records.done_count(g, job_id), node, epoch, records.now_ms()
+            )
+            verdict = quarantine.count(
+                quarantine.Budget.decode(g.get(keys.poison)), event, self._limits, needed
+            )
             g.put(keys.poison, verdict.budget.encode())
             if verdict.poisoned:
-                jr.pause(
+                records.pause(
                     g, job_id, "poisoned", "\n".join((verdict.reason, *verdict.budget.evidence))
                 )
             return verdict
@@ -441,18 +451,18 @@ class Jobs(appending.Appending):
     async def _probation(self, job_id: str, started_at: int) -> None:
         """A suspect's run: clear its interruptions once it made progress; stop holding
         the other suspects back then, or after ``poison_probation_seconds``."""
-        keys = jr.JobKeys(job_id)
+        keys = records.JobKeys(job_id)
         needed = self._needed.get(job_id, 1)
         deadline = time.monotonic() + self.config.poison_probation_seconds
         while time.monotonic() < deadline:
             await asyncio.sleep(min(0.25, self.config.poison_probation_seconds))
-            if jr.done_count(self.store, job_id) - started_at < needed:
+            if records.done_count(self.store, job_id) - started_at < needed:
                 continue
 
             def group(g: WriteGroup) -> None:
-                budget = q.cleared(
-                    q.Budget.decode(g.get(keys.poison)),
-                    jr.done_count(g, job_id),
+                budget = quarantine.cleared(
+                    quarantine.Budget.decode(g.get(keys.poison)),
+                    records.done_count(g, job_id),
                     started_at,
                     needed,
                 )
@@ -468,7 +478,7 @@ class Jobs(appending.Appending):
         """``job_id`` stops holding the suspects back: start the next that waits."""
         nxt = self._suspects.release(job_id)
         while nxt is not None and not self._closing:
-            meta = jr.load_meta(self.store, nxt)
+            meta = records.load_meta(self.store, nxt)
             if meta is not None and meta.state == "scraping" and nxt not in self._tasks:
                 try:
                     self._spawn(meta)
@@ -481,7 +491,7 @@ class Jobs(appending.Appending):
         """Start-up (or later, see ``_resume_later``): a ``scraping`` job not running
         here is counted (an interruption when its marker is there: maybe paused
         now), then run, or queued behind the running suspect."""
-        meta = jr.load_meta(self.store, job_id)
+        meta = records.load_meta(self.store, job_id)
         if meta is None or meta.state != "scraping" or job_id in self._tasks:
             return
         meta = self._count_interruption(meta)
@@ -533,18 +543,21 @@ class Jobs(appending.Appending):
                 self.sweep()
 
     # running ------------------------------------------------------------------------
-    def _spawn(self, meta: jr.JobMeta) -> None:
+    def _spawn(self, meta: records.JobMeta) -> None:
         """Run the job: its run marker first (one group), then its task."""
         req = job_request(self.store, meta)
-        self._needed[meta.id] = q.progress_needed(
+        self._needed[meta.id] = quarantine.progress_needed(
             self._limits, concurrency(self.config, req.max_concurrency)
         )
-        keys = jr.JobKeys(meta.id)
+        keys = records.JobKeys(meta.id)
         node, epoch = self._node(), self._epoch()
 
         def mark(g: WriteGroup) -> int:
-            done = jr.done_count(g, meta.id)
-            g.put(keys.run, q.RunMarker(self._run_id, node, epoch, jr.now_ms(), done).encode())
+            done = records.done_count(g, meta.id)
+            g.put(
+                keys.run,
+                quarantine.RunMarker(self._run_id, node, epoch, records.now_ms(), done).encode(),
+            )
             return done
 
         try:
@@ -588,7 +601,7 @@ class Jobs(appending.Appending):
             self._needed.pop(job_id, None)
             self._release_suspect(job_id)
         while rerun and job_id not in self._tasks and not self._closing:
-            meta = jr.load_meta(self.store, job_id)
+            meta = records.load_meta(self.store, job_id)
             if meta is None or meta.state != "scraping":
                 break
             try:

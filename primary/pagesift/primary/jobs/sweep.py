@@ -6,7 +6,7 @@ The runtime (``runtime.Jobs``) runs ``sweep`` once at start and then every
 the primary dropped:
 
 - a finished job whose ``expires_ms`` passed (or whose meta is missing) is deleted
-  whole in one group (``jr.delete_job``: lists dropped, sets cleared, its idempotency
+  whole in one group (``records.delete_job``: lists dropped, sets cleared, its idempotency
   key and index entries); a running or paused job is never expired;
 - the quota buckets that left the rolling day (``quota.prune_all``);
 - page cache and change-tracking entries older than ``page_cache_ttl`` /
@@ -21,11 +21,10 @@ from __future__ import annotations
 import logging
 from functools import partial
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs import quota, records
+from pagesift.core.store.db import Store
 from pagesift.primary.jobs import pagecache
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs import quota
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.store.db import Store
 
 __all__ = ["interval", "sweep"]
 
@@ -41,8 +40,8 @@ def sweep(store: Store, config: ServerConfig, now: float) -> list[str]:
     """One round at unix time ``now``; returns the ids of the jobs it expired."""
     now_ms = int(now * 1000)
     removed: list[str] = []
-    for job_id in jr.all_job_ids(store):
-        meta = jr.load_meta(store, job_id)
+    for job_id in records.all_job_ids(store):
+        meta = records.load_meta(store, job_id)
         if meta is None or (meta.terminal and meta.expires_ms <= now_ms):
             owner = meta.owner if meta else ""
             logger.info(
@@ -51,7 +50,7 @@ def sweep(store: Store, config: ServerConfig, now: float) -> list[str]:
                 owner or "-",
                 extra={"job": job_id, "account": owner},
             )
-            store.write(partial(jr.delete_job, job_id=job_id, meta=meta))
+            store.write(partial(records.delete_job, job_id=job_id, meta=meta))
             removed.append(job_id)
     quota.prune_all(store, now)
     pagecache.sweep(

@@ -42,6 +42,13 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
+from pagesift.core.api.metrics import Metrics
+from pagesift.core.jobs import records, urls
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
+from pagesift.core.util.backoff import backoff_delay
+from pagesift.core.util.loopwake import on_loop
+from pagesift.core.util.tasks import cancel_and_wait_all
 from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.primary.webhooks.outbox import (
     NOTE_CODE,
@@ -53,14 +60,6 @@ from pagesift.primary.webhooks.outbox import (
     pending,
     read_ack,
 )
-from pagesift.shared.api.metrics import Metrics
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import urls
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
-from pagesift.shared.util.backoff import backoff_delay
-from pagesift.shared.util.loopwake import on_loop
-from pagesift.shared.util.tasks import cancel_and_wait_all
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["Deliverer", "SessionFactory", "default_session_factory"]
@@ -179,8 +178,11 @@ class Deliverer:
         """Wake every job whose cursor is behind its outbox; returns how many."""
         store = self._store_getter()
         n = 0
-        for job_id in jr.all_job_ids(store):
-            if store.get(jr.JobKeys(job_id).webhook) is not None and pending(store, job_id) > 0:
+        for job_id in records.all_job_ids(store):
+            if (
+                store.get(records.JobKeys(job_id).webhook) is not None
+                and pending(store, job_id) > 0
+            ):
                 self.wake(job_id)
                 n += 1
         return n
@@ -235,7 +237,7 @@ class Deliverer:
             if cfg is None:
                 return  # expired, or no webhook
             ack = read_ack(store, job_id)
-            items = store.list_items(jr.JobKeys(job_id).outbox, ack, 1)
+            items = store.list_items(records.JobKeys(job_id).outbox, ack, 1)
             if not items:
                 return
             seq, item = items[0]
@@ -291,7 +293,7 @@ class Deliverer:
         # no secret) gives up every pending event with ONE note, not one note each
         last_seq = seq
         if why.every_pending:
-            outbox = jr.JobKeys(job_id).outbox
+            outbox = records.JobKeys(job_id).outbox
             last_seq = max(seq, self._store_getter().list_bounds(outbox)[1] - 1)
         what = (
             f"webhook event {seq} ({event})"
@@ -341,8 +343,8 @@ class Deliverer:
         """Move the cursor past ``seq`` (with the job note when given up) and drop the
         events it passed, one group. Written only while the job and its webhook exist
         (an expired job stays gone), and never backwards."""
-        now = jr.now_ms()
-        keys = jr.JobKeys(job_id)
+        now = records.now_ms()
+        keys = records.JobKeys(job_id)
 
         def group(g: WriteGroup) -> None:
             if g.get(keys.webhook) is None or g.get(keys.meta) is None:
@@ -355,7 +357,7 @@ class Deliverer:
                 g.push(
                     keys.notes,
                     jobs_pb2.PageError(
-                        url="", code=NOTE_CODE, message=note, time=jr.timestamp(now)
+                        url="", code=NOTE_CODE, message=note, time=records.timestamp(now)
                     ).SerializeToString(),
                 )
 

@@ -18,7 +18,7 @@ Invariants
   no timestamp in it, the same signature). ``webhookId`` is the event's id, fixed when
   it was enqueued: receivers deduplicate on it, as Firecrawl documents.
 - A page event carries the page in Firecrawl's document shape
-  (``pagesift.client.firecrawl.document``, what the gateway answers); past the
+  (``pagesift.core.jobs.firecrawlshape.document``, what the gateway answers); past the
   config's document cap it carries the document's metadata only, marked
   ``documentOmitted``. ``cancelled`` is sent as ``<kind>.failed`` (Firecrawl's documented
   event for a failed or cancelled crawl); ``page_failed`` has no Firecrawl event and is
@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from pagesift.client.firecrawl import document, metadata
+from pagesift.core.jobs.firecrawlshape import document, metadata
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

@@ -74,11 +74,10 @@ from typing import Protocol
 
 from google.protobuf.json_format import MessageToDict
 
+from pagesift.core.jobs import records, urls
+from pagesift.core.store.db import Store
+from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.webhooks import firecrawl
-from pagesift.shared.jobs import records as jr
-from pagesift.shared.jobs import urls
-from pagesift.shared.store.db import Store
-from pagesift.shared.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -194,7 +193,7 @@ def configure(
     document cap are stored with it, so every delivery of the job uses the same.
     ``format`` FIRECRAWL (``kind``: the job's kind) always embeds the document and
     keeps only the events Firecrawl has (``firecrawl.EVENTS``: no ``page_failed``)."""
-    wanted = jr.webhook_events(events)
+    wanted = records.webhook_events(events)
     if format == FIRECRAWL:
         wanted = tuple(e for e in wanted if e in firecrawl.EVENTS)
         include_document = True
@@ -211,11 +210,11 @@ def configure(
         format,
         kind if format == FIRECRAWL else "",
     )
-    g.put(jr.JobKeys(job_id).webhook, cfg.encode())
+    g.put(records.JobKeys(job_id).webhook, cfg.encode())
 
 
 def load_config(reader: Reader, job_id: str) -> WebhookConfig | None:
-    raw = reader.get(jr.JobKeys(job_id).webhook)
+    raw = reader.get(records.JobKeys(job_id).webhook)
     return WebhookConfig.decode(raw) if raw is not None else None
 
 
@@ -229,9 +228,9 @@ def enqueue(
     """Append ``event`` to the job's outbox inside ``g`` (the group of the change it
     reports). Nothing happens when the job has no webhook or does not want the event.
     Returns the event's seq, or None. Never raises for odd data (``str`` fallback)."""
-    if event not in jr.WEBHOOK_EVENTS:
+    if event not in records.WEBHOOK_EVENTS:
         raise ValueError(f"unknown webhook event {event!r}")
-    keys = jr.JobKeys(job_id)
+    keys = records.JobKeys(job_id)
     raw = g.get(keys.webhook)
     if raw is None:
         return None
@@ -247,13 +246,13 @@ def enqueue(
 
 
 def read_ack(reader: Reader, job_id: str) -> int:
-    raw = reader.get(jr.JobKeys(job_id).webhook_ack)
+    raw = reader.get(records.JobKeys(job_id).webhook_ack)
     return int(raw) if raw else 0
 
 
 def pending(store: Store, job_id: str) -> int:
     """Events of the job not yet acknowledged or given up."""
-    _, nxt = store.list_bounds(jr.JobKeys(job_id).outbox)
+    _, nxt = store.list_bounds(records.JobKeys(job_id).outbox)
     return max(0, nxt - read_ack(store, job_id))
 
 
@@ -261,8 +260,8 @@ def queue_depth(store: Store) -> int:
     """Undelivered events over every job (the ``pagesift_webhook_queue_depth`` gauge)."""
     return sum(
         pending(store, job_id)
-        for job_id in jr.all_job_ids(store)
-        if store.get(jr.JobKeys(job_id).webhook) is not None
+        for job_id in records.all_job_ids(store)
+        if store.get(records.JobKeys(job_id).webhook) is not None
     )
 
 
@@ -284,7 +283,7 @@ def page_of(pages: PageReader, job_id: str, item: bytes) -> bytes | None:
     index = doc["data"].get("index") if doc["event"] == "page" else None
     if not isinstance(index, int):
         return None
-    items = pages.list_items(jr.JobKeys(job_id).pages, index, 1)
+    items = pages.list_items(records.JobKeys(job_id).pages, index, 1)
     return items[0][1] if items and items[0][0] == index else None
 
 

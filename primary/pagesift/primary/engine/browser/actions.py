@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

@@ -48,7 +48,7 @@ relays are ``proxyhead``'s, their bodies ``proxybody``'s, its origin connections
   out closed before any byte of the response is retried once on a new one (GET or
   HEAD without a body only).
 - Heads are bounded; connections (past ``max_connections`` a 503 at accept, from the
-  listeners' gate: ``pagesift.shared.util.listeners.start_stream_server``), idle time
+  listeners' gate: ``pagesift.core.util.listeners.start_stream_server``), idle time
   per tunnel, per read and between requests, and connect time are bounded; ``close`` and
   ``release`` cancel every connection task they own (a browser connection is owned by
   each registration it served) and close their idle origin connections.
@@ -71,6 +71,7 @@ from typing import Any
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from pagesift.core.util.listeners import start_stream_server
 from pagesift.primary.engine.browser.proxybody import (
     Aborted,
     Limits,
@@ -93,7 +94,6 @@ from pagesift.primary.engine.browser.proxyroute import Route, Router
 from pagesift.primary.engine.browser.upstream import IdlePool, Upstream, dial, open_tunnel
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.reqprofile import ProxyPool
-from pagesift.shared.util.listeners import start_stream_server
 
 __all__ = [
     "ERROR_HEADER", "GUARD_LAUNCH_ARGS", "PRIME_HOST", "PRIME_URL", "GuardProxy",
@@ -262,7 +262,7 @@ class GuardProxy:
             self._resolver = self._resolver or DefaultResolver()  # binds to this loop
             self._router.resolver = self._resolver
             # past max_connections: the 503 at once, before any task or read (the
-            # listeners' gate, pagesift.shared.util.listeners)
+            # listeners' gate, pagesift.core.util.listeners)
             self._server = await start_stream_server(
                 self._accept, "127.0.0.1", 0, max_connections=self.max_connections,
                 limit=self.max_head, refusal=_BUSY, name="guard proxy",

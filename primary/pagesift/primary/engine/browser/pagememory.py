@@ -45,8 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.browser.procs import children, process_type, rss
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 
 __all__ = ["EVERY", "Kill", "PageMemoryWatch", "over_limit", "too_large"]
 

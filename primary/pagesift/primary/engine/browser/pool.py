@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagesift.core.config.schema import ServerConfig
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.browser import actions
 from pagesift.primary.engine.browser.guardproxy import GUARD_LAUNCH_ARGS
 from pagesift.primary.engine.browser.idlepages import IdlePages
@@ -77,8 +79,6 @@ from pagesift.primary.engine.browser.render import (
     render_in,
     render_page,
 )
-from pagesift.shared.config.schema import ServerConfig
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pagesift.shared.jobs import urls
+from pagesift.core.jobs import urls
 
 __all__ = [
     "Head", "Refusal", "Response", "Target", "authority", "browser_head", "parse_head",

@@ -25,11 +25,11 @@ from urllib.parse import urlsplit
 
 from aiohttp.abc import AbstractResolver
 
+from pagesift.core.jobs import urls
 from pagesift.primary.engine.browser.proxyhead import Refusal, Target
 from pagesift.primary.engine.browser.upstream import Key
 from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError, GuardedResolver
 from pagesift.primary.engine.reqprofile import ProxyPool
-from pagesift.shared.jobs import urls
 
 __all__ = ["Route", "Router", "is_literal", "pool_endpoints"]
 

@@ -59,10 +59,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.browser import actions
 from pagesift.primary.engine.browser.guardproxy import PRIME_URL
 from pagesift.primary.engine.browser.idlepages import CLOSE_TIMEOUT, IdlePages, collected
-from pagesift.shared.jobs.pageerrors import ErrorCode, PageError
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
