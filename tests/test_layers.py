@@ -1,16 +1,19 @@
 """The import floors between pagesift's packages, held by a test instead of by convention.
 
 ``pagesift.node`` is the composition root: the one package that wires a node (role
-state, the gRPC server, the admin service, the CLI, ``serve``) and the only one allowed
-to import both roles. Below it (``FLOORS``, each with its reason):
+state, the gRPC server and its services). It, and the two programs built on it
+(``pagesift.cli``, the ``pagesift`` command; ``pagesift.drill``, the failover drill), are
+the only packages allowed to import both roles; the root imports neither program. Below
+them (``FLOORS``, each with its reason):
 
-- ``pagesift.core`` and ``pagesift.v1`` import no role and not the root;
+- ``pagesift.core`` and ``pagesift.v1`` import no role, not the root and neither program;
 - ``pagesift.primary`` and ``pagesift.standby`` import neither each other nor the root,
   nor ``pagesift.demo`` (the demo site is for ``make run``, drills, tests and bench);
 - ``pagesift.demo`` imports no role and not the root;
 - ``pagesift.client`` imports only ``CLIENT_MAY_IMPORT`` (what ``pip install pagesift``
   must ship), directly or through those; ``pagesift.gateway`` (the HTTP gateway, a
-  client of the pair) imports only those and itself;
+  client of the pair) imports only those, itself and Firecrawl's document shape
+  (``pagesift.core.jobs.firecrawlshape``, which imports only the wire code);
 - inside ``pagesift.core``: ``replication`` and ``ha`` import nothing from ``jobs`` or
   ``api``; ``store`` and ``cluster`` import only ``util``;
 - ``pagesift.coord`` (coordination: witness, registry, budgets) is the only package that
