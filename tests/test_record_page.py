@@ -29,7 +29,7 @@ from pagesift.primary.engine.protocol import Page
 from pagesift.primary.jobs import oneoff, pagecache, recording
 from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import NOTHING, PageResult, Recorded
-from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.primary.webhooks import outbox
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page
 
@@ -55,7 +55,7 @@ def start_job(store: Store, kind: str = "crawl") -> None:
 
     def group(g: WriteGroup) -> None:
         g.put(jr.JobKeys(JOB).meta, meta.encode())
-        webhooks.configure(g, JOB, "http://hooks.test/", [], "acme")
+        outbox.configure(g, JOB, "http://hooks.test/", [], "acme")
 
     write(store, group)
 
@@ -112,7 +112,7 @@ def test_a_page_writes_its_document_done_mark_links_and_event_in_one_group(store
     assert frontier_entries(store) == links
     assert all(store.set_contains(jr.JobKeys(JOB).seen, e.key.encode()) for e in links)
     page_data = {"index": 0, "url": ROOT, "final_url": ROOT, "status_code": 200, "title": ""}
-    assert events(store) == [("page", page_data, webhooks.rfc3339_ms(NOW))]
+    assert events(store) == [("page", page_data, outbox.rfc3339_ms(NOW))]
 
 
 def test_a_page_done_already_or_of_an_ended_job_writes_nothing(store: Store) -> None:
@@ -166,7 +166,7 @@ def test_a_skipped_page_is_its_error_and_its_links_are_still_admitted(store: Sto
     ]
     assert frontier_entries(store) == links
     failed = {"url": ROOT + "n", "code": str(ErrorCode.ROBOTS_NOINDEX), "message": skip.message}
-    assert events(store)[0] == ("page_failed", failed, webhooks.rfc3339_ms(NOW))
+    assert events(store)[0] == ("page_failed", failed, outbox.rfc3339_ms(NOW))
     assert [e[0] for e in events(store)] == ["page_failed", "page_failed"]
 
 
@@ -261,7 +261,7 @@ def test_a_page_error_writes_its_error_done_mark_and_event_once(store: Store) ->
     assert errors(store) == [(ROOT + "x", str(ErrorCode.HTTP_STATUS), "HTTP 500")]
     assert done(store, "3") and pages(store) == []
     failed = {"url": ROOT + "x", "code": str(ErrorCode.HTTP_STATUS), "message": "HTTP 500"}
-    assert events(store) == [("page_failed", failed, webhooks.rfc3339_ms(NOW))]
+    assert events(store) == [("page_failed", failed, outbox.rfc3339_ms(NOW))]
     assert write(store, fail) == NOTHING  # done already
     assert len(errors(store)) == 1
 
@@ -287,7 +287,7 @@ def test_finish_rewrites_the_meta_drops_the_run_marker_and_keeps_the_note(store:
     notes = [jobs_pb2.PageError.FromString(r) for r in store.list_range(jr.JobKeys(JOB).notes)]
     assert [(n.code, n.message) for n in notes] == [("failed", "it broke")]
     data = {"state": "failed", "note": "it broke", "completed": 0, "failed": 0}
-    assert events(store) == [("failed", data, webhooks.rfc3339_ms(9.0))]
+    assert events(store) == [("failed", data, outbox.rfc3339_ms(9.0))]
     assert finish("completed") == meta  # a finished job stays as it ended
     assert len(events(store)) == 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from pagesift.core.replication import followerstate as replfollower
+from pagesift.core.replication import followerstate
 from pagesift.core.replication.followerstate import (
     EntriesApplied,
     FollowerState,
@@ -73,7 +73,7 @@ class AckingOnEveryEvent(FollowerState):
     asked: int = 0  # SendAck actions returned, by every step
     extra: int = 0  # of which added here
 
-    def step(self, event: replfollower.Event, now: float) -> list[replfollower.Action]:
+    def step(self, event: followerstate.Event, now: float) -> list[followerstate.Action]:
         actions = FollowerState.step(self, event, now)
         if isinstance(event, EntriesApplied | HeartbeatReceived | SnapshotInstalled):
             actions = [*actions, SendAck()]

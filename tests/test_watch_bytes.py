@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from pagesift.core.api.metrics import Metrics
 from pagesift.core.api.streams import StreamBytes, WatchBytes, fits
-from pagesift.core.jobs import records as jr
+from pagesift.core.jobs import records
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
@@ -218,8 +218,8 @@ def test_any_schedule_of_take_cancel_give_returns_the_budget_to_zero(
 def put_job(store: Store, docs: int, doc_bytes: int) -> str:
     """A completed job of ``docs`` documents of about ``doc_bytes`` each."""
     job_id = str(uuid.uuid4())
-    now = jr.now_ms()
-    meta = jr.JobMeta(
+    now = records.now_ms()
+    meta = records.JobMeta(
         id=job_id,
         kind="batch",
         state="completed",
@@ -231,13 +231,13 @@ def put_job(store: Store, docs: int, doc_bytes: int) -> str:
     )
 
     def group(g: WriteGroup) -> None:
-        g.put(jr.JobKeys(job_id).meta, meta.encode())
-        g.insert(jr.JOBS_SET, job_id.encode())
+        g.put(records.JobKeys(job_id).meta, meta.encode())
+        g.insert(records.JOBS_SET, job_id.encode())
         for i in range(docs):
             md = os.urandom(doc_bytes // 2).hex()
             doc = jobs_pb2.Document(url=f"http://127.0.0.1/{i}", markdown=md)
-            g.push(jr.JobKeys(job_id).pages, doc.SerializeToString())
-            g.insert(jr.JobKeys(job_id).done, str(i).encode())
+            g.push(records.JobKeys(job_id).pages, doc.SerializeToString())
+            g.insert(records.JobKeys(job_id).done, str(i).encode())
 
     store.write(group)
     return job_id

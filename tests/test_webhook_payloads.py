@@ -21,8 +21,7 @@ from pagesift.core.jobs import records
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
 from pagesift.demo.site import Site
-from pagesift.primary.webhooks import delivery
-from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.primary.webhooks import delivery, outbox
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     ALICE,
@@ -75,7 +74,7 @@ def body_of(hit: Hit) -> dict[str, Any]:
 
 
 async def delivered(node: Any, job_id: str) -> None:
-    await until(lambda: webhooks.pending(node.node.store(), job_id) == 0, "the outbox drains", 20)
+    await until(lambda: outbox.pending(node.node.store(), job_id) == 0, "the outbox drains", 20)
 
 
 async def test_every_delivery_carries_the_job_headers_and_metadata_and_page_events_the_document(
@@ -118,7 +117,7 @@ async def test_every_delivery_carries_the_job_headers_and_metadata_and_page_even
         for x in pages:
             doc = docs[x.data["index"]]
             assert doc.markdown
-            assert x.data["document"] == webhooks.document_json(doc)
+            assert x.data["document"] == outbox.document_json(doc)
             assert x.data["document"]["final_url"] == doc.final_url  # proto field names
             assert "document_omitted" not in x.data
         assert all("document" not in x.data for x in hits if x.event != "page")
@@ -163,7 +162,7 @@ async def test_a_document_over_the_cap_is_omitted_with_its_size_and_fetched_by_i
                 )
                 (doc,) = got.documents
                 assert doc.url == x.data["url"]
-                size = len(json.dumps(webhooks.document_json(doc), separators=(",", ":")))
+                size = len(json.dumps(outbox.document_json(doc), separators=(",", ":")))
                 assert x.data["document_bytes"] == size > 64
                 assert x.signed
                 assert readme_verify(ALICE.secret, x.timestamp, x.body, x.signature)
@@ -251,14 +250,14 @@ async def test_a_resumed_delivery_sends_the_same_body_and_the_store_keeps_one_co
     def register(g: WriteGroup) -> None:
         g.put(records.JobKeys(job_id).meta, meta.encode())
         g.insert(records.JOBS_SET, job_id.encode())
-        webhooks.configure(
+        outbox.configure(
             g, job_id, url, ("page",), "alice",
             headers=HEADERS, metadata=METADATA, include_document=True, max_document_bytes=1 << 20,
         )  # fmt: skip
 
     def record(g: WriteGroup) -> None:
         index = g.push(records.JobKeys(job_id).pages, page.SerializeToString())
-        webhooks.enqueue(g, job_id, "page", {"index": index, "url": page.url})
+        outbox.enqueue(g, job_id, "page", {"index": index, "url": page.url})
 
     store.write(register)
     store.write(record)
@@ -297,7 +296,7 @@ async def test_a_resumed_delivery_sends_the_same_body_and_the_store_keeps_one_co
     assert len({x.timestamp for x in hits}) >= 2
     for x in hits:
         assert x.signed and readme_verify(ALICE.secret, x.timestamp, x.body, x.signature)
-    assert hits[-1].data["document"] == webhooks.document_json(page)
+    assert hits[-1].data["document"] == outbox.document_json(page)
     assert body_of(hits[-1])["metadata"] == METADATA
     assert store.list_len(records.JobKeys(job_id).outbox) == 0  # delivered: dropped
     assert store.list_len(records.JobKeys(job_id).pages) == 1

@@ -20,8 +20,7 @@ from pagesift.core.api.metrics import Metrics
 from pagesift.core.jobs import records, views
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
-from pagesift.primary.webhooks import delivery
-from pagesift.primary.webhooks import outbox as webhooks
+from pagesift.primary.webhooks import delivery, outbox
 from tests.helpers import free_port, until
 
 SECRET = "acme-webhook-secret-0123456789"
@@ -116,8 +115,8 @@ def make_job(
         g.put(records.JobKeys(job_id).meta, meta.encode())
         g.insert(records.JOBS_SET, job_id.encode())
         if url is not None:
-            webhooks.configure(g, job_id, url, events, account)
-        webhooks.enqueue(g, job_id, "started", {"kind": "batch", "total": 3})
+            outbox.configure(g, job_id, url, events, account)
+        outbox.enqueue(g, job_id, "started", {"kind": "batch", "total": 3})
 
     store.write(group)
 
@@ -127,14 +126,14 @@ def record_page(store: Store, job_id: str, index: int, event: str = "page") -> i
 
     def group(g: WriteGroup) -> int | None:
         g.push(records.JobKeys(job_id).pages, f"doc {index}".encode())
-        return webhooks.enqueue(g, job_id, event, {"index": index, "url": f"https://x/{index}"})
+        return outbox.enqueue(g, job_id, event, {"index": index, "url": f"https://x/{index}"})
 
     seq = store.write(group).result
     return seq
 
 
 def finish(store: Store, job_id: str) -> None:
-    store.write(lambda g: webhooks.enqueue(g, job_id, "completed", {"state": "completed"}))
+    store.write(lambda g: outbox.enqueue(g, job_id, "completed", {"state": "completed"}))
 
 
 def deliverer(store_getter: Callable[[], Store], **kw: object) -> delivery.Deliverer:
@@ -155,10 +154,8 @@ def check_delivery(d: Delivery, now: float) -> None:
     assert d.headers["pagesift-delivery"] == f"{d.job}:{d.seq}"
     ts = d.headers["pagesift-timestamp"]
     assert abs(int(ts) - now) < 60
-    assert webhooks.verify_signature(SECRET, ts, d.body, d.headers["pagesift-signature"])
-    assert not webhooks.verify_signature(
-        "wrong-secret", ts, d.body, d.headers["pagesift-signature"]
-    )
+    assert outbox.verify_signature(SECRET, ts, d.body, d.headers["pagesift-signature"])
+    assert not outbox.verify_signature("wrong-secret", ts, d.body, d.headers["pagesift-signature"])
     assert set(d.doc) == {"id", "seq", "event_id", "event", "data", "created_at"}
     assert re.fullmatch(r"[0-9a-f]{32}", str(d.doc["event_id"]))
     assert d.headers["pagesift-event-id"] == d.doc["event_id"]
@@ -193,7 +190,7 @@ async def test_every_event_arrives_once_in_order_and_signed(
             d.wake(job)
         want = {"a": 1 + 15 + 1 + 1, "b": 14 + 1}
         await until(
-            lambda: all(webhooks.read_ack(store, j) == n for j, n in want.items()),
+            lambda: all(outbox.read_ack(store, j) == n for j, n in want.items()),
             "every job's events acked",
         )
         now = time.time()
@@ -210,7 +207,7 @@ async def test_every_event_arrives_once_in_order_and_signed(
         for x in receiver.got:
             check_delivery(x, now)
         assert receiver.seqs("c") == [] and store.list_len(records.JobKeys("c").outbox) == 0
-        assert webhooks.queue_depth(store) == 0
+        assert outbox.queue_depth(store) == 0
         for job, n in want.items():  # delivered events are dropped; seqs keep rising
             assert store.list_bounds(records.JobKeys(job).outbox) == (n, n), job
         assert metrics.webhook_deliveries.labels("ok")._value.get() == sum(want.values())
@@ -233,15 +230,15 @@ async def test_a_receiver_that_is_down_then_back_gets_everything(
         # nothing listens: connection refused, counted, retried
         errors = metrics.webhook_deliveries.labels("error")
         await until(lambda: errors._value.get() >= 2, "two refused attempts")
-        assert webhooks.read_ack(store, "j") == 0
-        assert webhooks.queue_depth(store) == 4
+        assert outbox.read_ack(store, "j") == 0
+        assert outbox.queue_depth(store) == 4
 
         async def flaky(d: Delivery, n: int) -> int:
             return 503 if (d.seq == 0 and n <= 2) else 200  # back, but not well at first
 
         receiver.behavior = flaky
         await receiver.start(port)
-        await until(lambda: webhooks.read_ack(store, "j") == 4, "events 0-3 acked")
+        await until(lambda: outbox.read_ack(store, "j") == 4, "events 0-3 acked")
         assert receiver.seqs("j") == [0, 0, 0, 1, 2, 3]
         assert metrics.webhook_deliveries.labels("error")._value.get() >= 3
         assert metrics.webhook_deliveries.labels("ok")._value.get() == 4
@@ -270,7 +267,7 @@ async def test_a_restart_mid_delivery_resends_nothing_acknowledged_and_loses_not
     await first.start()
     await until(lambda: 5 in receiver.seqs("j"), "event 5 posted")  # seq 5 is in flight, unanswered
     await first.close()  # "the process stops" mid-delivery
-    ack_at_stop = webhooks.read_ack(holder["store"], "j")
+    ack_at_stop = outbox.read_ack(holder["store"], "j")
     assert ack_at_stop == 5
     holder["store"].close()
     release.set()
@@ -282,7 +279,7 @@ async def test_a_restart_mid_delivery_resends_nothing_acknowledged_and_loses_not
         second = deliverer(lambda: holder["store"])
         await second.start()  # resume() from the persisted cursor
         try:
-            await until(lambda: webhooks.read_ack(holder["store"], "j") == 13, "events 0-12 acked")
+            await until(lambda: outbox.read_ack(holder["store"], "j") == 13, "events 0-12 acked")
         finally:
             await second.close()
         seqs = receiver.seqs("j")
@@ -312,14 +309,14 @@ async def test_an_undeliverable_event_becomes_a_job_note_and_the_cursor_moves_on
     finish(store, "j")
     try:
         await d.start()
-        await until(lambda: webhooks.read_ack(store, "j") == 3, "events 0-2 acked")
+        await until(lambda: outbox.read_ack(store, "j") == 3, "events 0-2 acked")
     finally:
         await d.close()
     assert receiver.seqs("j") == [0, 0, 0, 1, 2]
     errors, robots = views.read_errors(store, "j")
     assert robots == []
     [note] = errors
-    assert note.url == "" and note.code == webhooks.NOTE_CODE
+    assert note.url == "" and note.code == outbox.NOTE_CODE
     assert "webhook event 0 (started)" in note.message and "HTTP 500" in note.message
     assert "3 attempt" in note.message
     assert metrics.webhook_deliveries.labels("undeliverable")._value.get() == 1
@@ -330,9 +327,9 @@ async def test_the_address_guard_refuses_loopback_unless_allowed(
     store: Store, receiver: Receiver
 ) -> None:
     url = await receiver.start()
-    assert await webhooks.check_url(url, allow_private_networks=False) is not None
-    assert await webhooks.check_url(url, allow_private_networks=True) is None
-    assert await webhooks.check_url("ftp://x/", allow_private_networks=True) is not None
+    assert await outbox.check_url(url, allow_private_networks=False) is not None
+    assert await outbox.check_url(url, allow_private_networks=True) is None
+    assert await outbox.check_url("ftp://x/", allow_private_networks=True) is not None
     metrics = Metrics()
     d = deliverer(lambda: store, allow_private_networks=False, metrics=metrics)
     make_job(store, "j", url)
@@ -342,7 +339,7 @@ async def test_the_address_guard_refuses_loopback_unless_allowed(
     try:
         await d.start()
         await until(
-            lambda: (webhooks.read_ack(store, "j"), webhooks.read_ack(store, "k")) == (4, 1),
+            lambda: (outbox.read_ack(store, "j"), outbox.read_ack(store, "k")) == (4, 1),
             "both jobs given up",
         )
     finally:
@@ -353,7 +350,7 @@ async def test_the_address_guard_refuses_loopback_unless_allowed(
         ("k", "localhost", "webhook event 0 (started)"),
     ):
         [note] = views.read_errors(store, job)[0]  # one note, however many events
-        assert note.code == webhooks.NOTE_CODE and word in note.message
+        assert note.code == outbox.NOTE_CODE and word in note.message
         assert "address guard" in note.message and what in note.message
     assert metrics.webhook_deliveries.labels("blocked")._value.get() == 2
     assert metrics.webhook_deliveries.labels("undeliverable")._value.get() == 5
@@ -368,7 +365,7 @@ async def test_an_account_without_a_secret_gets_notes_not_unsigned_posts(
     record_page(store, "j", 0)
     try:
         await d.start()
-        await until(lambda: webhooks.read_ack(store, "j") == 2, "events 0-1 given up")
+        await until(lambda: outbox.read_ack(store, "j") == 2, "events 0-1 given up")
     finally:
         await d.close()
     assert receiver.got == []
@@ -407,7 +404,7 @@ def test_enqueue_is_part_of_the_group_and_filters_events(store: Store) -> None:
     assert record_page(store, "j", 0) is None
 
     def failing(g: WriteGroup) -> None:
-        webhooks.enqueue(g, "j", "completed", {})
+        outbox.enqueue(g, "j", "completed", {})
         raise RuntimeError("the change failed")
 
     with pytest.raises(RuntimeError):
@@ -416,9 +413,9 @@ def test_enqueue_is_part_of_the_group_and_filters_events(store: Store) -> None:
     finish(store, "j")
     assert store.list_len(records.JobKeys("j").outbox) == 1
     with pytest.raises(ValueError, match="unknown webhook event"):
-        store.write(lambda g: webhooks.enqueue(g, "j", "exploded", {}))
-    cfg = webhooks.load_config(store, "j")
-    assert cfg == webhooks.WebhookConfig("https://example.com/hook", ("completed",), "acme")
+        store.write(lambda g: outbox.enqueue(g, "j", "exploded", {}))
+    cfg = outbox.load_config(store, "j")
+    assert cfg == outbox.WebhookConfig("https://example.com/hook", ("completed",), "acme")
     assert records.webhook_events([]) == records.WEBHOOK_EVENTS
     assert records.webhook_events(["completed", "started"]) == ("started", "completed")
     with pytest.raises(ValueError, match=r"webhook.events\[1\]"):
@@ -428,14 +425,14 @@ def test_enqueue_is_part_of_the_group_and_filters_events(store: Store) -> None:
 def test_verify_signature() -> None:
     body = b'{"id":"j","seq":0}'
     now = 1_700_000_000
-    header = webhooks.sign(SECRET, now, body)
+    header = outbox.sign(SECRET, now, body)
     assert header.startswith("v1=") and len(header) == 3 + 64
-    assert webhooks.verify_signature(SECRET, str(now), body, header, now=now)
-    assert webhooks.verify_signature(SECRET, now, body, f"v1=00, {header}", now=now + 299)
-    assert not webhooks.verify_signature(SECRET, now, body + b" ", header, now=now)
-    assert not webhooks.verify_signature("other-secret", now, body, header, now=now)
-    assert not webhooks.verify_signature(SECRET, now, body, header, now=now + 301)  # replay
-    assert not webhooks.verify_signature(SECRET, now, body, header, now=now - 301)
-    assert not webhooks.verify_signature(SECRET, "12a", body, header, now=now)
-    assert not webhooks.verify_signature(SECRET, now, body, "garbage", now=now)
-    assert not webhooks.verify_signature(SECRET, now + 1, body, header, now=now)
+    assert outbox.verify_signature(SECRET, str(now), body, header, now=now)
+    assert outbox.verify_signature(SECRET, now, body, f"v1=00, {header}", now=now + 299)
+    assert not outbox.verify_signature(SECRET, now, body + b" ", header, now=now)
+    assert not outbox.verify_signature("other-secret", now, body, header, now=now)
+    assert not outbox.verify_signature(SECRET, now, body, header, now=now + 301)  # replay
+    assert not outbox.verify_signature(SECRET, now, body, header, now=now - 301)
+    assert not outbox.verify_signature(SECRET, "12a", body, header, now=now)
+    assert not outbox.verify_signature(SECRET, now, body, "garbage", now=now)
+    assert not outbox.verify_signature(SECRET, now + 1, body, header, now=now)

@@ -7,7 +7,7 @@ connected standby), tracks each standby's acknowledged offset, and implements
 ``wait_replicated(offset)`` for sync mode. It is a thin asyncio shell: the decision
 (continue / full / step down / refuse) is ``protocol.decide``; every decision after
 it (sync mode's waits, degradation and restoration, linger, heartbeats, the lag) is
-``replsender.SenderState``'s, a pure state machine this shell feeds events with
+``senderstate.SenderState``'s, a pure state machine this shell feeds events with
 ``time.monotonic()`` as the time, carrying out the actions it returns; the entries,
 the consistent cuts and the identity live in the replication ``Log``. ``add_to_server``
 registers it (see step 4).
@@ -83,8 +83,7 @@ from pagesift.core.api.errortable import (
     SteppedDownForPeer,
     answers_errors,
 )
-from pagesift.core.replication import protocol
-from pagesift.core.replication import senderstate as replsender
+from pagesift.core.replication import protocol, senderstate
 from pagesift.core.replication.framing import entries_message, snapshot_messages
 from pagesift.core.replication.log import Log
 from pagesift.core.replication.senderstate import (
@@ -183,8 +182,8 @@ class ReplicationServicer(NodeRefuser):
         self.hello_timeout = hello_timeout
         self._on_fenced = on_fenced
         # Every decision past the session start: sync mode, linger, heartbeats, lag.
-        self._sender = replsender.SenderState(
-            replsender.SenderConfig(
+        self._sender = senderstate.SenderState(
+            senderstate.SenderConfig(
                 mode="sync" if mode == "sync" else "async",
                 sync_timeout=sync_timeout,
                 linger=linger,
@@ -268,13 +267,13 @@ class ReplicationServicer(NodeRefuser):
         )
 
     # --- carrying out the sender's decisions ---------------------------------------------
-    def _step(self, event: replsender.Event) -> list[replsender.Action]:
+    def _step(self, event: senderstate.Event) -> list[senderstate.Action]:
         return self._carry_out(self._sender.step(event, time.monotonic()))
 
-    def _carry_out(self, actions: list[replsender.Action]) -> list[replsender.Action]:
+    def _carry_out(self, actions: list[senderstate.Action]) -> list[senderstate.Action]:
         """Resolve, log and count what the sender decided; returns the actions that
         belong to the caller (the tail's, a waiter's own)."""
-        rest: list[replsender.Action] = []
+        rest: list[senderstate.Action] = []
         for action in actions:
             match action:
                 case Release(waiter, replicated) if waiter in self._waiters:

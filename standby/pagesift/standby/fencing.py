@@ -10,7 +10,7 @@ durably before it answers (``pagesift.primary.replication``), so a deposed prima
 that is still running (frozen, cut off, or simply never stopped) takes no more
 writes from the moment it can hear us, and its write refusals name us.
 
-Each answer is judged by ``replproto.fencing_verdict`` (pure), a ``FencingVerdict``:
+Each answer is judged by ``protocol.fencing_verdict`` (pure), a ``FencingVerdict``:
 
 - ``DONE``: FAILED_PRECONDITION: it stepped down, or it was no writable primary
   anyway.
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from pagesift.core.replication import protocol as replproto
+from pagesift.core.replication import protocol
 from pagesift.core.replication.protocol import FencingVerdict
 from pagesift.core.util.backoff import backoff_delay
 from pagesift.core.util.channels import open_channel
@@ -66,7 +66,7 @@ async def fence_former_primary(
         refused, decision_epoch, detail = await _ask(
             target, h, credentials, metadata, answer_timeout
         )
-        verdict = replproto.fencing_verdict(h.epoch, refused=refused, decision_epoch=decision_epoch)
+        verdict = protocol.fencing_verdict(h.epoch, refused=refused, decision_epoch=decision_epoch)
         if verdict is FencingVerdict.DONE:
             logger.info("former primary %s takes no writes (%s)", target, detail)
             return verdict

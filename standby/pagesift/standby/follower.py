@@ -39,7 +39,7 @@ What it owns
    next one already buffered), once ``ACK_MAX_DELAY`` has passed since the previous
    ack. Heartbeats are acked the same way; they give
    the primary's offset and clock for lag. When to ack, and the lag, are decided by
-   ``replfollower.FollowerState`` (pure, with a fake clock in its tests); this loop
+   ``followerstate.FollowerState`` (pure, with a fake clock in its tests); this loop
    feeds it what happens, with ``time.monotonic()`` as the time, and carries out
    every action each step returns (``_carry_out``: acks, and waits for a message).
    A heartbeat that asks for a failsafe grant is answered on the next ack only once
@@ -64,8 +64,7 @@ from typing import assert_never
 import grpc
 
 from pagesift.core.ha.failsafe import StandbyPromise
-from pagesift.core.replication import followerstate as replfollower
-from pagesift.core.replication import protocol
+from pagesift.core.replication import followerstate, protocol
 from pagesift.core.replication.followerstate import (
     EntriesApplied,
     HeartbeatReceived,
@@ -105,8 +104,8 @@ APPLY_RUN_BYTES = 256 * 1024
 #: for them) but no sooner than ACK_MIN_GAP after the previous one; while the next
 #: message is already buffered, once ACK_MAX_DELAY has passed since the previous one
 #: (``replfollower`` decides).
-ACK_MIN_GAP = replfollower.ACK_MIN_GAP
-ACK_MAX_DELAY = replfollower.ACK_MAX_DELAY
+ACK_MIN_GAP = followerstate.ACK_MIN_GAP
+ACK_MAX_DELAY = followerstate.ACK_MAX_DELAY
 
 
 def _drop(task: asyncio.Future[object] | None) -> None:
@@ -181,7 +180,7 @@ class Follower:
         self._stopping = False
         self._connected = False
         # The primary's offset and clock as heard, the lag, the acks owed.
-        self._state = replfollower.FollowerState(
+        self._state = followerstate.FollowerState(
             caught_up_at=time.monotonic(), ack_min_gap=ACK_MIN_GAP, ack_max_delay=ACK_MAX_DELAY
         )
         self.full_resyncs = 0
@@ -477,7 +476,7 @@ class Follower:
     async def _carry_out(
         self,
         call: StreamCall,
-        actions: list[replfollower.Action],
+        actions: list[followerstate.Action],
         reading: asyncio.Future[object] | None = None,
     ) -> None:
         """Carry out every action ``step`` returned, in order. ``WaitForMessage`` answers

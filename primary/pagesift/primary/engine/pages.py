@@ -42,8 +42,7 @@ from pagesift.primary.engine import autorender, content, workers
 from pagesift.primary.engine.hops import Accept, Response, status_error
 from pagesift.primary.engine.protocol import Page
 from pagesift.primary.engine.robots import page_directives
-from pagesift.primary.extract import documents
-from pagesift.primary.extract import html as extract
+from pagesift.primary.extract import documents, html
 from pagesift.primary.extract.converted import DocumentError, DocumentTooLarge
 from pagesift.primary.extract.htmlshape import TooLarge
 from pagesift.primary.extract.metadata import add_metadata
@@ -165,7 +164,7 @@ class PageMaker:
             return Page(document=doc, links=got.links, canonical=got.canonical or resp.canonical,
                         noindex=noindex, nofollow=nofollow, validators=resp.validators)  # fmt: skip
         noindex, nofollow = page_directives([], list(resp.robots_tag), agent)
-        want = extract.wanted(options)
+        want = html.wanted(options)
         if want.markdown:
             doc.markdown = text
         if want.raw_html:
@@ -212,7 +211,7 @@ class PageMaker:
             raise PageError(ErrorCode.PARSE_FAILED, exc.reason) from None
         except workers.WorkerLost as exc:
             raise self._worker_error(exc, "the conversion", timeout) from None
-        want = extract.wanted(options)
+        want = html.wanted(options)
         if want.markdown:
             doc.markdown = conv.markdown
         doc.title = conv.title
@@ -235,13 +234,13 @@ class PageMaker:
         headers: tuple[tuple[str, str], ...],
         owner: str,
         judge: str | None = None,
-    ) -> extract.Extracted:
+    ) -> html.Extracted:
         """Extract the page, whatever its size, within ``extract_timeout`` and the
         worker memory cap; ``headers`` (the response's ``metadata.response_metadata``)
         join ``doc.metadata``. With ``judge`` (the response's Content-Type), the same
         call first decides whether the page needs a browser: ``RenderNeeded``."""
-        want = extract.wanted(options)
-        fn: Any = extract.extract_compact
+        want = html.wanted(options)
+        fn: Any = html.extract_compact
         args: tuple[object, ...] = (text, base_url, want, options.only_main_content)
         if judge is not None:
             fn, args = autorender.judge_and_extract, (text, judge, *args[1:])
@@ -259,8 +258,8 @@ class PageMaker:
             raise self._worker_error(exc, "the extraction", timeout) from None
         if isinstance(got, str):
             raise RenderNeeded(got)
-        assert isinstance(got, extract.Extracted)
-        extract.apply(doc, got, want, text, headers)
+        assert isinstance(got, html.Extracted)
+        html.apply(doc, got, want, text, headers)
         return got
 
     def _worker_done(self, out: workers.Outcome[Any]) -> None:

@@ -49,8 +49,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pagesift.core.cluster.ownership import NoOwners, Owners, OwnersSource, left_to_owner
-from pagesift.core.jobs import records
-from pagesift.core.jobs import urls as job_urls
+from pagesift.core.jobs import records, urls
 from pagesift.core.jobs.clusterlimits import ClusterLimits
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.core.jobs.specs import AppendSpec
@@ -125,9 +124,9 @@ class ClusteredJobs(Jobs):
         await self.budgets.detach()
         await self.owners.stop()
 
-    def _check_owned(self, urls: Iterable[str], field: str) -> None:
+    def _check_owned(self, targets: Iterable[str], field: str) -> None:
         """``HostOwnedElsewhere`` for the first URL whose host another pair owns."""
-        self.owners.current().check(urls, field, job_urls.host_of)
+        self.owners.current().check(targets, field, urls.host_of)
 
     def _new_start(self, owner: str, idempotency_key: str) -> bool:
         """Whether a start creates a job (a retried key finds its job here)."""

@@ -25,8 +25,7 @@ import time
 
 from pagesift.core.api.errortable import JobNotFound, StandbyNode
 from pagesift.core.api.ports import Node
-from pagesift.core.jobs import quota, records, validate
-from pagesift.core.jobs import specs as requestspecs
+from pagesift.core.jobs import quota, records, specs, validate
 from pagesift.core.jobs.accounts import Account
 from pagesift.core.jobs.specs import Permissions
 from pagesift.core.jobs.validate import InvalidArgument
@@ -61,7 +60,7 @@ async def append_batch(
         store.get(records.JobKeys(meta.id).request) or b""
     )
     permissions = Permissions(caller, node.accounts.webhook_secret(caller.name) is not None)
-    spec = await requestspecs.append(request, permissions, node.config, job)
+    spec = await specs.append(request, permissions, node.config, job)
     del job
     cap = node.config.max_batch_urls
 

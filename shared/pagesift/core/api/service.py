@@ -49,8 +49,7 @@ from pagesift.core.api.errortable import (
 from pagesift.core.api.paging import field_bytes
 from pagesift.core.api.ports import JobRuntime, Node
 from pagesift.core.api.streams import StreamBytes, StreamSlots, WatchBytes
-from pagesift.core.jobs import quota, records, validate, views
-from pagesift.core.jobs import specs as requestspecs
+from pagesift.core.jobs import quota, records, specs, validate, views
 from pagesift.core.jobs.accounts import Account
 from pagesift.core.jobs.pageerrors import PageError
 from pagesift.core.jobs.specs import Permissions
@@ -110,9 +109,7 @@ def _no_job(job_id: str, message: str = "") -> JobNotFound:
     return JobNotFound(job_id, message or f"id: no job {job_id}")
 
 
-async def _scrape(
-    runtime: JobRuntime, spec: requestspecs.ScrapeSpec, owner: str
-) -> jobs_pb2.Document:
+async def _scrape(runtime: JobRuntime, spec: specs.ScrapeSpec, owner: str) -> jobs_pb2.Document:
     """The runtime's scrape; a page error names the URL asked for (``PageFailed``)."""
     try:
         return await runtime.scrape(spec.url, spec.options, owner)
@@ -226,7 +223,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.ScrapeResponse:
         caller = self._caller(context)
         runtime = self._runtime()
-        spec = await requestspecs.scrape(
+        spec = await specs.scrape(
             request, self._permissions(caller), self.node.config, renders=self.node.can_render
         )
         self._limits(caller, "scrape")()
@@ -239,7 +236,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.StartBatchScrapeResponse:
         caller = self._caller(context)
         runtime = self._runtime()
-        spec = await requestspecs.batch(
+        spec = await specs.batch(
             request, self._permissions(caller), self.node.config, renders=self.node.can_render
         )
         total = len(spec.urls)
@@ -271,7 +268,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.StartCrawlResponse:
         caller = self._caller(context)
         runtime = self._runtime()
-        spec = await requestspecs.crawl(
+        spec = await specs.crawl(
             request, self._permissions(caller), self.node.config, renders=self.node.can_render
         )
         reg = await runtime.register(
@@ -559,7 +556,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         are found and ranked; nothing is stored or charged. Primary only."""
         caller = self._caller(context)
         runtime = self._runtime()
-        spec = await requestspecs.map_spec(request, self._permissions(caller), self.node.config)
+        spec = await specs.map_spec(request, self._permissions(caller), self.node.config)
         found = await runtime.map(spec.request, caller.name)
         for batch in paging.url_batches(found):
             yield jobs_pb2.MapResponse(urls=batch)
