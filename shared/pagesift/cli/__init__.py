@@ -46,15 +46,17 @@ The modules, by concern:
   ``progress``: following a job to its end (``JobProgress``, the bar); ``render``:
   the rendering flags (engine, waits, ``--action``'s syntax) and the screenshot file;
 - ``admin``: role, promote, verify, with their output;
+- ``export``: ``export``, a job's documents as JSON Lines or one file per page;
+  ``exportpaths``: the safe relative path of each page's file (pure);
 - ``drill``: ``drill``, a failover rehearsal and its verdict (``pagesift.drill``);
 - ``backup``: ``backup``, a consistent copy of a node's store as a new data directory;
 - ``serve``: ``serve`` and its flag->ServerConfig mapping; ``tokens``: ``token new``;
   ``keys``: ``keys new``, ``keys hash``; ``gateway``: the Firecrawl HTTP gateway;
   ``cluster``: ``cluster status``, the pairs of a cluster (the etcd registry).
 
-It lives in the composition root (``pagesift.node``) because ``serve`` starts a node;
-the client subcommands import no role (``serve`` imports the server lazily, so a
-client command does not load the engine, the store or replication).
+The client subcommands import no role: ``serve`` imports the server
+(``pagesift.node``) lazily, so a client command does not load the engine, the store or
+replication.
 
 Client handlers are ``async def (args, client) -> int`` (the admin commands too:
 ``JobClient`` holds their AdminService channels); ``serve`` and ``token`` are plain

@@ -11,10 +11,10 @@ names below are the whole public surface. One module per concern:
 - ``transport``: the channel of one address (the name its certificate must carry, no
   key in plaintext off loopback in cluster mode);
 - ``errors``: the client's exceptions, and the reading of a server's rich error details;
-- cluster mode (``JobClient(cluster="etcd://HOST:PORT[,...]/NAME")``): ``registryview``
-  (``ClusterView``, the registry read from etcd; aetcd, the ``cluster`` extra),
-  ``cluster`` (the router: calls by job id, placement, merged ListJobs), ``composite``
-  (a batch spanning pairs as one job) and ``pairs`` (what those share).
+- ``registryview``: ``ClusterView``, the registry read from etcd (aetcd, the ``cluster``
+  extra), for cluster mode (``JobClient(cluster="etcd://HOST:PORT[,...]/NAME")``);
+- ``cluster``: the router of cluster mode (calls by job id, placement, merged ListJobs);
+  ``composite``: a batch spanning pairs, as one job; ``pairs``: what those share.
 
 Floor (tests/test_layers.py): the client imports only ``pagesift.v1``, the small pure
 helpers ``pagesift.core.util.backoff`` and ``pagesift.core.util.channels``, and the

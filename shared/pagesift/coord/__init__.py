@@ -11,7 +11,11 @@ credentials are decided once:
 - ``registry``: a node's ``NodeRecord`` under its lease, the registrar loop, the reading
   of every record (a cluster client's view reads through it);
 - ``budgets``: the account limits held cluster-wide (slot keys, the daily pages counter),
-  the ``ClusterLimits`` port a clustered node hands its job runtime.
+  the ``ClusterLimits`` port a clustered node hands its job runtime;
+- ``owners``: the hosts a node's pair owns, read from the registry (the shell of
+  ``pagesift.core.cluster.ownership``);
+- ``access``: who may touch which keys (one etcd role per pair, one for readers);
+  ``etcdauth``: turning etcd's auth on with those roles (the deploy kit's bootstrap).
 
 The rules these carry out are pure and live beside them: ``pagesift.core.ha.election``
 (the witness records), ``pagesift.core.cluster`` (records, placement, budget plans).

@@ -16,7 +16,12 @@ The modules, by concern:
   children are ``pagesift.core.util.children.Child``: own process groups, always stopped);
 - ``remote``: the operator's kill/start commands and their placeholders;
 - ``observe``: the job follower, the write prober, Role calls, the final job;
-- ``runner``: one run and the repeated runs, with the cleanup.
+- ``runner``: one run and the repeated runs, with the cleanup;
+- ``choices``: the drill's fixed choices, with no imports, for the command's parser;
+- ``clusterrun``: the cluster drill (every pair crawls, one pair's primary is
+  SIGKILLed); ``clusterverdict``: its pure verdict, pair by pair;
+- ``counting``: a site that counts its concurrent requests (politeness seen from
+  outside).
 
 The drill never signals a process it did not start (process groups of its own
 children only; a deployment's nodes only through the operator's commands), every

@@ -8,7 +8,8 @@ pair with the client's own rules). One module per concern:
   camelCase as Firecrawl spells them);
 - ``translate``, ``options``, ``v1translate``: pure mapping of requests to proto
   messages (v1 through v2's meaning) and of status pages and errors lists back;
-- ``errors``: the one table from a gRPC error to Firecrawl's HTTP status and body;
+- ``httperrors``: the one table from a gRPC error to Firecrawl's HTTP status and body;
+- ``bounds``: the bounds on what a caller sends (a body's JSON shape, every integer);
 - ``clients``: one ``JobClient`` per API key; ``health``: the ``/healthz`` probe;
   ``metrics``: ``/metrics``; ``openapi``: ``/v2/openapi.json``; ``forwarded``: the
   absolute URLs' origin behind a trusted proxy;

@@ -9,30 +9,28 @@ once, so this package, and only this package, imports ``pagesift.primary`` and
   the job runtime started and stopped with the primary role);
 - ``startup``: what a node opens and checks before it runs (its id, store slot,
   replication token and credential), each refusal a ``StartRefused``;
-- ``replication``: ``ReplicationParts``, a node's replication pieces (store slot,
+- ``replicationparts``: ``ReplicationParts``, a node's replication pieces (store slot,
   the primary's sender, the standby's follower and promoter, fencing) wired once for
   the server, the tests and the bench;
 - ``status``: the one computation of a node's role/replication figures, for both the
   metrics and the AdminService Role call;
 - ``admin``: ``AdminServicer`` (Role, Promote, Digest, Backup on either role);
-- ``backup``: ``BackupSource``, Backup's server side (a consistent copy, streamed);
-- ``verify``: ``verify_digests``, the client side comparing both nodes at one offset;
-- ``witness``: ``Witness``, the etcd lease and leader key that decide who is primary;
 - ``elector``: ``Elector``, the shell that carries out the elector machine's actions
-  (``pagesift.core.ha.electorstate``) against the witness;
-- ``storage``: the storage watcher and its reserve (disk full is a state), and the
-  interceptor that answers STORAGE_UNAVAILABLE;
+  (``pagesift.core.ha.electorstate``) against the witness (``pagesift.coord.witness``);
+- ``clustering``: a node in a cluster: its wiring to ``pagesift.coord`` (registrar,
+  budgets, owned hosts) and the record it registers;
 - ``looplag``: the event-loop lag monitor (one task per node, whatever its role);
-- ``health``: the role-aware ``grpc.health.v1`` statuses;
+- ``fdreserve``: the node's file-descriptor reserve, and the HTTP caps that never reach
+  into it;
+- ``grpchealth``: the role-aware ``grpc.health.v1`` statuses;
 - ``reflection``: server reflection, v1 as well as v1alpha;
 - ``grpcserver``: the gRPC server (services, interceptors, guards), ``run``, ``serve``;
-- ``logs``: the process's log format;
-- ``cli``: the ``pagesift`` command (``python -m pagesift.cli``), a package with
-  one module per concern;
-- ``procs``: ``Child``, the one launcher of ``pagesift serve`` (and etcd) children,
-  each in its own process group and always stopped: the drill's, the tests' and the
-  bench's;
-- ``drill``: ``pagesift drill``, a failover drill that kills a node and judges what
-  survived;
-- ``demo``: ``make run`` (a local pair and the demo site).
+- ``httpgateway``: ``serve --http-listen``, the Firecrawl gateway run inside the node;
+- ``logs``: the process's log format.
+
+The parts a node wires live with what they serve: the storage watcher in
+``pagesift.core.api.storagewatch``, backup and the digest check in
+``pagesift.core.replication``, the child launcher in ``pagesift.core.util.children``;
+the command line is ``pagesift.cli``, the failover drill ``pagesift.drill``, ``make
+run`` ``pagesift.demo.launcher``.
 """

@@ -1,6 +1,16 @@
 """The public API served by both roles: ``JobService`` and what every handler shares.
 
-``service`` holds the handlers; ``errortable`` maps every refusal to one gRPC status and
-reason (``rpcerrors`` builds the rich details); ``paging`` and ``streams`` bound what a
-read returns; ``interceptors``, ``tls`` and ``metrics`` wrap every call.
+- ``service``: the handlers; ``appends``: AppendBatchScrape; ``usage``:
+  GetAccountUsage's answer; ``ports``: what the service needs from its node;
+- ``errortable``: every refusal to one gRPC status and reason; ``rpcerrors``: the rich
+  details; ``adminerrors``: AdminService's and the replication stream's refusals;
+- ``paging``, ``streams``: what a read returns and how much a watch may hold;
+- ``interceptors``: handler rewrapping and the malformed-request guard; ``guard``: the
+  metadata guard (a key or token per method prefix); ``tls``: credentials and the
+  replication token;
+- ``metrics``: the registry and its series; ``metricsgrpc``: every RPC counted and
+  timed; ``metricshttp``: ``/metrics``; ``metricsources``: the gauges computed at scrape
+  time;
+- ``storagewatch``: the storage watcher and its reserve (disk full is a state), and the
+  interceptor that answers STORAGE_UNAVAILABLE.
 """

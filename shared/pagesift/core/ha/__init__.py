@@ -1,6 +1,13 @@
 """High availability: which node may take writes, and until when.
 
-``rolestate`` (start, promotion, fencing) and ``elector`` (the witness lease) are pure
-machines of the one ``step(state, event, now) -> (state, actions)`` shape; ``election``
-holds the witness's rules; ``roles`` the role names.
+The machines are pure, of the one ``step(state, event, now) -> (state, actions)`` shape;
+their shells (the node, the elector in ``pagesift.node.elector``) carry out the actions:
+
+- ``rolestate``: a node's role machine (start, auto-promotion, promotion, fencing);
+- ``electorstate``: the elector machine (when to look, campaign, keep the lease alive,
+  publish, write);
+- ``election``: the witness's rules (who may campaign, until when a lease lets a
+  primary write);
+- ``failsafe``: a primary writing through a witness outage while its standbys vouch;
+- ``roles``: the role names.
 """

@@ -19,6 +19,8 @@ Modules:
 - ``render``: one page's render in a fresh context (viewport, mobile, locale, time
   zone, headers, cookies in and out, waits, actions, screenshot) into ``Rendered``.
 - ``idlepages``: a job context's pages between renders, reused by the job's next.
+- ``pagememory``: the per-page memory cap, enforced while the page runs.
+- ``procs``: the browser's processes as /proc shows them (its tree, memory, leftovers).
 - ``actions``: the pure checks of waits and actions against the server's bounds, and
   the executor that runs them on a page within the actions' time budget.
 """
