@@ -27,7 +27,6 @@ OVERSIZE: dict[str, str] = {
     "pagesift.core.ha.electorstate": "failsafe grants beside the lease; split by concern",
     "pagesift.primary.jobs.runner": "page draws before each fetch; split by concern in issue 31",
     "pagesift.node.node": "failsafe and ownership wiring; back to a composition root in issue 31",
-    "pagesift.primary.jobs.runtime": "quarantine beside the life cycle; split by concern",
     "pagesift.client.cluster": "following the owner a node names; split by concern in issue 31",
 }
 

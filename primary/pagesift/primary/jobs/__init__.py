@@ -2,6 +2,8 @@
 
 - ``runtime``: ``Jobs``, the facade the service and the node call (register with
   idempotency, start and stop with the primary role, cancel, resume, quarantine);
+- ``quarantining``: the quarantine's books ``Jobs`` keeps (run markers, interruptions
+  and worker losses counted, suspects run one at a time on probation);
 - ``runner``: the batch and crawl loops, attempts and retries, and committing what
   ``recording`` writes;
 - ``recording``: pure functions that add a page's, an error's or a finish's records to a
@@ -10,6 +12,6 @@
 - ``frontier``: a crawl's frontier in the store; ``pagecache``: what an account fetched
   before; ``sweep``: expiry, quota pruning and cache sweeping.
 
-Imports flow one way: runtime -> runner -> recording. Job code sees the web only through
-``pagesift.primary.engine.protocol.Engine`` (``tests/test_layers.py``).
+Imports flow one way: runtime -> quarantining -> runner -> recording. Job code sees the
+web only through ``pagesift.primary.engine.protocol.Engine`` (``tests/test_layers.py``).
 """

@@ -1,7 +1,8 @@
 """The job runtime on the primary (``Jobs``): what the service and the node call.
 
 It owns a job's life cycle; a run's loops are ``runner``'s, what a page writes is
-``recording``'s, the expiry sweep is ``sweep``'s, Scrape and Map are ``oneoff``'s.
+``recording``'s, the quarantine's books are ``quarantining``'s, the expiry sweep is
+``sweep``'s, Scrape and Map are ``oneoff``'s.
 Every durable change is one ``Store.write`` group (layout: ``pagesift.core.jobs.records``).
 
 - register: meta + request + ``jobs`` set + owner index + idempotency key (+ webhook),
@@ -11,8 +12,9 @@ Every durable change is one ``Store.write`` group (layout: ``pagesift.core.jobs.
   state (its done set), start the sweeper; ``close`` (SIGTERM, drain, stepping down)
   cancels the runs and deletes their run markers: a clean stop is no interruption.
 - cancel / finish: meta rewritten with state, times and note (``recording``).
-- quarantine (``pagesift.core.jobs.quarantine`` states the rule): a run writes its
-  marker (``job/{id}/run``) before it starts. ``start`` counts a marker it finds as one
+- quarantine (``pagesift.core.jobs.quarantine`` states the rule, ``quarantining`` keeps
+  its books; the runtime calls it at each step): a run writes its marker
+  (``job/{id}/run``) before it starts. ``start`` counts a marker it finds as one
   interruption (with the pages in flight, derived from the queue order) and deletes
   it, one group; a job interrupted ``poison_threshold`` times without progress is
   paused (``poisoned``), on whichever node starts. A lost extraction worker counts on
@@ -40,16 +42,17 @@ from functools import partial
 from pagesift.core.api.metrics import Metrics
 from pagesift.core.api.ports import AccountActivity
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import quarantine, records, views
+from pagesift.core.jobs import records, views
 from pagesift.core.jobs.accounts import Accounts
-from pagesift.core.replication.identity import Identity, NotWritable
+from pagesift.core.replication.identity import NotWritable
 from pagesift.core.store.db import Store
 from pagesift.core.store.errors import StorageUnavailable
 from pagesift.core.store.groups import WriteGroup
 from pagesift.core.util.tasks import cancel_and_wait_all
 from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.jobs import appending, oneoff, sweep
-from pagesift.primary.jobs.runner import Runner, concurrency, first_unfinished, job_request
+from pagesift.primary.jobs.quarantining import Quarantining
+from pagesift.primary.jobs.runner import Runner, job_request
 from pagesift.primary.webhooks import delivery, outbox
 from pagesift.v1 import jobs_pb2
 
@@ -96,15 +99,8 @@ class Jobs(appending.Appending):
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
-        self._run_id = uuid.uuid4().hex  # this runtime's run markers (quarantine)
-        self._suspects = quarantine.Suspects()
-        self._needed: dict[str, int] = {}  # job -> pages that count as progress
+        self._quarantine = Quarantining(store, config, self)  # markers, budgets, suspects
         self._later: set[asyncio.Task[None]] = set()  # _resume_later's waits
-        self._limits = quarantine.Limits(
-            interruptions=config.poison_threshold,
-            worker_losses=config.poison_worker_losses,
-            progress_pages=config.poison_progress_pages,
-        )
 
     # life cycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -157,7 +153,7 @@ class Jobs(appending.Appending):
         await cancel_and_wait_all(tasks)  # a cancel of close() itself still propagates
         for job_id in running:  # a clean stop: these runs were not interrupted
             with contextlib.suppress(Exception):  # not writable (fenced, lease lost)
-                self.store.write(partial(self._clear_marker, job_id=job_id))
+                self.store.write(partial(self._quarantine.clear_marker, job_id=job_id))
         if self.deliverer is not None:
             await self.deliverer.close()
 
@@ -218,6 +214,10 @@ class Jobs(appending.Appending):
         task = self._tasks.pop(job_id, None)
         if task is not None:
             task.cancel()
+
+    def worker_lost(self, job_id: str, url: str) -> None:
+        """A page of the job lost its extraction worker (``Quarantining.worker_lost``)."""
+        self._quarantine.worker_lost(job_id, url)
 
     # registration ---------------------------------------------------------------
     async def register(
@@ -326,7 +326,7 @@ class Jobs(appending.Appending):
             if task is not None:
                 task.cancel()
             else:
-                self._release_suspect(job_id)  # a suspect waiting for its turn
+                self._quarantine.release(job_id)  # a suspect waiting for its turn
             if self._wait_replicated is not None:
                 await self._wait_replicated(None)
         return meta
@@ -337,155 +337,21 @@ class Jobs(appending.Appending):
         meta = self.store.write(partial(records.unpause, job_id=job_id)).result
         if meta is None:
             return None
-        if meta.state == "scraping" and job_id not in self._tasks:
-            waiting = job_id in self._suspects.waiting or self._suspects.running == job_id
-            if not waiting:
-                logger.info(
-                    "job %s resumed by the caller (account %s)",
-                    job_id,
-                    meta.owner,
-                    extra={"job": job_id, "account": meta.owner},
-                )
-                try:
-                    self._spawn(meta)
-                except StorageUnavailable:  # resumed: it runs once the store writes
-                    self._resume_later(job_id)
+        held = self._quarantine.holds(job_id)  # the running suspect, or waiting its turn
+        if meta.state == "scraping" and job_id not in self._tasks and not held:
+            logger.info(
+                "job %s resumed by the caller (account %s)",
+                job_id,
+                meta.owner,
+                extra={"job": job_id, "account": meta.owner},
+            )
+            try:
+                self._spawn(meta)
+            except StorageUnavailable:  # resumed: it runs once the store writes
+                self._resume_later(job_id)
         if self._wait_replicated is not None:
             await self._wait_replicated(None)
         return meta
-
-    # quarantine (pagesift.core.jobs.quarantine) -----------------------------------------
-    def _clear_marker(self, g: WriteGroup, job_id: str) -> None:
-        """Inside a group: this runtime's marker of ``job_id`` deleted (a clean stop)."""
-        key = records.JobKeys(job_id).run
-        raw = g.get(key)
-        if raw is not None and quarantine.RunMarker.decode(raw).run == self._run_id:
-            g.delete(key)
-
-    def _suspect(self, job_id: str) -> bool:
-        return quarantine.Budget.decode(self.store.get(records.JobKeys(job_id).poison)).suspect
-
-    def _epoch(self) -> int:
-        with self.store.lock:
-            return Identity(self.store).epoch
-
-    def _node(self) -> str:
-        return self.config.advertise or self.config.listen
-
-    def _count_interruption(self, meta: records.JobMeta) -> records.JobMeta | None:
-        """Start-up: a run marker of ``meta``'s job means its last run was cut short:
-        count it (and pause the job when that makes it poisoned), in one group."""
-        keys = records.JobKeys(meta.id)
-        if self.store.get(keys.run) is None:
-            return meta
-        req = job_request(self.store, meta)
-        workers = concurrency(self.config, req.max_concurrency)
-        needed = quarantine.progress_needed(self._limits, workers)
-        in_flight = first_unfinished(
-            self.store, meta.id, req, min(workers, quarantine.MAX_IN_FLIGHT)
-        )
-
-        def group(g: WriteGroup) -> tuple[records.JobMeta | None, quarantine.Verdict | None]:
-            raw = g.get(keys.run)
-            if raw is None:
-                return meta, None
-            event = quarantine.Interrupted(
-                quarantine.RunMarker.decode(raw),
-                records.done_count(g, meta.id),
-                in_flight,
-                records.now_ms(),
-            )
-            verdict = quarantine.count(
-                quarantine.Budget.decode(g.get(keys.poison)), event, self._limits, needed
-            )
-            g.put(keys.poison, verdict.budget.encode())
-            g.delete(keys.run)
-            if verdict.poisoned:
-                note = "\n".join((verdict.reason, *verdict.budget.evidence))
-                return records.pause(g, meta.id, "poisoned", note), verdict
-            return meta, verdict
-
-        out, verdict = self.store.write(group).result
-        if verdict is not None:
-            logger.warning(
-                "job %s %s (account %s): %s",
-                meta.id,
-                "quarantined" if verdict.poisoned else "was interrupted",
-                meta.owner,
-                verdict.reason or verdict.budget.evidence[-1],
-                extra={"job": meta.id, "account": meta.owner},
-            )
-        return out
-
-    def worker_lost(self, job_id: str, url: str) -> None:
-        """A page of the job lost its extraction worker: count it (one group); a job
-        poisoned by it is paused and its run stopped."""
-        keys = records.JobKeys(job_id)
-        needed = self._needed.get(job_id, quarantine.progress_needed(self._limits, 1))
-        node, epoch = self._node(), self._epoch()
-
-        def group(g: WriteGroup) -> quarantine.Verdict | None:
-            raw = g.get(keys.meta)
-            if raw is None or records.JobMeta.decode(raw).state != "scraping":
-                return None
-            event = quarantine.WorkerLost(
-                url, records.done_count(g, job_id), node, epoch, records.now_ms()
-            )
-            verdict = quarantine.count(
-                quarantine.Budget.decode(g.get(keys.poison)), event, self._limits, needed
-            )
-            g.put(keys.poison, verdict.budget.encode())
-            if verdict.poisoned:
-                records.pause(
-                    g, job_id, "poisoned", "\n".join((verdict.reason, *verdict.budget.evidence))
-                )
-            return verdict
-
-        verdict = self.store.write(group).result
-        if verdict is None or not verdict.poisoned:
-            return
-        logger.warning("job %s quarantined: %s", job_id, verdict.reason, extra={"job": job_id})
-        self.wake(job_id)
-        self.stop(job_id)
-
-    async def _probation(self, job_id: str, started_at: int) -> None:
-        """A suspect's run: clear its interruptions once it made progress; stop holding
-        the other suspects back then, or after ``poison_probation_seconds``."""
-        keys = records.JobKeys(job_id)
-        needed = self._needed.get(job_id, 1)
-        deadline = time.monotonic() + self.config.poison_probation_seconds
-        while time.monotonic() < deadline:
-            await asyncio.sleep(min(0.25, self.config.poison_probation_seconds))
-            if records.done_count(self.store, job_id) - started_at < needed:
-                continue
-
-            def group(g: WriteGroup) -> None:
-                budget = quarantine.cleared(
-                    quarantine.Budget.decode(g.get(keys.poison)),
-                    records.done_count(g, job_id),
-                    started_at,
-                    needed,
-                )
-                if budget is not None:
-                    g.put(keys.poison, budget.encode())
-
-            with contextlib.suppress(StorageUnavailable):  # cleared next time it progresses
-                self.store.write(group)
-            break
-        self._release_suspect(job_id)
-
-    def _release_suspect(self, job_id: str) -> None:
-        """``job_id`` stops holding the suspects back: start the next that waits."""
-        nxt = self._suspects.release(job_id)
-        while nxt is not None and not self._closing:
-            meta = records.load_meta(self.store, nxt)
-            if meta is not None and meta.state == "scraping" and nxt not in self._tasks:
-                try:
-                    self._spawn(meta)
-                except StorageUnavailable:  # its run marker is a write: once it writes
-                    self._resume_later(nxt)
-                return
-            nxt = self._suspects.release(nxt)
 
     def _resume_one(self, job_id: str) -> None:
         """Start-up (or later, see ``_resume_later``): a ``scraping`` job not running
@@ -494,7 +360,7 @@ class Jobs(appending.Appending):
         meta = records.load_meta(self.store, job_id)
         if meta is None or meta.state != "scraping" or job_id in self._tasks:
             return
-        meta = self._count_interruption(meta)
+        meta = self._quarantine.count_interruption(meta)
         if meta is None or meta.state != "scraping":
             return
         logger.info(
@@ -504,7 +370,7 @@ class Jobs(appending.Appending):
             meta.owner,
             extra={"job": job_id, "account": meta.owner},
         )
-        if self._suspect(job_id) and not self._suspects.admit(job_id):
+        if self._quarantine.waits(job_id):
             logger.info("job %s waits: another interrupted job runs first", job_id)
             return
         self._spawn(meta)
@@ -544,30 +410,17 @@ class Jobs(appending.Appending):
 
     # running ------------------------------------------------------------------------
     def _spawn(self, meta: records.JobMeta) -> None:
-        """Run the job: its run marker first (one group), then its task."""
+        """Run the job: its run marker first (one group: ``Quarantining.mark``), then
+        its task."""
         req = job_request(self.store, meta)
-        self._needed[meta.id] = quarantine.progress_needed(
-            self._limits, concurrency(self.config, req.max_concurrency)
-        )
-        keys = records.JobKeys(meta.id)
-        node, epoch = self._node(), self._epoch()
-
-        def mark(g: WriteGroup) -> int:
-            done = records.done_count(g, meta.id)
-            g.put(
-                keys.run,
-                quarantine.RunMarker(self._run_id, node, epoch, records.now_ms(), done).encode(),
-            )
-            return done
-
         try:
-            started_at = self.store.write(mark).result
+            started_at = self._quarantine.mark(meta, req)
         except NotWritable as e:  # fenced, or a lapsed lease: the job resumes elsewhere
             logger.info("job %s not started here: %s", meta.id, e)
-            self._release_suspect(meta.id)
+            self._quarantine.release(meta.id)
             return
         coro = self.runner.run(meta, req)
-        suspect = self._suspects.running == meta.id
+        suspect = self._quarantine.on_probation(meta.id)
         task = asyncio.create_task(self._guard(meta.id, coro, started_at if suspect else None))
         self._tasks[meta.id] = task
 
@@ -576,7 +429,7 @@ class Jobs(appending.Appending):
     ) -> None:
         rerun = False
         probation = (
-            asyncio.create_task(self._probation(job_id, probation_from))
+            asyncio.create_task(self._quarantine.probation(job_id, probation_from))
             if probation_from is not None
             else None
         )
@@ -598,8 +451,7 @@ class Jobs(appending.Appending):
                 probation.cancel()
             if self._tasks.get(job_id) is asyncio.current_task():
                 self._tasks.pop(job_id, None)
-            self._needed.pop(job_id, None)
-            self._release_suspect(job_id)
+            self._quarantine.ended(job_id)
         while rerun and job_id not in self._tasks and not self._closing:
             meta = records.load_meta(self.store, job_id)
             if meta is None or meta.state != "scraping":
