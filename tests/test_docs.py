@@ -9,6 +9,14 @@
   messages), or a string the code spells (``"pagesift.replica"``, a health service; a
   logger; a span attribute). A refactor that moves a name fails here until the docs
   follow. CHANGELOG.md names old paths on purpose and is left out of this check.
+- Every name the docs tie to a file lives in that file, not merely imported there: a
+  dotted ``pagesift.mod.Name`` is defined in ``mod`` (or is in its ``__all__``, the
+  module's public re-exports); a ```Name``` (``Class``, ``Class.method``,
+  ``module.function``) written right before a link to a .py file, or before a
+  ```path.py``` span, is defined in that file (``defined_names``). An upper-case
+  ```NAME``` there may instead be a gRPC status or a string the code spells (a
+  reason such as ``FENCED``). A link whose text is a path names the file it links
+  (``[`replication/log.py`](…/log.py)``, not another).
 - The receiver code docs/webhooks.md gives verifies what the server signs.
 - Code and docs describe what is, not how it came to be: ``HISTORY_PHRASES`` may not
   appear in the project's sources or docs (CHANGELOG.md, whose job is history, and the
@@ -20,12 +28,14 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import shutil
 import time
 import unicodedata
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import grpc
 import pytest
 from google.protobuf import descriptor_pool
 
@@ -222,6 +232,174 @@ def cited_names(path: Path) -> Iterator[tuple[int, str]]:
                     yield 0, f"{node.module}.{alias.name}"
 
 
+# ---------------------------------------------------------------- names in their files
+
+#: a name in a code span: ``Name``, ``Class.method``, ``module.function`` (``()`` allowed)
+_NAME_SPAN = r"`(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\(\))?`"
+#: what may stand between the name and its file: ", ", " (", " in ", " (in "
+_NEXT_TO = r"(?:,?\s*\(?|\s+\(?in\s+)"
+_NAME_BY_LINK = re.compile(_NAME_SPAN + _NEXT_TO + r"\[[^\]]*\]\((?P<target>[^()\s#]+\.py)\)")
+_NAME_BY_PATH = re.compile(_NAME_SPAN + _NEXT_TO + r"`(?P<path>[^`\s]+\.py)`")
+_PATH_LINK = re.compile(
+    r"\[`(?P<text>[\w.-]*/[\w./-]*|[\w.-]+\.(?:py|md|toml|ya?ml|sh|json))`\]"
+    r"\((?P<target>[^()\s#]+)(?:#[^)]*)?\)"
+)
+
+
+def _bound_in(body: list[ast.stmt]) -> dict[str, ast.stmt]:
+    """The names a block of statements defines (defs, classes, assignments, also inside
+    ``if``/``try`` blocks), each with its statement; imports define nothing here."""
+    found: dict[str, ast.stmt] = {}
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found[node.name] = node
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        found[leaf.id] = node
+        elif isinstance(node, ast.If | ast.Try):
+            blocks = [node.body, node.orelse]
+            if isinstance(node, ast.Try):
+                blocks += [node.finalbody, *(h.body for h in node.handlers)]
+            for block in blocks:
+                found.update(_bound_in(block))
+    return found
+
+
+@cache
+def defined_names(path: Path) -> frozenset[str]:
+    """What ``path`` defines: its top-level names, ``Class.member`` for each class's own
+    members, and ``stem.name`` for the top-level names (``specs.crawl`` in specs.py)."""
+    top = _bound_in(ast.parse(path.read_text(), str(path)).body)
+    names = set(top) | {f"{path.stem}.{name}" for name in top}
+    for name, node in top.items():
+        if isinstance(node, ast.ClassDef):
+            names.update(f"{name}.{member}" for member in _bound_in(node.body))
+    return frozenset(names)
+
+
+def _resolve_py(source: Path, written: str) -> Path | None:
+    """The file a ``path.py`` written in ``source`` means: relative to the doc, to the
+    repository, or the one file of the code whose path ends with it."""
+    for base in (source.parent, ROOT):
+        candidate = (base / written).resolve()
+        if candidate.is_file():
+            return candidate
+    matches = [
+        p
+        for folder in ("shared", "primary", "standby")
+        for p in (ROOT / folder).rglob("*.py")
+        if p.as_posix().endswith("/" + written.lstrip("./"))
+    ]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _is_vocabulary(name: str) -> bool:
+    """An upper-case word the API speaks: a gRPC status, or a string the code spells."""
+    if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+        return False
+    return name in grpc.StatusCode.__members__ or name in _code_words()
+
+
+@cache
+def _code_words() -> frozenset[str]:
+    found: set[str] = set()
+    for folder in ("shared", "primary", "standby"):
+        for path in (ROOT / folder).rglob("*.py"):
+            found.update(re.findall(r"[\"']([A-Z][A-Z0-9_]*)[\"']", path.read_text()))
+    return frozenset(found)
+
+
+def _joined_prose(path: Path) -> str:
+    """The prose of a doc with each line break as one space (a name and its link may be
+    on two lines)."""
+    return re.sub(
+        r"[ \t]*\n[ \t]*", " ", "\n".join(line for _, line in prose_lines(path.read_text()))
+    )
+
+
+def names_beside_files(path: Path) -> Iterator[tuple[str, str, Path | None]]:
+    """(name, the file as written, the file) for every ```Name``` the doc ties to a .py."""
+    text = _joined_prose(path)
+    for m in _NAME_BY_LINK.finditer(text):
+        dest = (path.parent / m.group("target")).resolve()
+        yield m.group("name"), m.group("target"), dest if dest.is_file() else None
+    for m in _NAME_BY_PATH.finditer(text):
+        yield m.group("name"), m.group("path"), _resolve_py(path, m.group("path"))
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if ROOT in path.parents else path.name
+
+
+def _defines(dest: Path, name: str) -> bool:
+    """``dest`` defines ``name``; a full ``pagesift.mod.Name`` counts when ``mod`` is the
+    module whose file ``dest`` is."""
+    if name in defined_names(dest) or _is_vocabulary(name):
+        return True
+    parts = name.split(".")
+    if parts[0] != "pagesift":
+        return False
+    for cut in range(len(parts) - 1, 1, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        file = getattr(module, "__file__", None)
+        return (
+            file is not None
+            and Path(file).resolve() == dest
+            and (".".join(parts[cut:]) in defined_names(dest))
+        )
+    return False
+
+
+def misplaced_names(path: Path) -> list[str]:
+    """Names the doc puts in a file that does not define them."""
+    wrong = []
+    for name, written, dest in names_beside_files(path):
+        if dest is None:
+            wrong.append(f"{_shown(path)}: `{name}` next to {written}: no such file")
+        elif not _defines(dest, name):
+            wrong.append(f"{_shown(path)}: `{name}` is not defined in {written}")
+    return wrong
+
+
+def dotted_misplaced(name: str) -> str | None:
+    """Why a dotted ``pagesift.mod.Name...`` names a thing ``mod`` only imports, or None
+    (also None for a whole module and for names ``resolves`` handles otherwise)."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        break
+    else:
+        return None
+    rest = parts[cut:]
+    file = getattr(module, "__file__", None)
+    if not rest or file is None or not hasattr(module, rest[0]):
+        return None
+    if rest[0] in getattr(module, "__all__", ()) or rest[0] in defined_names(Path(file)):
+        return None
+    owner = getattr(getattr(module, rest[0]), "__module__", "another module")
+    return f"{module.__name__} does not define {rest[0]} (it lives in {owner})"
+
+
+def path_link_mismatches(path: Path) -> list[str]:
+    """Links whose text is a path that is not the end of the path they link."""
+    wrong = []
+    for m in _PATH_LINK.finditer(_joined_prose(path)):
+        text, target = m.group("text").rstrip("/"), m.group("target")
+        dest = (path.parent / target).resolve()
+        if dest.exists() and not dest.as_posix().endswith("/" + text.lstrip("./")):
+            wrong.append(f"{_shown(path)}: [`{m.group('text')}`] links {target}")
+    return wrong
+
+
 # ---------------------------------------------------------------- the tests
 
 
@@ -252,6 +430,23 @@ def test_every_dotted_name_in_the_docs_resolves(path: Path) -> None:
         if not resolves(name)
     )
     assert not missing, "names the code does not have:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_name_a_doc_puts_in_a_file_is_defined_there(path: Path) -> None:
+    wrong = misplaced_names(path)
+    wrong += sorted(
+        f"{path.relative_to(ROOT)}:{n}: {name}: {why}"
+        for n, name in set(cited_names(path))
+        if (why := dotted_misplaced(name)) is not None
+    )
+    assert not wrong, "names not where the docs say:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_links_path_is_the_path_it_links(path: Path) -> None:
+    wrong = path_link_mismatches(path)
+    assert not wrong, "\n".join(wrong)
 
 
 def _scanned_files() -> Iterator[Path]:
@@ -343,3 +538,54 @@ def test_a_history_phrase_is_caught_and_present_tense_is_not() -> None:
     assert HISTORY.search("sent alongside the details for one more release")
     assert not HISTORY.search("the key used to sign the body")
     assert not HISTORY.search("the leader key is no longer ours")
+
+
+def test_a_name_in_the_wrong_file_is_reported(tmp_path: Path) -> None:
+    doc = tmp_path / "page.md"
+    doc.write_text(
+        "`Store.write`\n([`store/db.py`](store/db.py)), `Store`, [`store/db.py`](store/db.py);\n"
+        "`db.Store` ([`store/db.py`](store/db.py)), `FENCED` ([`store/db.py`](store/db.py)),\n"
+        "`Commit.nothing` ([`store/db.py`](store/db.py)), `WriteGroup`\n"
+        "([`store/db.py`](store/db.py)), `Gone` in `pagesift/core/store/db.py`,\n"
+        "`pagesift.core.store.db.Store` ([`db.py`](store/db.py)),\n"
+        "`Nowhere` ([`store/no.py`](store/no.py)).\n"
+    )
+    (tmp_path / "store").mkdir()
+    shutil.copyfile(ROOT / "shared/pagesift/core/store/db.py", tmp_path / "store" / "db.py")
+    found = {(name, dest) for name, _, dest in names_beside_files(doc)}
+    assert ("Store.write", (tmp_path / "store" / "db.py").resolve()) in found
+    assert len(found) == 9
+    assert misplaced_names(doc) == [
+        "page.md: `Commit.nothing` is not defined in store/db.py",
+        "page.md: `WriteGroup` is not defined in store/db.py",  # db.py imports it
+        "page.md: `pagesift.core.store.db.Store` is not defined in store/db.py",  # a copy
+        "page.md: `Nowhere` next to store/no.py: no such file",
+        "page.md: `Gone` is not defined in pagesift/core/store/db.py",
+    ]
+
+
+def test_a_dotted_name_a_module_only_imports_is_reported() -> None:
+    assert dotted_misplaced("pagesift.core.store.db.Store") is None
+    assert dotted_misplaced("pagesift.client.JobClient") is None  # in pagesift.client.__all__
+    assert dotted_misplaced("pagesift.core.store") is None  # a module
+    why = dotted_misplaced("pagesift.core.store.db.WriteGroup")
+    assert why is not None and "pagesift.core.store.groups" in why
+    db = ROOT / "shared/pagesift/core/store/db.py"
+    assert _defines(db, "pagesift.core.store.db.Store")
+    assert not _defines(db, "pagesift.core.store.db.WriteGroup")
+
+
+def test_a_link_whose_text_names_another_file_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "replication").mkdir()
+    (tmp_path / "replication" / "senderstate.py").write_text("")
+    page = tmp_path / "docs" / "page.md"
+    page.write_text(
+        "[`replication/sender.py`](../replication/senderstate.py)\n"
+        "[`replication/senderstate.py`](../replication/senderstate.py),\n"
+        "[`replication/`](../replication/), [`sender.py`](../replication/senderstate.py#x)"
+    )
+    assert path_link_mismatches(page) == [
+        "page.md: [`replication/sender.py`] links ../replication/senderstate.py",
+        "page.md: [`sender.py`] links ../replication/senderstate.py",
+    ]
