@@ -4,14 +4,15 @@
   idempotency, start and stop with the primary role, cancel, resume, quarantine);
 - ``quarantining``: the quarantine's books ``Jobs`` keeps (run markers, interruptions
   and worker losses counted, suspects run one at a time on probation);
-- ``runner``: the batch and crawl loops, attempts and retries, and committing what
-  ``recording`` writes;
+- ``runner``: the batch and crawl loops, attempts and retries; ``committing``: what
+  ``recording`` writes committed (waiting while the store refuses), and a job's end;
 - ``recording``: pure functions that add a page's, an error's or a finish's records to a
   write group (and ``charge_page``, the one place quota is charged);
 - ``oneoff``: the one-off ``Scrape`` and ``Map`` calls; ``mapper`` is the Map walk;
 - ``frontier``: a crawl's frontier in the store; ``pagecache``: what an account fetched
   before; ``sweep``: expiry, quota pruning and cache sweeping.
 
-Imports flow one way: runtime -> quarantining -> runner -> recording. Job code sees the
-web only through ``pagesift.primary.engine.protocol.Engine`` (``tests/test_layers.py``).
+Imports flow one way: runtime -> quarantining -> runner -> committing -> recording. Job
+code sees the web only through ``pagesift.primary.engine.protocol.Engine``
+(``tests/test_layers.py``).
 """

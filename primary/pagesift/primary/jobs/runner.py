@@ -1,10 +1,11 @@
-"""A job's run: its worker loops (batch, crawl), retries, and the commit of what it records.
+"""A job's run: its worker loops (batch, crawl), its attempts and their retries.
 
 ``Runner.run`` is one run of one job, started by ``runtime.Jobs`` in a task of its own
 (the runtime wrote the run marker first). ``max_concurrency`` workers take pages in
 queue order (batch: indices not done; crawl: ``frontier`` entries not done, in enqueue
 order, read in chunks so memory stays flat), fetch each as a Scrape does
-(``oneoff.fetch_page``) and commit what ``recording`` writes for it, one group a page.
+(``oneoff.fetch_page``) and hand the outcome to ``commits`` (``committing.Committer``:
+what ``recording`` writes for it committed, one group a page, and the job's end).
 
 - hosts owned elsewhere (a node of a cluster: ``owners``, the registry as last read,
   ``pagesift.core.cluster.ownership``): a crawl's queued URL whose host another pair
@@ -26,16 +27,13 @@ order, read in chunks so memory stays flat), fetch each as a Scrape does
   takes one for its attempt. After a restart the page is fetched again in queue order
   and its count read back (``records.retries_used``): at most ``1 + max_retries`` attempts
   plus one per crash that cut an attempt short. The last error says how many.
-- bounded groups: a page's group is written with ``max_bytes`` =
-  ``records.page_group_bytes(max_body_bytes)``; a bigger one (links expanding to megabytes)
-  is refused whole (``GroupTooLarge``) and the page gets a ``too_large`` error instead.
 - disk full (``StorageUnavailable``): a page, page error, retry mark or finish waits in
   memory, its group not committed, until the store takes writes again, then runs the
-  group afresh (it re-reads what it checks: recorded once, never lost).
+  group afresh (``Committer.write_when_writable``: recorded once, never lost).
 - a change-tracked crawl writes its ``removed`` URLs in one group before it finishes.
 
 What the run asks of the runtime (ending a job's run, quarantine, sync visibility) is
-the ``Host`` protocol, so imports flow runtime -> runner -> recording.
+the ``Host`` protocol, so imports flow runtime -> runner -> committing -> recording.
 """
 
 from __future__ import annotations
@@ -43,10 +41,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from pagesift.core.api.metrics import Metrics
@@ -56,22 +53,19 @@ from pagesift.core.jobs import patterns, quota, records, urls, validate, views
 from pagesift.core.jobs.accounts import Accounts
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.core.jobs.scope import Entry, Scope
-from pagesift.core.store.db import Commit, Store
-from pagesift.core.store.errors import StorageUnavailable
-from pagesift.core.store.groups import GroupTooLarge, WriteGroup
+from pagesift.core.store.db import Store
 from pagesift.core.util.tasks import all_or_none
 from pagesift.primary.engine import retrypolicy
-from pagesift.primary.engine.cookiejar import JarChanges, JobCookies
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.jobs import appending, frontier, oneoff, pagecache, recording
 from pagesift.primary.jobs.activity import Activity
+from pagesift.primary.jobs.committing import CommitHost, Committer
 from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import PageResult
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
-    "STORAGE_POLL_SECONDS",
     "Host",
     "JobRequest",
     "Runner",
@@ -81,31 +75,16 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pagesift.jobs")
-T = TypeVar("T")
-#: how often a job paused by a refusing store looks whether it takes writes again
-STORAGE_POLL_SECONDS = 0.1
 
 JobRequest = jobs_pb2.StartBatchScrapeRequest | jobs_pb2.StartCrawlRequest
 
 
-class Host(Protocol):
-    """What a run asks of the runtime that started it (``runtime.Jobs``)."""
-
-    @property
-    def closing(self) -> bool: ...
-
-    def wake(self, job_id: str) -> None:
-        """The job's records changed: its webhook deliverer looks."""
-
-    def stop(self, job_id: str) -> None:
-        """End the job's run now (its meta already says why)."""
+class Host(CommitHost, Protocol):
+    """What a run asks of the runtime that started it (``runtime.Jobs``): what its
+    commits ask (``committing.CommitHost``), and to count a lost worker."""
 
     def worker_lost(self, job_id: str, url: str) -> None:
         """A page lost its extraction worker (quarantine counts it)."""
-
-    async def published(self, job_id: str, seq: int, offset: int) -> None:
-        """Page ``seq`` is committed at log ``offset``: clients may see it once the
-        sync-mode standby holds it."""
 
 
 def concurrency(config: ServerConfig, asked: int) -> int:
@@ -201,8 +180,9 @@ class Runner:
         self.metrics = metrics
         self._host = host
         self._random = random.Random()
-        self._jars: dict[str, JobCookies] = {}  # of the jobs running here
         self.activity = Activity()  # per account: jobs, pages in flight (GetAccountUsage)
+        # what a run records, committed (waiting while the store refuses); the job's end
+        self.commits = Committer(store, config, accounts, host, self.activity, metrics=metrics)
         self.draws = PageDraws(store, accounts)  # daily pages, drawn before each request
         self.owners: OwnersSource = NoOwners()  # the hosts this pair owns (a cluster's)
 
@@ -214,71 +194,7 @@ class Runner:
             else:
                 await self._run_crawl(meta, req)
         finally:
-            self._jars.pop(meta.id, None)
-
-    # waiting for the store -----------------------------------------------------------
-    async def storage_back(self) -> None:
-        """Returns once the store takes writes again (or the runtime closes): a job's
-        pause while the volume is full is this wait, in memory."""
-        while not self._host.closing:
-            if self.store.refusing is None:
-                return
-            await asyncio.sleep(STORAGE_POLL_SECONDS)
-
-    async def write_when_writable(
-        self, fn: Callable[[WriteGroup], T], *, max_bytes: int | None = None
-    ) -> Commit[T]:
-        """``store.write(fn)``; while the store refuses writes, wait and run the group
-        again (it re-reads what it checks: nothing is recorded twice or lost)."""
-        while True:
-            try:
-                return self.store.write(fn, max_bytes=max_bytes)
-            except StorageUnavailable:
-                if self._host.closing:
-                    raise
-                await self.storage_back()
-
-    # the end of a job ----------------------------------------------------------------
-    def finish(self, job_id: str, state: str, note: str) -> records.JobMeta | None:
-        """The job ends ``state`` (``recording.record_finish``, one group)."""
-        group = partial(
-            recording.record_finish,
-            job_id=job_id,
-            state=state,
-            note=note,
-            now_ms=records.now_ms(),
-            ttl_ms=int(self.config.job_ttl_seconds * 1000),
-        )
-        meta = self.store.write(group).result
-        self._host.wake(job_id)
-        if meta is not None:
-            logger.info(
-                "job %s %s (account %s)%s",
-                job_id,
-                meta.state,
-                meta.owner,
-                f": {note}" if note else "",
-                extra={"job": job_id, "account": meta.owner},
-            )
-        return meta
-
-    async def _finish_when_writable(self, job_id: str, state: str, note: str) -> None:
-        """``finish`` at a run's end, waiting like ``write_when_writable``."""
-        while True:
-            try:
-                self.finish(job_id, state, note)
-                return
-            except StorageUnavailable:
-                if self._host.closing:
-                    raise
-                await self.storage_back()
-
-    def _stop_on_quota(self, job_id: str, hit: quota.LimitExceeded) -> None:
-        """The account's daily pages ran out mid-job: stop it, keeping its pages."""
-        if self.metrics is not None:
-            self.metrics.limit_hit(hit.limit_name)
-        self.finish(job_id, "failed", hit.message)
-        self._host.stop(job_id)
+            self.commits.jars.pop(meta.id, None)
 
     def foreign(self) -> Callable[[str], str | None]:
         """Why a host (an engine slot key) is not fetched here: another pair owns it
@@ -303,10 +219,10 @@ class Runner:
         try:
             profile = oneoff.request_profile(self.accounts, meta.owner, options, targets)
         except PermissionError as e:
-            self.finish(meta.id, "failed", str(e))
+            self.commits.finish(meta.id, "failed", str(e))
             return None
         profile.cookies.load(*records.read_cookies(self.store, meta.id))
-        self._jars[meta.id] = profile.cookies
+        self.commits.jars[meta.id] = profile.cookies
         return profile
 
     def _max_retries(self, req: JobRequest) -> int:
@@ -331,7 +247,7 @@ class Runner:
             if isinstance(drawn, quota.LimitExceeded):
                 if not run.over_quota:  # the first worker refused stops the job, once
                     run.over_quota = True
-                    self._stop_on_quota(job_id, drawn)
+                    self.commits.stop_on_quota(job_id, drawn)
                 return
             stored = False
             try:
@@ -366,7 +282,7 @@ class Runner:
                     status=e.status,
                     retry_after=e.retry_after,
                 )
-            await self._record_error(job_id, mark, url, e)
+            await self.commits.record_error(job_id, mark, url, e)
             return False
         return await record(page)
 
@@ -382,7 +298,7 @@ class Runner:
         record: Callable[[Page], Awaitable[bool]],
     ) -> None:
         n = used + 1
-        marked = await self.write_when_writable(
+        marked = await self.commits.write_when_writable(
             partial(records.mark_retry, job_id=job_id, mark=mark, n=n)
         )
         if not marked.result:
@@ -440,7 +356,7 @@ class Runner:
 
                 async def record(page: Page, mark: bytes = mark, url: str = url) -> bool:
                     result = PageResult(mark, page, source=(url, req.options))
-                    return await self._record_page(meta.id, result)
+                    return await self.commits.record_page(meta.id, result)
 
                 fetch = partial(
                     oneoff.fetch_page, self.store, self.engine, meta.owner, url, req.options, policy
@@ -464,7 +380,7 @@ class Runner:
         ttl = int(self.config.job_ttl_seconds * 1000)
         group = partial(appending.record_end, job_id=job_id, covered=covered, ttl_ms=ttl)
         ended, meta = (
-            await self.write_when_writable(partial(group, now_ms=records.now_ms()))
+            await self.commits.write_when_writable(partial(group, now_ms=records.now_ms()))
         ).result
         if ended:
             self._host.wake(job_id)
@@ -477,7 +393,7 @@ class Runner:
             scope = await Scope.build(req, meta.limit, validate.regex_limits(self.config))
         except patterns.PatternError as e:  # stored under wider bounds than today's: it fails
             field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
-            self.finish(meta.id, "failed", f"{field}: {e.reason}")
+            self.commits.finish(meta.id, "failed", f"{field}: {e.reason}")
             return
         profile = self._profile(meta, req.options, [req.url])
         if profile is None:
@@ -511,7 +427,7 @@ class Runner:
                 elsewhere = foreign(urls.host_of(entry.url))
                 if elsewhere is not None:  # left to the host's owner, never fetched
                     err = PageError(ErrorCode.HOST_OWNED_ELSEWHERE, elsewhere)
-                    await self._record_error(meta.id, mark, entry.url, err)
+                    await self.commits.record_error(meta.id, mark, entry.url, err)
                     continue
 
                 async def record(page: Page, entry: Entry = entry, mark: bytes = mark) -> bool:
@@ -529,7 +445,7 @@ class Runner:
                     result = PageResult(
                         mark, page, admitted, aliases, skip, (entry.url, req.options)
                     )
-                    return await self._record_page(meta.id, result)
+                    return await self.commits.record_page(meta.id, result)
 
                 fetch = partial(
                     oneoff.fetch_page,
@@ -555,9 +471,11 @@ class Runner:
         if pages == 0:
             errors, _ = views.read_errors(self.store, meta.id)
             why = f"{errors[0].code}: {errors[0].message}" if errors else "nothing to crawl"
-            await self._finish_when_writable(meta.id, "failed", f"the crawl found no page ({why})")
+            await self.commits.finish_when_writable(
+                meta.id, "failed", f"the crawl found no page ({why})"
+            )
         else:
-            await self._finish_when_writable(meta.id, "completed", "")
+            await self.commits.finish_when_writable(meta.id, "completed", "")
 
     async def _seed_sitemaps(
         self,
@@ -588,61 +506,6 @@ class Runner:
         finally:
             in_flight(-1)
 
-    # committing what recording writes --------------------------------------------------
-    def _committed(self, jar: JobCookies | None, changes: JarChanges | None) -> None:
-        if jar is not None and changes is not None:
-            jar.committed(changes)
-
-    async def _record_page(self, job_id: str, result: PageResult) -> bool:
-        """Commit the page's group (``recording.record_page``; the cluster's page was
-        spent at the draw), then tell who waits; True when a document was stored."""
-        jar = self._jars.get(job_id)
-
-        def group(g: WriteGroup) -> recording.Recorded:
-            return recording.record_page(
-                g, job_id, result, accounts=self.accounts, jar=jar, now=time.time()
-            )
-
-        bound = records.page_group_bytes(self.config.max_body_bytes)
-        try:
-            commit = await self.write_when_writable(group, max_bytes=bound)
-        except GroupTooLarge as e:  # nothing of it written: the page is an error instead
-            why = f"the page's write group is {e.size} bytes, over the {e.bound}-byte bound"
-            url = result.page.document.url
-            await self._record_error(job_id, result.mark, url, PageError(ErrorCode.TOO_LARGE, why))
-            return False
-        done = commit.result
-        self._committed(jar, done.cookies)
-        if done.over_quota is not None:
-            self._stop_on_quota(job_id, done.over_quota)
-            return False
-        if done.failed:
-            if self.metrics is not None:
-                self.metrics.page_failed(done.failed)
-            self._host.wake(job_id)
-            return False
-        if done.seq is None:
-            return False
-        self.activity.page_stored(job_id)
-        if self.metrics is not None:
-            self.metrics.page_recorded(done.kind)
-        await self._host.published(job_id, done.seq, commit.offset)
-        self._host.wake(job_id)
-        return True
-
-    async def _record_error(self, job_id: str, mark: bytes, url: str, err: PageError) -> None:
-        jar = self._jars.get(job_id)
-
-        def group(g: WriteGroup) -> recording.Recorded:
-            return recording.record_error(g, job_id, mark, url, err, jar=jar, now=time.time())
-
-        done = (await self.write_when_writable(group)).result
-        self._committed(jar, done.cookies)
-        if done.failed:
-            if self.metrics is not None:
-                self.metrics.page_failed(done.failed)
-            self._host.wake(job_id)
-
     async def record_removed(self, meta: records.JobMeta, start_url: str) -> None:
         """A change-tracked crawl's end: its ``removed`` URLs (``recording``)."""
         keys = records.JobKeys(meta.id)
@@ -657,4 +520,4 @@ class Runner:
             start_url=start_url,
             stored=stored,
         )
-        await self.write_when_writable(group)
+        await self.commits.write_when_writable(group)

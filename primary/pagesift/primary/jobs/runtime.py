@@ -321,7 +321,7 @@ class Jobs(appending.Appending):
         if meta is None:
             return None
         if not meta.terminal:
-            meta = self.runner.finish(job_id, "cancelled", "cancelled by the caller")
+            meta = self.runner.commits.finish(job_id, "cancelled", "cancelled by the caller")
             task = self._tasks.pop(job_id, None)
             if task is not None:
                 task.cancel()
@@ -380,7 +380,7 @@ class Jobs(appending.Appending):
 
         async def later() -> None:
             for _ in range(1_000_000):  # each round waits for the store: bounded
-                await self.runner.storage_back()
+                await self.runner.commits.storage_back()
                 if self._closing:
                     return
                 try:
@@ -441,11 +441,11 @@ class Jobs(appending.Appending):
             logger.info("job %s paused: %s", job_id, e)
         except StorageUnavailable:  # the volume is full: wait, then run on from the store
             logger.info("job %s waits for the store to take writes", job_id)
-            await self.runner.storage_back()
+            await self.runner.commits.storage_back()
             rerun = not self._closing
         except Exception as e:  # a bug must not leave a job "scraping" forever
             logger.exception("job %s failed", job_id)
-            self.runner.finish(job_id, "failed", f"internal error: {e}")
+            self.runner.commits.finish(job_id, "failed", f"internal error: {e}")
         finally:
             if probation is not None:
                 probation.cancel()
@@ -460,4 +460,4 @@ class Jobs(appending.Appending):
                 self._spawn(meta)  # its run marker is a write: the store may refuse again
                 break
             except StorageUnavailable:
-                await self.runner.storage_back()
+                await self.runner.commits.storage_back()
