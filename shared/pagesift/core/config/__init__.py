@@ -1,8 +1,10 @@
 """Server configuration: the ``ServerConfig`` schema and the loader that fills it.
 
-``schema`` declares every key with its default and meaning; ``settings`` reads the TOML
-file, ``PAGESIFT_*`` variables and flags into it. ``settings`` imports ``schema``, never the
-other way round. The two generated tables of the docs are built here: docs/configuration.md's
-keys (``settings.config_table_markdown``) and docs/architecture.md's packages
-(``packagetable``, from the packages' docstrings, read and never imported).
+- ``schema``: every key with its default and meaning;
+- ``settings``: the TOML file, ``PAGESIFT_*`` variables and flags read into it, and
+  docs/configuration.md's table of every key (``config_table_markdown``);
+- ``packagetable``: docs/architecture.md's table of every package, from the packages'
+  docstrings (read, never imported).
+
+``settings`` imports ``schema``, never the other way round.
 """

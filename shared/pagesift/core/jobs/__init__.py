@@ -1,5 +1,18 @@
 """The job domain both roles share: what a job is in the store and what a request may ask.
 
-Records and their change events, quotas and accounts, URL identity and crawl scope,
-caller regexes, request validation into specs, page errors, and poison-job quarantine.
+- ``records``: job records in the store (key layout, codecs, a group's changes to them);
+  ``views``: what the API shows of a stored job; ``events``: change notification for
+  job watchers, fed by the store;
+- ``quota``: per-account limits at job start and rolling-day page usage; ``accounts``:
+  who is calling, what they may do, who is an administrator; ``clusterlimits``: the
+  port of account limits held across pairs;
+- ``urls``: page keys, URL validation, the guard's URL rules; ``scope``: which links a
+  crawl admits; ``patterns``: caller regexes made safe to run;
+- ``validate``: one check per request field; ``specs``: one validation call per request
+  kind; ``renderoptions``: the rendering options' rules (engine, waits, actions,
+  emulation, screenshots);
+- ``pageerrors``: why a page could not be scraped; ``quarantine``: the poison-job
+  decision and its two durable records;
+- ``firecrawlshape``: Firecrawl's shape of documents and job states, for every
+  Firecrawl-facing part.
 """

@@ -1,3 +1,8 @@
-"""The store: RocksDB with one write path (``db``), the write groups it commits
-(``groups``), its key layout (``layout``), its storage errors (``errors``) and
-consistent cuts of it (``cuts``)."""
+"""The store: RocksDB with one write path, and the write groups it commits.
+
+- ``db``: ``Store``, the one write path;
+- ``groups``: write groups and their ops;
+- ``layout``: the key layout;
+- ``errors``: storage errors (what a failed RocksDB read or write means; disk full);
+- ``cuts``: consistent cuts of the store.
+"""
