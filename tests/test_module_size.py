@@ -25,7 +25,6 @@ LIMIT = 600
 #: step style), where they are taken apart by concern rather than cut at a line count.
 OVERSIZE: dict[str, str] = {
     "pagesift.core.ha.electorstate": "failsafe grants beside the lease; split by concern",
-    "pagesift.node.node": "failsafe and ownership wiring; back to a composition root in issue 31",
     "pagesift.client.cluster": "following the owner a node names; split by concern in issue 31",
 }
 

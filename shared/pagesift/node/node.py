@@ -14,11 +14,12 @@ Role changes, and what each one wires:
 - promotion (standby -> primary): the job runtime starts, and fencing deposes the
   primary this node used to follow;
 - fenced (primary -> fenced): the job runtime stops;
-- with a witness (``--witness``): no role at start; the elector (``pagesift.node.elector``)
-  reports who holds the lease: this node follows the holder, or wins and is promoted
-  with the lease's epoch, and its jobs run only while it holds the lease; the log's
-  write deadline (``Log.set_write_deadline``) follows the lease, on every store a full
-  resync installs too.
+- with a witness (``--witness``): no role at start; the elector (``pagesift.node.elector``,
+  built from the configuration by ``pagesift.node.electorwiring``) reports who holds the
+  lease: this node follows the holder, or wins and is promoted with the lease's epoch,
+  and its jobs run only while it holds the lease; the log's write deadline
+  (``Log.set_write_deadline``) follows the lease, on every store a full resync installs
+  too.
 
 Who decides: ``pagesift.core.ha.rolestate``, a pure state machine that holds the role
 (the one place it is kept: ``Node.role``, the metrics and the Role RPC read it) and
@@ -50,9 +51,7 @@ from pathlib import Path
 
 import grpc
 
-from pagesift.coord import keys
 from pagesift.coord.registry import Registrar
-from pagesift.coord.witness import EtcdWitness
 from pagesift.core.api import tls
 from pagesift.core.api.errortable import NO_PRIMARY_NOW
 from pagesift.core.api.metrics import Metrics
@@ -66,7 +65,7 @@ from pagesift.core.api.ports import JobRuntime
 from pagesift.core.api.storagewatch import StorageWatcher
 from pagesift.core.config.schema import ServerConfig
 from pagesift.core.ha import rolestate
-from pagesift.core.ha.election import Candidate, Holder, PairState
+from pagesift.core.ha.election import Candidate
 from pagesift.core.ha.failsafe import StandbyPromise
 from pagesift.core.ha.roles import Role
 from pagesift.core.ha.rolestate import (
@@ -102,7 +101,7 @@ from pagesift.core.replication.identity import Fenced
 from pagesift.core.replication.protocol import FencingVerdict
 from pagesift.core.store.db import Store
 from pagesift.core.util.tasks import cancel_and_wait
-from pagesift.node import clustering
+from pagesift.node import clustering, electorwiring
 from pagesift.node.elector import CLOSED, Elector, ElectorHost
 from pagesift.node.looplag import LoopLagMonitor
 from pagesift.node.replicationparts import ReplicationParts
@@ -480,32 +479,14 @@ class Node:
     # --- the witness -----------------------------------------------------------------------
     def _start_election(self) -> None:
         cfg = self.config
-        address = cfg.advertise or advertised(cfg.listen)
-        if not address:
-            raise StartRefused(
-                "with a witness, --advertise HOST:PORT must say where peers reach this node "
-                f"(--listen {cfg.listen} is a wildcard)"
-            )
-        replication = address
-        if cfg.replication_listen:
-            port = cfg.replication_listen.rsplit(":", 1)[1]
-            replication = f"{address.rsplit(':', 1)[0]}:{port}"
-        password = ""
-        if cfg.witness_password_file:
-            try:
-                password = Path(cfg.witness_password_file).read_text().strip()
-            except OSError as e:
-                raise StartRefused(f"witness_password_file: {e.strerror or e}") from None
-        try:
-            prefix = keys.witness_pair(cfg.pair, cfg.cluster)  # under the cluster's name
-            witness = EtcdWitness(cfg.witness, prefix, user=cfg.witness_user, password=password)
-        except ValueError as e:
-            raise StartRefused(f"witness: {e}") from None
+        witness = electorwiring.witness_of(cfg)
         host = ElectorHost(
-            me=Holder(self.node_id, address, replication),
+            me=electorwiring.holder_of(cfg, self.node_id),
             mode=cfg.replication_mode,
             candidate=self._candidate,
-            pair_state=self._pair_state,
+            pair_state=lambda epoch: electorwiring.pair_state(
+                cfg, self.node_id, self.slot.log, self.replication, epoch
+            ),
             set_write_deadline=self._set_write_deadline,
             feed=self._feed,
             is_primary=lambda: self.role == Role.PRIMARY,
@@ -534,27 +515,6 @@ class Node:
         log = self.slot.log
         return Candidate(self.node_id, log.history_id, log.last_offset, self.promise.until)
 
-    def _pair_state(self, epoch: int) -> PairState:
-        """What this primary publishes: its history and offset, and in sync mode the
-        standby that holds every acknowledged write ("" when none is known to)."""
-        log = self.slot.log
-        st = self.replication.status()
-        in_sync = (
-            self.config.replication_mode == "sync"
-            and st.connected
-            and not st.sync_degraded
-            and (st.lag_offsets == 0 or st.lag_seconds < self.config.sync_timeout)
-        )
-        return PairState(
-            primary=self.node_id,
-            history_id=log.history_id,
-            epoch=max(log.epoch, epoch),
-            offset=log.last_offset,
-            mode=self.config.replication_mode,
-            sync_standby=st.peer if in_sync else "",
-            standbys=self.replication.standbys() if self.config.witness_failsafe else (),
-        )
-
     def _host_delays(self) -> dict[str, float] | None:
         """The slowed hosts of the engine running now (None: no engine runs)."""
         engine = self.engine
@@ -577,19 +537,7 @@ class Node:
         return figures if figures is not None else BrowserFigures(self.can_render, 0, 0, 0, 0, 0)
 
     def _witness_gauges(self) -> WitnessGauges | None:
-        if self.elector is None:
-            return None
-        f = self.elector.figures
-        sender = self.replication
-        return WitnessGauges(
-            f.up,
-            f.lease_remaining(time.monotonic()),
-            f.takeover_behind,
-            f.failsafe,
-            sender.grant_requests,
-            sender.grants_confirmed,
-            self.promise.given,
-        )
+        return electorwiring.witness_gauges(self.elector, self.replication, self.promise)
 
     def role_status(self) -> RoleStatus:
         """This node's role and replication figures (``pagesift.node.status``)."""
