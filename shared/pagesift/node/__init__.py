@@ -17,6 +17,8 @@ once, so this package, and only this package, imports ``pagesift.primary`` and
 - ``admin``: ``AdminServicer`` (Role, Promote, Digest, Backup on either role);
 - ``elector``: ``Elector``, the shell that carries out the elector machine's actions
   (``pagesift.core.ha.electorstate``) against the witness (``pagesift.coord.witness``);
+- ``electorwiring``: the elector's wiring (the witness and this node's addresses from
+  the configuration, the pair state a primary publishes, the witness series);
 - ``clustering``: a node in a cluster: its wiring to ``pagesift.coord`` (registrar,
   budgets, owned hosts) and the record it registers;
 - ``looplag``: the event-loop lag monitor (one task per node, whatever its role);
