@@ -5,7 +5,7 @@ What it owns
 - ``StorageWatcher``: the one task that notices the store refusing writes
   (``Store.refusing``, set by the write path on any RocksDB I/O error: see
   ``pagesift.core.store.db``), brings it back, and lets it take writes again. While the
-  store refuses, running jobs wait at their next write (``pagesift.primary.jobs.runner``),
+  store refuses, running jobs wait at their next write (``pagesift.primary.jobs.committing``),
   ``pagesift.primary`` health is NOT_SERVING (``Node.store_writable``), writes answer
   UNAVAILABLE / ``STORAGE_UNAVAILABLE`` (``StorageErrors``) and reads answer as usual.
 - The reserve: a ballast file ``{data}/storage.reserve`` of ``storage_reserve_bytes``

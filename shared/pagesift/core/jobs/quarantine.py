@@ -7,7 +7,7 @@ lose an extraction worker, the job would otherwise be resumed by whichever node
 comes up next, which crashes in turn: the pair chases the job from node to node.
 This module decides, from durable facts only, when a job has done that often enough
 to be paused instead (``JOB_STATE_PAUSED``, reason ``POISONED``). It does no I/O;
-``pagesift.primary.jobs.runtime`` is the shell that reads and writes the records below,
+``pagesift.primary.jobs.quarantining`` is the shell that reads and writes the records below,
 each change one ``Store.write`` group (so a standby holds them through the log).
 
 Records (JSON, in ``pagesift.core.jobs.records`` layout)
