@@ -36,9 +36,6 @@ _BULLET = re.compile(r"^- ")
 _LIST_OPENS = re.compile(r"^- ``\w+``(?:\s*(?:,|/)\s*``\w+``)*\s*:")
 #: the files a folder holds that are not modules a docstring describes
 NOT_LISTED = {"__init__", "__main__"}
-#: a package whose docstring another change is rewriting; strict, so that its fix fails
-#: here until the mark goes
-BEING_SPLIT = {"pagesift.primary.jobs"}
 
 
 # ---------------------------------------------------------------- module lists
@@ -96,13 +93,7 @@ def module_list_problems(folder: Path) -> list[str]:
 
 
 def _package_params() -> list[object]:
-    marks = pytest.mark.xfail(
-        strict=True, reason="its docstring belongs to the module split in progress"
-    )
-    return [
-        pytest.param(folder, id=name, marks=[marks] if name in BEING_SPLIT else [])
-        for name, folder in packages(ROOT)
-    ]
+    return [pytest.param(folder, id=name) for name, folder in packages(ROOT)]
 
 
 @pytest.mark.parametrize("folder", _package_params())

@@ -8,7 +8,15 @@
   ``recording`` writes committed (waiting while the store refuses), and a job's end;
 - ``recording``: pure functions that add a page's, an error's or a finish's records to a
   write group (and ``charge_page``, the one place quota is charged);
-- ``oneoff``: the one-off ``Scrape`` and ``Map`` calls; ``mapper`` is the Map walk;
+- ``appending``: a batch's URL list as it grows (AppendBatchScrape's group, the run's
+  queue, its end);
+- ``pagedraws``: pages drawn before they are fetched (an account's daily pages exact in
+  requests);
+- ``activity``: per account, what this primary is doing now (unfinished jobs, pages in
+  flight, the last page);
+- ``clustered``: ``Jobs`` for a node in a cluster (account limits held across pairs,
+  hosts owned by one pair);
+- ``oneoff``: the one-off ``Scrape`` and ``Map`` calls; ``mapper``: the Map walk;
 - ``frontier``: a crawl's frontier in the store; ``pagecache``: what an account fetched
   before; ``sweep``: expiry, quota pruning and cache sweeping.
 
