@@ -20,6 +20,8 @@ from typing import Any
 
 import grpc
 import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from pagesift import cli
 from pagesift.cli.common import EXIT_OK
@@ -212,35 +214,81 @@ async def test_a_standby_killed_mid_crawl_reconnects_with_continue_not_a_full_re
 # ---------------------------------------------------------------- (c) backlog overflow
 
 
+class HeldPage:
+    """An aiohttp middleware for a demo site: once ``hold()`` is called, the next page
+    request waits until ``release()`` (at most ``HELD_AT_MOST`` seconds), so a crawl
+    cannot finish before the test says; every other request is answered as usual."""
+
+    HELD_AT_MOST = 120.0
+
+    def __init__(self) -> None:
+        self._holding = False
+        self.held = asyncio.Event()  # a request is being held
+        self._released = asyncio.Event()
+
+    def hold(self) -> None:
+        self._holding = True
+
+    def release(self) -> None:
+        self._released.set()
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def held_page(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if self._holding and not self.held.is_set() and request.path.endswith(".html"):
+                self.held.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._released.wait(), self.HELD_AT_MOST)
+            return await handler(request)
+
+        return held_page
+
+
 async def test_a_standby_away_longer_than_the_backlog_gets_a_full_resync_while_the_crawl_writes(
-    nodes: NodeFactory, site: tuple[Site, str]
+    nodes: NodeFactory, site_spec: SiteSpec
 ) -> None:
-    s, root = site
-    primary, standby = await start_pair(nodes, primary_config={"backlog_bytes": 20_000})
-    # paced so the crawl (~170 pages) outlasts the standby's restart and full resync with
-    # room to spare on a loaded box (at 0.03 s a loaded CI run saw the crawl end first)
-    job_id = await start_crawl(primary.address, crawl_request(root, delay=0.1))
-    await eventually(lambda: pages_done(standby.address, job_id, 10), "10 pages on the standby")
-    standby.kill()
-    away_at = (await role(primary.address)).applied_offset
-    # far more than 20 000 bytes of page groups: the entry after away_at is trimmed
-    await eventually(lambda: offset_at_least(primary.address, away_at + 30), "more writes")
-    await standby.start()
+    s = build_site(
+        site_spec.pages, slow_seconds=site_spec.slow_seconds, big_bytes=site_spec.big_bytes
+    )
+    gate = HeldPage()
+    s.app.middlewares.append(gate.middleware())
+    runner, root = await serve_site(s)
+    try:
+        # a held page waits for the resync without timing out (read_timeout past it)
+        primary, standby = await start_pair(
+            nodes, primary_config={"backlog_bytes": 20_000, "read_timeout": 2 * gate.HELD_AT_MOST}
+        )
+        # paced (~170 pages at 0.1 s) so the crawl is still writing once the standby is away
+        job_id = await start_crawl(primary.address, crawl_request(root, delay=0.1))
+        await eventually(lambda: pages_done(standby.address, job_id, 10), "10 pages on the standby")
+        gate.hold()  # the crawl cannot end before the resync: one page waits for it
+        standby.kill()
+        away_at = (await role(primary.address)).applied_offset
+        # far more than 20 000 bytes of page groups: the entry after away_at is trimmed
+        await eventually(lambda: offset_at_least(primary.address, away_at + 30), "more writes")
+        await standby.start()
 
-    async def resynced() -> pb.RoleResponse | None:
-        st = await role(standby.address)
-        return st if st.full_resyncs >= 1 else None
+        async def resynced() -> pb.RoleResponse | None:
+            st = await role(standby.address)
+            return st if st.full_resyncs >= 1 else None
 
-    await eventually(resynced, "a full resync of the restarted standby")
-    job = await get_job(primary.address, job_id)
-    assert job.state == jobs_pb2.JOB_STATE_SCRAPING, "the crawl ended before the resync"
-    assert "full resync from" in standby.log_text()
-    assert "backlog starts at" in standby.log_text()  # the reason: not a new standby
-    assert (await finished(primary.address, job_id)).state == jobs_pb2.JOB_STATE_COMPLETED
-    result = await converge(primary, standby)
-    assert result.equal, result
-    assert (await role(primary.address)).full_resyncs >= 2  # the first sync, then this one
-    assert_every_page_once(await documents(standby.address, job_id), s.expected_documents(root))
+        await eventually(resynced, "a full resync of the restarted standby")
+        job = await get_job(primary.address, job_id)
+        assert gate.held.is_set(), "no page was held: the crawl had fetched every page"
+        assert job.state == jobs_pb2.JOB_STATE_SCRAPING, "the crawl ended before the resync"
+        gate.release()
+        assert "full resync from" in standby.log_text()
+        assert "backlog starts at" in standby.log_text()  # the reason: not a new standby
+        assert (await finished(primary.address, job_id)).state == jobs_pb2.JOB_STATE_COMPLETED
+        result = await converge(primary, standby)
+        assert result.equal, result
+        assert (await role(primary.address)).full_resyncs >= 2  # the first sync, then this one
+        # read_timeout is past the site's slow page here, so it is a document too
+        expected = s.expected_documents(root, slow_times_out=False)
+        assert_every_page_once(await documents(standby.address, job_id), expected)
+    finally:
+        gate.release()
+        await runner.cleanup()
 
 
 # ---------------------------------------------------------------- (d) killed mid-snapshot
