@@ -22,7 +22,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagesift.core.jobs import records, urls, views
+from pagesift.core.jobs import records, specs, urls, views
 from pagesift.core.jobs.scope import in_scope
 from pagesift.core.store.db import Store
 from pagesift.primary.engine.netguard import AddressGuard
@@ -477,7 +477,7 @@ async def test_www_and_bare_host_links_are_one_page_in_a_live_crawl_with_dedupe(
             dedupe_similar_urls=True,
             sitemap=jobs_pb2.SITEMAP_MODE_SKIP,
         )
-        reg = await jobs.register("crawl", "anonymous", request.SerializeToString(), "", limit=50)
+        reg = await jobs.register(specs.CrawlSpec(request, 50, None), "anonymous")
 
         async def finished() -> records.JobMeta | None:
             meta = records.load_meta(store, reg.id)

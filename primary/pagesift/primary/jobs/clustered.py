@@ -52,7 +52,7 @@ from pagesift.core.cluster.ownership import NoOwners, Owners, OwnersSource, left
 from pagesift.core.jobs import records, urls
 from pagesift.core.jobs.clusterlimits import ClusterLimits
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
-from pagesift.core.jobs.specs import AppendSpec
+from pagesift.core.jobs.specs import AppendSpec, BatchSpec, JobSpec
 from pagesift.primary.jobs import oneoff
 from pagesift.primary.jobs.appending import Appended, Check
 from pagesift.primary.jobs.runtime import Jobs, Registered
@@ -139,29 +139,22 @@ class ClusteredJobs(Jobs):
 
     async def register(
         self,
-        kind: str,
+        spec: JobSpec,
         owner: str,
-        request: bytes,
-        idempotency_key: str,
         *,
-        total: int = 0,
-        limit: int = 0,
-        webhook: jobs_pb2.Webhook | None = None,
         check: Callable[[], None] | None = None,
         job_id: str = "",
     ) -> Registered:
+        idempotency_key = spec.request.idempotency_key
         if self._new_start(owner, idempotency_key):
-            if kind == "crawl":
-                self._check_owned([jobs_pb2.StartCrawlRequest.FromString(request).url], "url")
+            if isinstance(spec, BatchSpec):
+                self._check_owned(spec.kept(), "urls")
             else:
-                self._check_owned(jobs_pb2.StartBatchScrapeRequest.FromString(request).urls, "urls")
+                self._check_owned([spec.request.url], "url")
         job_id = job_id or str(uuid.uuid4())
         register = super().register
         async with self.budgets.starting(owner, job_id, idempotency_key) as start:
-            reg = await register(
-                kind, owner, request, idempotency_key, total=total, limit=limit,
-                webhook=webhook, check=check, job_id=job_id,
-            )  # fmt: skip
+            reg = await register(spec, owner, check=check, job_id=job_id)
             return start.keep(reg)
 
     async def append(self, spec: AppendSpec, check: Check) -> Appended | None:

@@ -61,9 +61,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import patterns, validate
+from pagesift.core.jobs import patterns
 from pagesift.core.jobs.pageerrors import PageError
-from pagesift.core.jobs.scope import Scope
+from pagesift.core.jobs.scope import Scope, accepted_limits
 from pagesift.primary.engine import retrypolicy
 from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
 from pagesift.primary.jobs import frontier
@@ -290,10 +290,10 @@ async def map_site(
     policy: FetchPolicy = FetchPolicy(),  # noqa: B008 (frozen, shared safely)
 ) -> list[str]:
     """The URLs of the site of ``req.url`` (module docstring), ranked and cut at the
-    limit. ``req`` was validated (``specs.map_spec``); raises
-    ``patterns.PatternError`` for regexes today's bounds refuse."""
+    limit. ``req`` was validated (``specs.map_spec``, its regexes bounded there), so
+    they are compiled as accepted (``scope.accepted_limits``), not checked again."""
     bounds = Bounds.of(req, config)
-    limits = validate.regex_limits(config)
+    limits = accepted_limits(req.include_paths, req.exclude_paths, config.max_regex_memory)
     crawl_req = jobs_pb2.StartCrawlRequest(
         url=req.url,
         include_paths=req.include_paths,
@@ -303,7 +303,7 @@ async def map_site(
         crawl_entire_domain=True,
         max_depth=bounds.max_depth,
     )
-    scope = await Scope.build(crawl_req, bounds.collect, limits)
+    scope = await Scope.build(crawl_req, bounds.collect, limits)  # Scope.trusted's bounds
     walkable = await patterns.compile_filter([], req.exclude_paths, limits)
     walk = _Walk(engine, policy, scope, walkable, bounds, Listing(scope.key))
     mode = req.sitemap

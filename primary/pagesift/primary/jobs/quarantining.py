@@ -44,12 +44,12 @@ import uuid
 from typing import Protocol
 
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import quarantine, records
+from pagesift.core.jobs import quarantine, records, specs
 from pagesift.core.replication.identity import Identity
 from pagesift.core.store.db import Store
 from pagesift.core.store.errors import StorageUnavailable
 from pagesift.core.store.groups import WriteGroup
-from pagesift.primary.jobs.runner import JobRequest, concurrency, first_unfinished, job_request
+from pagesift.primary.jobs.runner import JobRequest, concurrency, first_unfinished
 
 __all__ = ["Quarantining", "Runtime"]
 
@@ -134,7 +134,7 @@ class Quarantining:
         keys = records.JobKeys(meta.id)
         if self.store.get(keys.run) is None:
             return meta
-        req = job_request(self.store, meta)
+        req = specs.stored(self.store, meta).request
         workers = concurrency(self.config, req.max_concurrency)
         needed = quarantine.progress_needed(self._limits, workers)
         in_flight = first_unfinished(

@@ -1,7 +1,9 @@
 """A job's run: its worker loops (batch, crawl), its attempts and their retries.
 
 ``Runner.run`` is one run of one job, started by ``runtime.Jobs`` in a task of its own
-(the runtime wrote the run marker first). ``max_concurrency`` workers take pages in
+(the runtime wrote the run marker first), from the job's spec as stored
+(``specs.stored``: parsed once, trusted; a crawl's regexes are compiled as accepted,
+``CrawlSpec.scope``). ``max_concurrency`` workers take pages in
 queue order (batch: indices not done; crawl: ``frontier`` entries not done, in enqueue
 order, read in chunks so memory stays flat), fetch each as a Scrape does
 (``oneoff.fetch_page``) and hand the outcome to ``commits`` (``committing.Committer``:
@@ -49,7 +51,7 @@ from urllib.parse import urlsplit
 from pagesift.core.api.metrics import Metrics
 from pagesift.core.cluster.ownership import NoOwners, OwnersSource, left_to_owner
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import patterns, quota, records, urls, validate, views
+from pagesift.core.jobs import patterns, quota, records, specs, urls, views
 from pagesift.core.jobs.accounts import Accounts
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.core.jobs.scope import Entry, Scope
@@ -71,7 +73,6 @@ __all__ = [
     "Runner",
     "concurrency",
     "first_unfinished",
-    "job_request",
 ]
 
 logger = logging.getLogger("pagesift.jobs")
@@ -91,14 +92,6 @@ def concurrency(config: ServerConfig, asked: int) -> int:
     """A job's workers: what it asked (or the default) within ``max_concurrency``."""
     n = asked or config.default_concurrency
     return max(1, min(n, config.max_concurrency))
-
-
-def job_request(store: Store, meta: records.JobMeta) -> JobRequest:
-    """The request the job was started with, as stored at registration."""
-    raw = store.get(records.JobKeys(meta.id).request) or b""
-    if meta.kind == "batch":
-        return jobs_pb2.StartBatchScrapeRequest.FromString(raw)
-    return jobs_pb2.StartCrawlRequest.FromString(raw)
 
 
 def first_unfinished(store: Store, job_id: str, req: JobRequest, count: int) -> tuple[str, ...]:
@@ -186,13 +179,14 @@ class Runner:
         self.draws = PageDraws(store, accounts)  # daily pages, drawn before each request
         self.owners: OwnersSource = NoOwners()  # the hosts this pair owns (a cluster's)
 
-    async def run(self, meta: records.JobMeta, req: JobRequest) -> None:
-        """One run of the job, until it finishes (or its task is cancelled)."""
+    async def run(self, meta: records.JobMeta, spec: specs.JobSpec) -> None:
+        """One run of the job (``spec``: as stored), until it finishes (or its task
+        is cancelled)."""
         try:
-            if isinstance(req, jobs_pb2.StartBatchScrapeRequest):
-                await self._run_batch(meta, req)
+            if isinstance(spec, specs.BatchSpec):
+                await self._run_batch(meta, spec.request)
             else:
-                await self._run_crawl(meta, req)
+                await self._run_crawl(meta, spec)
         finally:
             self.commits.jars.pop(meta.id, None)
 
@@ -388,10 +382,11 @@ class Runner:
                 logger.info("job %s %s", job_id, meta.state, extra={"job": job_id})
         return ended
 
-    async def _run_crawl(self, meta: records.JobMeta, req: jobs_pb2.StartCrawlRequest) -> None:
-        try:  # compiled again at every (re)start, on the pattern pool, within the bounds
-            scope = await Scope.build(req, meta.limit, validate.regex_limits(self.config))
-        except patterns.PatternError as e:  # stored under wider bounds than today's: it fails
+    async def _run_crawl(self, meta: records.JobMeta, spec: specs.CrawlSpec) -> None:
+        req = spec.request
+        try:  # compiled at every (re)start, on the pattern pool, as accepted
+            scope = await spec.scope(self.config.max_regex_memory)
+        except patterns.PatternError as e:  # no RE2 program within the run's memory
             field = f"{e.which}_paths" + ("" if e.index is None else f"[{e.index}]")
             self.commits.finish(meta.id, "failed", f"{field}: {e.reason}")
             return

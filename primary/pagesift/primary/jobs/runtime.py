@@ -42,7 +42,7 @@ from functools import partial
 from pagesift.core.api.metrics import Metrics
 from pagesift.core.api.ports import AccountActivity
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import records, views
+from pagesift.core.jobs import records, specs, views
 from pagesift.core.jobs.accounts import Accounts
 from pagesift.core.replication.identity import NotWritable
 from pagesift.core.store.db import Store
@@ -52,7 +52,7 @@ from pagesift.core.util.tasks import cancel_and_wait_all
 from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.jobs import appending, oneoff, sweep
 from pagesift.primary.jobs.quarantining import Quarantining
-from pagesift.primary.jobs.runner import Runner, job_request
+from pagesift.primary.jobs.runner import Runner
 from pagesift.primary.webhooks import delivery, outbox
 from pagesift.v1 import jobs_pb2
 
@@ -222,18 +222,15 @@ class Jobs(appending.Appending):
     # registration ---------------------------------------------------------------
     async def register(
         self,
-        kind: str,
+        spec: specs.JobSpec,
         owner: str,
-        request: bytes,
-        idempotency_key: str,
         *,
-        total: int = 0,
-        limit: int = 0,
-        webhook: jobs_pb2.Webhook | None = None,
         check: Callable[[], None] | None = None,
         job_id: str = "",  # minted by the caller (clustered: its slot names it), else here
     ) -> Registered:
-        """Store a new job and start it. ``check`` runs inside the write section, just
+        """Store a new job (its ``spec``, as validated) and start it: the request key
+        holds ``spec.encode()``, the meta its kind, ``total`` and ``limit``, the outbox
+        its webhook. ``check`` runs inside the write section, just
         before anything is written (account limits: no other registration can slip in
         between the check and the write); what it raises propagates, nothing written.
 
@@ -245,6 +242,9 @@ class Jobs(appending.Appending):
         meta); with another request it raises ``records.IdempotencyKeyReused``, nothing
         written. A key whose job keeps no request hash in its meta returns its job.
         """
+        kind, total, limit, webhook = spec.kind, spec.total, spec.limit, spec.webhook
+        idempotency_key = spec.request.idempotency_key
+        request = spec.encode()
         now = records.now_ms()
         digest = records.request_hash(kind, request) if idempotency_key else ""
         meta = records.JobMeta(
@@ -412,14 +412,14 @@ class Jobs(appending.Appending):
     def _spawn(self, meta: records.JobMeta) -> None:
         """Run the job: its run marker first (one group: ``Quarantining.mark``), then
         its task."""
-        req = job_request(self.store, meta)
+        spec = specs.stored(self.store, meta)
         try:
-            started_at = self._quarantine.mark(meta, req)
+            started_at = self._quarantine.mark(meta, spec.request)
         except NotWritable as e:  # fenced, or a lapsed lease: the job resumes elsewhere
             logger.info("job %s not started here: %s", meta.id, e)
             self._quarantine.release(meta.id)
             return
-        coro = self.runner.run(meta, req)
+        coro = self.runner.run(meta, spec)
         suspect = self._quarantine.on_probation(meta.id)
         task = asyncio.create_task(self._guard(meta.id, coro, started_at if suspect else None))
         self._tasks[meta.id] = task

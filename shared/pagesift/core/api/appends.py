@@ -54,11 +54,11 @@ async def append_batch(
         or (meta.terminal and meta.expires_ms <= records.now_ms())
     ):
         raise _gone(request.id)
-    if meta.kind != "batch":
+    stored = specs.stored(store, meta) if meta.kind == "batch" else None  # parsed once
+    if not isinstance(stored, specs.BatchSpec):
         raise records.JobNotAppendable(meta.id, meta.kind, meta.state)
-    job = jobs_pb2.StartBatchScrapeRequest.FromString(
-        store.get(records.JobKeys(meta.id).request) or b""
-    )
+    job = stored.request
+    del stored
     permissions = Permissions(caller, node.accounts.webhook_secret(caller.name) is not None)
     spec = await specs.append(request, permissions, node.config, job)
     del job

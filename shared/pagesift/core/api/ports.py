@@ -19,7 +19,7 @@ from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs import records
 from pagesift.core.jobs.accounts import Accounts
 from pagesift.core.jobs.events import JobEvents
-from pagesift.core.jobs.specs import AppendSpec
+from pagesift.core.jobs.specs import AppendSpec, JobSpec
 from pagesift.core.store.db import Store
 from pagesift.v1 import jobs_pb2
 
@@ -56,17 +56,10 @@ class JobRuntime(Protocol):
     """What the service needs from the primary's job runtime."""
 
     async def register(
-        self,
-        kind: str,
-        owner: str,
-        request: bytes,
-        idempotency_key: str,
-        *,
-        total: int = 0,
-        limit: int = 0,
-        webhook: jobs_pb2.Webhook | None = None,
-        check: Callable[[], None] | None = None,
-    ) -> Registration: ...
+        self, spec: JobSpec, owner: str, *, check: Callable[[], None] | None = None
+    ) -> Registration:
+        """Store the job ``spec`` (as validated) for ``owner`` and start it, ``check``
+        inside the write section before any write."""
 
     async def append(self, spec: AppendSpec, check: Callable[[int, bool], None]) -> Appended | None:
         """AppendBatchScrape in one group, ``check(total_after, running)`` inside it

@@ -239,19 +239,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         spec = await specs.batch(
             request, self._permissions(caller), self.node.config, renders=self.node.can_render
         )
-        total = len(spec.urls)
-        stored = paging.stored_batch(request, spec)  # serialized once; no copy of the request
-        del spec.urls[:]  # the URL strings are in ``stored`` now
         reg = await runtime.register(
-            "batch",
-            caller.name,
-            stored,
-            request.idempotency_key,
-            total=total,
-            webhook=spec.webhook,
-            check=self._limits(caller, "batch", batch_urls=total),
+            spec, caller.name, check=self._limits(caller, "batch", batch_urls=spec.total)
         )
-        if len(stored) >= TRIM_AFTER_BYTES:
+        if request.ByteSize() >= TRIM_AFTER_BYTES:
             _trim_heap_soon()
         return jobs_pb2.StartBatchScrapeResponse(id=reg.id, invalid_urls=spec.invalid)
 
@@ -272,13 +263,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             request, self._permissions(caller), self.node.config, renders=self.node.can_render
         )
         reg = await runtime.register(
-            "crawl",
-            caller.name,
-            request.SerializeToString(deterministic=True),  # AIP-155 hashes it
-            request.idempotency_key,
-            limit=spec.limit,
-            webhook=spec.webhook,
-            check=self._limits(caller, "crawl", limit=spec.limit),
+            spec, caller.name, check=self._limits(caller, "crawl", limit=spec.limit)
         )
         return jobs_pb2.StartCrawlResponse(id=reg.id)
 

@@ -39,6 +39,11 @@ in the page's write group, so a page reached by many URLs is stored once.
 
 Regex matching (``pagesift.core.jobs.patterns``) is linear-time RE2 and runs on a
 dedicated thread pool (``admit``), so a caller's pattern never holds the event loop.
+A stored crawl's scope is ``Scope.trusted``: its regexes were bounded when the crawl
+was accepted (``validate.path_filters``, under that node's ``regex_limits``), so a run
+compiles them under bounds that take the lists as they are (``accepted_limits``), not
+under the bounds of the node that runs it now (stricter ones would fail a job the
+service accepted).
 
 The frontier itself lives in the store (``job/{id}/frontier`` of ``Entry`` +
 ``job/{id}/seen`` of keys, see ``pagesift.core.jobs.records``); admitting a link is
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
@@ -148,6 +154,20 @@ def under_prefix(url: str, prefix: str) -> bool:
     return path == prefix[:-1] or path.startswith(prefix)
 
 
+def accepted_limits(
+    include: Sequence[str], exclude: Sequence[str], memory: int = 0
+) -> patterns.Limits:
+    """Bounds that let accepted pattern lists through as they are: their own count and
+    longest pattern (the submission's bounds were checked when they were accepted)
+    and an RE2 budget per pattern of ``memory`` (the run's), at least the default's."""
+    both = [*include, *exclude]
+    return patterns.Limits(
+        count=max(len(include), len(exclude)),
+        length=max((len(p) for p in both), default=0),
+        memory=max(memory, patterns.DEFAULT_LIMITS.memory),
+    )
+
+
 @dataclass(frozen=True)
 class Entry:
     """A frontier entry: link depth, page key (dedup, done marks) and the URL to fetch.
@@ -217,6 +237,13 @@ class Scope:
             follow_canonical=req.follow_canonical,
             prefix="/" if req.crawl_entire_domain else path_prefix(req.url),
         )
+
+    @classmethod
+    async def trusted(cls, req: jobs_pb2.StartCrawlRequest, limit: int, memory: int = 0) -> Scope:
+        """The scope of an accepted crawl (its patterns were bounded then): ``build``
+        under ``accepted_limits``, so no bound of today's configuration refuses it."""
+        limits = accepted_limits(req.include_paths, req.exclude_paths, memory)
+        return await cls.build(req, limit, limits)
 
     def key(self, url: str) -> str:
         """The crawl's identity for a URL (``urls.page_key`` under the job's options)."""

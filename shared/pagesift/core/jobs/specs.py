@@ -7,6 +7,14 @@ kept, the effective crawl limit, the webhook as registered), or raise. The field
 rules are ``pagesift.core.jobs.validate``'s; this module only runs them, in the order
 a request's fields are documented, and gathers what they refuse.
 
+A job's spec (``JobSpec``: ``BatchSpec`` or ``CrawlSpec``) carries everything its runs
+need: the handler registers it (``encode``: the request key's bytes; its ``limit``:
+the meta's, the one copy of the limit) and ``stored`` recovers it from what the
+registration stored, parsing the request once per call and trusting it: no
+validation rule runs again at run time, so a job runs as it was accepted whatever
+the configuration of the node that runs it now (``CrawlSpec.scope``: its regexes
+compiled under the bounds they were accepted within, ``scope.Scope.trusted``).
+
 Invariants:
 - every independent check runs, so one ``InvalidArgument`` carries every violation
   found (``InvalidArgument.combined``: the first leads the status message and the
@@ -20,14 +28,18 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs import quota, records, renderoptions, urls, validate
 from pagesift.core.jobs.accounts import Account
+from pagesift.core.jobs.scope import Scope
 from pagesift.core.jobs.validate import InvalidArgument, PermissionDenied
+from pagesift.core.store.db import Store
 from pagesift.v1 import jobs_pb2
 
 
@@ -57,9 +69,59 @@ class ScrapeSpec:
 
 @dataclass(frozen=True)
 class BatchSpec:
-    urls: list[str]  # the valid URLs, in order (the handler empties it once stored)
-    invalid: list[str]  # those skipped (``ignore_invalid_urls``), listed back
+    """A batch scrape as accepted: ``request`` as validated (recovered by ``stored``:
+    as stored, its kept URLs only), ``skipped`` the indices of ``request.urls`` left
+    out (``ignore_invalid_urls``; none once stored) and the webhook as registered.
+    The options, concurrency and retries a run uses are the request's."""
+
+    request: jobs_pb2.StartBatchScrapeRequest
+    skipped: frozenset[int]
     webhook: jobs_pb2.Webhook | None
+    kind: ClassVar[str] = "batch"
+    limit: ClassVar[int] = 0  # a batch's pages are its URLs
+
+    @property
+    def options(self) -> jobs_pb2.ScrapeOptions:
+        return self.request.options
+
+    @property
+    def total(self) -> int:
+        """How many URLs the job starts with."""
+        return len(self.request.urls) - len(self.skipped)
+
+    def kept(self) -> Iterator[str]:
+        """The URLs the job scrapes, in order."""
+        for i, url in enumerate(self.request.urls):
+            if i not in self.skipped:
+                yield url
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self.kept())
+
+    @property
+    def invalid(self) -> list[str]:
+        """The URLs skipped, in order (listed back to the caller)."""
+        return [self.request.urls[i] for i in sorted(self.skipped)]
+
+    def encode(self) -> bytes:
+        """The request key's bytes: the request as sent when every URL is valid, else
+        the same request with only the kept URLs, built without copying the sent URLs
+        first (protobuf merges concatenated encodings, repeated fields appended)."""
+        if not self.skipped:
+            return self.request.SerializeToString(deterministic=True)
+        rest = jobs_pb2.StartBatchScrapeRequest()
+        for field, value in self.request.ListFields():
+            if field.name == "urls":
+                continue
+            if hasattr(value, "extend"):  # a repeated field
+                getattr(rest, field.name).extend(value)
+            elif field.message_type is not None:
+                getattr(rest, field.name).CopyFrom(value)
+            else:
+                setattr(rest, field.name, value)
+        kept = jobs_pb2.StartBatchScrapeRequest(urls=self.kept())
+        return rest.SerializeToString(deterministic=True) + kept.SerializeToString()
 
 
 @dataclass(frozen=True)
@@ -77,8 +139,43 @@ class AppendSpec:
 
 @dataclass(frozen=True)
 class CrawlSpec:
-    limit: int  # the effective page limit (``quota.crawl_limit_for``)
+    """A crawl as accepted: ``request`` as validated, ``limit`` the effective page
+    limit (``quota.crawl_limit_for``; stored as the meta's ``limit``, recovered from
+    it) and the webhook as registered."""
+
+    request: jobs_pb2.StartCrawlRequest
+    limit: int
     webhook: jobs_pb2.Webhook | None
+    kind: ClassVar[str] = "crawl"
+    total: ClassVar[int] = 0  # a crawl's pages are found as it runs
+
+    @property
+    def options(self) -> jobs_pb2.ScrapeOptions:
+        return self.request.options
+
+    def encode(self) -> bytes:
+        """The request key's bytes (AIP-155 hashes them too)."""
+        return self.request.SerializeToString(deterministic=True)
+
+    async def scope(self, memory: int) -> Scope:
+        """The crawl's scope, its regexes compiled as accepted (``Scope.trusted``;
+        ``memory``: the run's RE2 budget per pattern)."""
+        return await Scope.trusted(self.request, self.limit, memory)
+
+
+JobSpec = BatchSpec | CrawlSpec
+
+
+def stored(store: Store, meta: records.JobMeta) -> JobSpec:
+    """The spec of a registered job, from what its registration stored: the request
+    key (parsed here, once; the only parse of a job's request at run time) and the
+    meta (its kind and limit). Trusted: it was validated when it was accepted."""
+    raw = store.get(records.JobKeys(meta.id).request) or b""
+    if meta.kind == "batch":
+        batch = jobs_pb2.StartBatchScrapeRequest.FromString(raw)
+        return BatchSpec(batch, frozenset(), registered_webhook(batch.webhook))
+    crawl = jobs_pb2.StartCrawlRequest.FromString(raw)
+    return CrawlSpec(crawl, meta.limit, registered_webhook(crawl.webhook))
 
 
 @dataclass(frozen=True)
@@ -153,10 +250,10 @@ async def batch(
         validate.concurrency(req.max_concurrency, config)
     with v:
         validate.max_retries(req, config)
-    kept: tuple[list[str], list[str]] = ([], [])
+    skipped: frozenset[int] = frozenset()
     if counted:
         with v:
-            kept = await _batch_urls(req, config)
+            skipped = frozenset(await _skipped_urls(req, config))
     with v:
         await validate.request_control(req.options, caller.account, config)
     hook: jobs_pb2.Webhook | None = None
@@ -165,7 +262,7 @@ async def batch(
     v.settle()
     _can_render(req.options, config, renders)
     _can_sign(hook, caller)
-    return BatchSpec(urls=kept[0], invalid=kept[1], webhook=hook)
+    return BatchSpec(req, skipped, hook)
 
 
 async def append(
@@ -178,10 +275,10 @@ async def append(
     (count, rules, address guard); ``options`` and ``max_concurrency``, when given,
     must be the job's own (the added URLs are scraped as the job's)."""
     v = _Violations()
-    kept: tuple[list[str], list[str]] = ([], [])
+    skipped: list[int] = []
     with v:
         _batch_size(req, config)
-        kept = await _batch_urls(req, config)
+        skipped = await _skipped_urls(req, config)
     if req.HasField("options") and req.options != job.options:
         with v:
             raise InvalidArgument("options", _NOT_THE_JOBS.format("scrape options"))
@@ -190,7 +287,10 @@ async def append(
             raise InvalidArgument("max_concurrency", _NOT_THE_JOBS.format("max_concurrency"))
     v.settle()
     digest = records.request_hash("append", req.SerializeToString(deterministic=True))
-    return AppendSpec(req.id, caller.account.name, *kept, req.idempotency_key, digest)
+    bad = set(skipped)
+    kept = [u for i, u in enumerate(req.urls) if i not in bad]
+    invalid = [req.urls[i] for i in skipped]
+    return AppendSpec(req.id, caller.account.name, kept, invalid, req.idempotency_key, digest)
 
 
 _NOT_THE_JOBS = (
@@ -233,7 +333,7 @@ async def crawl(
     _can_render(req.options, config, renders)
     _can_sign(hook, caller)
     limit = quota.crawl_limit_for(caller.account, req.limit, config.default_crawl_limit)
-    return CrawlSpec(limit=limit, webhook=hook)
+    return CrawlSpec(req, limit, hook)
 
 
 async def map_spec(req: jobs_pb2.MapRequest, caller: Permissions, config: ServerConfig) -> MapSpec:
@@ -294,9 +394,9 @@ def _batch_size(req: _Batch, config: ServerConfig) -> None:
         )
 
 
-async def _batch_urls(req: _Batch, config: ServerConfig) -> tuple[list[str], list[str]]:
-    """(the valid URLs, the invalid ones) of a batch, each bad URL a violation of its
-    own (``urls[3]``) unless ``ignore_invalid_urls`` skips them. The address guard
+async def _skipped_urls(req: _Batch, config: ServerConfig) -> list[int]:
+    """The indices of a batch's invalid URLs, in order, each bad URL a violation of
+    its own (``urls[3]``) unless ``ignore_invalid_urls`` skips them. The address guard
     resolves each origin once."""
     bad: list[int] = []
     problems: dict[int, str] = {}
@@ -325,10 +425,9 @@ async def _batch_urls(req: _Batch, config: ServerConfig) -> tuple[list[str], lis
         )
         err.causes = [validate.BLOCKED_ADDRESS if i in blocked else "" for i in bad[:100]]
         raise err
-    keep = [u for i, u in enumerate(req.urls) if i not in problems]
-    if not keep:
+    if len(bad) == len(req.urls):
         raise InvalidArgument("urls", "no valid URL left after skipping the invalid ones")
-    return keep, [req.urls[i] for i in bad]
+    return bad
 
 
 _NO_FIRECRAWL_EVENT = "page_failed has no Firecrawl-shaped event (WEBHOOK_FORMAT_FIRECRAWL)"
@@ -366,18 +465,26 @@ async def webhook(hook: jobs_pb2.Webhook, config: ServerConfig) -> jobs_pb2.Webh
             )
         if firecrawl and event == "page_failed":
             raise InvalidArgument(f"webhook.events[{i}]", _NO_FIRECRAWL_EVENT)
-    if not hook.event_types:
-        return hook
-    names: list[str] = []
     for i, kind in enumerate(hook.event_types):
         name = records.event_name(kind)
         if not name:
             raise InvalidArgument(f"webhook.event_types[{i}]", f"not a webhook event: {kind}")
         if firecrawl and name == "page_failed":
             raise InvalidArgument(f"webhook.event_types[{i}]", _NO_FIRECRAWL_EVENT)
-        names.append(name)
+    return registered_webhook(hook)
+
+
+def registered_webhook(hook: jobs_pb2.Webhook) -> jobs_pb2.Webhook | None:
+    """The webhook an accepted request registers (None: it asks for none), with its
+    ``event_types`` merged into ``events``. Pure, no rule checked: ``webhook`` checks
+    them first, ``stored`` derives a stored job's from its request."""
+    if not hook.url:
+        return None
+    if not hook.event_types:
+        return hook
+    names = [records.event_name(kind) for kind in hook.event_types]
     merged = jobs_pb2.Webhook()
     merged.CopyFrom(hook)
     merged.ClearField("event_types")
-    merged.events[:] = list(records.webhook_events([*hook.events, *names]))
+    merged.events[:] = list(records.webhook_events([*hook.events, *filter(None, names)]))
     return merged
