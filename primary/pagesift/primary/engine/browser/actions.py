@@ -4,8 +4,10 @@ Owns ``plan`` (a request's ``wait_for``, ``actions`` and screenshot options chec
 against the server's ``Bounds`` and turned into plain steps), ``run_actions`` (the
 steps on a Playwright page, in order, within ``max_actions_time``), ``wait_for`` and
 ``screenshot`` (also used by ``render``). The API validates requests before they are
-stored (``shared.jobs.validate``); ``plan`` checks again because a stored request
-outlives a configuration change, and it refuses before any network is spent.
+stored (``pagesift.core.jobs.renderoptions``, which defines the fixed bounds checked
+here too: ``MAX_ACTIONS``, selector, text, key and script sizes, scroll steps);
+``plan`` checks again because a stored request outlives a configuration change, and
+it refuses before any network is spent.
 
 Invariants:
 - the request's ``wait_for`` selector that never shows is ``TIMEOUT`` (the page did
@@ -32,10 +34,17 @@ from typing import Any
 
 from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.core.jobs.renderoptions import (
+    MAX_ACTIONS,
+    MAX_KEY,
+    MAX_SCRIPT_BYTES,
+    MAX_SCROLL_STEPS,
+    MAX_SELECTOR,
+    MAX_WRITE_TEXT,
+)
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
-    "MAX_ACTIONS",
     "MAX_JS_RESULT",
     "Bounds",
     "Plan",
@@ -48,12 +57,7 @@ __all__ = [
     "wait_for",
 ]
 
-MAX_ACTIONS = 50
-MAX_SELECTOR = 1024
-MAX_WRITE = 10_000
-MAX_SCRIPT = 64 << 10
 MAX_JS_RESULT = 64 << 10
-MAX_SCROLL_STEPS = 100
 DEFAULT_SCROLL_STEPS = 20
 SCROLL_SETTLE = 1.0  # seconds a scroll until_end waits for the page to grow
 _REASON_CHARS = 300
@@ -168,12 +172,12 @@ def _step(i: int, action: jobs_pb2.Action, bounds: Bounds) -> Step:
     if kind == "click":
         return Step("click", selector=_selector(action.click.selector, what))
     if kind == "write":
-        if len(action.write.text) > MAX_WRITE:
-            raise _refuse(what, f"text over {MAX_WRITE} characters")
+        if len(action.write.text) > MAX_WRITE_TEXT:
+            raise _refuse(what, f"text over {MAX_WRITE_TEXT} characters")
         return Step("write", text=action.write.text)
     if kind == "press":
-        if not action.press.key or len(action.press.key) > 64:
-            raise _refuse(what, "a key of 1..64 characters is needed")
+        if not action.press.key or len(action.press.key) > MAX_KEY:
+            raise _refuse(what, f"a key of 1..{MAX_KEY} characters is needed")
         return Step("press", text=action.press.key)
     if kind == "scroll":
         s = action.scroll
@@ -187,8 +191,8 @@ def _step(i: int, action: jobs_pb2.Action, bounds: Bounds) -> Step:
         )
     if kind == "execute_javascript":
         script = action.execute_javascript.script
-        if not script or len(script.encode()) > MAX_SCRIPT:
-            raise _refuse(what, f"a script of 1 byte..{MAX_SCRIPT >> 10} KiB is needed")
+        if not script or len(script.encode("utf-8", "surrogatepass")) > MAX_SCRIPT_BYTES:
+            raise _refuse(what, f"a script of 1 byte..{MAX_SCRIPT_BYTES >> 10} KiB is needed")
         return Step("execute_javascript", text=script)
     if kind == "screenshot":
         return Step("screenshot", shot=_shot(action.screenshot, bounds, what))
