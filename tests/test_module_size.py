@@ -25,7 +25,6 @@ LIMIT = 600
 #: step style), where they are taken apart by concern rather than cut at a line count.
 OVERSIZE: dict[str, str] = {
     "pagesift.core.ha.electorstate": "failsafe grants beside the lease; split by concern",
-    "pagesift.client.cluster": "following the owner a node names; split by concern in issue 31",
 }
 
 CORE_TOP_LEVEL_ALLOWED = {"__init__.py"}

@@ -14,7 +14,8 @@ names below are the whole public surface. One module per concern:
 - ``registryview``: ``ClusterView``, the registry read from etcd (aetcd, the ``cluster``
   extra), for cluster mode (``JobClient(cluster="etcd://HOST:PORT[,...]/NAME")``);
 - ``cluster``: the router of cluster mode (calls by job id, placement, merged ListJobs);
-  ``composite``: a batch spanning pairs, as one job; ``pairs``: what those share.
+  ``clusterbatch``: a batch started across pairs, part by part; ``composite``: a batch
+  spanning pairs, as one job; ``pairs``: what those share.
 
 Floor (tests/test_layers.py): the client imports only ``pagesift.v1``, the small pure
 helpers ``pagesift.core.util.backoff`` and ``pagesift.core.util.channels``, and the

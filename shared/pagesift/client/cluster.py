@@ -22,10 +22,11 @@ Routing
   pair in the id (``composite`` for a job of parts). A pair not in the registry (both
   nodes gone), or one whose nodes do not answer, is UNAVAILABLE naming the pair.
 - Scrape, Map and StartCrawl go to the owner of the URL's host
-  (``placement.owner`` over ``registry.placeable``); a start with no host, to the
+  (``placement.owner`` over ``registryrules.placeable``); a start with no host, to the
   owner of its idempotency key. StartBatchScrape is split by host
-  (``placement.split_by_host``), one part per pair, each with a key derived from the
-  caller's (``merge.part_key``): a retried start finds every part. A part refused
+  (``placement.split_by_host``; ``pagesift.client.clusterbatch`` starts it), one part
+  per pair, each with a key derived from the caller's (``merge.part_key``): a retried
+  start finds every part. A part refused
   stops the start: the parts already started are cancelled, and the refusal names the
   caller's ``urls[i]``; a part's pair UNAVAILABLE leaves them, for the caller's retry
   under the same key (which the client makes for every start) to find. No placeable
@@ -54,9 +55,15 @@ import grpc
 import grpc.aio
 from google.rpc import error_details_pb2
 
-from pagesift.client import composite
-from pagesift.client.errors import DETAILS_KEY, DOMAIN, error_info_of, reason_of, status_of
-from pagesift.client.pairs import PairClient, invalid_field, pair_unavailable, rpc_error
+from pagesift.client import clusterbatch, composite
+from pagesift.client.errors import DOMAIN, reason_of
+from pagesift.client.pairs import (
+    PairClient,
+    invalid_field,
+    owner_named,
+    pair_unavailable,
+    rpc_error,
+)
 from pagesift.client.registryview import ClusterUnavailable, ClusterView
 from pagesift.client.retry import is_retryable
 from pagesift.core.cluster import ids, merge, placement
@@ -238,7 +245,7 @@ class ClusterRouter:
             try:
                 return pair, await call(pair)
             except grpc.aio.AioRpcError as err:
-                owner = _owner_named(err)
+                owner = owner_named(err)
                 if owner is None or owner == pair:
                     raise
             with contextlib.suppress(ClusterUnavailable):
@@ -324,81 +331,14 @@ class ClusterRouter:
     ) -> jobs_pb2.StartBatchScrapeResponse:
         for _hop in range(OWNER_HOPS):
             try:
-                return await self._start_batch(req, timeout)
-            except _NothingStarted:  # a node's view differs: read again, split again
+                return await clusterbatch.start(req, timeout, await self._placeable(), self._unary)
+            except clusterbatch.NothingStarted:  # a node's view differs: read, split again
                 with contextlib.suppress(ClusterUnavailable):
                     await self.view.reread()
         try:
-            return await self._start_batch(req, timeout)
-        except _NothingStarted as moved:
+            return await clusterbatch.start(req, timeout, await self._placeable(), self._unary)
+        except clusterbatch.NothingStarted as moved:
             raise moved.err from None
-
-    async def _start_batch(
-        self, req: jobs_pb2.StartBatchScrapeRequest, timeout: float | None
-    ) -> jobs_pb2.StartBatchScrapeResponse:
-        """One split and start; ``_NothingStarted`` when the first part's pair said
-        another pair owns one of its hosts."""
-        pairs = await self._placeable()
-        try:
-            split = placement.split_by_host(list(req.urls), pairs)
-        except ValueError:
-            split = {}
-        if not split:  # no URL at all: the key's owner refuses it by its field
-            split = {placement.owner(req.idempotency_key, pairs): []}
-        order = sorted(split, key=lambda p: split[p][0][0] if split[p] else 0)
-        if len(order) > ids.MAX_PARTS:
-            raise invalid_field(
-                "urls",
-                f"the URLs' hosts belong to {len(order)} pairs; a batch spans at "
-                f"most {ids.MAX_PARTS}: split it",
-            )
-        retryable = is_retryable("StartBatchScrape", req.idempotency_key)
-        if len(order) == 1:
-            try:
-                resp = await self._unary(
-                    order[0], "StartBatchScrape", req, timeout, retryable=retryable
-                )
-            except grpc.aio.AioRpcError as err:
-                if _owner_named(err) is not None:
-                    raise _NothingStarted(err) from None
-                raise
-            resp.id = ids.cluster_job_id(order[0], resp.id)
-            return resp  # type: ignore[no-any-return]
-        started: list[tuple[str, str]] = []
-        invalid: list[tuple[int, str]] = []
-        for pair in order:  # one after another: a refusal stops before the rest start
-            indexes = [i for i, _ in split[pair]]
-            part = jobs_pb2.StartBatchScrapeRequest()
-            part.CopyFrom(req)
-            del part.urls[:]
-            part.urls.extend(u for _, u in split[pair])
-            part.idempotency_key = merge.part_key(req.idempotency_key, pair)
-            try:
-                resp = await self._unary(
-                    pair, "StartBatchScrape", part, timeout, retryable=retryable
-                )
-            except grpc.aio.AioRpcError as err:
-                if not started and _owner_named(err) is not None:
-                    raise _NothingStarted(_renumbered(err, indexes)) from None
-                if err.code() != grpc.StatusCode.UNAVAILABLE:  # refused: undo the rest
-                    await self._cancel_quietly(started, timeout)
-                # UNAVAILABLE: the parts started stay, for a retry under the same key
-                raise _renumbered(err, indexes) from None
-            started.append((pair, resp.id))
-            where = {u: i for i, u in reversed(split[pair])}
-            invalid.extend((where.get(u, 0), u) for u in resp.invalid_urls)
-        return jobs_pb2.StartBatchScrapeResponse(
-            id=ids.composite_job_id(started), invalid_urls=[u for _, u in sorted(invalid)]
-        )
-
-    async def _cancel_quietly(
-        self, parts: Sequence[tuple[str, str]], timeout: float | None
-    ) -> None:
-        for pair, uid in parts:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await self._unary(
-                    pair, "CancelJob", jobs_pb2.CancelJobRequest(id=uid), timeout, control=True
-                )
 
     async def AppendBatchScrape(
         self, req: jobs_pb2.AppendBatchScrapeRequest, timeout: float | None = None, **_: Any
@@ -594,55 +534,5 @@ def open_router(
     return ClusterRouter(view, make_client), (None if view is cluster else view)
 
 
-class _NothingStarted(Exception):
-    """A batch's first part was refused HOST_OWNED_ELSEWHERE: no part started."""
-
-    def __init__(self, err: grpc.aio.AioRpcError) -> None:
-        super().__init__(err.details())
-        self.err = err
-
-
-def _owner_named(err: grpc.aio.AioRpcError) -> str | None:
-    """The pair a HOST_OWNED_ELSEWHERE refusal names (None: another error)."""
-    if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
-        return None
-    info = error_info_of(err)
-    if info is None or info.reason != "HOST_OWNED_ELSEWHERE":
-        return None
-    return str(info.metadata.get("owner", "")) or None
-
-
 def _key(job: jobs_pb2.JobSummary) -> tuple[int, str]:
     return job.created_at.ToMilliseconds(), job.id
-
-
-def _renumbered(err: grpc.aio.AioRpcError, indexes: Sequence[int]) -> grpc.aio.AioRpcError:
-    """A part's refusal, its ``urls[j]`` named as the caller's ``urls[i]``."""
-    status = status_of(err)
-    details = merge.renumber_field(err.details() or "", indexes)
-    if status is None:
-        return grpc.aio.AioRpcError(
-            err.code(), grpc.aio.Metadata(), grpc.aio.Metadata(), details, ""
-        )
-    status.message = merge.renumber_field(status.message, indexes)
-    out = type(status)(code=status.code, message=status.message)
-    for any_ in status.details:
-        if any_.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            any_.Unpack(bad)
-            for v in bad.field_violations:
-                v.field = merge.renumber_field(v.field, indexes)
-                v.description = merge.renumber_field(v.description, indexes)
-            out.details.add().Pack(bad)
-        elif any_.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            any_.Unpack(info)
-            for k, v in list(info.metadata.items()):
-                info.metadata[k] = merge.renumber_field(v, indexes)
-            out.details.add().Pack(info)
-        else:
-            out.details.add().CopyFrom(any_)
-    trailing = grpc.aio.Metadata((DETAILS_KEY, out.SerializeToString()))
-    return grpc.aio.AioRpcError(
-        err.code(), grpc.aio.Metadata(), trailing, details=details, debug_error_string=""
-    )

@@ -27,7 +27,7 @@ import grpc
 import grpc.aio
 from google.rpc import error_details_pb2, status_pb2
 
-from pagesift.client.errors import DETAILS_KEY, DOMAIN
+from pagesift.client.errors import DETAILS_KEY, DOMAIN, error_info_of
 from pagesift.v1 import jobs_pb2
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLUSTER_DOMAIN", "STATE_NAMES", "STATE_OF_NAME", "PairCalls", "PairClient",
-    "invalid_field", "pair_unavailable", "rpc_error",
+    "invalid_field", "owner_named", "pair_unavailable", "rpc_error",
 ]  # fmt: skip
 
 CLUSTER_DOMAIN = "cluster.pagesift.dev"
@@ -116,6 +116,16 @@ def invalid_field(field: str, message: str) -> grpc.aio.AioRpcError:
             ),
         ),
     )
+
+
+def owner_named(err: grpc.aio.AioRpcError) -> str | None:
+    """The pair a HOST_OWNED_ELSEWHERE refusal names (None: another error)."""
+    if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    info = error_info_of(err)
+    if info is None or info.reason != "HOST_OWNED_ELSEWHERE":
+        return None
+    return str(info.metadata.get("owner", "")) or None
 
 
 def pair_unavailable(
