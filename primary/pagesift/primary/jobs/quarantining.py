@@ -44,7 +44,7 @@ import uuid
 from typing import Protocol
 
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import quarantine, records, specs
+from pagesift.core.jobs import quarantine, records
 from pagesift.core.replication.identity import Identity
 from pagesift.core.store.db import Store
 from pagesift.core.store.errors import StorageUnavailable
@@ -128,13 +128,13 @@ class Quarantining:
         return self.config.advertise or self.config.listen
 
     # counting -------------------------------------------------------------------------
-    def count_interruption(self, meta: records.JobMeta) -> records.JobMeta | None:
-        """Start-up: a run marker of ``meta``'s job means its last run was cut short:
-        count it (and pause the job when that makes it poisoned), in one group."""
+    def count_interruption(self, meta: records.JobMeta, req: JobRequest) -> records.JobMeta | None:
+        """Start-up: a run marker of ``meta``'s job (started with ``req``, as stored)
+        means its last run was cut short: count it (and pause the job when that makes
+        it poisoned), in one group."""
         keys = records.JobKeys(meta.id)
         if self.store.get(keys.run) is None:
             return meta
-        req = specs.stored(self.store, meta).request
         workers = concurrency(self.config, req.max_concurrency)
         needed = quarantine.progress_needed(self._limits, workers)
         in_flight = first_unfinished(

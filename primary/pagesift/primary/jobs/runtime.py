@@ -360,7 +360,8 @@ class Jobs(appending.Appending):
         meta = records.load_meta(self.store, job_id)
         if meta is None or meta.state != "scraping" or job_id in self._tasks:
             return
-        meta = self._quarantine.count_interruption(meta)
+        spec = specs.stored(self.store, meta)  # this run's, parsed once
+        meta = self._quarantine.count_interruption(meta, spec.request)
         if meta is None or meta.state != "scraping":
             return
         logger.info(
@@ -373,7 +374,7 @@ class Jobs(appending.Appending):
         if self._quarantine.waits(job_id):
             logger.info("job %s waits: another interrupted job runs first", job_id)
             return
-        self._spawn(meta)
+        self._spawn(meta, spec)
 
     def _resume_later(self, job_id: str) -> None:
         """``_resume_one`` once the store takes writes again (it refused one)."""
@@ -409,10 +410,11 @@ class Jobs(appending.Appending):
                 self.sweep()
 
     # running ------------------------------------------------------------------------
-    def _spawn(self, meta: records.JobMeta) -> None:
-        """Run the job: its run marker first (one group: ``Quarantining.mark``), then
-        its task."""
-        spec = specs.stored(self.store, meta)
+    def _spawn(self, meta: records.JobMeta, spec: specs.JobSpec | None = None) -> None:
+        """Run the job (``spec``: as stored, ``specs.stored`` when not given): its run
+        marker first (one group: ``Quarantining.mark``), then its task."""
+        if spec is None:
+            spec = specs.stored(self.store, meta)
         try:
             started_at = self._quarantine.mark(meta, spec.request)
         except NotWritable as e:  # fenced, or a lapsed lease: the job resumes elsewhere
