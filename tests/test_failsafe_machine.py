@@ -332,40 +332,50 @@ def test_the_failsafe_deadline_is_the_oldest_members_grant() -> None:
 # --- on the stream ----------------------------------------------------------------------
 def test_the_sender_asks_every_heartbeat_and_matches_answers_to_their_send_time() -> None:
     s = senderstate.SenderState(senderstate.SenderConfig(failsafe_ttl=TTL, heartbeat_interval=0.5))
-    s.step(senderstate.SessionOpened(1, "b", "peer", 0), T0)
-    s.step(senderstate.SessionTailing(1), T0)
+    s, _ = senderstate.step(s, senderstate.SessionOpened(1, "b", "peer", 0), T0)
+    s, _ = senderstate.step(s, senderstate.SessionTailing(1), T0)
     assert s.standbys() == ("b",)
-    first = s.step(senderstate.TailTurnEnded(1, sent=True), T0)
-    second = s.step(senderstate.TailTurnEnded(1, sent=True), T0 + 0.5)
+    s, first = senderstate.step(s, senderstate.TailTurnEnded(1, sent=True), T0)
+    s, second = senderstate.step(s, senderstate.TailTurnEnded(1, sent=True), T0 + 0.5)
     assert first == [senderstate.SendHeartbeat(1)] and second == [senderstate.SendHeartbeat(2)]
-    actions = s.step(senderstate.AckReceived(1, 0, 0, grant=1), T0 + 0.7)
+    s, actions = senderstate.step(s, senderstate.AckReceived(1, 0, 0, grant=1), T0 + 0.7)
     assert senderstate.GrantConfirmed("b", T0) in actions  # the time the request left
-    assert s.step(senderstate.AckReceived(1, 0, 0, grant=1), T0 + 0.8) == []  # once
-    assert senderstate.GrantConfirmed("b", T0 + 0.5) in s.step(
-        senderstate.AckReceived(1, 0, 0, grant=2), T0 + 0.9
-    )
-    assert s.step(senderstate.AckReceived(1, 0, 0, grant=99), T0 + 1) == []  # never asked
-    s.step(senderstate.SessionClosed(1), T0 + 1)
+    s, actions = senderstate.step(s, senderstate.AckReceived(1, 0, 0, grant=1), T0 + 0.8)
+    assert actions == []  # once
+    s, actions = senderstate.step(s, senderstate.AckReceived(1, 0, 0, grant=2), T0 + 0.9)
+    assert senderstate.GrantConfirmed("b", T0 + 0.5) in actions
+    s, actions = senderstate.step(s, senderstate.AckReceived(1, 0, 0, grant=99), T0 + 1)
+    assert actions == []  # never asked
+    s, _ = senderstate.step(s, senderstate.SessionClosed(1), T0 + 1)
     assert s.standbys() == ()
 
 
 def test_a_sender_without_failsafe_asks_nothing() -> None:
     s = senderstate.SenderState(senderstate.SenderConfig())
-    s.step(senderstate.SessionOpened(1, "b", "peer", 0), T0)
-    s.step(senderstate.SessionTailing(1), T0)
-    assert s.step(senderstate.TailTurnEnded(1, sent=True), T0) == [senderstate.SendHeartbeat(0)]
+    s, _ = senderstate.step(s, senderstate.SessionOpened(1, "b", "peer", 0), T0)
+    s, _ = senderstate.step(s, senderstate.SessionTailing(1), T0)
+    s, actions = senderstate.step(s, senderstate.TailTurnEnded(1, sent=True), T0)
+    assert actions == [senderstate.SendHeartbeat(0)]
 
 
 def test_the_followers_next_ack_answers_the_request_it_promised_on() -> None:
     f = followerstate.FollowerState(caught_up_at=T0)
-    f.step(followerstate.SessionSynced(), T0)
-    f.step(followerstate.HeartbeatReceived(5, 0, 0.0, applied=5, grant=7), T0 + 1)
-    assert f.step(followerstate.NextMessage(buffered=False), T0 + 1) == [followerstate.SendAck(7)]
-    f.step(followerstate.HeartbeatReceived(5, 0, 0.0, applied=5), T0 + 2)  # not promised
-    assert f.step(followerstate.NextMessage(buffered=False), T0 + 2) == [followerstate.SendAck(0)]
-    f.step(followerstate.HeartbeatReceived(5, 0, 0.0, applied=5, grant=8), T0 + 3)
+    f, _ = followerstate.step(f, followerstate.SessionSynced(), T0)
+    f, _ = followerstate.step(
+        f, followerstate.HeartbeatReceived(5, 0, 0.0, applied=5, grant=7), T0 + 1
+    )
+    f, actions = followerstate.step(f, followerstate.NextMessage(buffered=False), T0 + 1)
+    assert actions == [followerstate.SendAck(7)]
+    not_promised = followerstate.HeartbeatReceived(5, 0, 0.0, applied=5)
+    f, _ = followerstate.step(f, not_promised, T0 + 2)
+    f, actions = followerstate.step(f, followerstate.NextMessage(buffered=False), T0 + 2)
+    assert actions == [followerstate.SendAck(0)]
+    f, _ = followerstate.step(
+        f, followerstate.HeartbeatReceived(5, 0, 0.0, applied=5, grant=8), T0 + 3
+    )
     # the stream broke before the ack: a new session does not answer the old request
-    assert f.step(followerstate.SessionSynced(), T0 + 4) == [followerstate.SendAck(0)]
+    f, actions = followerstate.step(f, followerstate.SessionSynced(), T0 + 4)
+    assert actions == [followerstate.SendAck(0)]
 
 
 # --- clocks -----------------------------------------------------------------------------

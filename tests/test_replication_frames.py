@@ -6,12 +6,12 @@ shell carries out every action its machine returns, whichever event it answers.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
 
 from pagesift.core.replication import followerstate
 from pagesift.core.replication.followerstate import (
@@ -65,25 +65,30 @@ async def test_a_standby_follows_the_framed_stream_through_a_resync_and_the_tail
         a.close()
 
 
+MACHINE_STEP = followerstate.step
+
+
 @dataclass(slots=True)
-class AckingOnEveryEvent(FollowerState):
-    """The real machine, asking for one more ack after every event whose actions the
-    shell once dropped (entries applied, a heartbeat, a snapshot installed)."""
+class AckingOnEveryEvent:
+    """The real machine's step, asking for one more ack after every event whose actions
+    the shell once dropped (entries applied, a heartbeat, a snapshot installed)."""
 
     asked: int = 0  # SendAck actions returned, by every step
     extra: int = 0  # of which added here
 
-    def step(self, event: followerstate.Event, now: float) -> list[followerstate.Action]:
-        actions = FollowerState.step(self, event, now)
+    def step(
+        self, state: FollowerState, event: followerstate.Event, now: float
+    ) -> tuple[FollowerState, list[followerstate.Action]]:
+        state, actions = MACHINE_STEP(state, event, now)
         if isinstance(event, EntriesApplied | HeartbeatReceived | SnapshotInstalled):
             actions = [*actions, SendAck()]
             self.extra += 1
         self.asked += sum(isinstance(a, SendAck) for a in actions)
-        return actions
+        return state, actions
 
 
 async def test_the_standby_shell_carries_out_every_action_its_machine_returns(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a = open_slot(tmp_path / "a", backlog_bytes=4 << 20)
     b = open_slot(tmp_path / "b", backlog_bytes=4 << 20)
@@ -96,8 +101,8 @@ async def test_the_standby_shell_carries_out_every_action_its_machine_returns(
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     follower = Follower(b, f"127.0.0.1:{port}", node_id="b", idle_timeout=1.0, backoff_base=0.02)
-    state = AckingOnEveryEvent(caught_up_at=time.monotonic())
-    follower._state = state
+    state = AckingOnEveryEvent()
+    monkeypatch.setattr(followerstate, "step", state.step)  # the step the shell calls
     try:
         for i in range(20):  # a snapshot first, then a tail
             a.log.write(put(f"page/{i}", b"x" * 300))

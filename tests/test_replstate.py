@@ -1,13 +1,16 @@
 """The sender's and the follower's steady state, driven by a fake clock.
 
-``senderstate.SenderState`` and ``followerstate.FollowerState`` take events and ``now``
-and return actions; nothing here sleeps, opens a socket or reads a clock.
+``senderstate.step`` and ``followerstate.step`` take a frozen state (``SenderState``,
+``FollowerState``), an event and ``now``, and return the next state and the actions;
+each test threads the state through, as the shells do. Nothing here sleeps, opens a
+socket or reads a clock.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +25,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pagesift.core.replication import protocol
+from pagesift.core.replication import followerstate, protocol, senderstate
 from pagesift.core.replication.followerstate import (
     EntriesApplied,
     FollowerState,
@@ -64,8 +67,8 @@ SYNC = SenderConfig(mode="sync", sync_timeout=2.0, linger=0.015, heartbeat_inter
 def sender(config: SenderConfig = SYNC, *, acked: int = 0, now: float = 0.0) -> SenderState:
     """A sender with one tailing session (id 1) that acked ``acked``."""
     s = SenderState(config)
-    s.step(SessionOpened(1, "b", "peer-b", acked), now)
-    s.step(SessionTailing(1), now)
+    s, _ = senderstate.step(s, SessionOpened(1, "b", "peer-b", acked), now)
+    s, _ = senderstate.step(s, SessionTailing(1), now)
     return s
 
 
@@ -74,83 +77,108 @@ def sender(config: SenderConfig = SYNC, *, acked: int = 0, now: float = 0.0) -> 
 
 def test_sync_mode_degrades_exactly_when_the_timeout_has_passed_not_before() -> None:
     s = sender()
-    assert s.step(WaitStarted(10, 5), 100.0) == [AwaitAck(10, 102.0)]
-    assert s.step(Tick(), 101.0) == []
-    assert s.step(Tick(), 102.0 - EPS) == []
+    s, actions = senderstate.step(s, WaitStarted(10, 5), 100.0)
+    assert actions == [AwaitAck(10, 102.0)]
+    s, actions = senderstate.step(s, Tick(), 101.0)
+    assert actions == []
+    s, actions = senderstate.step(s, Tick(), 102.0 - EPS)
+    assert actions == []
     assert not s.degraded and s.degradations == 0
-    assert s.step(Tick(), 102.0) == [Degraded(5, 0), Release(10, False)]
+    s, actions = senderstate.step(s, Tick(), 102.0)
+    assert actions == [Degraded(5, 0), Release(10, False)]
     assert s.degraded and s.degradations == 1 and not s.pending
 
 
 def test_a_degraded_sender_never_waits_and_degrades_once() -> None:
     s = sender()
-    s.step(WaitStarted(1, 5), 0.0)
-    s.step(WaitStarted(2, 6), 0.5)
+    s, _ = senderstate.step(s, WaitStarted(1, 5), 0.0)
+    s, _ = senderstate.step(s, WaitStarted(2, 6), 0.5)
     # the first deadline releases every waiter, the later one included
-    assert s.step(Tick(), 2.0) == [Degraded(5, 0), Release(1, False), Release(2, False)]
-    assert s.step(WaitStarted(3, 7), 2.1) == [Release(3, False)]
-    assert s.step(Tick(), 10.0) == []
+    s, actions = senderstate.step(s, Tick(), 2.0)
+    assert actions == [Degraded(5, 0), Release(1, False), Release(2, False)]
+    s, actions = senderstate.step(s, WaitStarted(3, 7), 2.1)
+    assert actions == [Release(3, False)]
+    s, actions = senderstate.step(s, Tick(), 10.0)
+    assert actions == []
     assert s.degradations == 1
     # already acked: True at once, degraded or not
-    s.step(AckReceived(1, 4, last_offset=7), 10.0)
-    assert s.step(WaitStarted(4, 4), 10.0) == [Release(4, True)]
+    s, _ = senderstate.step(s, AckReceived(1, 4, last_offset=7), 10.0)
+    s, actions = senderstate.step(s, WaitStarted(4, 4), 10.0)
+    assert actions == [Release(4, True)]
 
 
 def test_sync_mode_is_restored_only_by_an_ack_of_the_last_offset() -> None:
     s = sender()
-    s.step(WaitStarted(1, 5), 0.0)
-    s.step(Tick(), 2.0)
-    assert s.step(AckReceived(1, 5, last_offset=9), 3.0) == []
+    s, _ = senderstate.step(s, WaitStarted(1, 5), 0.0)
+    s, _ = senderstate.step(s, Tick(), 2.0)
+    s, actions = senderstate.step(s, AckReceived(1, 5, last_offset=9), 3.0)
+    assert actions == []
     assert s.degraded
-    assert s.step(AckReceived(1, 9, last_offset=9), 4.0) == [Restored(9)]
+    s, actions = senderstate.step(s, AckReceived(1, 9, last_offset=9), 4.0)
+    assert actions == [Restored(9)]
     assert not s.degraded
-    assert s.step(WaitStarted(2, 10), 4.0) == [AwaitAck(2, 6.0)]
-    assert s.step(AckReceived(1, 10, last_offset=10), 4.1) == [Release(2, True)]
+    s, actions = senderstate.step(s, WaitStarted(2, 10), 4.0)
+    assert actions == [AwaitAck(2, 6.0)]
+    s, actions = senderstate.step(s, AckReceived(1, 10, last_offset=10), 4.1)
+    assert actions == [Release(2, True)]
 
 
 def test_an_ack_releases_the_waiters_it_covers_in_offset_order() -> None:
     s = sender()
     for waiter, offset in ((1, 7), (2, 5), (3, 9), (4, 6), (5, 5)):
-        s.step(WaitStarted(waiter, offset), 0.0)
-    assert s.step(AckReceived(1, 7, last_offset=9), 0.1) == [
+        s, _ = senderstate.step(s, WaitStarted(waiter, offset), 0.0)
+    s, actions = senderstate.step(s, AckReceived(1, 7, last_offset=9), 0.1)
+    assert actions == [
         Release(2, True),
         Release(5, True),
         Release(4, True),
         Release(1, True),
     ]
     assert [w.waiter for w in s.pending] == [3]
-    assert s.step(AckReceived(1, 8, last_offset=9), 0.15) == []  # 9 is not covered by 8
+    s, actions = senderstate.step(s, AckReceived(1, 8, last_offset=9), 0.15)
+    assert actions == []  # 9 is not covered by 8
     # acked offsets never go down: a late, older ack releases nothing and lowers nothing
-    assert s.step(AckReceived(1, 3, last_offset=9), 0.2) == []
+    s, actions = senderstate.step(s, AckReceived(1, 3, last_offset=9), 0.2)
+    assert actions == []
     assert s.acked_offset == 8
 
 
 def test_async_mode_never_waits() -> None:
     s = sender(SenderConfig(mode="async"), acked=3)
-    assert s.step(WaitStarted(1, 3), 0.0) == [Release(1, True)]
-    assert s.step(WaitStarted(2, 4), 0.0) == [Release(2, False)]
+    s, actions = senderstate.step(s, WaitStarted(1, 3), 0.0)
+    assert actions == [Release(1, True)]
+    s, actions = senderstate.step(s, WaitStarted(2, 4), 0.0)
+    assert actions == [Release(2, False)]
     assert not s.pending
 
 
 def test_a_session_counts_for_acked_offset_once_it_tails_but_its_acks_release_at_once() -> None:
     s = SenderState(SYNC)
-    s.step(SessionOpened(7, "b", "peer", 4), 0.0)
+    s, _ = senderstate.step(s, SessionOpened(7, "b", "peer", 4), 0.0)
     assert s.acked_offset == 0  # still sending the decision / the snapshot
-    assert s.step(WaitStarted(1, 4), 0.0) == [AwaitAck(1, 2.0)]
-    assert s.step(AckReceived(7, 4, last_offset=4), 0.1) == [Release(1, True)]
-    s.step(SessionTailing(7), 0.2)
+    s, actions = senderstate.step(s, WaitStarted(1, 4), 0.0)
+    assert actions == [AwaitAck(1, 2.0)]
+    s, actions = senderstate.step(s, AckReceived(7, 4, last_offset=4), 0.1)
+    assert actions == [Release(1, True)]
+    s, _ = senderstate.step(s, SessionTailing(7), 0.2)
     assert s.acked_offset == 4
-    s.step(SessionClosed(7), 0.3)
-    assert s.acked_offset == 0 and s.step(AckReceived(7, 9, last_offset=9), 0.4) == []
+    s, _ = senderstate.step(s, SessionClosed(7), 0.3)
+    assert s.acked_offset == 0
+    s, actions = senderstate.step(s, AckReceived(7, 9, last_offset=9), 0.4)
+    assert actions == []
 
 
 def test_stepping_down_and_abandoning_release_without_degrading() -> None:
     s = sender()
-    s.step(WaitStarted(1, 5), 0.0)
-    s.step(WaitStarted(2, 6), 0.0)
-    assert s.step(WaitAbandoned(1), 0.1) == []
-    assert s.step(SteppedDown(), 0.2) == [Release(2, False)]
-    assert not s.degraded and not s.pending and s.step(Tick(), 5.0) == []
+    s, _ = senderstate.step(s, WaitStarted(1, 5), 0.0)
+    s, _ = senderstate.step(s, WaitStarted(2, 6), 0.0)
+    s, actions = senderstate.step(s, WaitAbandoned(1), 0.1)
+    assert actions == []
+    s, actions = senderstate.step(s, SteppedDown(), 0.2)
+    assert actions == [Release(2, False)]
+    assert not s.degraded and not s.pending
+    s, actions = senderstate.step(s, Tick(), 5.0)
+    assert actions == []
 
 
 # --- linger and heartbeats ------------------------------------------------------------
@@ -158,18 +186,24 @@ def test_stepping_down_and_abandoning_release_without_degrading() -> None:
 
 def test_a_batch_that_is_not_full_waits_at_most_linger_after_the_previous_one() -> None:
     s = sender(SenderConfig(mode="async", linger=0.015, batch_bytes=1000))
-    assert s.step(EntriesReady(1, 10), 5.0) == [SendEntries()]  # nothing sent yet
-    s.step(EntriesSent(1), 5.0)
-    assert s.step(EntriesReady(1, 10), 5.0) == [Linger(5.015)]
-    assert s.step(EntriesReady(1, 999), 5.01) == [Linger(5.015)]
-    assert s.step(EntriesReady(1, 10), 5.015) == [SendEntries()]
-    assert s.step(EntriesReady(1, 1000), 5.001) == [SendEntries()]  # a full batch: never
+    s, actions = senderstate.step(s, EntriesReady(1, 10), 5.0)
+    assert actions == [SendEntries()]  # nothing sent yet
+    s, _ = senderstate.step(s, EntriesSent(1), 5.0)
+    s, actions = senderstate.step(s, EntriesReady(1, 10), 5.0)
+    assert actions == [Linger(5.015)]
+    s, actions = senderstate.step(s, EntriesReady(1, 999), 5.01)
+    assert actions == [Linger(5.015)]
+    s, actions = senderstate.step(s, EntriesReady(1, 10), 5.015)
+    assert actions == [SendEntries()]
+    s, actions = senderstate.step(s, EntriesReady(1, 1000), 5.001)
+    assert actions == [SendEntries()]  # a full batch: never
 
 
 def test_sync_mode_never_lingers() -> None:
     s = sender()
-    s.step(EntriesSent(1), 5.0)
-    assert s.step(EntriesReady(1, 1), 5.0) == [SendEntries()]
+    s, _ = senderstate.step(s, EntriesSent(1), 5.0)
+    s, actions = senderstate.step(s, EntriesReady(1, 1), 5.0)
+    assert actions == [SendEntries()]
 
 
 @given(
@@ -181,9 +215,9 @@ def test_sync_mode_never_lingers() -> None:
 )
 def test_linger_bounds(sent_at: float, dt: float, nbytes: int, linger: float, sync: bool) -> None:
     s = sender(SenderConfig(mode="sync" if sync else "async", linger=linger, batch_bytes=2048))
-    s.step(EntriesSent(1), sent_at)
+    s, _ = senderstate.step(s, EntriesSent(1), sent_at)
     now = sent_at + dt
-    (action,) = s.step(EntriesReady(1, nbytes), now)
+    s, (action,) = senderstate.step(s, EntriesReady(1, nbytes), now)
     if isinstance(action, Linger):
         assert not sync and nbytes < 2048
         assert now < action.until <= now + linger
@@ -195,11 +229,16 @@ def test_linger_bounds(sent_at: float, dt: float, nbytes: int, linger: float, sy
 
 def test_heartbeats_are_due_every_interval_and_an_idle_tail_waits_for_the_next() -> None:
     s = sender()
-    assert s.step(TailTurnEnded(1, sent=False), 10.0) == [SendHeartbeat(), WaitForEntries(10.5)]
-    assert s.step(TailTurnEnded(1, sent=True), 10.2) == []
-    assert s.step(TailTurnEnded(1, sent=False), 10.3) == [WaitForEntries(10.5)]
-    assert s.step(TailTurnEnded(1, sent=True), 10.5) == [SendHeartbeat()]
-    assert s.step(TailTurnEnded(1, sent=False), 10.6) == [WaitForEntries(11.0)]
+    s, actions = senderstate.step(s, TailTurnEnded(1, sent=False), 10.0)
+    assert actions == [SendHeartbeat(), WaitForEntries(10.5)]
+    s, actions = senderstate.step(s, TailTurnEnded(1, sent=True), 10.2)
+    assert actions == []
+    s, actions = senderstate.step(s, TailTurnEnded(1, sent=False), 10.3)
+    assert actions == [WaitForEntries(10.5)]
+    s, actions = senderstate.step(s, TailTurnEnded(1, sent=True), 10.5)
+    assert actions == [SendHeartbeat()]
+    s, actions = senderstate.step(s, TailTurnEnded(1, sent=False), 10.6)
+    assert actions == [WaitForEntries(11.0)]
 
 
 # --- lag ------------------------------------------------------------------------------
@@ -207,8 +246,8 @@ def test_heartbeats_are_due_every_interval_and_an_idle_tail_waits_for_the_next()
 
 def test_the_primary_measures_lag_since_the_standby_was_last_caught_up() -> None:
     s = sender(now=0.0)
-    s.step(AckReceived(1, 5, last_offset=5), 1.0)  # caught up at 1.0
-    s.step(AckReceived(1, 7, last_offset=8), 2.0)  # not caught up
+    s, _ = senderstate.step(s, AckReceived(1, 5, last_offset=5), 1.0)  # caught up at 1.0
+    s, _ = senderstate.step(s, AckReceived(1, 7, last_offset=8), 2.0)  # not caught up
     st_ = s.status(last_offset=8, now=4.0)
     assert (st_.connected, st_.peer, st_.acked_offset, st_.last_offset) == (True, "b", 7, 8)
     assert st_.lag == protocol.Lag(1, 3.0)
@@ -219,9 +258,9 @@ def test_the_primary_measures_lag_since_the_standby_was_last_caught_up() -> None
 
 def test_the_best_session_is_the_one_that_acked_most() -> None:
     s = sender()
-    s.step(SessionOpened(2, "c", "peer-c", 0), 0.0)
-    s.step(SessionTailing(2), 0.0)
-    s.step(AckReceived(2, 6, last_offset=6), 1.0)
+    s, _ = senderstate.step(s, SessionOpened(2, "c", "peer-c", 0), 0.0)
+    s, _ = senderstate.step(s, SessionTailing(2), 0.0)
+    s, _ = senderstate.step(s, AckReceived(2, 6, last_offset=6), 1.0)
     assert s.status(last_offset=6, now=2.0).peer == "c" and s.acked_offset == 6
 
 
@@ -239,40 +278,52 @@ GAP, DELAY = 0.002, 0.01
 def follower(now: float = 0.0) -> FollowerState:
     """A follower whose session-start ack went out at ``now``."""
     f = FollowerState(caught_up_at=now, ack_min_gap=GAP, ack_max_delay=DELAY)
-    assert f.step(SessionSynced(), now) == [SendAck()]
+    f, actions = followerstate.step(f, SessionSynced(), now)
+    assert actions == [SendAck()]
     return f
 
 
 def test_the_session_start_is_acked_at_once_and_nothing_is_owed_after() -> None:
     f = follower()
-    assert f.step(NextMessage(buffered=False), 5.0) == []
-    assert f.step(NextMessage(buffered=True), 5.0) == []
+    f, actions = followerstate.step(f, NextMessage(buffered=False), 5.0)
+    assert actions == []
+    f, actions = followerstate.step(f, NextMessage(buffered=True), 5.0)
+    assert actions == []
 
 
 def test_an_idle_stream_acks_at_once_but_not_sooner_than_the_gap() -> None:
     f = follower(1.0)
-    f.step(EntriesApplied(1, applied=1), 1.0005)
-    assert f.step(NextMessage(buffered=False), 1.0005) == [WaitForMessage(1.0 + GAP)]
-    assert f.step(NextMessage(buffered=False), 1.0 + GAP - EPS) == [WaitForMessage(1.0 + GAP)]
-    assert f.step(NextMessage(buffered=False), 1.0 + GAP) == [SendAck()]
-    f.step(EntriesApplied(2, applied=2), 2.0)
-    assert f.step(NextMessage(buffered=False), 2.0) == [SendAck()]  # long since the last
+    f, _ = followerstate.step(f, EntriesApplied(1, applied=1), 1.0005)
+    f, actions = followerstate.step(f, NextMessage(buffered=False), 1.0005)
+    assert actions == [WaitForMessage(1.0 + GAP)]
+    f, actions = followerstate.step(f, NextMessage(buffered=False), 1.0 + GAP - EPS)
+    assert actions == [WaitForMessage(1.0 + GAP)]
+    f, actions = followerstate.step(f, NextMessage(buffered=False), 1.0 + GAP)
+    assert actions == [SendAck()]
+    f, _ = followerstate.step(f, EntriesApplied(2, applied=2), 2.0)
+    f, actions = followerstate.step(f, NextMessage(buffered=False), 2.0)
+    assert actions == [SendAck()]  # long since the last
 
 
 def test_a_busy_stream_acks_at_most_every_max_delay() -> None:
     f = follower(1.0)
-    f.step(EntriesApplied(1, applied=1), 1.001)
-    assert f.step(NextMessage(buffered=True), 1.005) == []
-    f.step(EntriesApplied(2, applied=2), 1.006)
-    assert f.step(NextMessage(buffered=True), 1.0 + DELAY - EPS) == []
-    assert f.step(NextMessage(buffered=True), 1.0 + DELAY) == [SendAck()]
-    assert f.step(NextMessage(buffered=True), 1.0 + 3 * DELAY) == []  # nothing owed
+    f, _ = followerstate.step(f, EntriesApplied(1, applied=1), 1.001)
+    f, actions = followerstate.step(f, NextMessage(buffered=True), 1.005)
+    assert actions == []
+    f, _ = followerstate.step(f, EntriesApplied(2, applied=2), 1.006)
+    f, actions = followerstate.step(f, NextMessage(buffered=True), 1.0 + DELAY - EPS)
+    assert actions == []
+    f, actions = followerstate.step(f, NextMessage(buffered=True), 1.0 + DELAY)
+    assert actions == [SendAck()]
+    f, actions = followerstate.step(f, NextMessage(buffered=True), 1.0 + 3 * DELAY)
+    assert actions == []  # nothing owed
 
 
 def test_a_heartbeat_is_acked_like_entries() -> None:
     f = follower(1.0)
-    f.step(HeartbeatReceived(0, 0, 0.0, applied=0), 1.5)
-    assert f.step(NextMessage(buffered=False), 1.5) == [SendAck()]
+    f, _ = followerstate.step(f, HeartbeatReceived(0, 0, 0.0, applied=0), 1.5)
+    f, actions = followerstate.step(f, NextMessage(buffered=False), 1.5)
+    assert actions == [SendAck()]
 
 
 @given(
@@ -288,13 +339,13 @@ def test_ack_pacing_bounds(steps: list[tuple[float, bool, bool]]) -> None:
     for dt, progress, buffered in steps:
         now += dt
         if progress:
-            f.step(EntriesApplied(1, applied=1), now)
+            f, _ = followerstate.step(f, EntriesApplied(1, applied=1), now)
         owed = f.owed
-        actions = f.step(NextMessage(buffered), now)
+        f, actions = followerstate.step(f, NextMessage(buffered), now)
         while actions and isinstance(wait := actions[0], WaitForMessage):
             assert not buffered and wait.until == acks[-1] + GAP and wait.until > now
             now = wait.until  # the message did not come meanwhile
-            actions = f.step(NextMessage(buffered), now)
+            f, actions = followerstate.step(f, NextMessage(buffered), now)
         if actions == [SendAck()]:
             assert owed
             assert now - acks[-1] >= (DELAY if buffered else GAP) - EPS  # (float rounding)
@@ -311,16 +362,20 @@ def test_ack_pacing_bounds(steps: list[tuple[float, bool, bool]]) -> None:
 
 def test_the_standby_measures_lag_from_the_primarys_heartbeats_and_entries() -> None:
     f = follower(0.0)
-    f.step(SnapshotInstalled(10, applied=10), 1.0)
+    f, _ = followerstate.step(f, SnapshotInstalled(10, applied=10), 1.0)
     assert f.lag(10, 3.0) == protocol.Lag(0, 0.0)
-    f.step(HeartbeatReceived(14, 1_000_500, 1000.0, applied=10), 2.0)  # behind since 1.0
+    f, _ = followerstate.step(
+        f, HeartbeatReceived(14, 1_000_500, 1000.0, applied=10), 2.0
+    )  # behind since 1.0
     assert f.primary_offset == 14 and f.clock_skew == pytest.approx(0.5)
     assert f.lag(10, 5.0) == protocol.Lag(4, 4.0)
-    f.step(EntriesApplied(12, applied=12), 5.5)
+    f, _ = followerstate.step(f, EntriesApplied(12, applied=12), 5.5)
     assert f.lag(12, 6.0) == protocol.Lag(2, 5.0)
-    f.step(EntriesApplied(14, applied=14), 6.0)  # caught up
+    f, _ = followerstate.step(f, EntriesApplied(14, applied=14), 6.0)  # caught up
     assert f.lag(14, 7.0) == protocol.Lag(0, 0.0)
-    f.step(HeartbeatReceived(13, 0, 0.0, applied=14), 7.0)  # an older offset: ignored
+    f, _ = followerstate.step(
+        f, HeartbeatReceived(13, 0, 0.0, applied=14), 7.0
+    )  # an older offset: ignored
     assert f.primary_offset == 14
 
 
@@ -349,9 +404,15 @@ class SenderMachine(RuleBasedStateMachine):
         timeout=st.sampled_from([1.0, 5.0, 0.0]),
     )
     def configure(self, mode: str, timeout: float) -> None:
-        self.s.config = SenderConfig(
-            mode="sync" if mode == "sync" else "async", sync_timeout=timeout
+        self.s = replace(
+            self.s,
+            config=SenderConfig(mode="sync" if mode == "sync" else "async", sync_timeout=timeout),
         )
+
+    def step(self, event: senderstate.Event) -> list[senderstate.Action]:
+        """Step at ``self.now``, keeping the state returned (as the shell does)."""
+        self.s, actions = senderstate.step(self.s, event, self.now)
+        return actions
 
     def carry_out(self, actions: Sequence[object]) -> None:
         degraded = [a for a in actions if isinstance(a, Degraded)]
@@ -371,16 +432,16 @@ class SenderMachine(RuleBasedStateMachine):
         sid = self.next_id
         self.next_id += 1
         acked = min(shared, self.last)
-        self.carry_out(self.s.step(SessionOpened(sid, f"n{sid}", "peer", acked), self.now))
+        self.carry_out(self.step(SessionOpened(sid, f"n{sid}", "peer", acked)))
         self.acked_ever = max(self.acked_ever, acked)
         self.acked_by[sid] = acked
         if tailing:
-            self.carry_out(self.s.step(SessionTailing(sid), self.now))
+            self.carry_out(self.step(SessionTailing(sid)))
         return sid
 
     @rule(sid=consumes(sessions))
     def close_session(self, sid: int) -> None:
-        self.carry_out(self.s.step(SessionClosed(sid), self.now))
+        self.carry_out(self.step(SessionClosed(sid)))
         self.acked_by.pop(sid, None)
 
     @rule(n=st.integers(1, 3))
@@ -404,7 +465,7 @@ class SenderMachine(RuleBasedStateMachine):
         self.next_id += 1
         self.offset_of[waiter] = offset
         was_degraded = self.s.degraded
-        actions = self.s.step(WaitStarted(waiter, offset), self.now)
+        actions = self.step(WaitStarted(waiter, offset))
         if was_degraded or self.s.config.mode == "async":
             assert actions == [Release(waiter, self.s.acked_offset >= offset)]  # no wait
         self.carry_out(actions)
@@ -425,7 +486,7 @@ class SenderMachine(RuleBasedStateMachine):
         if sid in self.acked_by:
             self.acked_ever = max(self.acked_ever, offset)
         before = self.s.sessions[sid].acked if sid in self.s.sessions else None
-        self.carry_out(self.s.step(AckReceived(sid, offset, self.last), self.now))
+        self.carry_out(self.step(AckReceived(sid, offset, self.last)))
         if before is not None:
             assert self.s.sessions[sid].acked == max(before, offset)  # never goes down
             self.acked_by[sid] = self.s.sessions[sid].acked
@@ -433,13 +494,13 @@ class SenderMachine(RuleBasedStateMachine):
     @rule(waiter=consumes(waiters))
     def abandon(self, waiter: int) -> None:
         if waiter not in self.released:
-            self.carry_out(self.s.step(WaitAbandoned(waiter), self.now))
+            self.carry_out(self.step(WaitAbandoned(waiter)))
             self.released[waiter] = False  # gone: it must never be released now
 
     @rule(dt=st.sampled_from([0.0, 0.001, 0.01, 0.1, 0.3, 0.999, 1.0, 5.0]))
     def advance(self, dt: float) -> None:
         self.now += dt
-        self.carry_out(self.s.step(Tick(), self.now))
+        self.carry_out(self.step(Tick()))
         assert all(w.deadline > self.now for w in self.s.pending), "a deadline went by"
 
     @invariant()

@@ -7,8 +7,11 @@ connected standby), tracks each standby's acknowledged offset, and implements
 ``wait_replicated(offset)`` for sync mode. It is a thin asyncio shell: the decision
 (continue / full / step down / refuse) is ``protocol.decide``; every decision after
 it (sync mode's waits, degradation and restoration, linger, heartbeats, the lag) is
-``senderstate.SenderState``'s, a pure state machine this shell feeds events with
-``time.monotonic()`` as the time, carrying out the actions it returns; the entries,
+``senderstate.step``'s, a pure state machine over a frozen ``SenderState``: this
+shell holds the current state, feeds it events with ``time.monotonic()`` as the time,
+keeps the state each step returns and carries out every action (``_carry_out`` the
+shell-wide ones, the waiter and the tail their own; an action nobody carried out
+raises, it is never dropped); the entries,
 the consistent cuts and the identity live in the replication ``Log``. ``add_to_server``
 registers it (see step 4).
 
@@ -61,7 +64,7 @@ Sync mode
 ``pagesift_replication_sync_degraded_total`` and switches to degraded (async)
 mode: further calls return at once until a standby acks our last offset again.
 Never a stall: at most one timeout is paid per degradation. (The rules, and why
-they hold, are ``replsender``'s.)
+they hold, are ``senderstate``'s.)
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import assert_never
 
 import grpc
 
@@ -96,6 +100,7 @@ from pagesift.core.replication.senderstate import (
     Linger,
     Release,
     Restored,
+    SendEntries,
     SendHeartbeat,
     SessionClosed,
     SessionOpened,
@@ -247,7 +252,7 @@ class ReplicationServicer(NodeRefuser):
 
     def enable_failsafe(self, ttl: float, on_grant: Callable[[str, float], None]) -> None:
         """Ask every heartbeat for a failsafe grant of ``ttl``; ``on_grant`` hears each."""
-        self._sender.config = replace(self._sender.config, failsafe_ttl=ttl)
+        self._sender = replace(self._sender, config=replace(self._sender.config, failsafe_ttl=ttl))
         self.on_grant = on_grant
 
     def standbys(self) -> tuple[str, ...]:
@@ -268,11 +273,20 @@ class ReplicationServicer(NodeRefuser):
 
     # --- carrying out the sender's decisions ---------------------------------------------
     def _step(self, event: senderstate.Event) -> list[senderstate.Action]:
-        return self._carry_out(self._sender.step(event, time.monotonic()))
+        """Step the machine at ``time.monotonic()`` and keep the state it returns;
+        carry out the shell-wide actions, return the caller's (``_carry_out``)."""
+        self._sender, actions = senderstate.step(self._sender, event, time.monotonic())
+        return self._carry_out(actions)
+
+    def _step_done(self, event: senderstate.Event) -> None:
+        """``_step`` for an event whose caller carries out nothing itself."""
+        if rest := self._step(event):
+            raise RuntimeError(f"the sender's actions {rest!r} for {event!r} went undone")
 
     def _carry_out(self, actions: list[senderstate.Action]) -> list[senderstate.Action]:
-        """Resolve, log and count what the sender decided; returns the actions that
-        belong to the caller (the tail's, a waiter's own)."""
+        """Resolve, log and count what the sender decided; returns, in order, the
+        actions that belong to the caller (a waiter's own release or wait, the tail's
+        sends and waits), which it must carry out in turn."""
         rest: list[senderstate.Action] = []
         for action in actions:
             match action:
@@ -280,6 +294,8 @@ class ReplicationServicer(NodeRefuser):
                     fut = self._waiters.pop(waiter)
                     if not fut.done():
                         fut.set_result(replicated)
+                case Release() | AwaitAck():
+                    rest.append(action)  # the answer to a waiter's own WaitStarted
                 case Degraded(offset, acked):
                     logger.warning(
                         "sync replication: no ack for offset %d within %.2fs (acked %d); "
@@ -293,8 +309,10 @@ class ReplicationServicer(NodeRefuser):
                 case GrantConfirmed(node_id, sent_at):
                     if self.on_grant is not None:
                         self.on_grant(node_id, sent_at)
+                case SendEntries() | Linger() | SendHeartbeat() | WaitForEntries():
+                    rest.append(action)  # the tail's, carried out by ``_tail``
                 case _:
-                    rest.append(action)
+                    assert_never(action)
         return rest
 
     # --- sync mode -----------------------------------------------------------------------
@@ -306,21 +324,24 @@ class ReplicationServicer(NodeRefuser):
         at once (False unless already acked) until a standby catches up again.
         """
         waiter = next(self._ids)
-        (action,) = self._step(WaitStarted(waiter, offset))
-        if isinstance(action, Release):  # decided at once
-            return action.replicated
-        assert isinstance(action, AwaitAck)
+        match self._step(WaitStarted(waiter, offset)):
+            case [Release(_, replicated)]:  # decided at once
+                return replicated
+            case [AwaitAck() as action]:
+                pass
+            case rest:
+                raise RuntimeError(f"a wait answered with {rest!r}")
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters[waiter] = fut
         try:
             while not fut.done():
                 await asyncio.wait({fut}, timeout=action.until - time.monotonic())
                 if not fut.done():
-                    self._step(Tick())  # degrades once the deadline has come
+                    self._step_done(Tick())  # degrades once the deadline has come
             return fut.result()
         finally:
             if self._waiters.pop(waiter, None) is not None:  # cancelled, never released
-                self._step(WaitAbandoned(waiter))
+                self._step_done(WaitAbandoned(waiter))
 
     # --- the stream ----------------------------------------------------------------------
     @answers_errors
@@ -352,7 +373,7 @@ class ReplicationServicer(NodeRefuser):
         # for nothing (it may even be of a diverged history) until it acks.
         shared = hello.applied_offset if isinstance(decision, protocol.Continue) else 0
         sid = next(self._ids)
-        self._step(SessionOpened(sid, hello.node_id, context.peer(), shared))
+        self._step_done(SessionOpened(sid, hello.node_id, context.peer(), shared))
         closed = asyncio.Event()
         reader = asyncio.create_task(self._read_acks(requests, sid, hello.node_id, closed))
         try:
@@ -396,11 +417,11 @@ class ReplicationServicer(NodeRefuser):
                     )
                 )
                 nxt = decision.from_offset
-            self._step(SessionTailing(sid))
+            self._step_done(SessionTailing(sid))
             async for frame in self._tail(log, sid, nxt, closed):
                 yield frame
         finally:
-            self._step(SessionClosed(sid))
+            self._step_done(SessionClosed(sid))
             await cancel_and_wait_all([reader])  # a cancel of the call itself still ends it
 
     async def _tail(
@@ -418,29 +439,34 @@ class ReplicationServicer(NodeRefuser):
                 # that a busy stream carries batches, not one message per write (a
                 # message costs both sides far more CPU than an entry in it). Sync
                 # mode sends at once: its writers wait for the standby's ack.
-                (send,) = self._step(EntriesReady(sid, sum(map(len, entries))))
-                if isinstance(send, Linger):
-                    await asyncio.sleep(send.until - time.monotonic())
-                    entries = log.read_raw(nxt, max_bytes=self.batch_bytes)
+                match self._step(EntriesReady(sid, sum(map(len, entries)))):
+                    case [SendEntries()]:
+                        pass
+                    case [Linger(until)]:
+                        await asyncio.sleep(until - time.monotonic())
+                        entries = log.read_raw(nxt, max_bytes=self.batch_bytes)
+                    case rest:
+                        raise RuntimeError(f"a batch answered with {rest!r}")
             if entries:
                 nxt += len(entries)
                 yield entries_message(entries)
-                self._step(EntriesSent(sid))
+                self._step_done(EntriesSent(sid))
             for action in self._step(TailTurnEnded(sid, sent=bool(entries))):
-                if isinstance(action, SendHeartbeat):
-                    yield pb.StreamResponse(
-                        heartbeat=pb.Heartbeat(
-                            primary_offset=log.last_offset,
-                            primary_time_ms=int(time.time() * 1000),
-                            epoch=log.epoch,
-                            failsafe_request=action.failsafe_request,
-                            failsafe_ttl_ms=int(self.failsafe_ttl * 1000)
-                            if action.failsafe_request
-                            else 0,
+                match action:
+                    case SendHeartbeat(request):
+                        yield pb.StreamResponse(
+                            heartbeat=pb.Heartbeat(
+                                primary_offset=log.last_offset,
+                                primary_time_ms=int(time.time() * 1000),
+                                epoch=log.epoch,
+                                failsafe_request=request,
+                                failsafe_ttl_ms=int(self.failsafe_ttl * 1000) if request else 0,
+                            )
                         )
-                    )
-                elif isinstance(action, WaitForEntries):
-                    await log.wait_for(nxt, within=max(0.0, action.until - time.monotonic()))
+                    case WaitForEntries(until):
+                        await log.wait_for(nxt, within=max(0.0, until - time.monotonic()))
+                    case _:
+                        raise RuntimeError(f"a tail turn answered with {action!r}")
 
     async def _read_acks(
         self,
@@ -458,7 +484,7 @@ class ReplicationServicer(NodeRefuser):
                         self._slot.log.last_offset,
                         req.ack.failsafe_grant,
                     )
-                    self._step(ack)
+                    self._step_done(ack)
         except (grpc.aio.AioRpcError, grpc.RpcError) as exc:
             logger.debug("standby %s: ack stream ended: %s", node_id, exc)
         finally:
@@ -468,6 +494,6 @@ class ReplicationServicer(NodeRefuser):
         """A peer of ``peer_epoch`` (serving clients at ``by``, when known) deposed
         us: fence durably, release sync waiters, tell the node."""
         if self._slot.log.fence(peer_epoch):
-            self._step(SteppedDown())
+            self._step_done(SteppedDown())
             if self._on_fenced is not None:
                 await self._on_fenced(peer_epoch, by)

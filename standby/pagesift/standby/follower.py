@@ -39,9 +39,10 @@ What it owns
    next one already buffered), once ``ACK_MAX_DELAY`` has passed since the previous
    ack. Heartbeats are acked the same way; they give
    the primary's offset and clock for lag. When to ack, and the lag, are decided by
-   ``followerstate.FollowerState`` (pure, with a fake clock in its tests); this loop
-   feeds it what happens, with ``time.monotonic()`` as the time, and carries out
-   every action each step returns (``_carry_out``: acks, and waits for a message).
+   ``followerstate.step`` over a frozen ``FollowerState`` (pure, with a fake clock in
+   its tests); this loop holds the current state, feeds it what happens, with
+   ``time.monotonic()`` as the time (``_step``), keeps the state each step returns and
+   carries out every action (``_carry_out``: acks, and waits for a message).
    A heartbeat that asks for a failsafe grant is answered on the next ack only once
    ``StandbyPromise.grant`` recorded this node's promise not to campaign
    (``pagesift.core.ha.failsafe``): a node without one, or campaigning, answers none.
@@ -103,7 +104,7 @@ APPLY_RUN_BYTES = 256 * 1024
 #: Acks: when no further message is waiting, at once (sync mode on the primary waits
 #: for them) but no sooner than ACK_MIN_GAP after the previous one; while the next
 #: message is already buffered, once ACK_MAX_DELAY has passed since the previous one
-#: (``replfollower`` decides).
+#: (``followerstate`` decides).
 ACK_MIN_GAP = followerstate.ACK_MIN_GAP
 ACK_MAX_DELAY = followerstate.ACK_MAX_DELAY
 
@@ -345,7 +346,7 @@ class Follower:
             else:
                 raise protocol.ProtocolError(f"unknown sync kind {d.kind}")
             self._connected = True
-            await self._carry_out(call, self._state.step(SessionSynced(), time.monotonic()))
+            await self._carry_out(call, self._step(SessionSynced()))
             await self._follow(call, d.epoch)
             return True
 
@@ -397,17 +398,15 @@ class Follower:
         self.full_resyncs += 1
         await asyncio.to_thread(shutil.rmtree, old_path, True)
         installed = SnapshotInstalled(d.snapshot_offset, self.applied_offset)
-        await self._carry_out(call, self._state.step(installed, time.monotonic()))
+        await self._carry_out(call, self._step(installed))
 
     async def _follow(self, call: StreamCall, primary_epoch: int) -> None:
-        state = self._state
         reading = self._read_ahead(call)
         try:
             while True:
                 # An ack owed goes out when the stream is idle (ACK_MIN_GAP apart); while
                 # messages keep coming, acks are coalesced (ACK_MAX_DELAY apart).
-                actions = state.step(NextMessage(reading.done()), time.monotonic())
-                await self._carry_out(call, actions, reading)
+                await self._carry_out(call, self._step(NextMessage(reading.done())), reading)
                 raw = await self._next(reading)
                 if raw is None:
                     return
@@ -432,7 +431,7 @@ class Follower:
                             self.applied_offset,
                             self._grant(hb.failsafe_request, hb.failsafe_ttl_ms),
                         )
-                        await self._carry_out(call, state.step(heard, time.monotonic()))
+                        await self._carry_out(call, self._step(heard))
                         continue
                     if kind != "entries":
                         raise protocol.ProtocolError(f"unexpected {kind} after the decision")
@@ -442,7 +441,7 @@ class Follower:
                     continue
                 await self._apply(entries, raws, primary_epoch)
                 applied = EntriesApplied(entries[-1].offset, self.applied_offset)
-                await self._carry_out(call, state.step(applied, time.monotonic()))
+                await self._carry_out(call, self._step(applied))
         finally:
             _drop(reading)
 
@@ -473,6 +472,12 @@ class Follower:
             if start < n:
                 await asyncio.sleep(0)
 
+    def _step(self, event: followerstate.Event) -> list[followerstate.Action]:
+        """Step the machine at ``time.monotonic()``, keep the state it returns; its
+        actions are the caller's to carry out (``_carry_out``), every one."""
+        self._state, actions = followerstate.step(self._state, event, time.monotonic())
+        return actions
+
     async def _carry_out(
         self,
         call: StreamCall,
@@ -492,7 +497,7 @@ class Follower:
                     if reading is None:
                         raise RuntimeError("WaitForMessage answers NextMessage only")
                     await asyncio.wait({reading}, timeout=until - time.monotonic())
-                    again = self._state.step(NextMessage(reading.done()), time.monotonic())
+                    again = self._step(NextMessage(reading.done()))
                     pending.extendleft(reversed(again))
                 case _:
                     assert_never(action)

@@ -3,14 +3,17 @@
 What it owns
 ------------
 ``FollowerState`` is what a standby knows past the session start (which
-``replproto`` settles): the primary's offset as last heard (from its entries and
+``protocol`` settles): the primary's offset as last heard (from its entries and
 heartbeats), the last time this standby held all of it, the primary's clock skew,
-and whether an ack is owed and when the last one went out.
-``FollowerState.step(event, now)`` applies one event at the time ``now`` and returns
-the actions it calls for. No I/O, no clock, no waiting: ``pagesift.standby.follower``
-is the asyncio shell that feeds it (``now`` is ``time.monotonic()``) and carries the
-actions out (send an ack, wait for the next message until a time). The tests drive it
-with a fake clock (``tests/test_replstate.py``).
+and whether an ack is owed and when the last one went out. It is a frozen value:
+``step(state, event, now)`` applies one event at the time ``now`` and returns the new
+state and the actions it calls for, leaving ``state`` as it was. No I/O, no clock, no
+waiting: ``pagesift.standby.follower`` is the asyncio shell that holds the current
+state, feeds it (``now`` is ``time.monotonic()``), keeps the state each step returns
+and carries every action out (send an ack, wait for the next message until a time).
+The events and actions are declared by ``pagesift.core.util.machine``'s convention
+(``EVENTS``, ``ACTIONS``). The tests drive it with a fake clock
+(``tests/test_replstate.py``).
 
 The protocol
 ------------
@@ -52,9 +55,10 @@ The guarantee, and why it holds
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pagesift.core.replication import protocol
+from pagesift.core.util.machine import Kinds, declare
 
 #: An idle stream (no message waiting) acks no sooner than this after the previous ack.
 ACK_MIN_GAP = 0.002
@@ -62,11 +66,14 @@ ACK_MIN_GAP = 0.002
 #: the previous ack, and not before.
 ACK_MAX_DELAY = 0.01
 
+EVENTS = Kinds("a follower event")
+ACTIONS = Kinds("a follower action")
+
 
 # --- events ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class SnapshotInstalled:
     """A full resync installed the primary's cut at ``offset``; ``applied``: ours now."""
 
@@ -74,12 +81,12 @@ class SnapshotInstalled:
     applied: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class SessionSynced:
     """The decision was carried out; the tail follows."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class EntriesApplied:
     """Entries up to ``last_offset`` are applied (durably); ``applied``: ours now."""
 
@@ -87,7 +94,7 @@ class EntriesApplied:
     applied: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class HeartbeatReceived:
     """The primary was at ``primary_offset`` at its clock ``primary_time_ms``;
     ``wall_time``: our wall clock (``time.time()``) on receipt; ``applied``: ours."""
@@ -99,7 +106,7 @@ class HeartbeatReceived:
     grant: int = 0  # the failsafe request this standby promised on (0: none)
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class NextMessage:
     """The shell is about to take the next message; ``buffered``: it has arrived."""
 
@@ -107,19 +114,20 @@ class NextMessage:
 
 
 Event = SnapshotInstalled | SessionSynced | EntriesApplied | HeartbeatReceived | NextMessage
+EVENTS.seal(Event)
 
 
 # --- actions --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class SendAck:
     """Ack the applied offset now, answering failsafe request ``grant`` (0: none)."""
 
     grant: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class WaitForMessage:
     """Wait for the next message until ``until``, then say ``NextMessage`` again."""
 
@@ -127,14 +135,15 @@ class WaitForMessage:
 
 
 Action = SendAck | WaitForMessage
+ACTIONS.seal(Action)
 
 
 # --- state ----------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class FollowerState:
-    """One standby's replication state; ``step`` is the only way it changes."""
+    """One standby's replication state, a value: ``step`` returns the next one."""
 
     caught_up_at: float  # the last time our applied offset reached the primary's
     primary_offset: int = 0  # the highest offset the primary told us of
@@ -150,45 +159,59 @@ class FollowerState:
             leader=self.primary_offset, follower=applied, caught_up_at=self.caught_up_at, now=now
         )
 
-    def step(self, event: Event, now: float) -> list[Action]:
-        """Apply ``event`` at ``now``; the actions the shell must carry out."""
-        match event:
-            case NextMessage(buffered):
-                return self._next_message(buffered, now)
-            case EntriesApplied(last_offset, applied):
-                self._note_primary(last_offset, applied, now)
-                self.owed = True
-                return []
-            case HeartbeatReceived(primary_offset, primary_time_ms, wall_time, applied, grant):
-                self.clock_skew = primary_time_ms / 1000.0 - wall_time
-                self.grant = grant or self.grant
-                self._note_primary(primary_offset, applied, now)
-                self.owed = True
-                return []
-            case SessionSynced():
-                self.grant = 0  # a request of an earlier session is not this one's
-                return self._ack(now)
-            case SnapshotInstalled(offset, applied):
-                self._note_primary(offset, applied, now)
-                return []
-        raise TypeError(f"not a follower event: {event!r}")
 
-    def _note_primary(self, offset: int, applied: int, now: float) -> None:
-        self.primary_offset = max(self.primary_offset, offset)
-        if applied >= self.primary_offset:
-            self.caught_up_at = now
+def step(state: FollowerState, event: Event, now: float) -> tuple[FollowerState, list[Action]]:
+    """Apply ``event`` at ``now``: the new state and the actions the shell must carry
+    out, in order (``state`` itself is left as it was)."""
+    match event:
+        case NextMessage(buffered):
+            return _next_message(state, buffered, now)
+        case EntriesApplied(last_offset, applied):
+            return _heard(state, last_offset, applied, now, owed=True), []
+        case HeartbeatReceived(primary_offset, primary_time_ms, wall_time, applied, grant):
+            beat = replace(
+                state, clock_skew=primary_time_ms / 1000.0 - wall_time, grant=grant or state.grant
+            )
+            return _heard(beat, primary_offset, applied, now, owed=True), []
+        case SessionSynced():
+            # a request of an earlier session is not this one's
+            return _ack(replace(state, grant=0), now)
+        case SnapshotInstalled(offset, applied):
+            return _heard(state, offset, applied, now, owed=state.owed), []
+    raise EVENTS.unknown(event)
 
-    def _next_message(self, buffered: bool, now: float) -> list[Action]:
-        if not self.owed:
-            return []
-        if buffered:
-            return self._ack(now) if now - self.last_ack >= self.ack_max_delay else []
-        earliest = self.last_ack + self.ack_min_gap
-        if now < earliest:
-            return [WaitForMessage(earliest)]
-        return self._ack(now)
 
-    def _ack(self, now: float) -> list[Action]:
-        self.owed, self.last_ack = False, now
-        grant, self.grant = self.grant, 0
-        return [SendAck(grant)]
+def _heard(
+    state: FollowerState, offset: int, applied: int, now: float, *, owed: bool
+) -> FollowerState:
+    """The primary was at ``offset`` (never lowered) and we at ``applied``. Every
+    message takes this path: the constructor, not ``dataclasses.replace`` (about twice
+    its cost)."""
+    primary = max(state.primary_offset, offset)
+    return FollowerState(
+        caught_up_at=now if applied >= primary else state.caught_up_at,
+        primary_offset=primary,
+        clock_skew=state.clock_skew,
+        owed=owed,
+        last_ack=state.last_ack,
+        grant=state.grant,
+        ack_min_gap=state.ack_min_gap,
+        ack_max_delay=state.ack_max_delay,
+    )
+
+
+def _next_message(
+    state: FollowerState, buffered: bool, now: float
+) -> tuple[FollowerState, list[Action]]:
+    if not state.owed:
+        return state, []
+    if buffered:
+        return _ack(state, now) if now - state.last_ack >= state.ack_max_delay else (state, [])
+    earliest = state.last_ack + state.ack_min_gap
+    if now < earliest:
+        return state, [WaitForMessage(earliest)]
+    return _ack(state, now)
+
+
+def _ack(state: FollowerState, now: float) -> tuple[FollowerState, list[Action]]:
+    return replace(state, owed=False, last_ack=now, grant=0), [SendAck(state.grant)]

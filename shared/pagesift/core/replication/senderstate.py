@@ -6,13 +6,17 @@ What it owns
 start (which ``protocol.decide`` settles): each session's acknowledged offset and
 the last time it was caught up, the writers waiting for an ack in sync mode, whether
 sync mode is degraded, and each session's tail clock (when its last batch went out,
-when its next heartbeat is due). ``SenderState.step(event, now)`` applies one event
-at the time ``now`` and returns the actions it calls for. Like ``replproto`` it does
-no I/O, reads no clock and never waits: ``pagesift.primary.replication`` is the
-asyncio shell that turns gRPC and asyncio happenings into events (``now`` is
-``time.monotonic()``) and carries the actions out: resolve a writer's future, sleep
-until a time, send a batch or a heartbeat, log, count. The tests drive it with a fake
-clock (``tests/test_replstate.py``).
+when its next heartbeat is due). It is a frozen value (its sessions a read-only
+mapping of frozen ``Session`` values, its waiters a tuple): ``step(state, event,
+now)`` applies one event at the time ``now`` and returns the new state and the
+actions it calls for, leaving ``state`` as it was. Like ``protocol`` it does no I/O,
+reads no clock and never waits: ``pagesift.primary.replication`` is the asyncio shell
+that holds the current state, turns gRPC and asyncio happenings into events (``now``
+is ``time.monotonic()``), keeps the state each step returns and carries every action
+out: resolve a writer's future, sleep until a time, send a batch or a heartbeat, log,
+count. The events and actions are declared by ``pagesift.core.util.machine``'s
+convention (``EVENTS``, ``ACTIONS``). The tests drive it with a fake clock
+(``tests/test_replstate.py``).
 
 The protocol
 ------------
@@ -72,15 +76,21 @@ The guarantee, and why it holds
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Literal
 
 from pagesift.core.replication import protocol
+from pagesift.core.util.machine import Kinds, declare
 
 Mode = Literal["async", "sync"]
 NEVER = float("-inf")  # "long ago": no batch sent yet, a heartbeat due at once
 #: The grant requests a session keeps unanswered (older ones no longer count).
 MAX_GRANTS_ASKED = 16
+
+EVENTS = Kinds("a sender event")
+ACTIONS = Kinds("a sender action")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +106,7 @@ class SenderConfig:
 # --- events ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class SessionOpened:
     """A hello was answered; ``acked``: the offset the two sides share already (the
     standby's applied offset for a continue, 0 for a full resync)."""
@@ -107,19 +117,19 @@ class SessionOpened:
     acked: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class SessionTailing:
     """The decision (and the snapshot) went out; the tail starts."""
 
     session: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class SessionClosed:
     session: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class AckReceived:
     """The standby of ``session`` applied everything up to ``offset``, durably;
     ``last_offset``: the log's last offset now."""
@@ -130,7 +140,7 @@ class AckReceived:
     grant: int = 0  # the failsafe request this ack answers (0: none)
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class WaitStarted:
     """A writer waits for ``offset`` to be replicated; ``waiter``: the shell's id."""
 
@@ -138,24 +148,24 @@ class WaitStarted:
     offset: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class WaitAbandoned:
     """The writer stopped waiting (cancelled) before its waiter was released."""
 
     waiter: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Tick:
     """Time passed (a waiter's ``AwaitAck.until`` came): check the deadlines."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class SteppedDown:
     """This node was fenced: nothing written here will replicate any more."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class EntriesReady:
     """The tail of ``session`` read a batch of ``nbytes`` (at least one entry)."""
 
@@ -163,12 +173,12 @@ class EntriesReady:
     nbytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class EntriesSent:
     session: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class TailTurnEnded:
     """The tail of ``session`` is done with its entries (``sent``: it sent some)."""
 
@@ -189,12 +199,13 @@ Event = (
     | EntriesSent
     | TailTurnEnded
 )
+EVENTS.seal(Event)
 
 
 # --- actions --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Release:
     """Resolve the writer's wait: ``replicated`` True (acked) or False (not)."""
 
@@ -202,7 +213,7 @@ class Release:
     replicated: bool
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class AwaitAck:
     """The waiter is pending: wait for its release, and send ``Tick`` at ``until``."""
 
@@ -210,7 +221,7 @@ class AwaitAck:
     until: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Degraded:
     """Sync mode degraded to async: warn once and count once. ``offset``: the waiter
     whose deadline passed first; ``acked``: the best acked offset then."""
@@ -219,26 +230,26 @@ class Degraded:
     acked: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Restored:
     """A standby acked the last offset: sync mode is back."""
 
     acked: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class SendEntries:
     """Send the batch now."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Linger:
     """Do not send before ``until``: then read again and send what there is."""
 
     until: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class SendHeartbeat:
     """Send a heartbeat (the primary's offset, clock and epoch), asking for the
     failsafe grant ``failsafe_request`` (0: none)."""
@@ -246,7 +257,7 @@ class SendHeartbeat:
     failsafe_request: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class GrantConfirmed:
     """Standby ``node_id`` answered the grant request this primary sent at ``sent_at``."""
 
@@ -254,7 +265,7 @@ class GrantConfirmed:
     sent_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class WaitForEntries:
     """Nothing to send: wait for a new entry, but no later than ``until``."""
 
@@ -272,12 +283,13 @@ Action = (
     | GrantConfirmed
     | WaitForEntries
 )
+ACTIONS.seal(Action)
 
 
 # --- state ----------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Session:
     node_id: str
     peer: str
@@ -286,7 +298,7 @@ class Session:
     tailing: bool = False
     sent_at: float = NEVER  # when the last entry batch went out
     beat_due: float = NEVER  # when the next heartbeat is due
-    asked: dict[int, float] = field(default_factory=dict)  # grant requests: sent_at
+    asked: tuple[tuple[int, float], ...] = ()  # grant requests (number, sent_at), rising
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -307,13 +319,17 @@ class SenderStatus:
     lag: protocol.Lag
 
 
-@dataclass(slots=True)
+def _no_sessions() -> Mapping[int, Session]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
 class SenderState:
-    """One primary's replication state; ``step`` is the only way it changes."""
+    """One primary's replication state, a value: ``step`` returns the next one."""
 
     config: SenderConfig = field(default_factory=SenderConfig)
-    sessions: dict[int, Session] = field(default_factory=dict)
-    pending: list[Waiter] = field(default_factory=list)  # in offset order
+    sessions: Mapping[int, Session] = field(default_factory=_no_sessions)  # read-only
+    pending: tuple[Waiter, ...] = ()  # in offset order
     degraded: bool = False
     degradations: int = 0
     grant_requests: int = 0  # failsafe grant requests sent (the last one's number)
@@ -349,118 +365,183 @@ class SenderState:
             ),
         )
 
-    # --- the transition ----------------------------------------------------------------
-    def step(self, event: Event, now: float) -> list[Action]:
-        """Apply ``event`` at ``now``; the actions the shell must carry out, in order."""
-        match event:
-            case AckReceived(session, offset, last_offset, grant):
-                return [
-                    *self._granted(session, grant),
-                    *self._ack(session, offset, last_offset, now),
-                ]
-            case EntriesReady(session, nbytes):
-                return self._entries_ready(session, nbytes, now)
-            case EntriesSent(session):
-                self.sessions[session].sent_at = now
-                return []
-            case TailTurnEnded(session, sent):
-                return self._turn_ended(session, sent, now)
-            case WaitStarted(waiter, offset):
-                return self._wait(waiter, offset, now)
-            case Tick():
-                return self._tick(now)
-            case WaitAbandoned(waiter):
-                self.pending = [w for w in self.pending if w.waiter != waiter]
-                return []
-            case SessionOpened(session, node_id, peer, acked):
-                self.sessions[session] = Session(node_id, peer, acked, caught_up_at=now)
-                return []
-            case SessionTailing(session):
-                self.sessions[session].tailing = True
-                return []
-            case SessionClosed(session):
-                self.sessions.pop(session, None)
-                return []
-            case SteppedDown():
-                return self._release_all(False)
-        raise TypeError(f"not a sender event: {event!r}")
 
-    def _wait(self, waiter: int, offset: int, now: float) -> list[Action]:
-        if self.acked_offset >= offset:
-            return [Release(waiter, True)]
-        if self.config.mode != "sync" or self.degraded:
-            return [Release(waiter, False)]
-        w = Waiter(offset, waiter, now + self.config.sync_timeout)
-        bisect.insort(self.pending, w)
-        return [AwaitAck(waiter, w.deadline)]
+# --- the transition --------------------------------------------------------------------
+Step = tuple[SenderState, list[Action]]
 
-    def _ack(self, sid: int, offset: int, last_offset: int, now: float) -> list[Action]:
-        session = self.sessions.get(sid)
-        if session is None:
-            return []
-        session.acked = acked = max(session.acked, offset)
-        actions: list[Action] = []
-        if acked >= last_offset:
-            session.caught_up_at = now
-            if self.degraded:
-                self.degraded = False
-                actions.append(Restored(acked))
-        # ``pending`` is in offset order: the covered waiters are a prefix.
-        n = bisect.bisect_right(self.pending, acked, key=_offset)
-        if n:
-            actions += [Release(w.waiter, True) for w in self.pending[:n]]
-            del self.pending[:n]
-        return actions
 
-    def _granted(self, sid: int, grant: int) -> list[Action]:
-        session = self.sessions.get(sid)
-        if session is None or grant not in session.asked:
-            return []
-        sent_at = session.asked[grant]
-        session.asked = {n: t for n, t in session.asked.items() if n > grant}
-        self.grants_confirmed += 1
-        return [GrantConfirmed(session.node_id, sent_at)]
+def step(state: SenderState, event: Event, now: float) -> Step:
+    """Apply ``event`` at ``now``: the new state and the actions the shell must carry
+    out, in order (``state`` itself is left as it was)."""
+    match event:
+        case AckReceived(session, offset, last_offset, grant):
+            state, granted = _granted(state, session, grant)
+            state, released = _ack(state, session, offset, last_offset, now)
+            return state, [*granted, *released]
+        case EntriesReady(session, nbytes):
+            return state, _entries_ready(state, session, nbytes, now)
+        case EntriesSent(session):
+            sent = _moved(state.sessions[session], sent_at=now)
+            return _changed(state, _put(state.sessions, session, sent)), []
+        case TailTurnEnded(session, sent):
+            return _turn_ended(state, session, sent, now)
+        case WaitStarted(waiter, offset):
+            return _wait(state, waiter, offset, now)
+        case Tick():
+            return _tick(state, now)
+        case WaitAbandoned(waiter):
+            return replace(state, pending=tuple(w for w in state.pending if w.waiter != waiter)), []
+        case SessionOpened(session, node_id, peer, acked):
+            opened = Session(node_id, peer, acked, caught_up_at=now)
+            return replace(state, sessions=_put(state.sessions, session, opened)), []
+        case SessionTailing(session):
+            tailing = replace(state.sessions[session], tailing=True)
+            return replace(state, sessions=_put(state.sessions, session, tailing)), []
+        case SessionClosed(session):
+            left = {sid: s for sid, s in state.sessions.items() if sid != session}
+            return replace(state, sessions=MappingProxyType(left)), []
+        case SteppedDown():
+            return _release_all(state, False)
+    raise EVENTS.unknown(event)
 
-    def _tick(self, now: float) -> list[Action]:
-        if not self.pending:
-            return []
-        first = min(self.pending, key=lambda w: w.deadline)
-        if now < first.deadline:
-            return []
-        self.degraded = True
-        self.degradations += 1
-        return [Degraded(first.offset, self.acked_offset), *self._release_all(False)]
 
-    def _release_all(self, replicated: bool) -> list[Action]:
-        actions: list[Action] = [Release(w.waiter, replicated) for w in self.pending]
-        self.pending.clear()
-        return actions
+# The tail's every batch, every ack and every sync wait change the state: ``_moved`` and
+# ``_changed`` make the next value by its constructor (``dataclasses.replace`` costs about
+# twice as much).
+def _moved(
+    s: Session,
+    *,
+    acked: int | None = None,
+    caught_up_at: float | None = None,
+    sent_at: float | None = None,
+) -> Session:
+    """``s`` with a new ack (and catch-up time) or a new batch sent."""
+    return Session(
+        node_id=s.node_id,
+        peer=s.peer,
+        acked=s.acked if acked is None else acked,
+        caught_up_at=s.caught_up_at if caught_up_at is None else caught_up_at,
+        tailing=s.tailing,
+        sent_at=s.sent_at if sent_at is None else sent_at,
+        beat_due=s.beat_due,
+        asked=s.asked,
+    )
 
-    def _entries_ready(self, sid: int, nbytes: int, now: float) -> list[Action]:
-        cfg = self.config
-        until = self.sessions[sid].sent_at + cfg.linger
-        if cfg.mode != "sync" and nbytes < cfg.batch_bytes and until > now:
-            return [Linger(until)]
-        return [SendEntries()]
 
-    def _turn_ended(self, sid: int, sent: bool, now: float) -> list[Action]:
-        session = self.sessions[sid]
-        actions: list[Action] = []
-        if now >= session.beat_due:
-            session.beat_due = now + self.config.heartbeat_interval
-            actions.append(SendHeartbeat(self._ask_grant(session, now)))
-        if not sent:
-            actions.append(WaitForEntries(session.beat_due))
-        return actions
+def _changed(
+    state: SenderState,
+    sessions: Mapping[int, Session],
+    pending: tuple[Waiter, ...] | None = None,
+    degraded: bool | None = None,
+) -> SenderState:
+    """``state`` with new sessions (and waiters, and degradation)."""
+    return SenderState(
+        config=state.config,
+        sessions=sessions,
+        pending=state.pending if pending is None else pending,
+        degraded=state.degraded if degraded is None else degraded,
+        degradations=state.degradations,
+        grant_requests=state.grant_requests,
+        grants_confirmed=state.grants_confirmed,
+    )
 
-    def _ask_grant(self, session: Session, now: float) -> int:
-        if self.config.failsafe_ttl <= 0:
-            return 0
-        self.grant_requests += 1
-        session.asked[self.grant_requests] = now
-        if len(session.asked) > MAX_GRANTS_ASKED:
-            del session.asked[min(session.asked)]
-        return self.grant_requests
+
+def _put(sessions: Mapping[int, Session], sid: int, session: Session) -> Mapping[int, Session]:
+    """``sessions`` with ``sid`` now ``session``: a new read-only mapping."""
+    changed = dict(sessions)
+    changed[sid] = session
+    return MappingProxyType(changed)
+
+
+def _wait(state: SenderState, waiter: int, offset: int, now: float) -> Step:
+    if state.acked_offset >= offset:
+        return state, [Release(waiter, True)]
+    if state.config.mode != "sync" or state.degraded:
+        return state, [Release(waiter, False)]
+    w = Waiter(offset, waiter, now + state.config.sync_timeout)
+    at = bisect.bisect_right(state.pending, w)  # (where ``insort`` puts it)
+    pending = (*state.pending[:at], w, *state.pending[at:])
+    return _changed(state, state.sessions, pending), [AwaitAck(waiter, w.deadline)]
+
+
+def _ack(state: SenderState, sid: int, offset: int, last_offset: int, now: float) -> Step:
+    session = state.sessions.get(sid)
+    if session is None:
+        return state, []
+    acked = max(session.acked, offset)
+    caught_up = acked >= last_offset
+    actions: list[Action] = []
+    if caught_up and state.degraded:
+        actions.append(Restored(acked))
+    # ``pending`` is in offset order: the covered waiters are a prefix.
+    n = bisect.bisect_right(state.pending, acked, key=_offset)
+    actions += [Release(w.waiter, True) for w in state.pending[:n]]
+    at = now if caught_up else session.caught_up_at
+    session = _moved(session, acked=acked, caught_up_at=at)
+    sessions = _put(state.sessions, sid, session)
+    return _changed(state, sessions, state.pending[n:], state.degraded and not caught_up), actions
+
+
+def _granted(state: SenderState, sid: int, grant: int) -> Step:
+    session = state.sessions.get(sid)
+    sent_at = dict(session.asked).get(grant) if session is not None and grant else None
+    if session is None or sent_at is None:
+        return state, []
+    session = replace(session, asked=tuple(a for a in session.asked if a[0] > grant))
+    granted = replace(
+        state,
+        sessions=_put(state.sessions, sid, session),
+        grants_confirmed=state.grants_confirmed + 1,
+    )
+    return granted, [GrantConfirmed(session.node_id, sent_at)]
+
+
+def _tick(state: SenderState, now: float) -> Step:
+    if not state.pending:
+        return state, []
+    first = min(state.pending, key=lambda w: w.deadline)
+    if now < first.deadline:
+        return state, []
+    degraded = replace(state, degraded=True, degradations=state.degradations + 1)
+    released, actions = _release_all(degraded, False)
+    return released, [Degraded(first.offset, state.acked_offset), *actions]
+
+
+def _release_all(state: SenderState, replicated: bool) -> Step:
+    actions: list[Action] = [Release(w.waiter, replicated) for w in state.pending]
+    return (replace(state, pending=()) if state.pending else state), actions
+
+
+def _entries_ready(state: SenderState, sid: int, nbytes: int, now: float) -> list[Action]:
+    cfg = state.config
+    until = state.sessions[sid].sent_at + cfg.linger
+    if cfg.mode != "sync" and nbytes < cfg.batch_bytes and until > now:
+        return [Linger(until)]
+    return [SendEntries()]
+
+
+def _turn_ended(state: SenderState, sid: int, sent: bool, now: float) -> Step:
+    session = state.sessions[sid]
+    actions: list[Action] = []
+    if now >= session.beat_due:
+        session = replace(session, beat_due=now + state.config.heartbeat_interval)
+        state, session, request = _ask_grant(state, session, now)
+        state = replace(state, sessions=_put(state.sessions, sid, session))
+        actions.append(SendHeartbeat(request))
+    if not sent:
+        actions.append(WaitForEntries(session.beat_due))
+    return state, actions
+
+
+def _ask_grant(
+    state: SenderState, session: Session, now: float
+) -> tuple[SenderState, Session, int]:
+    """A heartbeat's grant request (0: none asked), kept in ``session``."""
+    if state.config.failsafe_ttl <= 0:
+        return state, session, 0
+    request = state.grant_requests + 1
+    asked = (*session.asked, (request, now))[-MAX_GRANTS_ASKED:]  # the oldest go first
+    return replace(state, grant_requests=request), replace(session, asked=asked), request
 
 
 def _offset(w: Waiter) -> int:
