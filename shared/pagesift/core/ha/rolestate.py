@@ -9,8 +9,9 @@ has running (jobs, follower, watchdog, fencer). ``step(state, event, now)`` appl
 event at the time ``now`` and returns the new state and the actions it calls for. It
 does no I/O, reads no clock and never waits: ``pagesift.node.node.Node`` is the
 asyncio shell that turns happenings into events (``now`` is ``time.monotonic()``) and
-carries the actions out. The tests drive it with a fake clock
-(``tests/test_rolestate.py``).
+carries the actions out. Its events and actions are declared by
+``pagesift.core.util.machine``'s convention (``EVENTS``, ``ACTIONS``). The tests drive
+it with a fake clock (``tests/test_rolestate.py``).
 
 What stays durable, and where
 -----------------------------
@@ -83,6 +84,7 @@ from dataclasses import dataclass, replace
 from pagesift.core.ha.roles import Role
 from pagesift.core.replication import protocol
 from pagesift.core.replication.protocol import FencingVerdict
+from pagesift.core.util.machine import Kinds, declare
 
 #: The longest pause between two looks of the auto-promote watchdog.
 WATCHDOG_MAX_INTERVAL = 0.5
@@ -123,8 +125,12 @@ class RoleState:
         return cls(config=config, role=config.requested)
 
 
+EVENTS = Kinds("a role event")
+ACTIONS = Kinds("a role action")
+
+
 # --- events -----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Started:
     persisted_role: Role | None  # the role last recorded in the data directory
     epoch: int
@@ -132,43 +138,43 @@ class Started:
     synced: bool  # the data directory holds a history
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class PrimaryHeard:
     synced: bool
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class PrimarySilent:
     synced: bool
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Tick:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class PromoteRequested:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Promoted:
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class HigherEpochSeen:
     epoch: int
     by: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class FencerDone:
     verdict: FencingVerdict
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class LeaderIs:
     """Witness mode: another node holds the leader key; it replicates at ``address``."""
 
@@ -176,26 +182,26 @@ class LeaderIs:
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class LeaseWon:
     """Witness mode: this node took the leader key, whose epoch is ``epoch``."""
 
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class LeaseHeld:
     """Witness mode: the pair state is published and the write deadline set: the
     primary may write (again)."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class LeaseLost:
     """Witness mode: the write deadline passed with no keepalive acknowledged (the
     log already refuses writes: it checks the deadline itself)."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Stopping:
     pass
 
@@ -215,15 +221,16 @@ Event = (
     | LeaseLost
     | Stopping
 )
+EVENTS.seal(Event)
 
 
 # --- actions ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class RefuseStart:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class LogLine:
     """A line for the node's log, at ``level`` (the shell writes it as it comes)."""
 
@@ -231,57 +238,57 @@ class LogLine:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class OpenForWrites:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StartJobs:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StopJobs:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StartFollower:
     target: str
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StopFollower:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StartWatchdog:
     interval: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StopWatchdog:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Promote:
     epoch: int = 0  # the lowest epoch to take (a witness's), 0 for the next one
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StartElection:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StopElection:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StepDown:
     """Witness mode: another node holds the lease at ``epoch``: record it as the epoch
     that fences this node (durably) before following it."""
@@ -289,12 +296,12 @@ class StepDown:
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StartFencer:
     former_primary: str
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StopFencer:
     pass
 
@@ -316,6 +323,7 @@ Action = (
     | StopElection
     | StepDown
 )
+ACTIONS.seal(Action)
 
 NO_CREDENTIAL_STANDBY = (
     "a standby needs a replication credential: replication_token_file "
