@@ -15,6 +15,8 @@ once per event (and once as a request leaves: its ``sent_at``). Every request
 (``ReadLeader``...``KeepAlive``, ``SleepUntil``) is the last action of its batch and
 is answered by exactly one event; every answer issues the next request, so the loop
 never stalls. ``Tick`` (a ``WakeAt`` timer) and ``WriterPublished`` issue none.
+The events and actions are declared by ``pagesift.core.util.machine``'s convention
+(``EVENTS``, ``ACTIONS``).
 
 The guarantees, by construction
 -------------------------------
@@ -55,6 +57,7 @@ from dataclasses import dataclass, replace
 
 from pagesift.core.ha import election, failsafe, rolestate
 from pagesift.core.ha.election import Candidate, Holder, PairState
+from pagesift.core.util.machine import Kinds, declare
 
 #: The deadline of a node that holds no lease: every write is refused.
 CLOSED = float("-inf")
@@ -117,25 +120,29 @@ class ElectorState:
         return cls(config=config)
 
 
+EVENTS = Kinds("an elector event")
+ACTIONS = Kinds("an elector action")
+
+
 # --- events -----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Start:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class LeaderSeen:
     """``ReadLeader``: ``holder`` holds the leader key (maybe this node, from before a restart)."""
 
     holder: Holder
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class KeyVacant:
     """``ReadLeader``: nobody holds the leader key."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class PairStateRead:
     """``ReadPairState``: the pair state, and this node as a candidate now."""
 
@@ -143,7 +150,7 @@ class PairStateRead:
     candidate: Candidate
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class LeaseGranted:
     """``Campaign``: the key is ours under ``lease``; the campaign left at ``sent_at``."""
 
@@ -151,19 +158,19 @@ class LeaseGranted:
     sent_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class CampaignLost:
     """``Campaign``: another node holds the key."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class PromotionSettled:
     """``CheckPromoted``: whether the role machine made this node the primary."""
 
     primary: bool
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Published:
     """``Publish``: ``state`` is in the witness; ``order`` counts the node's publishes."""
 
@@ -171,41 +178,41 @@ class Published:
     order: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class PublishRefused:
     """``Publish``: the leader key is no longer this lease's."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class KeepaliveAcked:
     """``KeepAlive``: the witness refreshed the lease; the keepalive left at ``sent_at``."""
 
     sent_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class KeepaliveRefused:
     """``KeepAlive``: the witness says the lease lapsed."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Unavailable:
     """Any request: the witness did not answer in time (or answered with an error)."""
 
     why: str
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Woke:
     """``SleepUntil``: the pause is over."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Tick:
     """A ``WakeAt`` timer fired (the deadline may have passed)."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class WriterPublished:
     """A writer published ``state`` (``Elector.record_out_of_sync``), ``order`` as above."""
 
@@ -213,7 +220,7 @@ class WriterPublished:
     order: int
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class GrantAcked:
     """Failsafe: standby ``node_id`` answered the grant request sent at ``sent_at``."""
 
@@ -221,7 +228,7 @@ class GrantAcked:
     sent_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class PublishAttempted:
     """A publish numbered ``order`` goes out naming ``standbys`` (it may land even if
     its answer is lost: they count until a later publish is acknowledged)."""
@@ -230,7 +237,7 @@ class PublishAttempted:
     standbys: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@declare(EVENTS)
 class Stop:
     pass
 
@@ -255,72 +262,73 @@ Event = (
     | PublishAttempted
     | Stop
 )
+EVENTS.seal(Event)
 
 
 # --- actions ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class ReadLeader:
     """Request: who holds the leader key (``LeaderSeen`` / ``KeyVacant``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class ReadPairState:
     """Request: the pair state (``PairStateRead``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Campaign:
     """Request: take the vacant key under a new lease (``LeaseGranted`` / ``CampaignLost``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class CheckPromoted:
     """Request: is the node the primary now (``PromotionSettled``)?"""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Publish:
     """Request: publish the pair state while ``lease``'s key is the leader key."""
 
     lease: Grant
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class KeepAlive:
     """Request: refresh ``lease`` (``KeepaliveAcked`` / ``KeepaliveRefused``)."""
 
     lease: Grant
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class SleepUntil:
     """Request: pause the loop until ``at`` (``Woke``)."""
 
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class SetDeadline:
     """The log takes no write from ``at`` on (``CLOSED``: none at all)."""
 
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class WakeAt:
     """Feed ``Tick`` at ``at`` (one timer: it replaces the previous one)."""
 
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Resign:
     """Give ``lease`` up in the witness (revoking a lapsed lease is harmless)."""
 
     lease: Grant
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Emit:
     """Feed ``event`` to the role machine; ``wait=False``: without holding up this loop
     (starting or stopping jobs must not delay a keepalive)."""
@@ -329,23 +337,24 @@ class Emit:
     wait: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class Warn:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class StopGranting:
     """Failsafe: give no more promises not to campaign (a campaign is going out)."""
 
 
-@dataclass(frozen=True, slots=True)
+@declare(ACTIONS)
 class ResumeGranting:
     """Failsafe: promises may be given again (no lease held, no campaign under way)."""
 
 
 Request = ReadLeader | ReadPairState | Campaign | CheckPromoted | Publish | KeepAlive | SleepUntil
 Action = Request | SetDeadline | WakeAt | Resign | Emit | Warn | StopGranting | ResumeGranting
+ACTIONS.seal(Action)
 
 
 def writable_lease(state: ElectorState, now: float) -> Grant | None:
@@ -434,7 +443,7 @@ def step(state: ElectorState, event: Event, now: float) -> tuple[ElectorState, l
             return published, [Publish(state.lease)]
         case KeepaliveRefused():
             return _lapsed(state, "the witness says our lease lapsed", now)
-    raise TypeError(f"not an elector event: {event!r}")
+    raise EVENTS.unknown(event)
 
 
 _ANSWERS: dict[Waiting, tuple[type, ...]] = {
