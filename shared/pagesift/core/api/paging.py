@@ -3,8 +3,8 @@
 What it owns: the AIP-158 paging of ListJobs and GetJobErrors (``page_size``, opaque
 ``page_token`` s that name the call and filter they were issued for), the windows
 GetJob and WatchJob read from the store (bounded in count and in bytes, read a few
-documents at a time so that no more than a window is ever held), the batches a Map
-response is cut into, and the stored form of a batch request.
+documents at a time so that no more than a window is ever held), and the batches a
+Map response is cut into.
 
 Invariants: every function here is pure over the store it is given (no gRPC, no
 clock); a token from another call, filter or job is ``InvalidArgument`` naming
@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pagesift.core.api.streams import WINDOW_DOCS
 from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs import records
-from pagesift.core.jobs.specs import BatchSpec
 from pagesift.core.jobs.validate import InvalidArgument
 from pagesift.core.store.db import Store
 from pagesift.v1 import jobs_pb2
@@ -95,26 +94,6 @@ def errors_start(token: str, job_id: str) -> tuple[str, int]:
     if which not in (b"errors", b"notes") or not seq.isdigit() or len(seq) > 19:
         raise InvalidArgument("page_token", "not a page token of this call")
     return which.decode(), int(seq)
-
-
-def stored_batch(request: jobs_pb2.StartBatchScrapeRequest, plan: BatchSpec) -> bytes:
-    """The batch request to store: as sent when every URL is valid, else the same
-    request with only the valid URLs, built without copying the sent URLs first
-    (protobuf merges concatenated encodings, repeated fields appended in order)."""
-    if not plan.invalid:
-        return request.SerializeToString(deterministic=True)
-    rest = jobs_pb2.StartBatchScrapeRequest()
-    for field, value in request.ListFields():
-        if field.name == "urls":
-            continue
-        if hasattr(value, "extend"):  # a repeated field
-            getattr(rest, field.name).extend(value)
-        elif field.message_type is not None:
-            getattr(rest, field.name).CopyFrom(value)
-        else:
-            setattr(rest, field.name, value)
-    urls = jobs_pb2.StartBatchScrapeRequest(urls=plan.urls)
-    return rest.SerializeToString(deterministic=True) + urls.SerializeToString()
 
 
 def window(store: Store, job_id: str, index: int, count: int, visible: int | None) -> list[bytes]:
