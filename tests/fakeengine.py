@@ -3,7 +3,7 @@ serves httpx's own tests: no socket, no resolver, no extraction worker.
 
 ``FakeEngine(site)`` answers ``scrape(url, ...)`` with ``site(url)``: a ``Page`` (build
 one with ``page``) or a raised ``PageError``, exactly the two outcomes the ``Engine``
-contract (``pagesift.primary.engine.protocol``) allows. ``sitemap_urls`` (and
+contract (``pagesift.primary.engine.interface``) allows. ``sitemap_urls`` (and
 ``sitemap_batches``, in one batch) returns what ``sitemaps`` holds for the URL's origin,
 else nothing (the contract: never raises). The URLs in ``disallowed`` are the fake's
 robots.txt: ``robots_allowed`` says False for them and ``scrape`` raises
@@ -29,8 +29,8 @@ from urllib.parse import urljoin, urlsplit
 from pagesift.core.api.metricsources import BrowserFigures
 from pagesift.core.jobs import urls
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
+from pagesift.primary.engine.interface import FetchPolicy, Page
 from pagesift.primary.engine.politeness import HostSlots
-from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.v1 import jobs_pb2
 
 Site = Callable[[str], Page]

@@ -43,8 +43,8 @@ from pagesift.demo.site import CALENDAR_EXCLUDE, normalize_url
 from pagesift.node import grpcserver
 from pagesift.node.node import Node, http_engine
 from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.interface import Engine
 from pagesift.primary.engine.netguard import AddressGuard
-from pagesift.primary.engine.protocol import Engine
 from pagesift.primary.webhooks import outbox
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc, replication_pb2_grpc
 from pagesift.v1 import replication_pb2 as rpb

@@ -20,7 +20,7 @@ import pytest
 
 from pagesift.client import JobClient
 from pagesift.client.errors import error_info_of, reason_of
-from pagesift.primary.engine.protocol import FetchPolicy, Page
+from pagesift.primary.engine.interface import FetchPolicy, Page
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page
 from tests.helpers import ALICE, BOB, Acct, RunningNode, in_process_node, wait_done, write_accounts

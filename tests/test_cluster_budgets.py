@@ -32,7 +32,7 @@ from pagesift.client.errors import reason_of
 from pagesift.coord.budgets import ClusterBudgets, EtcdBudgets, day_of
 from pagesift.core.cluster.budgetplans import block_size
 from pagesift.drill.fixture import Etcd
-from pagesift.primary.engine.protocol import FetchPolicy, Page
+from pagesift.primary.engine.interface import FetchPolicy, Page
 from pagesift.primary.jobs.clustered import ClusteredJobs
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page

@@ -26,9 +26,9 @@ from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs import urls
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.interface import Engine, FetchPolicy
 from pagesift.primary.engine.netguard import BlockedAddressError, GuardedResolver
 from pagesift.primary.engine.politeness import HostSlots, effective_delay
-from pagesift.primary.engine.protocol import Engine, FetchPolicy
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.v1 import jobs_pb2
 from tests.helpers import EngineMaker, free_port

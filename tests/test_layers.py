@@ -21,7 +21,7 @@ them (``FLOORS``, each with its reason):
   gateway; the client reaches its ``etcd``, ``keys`` and ``registry`` modules alone;
 - inside ``pagesift.primary``: ``engine`` and ``extract`` import nothing from ``jobs`` or
   ``webhooks``; ``extract`` imports nothing from ``engine``; ``jobs`` sees the engine
-  through ``engine.protocol`` alone, plus the values it hands down (``ENGINE_FOR_JOBS``).
+  through ``engine.interface`` alone, plus the values it hands down (``ENGINE_FOR_JOBS``).
 
 The pure state machines (``PURE``) import, transitively, only each other and modules
 that do no I/O and read no clock (``IO_MODULES`` lists what they must never reach).
@@ -92,7 +92,7 @@ CLIENT_MAY_IMPORT: tuple[str, ...] = (
 #: what job code may import of ``pagesift.primary.engine``: the ``Engine`` protocol, and
 #: the values it builds and hands down (request profiles, cookie jars, retry decisions)
 ENGINE_FOR_JOBS: tuple[str, ...] = (
-    "pagesift.primary.engine.protocol",
+    "pagesift.primary.engine.interface",
     "pagesift.primary.engine.reqprofile",
     "pagesift.primary.engine.cookiejar",
     "pagesift.primary.engine.retrypolicy",
@@ -236,12 +236,12 @@ def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     src.write_text(
         "import importlib\n"
         "def f():\n"
-        "    from pagesift.primary.engine.protocol import PageError\n"
+        "    from pagesift.primary.engine.interface import PageError\n"
         "    from ..standby import follower\n"
         "    importlib.import_module('pagesift.cli')\n"
     )
     found = {(i.line, i.target) for i in imports_of("pagesift.core.mod", src)}
-    assert (3, "pagesift.primary.engine.protocol.PageError") in found
+    assert (3, "pagesift.primary.engine.interface.PageError") in found
     assert (4, "pagesift.standby.follower") in found
     assert (5, "pagesift.cli") in found
     assert len(violations(list(imports_of("pagesift.core.mod", src)))) == 3
@@ -288,6 +288,7 @@ PURE = (
     "pagesift.primary.engine.cookierecords",
     "pagesift.core.util.logthrottle",
     "pagesift.core.util.connlimits",
+    "pagesift.core.util.machine",  # the machines' declarations of events and actions
 )
 #: what a pure machine must never import, directly or through another module
 IO_MODULES = (

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from pagesift.core.api import service as jobservice
-from pagesift.primary.engine.protocol import Page
+from pagesift.primary.engine.interface import Page
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.fakeengine import FakeEngine
 from tests.helpers import RunningNode, in_process_node, wait_terminal

@@ -25,7 +25,7 @@ from pagesift.core.jobs.scope import Entry
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.engine.cookiejar import JobCookies
-from pagesift.primary.engine.protocol import Page
+from pagesift.primary.engine.interface import Page
 from pagesift.primary.jobs import oneoff, pagecache, recording
 from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import NOTHING, PageResult, Recorded

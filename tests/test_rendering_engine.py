@@ -31,8 +31,8 @@ from pagesift.core.util import tracing
 from pagesift.primary.engine.autorender import HostMemory
 from pagesift.primary.engine.browser import pool as poolmod
 from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.interface import FetchPolicy
 from pagesift.primary.engine.netguard import AddressGuard
-from pagesift.primary.engine.protocol import FetchPolicy
 from pagesift.primary.engine.rendering import RenderingEngine, choose
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc

@@ -29,8 +29,8 @@ from pagesift.core.jobs.accounts import Account, Accounts, AccountsError
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.cookiejar import JobCookies
 from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.interface import FetchPolicy
 from pagesift.primary.engine.netguard import AddressGuard
-from pagesift.primary.engine.protocol import FetchPolicy
 from pagesift.primary.engine.reqprofile import ProxyPool, RequestProfile
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (

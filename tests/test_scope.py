@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagesift.core.jobs.scope import Scope, in_scope, path_prefix
 from pagesift.demo.site import CALENDAR_EXCLUDE, Site, normalize_url
-from pagesift.primary.engine.protocol import Page
+from pagesift.primary.engine.interface import Page
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.fakeengine import FakeEngine, page
 from tests.helpers import TERMINAL, all_documents, in_process_node, serve_handler, wait_terminal

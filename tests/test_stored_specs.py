@@ -19,7 +19,7 @@ from pagesift.core.jobs.accounts import Account
 from pagesift.core.jobs.specs import Permissions
 from pagesift.core.jobs.validate import InvalidArgument
 from pagesift.core.store.db import Store
-from pagesift.primary.engine.protocol import Page
+from pagesift.primary.engine.interface import Page
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.v1 import jobs_pb2
 from tests.fakeengine import FakeEngine, page

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from pagesift.core.jobs import records, specs, urls, views
 from pagesift.core.jobs.scope import in_scope
 from pagesift.core.store.db import Store
+from pagesift.primary.engine.interface import Page
 from pagesift.primary.engine.netguard import AddressGuard
-from pagesift.primary.engine.protocol import Page
 from pagesift.primary.engine.robots import page_directives
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc

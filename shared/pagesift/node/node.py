@@ -116,7 +116,7 @@ from pagesift.node.startup import (
 )
 from pagesift.node.status import RoleStatus, figures
 from pagesift.primary.engine.http import HttpEngine
-from pagesift.primary.engine.protocol import Engine
+from pagesift.primary.engine.interface import Engine
 from pagesift.primary.engine.rendering import RenderingEngine, render_status
 from pagesift.primary.jobs.runtime import Jobs
 from pagesift.primary.replication import ReplicationServicer

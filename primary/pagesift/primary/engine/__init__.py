@@ -1,6 +1,6 @@
-"""The engine: how a URL becomes a ``Page``; job code sees only ``protocol.Engine``.
+"""The engine: how a URL becomes a ``Page``; job code sees only ``interface.Engine``.
 
-- ``protocol``: the ``Engine`` contract, ``FetchPolicy`` and ``Page``.
+- ``interface``: the ``Engine`` contract, ``FetchPolicy`` and ``Page``.
 - ``rendering``: ``RenderingEngine``, the ``Engine`` every job sees, choosing HTTP or the
   browser per page; ``autorender``: AUTO's decision (does a page need a browser?).
 - ``http``: ``HttpEngine``, the HTTP engine's facade (a scrape, sitemaps, robots checks).

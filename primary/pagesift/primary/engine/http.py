@@ -47,10 +47,10 @@ from pagesift.core.util import tracing
 from pagesift.primary.engine import content, retrypolicy, sitemaps
 from pagesift.primary.engine.admission import Admission
 from pagesift.primary.engine.hops import Fetcher, Response, next_hop, status_error
+from pagesift.primary.engine.interface import FetchPolicy, Page
 from pagesift.primary.engine.netguard import AddressGuard
 from pagesift.primary.engine.pages import PageMaker, kind_of, page_accept
 from pagesift.primary.engine.politeness import HostSlots
-from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import ProxyPool, RequestProfile
 from pagesift.primary.engine.robots import SLICE_SECONDS, origin_of
 from pagesift.primary.engine.sessions import Sessions

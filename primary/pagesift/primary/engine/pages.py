@@ -40,7 +40,7 @@ from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine import autorender, content, workers
 from pagesift.primary.engine.hops import Accept, Response, status_error
-from pagesift.primary.engine.protocol import Page
+from pagesift.primary.engine.interface import Page
 from pagesift.primary.engine.robots import page_directives
 from pagesift.primary.extract import documents, html
 from pagesift.primary.extract.converted import DocumentError, DocumentTooLarge

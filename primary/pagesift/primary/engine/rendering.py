@@ -54,9 +54,9 @@ from pagesift.primary.engine.browser.guardproxy import ERROR_HEADER, GuardProxy,
 from pagesift.primary.engine.browser.pool import BrowserPool
 from pagesift.primary.engine.hops import Response
 from pagesift.primary.engine.http import HttpEngine
+from pagesift.primary.engine.interface import FetchPolicy, Page
 from pagesift.primary.engine.pages import RenderNeeded
 from pagesift.primary.engine.politeness import HostSlots
-from pagesift.primary.engine.protocol import FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.extract.metadata import response_metadata
 from pagesift.v1 import jobs_pb2

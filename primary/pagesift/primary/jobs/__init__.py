@@ -21,6 +21,6 @@
   before; ``sweep``: expiry, quota pruning and cache sweeping.
 
 Imports flow one way: runtime -> quarantining -> runner -> committing -> recording. Job
-code sees the web only through ``pagesift.primary.engine.protocol.Engine``
+code sees the web only through ``pagesift.primary.engine.interface.Engine``
 (``tests/test_layers.py``).
 """

@@ -45,7 +45,7 @@ from pagesift.core.jobs import records
 from pagesift.core.jobs.scope import Entry, Scope
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
-from pagesift.primary.engine.protocol import Engine, FetchPolicy
+from pagesift.primary.engine.interface import Engine, FetchPolicy
 from pagesift.v1 import jobs_pb2
 
 __all__ = [

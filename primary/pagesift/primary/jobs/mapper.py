@@ -65,7 +65,7 @@ from pagesift.core.jobs import patterns
 from pagesift.core.jobs.pageerrors import PageError
 from pagesift.core.jobs.scope import Scope, accepted_limits
 from pagesift.primary.engine import retrypolicy
-from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
+from pagesift.primary.engine.interface import Engine, FetchPolicy, Page
 from pagesift.primary.jobs import frontier
 from pagesift.v1 import jobs_pb2
 

@@ -29,7 +29,7 @@ from pagesift.core.jobs import quota, records
 from pagesift.core.jobs.accounts import Account, Accounts
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
-from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
+from pagesift.primary.engine.interface import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.jobs import mapper, pagecache, recording
 from pagesift.primary.jobs.pagedraws import PageDraws

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from pagesift.core.jobs import urls
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
-from pagesift.primary.engine.protocol import Page
+from pagesift.primary.engine.interface import Page
 from pagesift.v1 import jobs_pb2, store_pb2
 
 __all__ = [

@@ -42,7 +42,7 @@ from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.core.jobs.scope import Entry
 from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.engine.cookiejar import EMPTY, JarChanges, JobCookies
-from pagesift.primary.engine.protocol import Page
+from pagesift.primary.engine.interface import Page
 from pagesift.primary.jobs import frontier, pagecache
 from pagesift.primary.webhooks import outbox
 from pagesift.v1 import jobs_pb2

@@ -58,7 +58,7 @@ from pagesift.core.jobs.scope import Entry, Scope
 from pagesift.core.store.db import Store
 from pagesift.core.util.tasks import all_or_none
 from pagesift.primary.engine import retrypolicy
-from pagesift.primary.engine.protocol import Engine, FetchPolicy, Page
+from pagesift.primary.engine.interface import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.jobs import appending, frontier, oneoff, pagecache, recording
 from pagesift.primary.jobs.activity import Activity

@@ -49,7 +49,7 @@ from pagesift.core.store.db import Store
 from pagesift.core.store.errors import StorageUnavailable
 from pagesift.core.store.groups import WriteGroup
 from pagesift.core.util.tasks import cancel_and_wait_all
-from pagesift.primary.engine.protocol import Engine
+from pagesift.primary.engine.interface import Engine
 from pagesift.primary.jobs import appending, oneoff, sweep
 from pagesift.primary.jobs.quarantining import Quarantining
 from pagesift.primary.jobs.runner import Runner
