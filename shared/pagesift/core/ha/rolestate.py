@@ -149,13 +149,11 @@ class PrimarySilent:
 
 
 @declare(EVENTS)
-class Tick:
-    pass
+class Tick: ...
 
 
 @declare(EVENTS)
-class PromoteRequested:
-    pass
+class PromoteRequested: ...
 
 
 @declare(EVENTS)
@@ -202,8 +200,7 @@ class LeaseLost:
 
 
 @declare(EVENTS)
-class Stopping:
-    pass
+class Stopping: ...
 
 
 Event = (
@@ -239,18 +236,15 @@ class LogLine:
 
 
 @declare(ACTIONS)
-class OpenForWrites:
-    pass
+class OpenForWrites: ...
 
 
 @declare(ACTIONS)
-class StartJobs:
-    pass
+class StartJobs: ...
 
 
 @declare(ACTIONS)
-class StopJobs:
-    pass
+class StopJobs: ...
 
 
 @declare(ACTIONS)
@@ -259,8 +253,7 @@ class StartFollower:
 
 
 @declare(ACTIONS)
-class StopFollower:
-    pass
+class StopFollower: ...
 
 
 @declare(ACTIONS)
@@ -269,8 +262,7 @@ class StartWatchdog:
 
 
 @declare(ACTIONS)
-class StopWatchdog:
-    pass
+class StopWatchdog: ...
 
 
 @declare(ACTIONS)
@@ -279,13 +271,11 @@ class Promote:
 
 
 @declare(ACTIONS)
-class StartElection:
-    pass
+class StartElection: ...
 
 
 @declare(ACTIONS)
-class StopElection:
-    pass
+class StopElection: ...
 
 
 @declare(ACTIONS)
@@ -302,8 +292,7 @@ class StartFencer:
 
 
 @declare(ACTIONS)
-class StopFencer:
-    pass
+class StopFencer: ...
 
 
 Action = (

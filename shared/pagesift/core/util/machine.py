@@ -14,7 +14,10 @@ immutable values, declared here the same way for all four:
     class SessionClosed:
         session: int
 
-    Event = SessionOpened | SessionClosed | ...
+    @declare(EVENTS)
+    class Tick: ...  # (no fields)
+
+    Event = SessionOpened | SessionClosed | Tick | ...
     EVENTS.seal(Event)
 
 The protocol
