@@ -15,7 +15,8 @@ them (``FLOORS``, each with its reason):
   client of the pair) imports only those, itself and Firecrawl's document shape
   (``pagesift.core.jobs.firecrawlshape``, which imports only the wire code);
 - inside ``pagesift.core``: ``replication`` and ``ha`` import nothing from ``jobs`` or
-  ``api``; ``store`` and ``cluster`` import only ``util``;
+  ``api``, and ``ha`` nothing from ``replication`` (the log asks ``ha``'s role and
+  fencing rules, never the other way); ``store`` and ``cluster`` import only ``util``;
 - ``pagesift.coord`` (coordination: witness, registry, budgets) is the only package that
   imports ``aetcd``, and it imports no role, not the root, not the client nor the
   gateway; the client reaches its ``etcd``, ``keys`` and ``registry`` modules alone;
@@ -145,8 +146,8 @@ FLOORS: tuple[Floor, ...] = (
     ),
     Floor(
         "pagesift.core.ha",
-        ("pagesift.core.jobs", "pagesift.core.api"),
-        "role and election rules know no job or RPC",
+        ("pagesift.core.jobs", "pagesift.core.api", "pagesift.core.replication"),
+        "role and election rules know no job, RPC or log: the log builds on them",
     ),
     Floor(
         "pagesift.core.cluster",
@@ -280,6 +281,7 @@ PURE = (
     "pagesift.core.ha.rolestate",
     "pagesift.core.ha.election",
     "pagesift.core.ha.electorstate",
+    "pagesift.core.ha.fencingrules",
     "pagesift.core.replication.protocol",
     "pagesift.core.replication.senderstate",
     "pagesift.core.replication.followerstate",

@@ -6,10 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pagesift.core.ha.fencingrules import (
+    FencingVerdict,
+    fencing_verdict,
+    may_accept_writes,
+    must_fence,
+)
 from pagesift.core.replication.protocol import (
     Continue,
     EntryMeta,
-    FencingVerdict,
     Full,
     Hello,
     PrimaryState,
@@ -20,9 +25,6 @@ from pagesift.core.replication.protocol import (
     check_batch,
     check_primary_epoch,
     decide,
-    fencing_verdict,
-    may_accept_writes,
-    must_fence,
     plan_promotion,
 )
 

@@ -13,6 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from pagesift.core.ha.fencingrules import FencingVerdict
 from pagesift.core.ha.roles import Role
 from pagesift.core.ha.rolestate import (
     Action,
@@ -50,7 +51,6 @@ from pagesift.core.ha.rolestate import (
     step,
     takes_writes,
 )
-from pagesift.core.replication.protocol import FencingVerdict
 
 AFTER = 10.0
 PRIMARY = RoleConfig(requested=Role.PRIMARY)

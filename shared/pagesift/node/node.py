@@ -67,6 +67,7 @@ from pagesift.core.config.schema import ServerConfig
 from pagesift.core.ha import rolestate
 from pagesift.core.ha.election import Candidate
 from pagesift.core.ha.failsafe import StandbyPromise
+from pagesift.core.ha.fencingrules import FencingVerdict
 from pagesift.core.ha.roles import Role
 from pagesift.core.ha.rolestate import (
     FencerDone,
@@ -98,7 +99,6 @@ from pagesift.core.jobs.accounts import Accounts
 from pagesift.core.jobs.events import JobEvents
 from pagesift.core.replication import backlog
 from pagesift.core.replication.identity import Fenced
-from pagesift.core.replication.protocol import FencingVerdict
 from pagesift.core.store.db import Store
 from pagesift.core.util.tasks import cancel_and_wait
 from pagesift.node import clustering, electorwiring

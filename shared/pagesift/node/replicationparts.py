@@ -25,8 +25,8 @@ from typing import TypedDict, Unpack
 import grpc
 
 from pagesift.core.ha.failsafe import StandbyPromise
+from pagesift.core.ha.fencingrules import FencingVerdict
 from pagesift.core.ha.roles import Role
-from pagesift.core.replication.protocol import FencingVerdict
 from pagesift.core.replication.slot import StoreSlot
 from pagesift.node.status import RoleStatus, role_status
 from pagesift.primary.replication import ReplicationServicer

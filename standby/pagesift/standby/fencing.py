@@ -10,7 +10,7 @@ durably before it answers (``pagesift.primary.replication``), so a deposed prima
 that is still running (frozen, cut off, or simply never stopped) takes no more
 writes from the moment it can hear us, and its write refusals name us.
 
-Each answer is judged by ``protocol.fencing_verdict`` (pure), a ``FencingVerdict``:
+Each answer is judged by ``fencingrules.fencing_verdict`` (pure), a ``FencingVerdict``:
 
 - ``DONE``: FAILED_PRECONDITION: it stepped down, or it was no writable primary
   anyway.
@@ -34,8 +34,8 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from pagesift.core.replication import protocol
-from pagesift.core.replication.protocol import FencingVerdict
+from pagesift.core.ha import fencingrules
+from pagesift.core.ha.fencingrules import FencingVerdict
 from pagesift.core.util.backoff import backoff_delay
 from pagesift.core.util.channels import open_channel
 from pagesift.v1 import replication_pb2 as pb
@@ -66,7 +66,9 @@ async def fence_former_primary(
         refused, decision_epoch, detail = await _ask(
             target, h, credentials, metadata, answer_timeout
         )
-        verdict = protocol.fencing_verdict(h.epoch, refused=refused, decision_epoch=decision_epoch)
+        verdict = fencingrules.fencing_verdict(
+            h.epoch, refused=refused, decision_epoch=decision_epoch
+        )
         if verdict is FencingVerdict.DONE:
             logger.info("former primary %s takes no writes (%s)", target, detail)
             return verdict

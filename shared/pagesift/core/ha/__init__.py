@@ -8,6 +8,8 @@ their shells (the node, the elector in ``pagesift.node.elector``) carry out the 
   publish, write);
 - ``election``: the witness's rules (who may campaign, until when a lease lets a
   primary write);
+- ``fencingrules``: who stops taking writes on a higher epoch, who may write again, and
+  what a former primary's answer to a fencing hello means;
 - ``failsafe``: a primary writing through a witness outage while its standbys vouch;
 - ``roles``: the role names.
 """

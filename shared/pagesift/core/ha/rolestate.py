@@ -81,9 +81,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+from pagesift.core.ha import fencingrules
+from pagesift.core.ha.fencingrules import FencingVerdict
 from pagesift.core.ha.roles import Role
-from pagesift.core.replication import protocol
-from pagesift.core.replication.protocol import FencingVerdict
 from pagesift.core.util.machine import Kinds, declare
 
 #: The longest pause between two looks of the auto-promote watchdog.
@@ -406,7 +406,7 @@ def _started(state: RoleState, ev: Started) -> tuple[RoleState, list[Action]]:
     if cfg.requested == Role.PRIMARY:
         if ev.persisted_role == Role.STANDBY:
             return state, [*actions, RefuseStart(STANDBY_DATA)]
-        if not protocol.may_accept_writes(ev.epoch, ev.fenced_epoch):
+        if not fencingrules.may_accept_writes(ev.epoch, ev.fenced_epoch):
             reason = (
                 f"refusing to start as a primary: fenced by epoch {ev.fenced_epoch} "
                 f"(ours {ev.epoch}): rejoin as a standby of the new primary"

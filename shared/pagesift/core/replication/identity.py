@@ -51,6 +51,7 @@ import logging
 import struct
 import uuid
 
+from pagesift.core.ha import fencingrules
 from pagesift.core.ha.roles import Role
 from pagesift.core.replication import protocol
 from pagesift.core.store.db import Store
@@ -113,7 +114,7 @@ class Identity:
         nodes without one."""
         if self._writable:
             return Role.PRIMARY
-        if not protocol.may_accept_writes(self.epoch, self.fenced_epoch):
+        if not fencingrules.may_accept_writes(self.epoch, self.fenced_epoch):
             return Role.FENCED
         return Role.STANDBY
 
@@ -133,7 +134,7 @@ class Identity:
         epoch fenced this node: restarting must not resurrect a deposed primary.
         """
         with self._store.lock:
-            if not protocol.may_accept_writes(self.epoch, self.fenced_epoch):
+            if not fencingrules.may_accept_writes(self.epoch, self.fenced_epoch):
                 raise Fenced(
                     f"fenced by epoch {self.fenced_epoch} (ours {self.epoch}): "
                     "rejoin as a standby of the new primary"
@@ -202,7 +203,7 @@ class Identity:
         Durable: a restart keeps the node fenced until it follows a primary of that
         epoch. Returns True when this call fenced the node."""
         with self._store.lock:
-            if not protocol.must_fence(self.epoch, higher_epoch):
+            if not fencingrules.must_fence(self.epoch, higher_epoch):
                 return False
             was_writable = self._writable
             self._writable = False

@@ -46,9 +46,8 @@ its own: that primary is a stale one that lost a promotion.
 offset, all written durably (by ``Log.promote``, ``pagesift.core.replication.log``)
 before writes are taken.
 
-``fencing_verdict``: after a promotion, the new primary says hello (its new epoch) to
-the primary it used to follow until that one has stepped down; this judges each
-answer as a ``FencingVerdict`` (``pagesift.standby.fencing`` is the shell).
+Fencing's rules (``must_fence``, ``may_accept_writes``, ``fencing_verdict``) are
+``pagesift.core.ha.fencingrules``': they decide who may take writes, below this module.
 
 ``lag``: how far a follower is behind, in offsets and in seconds since it last held
 everything its leader held. One definition for both ends: the primary's view of a
@@ -64,7 +63,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 
 class ProtocolError(Exception):
@@ -220,49 +218,6 @@ def check_batch(
 
 
 # --- fencing and promotion ----------------------------------------------------------
-
-
-def must_fence(our_epoch: int, peer_epoch: int) -> bool:
-    """A primary that meets a peer (or entries) of a higher epoch stops taking writes."""
-    return peer_epoch > our_epoch
-
-
-def may_accept_writes(epoch: int, fenced_epoch: int) -> bool:
-    """A node fenced by epoch F may write again only once it adopted an epoch >= F
-    (by following the newer primary), never by a plain restart."""
-    return fenced_epoch <= epoch
-
-
-class FencingVerdict(StrEnum):
-    """What a promoted node makes of its former primary's answer to a fencing hello
-    (a hello with the promoted node's epoch), and so what it does next."""
-
-    #: The stream was refused (FAILED_PRECONDITION): it stepped down just now, or it is
-    #: not a writable primary anyway (fenced, or a standby already). Stop asking.
-    DONE = "done"
-    #: It answered with a decision of a HIGHER epoch: it is the newer primary and we
-    #: are the stale one. Step down.
-    DEPOSED = "deposed"
-    #: A decision of an epoch not above ours: a primary that did not step down for our
-    #: epoch (two primaries of one epoch, which two nodes cannot produce); only an
-    #: operator can settle it. Keep asking, loudly.
-    CONFLICT = "conflict"
-    #: No answer (unreachable, timed out, refused credentials). Keep asking.
-    RETRY = "retry"
-    #: Never returned by ``fencing_verdict``: the shell stopped asking because this node
-    #: is no primary any more.
-    STOPPED = "stopped"
-
-
-def fencing_verdict(our_epoch: int, *, refused: bool, decision_epoch: int | None) -> FencingVerdict:
-    """Judge one answer to a fencing hello (see ``FencingVerdict``)."""
-    if refused:
-        return FencingVerdict.DONE
-    if decision_epoch is None:
-        return FencingVerdict.RETRY
-    if decision_epoch > our_epoch:
-        return FencingVerdict.DEPOSED
-    return FencingVerdict.CONFLICT
 
 
 @dataclass(frozen=True)
