@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import urls, validate
+from pagesift.core.jobs import blockedaddresses, urls, validate
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError
@@ -302,7 +302,7 @@ def test_every_spelling_of_a_blocked_address_is_that_address(spelling: tuple[str
     host, ip = spelling
     url = f"http://{host}:8080/secret"
     assert urls.host_of(url) == _canonical(ip), host
-    assert urls.block_class(urls.host_of(url)) is not None
+    assert blockedaddresses.block_class(urls.host_of(url)) is not None
     key = urls.normalize(url)
     want = _canonical(ip) if ":" not in ip else f"[{_canonical(ip)}]"
     assert key == f"http://{want}:8080/secret"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagesift.core.jobs import urls
+from pagesift.core.jobs import blockedaddresses, urls
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_validate_explains_what_is_wrong(url: str, message: str | None) -> None:
     ],
 )
 def test_is_blocked_ip(ip: str, blocked: bool) -> None:
-    assert urls.is_blocked_ip(ip) is blocked
+    assert blockedaddresses.is_blocked_ip(ip) is blocked
 
 
 @pytest.mark.parametrize(
@@ -180,15 +180,15 @@ def test_is_blocked_ip(ip: str, blocked: bool) -> None:
     ],
 )
 async def test_blocked_reason_names_loopback_and_private_targets(url: str) -> None:
-    assert await urls.blocked_reason(url) is not None
+    assert await blockedaddresses.blocked_reason(url) is not None
 
 
 async def test_blocked_reason_allows_a_public_literal_address() -> None:
-    assert await urls.blocked_reason("http://8.8.8.8/") is None
+    assert await blockedaddresses.blocked_reason("http://8.8.8.8/") is None
 
 
 async def test_blocked_reason_leaves_a_dns_failure_to_the_fetch() -> None:
-    assert await urls.blocked_reason("http://no-such-host.invalid/") is None
+    assert await blockedaddresses.blocked_reason("http://no-such-host.invalid/") is None
 
 
 @settings(max_examples=300, deadline=None)

@@ -91,7 +91,7 @@ class HttpEngine:
         resolver: AbstractResolver | None = None,
     ) -> None:
         """``guard`` is the address policy when ``config.allow_private_networks`` is off
-        (default: block every address ``urls.block_class`` names, exempt nothing);
+        (default: block every address ``blockedaddresses.block_class`` names, exempt nothing);
         ``resolver`` the name resolver under it (default: aiohttp's)."""
         self.config = config
         self.metrics = metrics

@@ -14,7 +14,7 @@ The guarantees, and why they hold:
   and a proxy's own address (aiohttp opens the connection to a proxy through the same
   connector path). A blocked address raises ``BlockedAddressError`` before any socket
   exists, so no packet is sent. The address is an IP literal at that point, so no
-  spelling question remains: ``urls.block_class`` judges the number itself.
+  spelling question remains: ``blockedaddresses.block_class`` judges the number itself.
 - **Names are checked when they are resolved.** ``GuardedResolver`` refuses a name
   when ANY of its addresses is blocked (not just the one tried first), and refuses
   ``localhost``/``*.localhost`` without asking DNS. DNS answers (rebinding included)
@@ -40,7 +40,7 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from pagesift.core.jobs import urls
+from pagesift.core.jobs import blockedaddresses, urls
 
 __all__ = ["AddressGuard", "BlockedAddressError", "GuardedResolver", "guarded_connector"]
 
@@ -53,7 +53,7 @@ class BlockedAddressError(OSError):
 
 @dataclass(frozen=True, slots=True)
 class AddressGuard:
-    """Which endpoints may be connected to: every address ``urls.block_class`` does
+    """Which endpoints may be connected to: every address ``blockedaddresses.block_class`` does
     not name, plus the ``exempt`` (canonical IP text, port) pairs."""
 
     exempt: frozenset[tuple[str, int]] = frozenset()
@@ -64,7 +64,7 @@ class AddressGuard:
             canonical = urls.host_of(f"http://[{ip}]/" if ":" in ip else f"http://{ip}/")
             if (canonical, port) in self.exempt:
                 return None
-        kind = urls.block_class(ip)
+        kind = blockedaddresses.block_class(ip)
         return None if kind is None else f"{ip} is a {kind} address"
 
     def refusal_for_url(self, url: str) -> str | None:
@@ -81,7 +81,7 @@ class AddressGuard:
                 port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower(), 0)
             except ValueError:
                 return "the port cannot be parsed"
-            if urls.block_class(host) != "unparsable address":
+            if blockedaddresses.block_class(host) != "unparsable address":
                 return self.refusal(host, port)
         return None
 

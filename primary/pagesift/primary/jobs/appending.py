@@ -4,8 +4,8 @@ What it owns
 ------------
 - ``append``: the ONE group of an AppendBatchScrape (pure over the group): the URLs
   pushed onto ``job/{id}/added``, the meta's ``total`` grown, a ``completed`` job
-  reopened (``scraping``, a fresh TTL), the idempotency record. ``Appending`` (a base of
-  ``runtime.Jobs``) commits it and runs a reopened job once its ending run is gone.
+  reopened (``scraping``, a fresh TTL), the idempotency record. ``runtime.Jobs.append``
+  commits it and runs a reopened job once its ending run is gone.
 - ``batch_urls``: a batch's ``(index, url)`` from an index on: the request's URLs, then
   the added ones (read in chunks, and again at their end: a run sees what is appended
   while it runs).
@@ -24,14 +24,11 @@ Why it is safe
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 
-from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs import records
 from pagesift.core.jobs.specs import AppendSpec
 from pagesift.core.store.db import Store
@@ -157,33 +154,3 @@ def record_end(
             return False, None
     done = recording.record_finish(g, job_id, "completed", "", now_ms=now_ms, ttl_ms=ttl_ms)
     return True, done
-
-
-class Appending:
-    """``runtime.Jobs``' AppendBatchScrape (a base class: the runtime's module is full).
-    A completed job it reopens runs again once the run that finished it is gone."""
-
-    store: Store
-    config: ServerConfig
-    _tasks: dict[str, asyncio.Task[None]]
-    _visible: dict[str, int]
-    _wait_replicated: Callable[[int | None], Awaitable[bool]] | None
-
-    def _resume_later(self, job_id: str) -> None:
-        raise NotImplementedError  # runtime.Jobs'
-
-    async def append(self, spec: AppendSpec, check: Check) -> Appended | None:
-        """``append``, one group; in sync mode it returns once the standby holds it."""
-        ttl = int(self.config.job_ttl_seconds * 1000)
-        group = partial(append, spec=spec, check=check, now_ms=records.now_ms(), ttl_ms=ttl)
-        got = self.store.write(group).result
-        if got is not None and got.reopened:
-            ending = self._tasks.get(spec.id)
-            if ending is None:
-                self._resume_later(spec.id)
-            else:
-                ending.add_done_callback(lambda _: self._resume_later(spec.id))
-        if self._wait_replicated is not None:
-            self._visible.setdefault(spec.id, got.completed if got else 0)
-            await self._wait_replicated(None)
-        return got

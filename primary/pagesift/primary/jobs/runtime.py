@@ -71,7 +71,7 @@ class Registered:
     created: bool  # False when an idempotency key matched an existing job
 
 
-class Jobs(appending.Appending):
+class Jobs:
     def __init__(
         self,
         store: Store,
@@ -313,6 +313,28 @@ class Jobs(appending.Appending):
         if self._wait_replicated is not None:
             await self._wait_replicated(None)
         return reg
+
+    async def append(
+        self, spec: specs.AppendSpec, check: appending.Check
+    ) -> appending.Appended | None:
+        """AppendBatchScrape: ``appending.append``, one group; a completed job it reopens
+        runs again once the run that finished it is gone. In sync mode it returns once
+        the standby holds the group."""
+        ttl = int(self.config.job_ttl_seconds * 1000)
+        group = partial(
+            appending.append, spec=spec, check=check, now_ms=records.now_ms(), ttl_ms=ttl
+        )
+        got = self.store.write(group).result
+        if got is not None and got.reopened:
+            ending = self._tasks.get(spec.id)
+            if ending is None:
+                self._resume_later(spec.id)
+            else:
+                ending.add_done_callback(lambda _: self._resume_later(spec.id))
+        if self._wait_replicated is not None:
+            self._visible.setdefault(spec.id, got.completed if got else 0)
+            await self._wait_replicated(None)
+        return got
 
     async def cancel(self, job_id: str) -> records.JobMeta | None:
         """CancelJob: a running, waiting or paused job ends ``cancelled``; a finished

@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from pagesift.core.api.metrics import Metrics
-from pagesift.core.jobs import records, urls
+from pagesift.core.jobs import blockedaddresses, records, urls
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
 from pagesift.core.util.backoff import backoff_delay
@@ -251,7 +251,7 @@ class Deliverer:
         host = urls.host_of(cfg.url) or cfg.url
         try:
             if not self.allow_private_networks:
-                reason = await urls.blocked_reason(cfg.url)
+                reason = await blockedaddresses.blocked_reason(cfg.url)
                 if reason is not None:
                     raise BlockedAddressError(reason)
             secret = self._secret_for(cfg.account)

@@ -74,7 +74,7 @@ from typing import Protocol
 
 from google.protobuf.json_format import MessageToDict
 
-from pagesift.core.jobs import records, urls
+from pagesift.core.jobs import blockedaddresses, records, urls
 from pagesift.core.store.db import Store
 from pagesift.core.store.groups import WriteGroup
 from pagesift.primary.webhooks import firecrawl
@@ -169,7 +169,7 @@ async def check_url(
     if problem is not None:
         return problem
     if not allow_private_networks:
-        return await urls.blocked_reason(url)
+        return await blockedaddresses.blocked_reason(url)
     return None
 
 

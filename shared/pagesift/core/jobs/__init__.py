@@ -6,8 +6,9 @@
 - ``quota``: per-account limits at job start and rolling-day page usage; ``accounts``:
   who is calling, what they may do, who is an administrator; ``clusterlimits``: the
   port of account limits held across pairs;
-- ``urls``: page keys, URL validation, the guard's URL rules; ``scope``: which links a
-  crawl admits; ``patterns``: caller regexes made safe to run;
+- ``urls``: the host parser, page keys, URL validation; ``blockedaddresses``: which
+  addresses no fetch may reach; ``scope``: which links a crawl admits; ``patterns``:
+  caller regexes made safe to run;
 - ``validate``: one check per request field; ``specs``: one validation call per request
   kind; ``renderoptions``: the rendering options' rules (engine, waits, actions,
   emulation, screenshots);

@@ -35,7 +35,7 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import quota, records, renderoptions, urls, validate
+from pagesift.core.jobs import blockedaddresses, quota, records, renderoptions, urls, validate
 from pagesift.core.jobs.accounts import Account
 from pagesift.core.jobs.scope import Scope
 from pagesift.core.jobs.validate import InvalidArgument, PermissionDenied
@@ -407,7 +407,7 @@ async def _skipped_urls(req: _Batch, config: ServerConfig) -> list[int]:
         if problem is None and not config.allow_private_networks:
             origin = urlsplit(u).netloc.lower()
             if origin not in checked_hosts:
-                checked_hosts[origin] = await urls.blocked_reason(u)
+                checked_hosts[origin] = await blockedaddresses.blocked_reason(u)
             reason = checked_hosts[origin]
             problem = f"refused: {reason}" if reason else None
             if reason:

@@ -1,22 +1,23 @@
-"""URL functions shared by the primary and the standby: page keys, validation, guard.
+"""URL functions shared by the primary and the standby: the host parser, page keys,
+validation.
 
 Crawl scope (origins) lives in ``pagesift.core.jobs.scope``; caller regexes in
-``pagesift.core.jobs.patterns``.
+``pagesift.core.jobs.patterns``; which addresses no fetch may reach in
+``pagesift.core.jobs.blockedaddresses``.
 
-Everything here is pure and deterministic except ``blocked_reason``, which resolves a
-host name. The guarantees:
+Everything here is pure and deterministic. The guarantees:
 
 - **One host parser**, ``canonical_host``, used by ``normalize``, ``validate``,
-  ``host_of``, ``fetch_url`` and the guard: WHATWG URL Standard host parsing for
-  http(s). Percent-decoding, then UTS 46 mapping (the ``idna`` package, IDNA 2008,
-  non-transitional: full-width and other Unicode digits become ASCII, ideographic
-  and full-width dots become label separators, ``faß.de`` stays ``faß``), IDNA 2008
-  A-labels for non-ASCII labels, then the WHATWG IPv4 parser for a host that ends in
-  a number (``0177.0.0.1``, ``0x7f.1``, ``127.1``, ``2130706433`` all become
-  ``127.0.0.1``) and canonical IPv6 text (``[::ffff:7f00:1]``). Trailing dots are
-  dropped. A host it cannot parse raises ``ValueError`` and is refused everywhere
-  (fail closed). The HTTP client is only ever given ``fetch_url`` output, whose host
-  is this canonical text, so the address the guard judges is the one connected to.
+  ``host_of``, ``fetch_url`` and the address guard (``blockedaddresses``): WHATWG URL
+  Standard host parsing for http(s). Percent-decoding, then UTS 46 mapping (the ``idna``
+  package, IDNA 2008, non-transitional: full-width and other Unicode digits become
+  ASCII, ideographic and full-width dots become label separators, ``faß.de`` stays
+  ``faß``), IDNA 2008 A-labels for non-ASCII labels, then the WHATWG IPv4 parser for a
+  host that ends in a number (``0177.0.0.1``, ``0x7f.1``, ``127.1``, ``2130706433`` all
+  become ``127.0.0.1``) and canonical IPv6 text (``[::ffff:7f00:1]``). Trailing dots are
+  dropped. A host it cannot parse raises ``ValueError`` and is refused everywhere (fail
+  closed). The HTTP client is only ever given ``fetch_url`` output, whose host is this
+  canonical text, so the address the guard judges is the one connected to.
 - ``normalize`` maps every spelling of one page to one key, and is idempotent:
   ``normalize(normalize(u)) == normalize(u)``. The canonical form has a lowercase
   scheme, the canonical host, no default port, no fragment, **no userinfo** (credentials
@@ -39,31 +40,22 @@ host name. The guarantees:
   parse and no userinfo (credentials in a URL are refused: they belong in request
   headers), within a length limit. Links and redirects met while crawling are not
   refused but stripped (``strip_userinfo``; ``fetch_url`` and ``normalize`` drop it).
-- ``is_blocked_ip`` is true for every address a server-side fetcher must not reach on
-  a user's behalf (loopback, private, link-local, CGNAT, metadata, multicast,
-  reserved, unspecified, and those embedded in IPv6); unparsable input counts as
-  blocked (fail closed).
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import ipaddress
 import re
-import socket
 from re import Pattern
 from urllib.parse import SplitResult, quote, unquote_to_bytes, urlsplit, urlunsplit
 
 import idna
 
 __all__ = [
-    "block_class",
-    "blocked_reason",
     "canonical_host",
     "fetch_url",
     "host_of",
-    "is_blocked_ip",
     "is_loopback_name",
     "normalize",
     "page_key",
@@ -494,107 +486,3 @@ def strip_userinfo(url: str) -> str:
     if "@" not in rest[:end]:
         return url
     return f"{scheme}://{rest[:end].rpartition('@')[2]}{rest[end:]}"
-
-
-# --- address guard ---------------------------------------------------------------------
-
-_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-_CGNAT = ipaddress.ip_network("100.64.0.0/10")
-_METADATA = frozenset(
-    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
-)
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_IPV4_COMPAT = ipaddress.ip_network("::/96")
-
-
-def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address carried inside an IPv6 one (mapped, compatible, NAT64, 6to4)."""
-    if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip in _NAT64 or (ip in _IPV4_COMPAT and int(ip) > 1):
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return ip.sixtofour
-
-
-def _block_class(ip: _IPAddress) -> str | None:
-    """Which kind of forbidden address ``ip`` is, or None when it may be fetched."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        v4 = _embedded_v4(ip)
-        if v4 is not None:
-            return _block_class(v4)
-    if ip in _METADATA:
-        return "cloud metadata"
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_unspecified:
-        return "unspecified"
-    if ip.is_link_local:
-        return "link-local"
-    if ip.is_multicast:
-        return "multicast"
-    if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
-        return "carrier-grade NAT"
-    if ip.is_reserved:
-        return "reserved"
-    if ip.is_private:
-        return "private"
-    if not ip.is_global:
-        return "non-global"
-    return None
-
-
-def _parse_ip(text: str) -> _IPAddress | None:
-    text = text.strip()
-    if text.startswith("[") and text.endswith("]"):
-        text = text[1:-1]
-    text = text.split("%", 1)[0]  # IPv6 zone id
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
-
-
-def is_blocked_ip(ip: str) -> bool:
-    """True when ``ip`` must not be fetched (see module docstring); unparsable -> True."""
-    addr = _parse_ip(ip)
-    return addr is None or _block_class(addr) is not None
-
-
-def block_class(ip: str) -> str | None:
-    """Like ``is_blocked_ip`` but names the kind of address ("loopback", "private", ...)."""
-    addr = _parse_ip(ip)
-    if addr is None:
-        return "unparsable address"
-    return _block_class(addr)
-
-
-async def blocked_reason(url: str) -> str | None:
-    """Why ``url`` must not be fetched because of where its host points, or None.
-
-    The host is first made canonical (``canonical_host``: every spelling of an
-    address is that address; an unparsable host is refused). Literal IPs are checked
-    without DNS; ``localhost`` and ``*.localhost`` are blocked without resolving;
-    other hosts are resolved with the running loop's ``getaddrinfo`` (which reads
-    /etc/hosts) and blocked when ANY address is. A DNS failure returns None (the
-    fetch reports it as a dns error).
-    """
-    host = host_of(url)
-    if not host:
-        return "the host cannot be parsed"
-    if is_loopback_name(host):
-        return f"{host} is a loopback name"
-    addr = _parse_ip(host)
-    if addr is not None:
-        kind = _block_class(addr)
-        return f"{host} is a {kind} address" if kind else None
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return None
-    for info in infos:
-        ip = str(info[4][0])
-        kind = block_class(ip)
-        if kind:
-            return f"{host} resolves to {ip}, a {kind} address"
-    return None

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from selectolax.lexbor import LexborHTMLParser
 
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import patterns, urls
+from pagesift.core.jobs import blockedaddresses, patterns, urls
 from pagesift.core.jobs.accounts import Account
 from pagesift.v1 import jobs_pb2
 
@@ -94,7 +94,7 @@ BLOCKED_ADDRESS = "BLOCKED_ADDRESS"
 async def _guard(url: str, field: str, config: ServerConfig) -> None:
     if config.allow_private_networks:
         return
-    reason = await urls.blocked_reason(url)
+    reason = await blockedaddresses.blocked_reason(url)
     if reason is not None:
         raise InvalidArgument(field, f"{url[:200]} is refused: {reason}", cause=BLOCKED_ADDRESS)
 
