@@ -242,60 +242,16 @@ class Jobs:
         meta); with another request it raises ``records.IdempotencyKeyReused``, nothing
         written. A key whose job keeps no request hash in its meta returns its job.
         """
-        kind, total, limit, webhook = spec.kind, spec.total, spec.limit, spec.webhook
-        idempotency_key = spec.request.idempotency_key
         request = spec.encode()
-        now = records.now_ms()
-        digest = records.request_hash(kind, request) if idempotency_key else ""
-        meta = records.JobMeta(
-            id=job_id or str(uuid.uuid4()),
-            kind=kind,
-            state="scraping",
-            owner=owner,
-            created_ms=now,
-            expires_ms=now + int(self.config.job_ttl_seconds * 1000),
-            total=total,
-            limit=limit,
-            idempotency_key=idempotency_key,
-            extra={records.REQUEST_HASH: digest} if digest else {},
+        meta = _new_meta(spec, request, owner, job_id, self.config.job_ttl_seconds)
+        group = partial(
+            _registration,
+            meta=meta,
+            request=request,
+            webhook=spec.webhook,
+            check=check,
+            max_document_bytes=self.config.webhook_max_document_bytes,
         )
-
-        def group(g: WriteGroup) -> Registered:
-            if idempotency_key:
-                existing = g.get(records.idem_key(owner, idempotency_key))
-                if existing is not None:
-                    job_id = existing.decode()
-                    raw = g.get(records.JobKeys(job_id).meta)
-                    first = (
-                        records.JobMeta.decode(raw).extra.get(records.REQUEST_HASH) if raw else None
-                    )
-                    if first and first != digest:
-                        raise records.IdempotencyKeyReused(job_id)
-                    return Registered(job_id, created=False)
-                g.put(records.idem_key(owner, idempotency_key), meta.id.encode())
-            if check is not None:
-                check()
-            keys = records.JobKeys(meta.id)
-            g.put(keys.meta, meta.encode())
-            g.put(keys.request, request)
-            records.index_owner(g, meta)  # before the jobs set: it checks the store was empty
-            g.insert(records.JOBS_SET, meta.id.encode())
-            if webhook is not None and webhook.url:
-                outbox.configure(
-                    g, meta.id, webhook.url, list(webhook.events), owner,
-                    headers=dict(webhook.headers), metadata=dict(webhook.metadata),
-                    include_document=webhook.include_document,
-                    max_document_bytes=self.config.webhook_max_document_bytes,
-                    format=outbox.FIRECRAWL
-                    if webhook.format == jobs_pb2.WEBHOOK_FORMAT_FIRECRAWL
-                    else outbox.PAGESIFT,
-                    kind=kind,
-                )  # fmt: skip
-                outbox.enqueue(
-                    g, meta.id, "started", {"kind": kind, "total": total, "limit": limit}
-                )
-            return Registered(meta.id, created=True)
-
         reg = self.store.write(group).result
         if reg.created:
             self.runner.activity.job_started(owner, meta.id)
@@ -305,7 +261,7 @@ class Jobs:
             logger.info(
                 "job %s started (%s, account %s)",
                 meta.id,
-                kind,
+                meta.kind,
                 owner,
                 extra={"job": meta.id, "account": owner},
             )
@@ -485,3 +441,73 @@ class Jobs:
                 break
             except StorageUnavailable:
                 await self.runner.commits.storage_back()
+
+
+def _new_meta(
+    spec: specs.JobSpec, request: bytes, owner: str, job_id: str, ttl_seconds: float
+) -> records.JobMeta:
+    """A new job's meta: its kind, ``total`` and ``limit`` from the spec, the request's
+    hash beside its idempotency key (AIP-155: a retry is told apart from a reuse)."""
+    key = spec.request.idempotency_key
+    digest = records.request_hash(spec.kind, request) if key else ""
+    now = records.now_ms()
+    return records.JobMeta(
+        id=job_id or str(uuid.uuid4()),
+        kind=spec.kind,
+        state="scraping",
+        owner=owner,
+        created_ms=now,
+        expires_ms=now + int(ttl_seconds * 1000),
+        total=spec.total,
+        limit=spec.limit,
+        idempotency_key=key,
+        extra={records.REQUEST_HASH: digest} if digest else {},
+    )
+
+
+def _registration(
+    g: WriteGroup,
+    *,
+    meta: records.JobMeta,
+    request: bytes,
+    webhook: jobs_pb2.Webhook | None,
+    check: Callable[[], None] | None,
+    max_document_bytes: int,
+) -> Registered:
+    """A new job's ONE group (pure over ``g``): the idempotency record, ``check`` (the
+    account limits, inside the write section), the meta, the request, the owner index,
+    the jobs set, and the webhook's configuration with its ``started`` event. A key the
+    owner used already returns its job (the same request) or raises
+    ``records.IdempotencyKeyReused`` (another), nothing written."""
+    owner, key = meta.owner, meta.idempotency_key
+    if key:
+        existing = g.get(records.idem_key(owner, key))
+        if existing is not None:
+            job_id = existing.decode()
+            raw = g.get(records.JobKeys(job_id).meta)
+            first = records.JobMeta.decode(raw).extra.get(records.REQUEST_HASH) if raw else None
+            if first and first != meta.extra.get(records.REQUEST_HASH, ""):
+                raise records.IdempotencyKeyReused(job_id)
+            return Registered(job_id, created=False)
+        g.put(records.idem_key(owner, key), meta.id.encode())
+    if check is not None:
+        check()
+    keys = records.JobKeys(meta.id)
+    g.put(keys.meta, meta.encode())
+    g.put(keys.request, request)
+    records.index_owner(g, meta)  # before the jobs set: it checks the store was empty
+    g.insert(records.JOBS_SET, meta.id.encode())
+    if webhook is not None and webhook.url:
+        outbox.configure(
+            g, meta.id, webhook.url, list(webhook.events), owner,
+            headers=dict(webhook.headers), metadata=dict(webhook.metadata),
+            include_document=webhook.include_document,
+            max_document_bytes=max_document_bytes,
+            format=outbox.FIRECRAWL
+            if webhook.format == jobs_pb2.WEBHOOK_FORMAT_FIRECRAWL
+            else outbox.PAGESIFT,
+            kind=meta.kind,
+        )  # fmt: skip
+        started = {"kind": meta.kind, "total": meta.total, "limit": meta.limit}
+        outbox.enqueue(g, meta.id, "started", started)
+    return Registered(meta.id, created=True)
