@@ -48,6 +48,19 @@ class _FormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Format.ValueTy
     viewport or full page, PNG or JPEG); needs a browser engine (BROWSER, or AUTO, which
     renders every page that asks for a screenshot).
     """
+    FORMAT_JSON: _Format.ValueType  # 8
+    """Document.json: an object the server's model endpoint extracted from the page's
+    markdown under ScrapeOptions.json (a JSON schema, a prompt, or both), validated
+    against the schema. Needs the model endpoint and an account allowed to use it
+    (docs/structured.md). When the model gives no valid answer, Document.format_errors
+    says why and the rest of the document is kept.
+    """
+    FORMAT_SUMMARY: _Format.ValueType  # 9
+    """Document.summary: the model's summary of the page's markdown (as FORMAT_JSON)."""
+    FORMAT_SELECTORS: _Format.ValueType  # 10
+    """Document.selected: ScrapeOptions.selectors applied to the page's HTML, as JSON; no
+    model, deterministic (docs/structured.md, "Selector schemas").
+    """
 
 class Format(_Format, metaclass=_FormatEnumTypeWrapper):
     """Format is an output format of a document."""
@@ -71,7 +84,82 @@ FORMAT_SCREENSHOT: Format.ValueType  # 7
 viewport or full page, PNG or JPEG); needs a browser engine (BROWSER, or AUTO, which
 renders every page that asks for a screenshot).
 """
+FORMAT_JSON: Format.ValueType  # 8
+"""Document.json: an object the server's model endpoint extracted from the page's
+markdown under ScrapeOptions.json (a JSON schema, a prompt, or both), validated
+against the schema. Needs the model endpoint and an account allowed to use it
+(docs/structured.md). When the model gives no valid answer, Document.format_errors
+says why and the rest of the document is kept.
+"""
+FORMAT_SUMMARY: Format.ValueType  # 9
+"""Document.summary: the model's summary of the page's markdown (as FORMAT_JSON)."""
+FORMAT_SELECTORS: Format.ValueType  # 10
+"""Document.selected: ScrapeOptions.selectors applied to the page's HTML, as JSON; no
+model, deterministic (docs/structured.md, "Selector schemas").
+"""
 Global___Format: _TypeAlias = Format  # noqa: Y015
+
+class _SelectorSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SelectorSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SelectorSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SELECTOR_SOURCE_UNSPECIFIED: _SelectorSource.ValueType  # 0
+    """text"""
+    SELECTOR_SOURCE_TEXT: _SelectorSource.ValueType  # 1
+    """The element's text, whitespace collapsed."""
+    SELECTOR_SOURCE_ATTRIBUTE: _SelectorSource.ValueType  # 2
+    """The value of the element's attribute SelectorField.attribute."""
+    SELECTOR_SOURCE_HTML: _SelectorSource.ValueType  # 3
+    """The element's outer HTML."""
+    SELECTOR_SOURCE_NESTED: _SelectorSource.ValueType  # 4
+    """An object of SelectorField.fields read under the element."""
+
+class SelectorSource(_SelectorSource, metaclass=_SelectorSourceEnumTypeWrapper):
+    """SelectorSource is what a selector field reads from the element it matches."""
+
+SELECTOR_SOURCE_UNSPECIFIED: SelectorSource.ValueType  # 0
+"""text"""
+SELECTOR_SOURCE_TEXT: SelectorSource.ValueType  # 1
+"""The element's text, whitespace collapsed."""
+SELECTOR_SOURCE_ATTRIBUTE: SelectorSource.ValueType  # 2
+"""The value of the element's attribute SelectorField.attribute."""
+SELECTOR_SOURCE_HTML: SelectorSource.ValueType  # 3
+"""The element's outer HTML."""
+SELECTOR_SOURCE_NESTED: SelectorSource.ValueType  # 4
+"""An object of SelectorField.fields read under the element."""
+Global___SelectorSource: _TypeAlias = SelectorSource  # noqa: Y015
+
+class _ValueType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ValueTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ValueType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VALUE_TYPE_UNSPECIFIED: _ValueType.ValueType  # 0
+    """string"""
+    VALUE_TYPE_STRING: _ValueType.ValueType  # 1
+    VALUE_TYPE_NUMBER: _ValueType.ValueType  # 2
+    """The first number in the text ("$1,299.50" is 1299.5); null when there is none."""
+    VALUE_TYPE_INTEGER: _ValueType.ValueType  # 3
+    """As NUMBER, truncated to an integer."""
+    VALUE_TYPE_BOOLEAN: _ValueType.ValueType  # 4
+    """false for "", "0", "false", "no", "off" (any case), else true."""
+
+class ValueType(_ValueType, metaclass=_ValueTypeEnumTypeWrapper):
+    """ValueType is the JSON type a text or attribute value becomes."""
+
+VALUE_TYPE_UNSPECIFIED: ValueType.ValueType  # 0
+"""string"""
+VALUE_TYPE_STRING: ValueType.ValueType  # 1
+VALUE_TYPE_NUMBER: ValueType.ValueType  # 2
+"""The first number in the text ("$1,299.50" is 1299.5); null when there is none."""
+VALUE_TYPE_INTEGER: ValueType.ValueType  # 3
+"""As NUMBER, truncated to an integer."""
+VALUE_TYPE_BOOLEAN: ValueType.ValueType  # 4
+"""false for "", "0", "false", "no", "off" (any case), else true."""
+Global___ValueType: _TypeAlias = ValueType  # noqa: Y015
 
 class _FetchEngine:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -462,6 +550,125 @@ PAGE_ERROR_CODE_HOST_OWNED_ELSEWHERE: PageErrorCode.ValueType  # 21
 another pair, which keeps that host's politeness; this pair left it to the owner.
 """
 Global___PageErrorCode: _TypeAlias = PageErrorCode  # noqa: Y015
+
+@_typing.final
+class JsonOptions(_message.Message):
+    """JsonOptions say what FORMAT_JSON asks of the model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEMA_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    SYSTEM_PROMPT_FIELD_NUMBER: _builtins.int
+    schema: _builtins.str
+    """A JSON Schema (draft 2020-12) as JSON text: an object, at most 64 KiB, that
+    jsonschema accepts as a schema. The answer must validate against it (it is also
+    sent as the response format, so a server with constrained decoding answers in
+    it). Empty: any JSON object.
+    """
+    prompt: _builtins.str
+    """What to extract, in words (at most 10,000 characters). A schema, a prompt or both."""
+    system_prompt: _builtins.str
+    """Replaces the server's system prompt (at most 10,000 characters)."""
+    def __init__(
+        self,
+        *,
+        schema: _builtins.str = ...,
+        prompt: _builtins.str = ...,
+        system_prompt: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "schema", b"schema", "system_prompt", b"system_prompt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JsonOptions: _TypeAlias = JsonOptions  # noqa: Y015
+
+@_typing.final
+class SelectorSchema(_message.Message):
+    """SelectorSchema maps CSS selectors to a JSON object (FORMAT_SELECTORS), or to a list of
+    objects when base_selector names repeated items.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_SELECTOR_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    base_selector: _builtins.str
+    """A CSS selector of repeated items: Document.selected is a list with one object per
+    match, in document order. Empty: one object read from the whole page.
+    """
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___SelectorField]:
+        """The object's fields (1..100, names unique)."""
+
+    def __init__(
+        self,
+        *,
+        base_selector: _builtins.str = ...,
+        fields: _abc.Iterable[Global___SelectorField] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_selector", b"base_selector", "fields", b"fields"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SelectorSchema: _TypeAlias = SelectorSchema  # noqa: Y015
+
+@_typing.final
+class SelectorField(_message.Message):
+    """SelectorField is one field of a selector schema's object."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SELECTOR_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    ATTRIBUTE_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The field's key in the object (1..100 characters)."""
+    selector: _builtins.str
+    """A CSS selector (at most 1024 characters) under the item (or the page); empty: the
+    item itself. One selectolax cannot parse is INVALID_ARGUMENT naming the field.
+    """
+    source: Global___SelectorSource.ValueType
+    attribute: _builtins.str
+    """With SELECTOR_SOURCE_ATTRIBUTE: the attribute's name (href, src, ... ; an href or
+    src is made absolute against the page's URL).
+    """
+    type: Global___ValueType.ValueType
+    """With TEXT and ATTRIBUTE: the value's JSON type."""
+    all: _builtins.bool
+    """Every match's value, as a list (empty when none); else the first match's value
+    (null when nothing matches).
+    """
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___SelectorField]:
+        """With SELECTOR_SOURCE_NESTED: the nested object's fields (at most 5 levels deep)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        selector: _builtins.str = ...,
+        source: Global___SelectorSource.ValueType = ...,
+        attribute: _builtins.str = ...,
+        type: Global___ValueType.ValueType = ...,
+        all: _builtins.bool = ...,
+        fields: _abc.Iterable[Global___SelectorField] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "attribute", b"attribute", "fields", b"fields", "name", b"name", "selector", b"selector", "source", b"source", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SelectorField: _TypeAlias = SelectorField  # noqa: Y015
 
 @_typing.final
 class WaitFor(_message.Message):
@@ -877,6 +1084,8 @@ class ScrapeOptions(_message.Message):
     LOCALE_FIELD_NUMBER: _builtins.int
     TIMEZONE_FIELD_NUMBER: _builtins.int
     SCREENSHOT_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    SELECTORS_FIELD_NUMBER: _builtins.int
     only_main_content: _builtins.bool
     """Keep only the main content (drop nav, header, footer, aside, scripts)."""
     allow_non_html: _builtins.bool
@@ -987,6 +1196,14 @@ class ScrapeOptions(_message.Message):
     def screenshot(self) -> Global___ScreenshotOptions:
         """With FORMAT_SCREENSHOT: how the screenshot is taken."""
 
+    @_builtins.property
+    def json(self) -> Global___JsonOptions:
+        """With FORMAT_JSON: the schema and prompt (required then; refused without it)."""
+
+    @_builtins.property
+    def selectors(self) -> Global___SelectorSchema:
+        """With FORMAT_SELECTORS: the selector schema (required then; refused without it)."""
+
     def __init__(
         self,
         *,
@@ -1016,10 +1233,12 @@ class ScrapeOptions(_message.Message):
         locale: _builtins.str = ...,
         timezone: _builtins.str = ...,
         screenshot: Global___ScreenshotOptions | None = ...,
+        json: Global___JsonOptions | None = ...,
+        selectors: Global___SelectorSchema | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["max_age", b"max_age", "screenshot", b"screenshot", "timeout", b"timeout", "viewport", b"viewport", "wait_for", b"wait_for"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["json", b"json", "max_age", b"max_age", "screenshot", b"screenshot", "selectors", b"selectors", "timeout", b"timeout", "viewport", b"viewport", "wait_for", b"wait_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "allow_non_html", b"allow_non_html", "change_tracking_diff", b"change_tracking_diff", "cookies", b"cookies", "engine", b"engine", "exclude_tags", b"exclude_tags", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "include_tags", b"include_tags", "locale", b"locale", "max_age", b"max_age", "max_pages", b"max_pages", "mobile", b"mobile", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "remove_base64_images", b"remove_base64_images", "screenshot", b"screenshot", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "timezone", b"timezone", "user_agent", b"user_agent", "viewport", b"viewport", "wait_for", b"wait_for", "wait_until", b"wait_until"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "allow_non_html", b"allow_non_html", "change_tracking_diff", b"change_tracking_diff", "cookies", b"cookies", "engine", b"engine", "exclude_tags", b"exclude_tags", "formats", b"formats", "headers", b"headers", "ignore_robots_txt", b"ignore_robots_txt", "include_tags", b"include_tags", "json", b"json", "locale", b"locale", "max_age", b"max_age", "max_pages", b"max_pages", "mobile", b"mobile", "only_main_content", b"only_main_content", "proxy", b"proxy", "proxy_url", b"proxy_url", "remove_base64_images", b"remove_base64_images", "screenshot", b"screenshot", "selectors", b"selectors", "skip_tls_verification", b"skip_tls_verification", "timeout", b"timeout", "timezone", b"timezone", "user_agent", b"user_agent", "viewport", b"viewport", "wait_for", b"wait_for", "wait_until", b"wait_until"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1074,6 +1293,11 @@ class Document(_message.Message):
     SCREENSHOT_FIELD_NUMBER: _builtins.int
     ACTION_RESULTS_FIELD_NUMBER: _builtins.int
     PREVIOUS_SCRAPE_AT_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    SELECTED_FIELD_NUMBER: _builtins.int
+    FORMAT_ERRORS_FIELD_NUMBER: _builtins.int
+    MODEL_USAGE_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     final_url: _builtins.str
     status_code: _builtins.int
@@ -1098,6 +1322,14 @@ class Document(_message.Message):
     """With change_tracking_diff and a changed page: the unified diff of the markdown."""
     engine: Global___FetchEngine.ValueType
     """The engine that produced this document: FETCH_ENGINE_HTTP or FETCH_ENGINE_BROWSER."""
+    json: _builtins.str
+    """With FORMAT_JSON: the model's object, as JSON text, valid under the schema ("" when
+    format_errors names FORMAT_JSON).
+    """
+    summary: _builtins.str
+    """With FORMAT_SUMMARY: the model's summary of the page ("" on a format error)."""
+    selected: _builtins.str
+    """With FORMAT_SELECTORS: the selector schema's object or list, as JSON text."""
     @_builtins.property
     def links(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -1142,6 +1374,14 @@ class Document(_message.Message):
         account's previous change-tracked scrape of the URL, compared against, was stored.
         """
 
+    @_builtins.property
+    def format_errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___FormatError]:
+        """Formats that gave nothing for this page, and why; the rest of the document stands."""
+
+    @_builtins.property
+    def model_usage(self) -> Global___ModelUsage:
+        """What the model calls for FORMAT_JSON and FORMAT_SUMMARY took."""
+
     def __init__(
         self,
         *,
@@ -1168,14 +1408,85 @@ class Document(_message.Message):
         screenshot: Global___Screenshot | None = ...,
         action_results: _abc.Iterable[Global___ActionResult] | None = ...,
         previous_scrape_at: _timestamp_pb2.Timestamp | None = ...,
+        json: _builtins.str = ...,
+        summary: _builtins.str = ...,
+        selected: _builtins.str = ...,
+        format_errors: _abc.Iterable[Global___FormatError] | None = ...,
+        model_usage: Global___ModelUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["fetched_at", b"fetched_at", "previous_scrape_at", b"previous_scrape_at", "screenshot", b"screenshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fetched_at", b"fetched_at", "model_usage", b"model_usage", "previous_scrape_at", b"previous_scrape_at", "screenshot", b"screenshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_results", b"action_results", "cache_hit", b"cache_hit", "change_diff", b"change_diff", "change_status", b"change_status", "content_type", b"content_type", "description", b"description", "engine", b"engine", "fetched_at", b"fetched_at", "final_url", b"final_url", "html", b"html", "images", b"images", "language", b"language", "link_details", b"link_details", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "num_pages", b"num_pages", "previous_scrape_at", b"previous_scrape_at", "raw_html", b"raw_html", "screenshot", b"screenshot", "status_code", b"status_code", "title", b"title", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_results", b"action_results", "cache_hit", b"cache_hit", "change_diff", b"change_diff", "change_status", b"change_status", "content_type", b"content_type", "description", b"description", "engine", b"engine", "fetched_at", b"fetched_at", "final_url", b"final_url", "format_errors", b"format_errors", "html", b"html", "images", b"images", "json", b"json", "language", b"language", "link_details", b"link_details", "links", b"links", "markdown", b"markdown", "metadata", b"metadata", "model_usage", b"model_usage", "num_pages", b"num_pages", "previous_scrape_at", b"previous_scrape_at", "raw_html", b"raw_html", "screenshot", b"screenshot", "selected", b"selected", "status_code", b"status_code", "summary", b"summary", "title", b"title", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Document: _TypeAlias = Document  # noqa: Y015
+
+@_typing.final
+class FormatError(_message.Message):
+    """FormatError says why one format of a document is missing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORMAT_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    format: Global___Format.ValueType
+    code: _builtins.str
+    """invalid_answer (no answer valid under the schema within the retries),
+    model_unavailable (the endpoint failed or timed out), tokens_exhausted (the
+    account's model_tokens_per_day ran out), too_long (the page's markdown could not be
+    cut to the input budget).
+    """
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        format: Global___Format.ValueType = ...,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "format", b"format", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FormatError: _TypeAlias = FormatError  # noqa: Y015
+
+@_typing.final
+class ModelUsage(_message.Message):
+    """ModelUsage counts model calls and their tokens (as the model server reports them)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
+    CACHED_FIELD_NUMBER: _builtins.int
+    input_tokens: _builtins.int
+    output_tokens: _builtins.int
+    calls: _builtins.int
+    """Calls sent to the model endpoint (retries included; 0 when every answer came from
+    the model cache).
+    """
+    cached: _builtins.int
+    """Answers taken from the model cache instead of a call."""
+    def __init__(
+        self,
+        *,
+        input_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        calls: _builtins.int = ...,
+        cached: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached", b"cached", "calls", b"calls", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelUsage: _TypeAlias = ModelUsage  # noqa: Y015
 
 @_typing.final
 class Screenshot(_message.Message):
@@ -1441,6 +1752,7 @@ class StartBatchScrapeRequest(_message.Message):
     IGNORE_INVALID_URLS_FIELD_NUMBER: _builtins.int
     WEBHOOK_FIELD_NUMBER: _builtins.int
     MAX_RETRIES_FIELD_NUMBER: _builtins.int
+    EXTRACT_FIELD_NUMBER: _builtins.int
     max_concurrency: _builtins.int
     """Pages fetched at once by this job; 0 means the server default."""
     idempotency_key: _builtins.str
@@ -1454,6 +1766,8 @@ class StartBatchScrapeRequest(_message.Message):
     """Retries of a page's transient failures (connect, timeout, 408/425/429/5xx);
     unset means the server default (max_retries), 0 means none.
     """
+    extract: _builtins.bool
+    """Set by StartExtract: the job is an extract (GetExtract merges its pages)."""
     @_builtins.property
     def urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -1470,10 +1784,11 @@ class StartBatchScrapeRequest(_message.Message):
         ignore_invalid_urls: _builtins.bool = ...,
         webhook: Global___Webhook | None = ...,
         max_retries: _builtins.int | None = ...,
+        extract: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "max_retries", b"max_retries", "options", b"options", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "idempotency_key", b"idempotency_key", "ignore_invalid_urls", b"ignore_invalid_urls", "max_concurrency", b"max_concurrency", "max_retries", b"max_retries", "options", b"options", "urls", b"urls", "webhook", b"webhook"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "extract", b"extract", "idempotency_key", b"idempotency_key", "ignore_invalid_urls", b"ignore_invalid_urls", "max_concurrency", b"max_concurrency", "max_retries", b"max_retries", "options", b"options", "urls", b"urls", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_retries: _TypeAlias = _typing.Literal["max_retries"]  # noqa: Y015
     _WhichOneofArgType__max_retries: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries"]  # noqa: Y015
@@ -1630,6 +1945,7 @@ class StartCrawlRequest(_message.Message):
     MAX_RETRIES_FIELD_NUMBER: _builtins.int
     CRAWL_ENTIRE_DOMAIN_FIELD_NUMBER: _builtins.int
     REGEX_ON_FULL_URL_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     limit: _builtins.int
     """Most pages to fetch; 0 means the server default."""
@@ -1683,6 +1999,13 @@ class StartCrawlRequest(_message.Message):
     """include_paths/exclude_paths match the whole normalized URL
     (scheme://host[:port]/path?query) instead of its path and query.
     """
+    prompt: _builtins.str
+    """Crawl options in words (Firecrawl's crawl prompt; at most 10,000 characters): at
+    submission the model turns them into include_paths, exclude_paths, max_depth,
+    limit, sitemap, allow_subdomains and crawl_entire_domain, as PreviewCrawlParams
+    shows; a field this request sets itself wins. The job stores the options chosen
+    (GetJob, export), never the words' answer again.
+    """
     @_builtins.property
     def include_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Regexes over the URL path (plus ?query when there is one; the whole URL with
@@ -1721,10 +2044,11 @@ class StartCrawlRequest(_message.Message):
         max_retries: _builtins.int | None = ...,
         crawl_entire_domain: _builtins.bool = ...,
         regex_on_full_url: _builtins.bool = ...,
+        prompt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "max_retries", b"max_retries", "options", b"options", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "allow_external_links", b"allow_external_links", "allow_subdomains", b"allow_subdomains", "crawl_entire_domain", b"crawl_entire_domain", "dedupe_similar_urls", b"dedupe_similar_urls", "delay", b"delay", "exclude_paths", b"exclude_paths", "follow_canonical", b"follow_canonical", "idempotency_key", b"idempotency_key", "ignore_query_parameters", b"ignore_query_parameters", "ignore_robots_meta", b"ignore_robots_meta", "include_paths", b"include_paths", "limit", b"limit", "max_concurrency", b"max_concurrency", "max_depth", b"max_depth", "max_retries", b"max_retries", "options", b"options", "regex_on_full_url", b"regex_on_full_url", "sitemap", b"sitemap", "strip_tracking_parameters", b"strip_tracking_parameters", "url", b"url", "webhook", b"webhook"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries", "allow_external_links", b"allow_external_links", "allow_subdomains", b"allow_subdomains", "crawl_entire_domain", b"crawl_entire_domain", "dedupe_similar_urls", b"dedupe_similar_urls", "delay", b"delay", "exclude_paths", b"exclude_paths", "follow_canonical", b"follow_canonical", "idempotency_key", b"idempotency_key", "ignore_query_parameters", b"ignore_query_parameters", "ignore_robots_meta", b"ignore_robots_meta", "include_paths", b"include_paths", "limit", b"limit", "max_concurrency", b"max_concurrency", "max_depth", b"max_depth", "max_retries", b"max_retries", "options", b"options", "prompt", b"prompt", "regex_on_full_url", b"regex_on_full_url", "sitemap", b"sitemap", "strip_tracking_parameters", b"strip_tracking_parameters", "url", b"url", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_retries: _TypeAlias = _typing.Literal["max_retries"]  # noqa: Y015
     _WhichOneofArgType__max_retries: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries"]  # noqa: Y015
@@ -1806,6 +2130,7 @@ class GetJobResponse(_message.Message):
     NOTE_FIELD_NUMBER: _builtins.int
     REMOVED_URLS_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
+    MODEL_USAGE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: Global___JobKind.ValueType
     state: Global___JobState.ValueType
@@ -1833,6 +2158,10 @@ class GetJobResponse(_message.Message):
     def paused(self) -> Global___PauseInfo:
         """Why the job is paused (state JOB_STATE_PAUSED only)."""
 
+    @_builtins.property
+    def model_usage(self) -> Global___ModelUsage:
+        """What the job's model calls took so far (FORMAT_JSON, FORMAT_SUMMARY)."""
+
     def __init__(
         self,
         *,
@@ -1849,10 +2178,11 @@ class GetJobResponse(_message.Message):
         note: _builtins.str = ...,
         removed_urls: _abc.Iterable[_builtins.str] | None = ...,
         paused: Global___PauseInfo | None = ...,
+        model_usage: Global___ModelUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "created_at", b"created_at", "expires_at", b"expires_at", "next_skip", b"next_skip", "paused", b"paused"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "created_at", b"created_at", "expires_at", b"expires_at", "model_usage", b"model_usage", "next_skip", b"next_skip", "paused", b"paused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "completed", b"completed", "created_at", b"created_at", "documents", b"documents", "expires_at", b"expires_at", "failed", b"failed", "id", b"id", "kind", b"kind", "next_skip", b"next_skip", "note", b"note", "paused", b"paused", "removed_urls", b"removed_urls", "state", b"state", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip", "completed", b"completed", "created_at", b"created_at", "documents", b"documents", "expires_at", b"expires_at", "failed", b"failed", "id", b"id", "kind", b"kind", "model_usage", b"model_usage", "next_skip", b"next_skip", "note", b"note", "paused", b"paused", "removed_urls", b"removed_urls", "state", b"state", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__next_skip: _TypeAlias = _typing.Literal["next_skip"]  # noqa: Y015
     _WhichOneofArgType__next_skip: _TypeAlias = _typing.Literal["_next_skip", b"_next_skip"]  # noqa: Y015
@@ -2410,6 +2740,9 @@ class GetAccountUsageResponse(_message.Message):
     PAGES_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     LAST_PAGE_AT_FIELD_NUMBER: _builtins.int
+    MODEL_ALLOWED_FIELD_NUMBER: _builtins.int
+    MODEL_TOKENS_USED_FIELD_NUMBER: _builtins.int
+    MODEL_TOKENS_PER_DAY_FIELD_NUMBER: _builtins.int
     account: _builtins.str
     """The account's name ("anonymous" in anonymous mode)."""
     pages_used: _builtins.int
@@ -2437,6 +2770,12 @@ class GetAccountUsageResponse(_message.Message):
     """
     max_concurrency: _builtins.int
     """The most pages at once one job may ask for (the server's max_concurrency)."""
+    model_allowed: _builtins.bool
+    """Whether the account may use the model formats (and the server has a model endpoint)."""
+    model_tokens_used: _builtins.int
+    """Model tokens (in and out) charged in the rolling day, counted as pages are."""
+    model_tokens_per_day: _builtins.int
+    """The account's model_tokens_per_day limit; absent: unlimited."""
     @_builtins.property
     def period_start(self) -> _timestamp_pb2.Timestamp:
         """The start of the oldest hour the rolling day counts."""
@@ -2474,13 +2813,18 @@ class GetAccountUsageResponse(_message.Message):
         pages_in_flight: _builtins.int = ...,
         max_concurrency: _builtins.int = ...,
         last_page_at: _timestamp_pb2.Timestamp | None = ...,
+        model_allowed: _builtins.bool = ...,
+        model_tokens_used: _builtins.int = ...,
+        model_tokens_per_day: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_jobs", b"_max_concurrent_jobs", "_pages_per_day", b"_pages_per_day", "_pages_remaining", b"_pages_remaining", "last_page_at", b"last_page_at", "max_concurrent_jobs", b"max_concurrent_jobs", "pages_per_day", b"pages_per_day", "pages_remaining", b"pages_remaining", "period_end", b"period_end", "period_start", b"period_start", "resets_at", b"resets_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_jobs", b"_max_concurrent_jobs", "_model_tokens_per_day", b"_model_tokens_per_day", "_pages_per_day", b"_pages_per_day", "_pages_remaining", b"_pages_remaining", "last_page_at", b"last_page_at", "max_concurrent_jobs", b"max_concurrent_jobs", "model_tokens_per_day", b"model_tokens_per_day", "pages_per_day", b"pages_per_day", "pages_remaining", b"pages_remaining", "period_end", b"period_end", "period_start", b"period_start", "resets_at", b"resets_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_jobs", b"_max_concurrent_jobs", "_pages_per_day", b"_pages_per_day", "_pages_remaining", b"_pages_remaining", "account", b"account", "last_page_at", b"last_page_at", "max_concurrency", b"max_concurrency", "max_concurrent_jobs", b"max_concurrent_jobs", "pages_in_flight", b"pages_in_flight", "pages_per_day", b"pages_per_day", "pages_queued", b"pages_queued", "pages_remaining", b"pages_remaining", "pages_used", b"pages_used", "period_end", b"period_end", "period_start", b"period_start", "resets_at", b"resets_at", "running_jobs", b"running_jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_jobs", b"_max_concurrent_jobs", "_model_tokens_per_day", b"_model_tokens_per_day", "_pages_per_day", b"_pages_per_day", "_pages_remaining", b"_pages_remaining", "account", b"account", "last_page_at", b"last_page_at", "max_concurrency", b"max_concurrency", "max_concurrent_jobs", b"max_concurrent_jobs", "model_allowed", b"model_allowed", "model_tokens_per_day", b"model_tokens_per_day", "model_tokens_used", b"model_tokens_used", "pages_in_flight", b"pages_in_flight", "pages_per_day", b"pages_per_day", "pages_queued", b"pages_queued", "pages_remaining", b"pages_remaining", "pages_used", b"pages_used", "period_end", b"period_end", "period_start", b"period_start", "resets_at", b"resets_at", "running_jobs", b"running_jobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_concurrent_jobs: _TypeAlias = _typing.Literal["max_concurrent_jobs"]  # noqa: Y015
     _WhichOneofArgType__max_concurrent_jobs: _TypeAlias = _typing.Literal["_max_concurrent_jobs", b"_max_concurrent_jobs"]  # noqa: Y015
+    _WhichOneofReturnType__model_tokens_per_day: _TypeAlias = _typing.Literal["model_tokens_per_day"]  # noqa: Y015
+    _WhichOneofArgType__model_tokens_per_day: _TypeAlias = _typing.Literal["_model_tokens_per_day", b"_model_tokens_per_day"]  # noqa: Y015
     _WhichOneofReturnType__pages_per_day: _TypeAlias = _typing.Literal["pages_per_day"]  # noqa: Y015
     _WhichOneofArgType__pages_per_day: _TypeAlias = _typing.Literal["_pages_per_day", b"_pages_per_day"]  # noqa: Y015
     _WhichOneofReturnType__pages_remaining: _TypeAlias = _typing.Literal["pages_remaining"]  # noqa: Y015
@@ -2488,8 +2832,247 @@ class GetAccountUsageResponse(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_concurrent_jobs) -> _WhichOneofReturnType__max_concurrent_jobs | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__model_tokens_per_day) -> _WhichOneofReturnType__model_tokens_per_day | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pages_per_day) -> _WhichOneofReturnType__pages_per_day | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pages_remaining) -> _WhichOneofReturnType__pages_remaining | None: ...
 
 Global___GetAccountUsageResponse: _TypeAlias = GetAccountUsageResponse  # noqa: Y015
+
+@_typing.final
+class StartExtractRequest(_message.Message):
+    """StartExtractRequest starts an extract job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URLS_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    IGNORE_INVALID_URLS_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    """The most pages in all, wildcards expanded (0: 100; at most the server's max_urls)."""
+    idempotency_key: _builtins.str
+    """As StartBatchScrapeRequest.idempotency_key (AIP-155)."""
+    ignore_invalid_urls: _builtins.bool
+    """Skip invalid URLs (listed back in the response) instead of rejecting the request."""
+    @_builtins.property
+    def urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """1..100 URLs; one ending in "/*" stands for the site's URLs under that path."""
+
+    @_builtins.property
+    def json(self) -> Global___JsonOptions:
+        """The schema and prompt every page is extracted under (a schema or a prompt)."""
+
+    @_builtins.property
+    def options(self) -> Global___ScrapeOptions:
+        """How each page is fetched (formats are set by the job: FORMAT_JSON)."""
+
+    def __init__(
+        self,
+        *,
+        urls: _abc.Iterable[_builtins.str] | None = ...,
+        json: Global___JsonOptions | None = ...,
+        options: Global___ScrapeOptions | None = ...,
+        limit: _builtins.int = ...,
+        idempotency_key: _builtins.str = ...,
+        ignore_invalid_urls: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["json", b"json", "options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "ignore_invalid_urls", b"ignore_invalid_urls", "json", b"json", "limit", b"limit", "options", b"options", "urls", b"urls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartExtractRequest: _TypeAlias = StartExtractRequest  # noqa: Y015
+
+@_typing.final
+class StartExtractResponse(_message.Message):
+    """StartExtractResponse names the job and the pages it extracts from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    URLS_FIELD_NUMBER: _builtins.int
+    INVALID_URLS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    @_builtins.property
+    def urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The pages, wildcards expanded, in batch order."""
+
+    @_builtins.property
+    def invalid_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        urls: _abc.Iterable[_builtins.str] | None = ...,
+        invalid_urls: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "invalid_urls", b"invalid_urls", "urls", b"urls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartExtractResponse: _TypeAlias = StartExtractResponse  # noqa: Y015
+
+@_typing.final
+class GetExtractRequest(_message.Message):
+    """GetExtractRequest names an extract job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetExtractRequest: _TypeAlias = GetExtractRequest  # noqa: Y015
+
+@_typing.final
+class GetExtractResponse(_message.Message):
+    """GetExtractResponse is an extract job's state and merged object."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    COMPLETED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    MODEL_USAGE_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    state: Global___JobState.ValueType
+    data: _builtins.str
+    """The pages' objects merged (docs/structured.md, "Extract"): lists concatenated
+    without repeats, objects merged key by key, for any other value the first page's
+    (in batch order) that has one. JSON text; "{}" before any page is done.
+    """
+    total: _builtins.int
+    completed: _builtins.int
+    failed: _builtins.int
+    note: _builtins.str
+    """Why the job failed, if it did."""
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExtractSource]:
+        """For each top-level key of data, the pages it came from."""
+
+    @_builtins.property
+    def model_usage(self) -> Global___ModelUsage: ...
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        state: Global___JobState.ValueType = ...,
+        data: _builtins.str = ...,
+        sources: _abc.Iterable[Global___ExtractSource] | None = ...,
+        total: _builtins.int = ...,
+        completed: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        note: _builtins.str = ...,
+        model_usage: Global___ModelUsage | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "model_usage", b"model_usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "data", b"data", "expires_at", b"expires_at", "failed", b"failed", "id", b"id", "model_usage", b"model_usage", "note", b"note", "sources", b"sources", "state", b"state", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetExtractResponse: _TypeAlias = GetExtractResponse  # noqa: Y015
+
+@_typing.final
+class ExtractSource(_message.Message):
+    """ExtractSource names the pages one key of an extract's object came from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    URLS_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    @_builtins.property
+    def urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        urls: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "urls", b"urls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExtractSource: _TypeAlias = ExtractSource  # noqa: Y015
+
+@_typing.final
+class PreviewCrawlParamsRequest(_message.Message):
+    """PreviewCrawlParamsRequest asks for the crawl options words describe."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """The crawl's start URL."""
+    prompt: _builtins.str
+    """What to crawl, in words (1..10,000 characters)."""
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        prompt: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreviewCrawlParamsRequest: _TypeAlias = PreviewCrawlParamsRequest  # noqa: Y015
+
+@_typing.final
+class PreviewCrawlParamsResponse(_message.Message):
+    """PreviewCrawlParamsResponse is the crawl the words describe."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    MODEL_USAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def request(self) -> Global___StartCrawlRequest:
+        """A request StartCrawl accepts as it stands (url, and the options the model chose)."""
+
+    @_builtins.property
+    def model_usage(self) -> Global___ModelUsage: ...
+    def __init__(
+        self,
+        *,
+        request: Global___StartCrawlRequest | None = ...,
+        model_usage: Global___ModelUsage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model_usage", b"model_usage", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model_usage", b"model_usage", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreviewCrawlParamsResponse: _TypeAlias = PreviewCrawlParamsResponse  # noqa: Y015

@@ -97,6 +97,21 @@ class JobServiceStub:
                 request_serializer=pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageRequest.SerializeToString,
                 response_deserializer=pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageResponse.FromString,
                 _registered_method=True)
+        self.StartExtract = channel.unary_unary(
+                '/pagesift.v1.JobService/StartExtract',
+                request_serializer=pagesift_dot_v1_dot_jobs__pb2.StartExtractRequest.SerializeToString,
+                response_deserializer=pagesift_dot_v1_dot_jobs__pb2.StartExtractResponse.FromString,
+                _registered_method=True)
+        self.GetExtract = channel.unary_unary(
+                '/pagesift.v1.JobService/GetExtract',
+                request_serializer=pagesift_dot_v1_dot_jobs__pb2.GetExtractRequest.SerializeToString,
+                response_deserializer=pagesift_dot_v1_dot_jobs__pb2.GetExtractResponse.FromString,
+                _registered_method=True)
+        self.PreviewCrawlParams = channel.unary_unary(
+                '/pagesift.v1.JobService/PreviewCrawlParams',
+                request_serializer=pagesift_dot_v1_dot_jobs__pb2.PreviewCrawlParamsRequest.SerializeToString,
+                response_deserializer=pagesift_dot_v1_dot_jobs__pb2.PreviewCrawlParamsResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -203,6 +218,34 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartExtract(self, request, context):
+        """StartExtract starts an extract job (Firecrawl's /v2/extract): the pages of its URLs
+        (a URL ending in "/*" stands for the site's URLs under that path, listed as Map
+        lists them) are scraped as one batch with FORMAT_JSON, and GetExtract merges their
+        objects into one under the schema. Needs the server's model endpoint and an
+        account allowed to use it; primary only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetExtract(self, request, context):
+        """GetExtract returns an extract job's state and its merged object with the pages
+        each field came from. A read: a standby answers it from its replica.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PreviewCrawlParams(self, request, context):
+        """PreviewCrawlParams turns words into crawl options (Firecrawl's
+        /v2/crawl/params-preview): the model's answer, validated as StartCrawl validates
+        it, returned without starting anything. Needs the model endpoint; primary only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +308,21 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetAccountUsage,
                     request_deserializer=pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageRequest.FromString,
                     response_serializer=pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageResponse.SerializeToString,
+            ),
+            'StartExtract': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartExtract,
+                    request_deserializer=pagesift_dot_v1_dot_jobs__pb2.StartExtractRequest.FromString,
+                    response_serializer=pagesift_dot_v1_dot_jobs__pb2.StartExtractResponse.SerializeToString,
+            ),
+            'GetExtract': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetExtract,
+                    request_deserializer=pagesift_dot_v1_dot_jobs__pb2.GetExtractRequest.FromString,
+                    response_serializer=pagesift_dot_v1_dot_jobs__pb2.GetExtractResponse.SerializeToString,
+            ),
+            'PreviewCrawlParams': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreviewCrawlParams,
+                    request_deserializer=pagesift_dot_v1_dot_jobs__pb2.PreviewCrawlParamsRequest.FromString,
+                    response_serializer=pagesift_dot_v1_dot_jobs__pb2.PreviewCrawlParamsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -594,6 +652,87 @@ class JobService:
             '/pagesift.v1.JobService/GetAccountUsage',
             pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageRequest.SerializeToString,
             pagesift_dot_v1_dot_jobs__pb2.GetAccountUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartExtract(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagesift.v1.JobService/StartExtract',
+            pagesift_dot_v1_dot_jobs__pb2.StartExtractRequest.SerializeToString,
+            pagesift_dot_v1_dot_jobs__pb2.StartExtractResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetExtract(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagesift.v1.JobService/GetExtract',
+            pagesift_dot_v1_dot_jobs__pb2.GetExtractRequest.SerializeToString,
+            pagesift_dot_v1_dot_jobs__pb2.GetExtractResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreviewCrawlParams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagesift.v1.JobService/PreviewCrawlParams',
+            pagesift_dot_v1_dot_jobs__pb2.PreviewCrawlParamsRequest.SerializeToString,
+            pagesift_dot_v1_dot_jobs__pb2.PreviewCrawlParamsResponse.FromString,
             options,
             channel_credentials,
             insecure,

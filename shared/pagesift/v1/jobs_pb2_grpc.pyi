@@ -84,6 +84,22 @@ class JobServiceStub:
     pages queued and in flight in those jobs. A read: a standby answers it from its
     replica (without the primary's in-flight pages and last page time).
     """
+    StartExtract: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.StartExtractRequest, _jobs_pb2.StartExtractResponse]
+    """StartExtract starts an extract job (Firecrawl's /v2/extract): the pages of its URLs
+    (a URL ending in "/*" stands for the site's URLs under that path, listed as Map
+    lists them) are scraped as one batch with FORMAT_JSON, and GetExtract merges their
+    objects into one under the schema. Needs the server's model endpoint and an
+    account allowed to use it; primary only.
+    """
+    GetExtract: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetExtractRequest, _jobs_pb2.GetExtractResponse]
+    """GetExtract returns an extract job's state and its merged object with the pages
+    each field came from. A read: a standby answers it from its replica.
+    """
+    PreviewCrawlParams: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.PreviewCrawlParamsRequest, _jobs_pb2.PreviewCrawlParamsResponse]
+    """PreviewCrawlParams turns words into crawl options (Firecrawl's
+    /v2/crawl/params-preview): the model's answer, validated as StartCrawl validates
+    it, returned without starting anything. Needs the model endpoint; primary only.
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -138,6 +154,22 @@ class JobServiceAsyncStub(JobServiceStub):
     day and its pages_per_day allowance, running jobs and max_concurrent_jobs, the
     pages queued and in flight in those jobs. A read: a standby answers it from its
     replica (without the primary's in-flight pages and last page time).
+    """
+    StartExtract: _aio.UnaryUnaryMultiCallable[_jobs_pb2.StartExtractRequest, _jobs_pb2.StartExtractResponse]  # type: ignore[assignment]
+    """StartExtract starts an extract job (Firecrawl's /v2/extract): the pages of its URLs
+    (a URL ending in "/*" stands for the site's URLs under that path, listed as Map
+    lists them) are scraped as one batch with FORMAT_JSON, and GetExtract merges their
+    objects into one under the schema. Needs the server's model endpoint and an
+    account allowed to use it; primary only.
+    """
+    GetExtract: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetExtractRequest, _jobs_pb2.GetExtractResponse]  # type: ignore[assignment]
+    """GetExtract returns an extract job's state and its merged object with the pages
+    each field came from. A read: a standby answers it from its replica.
+    """
+    PreviewCrawlParams: _aio.UnaryUnaryMultiCallable[_jobs_pb2.PreviewCrawlParamsRequest, _jobs_pb2.PreviewCrawlParamsResponse]  # type: ignore[assignment]
+    """PreviewCrawlParams turns words into crawl options (Firecrawl's
+    /v2/crawl/params-preview): the model's answer, validated as StartCrawl validates
+    it, returned without starting anything. Needs the model endpoint; primary only.
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -262,6 +294,40 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         day and its pages_per_day allowance, running jobs and max_concurrent_jobs, the
         pages queued and in flight in those jobs. A read: a standby answers it from its
         replica (without the primary's in-flight pages and last page time).
+        """
+
+    @_abc_1.abstractmethod
+    def StartExtract(
+        self,
+        request: _jobs_pb2.StartExtractRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.StartExtractResponse, _abc.Awaitable[_jobs_pb2.StartExtractResponse]]:
+        """StartExtract starts an extract job (Firecrawl's /v2/extract): the pages of its URLs
+        (a URL ending in "/*" stands for the site's URLs under that path, listed as Map
+        lists them) are scraped as one batch with FORMAT_JSON, and GetExtract merges their
+        objects into one under the schema. Needs the server's model endpoint and an
+        account allowed to use it; primary only.
+        """
+
+    @_abc_1.abstractmethod
+    def GetExtract(
+        self,
+        request: _jobs_pb2.GetExtractRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.GetExtractResponse, _abc.Awaitable[_jobs_pb2.GetExtractResponse]]:
+        """GetExtract returns an extract job's state and its merged object with the pages
+        each field came from. A read: a standby answers it from its replica.
+        """
+
+    @_abc_1.abstractmethod
+    def PreviewCrawlParams(
+        self,
+        request: _jobs_pb2.PreviewCrawlParamsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.PreviewCrawlParamsResponse, _abc.Awaitable[_jobs_pb2.PreviewCrawlParamsResponse]]:
+        """PreviewCrawlParams turns words into crawl options (Firecrawl's
+        /v2/crawl/params-preview): the model's answer, validated as StartCrawl validates
+        it, returned without starting anything. Needs the model endpoint; primary only.
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
