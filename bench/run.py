@@ -41,6 +41,7 @@ SECTIONS = (
     "cookiechurn",
     "failsafe",
     "handover",
+    "model",
 )
 
 
