@@ -1,7 +1,8 @@
 """Request validation: one check per field, each raising ``InvalidArgument`` naming it.
 
 What it owns: the field rules (URLs and the address guard, scrape options, request
-control, webhook payloads, concurrency, retries, regex bounds, paging) and the two
+control, webhook payloads, concurrency, retries, regex bounds, paging; a selector
+schema's rules are ``selectorschemas``', raised here as ``InvalidArgument``) and the two
 request exceptions every rule raises, ``InvalidArgument`` and ``PermissionDenied``,
 each carrying its field path and reason as attributes (no caller parses a message).
 ``pagesift.core.jobs.specs`` runs these checks, one call per request kind, and
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from selectolax.lexbor import LexborHTMLParser
 
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import blockedaddresses, patterns, urls
+from pagesift.core.jobs import blockedaddresses, patterns, selectorschemas, urls
 from pagesift.core.jobs.accounts import Account
 from pagesift.v1 import jobs_pb2
 
@@ -108,12 +109,16 @@ async def url(value: str, field: str, config: ServerConfig) -> str:
 
 
 def options(opts: jobs_pb2.ScrapeOptions, config: ServerConfig, field: str = "options") -> None:
-    """What shapes the document (formats, max_pages); request control is
-    ``request_control``'s."""
+    """What shapes the document (formats, max_pages, the selector schema:
+    ``selectorschemas.check``); request control is ``request_control``'s."""
     for i, f in enumerate(opts.formats):
         if f not in jobs_pb2.Format.values() or f == jobs_pb2.FORMAT_UNSPECIFIED:
             raise InvalidArgument(f"{field}.formats[{i}]", f"unknown format {f}")
     tag_selectors(opts, field)
+    try:
+        selectorschemas.check(opts, field)
+    except selectorschemas.SchemaError as e:
+        raise InvalidArgument(e.field, e.reason) from None
     if opts.HasField("max_age"):
         age = opts.max_age.seconds + opts.max_age.nanos / 1e9
         if not 0 <= age <= config.page_cache_ttl:
