@@ -22,6 +22,9 @@ invariants:
 - with ``judge_render`` (AUTO), the worker that extracts an HTML page first decides
   whether it needs a browser (``autorender.judge_and_extract``, one call): such a page
   raises ``RenderNeeded`` and is not extracted;
+- FORMAT_SELECTORS reads HTML only: a document or a text page keeps ``selected`` ""
+  and gets a FormatError ``not_html`` for it (``_no_selection``); an HTML page's
+  selection runs in the same worker call as its other formats (``html.extract``);
 - ``Page.noindex``/``nofollow`` come from meta robots and X-Robots-Tag
   (``robots.page_directives``), ``canonical`` from the page's ``<link>``, else its
   ``Link:`` header (the form PDFs use); the job runtime applies them.
@@ -104,6 +107,17 @@ def kind_of(resp: Response, allow_non_html: bool) -> str:
     return content.sniff(resp.body, allow_non_html)
 
 
+def _no_selection(doc: jobs_pb2.Document, options: jobs_pb2.ScrapeOptions, what: str) -> None:
+    """FORMAT_SELECTORS on a page that is not HTML: ``selected`` stays "" and a
+    FormatError says why."""
+    if jobs_pb2.FORMAT_SELECTORS in options.formats:
+        doc.format_errors.add(
+            format=jobs_pb2.FORMAT_SELECTORS,
+            code="not_html",
+            message=f"a selector schema reads HTML; the page is {what} ({doc.content_type})",
+        )
+
+
 class PageMaker:
     """Final responses into ``Page``s, extracted in the node's worker processes (in a
     thread with ``extract_processes = 0``: no deadline, no memory cap, so that mode
@@ -144,6 +158,7 @@ class PageMaker:
         doc.fetched_at.FromNanoseconds(time.time_ns())
         if kind == "document":
             await self._convert(doc, resp, options, owner)
+            _no_selection(doc, options, "a document")
             noindex, nofollow = page_directives([], list(resp.robots_tag), agent)
             return Page(document=doc, canonical=resp.canonical, noindex=noindex,
                         nofollow=nofollow, validators=resp.validators)  # fmt: skip
@@ -169,6 +184,7 @@ class PageMaker:
             doc.markdown = text
         if want.raw_html:
             doc.raw_html = text
+        _no_selection(doc, options, "text")
         return Page(
             document=doc,
             canonical=resp.canonical,

@@ -6,8 +6,9 @@ document needs travels back), ``apply`` (copy a result into a ``Document``) and
 ``Wanted`` (which formats and extraction controls a job asks for). The reading itself
 is split by concern: ``htmlshape`` (the shape check before parsing), ``htmlhead``
 (title, description, canonical, robots, metadata), ``htmllinks`` (links, anchor
-texts, images), ``htmlclean`` (content root, controls, cleaning, markdown) and
-``metadata`` (the bounds of ``Document.metadata``).
+texts, images), ``selectors`` (a selector schema's JSON, FORMAT_SELECTORS),
+``htmlclean`` (content root, controls, cleaning, markdown) and ``metadata`` (the
+bounds of ``Document.metadata``).
 
 Invariants:
 
@@ -16,6 +17,10 @@ Invariants:
   the format is asked for (no formats = markdown only).
 - ``links`` is always filled (the crawler needs it whatever the formats), read before
   any cleaning; metadata always, in one pass over the head.
+- A selector schema reads the whole page (like links and images: the extraction
+  controls and ``only_main_content`` shape markdown and html only), before any
+  cleaning; when its JSON would pass ``selectors.MAX_SELECTED_BYTES`` the document
+  gets a FormatError (``too_large``) for FORMAT_SELECTORS instead, the rest kept.
 - ``<base href>`` (http(s) only) overrides the fetched URL for every relative URL.
 - ``Wanted`` and ``Extracted`` are small and picklable: they cross the process
   boundary (``engine.workers`` pickles ``extract_compact`` by its module path).
@@ -32,7 +37,7 @@ from urllib.parse import urljoin
 from selectolax.lexbor import LexborHTMLParser
 
 from pagesift.core.jobs import urls
-from pagesift.primary.extract import htmlclean, htmlhead, htmllinks
+from pagesift.primary.extract import htmlclean, htmlhead, htmllinks, selectors
 from pagesift.primary.extract.htmlshape import check_shape
 from pagesift.primary.extract.metadata import add_metadata
 from pagesift.v1 import jobs_pb2
@@ -61,9 +66,11 @@ class Wanted:
     include_tags: tuple[str, ...] = ()
     exclude_tags: tuple[str, ...] = ()
     remove_base64_images: bool = False
+    # FORMAT_SELECTORS: the schema, serialized (deterministically); b"" when not asked
+    selectors: bytes = b""
 
 
-_WantedKey = tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], bool]
+_WantedKey = tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], bool, bytes]
 _WANTED_CACHE: dict[_WantedKey, Wanted] = {}
 
 
@@ -74,6 +81,9 @@ def wanted(options: jobs_pb2.ScrapeOptions) -> Wanted:
         tuple(options.include_tags),
         tuple(options.exclude_tags),
         options.remove_base64_images,
+        options.selectors.SerializeToString(deterministic=True)
+        if jobs_pb2.FORMAT_SELECTORS in options.formats
+        else b"",
     )
     got = _WANTED_CACHE.get(key)
     if got is None:
@@ -87,6 +97,7 @@ def wanted(options: jobs_pb2.ScrapeOptions) -> Wanted:
             include_tags=key[1],
             exclude_tags=key[2],
             remove_base64_images=key[3],
+            selectors=key[4],
         )
         if len(_WANTED_CACHE) < 256:
             _WANTED_CACHE[key] = got
@@ -115,6 +126,8 @@ class Extracted:
     metadata: dict[str, str] = field(default_factory=dict)
     images: list[str] = field(default_factory=list)
     link_texts: list[str] = field(default_factory=list)  # parallel to links (FORMAT_LINKS)
+    selected: str = ""  # FORMAT_SELECTORS: the schema's JSON
+    selected_error: tuple[str, str] = ("", "")  # (code, message) when it gave none
 
 
 def extract(
@@ -157,6 +170,11 @@ def extract(
     htmlhead.finish_metadata(head, page_url, base_url, out.canonical)
     if want.images:
         out.images = htmllinks.images(tree, base_url)
+    if want.selectors:  # before any cleaning changes the tree
+        try:
+            out.selected = selectors.select(tree, base_url, want.selectors)
+        except selectors.SelectionError as exc:
+            out.selected_error = (exc.code, exc.reason)
     if want.markdown or want.html:
         if want.include_tags or want.exclude_tags or want.remove_base64_images:
             root, _owner = htmlclean.controlled_root(
@@ -211,6 +229,11 @@ def apply(
         )
     if want.images:
         doc.images.extend(got.images)
+    if want.selectors:
+        doc.selected = got.selected
+        code, message = got.selected_error
+        if code:
+            doc.format_errors.add(format=jobs_pb2.FORMAT_SELECTORS, code=code, message=message)
     add_metadata(doc.metadata, headers)
     add_metadata(doc.metadata, got.metadata.items())
 
