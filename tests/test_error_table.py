@@ -47,6 +47,7 @@ from pagesift.core.jobs.accounts import Account, Unauthenticated
 from pagesift.core.jobs.clusterlimits import ClusterUnavailable
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.core.jobs.records import IdempotencyKeyReused, JobNotAppendable
+from pagesift.core.jobs.modelrequests import ModelUnanswered
 from pagesift.core.jobs.renderoptions import RenderingUnavailable
 from pagesift.core.jobs.specs import Permissions, WebhookSecretMissing, crawl, scrape
 from pagesift.core.jobs.validate import InvalidArgument, PermissionDenied
@@ -74,6 +75,7 @@ SAMPLES: dict[type[Exception], Exception] = {
     Fenced: Fenced("met epoch 7"),
     WebhookSecretMissing: WebhookSecretMissing("acme"),
     RenderingUnavailable: RenderingUnavailable("options.engine"),
+    ModelUnanswered: ModelUnanswered("invalid_answer", "the model gave no valid crawl options"),
     quota.LimitExceeded: quota.LimitExceeded("pages_per_day", "over 10 pages", 1e9 + 60),
     DocumentTooLarge: DocumentTooLarge(4, 99, 64, "skip"),
     PageFailed: PageFailed(PageError(ErrorCode.INVALID_URL, "no host"), "http://x/"),

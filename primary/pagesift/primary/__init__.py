@@ -6,6 +6,8 @@
 - ``extract``: untrusted bytes into documents (HTML; PDF and office formats), run in
   workers;
 - ``jobs``: the runtime (register, run, record, sweep), the frontier, Map, the page cache;
+- ``models``: the model formats (json, summary, crawl prompts) through the operator's
+  OpenAI-compatible model endpoint;
 - ``webhooks``: the durable per-job outbox and its delivery;
 - ``replication``: the ``ReplicationService`` stream.
 

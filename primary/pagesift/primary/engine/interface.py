@@ -77,6 +77,9 @@ class Page:
     validators: tuple[str, str] = ("", "")  # the response's ETag and Last-Modified
     not_modified: bool = False  # a conditional request got 304: no document
     cache: str = ""  # "hit" / "revalidated" when it came from the page cache
+    # the model formats' fresh answers (digest, record), for the page cache to keep
+    # in the page's group (``pagecache.remember``; ``pagesift.primary.models.formats``)
+    model_answers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 class Engine(Protocol):

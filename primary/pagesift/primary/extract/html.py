@@ -70,6 +70,9 @@ class Wanted:
     selectors: bytes = b""
 
 
+_MARKDOWN_FORMATS = frozenset(
+    {jobs_pb2.FORMAT_MARKDOWN, jobs_pb2.FORMAT_JSON, jobs_pb2.FORMAT_SUMMARY}
+)
 _WantedKey = tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], bool, bytes]
 _WANTED_CACHE: dict[_WantedKey, Wanted] = {}
 
@@ -89,7 +92,8 @@ def wanted(options: jobs_pb2.ScrapeOptions) -> Wanted:
     if got is None:
         fmts = set(key[0])
         got = Wanted(
-            markdown=not fmts or jobs_pb2.FORMAT_MARKDOWN in fmts,
+            # the model formats read the page's markdown (and it is stored with them)
+            markdown=not fmts or bool(fmts & _MARKDOWN_FORMATS),
             html=jobs_pb2.FORMAT_HTML in fmts,
             raw_html=jobs_pb2.FORMAT_RAW_HTML in fmts,
             links=jobs_pb2.FORMAT_LINKS in fmts,

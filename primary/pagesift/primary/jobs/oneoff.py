@@ -7,14 +7,17 @@ lives here too, so a job's page is fetched exactly as a Scrape's page is:
   (``reqprofile``), built with the permissions the accounts file gives it today;
 - ``fetch_page``: a page from the account's page cache when a copy is fresh within
   the request's ``max_age`` (no fetch), else fetched, conditionally when an older copy
-  has validators (a 304 returns that copy, revalidated; ``pagecache``).
+  has validators (a 304 returns that copy, revalidated; ``pagecache``); a fetched page
+  then gets its model formats (``models.formats.ModelFormats.apply``, answers from the
+  account's model cache under the same ``max_age``) before any group is written.
 
 Scrape draws its page first (``pagedraws``: the node's count of the account's daily
 pages and, in a cluster, the pair's block), before its request leaves, and writes one
 group after the fetch: the page cache and change tracking when the request asks for
 them, and the page's charge (``recording.charge_page``, the function a job's pages are
-charged by). A refused draw is refused the way the service's check words it (or as the
-cluster's block does); a page error writes nothing and gives the page back. Map
+charged by) with its model tokens (``quota.charge_tokens``). A refused draw is refused
+the way the service's check words it (or as the cluster's block does); a page error
+writes nothing and gives the page back. Map
 (``mapper.map_site``) writes nothing and draws nothing (no document is charged).
 """
 
@@ -33,6 +36,7 @@ from pagesift.primary.engine.interface import Engine, FetchPolicy, Page
 from pagesift.primary.engine.reqprofile import RequestProfile
 from pagesift.primary.jobs import mapper, pagecache, recording
 from pagesift.primary.jobs.pagedraws import PageDraws
+from pagesift.primary.models.formats import ModelFormats
 from pagesift.v1 import jobs_pb2
 
 __all__ = ["fetch_page", "map_site", "request_profile", "scrape"]
@@ -59,11 +63,15 @@ async def fetch_page(
     url: str,
     options: jobs_pb2.ScrapeOptions,
     policy: FetchPolicy,
+    models: ModelFormats | None = None,
 ) -> Page:
     """The page at ``url`` for ``owner``: cached, revalidated or fetched (above)."""
     max_age = pagecache.max_age_ms(options)
     if max_age <= 0:
-        return await engine.scrape(url, options, policy)
+        page = await engine.scrape(url, options, policy)
+        if models is not None:
+            await models.apply(page, options, owner)
+        return page
     entry = pagecache.lookup(store, pagecache.cache_key(owner, url, options))
     if entry is not None and pagecache.fresh(entry, max_age, records.now_ms()):
         return pagecache.page_of(entry, url, "hit")
@@ -74,6 +82,12 @@ async def fetch_page(
         fresh = pagecache.page_of(entry, url, "revalidated")
         fresh.validators = page.validators if any(page.validators) else fresh.validators
         return fresh
+    if models is not None:
+
+        def cached(digest: str) -> bytes | None:
+            return pagecache.model_answer(store, owner, digest, max_age, records.now_ms())
+
+        await models.apply(page, options, owner, cached)
     return page
 
 
@@ -85,6 +99,7 @@ async def scrape(
     url: str,
     options: jobs_pb2.ScrapeOptions,
     foreign_host: Callable[[str], str | None] | None = None,
+    models: ModelFormats | None = None,
 ) -> jobs_pb2.Document:
     """The Scrape call for account ``owner``: its page drawn (``draws``), the document
     fetched (no redirect to a host ``foreign_host`` refuses: a cluster's other pairs'),
@@ -103,15 +118,21 @@ async def scrape(
         raise drawn
     stored = False
     try:
-        page = await fetch_page(store, engine, owner, url, options, policy)
+        page = await fetch_page(store, engine, owner, url, options, policy, models)
         caches = pagecache.max_age_ms(options) > 0 or pagecache.tracks_changes(options)
-        if not caches and (account is None or account.pages_per_day is None):
+        tokens = recording.model_tokens(page.document)
+        counted = account is not None and (
+            account.pages_per_day is not None
+            or (tokens > 0 and account.model_tokens_per_day is not None)
+        )
+        if not caches and not counted:
             return page.document  # nothing to write
         now = time.time()
 
         def group(g: WriteGroup) -> None:
             if caches:
                 recording.remember(g, owner, url, options, page, int(now * 1000))
+            quota.charge_tokens(g, account, tokens, now)
             hit = None if account is None else recording.charge_page(g, account, now)
             if account is not None and hit is not None:  # the accounts file lowered it
                 _refuse_as_the_service(g, account, 0)

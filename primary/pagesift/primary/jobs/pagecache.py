@@ -4,6 +4,9 @@ Layout (store KVs, written through ``Store.write`` like every durable change, so
 are replicated and a promoted standby starts with a warm cache):
 
     KV cache/{account}/{sha256(page key, shaping options)}  CachedPage (store.proto)
+    KV cache/{account}/model/{answer digest}                 a model format's answer,
+                                                            JSON {"value", "stored_ms"}
+                                                            (``models.formats``)
     KV track/{account}/{sha256(page key)}                   TrackedPage
     KV crawlset/{account}/{sha256(start page key)}          page keys of the account's
                                                             last change-tracked crawl
@@ -36,6 +39,12 @@ one URL at once each compare against a whole previous scrape, never half of one.
 ``crawl_removed`` compares a finished crawl's stored pages with the account's previous
 change-tracked crawl from the same start URL.
 
+Model answers (``model_key``) follow the page cache's rules: kept only for requests
+that set ``max_age``, in the group of the page whose fetch asked the model, answering
+a request only while younger than its ``max_age`` (``model_answer``), and swept with
+the page entries. Their name is the digest of the markdown and the question, not the
+URL, so the same content asked the same question is answered once.
+
 Bounds: a diff is cut at ``MAX_DIFF_CHARS``; entries older than ``page_cache_ttl`` /
 ``change_tracking_ttl`` are deleted by ``sweep`` (the job runtime's expiry sweeper),
 which reads only the 8-byte stamps, never the pages, and deletes at most
@@ -60,6 +69,8 @@ __all__ = [
     "crawl_removed",
     "fresh",
     "lookup",
+    "model_answer",
+    "model_key",
     "page_of",
     "remember",
     "sweep",
@@ -113,6 +124,19 @@ def cache_key(owner: str, url: str, options: jobs_pb2.ScrapeOptions) -> str:
     return f"{CACHE_PREFIX}{owner}/{key}"
 
 
+def model_key(owner: str, digest: str) -> str:
+    return f"{CACHE_PREFIX}{owner}/model/{digest}"
+
+
+def model_answer(store: Store, owner: str, digest: str, max_age: int, now_ms: int) -> bytes | None:
+    """The account's model answer ``digest`` when younger than ``max_age`` ms, else None."""
+    key = model_key(owner, digest)
+    raw, stamp = store.get(key), store.get(STAMP_PREFIX + key)
+    if raw is None or stamp is None or not 0 <= now_ms - int.from_bytes(stamp, "big") < max_age:
+        return None
+    return raw
+
+
 def lookup(store: Store, key: str) -> store_pb2.CachedPage | None:
     raw = store.get(key)
     return None if raw is None else store_pb2.CachedPage.FromString(raw)
@@ -164,6 +188,8 @@ def remember(
         nofollow=page.nofollow,
     )
     _put_stamped(g, cache_key(owner, url, options), entry.SerializeToString(), now_ms)
+    for digest, record in page.model_answers:
+        _put_stamped(g, model_key(owner, digest), record, now_ms)
 
 
 def _put_stamped(g: WriteGroup, key: str, value: bytes, now_ms: int) -> None:

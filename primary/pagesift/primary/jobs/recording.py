@@ -27,6 +27,9 @@ or reads the clock, so tests run them on a real store without an event loop
   never past ``pages_per_day`` (groups are serialized by the store's write section). The
   page was drawn before its request (``pagedraws``: in a cluster, from the pair's block
   of the account's pages), so this check is the store's own record of it.
+- model tokens: a document's ``model_usage`` (``models.formats``) is charged to the
+  account's token day (``quota.charge_tokens``) and added to the job's counter
+  (``add_job_usage``, ``JobKeys.model_usage``) in the page's group: counted iff stored.
 - finish (``record_finish``): meta rewritten with state, times and note; the run
   marker deleted (the run ended cleanly: ``pagesift.core.jobs.quarantine``).
 """
@@ -50,7 +53,9 @@ from pagesift.v1 import jobs_pb2
 __all__ = [
     "PageResult",
     "Recorded",
+    "add_job_usage",
     "charge_page",
+    "model_tokens",
     "record_error",
     "record_finish",
     "record_page",
@@ -96,6 +101,27 @@ def charge_page(g: WriteGroup, account: Account | None, now: float) -> quota.Lim
     if hit is None:
         quota.charge(g, account.name, 1, now)
     return hit
+
+
+def model_tokens(doc: jobs_pb2.Document) -> int:
+    """The model tokens (in and out) a document's model formats took."""
+    return doc.model_usage.input_tokens + doc.model_usage.output_tokens
+
+
+def add_job_usage(g: WriteGroup, job_id: str, usage: jobs_pb2.ModelUsage) -> None:
+    """Inside the page's group: the job's model usage counter grows by the page's."""
+    if not (usage.calls or usage.cached):
+        return
+    key = records.JobKeys(job_id).model_usage
+    total = jobs_pb2.ModelUsage()
+    raw = g.get(key)
+    if raw is not None:
+        total.ParseFromString(raw)
+    total.input_tokens += usage.input_tokens
+    total.output_tokens += usage.output_tokens
+    total.calls += usage.calls
+    total.cached += usage.cached
+    g.put(key, total.SerializeToString())
 
 
 def remember(
@@ -200,9 +226,12 @@ def record_page(
         g.insert(keys.done, result.mark)
         _duplicates(g, job_id, queued, doc.url, now)
         return Recorded(kind=meta.kind, failed=str(err.code), cookies=cookies)
-    hit = charge_page(g, accounts.get(meta.owner), now)
+    account = accounts.get(meta.owner)
+    hit = charge_page(g, account, now)
     if hit is not None:  # the group still writes the jar and the claimed aliases
         return Recorded(kind=meta.kind, over_quota=hit, cookies=cookies)
+    quota.charge_tokens(g, account, model_tokens(doc), now)  # the calls were made
+    add_job_usage(g, job_id, doc.model_usage)
     if result.source is not None:
         url, options = result.source
         remember(g, meta.owner, url, options, result.page, int(now * 1000))

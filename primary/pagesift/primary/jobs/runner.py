@@ -65,6 +65,7 @@ from pagesift.primary.jobs.activity import Activity
 from pagesift.primary.jobs.committing import CommitHost, Committer
 from pagesift.primary.jobs.pagedraws import PageDraws
 from pagesift.primary.jobs.recording import PageResult
+from pagesift.primary.models.formats import ModelFormats
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -165,9 +166,11 @@ class Runner:
         host: Host,
         *,
         metrics: Metrics | None = None,
+        models: ModelFormats | None = None,
     ) -> None:
         self.store = store
         self.engine = engine
+        self.models = models  # the model formats (None: the node has no model endpoint)
         self.config = config
         self.accounts = accounts
         self.metrics = metrics
@@ -353,7 +356,14 @@ class Runner:
                     return await self.commits.record_page(meta.id, result)
 
                 fetch = partial(
-                    oneoff.fetch_page, self.store, self.engine, meta.owner, url, req.options, policy
+                    oneoff.fetch_page,
+                    self.store,
+                    self.engine,
+                    meta.owner,
+                    url,
+                    req.options,
+                    policy,
+                    self.models,
                 )
                 await self._attempt(run, meta.id, mark, url, fetch, record)
 
@@ -450,6 +460,7 @@ class Runner:
                     entry.url,
                     req.options,
                     policy,
+                    self.models,
                 )
                 await self._attempt(run, meta.id, mark, entry.url, fetch, record)
 

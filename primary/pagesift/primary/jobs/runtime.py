@@ -42,7 +42,7 @@ from functools import partial
 from pagesift.core.api.metrics import Metrics
 from pagesift.core.api.ports import AccountActivity
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import records, specs, views
+from pagesift.core.jobs import quota, records, specs, views
 from pagesift.core.jobs.accounts import Accounts
 from pagesift.core.replication.identity import NotWritable
 from pagesift.core.store.db import Store
@@ -53,6 +53,10 @@ from pagesift.primary.engine.interface import Engine
 from pagesift.primary.jobs import appending, oneoff, sweep
 from pagesift.primary.jobs.quarantining import Quarantining
 from pagesift.primary.jobs.runner import Runner
+from pagesift.primary.models import crawlprompt
+from pagesift.primary.models.endpoint import ModelEndpoint
+from pagesift.primary.models.formats import ModelFormats
+from pagesift.primary.models.settings import ModelSettings
 from pagesift.primary.webhooks import delivery, outbox
 from pagesift.v1 import jobs_pb2
 
@@ -90,7 +94,15 @@ class Jobs:
         self.accounts = accounts or Accounts.from_dict({})
         self.deliverer = deliverer
         self.metrics = metrics
-        self.runner = Runner(store, engine, config, self.accounts, self, metrics=metrics)
+        settings = ModelSettings.from_config(config)
+        self.models = (
+            None
+            if settings is None
+            else ModelFormats(ModelEndpoint(settings, metrics), self.accounts, store.get)
+        )
+        self.runner = Runner(
+            store, engine, config, self.accounts, self, metrics=metrics, models=self.models
+        )
         self._wait_replicated = wait_replicated
         self._on_visible = on_visible
         self._visible: dict[str, int] = {}
@@ -156,6 +168,8 @@ class Jobs:
                 self.store.write(partial(self._quarantine.clear_marker, job_id=job_id))
         if self.deliverer is not None:
             await self.deliverer.close()
+        if self.models is not None:
+            await self.models.endpoint.close()
 
     # sync visibility ------------------------------------------------------------
     def visible(self, job_id: str) -> int | None:
@@ -185,8 +199,40 @@ class Jobs:
         """The Scrape call for account ``owner`` (``oneoff.scrape``)."""
         async with self.runner.activity.fetching(owner):  # in flight, then its last page
             return await oneoff.scrape(
-                self.store, self.engine, self.runner.draws, owner, url, options
+                self.store, self.engine, self.runner.draws, owner, url, options, models=self.models
             )
+
+    async def crawl_options(
+        self, url: str, prompt: str, owner: str
+    ) -> tuple[jobs_pb2.StartCrawlRequest, jobs_pb2.ModelUsage]:
+        """The crawl options ``prompt`` describes (``crawlprompt``), its tokens charged
+        to ``owner``'s day in a group of their own; ``CrawlPromptFailed`` or
+        ``quota.LimitExceeded`` (the day's tokens spent) when there are none."""
+        if self.models is None:
+            raise crawlprompt.CrawlPromptFailed(
+                "model_unavailable", "this server has no model endpoint", jobs_pb2.ModelUsage()
+            )
+        account = self.accounts.get(owner)
+        if account is not None:
+            hit = quota.token_limit_hit(self.store, account, time.time())
+            if hit is not None:
+                raise hit
+        try:
+            chosen, usage = await crawlprompt.crawl_options(
+                self.models.endpoint, owner, url, prompt
+            )
+        except crawlprompt.CrawlPromptFailed as e:
+            self._charge_tokens(owner, e.usage)
+            raise
+        self._charge_tokens(owner, usage)
+        return chosen, usage
+
+    def _charge_tokens(self, owner: str, usage: jobs_pb2.ModelUsage) -> None:
+        tokens = usage.input_tokens + usage.output_tokens
+        account = self.accounts.get(owner)
+        if tokens and account is not None and account.model_tokens_per_day is not None:
+            now = time.time()
+            self.store.write(lambda g: quota.charge_tokens(g, account, tokens, now))
 
     async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]:
         """The Map call for account ``owner`` (``oneoff.map_site``); nothing is stored."""

@@ -1,7 +1,8 @@
 """The public API served by both roles: ``JobService`` and what every handler shares.
 
 - ``service``: the handlers; ``appends``: AppendBatchScrape; ``usage``:
-  GetAccountUsage's answer; ``ports``: what the service needs from its node;
+  GetAccountUsage's answer; ``extracts``: StartExtract and GetExtract; ``previews``: a
+  crawl's prompt and PreviewCrawlParams; ``ports``: what the service needs from its node;
 - ``errortable``: every refusal to one gRPC status and reason; ``rpcerrors``: the rich
   details; ``adminerrors``: AdminService's and the replication stream's refusals;
 - ``paging``, ``streams``: what a read returns and how much a watch may hold;

@@ -40,6 +40,7 @@ from pagesift.core.cluster.ownership import HostOwnedElsewhere
 from pagesift.core.jobs import quota
 from pagesift.core.jobs.accounts import Unauthenticated
 from pagesift.core.jobs.clusterlimits import ClusterUnavailable
+from pagesift.core.jobs.modelrequests import ModelUnanswered
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.core.jobs.records import IdempotencyKeyReused, JobNotAppendable
 from pagesift.core.jobs.renderoptions import RenderingUnavailable
@@ -417,13 +418,18 @@ TABLE: tuple[Row, ...] = (
          "the request needs a browser (`options.engine` BROWSER, a wait, an action, a "
          "screenshot, emulation) and this node cannot render: send it to one that can",
          (RenderingUnavailable,), lambda e, _: Refusal(str(e), {"field": e.field})),
+    _row(R.MODEL_UNANSWERED, C.UNAVAILABLE, "`code`",
+         "a crawl's `prompt` or PreviewCrawlParams got no usable answer from the model "
+         "endpoint (`code`: `model_unavailable`, `invalid_answer`); nothing started: retry, "
+         "or give the crawl options yourself",
+         (ModelUnanswered,), lambda e, _: Refusal(e.message, {"code": e.code})),
     _row(R.QUOTA_EXCEEDED, C.RESOURCE_EXHAUSTED,
          "`limit`, `resets_at` (RFC 3339, when known) (+ `QuotaFailure` subject "
          "`account:NAME` or `node`, `quota_id` = the limit; `RetryInfo` when `resets_at` "
          "is known)",
          "an account or node limit: `max_batch_urls`, `max_crawl_limit`, "
-         "`max_concurrent_jobs`, `pages_per_day`, `max_concurrent_streams`, "
-         "`max_total_streams`",
+         "`max_concurrent_jobs`, `pages_per_day`, `model_tokens_per_day`, "
+         "`max_concurrent_streams`, `max_total_streams`",
          (quota.LimitExceeded,), _limit),
     _row(R.DOCUMENT_TOO_LARGE, C.RESOURCE_EXHAUSTED, "`index`, `size`, `max_bytes`",
          "one stored document is larger than the 64 MiB message limit (skip past it)",

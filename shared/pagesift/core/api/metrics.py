@@ -167,6 +167,24 @@ class Metrics:
             buckets=FETCH_BUCKETS,
             registry=r,
         )
+        self.model_calls = Counter(
+            "pagesift_model_calls",
+            "Calls to the model endpoint, by outcome (ok, invalid_answer, failed, timeout).",
+            ["outcome"],
+            registry=r,
+        )
+        self.model_seconds = Histogram(
+            "pagesift_model_seconds",
+            "Time one model call takes, its slot wait left out.",
+            buckets=FETCH_BUCKETS,
+            registry=r,
+        )
+        self.model_tokens = Counter(
+            "pagesift_model_tokens",
+            "Model tokens as the endpoint reports them, by direction (input, output).",
+            ["direction"],
+            registry=r,
+        )
         self.auto_renders = Counter(
             "pagesift_auto_renders",
             "Pages the AUTO engine rendered with the browser, by reason.",
@@ -306,6 +324,14 @@ class Metrics:
 
     def page_produced(self, engine: str, seconds: float) -> None:
         self.page_seconds.labels(engine).observe(seconds)
+
+    def model_called(self, outcome: str, seconds: float, tokens_in: int, tokens_out: int) -> None:
+        self.model_calls.labels(outcome).inc()
+        self.model_seconds.observe(seconds)
+        if tokens_in:
+            self.model_tokens.labels("input").inc(tokens_in)
+        if tokens_out:
+            self.model_tokens.labels("output").inc(tokens_out)
 
     def auto_rendered(self, reason: str) -> None:
         self.auto_renders.labels(reason).inc()

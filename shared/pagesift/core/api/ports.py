@@ -81,6 +81,13 @@ class JobRuntime(Protocol):
 
     async def map(self, request: jobs_pb2.MapRequest, owner: str) -> list[str]: ...
 
+    async def crawl_options(
+        self, url: str, prompt: str, owner: str
+    ) -> tuple[jobs_pb2.StartCrawlRequest, jobs_pb2.ModelUsage]:
+        """The crawl options ``prompt`` describes, from the model; raises
+        ``ModelUnanswered`` or ``quota.LimitExceeded`` (the day's model tokens)."""
+        ...
+
     def activity(self, owner: str) -> AccountActivity:
         """``owner``'s unfinished jobs and pages in flight, read without a write."""
 

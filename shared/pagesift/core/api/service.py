@@ -36,7 +36,7 @@ from contextvars import ContextVar
 
 import grpc
 
-from pagesift.core.api import appends, paging, usage
+from pagesift.core.api import appends, extracts, paging, previews, usage
 from pagesift.core.api.errortable import (
     CallFacts,
     DocumentTooLarge,
@@ -49,7 +49,7 @@ from pagesift.core.api.errortable import (
 from pagesift.core.api.paging import field_bytes
 from pagesift.core.api.ports import JobRuntime, Node
 from pagesift.core.api.streams import StreamBytes, StreamSlots, WatchBytes
-from pagesift.core.jobs import quota, records, specs, validate, views
+from pagesift.core.jobs import modelrequests, quota, records, specs, validate, views
 from pagesift.core.jobs.accounts import Account
 from pagesift.core.jobs.pageerrors import PageError
 from pagesift.core.jobs.specs import Permissions
@@ -227,6 +227,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             request, self._permissions(caller), self.node.config, renders=self.node.can_render
         )
         self._limits(caller, "scrape")()
+        modelrequests.tokens_left(self.node.store(), caller, spec.options, time.time())
         doc = await _scrape(runtime, spec, caller.name)  # charged there, with its page
         return jobs_pb2.ScrapeResponse(document=doc)
 
@@ -239,6 +240,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         spec = await specs.batch(
             request, self._permissions(caller), self.node.config, renders=self.node.can_render
         )
+        modelrequests.tokens_left(self.node.store(), caller, spec.options, time.time())
         reg = await runtime.register(
             spec, caller.name, check=self._limits(caller, "batch", batch_urls=spec.total)
         )
@@ -259,13 +261,56 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.StartCrawlResponse:
         caller = self._caller(context)
         runtime = self._runtime()
+        if request.prompt:  # the words become options first, then the request is checked
+            request = await previews.prompted_crawl(runtime, caller, request, self.node.config)
         spec = await specs.crawl(
             request, self._permissions(caller), self.node.config, renders=self.node.can_render
         )
+        modelrequests.tokens_left(self.node.store(), caller, spec.options, time.time())
         reg = await runtime.register(
             spec, caller.name, check=self._limits(caller, "crawl", limit=spec.limit)
         )
         return jobs_pb2.StartCrawlResponse(id=reg.id)
+
+    @answers_errors
+    async def PreviewCrawlParams(
+        self, request: jobs_pb2.PreviewCrawlParamsRequest, context: Context
+    ) -> jobs_pb2.PreviewCrawlParamsResponse:
+        caller = self._caller(context)
+        runtime = self._runtime()
+        return await previews.preview(
+            runtime, self._permissions(caller), request, self.node.config, self.node.can_render
+        )
+
+    @answers_errors
+    async def StartExtract(
+        self, request: jobs_pb2.StartExtractRequest, context: Context
+    ) -> jobs_pb2.StartExtractResponse:
+        """One batch of FORMAT_JSON pages (``extracts``), registered as a batch's."""
+        caller = self._caller(context)
+        runtime = self._runtime()
+        batch = await extracts.batch_request(runtime, caller, request, self.node.config)
+        spec = await specs.batch(
+            batch, self._permissions(caller), self.node.config, renders=self.node.can_render
+        )
+        modelrequests.tokens_left(self.node.store(), caller, spec.options, time.time())
+        reg = await runtime.register(
+            spec, caller.name, check=self._limits(caller, "batch", batch_urls=spec.total)
+        )
+        return jobs_pb2.StartExtractResponse(
+            id=reg.id, urls=list(spec.kept()), invalid_urls=spec.invalid
+        )
+
+    @answers_errors
+    async def GetExtract(
+        self, request: jobs_pb2.GetExtractRequest, context: Context
+    ) -> jobs_pb2.GetExtractResponse:
+        caller = self._caller(context)
+        meta = self._owned(caller, request.id)
+        await self._readable()
+        resp = extracts.get_extract(self.node.store(), meta, self._visible(meta.id))
+        self._read_md(context)
+        return resp
 
     @answers_errors
     async def CancelJob(
@@ -314,6 +359,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             next_skip=min(request.skip + limit, _MAX_INT32),  # sized at its largest
             removed_urls=views.read_removed(store, meta.id) if meta.terminal else (),
             paused=views.pause_info(store, meta),
+            model_usage=records.model_usage(store, meta.id),
         )
         base = resp.ByteSize()
         resp.ClearField("next_skip")
@@ -525,7 +571,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         runtime = self.node.runtime()
         activity = runtime.activity(caller.name) if runtime is not None else None
         resp = usage.account_usage(
-            self.node.store(), caller, activity, self.node.config.max_concurrency, time.time()
+            self.node.store(),
+            caller,
+            activity,
+            self.node.config.max_concurrency,
+            time.time(),
+            model_enabled=bool(self.node.config.model_url),
         )
         self._read_md(context)
         return resp

@@ -60,6 +60,7 @@ def account_usage(
     activity: AccountActivity | None,
     max_concurrency: int,
     now: float,
+    model_enabled: bool = False,
 ) -> jobs_pb2.GetAccountUsageResponse:
     """The figures of ``account`` at ``now`` (``activity``: the primary's; None on a
     standby, whose jobs come from the owner index and which has nothing in flight)."""
@@ -82,6 +83,10 @@ def account_usage(
             resp.resets_at.CopyFrom(records.timestamp(int(when * 1000)))
     if account.max_concurrent_jobs is not None:
         resp.max_concurrent_jobs = account.max_concurrent_jobs
+    resp.model_allowed = model_enabled and account.allow_model  # model_enabled: model_url
+    if account.model_tokens_per_day is not None:
+        resp.model_tokens_used = quota.tokens_today(store, name, now)
+        resp.model_tokens_per_day = account.model_tokens_per_day
     jobs = activity.jobs if activity is not None else unfinished_jobs(store, name)
     resp.running_jobs = len(jobs)
     in_flight = 0

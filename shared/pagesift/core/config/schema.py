@@ -362,6 +362,32 @@ class ServerConfig:
         float,
         Doc("seconds one Map call takes at most, sitemaps included; it returns what it has", ge=0),
     ] = 60.0
+    # the model formats (pagesift.primary.models): an OpenAI-compatible chat-completions
+    # endpoint the operator runs (vLLM, Ollama, llama.cpp's server, LM Studio, OpenAI)
+    model_url: Annotated[
+        str, Doc('the model endpoint\'s base URL (http://HOST:PORT/v1); "" = no model formats')
+    ] = ""
+    model_name: Annotated[str, Doc("the model its requests name")] = ""
+    model_key_file: Annotated[
+        str, Doc('the endpoint\'s API key, alone in a file (sent as Bearer); "" = none')
+    ] = ""
+    model_timeout: Annotated[float, Doc("seconds one model call may take", ge=0.001)] = 60.0
+    model_max_tokens: Annotated[int, Doc("output tokens one model call may ask for", ge=1)] = 1_024
+    model_input_tokens: Annotated[
+        int, Doc("tokens of a page's markdown sent to the model (3 characters a token)", ge=1)
+    ] = 3_000
+    model_concurrency: Annotated[
+        int, Doc("model calls at once on this node (shared fairly between accounts)", ge=1)
+    ] = 4
+    model_retries: Annotated[
+        int, Doc("further calls when an answer is not valid under the schema", ge=0)
+    ] = 2
+    model_response_format: Annotated[
+        str, Doc("how the schema is sent: json_schema (OpenAI's) or json_object (with schema)")
+    ] = "json_schema"
+    model_bypass_address_guard: Annotated[
+        bool, Doc("let the model endpoint be on a loopback or private address (the operator's)")
+    ] = False
     # discovery bounds (pagesift.primary.engine.sitemaps, frontier.seed)
     sitemap_file_timeout: Annotated[
         float, Doc("seconds one sitemap file may take to arrive (each attempt)", ge=0)

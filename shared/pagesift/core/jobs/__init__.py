@@ -14,6 +14,9 @@
   emulation, screenshots);
 - ``pageerrors``: why a page could not be scraped; ``quarantine``: the poison-job
   decision and its two durable records;
+- ``selectorschemas``: a selector schema's rules (FORMAT_SELECTORS);
+  ``modelrequests``: what a request may ask of the model (formats, schemas, prompts);
+  ``extractmerge``: an extract job's pages merged into one object;
 - ``firecrawlshape``: Firecrawl's shape of documents and job states, for every
   Firecrawl-facing part.
 """

@@ -28,6 +28,9 @@ The file::
     allow_proxy_url = false                          # may set options.proxy_url (own proxy)
     allow_execute_javascript = false                 # may send execute_javascript actions
     max_browser_pages = 2                            # pages this account renders at once
+    allow_model = false                              # may use the model formats (json,
+                                                     # summary, extract, crawl prompts)
+    model_tokens_per_day = 200000                    # model tokens (in + out) a rolling day
 
     [anonymous]                                      # only without [[account]] tables:
     pages_per_day = 1000                             # limits and webhook secret of the
@@ -91,11 +94,17 @@ LIMIT_FIELDS = (
     "max_crawl_limit",
     "max_concurrent_streams",
     "max_browser_pages",
+    "model_tokens_per_day",
 )
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-PERMISSION_FIELDS = ("allow_ignore_robots", "allow_proxy_url", "allow_execute_javascript")
+PERMISSION_FIELDS = (
+    "allow_ignore_robots",
+    "allow_proxy_url",
+    "allow_execute_javascript",
+    "allow_model",
+)
 _ACCOUNT_FIELDS = {"name", "key_sha256", "key", "webhook_secret", *LIMIT_FIELDS, *PERMISSION_FIELDS}
 _ANONYMOUS_FIELDS = {"webhook_secret", *LIMIT_FIELDS, *PERMISSION_FIELDS}
 _ADMIN_FIELDS = {"key_sha256", "key"}
@@ -129,13 +138,17 @@ class Account:
     max_concurrent_streams: int | None = None
     # rendered pages in flight at once (None: the server's max_browser_pages, shared)
     max_browser_pages: int | None = None
+    # model tokens (input and output) charged in the rolling day, as pages are
+    model_tokens_per_day: int | None = None
     webhook_secret: str = ""
     # Permissions (all off unless the accounts file grants them): ignoring robots.txt,
     # sending the account's requests through a proxy URL of its own choosing, and
-    # running its own JavaScript in rendered pages (execute_javascript actions).
+    # running its own JavaScript in rendered pages (execute_javascript actions), and
+    # using the server's model endpoint (the model formats, extract, crawl prompts).
     allow_ignore_robots: bool = False
     allow_proxy_url: bool = False
     allow_execute_javascript: bool = False
+    allow_model: bool = False
 
     def limit(self, name: str) -> int | None:
         """The value of the limit called ``name`` (one of ``LIMIT_FIELDS``)."""
@@ -448,10 +461,12 @@ def _account(name: str, table: dict[str, Any], where: str) -> Account:
         max_crawl_limit=limits["max_crawl_limit"],
         max_concurrent_streams=limits["max_concurrent_streams"],
         max_browser_pages=limits["max_browser_pages"],
+        model_tokens_per_day=limits["model_tokens_per_day"],
         webhook_secret=secret,
         allow_ignore_robots=allowed["allow_ignore_robots"],
         allow_proxy_url=allowed["allow_proxy_url"],
         allow_execute_javascript=allowed["allow_execute_javascript"],
+        allow_model=allowed["allow_model"],
     )
 
 

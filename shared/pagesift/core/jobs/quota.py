@@ -8,6 +8,8 @@ any other write, and survives restarts and failovers:
 
     KV usage/{account}/{hour}     pages charged during that hour, as decimal text
                                   (hour = floor(unix seconds / 3600))
+    KV tokens/{account}/{hour}    model tokens (input and output) charged during that
+                                  hour, the same way (``charge_tokens``)
 
 The rolling day is the current hour bucket and the 23 before it. A page therefore
 counts for between 23 and 24 hours; ``resets_at`` says exactly when usage drops.
@@ -45,6 +47,7 @@ __all__ = [
     "active_jobs",
     "bucket_key",
     "charge",
+    "charge_tokens",
     "check_start",
     "crawl_limit_for",
     "page_limit_hit",
@@ -52,12 +55,15 @@ __all__ = [
     "prune_all",
     "resets_at",
     "rfc3339",
+    "token_limit_hit",
+    "tokens_today",
     "used_today",
 ]
 
 WINDOW_HOURS = 24
 HOUR = 3600
 USAGE_PREFIX = "usage/"
+TOKENS_PREFIX = "tokens/"
 PRUNE_LOOKBACK_HOURS = 24 * 14  # how far back ``prune`` looks for stale buckets
 
 
@@ -92,8 +98,8 @@ def hour_of(now: float) -> int:
     return int(now // HOUR)
 
 
-def bucket_key(account: str, hour: int) -> str:
-    return f"{USAGE_PREFIX}{account}/{hour}"
+def bucket_key(account: str, hour: int, prefix: str = USAGE_PREFIX) -> str:
+    return f"{prefix}{account}/{hour}"
 
 
 def _read(reader: Reader, key: str) -> int:
@@ -101,29 +107,38 @@ def _read(reader: Reader, key: str) -> int:
     return int(raw) if raw else 0
 
 
-def buckets(reader: Reader, account: str, now: float) -> list[tuple[int, int]]:
+def buckets(
+    reader: Reader, account: str, now: float, prefix: str = USAGE_PREFIX
+) -> list[tuple[int, int]]:
     """``(hour, pages)`` of the non-empty buckets in the window, oldest first."""
     current = hour_of(now)
     out: list[tuple[int, int]] = []
     for hour in range(current - WINDOW_HOURS + 1, current + 1):
-        pages = _read(reader, bucket_key(account, hour))
+        pages = _read(reader, bucket_key(account, hour, prefix))
         if pages:
             out.append((hour, pages))
     return out
 
 
-def used_today(reader: Reader, account: str, now: float) -> int:
-    """Pages charged to ``account`` in the rolling day ending at ``now``."""
-    return sum(pages for _, pages in buckets(reader, account, now))
+def used_today(reader: Reader, account: str, now: float, prefix: str = USAGE_PREFIX) -> int:
+    """Pages (``TOKENS_PREFIX``: tokens) charged to ``account`` in the rolling day
+    ending at ``now``."""
+    return sum(pages for _, pages in buckets(reader, account, now, prefix))
 
 
-def resets_at(reader: Reader, account: str, now: float, limit: int | None = None) -> float | None:
+def resets_at(
+    reader: Reader,
+    account: str,
+    now: float,
+    limit: int | None = None,
+    prefix: str = USAGE_PREFIX,
+) -> float | None:
     """When usage drops: unix seconds, or None when nothing is counted.
 
     Without ``limit``: when the oldest counted bucket leaves the window. With
     ``limit``: the first moment usage is below ``limit`` again (None if it is already).
     """
-    counted = buckets(reader, account, now)
+    counted = buckets(reader, account, now, prefix)
     used = sum(p for _, p in counted)
     if not counted or (limit is not None and used < limit):
         return None
@@ -136,14 +151,14 @@ def resets_at(reader: Reader, account: str, now: float, limit: int | None = None
     raise AssertionError("unreachable: usage reaches 0 once every bucket has left")
 
 
-def charge(g: WriteGroup, account: str, pages: int, now: float) -> None:
+def charge(g: WriteGroup, account: str, pages: int, now: float, prefix: str = USAGE_PREFIX) -> None:
     """Add ``pages`` to the current hour's bucket (call it inside the page's group)."""
     if pages <= 0:
         return
     hour = hour_of(now)
-    key = bucket_key(account, hour)
+    key = bucket_key(account, hour, prefix)
     g.put(key, str(_read(g, key) + pages).encode())
-    stale = bucket_key(account, hour - WINDOW_HOURS)
+    stale = bucket_key(account, hour - WINDOW_HOURS, prefix)
     if g.get(stale) is not None:
         g.delete(stale)
 
@@ -167,7 +182,7 @@ def prune_all(store: Store, now: float) -> int:
     """Delete every account's stale buckets in one group (call it from the sweeper)."""
     oldest_kept = hour_of(now) - WINDOW_HOURS + 1
     stale: list[str] = []
-    for key in store.keys(USAGE_PREFIX):
+    for key in (*store.keys(USAGE_PREFIX), *store.keys(TOKENS_PREFIX)):
         _, _, hour_text = key.rpartition("/")
         if hour_text.isdigit() and int(hour_text) < oldest_kept:
             stale.append(key)
@@ -281,6 +296,36 @@ def page_limit_hit(
         f"stopped: account {account.name!r} reached its pages_per_day limit of "
         f"{account.pages_per_day} ({used} pages in the last 24 h); the pages so far are "
         f"kept; {_resets_text(when)}",
+        when,
+    )
+
+
+def tokens_today(reader: Reader, account: str, now: float) -> int:
+    """Model tokens charged to ``account`` in the rolling day ending at ``now``."""
+    return used_today(reader, account, now, TOKENS_PREFIX)
+
+
+def charge_tokens(g: WriteGroup, account: Account | None, tokens: int, now: float) -> None:
+    """Inside the page's group: its model tokens, for an account with a token limit.
+    Tokens are charged whole even past the limit: the calls were made (the limit
+    stops the next ones, ``token_limit_hit``)."""
+    if account is not None and account.model_tokens_per_day is not None:
+        charge(g, account.name, tokens, now, TOKENS_PREFIX)
+
+
+def token_limit_hit(reader: Reader, account: Account, now: float) -> LimitExceeded | None:
+    """The ``model_tokens_per_day`` excess when the account's day is spent, else None."""
+    limit = account.model_tokens_per_day
+    if limit is None:
+        return None
+    used = tokens_today(reader, account.name, now)
+    if used < limit:
+        return None
+    when = resets_at(reader, account.name, now, limit, TOKENS_PREFIX)
+    return LimitExceeded(
+        "model_tokens_per_day",
+        f"account {account.name!r} used {used} of its model_tokens_per_day limit of "
+        f"{limit} in the last 24 h; {_resets_text(when)}",
         when,
     )
 

@@ -52,6 +52,8 @@ expiry, watchers, tests) asks it:
     KV   job/{id}/cookies         a jar stored as one snapshot (a job stored without
                                   ``cookie/{slot}`` records): its Set-Cookie lines
                                   (read once on resume, deleted by the next page)
+    KV   job/{id}/model_usage     ModelUsage protobuf: the model calls and tokens of the
+                                  job's stored pages, summed in each page's group
     KV   job/{id}/removed         a finished change-tracked crawl: the URLs of the previous
                                   one it did not find again, one per line (``pagecache``)
     KV   job/{id}/webhook         the job's webhook config (``pagesift.primary.webhooks.outbox``)
@@ -138,6 +140,10 @@ class JobKeys:
     @property
     def request(self) -> str:
         return self._part("request")
+
+    @property
+    def model_usage(self) -> str:
+        return self._part("model_usage")
 
     @property
     def seeded(self) -> str:
@@ -236,6 +242,7 @@ class JobKeys:
             ("kv", self.cookies),
             ("kv", self.cookie_slots),
             ("kv", self.removed),
+            ("kv", self.model_usage),
             ("kv", self.appends),
             ("kv", self.run),
             ("kv", self.poison),
@@ -500,6 +507,15 @@ def timestamp(ms: int) -> Timestamp:
 def load_meta(store: Store, job_id: str) -> JobMeta | None:
     raw = store.get(JobKeys(job_id).meta)
     return JobMeta.decode(raw) if raw is not None else None
+
+
+def model_usage(store: Store, job_id: str) -> jobs_pb2.ModelUsage:
+    """The job's model calls and tokens so far (``JobKeys.model_usage``)."""
+    usage = jobs_pb2.ModelUsage()
+    raw = store.get(JobKeys(job_id).model_usage)
+    if raw is not None:
+        usage.ParseFromString(raw)
+    return usage
 
 
 def all_job_ids(store: Store) -> list[str]:

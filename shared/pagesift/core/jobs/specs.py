@@ -35,7 +35,15 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 from pagesift.core.config.schema import ServerConfig
-from pagesift.core.jobs import blockedaddresses, quota, records, renderoptions, urls, validate
+from pagesift.core.jobs import (
+    blockedaddresses,
+    modelrequests,
+    quota,
+    records,
+    renderoptions,
+    urls,
+    validate,
+)
 from pagesift.core.jobs.accounts import Account
 from pagesift.core.jobs.scope import Scope
 from pagesift.core.jobs.validate import InvalidArgument, PermissionDenied
@@ -366,6 +374,10 @@ def _options(
         renderoptions.check(opts, config)
     with v:
         renderoptions.permissions(opts, caller.account)
+    with v:
+        modelrequests.check(opts, config)
+    with v:
+        modelrequests.permission(opts, caller.account)
 
 
 def _can_render(opts: jobs_pb2.ScrapeOptions, config: ServerConfig, renders: bool | None) -> None:
