@@ -45,6 +45,8 @@ The modules, by concern:
   requests, handlers); ``jobview``: their JSON shapes and text lines;
   ``progress``: following a job to its end (``JobProgress``, the bar); ``render``:
   the rendering flags (engine, waits, ``--action``'s syntax) and the screenshot file;
+  ``structured``: the selector and model formats' flags (``--selectors``,
+  ``--json-schema``, ...) and ``extract``, ``crawl-preview`` (registered by ``jobs``);
 - ``admin``: role, promote, verify, with their output;
 - ``export``: ``export``, a job's documents as JSON Lines or one file per page;
   ``exportpaths``: the safe relative path of each page's file (pure);

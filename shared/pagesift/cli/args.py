@@ -1,18 +1,20 @@
 """Argument types and the option groups shared by the ``pagesift`` subcommands.
 
-Owns the argparse ``type=`` validators (a bad value is a usage error, exit 2,
-before any handler runs), the ``--api-key``/``--admin-key``/``--tls-ca``/
-``--tls-cert``/``--tls-key`` group every command that talks to a server takes, the
-repeatable ``--server`` group of the client commands with ``--connect-timeout``
-(``add_connect_timeout``), ``--cluster etcd://HOST:PORT[,...]/NAME`` in place of
-``--server`` on the job commands (a client of a cluster of pairs, ``JobClient(cluster=...)``),
-and ``server_addresses`` (those flags flattened, the default when none were given).
+Owns the argparse ``type=`` validators (``pair(":")`` reads ``NAME:VALUE``; a bad
+value is a usage error, exit 2, before any handler runs), the ``--api-key``/
+``--admin-key``/``--tls-ca``/``--tls-cert``/``--tls-key`` group every command that
+talks to a server takes, the repeatable ``--server`` group of the client commands with
+``--connect-timeout`` (``add_connect_timeout``), ``--cluster etcd://HOST:PORT[,...]/NAME``
+in place of ``--server`` on the job commands (a client of a cluster of pairs,
+``JobClient(cluster=...)``), and ``server_addresses`` (those flags flattened, the default
+when none were given).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 from pagesift.client import DEFAULT_ADDRESS, parse_addresses
 from pagesift.core.cluster.registryrules import parse_cluster_url
@@ -54,6 +56,18 @@ def nonneg_int(value: str) -> int:
 
 def positive_int(value: str) -> int:
     return _int_at_least(value, 1)
+
+
+def pair(sep: str) -> Callable[[str], tuple[str, str]]:
+    """An argparse type: ``NAME<sep>VALUE`` as a pair (the server validates both)."""
+
+    def parse(value: str) -> tuple[str, str]:
+        name, found, rest = value.partition(sep)
+        if not found or not name.strip():
+            raise argparse.ArgumentTypeError(f"{value!r} is not NAME{sep}VALUE")
+        return name.strip(), rest.strip()
+
+    return parse
 
 
 def nonneg_float(value: str) -> float:

@@ -1,8 +1,10 @@
 """The job subcommands: ``scrape``, ``batch``, ``crawl``, ``status``, ``watch``,
-``errors``, ``cancel``, ``resume``, ``jobs`` and ``map`` (and ``export``, from ``export``).
+``errors``, ``cancel``, ``resume``, ``jobs`` and ``map`` (and ``export``, from ``export``;
+``extract`` and ``crawl-preview``, from ``structured``, with these scrape options).
 
 Owns their flags (``add_job_commands``; the rendering ones are ``render``'s, which
-also writes ``scrape --format screenshot --out FILE``), the requests built from those flags
+also writes ``scrape --format screenshot --out FILE``; the selector and model formats'
+are ``structured``'s), the requests built from those flags
 (``scrape_options``, ``batch_request``, ``crawl_request``; ``--format`` is checked
 while parsing), and their handlers. Each handler is ``async def (args, client) ->
 int`` and sends its calls through the ``JobClient`` it is given (which fails over);
@@ -19,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pagesift.cli.args import client_parent, nonneg_float, nonneg_int
+from pagesift.cli.args import client_parent, nonneg_float, nonneg_int, pair
 from pagesift.cli.common import EXIT_OK, dump, enum_name, fail
 from pagesift.cli.export import (
     ExportTarget,
@@ -52,6 +54,11 @@ from pagesift.cli.render import (
     save_screenshot,
     screenshot_line,
 )
+from pagesift.cli.structured import (
+    add_structured_commands,
+    add_structured_flags,
+    apply_structured_flags,
+)
 from pagesift.client import JobClient
 from pagesift.v1 import jobs_pb2
 
@@ -63,7 +70,11 @@ FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
     "images": jobs_pb2.FORMAT_IMAGES,
     "change_tracking": jobs_pb2.FORMAT_CHANGE_TRACKING,
     "screenshot": jobs_pb2.FORMAT_SCREENSHOT,
+    "json": jobs_pb2.FORMAT_JSON,
+    "summary": jobs_pb2.FORMAT_SUMMARY,
+    "selectors": jobs_pb2.FORMAT_SELECTORS,
 }
+_DOC_FIELD = {"selectors": "selected", "change_tracking": "change_status"}  # else the name
 SITEMAP_MODES: dict[str, jobs_pb2.SitemapMode.ValueType] = {
     "include": jobs_pb2.SITEMAP_MODE_INCLUDE,
     "skip": jobs_pb2.SITEMAP_MODE_SKIP,
@@ -91,18 +102,6 @@ def parse_formats(values: Sequence[str] | None) -> list[jobs_pb2.Format.ValueTyp
     return out
 
 
-def _pair(sep: str) -> Callable[[str], tuple[str, str]]:
-    """An argparse type: ``NAME<sep>VALUE`` as a pair (the server validates both)."""
-
-    def parse(value: str) -> tuple[str, str]:
-        name, found, rest = value.partition(sep)
-        if not found or not name.strip():
-            raise argparse.ArgumentTypeError(f"{value!r} is not NAME{sep}VALUE")
-        return name.strip(), rest.strip()
-
-    return parse
-
-
 def scrape_options(args: argparse.Namespace) -> jobs_pb2.ScrapeOptions:
     options = jobs_pb2.ScrapeOptions(
         formats=parse_formats(args.format),
@@ -125,6 +124,7 @@ def scrape_options(args: argparse.Namespace) -> jobs_pb2.ScrapeOptions:
     if args.max_age is not None:
         options.max_age.FromNanoseconds(int(args.max_age * 1e9))
     apply_render_flags(options, args)
+    apply_structured_flags(options, args)
     return options
 
 
@@ -155,6 +155,7 @@ def crawl_request(args: argparse.Namespace) -> jobs_pb2.StartCrawlRequest:
         delay=args.delay,
         options=scrape_options(args),
         idempotency_key=args.idempotency_key or "",
+        prompt=args.prompt,
     )
 
 
@@ -186,7 +187,7 @@ async def _cmd_scrape(args: argparse.Namespace, client: JobClient) -> int:
         elif fmt == jobs_pb2.FORMAT_IMAGES:
             print("\n".join(doc.images))
         else:
-            print(getattr(doc, name))
+            print(getattr(doc, _DOC_FIELD.get(name, name)))
     return EXIT_OK
 
 
@@ -415,7 +416,7 @@ def _scrape_options_parent() -> argparse.ArgumentParser:
         "--header",
         action="append",
         default=[],
-        type=_pair(":"),
+        type=pair(":"),
         metavar="'NAME: VALUE'",
         help="send a header (repeat)",
     )
@@ -423,7 +424,7 @@ def _scrape_options_parent() -> argparse.ArgumentParser:
         "--cookie",
         action="append",
         default=[],
-        type=_pair("="),
+        type=pair("="),
         metavar="NAME=VALUE",
         help="send a cookie (repeat)",
     )
@@ -463,6 +464,7 @@ def _scrape_options_parent() -> argparse.ArgumentParser:
         "--diff", action="store_true", help="with --format change_tracking: the markdown diff"
     )
     add_render_flags(parent)
+    add_structured_flags(parent)
     return parent
 
 
@@ -513,6 +515,7 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("--sitemap", choices=list(SITEMAP_MODES), default="include")
     p.add_argument("--concurrency", type=nonneg_int, default=0, metavar="N")
     p.add_argument("--delay", type=nonneg_float, default=0.0, metavar="S")
+    p.add_argument("--prompt", default="", metavar="TEXT", help="crawl options in words (model)")
     p.add_argument("--idempotency-key", metavar="KEY", help="default: a fresh uuid4")
     p.add_argument("--wait", action="store_true", help="follow the job to its end")
     add_export_flags(p)
@@ -590,3 +593,4 @@ def add_job_commands(sub: Any) -> None:
     p.set_defaults(handler=_cmd_jobs, uses_client=True)
 
     add_export_command(sub)
+    add_structured_commands(sub, client, opts, scrape_options)
