@@ -9,7 +9,10 @@ order, and raises the page's ``PageError`` at the first that refuses:
 2. in a cluster, the caller's ``foreign_host``: a host another pair owns is
    ``HOST_OWNED_ELSEWHERE``, never sent (that pair keeps its politeness);
 3. robots.txt, when asked, for the caller's agent (``ROBOTS_DISALLOWED``, or the
-   reason robots.txt could not be read); its Crawl-delay is kept in ``crawl_delay``;
+   reason robots.txt could not be read), read as the caller's request would be sent:
+   with certificate verification unless it skips it (``verify_tls``, a request's
+   ``skip_tls_verification``: ``robots.RobotsCache``); its Crawl-delay is kept in
+   ``crawl_delay``;
 4. the politeness delay: with a job delay, the larger of the server's, the job's,
    the Crawl-delay (``politeness.effective_delay``) and the adaptive delay; without
    one (robots.txt, sitemaps) none of its own, but the host's pauses;
@@ -87,17 +90,21 @@ class Admission:
         agent: str | None,
         job_delay: float | None,
         foreign_host: Callable[[str], str | None] | None = None,
+        verify_tls: bool = True,
     ) -> Pass:
         """``async with`` it: one request to ``url`` (in ``urls.fetch_url`` form), robots
-        checked for ``agent`` (None: the server's) when ``robots``, spaced by
+        checked for ``agent`` (None: the server's) when ``robots`` (robots.txt read
+        with certificate verification unless ``verify_tls`` is False), spaced by
         ``job_delay`` (None: no delay of its own), none to a host ``foreign_host``
         names a reason for."""
-        return Pass(self, url, robots, agent, job_delay, foreign_host)
+        return Pass(self, url, robots, agent, job_delay, foreign_host, verify_tls)
 
-    async def robots_check(self, url: str, agent: str | None) -> float | None:
+    async def robots_check(
+        self, url: str, agent: str | None, verify_tls: bool = True
+    ) -> float | None:
         """robots.txt's verdict on ``url`` for ``agent`` outside a request's turn (a
         render's final URL): its Crawl-delay, or the page's error (``robots_verdict``)."""
-        return robots_verdict(await self.robots.rules(url, agent), url)
+        return robots_verdict(await self.robots.rules(url, agent, verify_tls=verify_tls), url)
 
     def slowed(self, host: str, err: PageError) -> None:
         """A failed request: pause the host for its Retry-After, slow its adaptive delay
@@ -143,6 +150,7 @@ class Pass(Slot):
 
     __slots__ = (
         "admission", "agent", "check_robots", "crawl_delay", "foreign_host", "job_delay", "url",
+        "verify_tls",
     )  # fmt: skip
 
     def __init__(
@@ -153,6 +161,7 @@ class Pass(Slot):
         agent: str | None,
         job_delay: float | None,
         foreign_host: Callable[[str], str | None] | None,
+        verify_tls: bool = True,
     ) -> None:
         super().__init__(admission.slots, urls.host_of(url))
         self.admission = admission
@@ -161,6 +170,7 @@ class Pass(Slot):
         self.agent = agent
         self.job_delay = job_delay
         self.foreign_host = foreign_host
+        self.verify_tls = verify_tls
         self.crawl_delay: float | None = None  # robots.txt's, once checked
 
     async def __aenter__(self) -> Self:
@@ -175,7 +185,8 @@ class Pass(Slot):
             if elsewhere is not None:
                 raise PageError(ErrorCode.HOST_OWNED_ELSEWHERE, elsewhere)
         if self.check_robots:
-            self.crawl_delay = robots_verdict(await admission.robots.rules(url, self.agent), url)
+            rules = await admission.robots.rules(url, self.agent, verify_tls=self.verify_tls)
+            self.crawl_delay = robots_verdict(rules, url)
         if self.job_delay is not None:
             config = admission.config
             delay = effective_delay(config.per_host_delay, self.job_delay, self.crawl_delay)

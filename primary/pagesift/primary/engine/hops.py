@@ -29,6 +29,11 @@ first and each redirect), in this order:
 
 Every failure is a ``PageError``; ``fetch`` makes one attempt (retries are callers').
 robots.txt itself is fetched through ``fetch`` with the server's user agent.
+
+TLS: every hop of a fetch verifies the site's certificate unless the fetch says not to
+(``verify_tls``; by default the profile's ``skip_tls_verification``), and the
+robots.txt its hops are judged by is read the same way (``admission``), so a request
+that skips verification is not refused by a robots.txt fetch that did not.
 """
 
 from __future__ import annotations
@@ -125,15 +130,20 @@ class Fetcher:
         home: str = "",
         validators: tuple[str, str] | None = None,
         foreign_host: Callable[[str], str | None] | None = None,
+        verify_tls: bool | None = None,
     ) -> Response:
         """GET ``url`` following redirects by hand; every hop admitted (guarded,
         robots-checked when ``robots``, for the profile's agent, and run in the host's
         politeness slot: ``admission.Admission.admit``; ``job_delay`` None: no delay of
         its own, the host's pauses; none to a host ``foreign_host`` names a reason
-        for), sent as ``profile`` says (``Sessions.hop``). Returns the final response
-        with its body (cut at ``max_bytes`` with ``truncate``); raises PageError."""
+        for), sent as ``profile`` says (``Sessions.hop``); ``verify_tls`` (None: the
+        profile's choice, verification without one) for every hop and the robots.txt
+        they are judged by. Returns the final response with its body (cut at
+        ``max_bytes`` with ``truncate``); raises PageError."""
         admit = self.admission.admit
         agent = None if profile is None else profile.robots_agent(self.config.user_agent)
+        if verify_tls is None:
+            verify_tls = profile.verify_tls if profile is not None else True
         try:
             current = urls.fetch_url(url)
         except ValueError as exc:
@@ -151,9 +161,15 @@ class Fetcher:
                     agent=agent,
                     job_delay=job_delay,
                     foreign_host=foreign_host,
+                    verify_tls=verify_tls,
                 ) as ticket:
                     hop = await self.sessions.hop(
-                        current, ticket.host, profile, home, validators if hops == 0 else None
+                        current,
+                        ticket.host,
+                        profile,
+                        home,
+                        validators if hops == 0 else None,
+                        verify_tls=verify_tls,
                     )
                     sent = time.monotonic()
                     try:
@@ -216,9 +232,9 @@ class Fetcher:
         except (PageError, _Redirect):
             raise
         except Exception as exc:
-            raise page_error(exc, hop.timeout, hop.proxied) from exc
+            raise page_error(exc, hop.timeout, hop.proxied, hop.verify_tls) from exc
 
-    async def _fetch_robots(self, robots_url: str) -> tuple[int, bytes]:
+    async def _fetch_robots(self, robots_url: str, verify_tls: bool) -> tuple[int, bytes]:
         try:
             resp = await self.fetch(
                 robots_url,
@@ -228,6 +244,7 @@ class Fetcher:
                 max_redirects=ROBOTS_MAX_REDIRECTS,
                 max_bytes=MAX_ROBOTS_BYTES,
                 truncate=True,
+                verify_tls=verify_tls,
             )
         except PageError as exc:
             if exc.code in (ErrorCode.REDIRECT_LOOP, ErrorCode.INVALID_URL):

@@ -21,7 +21,9 @@ every hop through (``admission``: the address guard, robots.txt, per-host polite
   the crawl's own origin are fetched;
 - the request profile (``reqprofile``) a policy carries is what every hop of its
   pages and sitemaps sends; robots.txt is fetched with the server's user agent and
-  default proxy, and read for the profile's agent token.
+  default proxy, and read for the profile's agent token, with the profile's TLS
+  choice (``skip_tls_verification``: the page, its sitemaps, the robots.txt that
+  names them and the one that judges it are all fetched without verification).
 
 Body classification and decoding live in ``content``; sitemap parsing in
 ``sitemaps``, whose every file is fetched through ``hops.Fetcher.fetch``.
@@ -243,8 +245,10 @@ class HttpEngine:
         try:
             parts = urlsplit(urls.fetch_url(url))
             origin = f"{parts.scheme}://{parts.netloc}"
+            verify = policy.request is None or policy.request.verify_tls
             try:
-                roots = list((await self.admission.robots.rules(origin + "/")).sitemaps)
+                rules = await self.admission.robots.rules(origin + "/", verify_tls=verify)
+                roots = list(rules.sitemaps)
             except Exception:
                 roots = []
             if not roots:
@@ -277,6 +281,7 @@ class HttpEngine:
         if not self.config.respect_robots or (profile is not None and not profile.respect_robots):
             return [True] * len(targets)
         agent = (profile or RequestProfile()).robots_agent(self.config.user_agent)
+        verify = profile is None or profile.verify_tls
         loop = asyncio.get_running_loop()
         turn = loop.time() + SLICE_SECONDS
         out: list[bool] = []
@@ -286,7 +291,7 @@ class HttpEngine:
                 turn = loop.time() + SLICE_SECONDS
             try:
                 current = urls.fetch_url(target)
-                rules = await self.admission.robots.rules(current, agent)
+                rules = await self.admission.robots.rules(current, agent, verify_tls=verify)
             except asyncio.CancelledError:
                 raise
             except Exception:

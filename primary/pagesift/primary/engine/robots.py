@@ -2,9 +2,15 @@
 
 Owns the rules of each origin (scheme://host:port). The guarantees:
 
-- robots.txt is fetched at most once per origin per TTL; concurrent callers for one
-  origin share that one fetch (a caller that is cancelled does not cancel it for
-  the others).
+- robots.txt is fetched at most once per origin and TLS choice per TTL; concurrent
+  callers for one share that one fetch (a caller that is cancelled does not cancel it
+  for the others).
+- TLS: a caller that verifies certificates (the default) reads only a copy fetched
+  with verification; one that skips it (``verify_tls=False``: a request with
+  ``skip_tls_verification``) reads a fresh verified copy when there is one without a
+  fetch error, else its own, fetched without verification and cached apart, so a
+  certificate that fails verification never lets an unverified robots.txt decide a
+  verifying job's pages.
 - RFC 9309 outcomes: 2xx -> the parsed rules (first 512 KiB); 4xx (other than 429)
   or more than five redirects -> allow all; 5xx, 429 or unreachable -> disallow all,
   cached only for ``error_ttl`` seconds so the site is asked again soon, with the
@@ -57,9 +63,11 @@ MAX_MATCH_WORK = 1_000_000  # characters wildcard rules may scan for one URL
 SLICE_SECONDS = 0.01  # a batch of checks holds the loop this long at most between yields
 _CANDIDATE_COST = 200  # MAX_MATCH_WORK charged per wildcard rule tried, beyond the URL
 
-# Fetch robots.txt: (status, body). Raise OSError/TimeoutError (or anything) when the
-# server cannot be reached; status 0 also means unreachable.
-RobotsFetcher = Callable[[str], Awaitable[tuple[int, bytes]]]
+# Fetch robots.txt (its URL, whether to verify the site's TLS certificate): (status,
+# body). Raise OSError/TimeoutError (or anything) when the server cannot be reached;
+# status 0 also means unreachable.
+RobotsFetcher = Callable[[str, bool], Awaitable[tuple[int, bytes]]]
+_Key = tuple[str, bool]  # (origin, verify_tls)
 
 
 def agent_token(user_agent: str) -> str:
@@ -313,28 +321,36 @@ class RobotsCache:
         self._ttl = ttl
         self._error_ttl = error_ttl
         self._max = max_origins
-        self._cache: dict[str, tuple[float, Rules]] = {}
-        self._inflight: dict[str, asyncio.Task[Rules]] = {}
+        self._cache: dict[_Key, tuple[float, Rules]] = {}
+        self._inflight: dict[_Key, asyncio.Task[Rules]] = {}
         self._compiling: dict[tuple[int, str], asyncio.Future[None]] = {}
 
-    async def rules(self, url: str, agent: str | None = None) -> Rules:
+    async def rules(self, url: str, agent: str | None = None, *, verify_tls: bool = True) -> Rules:
         """The rules for ``url``'s origin (fetching robots.txt when not cached), read
-        for ``agent`` (a product token; default: the server's)."""
+        for ``agent`` (a product token; default: the server's); ``verify_tls`` False:
+        a caller that skips certificate verification (module docstring)."""
         origin = origin_of(url)
-        hit = self._cache.get(origin)
-        if hit is not None and hit[0] > time.monotonic():
-            rules = hit[1]
-        else:
-            task = self._inflight.get(origin)
+        rules = self._fresh((origin, True))
+        if rules is not None and not verify_tls and rules.error is not None:
+            rules = None  # a verified read that failed: this caller reads its own
+        if rules is None and not verify_tls:
+            rules = self._fresh((origin, False))
+        if rules is None:
+            key = (origin, verify_tls)
+            task = self._inflight.get(key)
             if task is None:
-                task = asyncio.ensure_future(self._load(origin))
-                self._inflight[origin] = task
+                task = asyncio.ensure_future(self._load(key))
+                self._inflight[key] = task
             rules = await asyncio.shield(task)
         if agent is not None:
             rules = rules.for_agent(agent)
         if not rules.compiled:
             await self._compile(rules)
         return rules
+
+    def _fresh(self, key: _Key) -> Rules | None:
+        hit = self._cache.get(key)
+        return hit[1] if hit is not None and hit[0] > time.monotonic() else None
 
     async def _compile(self, rules: Rules) -> None:
         """Compile ``rules`` for its agent in a thread, once for concurrent callers."""
@@ -351,8 +367,10 @@ class RobotsCache:
         return (await self.rules(url)).allowed(url)
 
     def forget(self, url: str) -> None:
-        """Drop the cached rules of ``url``'s origin."""
-        self._cache.pop(origin_of(url), None)
+        """Drop the cached rules of ``url``'s origin (both TLS choices)."""
+        origin = origin_of(url)
+        for verify in (True, False):
+            self._cache.pop((origin, verify), None)
 
     async def close(self) -> None:
         for task in list(self._inflight.values()):
@@ -360,17 +378,17 @@ class RobotsCache:
         self._inflight.clear()
         self._cache.clear()
 
-    async def _load(self, origin: str) -> Rules:
+    async def _load(self, key: _Key) -> Rules:
         try:
-            rules, ttl = await self._fetch_rules(origin)
-            self._store(origin, rules, ttl)
+            rules, ttl = await self._fetch_rules(*key)
+            self._store(key, rules, ttl)
             return rules
         finally:
-            self._inflight.pop(origin, None)
+            self._inflight.pop(key, None)
 
-    async def _fetch_rules(self, origin: str) -> tuple[Rules, float]:
+    async def _fetch_rules(self, origin: str, verify_tls: bool) -> tuple[Rules, float]:
         try:
-            status, body = await self._fetch(origin + "/robots.txt")
+            status, body = await self._fetch(origin + "/robots.txt", verify_tls)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -384,10 +402,10 @@ class RobotsCache:
             return ALLOW_ALL, self._ttl
         return DISALLOW_ALL, self._error_ttl  # 5xx, 429, unreachable, too many redirects
 
-    def _store(self, origin: str, rules: Rules, ttl: float) -> None:
+    def _store(self, key: _Key, rules: Rules, ttl: float) -> None:
         cache = self._cache
-        cache.pop(origin, None)
-        cache[origin] = (time.monotonic() + ttl, rules)
+        cache.pop(key, None)
+        cache[key] = (time.monotonic() + ttl, rules)
         if len(cache) > self._max:
             now = time.monotonic()
             for key in [k for k, (exp, _) in cache.items() if exp <= now]:

@@ -19,6 +19,9 @@ session and keyword arguments of one GET. The invariants:
   made for: a redirect elsewhere drops it, as browsers and curl do;
 - cookies are the profile's jar alone (``cookiejar``): the sessions keep none, so no
   cookie crosses from one job to another;
+- a hop verifies the site's TLS certificate unless its caller says not to
+  (``verify_tls``: the profile's ``skip_tls_verification``, for the page, its sitemaps
+  and the robots.txt it is judged by); no other check is loosened by it;
 - ``page_error`` maps every aiohttp/OS failure of a hop to one ``PageError`` code.
 """
 
@@ -61,6 +64,7 @@ class Hop:
     proxied: bool
     timeout: aiohttp.ClientTimeout
     conditional: bool = False  # sent If-None-Match / If-Modified-Since
+    verify_tls: bool = True  # the site's certificate is verified
 
 
 class Sessions:
@@ -140,12 +144,16 @@ class Sessions:
         profile: RequestProfile | None,
         home: str,
         validators: tuple[str, str] | None = None,
+        *,
+        verify_tls: bool = True,
     ) -> Hop:
         """How to send one hop to ``url`` under ``profile`` (None: the server's own
         request, e.g. robots.txt: default headers, the default proxy). Credentials
         go only to ``home`` (module docstring). ``validators`` (a cached copy's ETag,
-        Last-Modified) make it conditional."""
+        Last-Modified) make it conditional; ``verify_tls`` False accepts any certificate."""
         kwargs: dict[str, Any] = {"allow_redirects": False}
+        if not verify_tls:
+            kwargs["ssl"] = False
         timeout = self.timeout
         proxy: str | None
         session: aiohttp.ClientSession | None = None
@@ -168,8 +176,6 @@ class Sessions:
             if cookie is not None:
                 headers["Cookie"] = cookie
             kwargs["headers"] = headers
-            if not profile.verify_tls:
-                kwargs["ssl"] = False
             if profile.timeout is not None:
                 t = profile.timeout
                 timeout = aiohttp.ClientTimeout(
@@ -186,8 +192,9 @@ class Sessions:
                 headers["If-Modified-Since"] = last_modified
             conditional = True
         return Hop(
-            session or self.direct(), kwargs, profile, proxy is not None, timeout, conditional
-        )
+            session or self.direct(), kwargs, profile, proxy is not None, timeout, conditional,
+            verify_tls,
+        )  # fmt: skip
 
     async def _check_target_name(self, url: str, host: str) -> None:
         """A proxy resolves the target's name itself, out of the connector's reach:
@@ -215,18 +222,21 @@ def _literal_endpoints(pool: ProxyPool) -> frozenset[tuple[str, int]]:
     return frozenset(out)
 
 
-def page_error(exc: BaseException, timeout: aiohttp.ClientTimeout, proxied: bool) -> PageError:
-    """The PageError for an aiohttp/OS failure of one hop."""
+def page_error(
+    exc: BaseException, timeout: aiohttp.ClientTimeout, proxied: bool, verified: bool = True
+) -> PageError:
+    """The PageError for an aiohttp/OS failure of one hop (``verified``: the hop checked
+    the site's certificate; only then does a certificate error name the option that
+    skips the check)."""
     if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
         exc.os_error, BlockedAddressError
     ):  # refused by the resolver or by the socket factory: nothing was sent
         return PageError(ErrorCode.BLOCKED_ADDRESS, str(exc.os_error))
     if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
-        return PageError(
-            ErrorCode.TLS,
-            f"TLS with {exc.host}:{exc.port} failed: {exc} "
-            "(options.skip_tls_verification accepts any certificate)",
-        )
+        hint = ""
+        if verified and isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            hint = " (options.skip_tls_verification accepts any certificate)"
+        return PageError(ErrorCode.TLS, f"TLS with {exc.host}:{exc.port} failed: {exc}{hint}")
     if proxied and isinstance(
         exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError
     ):

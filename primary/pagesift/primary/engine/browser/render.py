@@ -2,7 +2,9 @@
 
 Owns ``render_page`` (a fresh context for one page) and ``new_context`` + ``render_in``
 (the pool's per-job contexts, a new page each). A context holds the viewport, phone
-emulation, locale, time zone, user agent, extra headers and a per-context proxy; a page
+emulation, locale, time zone, user agent, extra headers, a per-context proxy and the
+request's TLS choice (``skip_tls_verification``: Playwright's ``ignore_https_errors``;
+the browser does TLS itself, end to end through the guard proxy's tunnel); a page
 gets the job's cookies, ``goto`` with ``wait_until``, the request's ``wait_for`` and actions
 (``actions.run_actions``), then the HTML, the final URL, the main response's status and
 headers, a screenshot when ``FORMAT_SCREENSHOT`` asks, and the context's cookies (the
@@ -168,6 +170,8 @@ def context_options(
         kw["extra_http_headers"] = dict(headers)
     if proxy:
         kw["proxy"] = dict(proxy)
+    if options.skip_tls_verification:
+        kw["ignore_https_errors"] = True  # the request accepts any certificate
     return kw
 
 
