@@ -10,6 +10,7 @@ pickles them by module path) under a deadline and a memory cap. Imports flow dow
 - ``htmlhead``: title, canonical, robots, metadata;
 - ``htmllinks``: links with their anchor texts, images;
 - ``htmlclean``: the content root, controls, cleaning, markdown;
+- ``selectors``: a selector schema read over the page's parse (FORMAT_SELECTORS);
 - ``metadata``: the bounds of ``Document.metadata`` (both paths), response headers;
 - ``documents``: recognising a document (``kind_of``) and dispatching it to its reader:
 - ``pdf``, ``ooxml``, ``odf``, ``epub``: one reader per format (PDF; DOCX, PPTX and
