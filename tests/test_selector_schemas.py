@@ -17,10 +17,12 @@ and the format end to end.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import grpc
 import pytest
@@ -339,6 +341,24 @@ def test_text_collapses_whitespace_and_skips_scripts_but_a_selected_script_is_re
         options([F(name="text", selector="article"), F(name="ld", selector="script")]),
     )
     assert got == {"text": "Title one two three four inline end", "ld": '{"@type": "Product"}'}
+
+
+BASES = ["http://h.test/a/b.html?q=1#f", "https://h.test", "http://h.test/dir/",
+         "http://[::1]:8080/x/y", "http://u:p@h.test/a/"]  # fmt: skip
+HREFS = [
+    "/x", "x", "../x", "./x", "x/./y", "http://o/x", "HTTP://O/x", "//cdn/x", "?q=2", "#top",
+    "mailto:a@b", "data:image/png;base64,AA", "javascript:void(0)", "  /sp ace ", "a:b/c",
+    "x/..", ".", "..", "", "a\\b", "/a\tb", "c?d=../e", "/p#../q", "img/w.png",
+]  # fmt: skip
+
+
+def test_href_and_src_resolve_exactly_as_urljoin_does() -> None:
+    fields = [F(name="a", selector="a", source=ATTRIBUTE, attribute="href", all=True),
+              F(name="i", selector="img", source=ATTRIBUTE, attribute="src", all=True)]  # fmt: skip
+    page = "".join(f'<a href="{html.escape(h)}">x</a><img src="{html.escape(h)}">' for h in HREFS)
+    for base in BASES:
+        want = [urljoin(base, h.strip()) for h in HREFS]
+        assert run(page, options(fields), base) == {"a": want, "i": want}, base
 
 
 @pytest.mark.parametrize(

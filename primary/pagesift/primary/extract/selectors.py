@@ -46,7 +46,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
@@ -90,6 +90,7 @@ _BLOCK = frozenset((
     "th", "thead", "tr", "ul",
 ))  # fmt: skip
 _NO_TEXT = frozenset({"script", "style", "template", "noscript"})  # inside the element read
+_UNUSUAL = re.compile(r"[\\\t\r\n]")  # urlsplit drops tabs and newlines; "\\" stays as is
 _VALUE_OVERHEAD = 8  # characters counted per value and key beyond their own (quotes, commas)
 
 
@@ -180,12 +181,13 @@ def select(tree: LexborHTMLParser, base_url: str, schema: bytes) -> str:
     ``SelectionError`` for a selector lexbor refuses, which validation rules out)."""
     plan = _plan(schema)
     budget = _Budget(MAX_SELECTED_BYTES)
+    base = _Base(base_url)
     value: object
     if plan.base:
         items = _matches(tree, None, plan.base)[:MAX_ITEMS]
-        value = [_object(tree, item, plan.fields, base_url, budget) for item in items]
+        value = [_object(tree, item, plan.fields, base, budget) for item in items]
     elif tree.root is not None:
-        value = _object(tree, None, plan.fields, base_url, budget)
+        value = _object(tree, None, plan.fields, base, budget)
     else:  # no document at all: every field as when nothing matched
         value = {f.name: [] if f.all else None for f in plan.fields}
     out = json.dumps(value, ensure_ascii=False, sort_keys=False, allow_nan=False)
@@ -224,7 +226,7 @@ def _object(
     tree: LexborHTMLParser,
     item: LexborNode | None,
     fields: tuple[_Field, ...],
-    base_url: str,
+    base: _Base,
     budget: _Budget,
 ) -> dict[str, object]:
     """The object of ``fields`` read under ``item`` (None: the whole page, whose own
@@ -235,19 +237,19 @@ def _object(
         budget.spend(len(f.name))
         if f.all:
             nodes = _matches(tree, item, f.selector)[:MAX_ITEMS] if f.selector else [itself]
-            out[f.name] = [_value(tree, n, f, base_url, budget) for n in nodes if n is not None]
+            out[f.name] = [_value(tree, n, f, base, budget) for n in nodes if n is not None]
         else:
             node = _first(tree, item, f.selector) if f.selector else itself
-            out[f.name] = None if node is None else _value(tree, node, f, base_url, budget)
+            out[f.name] = None if node is None else _value(tree, node, f, base, budget)
     return out
 
 
 def _value(
-    tree: LexborHTMLParser, node: LexborNode, f: _Field, base_url: str, budget: _Budget
+    tree: LexborHTMLParser, node: LexborNode, f: _Field, base: _Base, budget: _Budget
 ) -> object:
     if f.source == _NESTED:
         budget.spend(0)
-        return _object(tree, node, f.fields, base_url, budget)
+        return _object(tree, node, f.fields, base, budget)
     if f.source == _HTML:
         html = node.html or ""
         budget.spend(len(html))
@@ -256,7 +258,7 @@ def _value(
     if f.source == _ATTRIBUTE:
         raw = node.attrs.get(f.attribute)
         if raw is not None and f.attribute in _URL_ATTRIBUTES:
-            raw = _absolute(base_url, raw)
+            raw = base.absolute(raw)
     else:
         raw = text(node)
     if raw is None:
@@ -266,11 +268,43 @@ def _value(
     return convert(raw, f.type)
 
 
-def _absolute(base_url: str, value: str) -> str:
-    try:
-        return urljoin(base_url, value.strip())
-    except ValueError:  # e.g. an unclosed IPv6 bracket: the value as the page wrote it
-        return value
+class _Base:
+    """The page's URL, for ``href``/``src``: ``absolute`` is ``urljoin``'s answer, found
+    without it for the common spellings (absolute http(s), path-absolute, a relative path
+    without dot segments), as ``htmllinks.links`` does."""
+
+    __slots__ = ("dir", "origin", "url")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            parts = urlsplit("")
+        self.origin = f"{parts.scheme}://{parts.netloc}" if parts.scheme else ""
+        self.dir = self.origin + (parts.path[: parts.path.rfind("/") + 1] or "/")
+
+    def absolute(self, value: str) -> str:
+        href = value.strip()
+        path = href.partition("?")[0].partition("#")[0]
+        if (
+            not self.origin
+            or not href
+            or "./" in path
+            or path.endswith(".")
+            or (_UNUSUAL.search(href) is not None)
+        ):
+            pass  # urljoin below: dot segments, an empty value, a character it treats
+        elif href.startswith(("http://", "https://")):
+            return href
+        elif href[0] == "/" and not href.startswith("//"):
+            return self.origin + href  # path-absolute
+        elif href[0] not in "/?#" and ":" not in href.partition("/")[0]:
+            return self.dir + href  # path-relative (RFC 3986 5.2.3 merge)
+        try:
+            return urljoin(self.url, href)
+        except ValueError:  # e.g. an unclosed IPv6 bracket: the value as the page wrote it
+            return value
 
 
 def text(node: LexborNode) -> str:
@@ -313,6 +347,8 @@ def number(value: str) -> Decimal | None:
 
 def convert(raw: str, value_type: int) -> object:
     """``raw`` as ``value_type`` asks (the module docstring's rules)."""
+    if value_type == jobs_pb2.VALUE_TYPE_STRING:
+        return raw
     if value_type == jobs_pb2.VALUE_TYPE_BOOLEAN:
         return raw.strip().lower() not in _FALSE
     if value_type not in (jobs_pb2.VALUE_TYPE_NUMBER, jobs_pb2.VALUE_TYPE_INTEGER):
