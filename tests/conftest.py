@@ -32,6 +32,7 @@ from pagesift.drill.fixture import Etcd
 from pagesift.primary.engine.http import HttpEngine
 from pagesift.primary.engine.netguard import AddressGuard
 from tests.helpers import EngineMaker, NodeFactory, SiteSpec, serve_procs
+from tests.modelserver import model_proxy, model_server, model_server_session  # noqa: F401
 
 # Every ``pagesift serve`` child of the suite inherits this: no 64 MiB reserve file
 # (``pagesift.core.api.storagewatch``) in each of hundreds of data directories. The tests of the
