@@ -273,10 +273,11 @@ class _Base:
     without it for the common spellings (absolute http(s), path-absolute, a relative path
     without dot segments), as ``htmllinks.links`` does."""
 
-    __slots__ = ("dir", "origin", "url")
+    __slots__ = ("dir", "joined", "origin", "url")
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.joined: dict[str, str] = {}  # urljoin's answers on this page (hrefs repeat)
         try:
             parts = urlsplit(url)
         except ValueError:
@@ -301,10 +302,14 @@ class _Base:
             return self.origin + href  # path-absolute
         elif href[0] not in "/?#" and ":" not in href.partition("/")[0]:
             return self.dir + href  # path-relative (RFC 3986 5.2.3 merge)
-        try:
-            return urljoin(self.url, href)
-        except ValueError:  # e.g. an unclosed IPv6 bracket: the value as the page wrote it
-            return value
+        got = self.joined.get(href)
+        if got is None:
+            try:
+                got = urljoin(self.url, href)
+            except ValueError:  # e.g. an unclosed IPv6 bracket: the value as the page wrote it
+                got = value
+            self.joined[href] = got
+        return got
 
 
 def text(node: LexborNode) -> str:
@@ -312,6 +317,11 @@ def text(node: LexborNode) -> str:
     ``<br>`` separating words, the insides of script/style/template/noscript elements
     under it left out (``node`` itself is read whatever it is: a selected
     ``<script type="application/ld+json">`` gives its JSON)."""
+    child = node.child
+    if child is None:
+        return ""
+    if child.is_text_node and child.next is None:  # a leaf: its one text node
+        return " ".join((child.text_content or "").split())
     parts: list[str] = []
     stack: list[LexborNode | None] = list(reversed(list(node.iter(include_text=True))))
     while stack:
