@@ -10,6 +10,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import jsonschema
@@ -64,15 +65,17 @@ async def _shop(request: web.Request) -> web.Response:
     return web.Response(text=PAGE.format(name=name, price="12.50"), content_type="text/html")
 
 
-def _json_options(**kw: object) -> jobs_pb2.ScrapeOptions:
-    opts = jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_MARKDOWN, jobs_pb2.FORMAT_JSON], **kw)  # type: ignore[arg-type]
+def _json_options() -> jobs_pb2.ScrapeOptions:
+    opts = jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_MARKDOWN, jobs_pb2.FORMAT_JSON])
     opts.json.schema = json.dumps(SCHEMA)
     opts.json.prompt = "The product's name and its price."
     return opts
 
 
-async def _node(tmp_path: Path, model_url: str, **kw: object) -> AsyncIterator[RunningNode]:
-    accounts = _accounts(tmp_path / "accounts.toml", kw.pop("tokens_per_day", None))  # type: ignore[arg-type]
+async def _node(
+    tmp_path: Path, model_url: str, tokens_per_day: int | None = None, **kw: Any
+) -> AsyncIterator[RunningNode]:
+    accounts = _accounts(tmp_path / "accounts.toml", tokens_per_day)
     async with in_process_node(
         tmp_path / "data",
         accounts_file=str(accounts),
