@@ -198,6 +198,14 @@ async def test_scrape_prints_what_the_selectors_selected_from_a_real_node(
         assert json.loads(doc["selected"]) == expected and "Widget" in doc["markdown"]
         assert doc["format_errors"] == []
 
+        argv = [*base, "--format", "change_tracking", "--selectors", str(files["selectors"])]
+        assert await amain(argv) == EXIT_OK
+        out = capsys.readouterr().out  # each format under its name; change tracking by name
+        assert out.startswith("==> selectors <==\n") and out.endswith(
+            "==> change_tracking <==\nnew\n"
+        )
+        assert json.loads(out.split("\n")[1]) == expected
+
         bad = tmp_path / "bad_selector.json"
         bad.write_text(json.dumps({"fields": [{"name": "a"}, {"name": "b", "selector": "p["}]}))
         assert await amain([*base, "--selectors", str(bad)]) == EXIT_REFUSED

@@ -74,7 +74,7 @@ FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
     "summary": jobs_pb2.FORMAT_SUMMARY,
     "selectors": jobs_pb2.FORMAT_SELECTORS,
 }
-_DOC_FIELD = {"selectors": "selected", "change_tracking": "change_status"}  # else the name
+_DOC_FIELD = {"selectors": "selected"}  # the Document field a format prints, else its name
 SITEMAP_MODES: dict[str, jobs_pb2.SitemapMode.ValueType] = {
     "include": jobs_pb2.SITEMAP_MODE_INCLUDE,
     "skip": jobs_pb2.SITEMAP_MODE_SKIP,
@@ -186,6 +186,8 @@ async def _cmd_scrape(args: argparse.Namespace, client: JobClient) -> int:
             print("\n".join(doc.links))
         elif fmt == jobs_pb2.FORMAT_IMAGES:
             print("\n".join(doc.images))
+        elif fmt == jobs_pb2.FORMAT_CHANGE_TRACKING:
+            print(enum_name(jobs_pb2.ChangeStatus.DESCRIPTOR, doc.change_status, "CHANGE_STATUS_"))
         else:
             print(getattr(doc, _DOC_FIELD.get(name, name)))
     return EXIT_OK
