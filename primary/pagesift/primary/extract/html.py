@@ -75,6 +75,7 @@ _MARKDOWN_FORMATS = frozenset(
 )
 _WantedKey = tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], bool, bytes]
 _WANTED_CACHE: dict[_WantedKey, Wanted] = {}
+_CACHED_SCHEMA_BYTES = 16 << 10  # a bigger selector schema is not kept (256 of them would weigh)
 
 
 def wanted(options: jobs_pb2.ScrapeOptions) -> Wanted:
@@ -103,7 +104,7 @@ def wanted(options: jobs_pb2.ScrapeOptions) -> Wanted:
             remove_base64_images=key[3],
             selectors=key[4],
         )
-        if len(_WANTED_CACHE) < 256:
+        if len(_WANTED_CACHE) < 256 and len(key[4]) <= _CACHED_SCHEMA_BYTES:
             _WANTED_CACHE[key] = got
     return got
 

@@ -130,17 +130,20 @@ class _Plan:
 
 _PLANS: dict[bytes, _Plan] = {}
 _MAX_PLANS = 64
+_PLANNED_BYTES = 64 << 10
 
 
 def _plan(schema: bytes) -> _Plan:
-    """The parsed schema (cached per worker by its bytes, at most ``_MAX_PLANS``)."""
+    """The parsed schema (cached per worker by its bytes: at most ``_MAX_PLANS`` schemas
+    of at most ``_PLANNED_BYTES`` each)."""
     got = _PLANS.get(schema)
     if got is None:
         msg = jobs_pb2.SelectorSchema.FromString(schema)
         got = _Plan(msg.base_selector, _compile(msg.fields))
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[schema] = got
+        if len(schema) <= _PLANNED_BYTES:  # a bigger one is parsed per page, not kept
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[schema] = got
     return got
 
 
