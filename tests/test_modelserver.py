@@ -77,7 +77,9 @@ async def post_chat(base_url: str, body: dict[str, Any]) -> tuple[int, Any]:
 
 
 def answer_json(answer: Any) -> Any:
-    return json.loads(answer["choices"][0]["message"]["content"])
+    """The answer's content as JSON (``strict=False``: the server's grammar lets raw
+    control characters into strings; tests/modelserver.py says so)."""
+    return json.loads(answer["choices"][0]["message"]["content"], strict=False)
 
 
 OPENAI_SHAPE = {"type": "json_schema", "json_schema": {"name": "product", "schema": PRODUCT}}
