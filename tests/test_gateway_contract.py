@@ -42,6 +42,7 @@ from pagesift.gateway.app import make_app
 from pagesift.gateway.clients import Clients
 from pagesift.gateway.handling import MAX_BODY_BYTES, PAGE_BYTES
 from pagesift.v1 import jobs_pb2
+from tests.firecrawlerrors import names
 from tests.helpers import (
     DAILY,
     SOLO,
@@ -237,7 +238,10 @@ async def test_every_route_answers_its_firecrawl_success_shape(
         assert_error(await ask(http, "DELETE", f"{base}/v2/batch/scrape/{batch_id}"), 409)
 
         a = await ask(http, "POST", base + "/v2/batch/scrape", {"urls": urls[:2]})
-        assert set(a.body) == {"success", "id", "url"}  # no invalidURLs unless asked for
+        assert a.body["invalidURLs"] == []  # Firecrawl's default: invalid URLs are skipped
+        plain = {"urls": urls[:2], "ignoreInvalidURLs": False}
+        a = await ask(http, "POST", base + "/v2/batch/scrape", plain)
+        assert set(a.body) == {"success", "id", "url"}  # no invalidURLs unless skipping
 
 
 # ---------------------------------------------------------------- 404
@@ -272,7 +276,10 @@ async def test_unknown_jobs_and_jobs_of_the_other_kind_are_404_on_every_job_rout
 # ---------------------------------------------------------------- every route of the app
 
 #: routes with no key and no Firecrawl body (probes and documents)
-OPEN_ROUTES = {"/healthz", "/metrics", "/v2/openapi.json"}
+OPEN_ROUTES = {
+    "/healthz", "/metrics", "/v2/openapi.json",
+    *(f"/{v}/health/{p}" for v in ("v0", "v1") for p in ("liveness", "readiness")),
+}  # fmt: skip
 
 
 def app_routes() -> list[tuple[str, str]]:
@@ -291,6 +298,8 @@ def valid_body(path: str, root: str) -> dict[str, Any] | None:
     """A minimal body each POST route accepts (None for the other methods)."""
     if path.endswith("/batch/scrape"):
         return {"urls": [root]}
+    if path.endswith("/params-preview"):
+        return {"url": root, "prompt": "the docs pages only"}
     return {"url": root}
 
 
@@ -347,24 +356,24 @@ async def test_unknown_keys_are_400_naming_the_key_at_every_level(
     shot = {"type": "screenshot", "viewport": {"width": 10, "height": 10, "depth": 3}}
     cases: list[tuple[str, dict[str, Any], str]] = [
         ("/v2/scrape", {"url": root, "bogusKey": 1}, "bogusKey"),
-        ("/v2/scrape", {"url": root, "formats": [{"type": "html", "bogus": 1}]}, "formats.0.bogus"),
-        ("/v2/scrape", {"url": root, "formats": [shot]}, "formats.0.viewport.depth"),
+        ("/v2/scrape", {"url": root, "formats": [{"type": "html", "bogus": 1}]}, "formats[0].bogus"),
+        ("/v2/scrape", {"url": root, "formats": [shot]}, "formats[0].viewport.depth"),
         ("/v2/crawl", {"url": root, "maxDepth": 2}, "maxDepth"),
         ("/v2/crawl", {"url": root, "scrapeOptions": {"nope": True}}, "scrapeOptions.nope"),
         (
             "/v2/crawl",
             {"url": root, "scrapeOptions": {"formats": [{"type": "markdown", "x": 1}]}},
-            "scrapeOptions.formats.0.x",
+            "scrapeOptions.formats[0].x",
         ),
         ("/v2/batch/scrape", {"urls": [root], "extra": []}, "extra"),
-        ("/v2/map", {"url": root, "crawlEntireDomain": True}, "crawlEntireDomain"),
+        ("/v2/map", {"url": root, "maxDepth": 2}, "maxDepth"),
     ]
     async with node_and_gateway(tmp_path) as base, aiohttp.ClientSession() as http:
         for path, body, named in cases:
             a = await ask(http, "POST", base + path, body)
             answer = assert_error(a, 400, "BAD_REQUEST")
             assert f"'{named}'" in answer["error"], (path, named, answer)
-            assert any(d["path"] == named for d in answer["details"]), (named, answer)
+            assert named in names(answer), (named, answer)
 
         bad: list[tuple[str, bytes, str]] = [
             ("/v2/scrape", b"", "not JSON"),
@@ -536,11 +545,14 @@ async def test_a_url_the_address_guard_refuses_is_403_url_blocked(
         for path, body in [
             ("/v2/scrape", {"url": root}),
             ("/v2/crawl", {"url": root}),
-            ("/v2/batch/scrape", {"urls": [root]}),
+            ("/v2/batch/scrape", {"urls": [root], "ignoreInvalidURLs": False}),
             ("/v2/map", {"url": root}),
         ]:
             a = await ask(http, "POST", base + path, body)
             assert_error(a, 403, "URL_BLOCKED")
+        # Firecrawl's default skips invalid URLs: the guarded one is skipped, none is left
+        a = await ask(http, "POST", base + "/v2/batch/scrape", {"urls": [root]})
+        assert_error(a, 400, "BAD_REQUEST")
 
 
 # ---------------------------------------------------------------- 408, 503

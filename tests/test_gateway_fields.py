@@ -25,8 +25,16 @@ from pydantic import BaseModel
 
 from pagesift.gateway import options, translate
 from pagesift.gateway.httperrors import HttpError
-from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
+from pagesift.gateway.models import (
+    BatchScrapeRequest,
+    CrawlParamsPreviewRequest,
+    CrawlRequest,
+    MapRequest,
+    ScrapeRequest,
+)
 from pagesift.gateway.optionmodels import ACTION_MODELS
+from pagesift.v1 import jobs_pb2
+from tests.firecrawlerrors import named
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "gateway.md"
 URL = "https://example.com/"
@@ -47,7 +55,7 @@ class Api:
 
 V2 = Api(
     "Firecrawl fields",
-    (ScrapeRequest, BatchScrapeRequest, CrawlRequest, MapRequest),
+    (ScrapeRequest, BatchScrapeRequest, CrawlRequest, MapRequest, CrawlParamsPreviewRequest),
     translate.REFUSED,
     options.REFUSED_WHOLE,
     {
@@ -186,6 +194,9 @@ TRANSLATE: dict[type[BaseModel], Callable[[Any], Any]] = {
     BatchScrapeRequest: _batch,
     CrawlRequest: translate.crawl_request,
     MapRequest: translate.map_arguments,
+    CrawlParamsPreviewRequest: lambda r: jobs_pb2.PreviewCrawlParamsRequest(
+        url=r.url, prompt=r.prompt
+    ),  # the route's whole mapping (v2.preview_crawl)
 }
 
 WEBHOOK = {"url": "https://hooks.example/x", "headers": {"A": "b"}, "metadata": {"k": "v"},
@@ -211,6 +222,7 @@ SCRAPE = {
     "location": {"languages": ["fr"]}, "parsers": [{"type": "pdf", "mode": "fast", "maxPages": 5}],
     "changeTrackingOptions": {"modes": ["git-diff"]},
     "zeroDataRetention": False, "integration": "tag", "origin": "api",
+    "__experimental_omce": True, "__experimental_engpicker": True, "__forceFirePDF": True,
 }  # fmt: skip
 
 #: bodies that set every mapped field, each translated without a refusal
@@ -229,7 +241,11 @@ SINKS: list[tuple[type[BaseModel], dict[str, Any]]] = [
     }),
     (MapRequest, {"url": URL, "search": "docs", "includePaths": ["^/a"], "excludePaths": ["^/b"],
                   "includeSubdomains": False, "ignoreQueryParameters": False, "limit": 10,
-                  "sitemap": "only", "timeout": 5000}),
+                  "sitemap": "only", "timeout": 5000, "filterByPath": True,
+                  "maxDiscoveryDepth": 2, "crawlEntireDomain": True, "ignoreCache": True,
+                  "useMock": "x", "deduplicateSimilarURLs": True}),
+    (CrawlParamsPreviewRequest, {"url": URL, "prompt": "docs only", "origin": "api",
+                                 "integration": "tag"}),
 ]  # fmt: skip
 
 TRACKED = ["markdown", "changeTracking"]
@@ -246,6 +262,19 @@ REFUSALS: list[tuple[type[BaseModel], dict[str, Any], str]] = [
     (ScrapeRequest, {"onlyCleanContent": True}, "onlyCleanContent"),
     (ScrapeRequest, {"lockdown": True}, "lockdown"),
     (ScrapeRequest, {"profile": {"name": "shop", "saveChanges": True}}, "profile"),
+    (ScrapeRequest, {"safeMode": True}, "safeMode"),
+    (ScrapeRequest, {"__searchPreviewToken": "t"}, "__searchPreviewToken"),
+    (ScrapeRequest, {"__experimental_omceDomain": "d"}, "__experimental_omceDomain"),
+    (ScrapeRequest, {"__agentInterop": {"auth": "x"}}, "__agentInterop"),
+    (BatchScrapeRequest, {"__agentInterop": {"auth": "x"}}, "__agentInterop"),
+    (MapRequest, {"headers": {"A": "b"}}, "headers"),
+    (MapRequest, {"allowExternalLinks": True}, "allowExternalLinks"),
+    (MapRequest, {"allowSubdomains": True}, "allowSubdomains"),
+    (MapRequest, {"ignoreRobotsTxt": True}, "ignoreRobotsTxt"),
+    (MapRequest, {"robotsUserAgent": "acme"}, "robotsUserAgent"),
+    (MapRequest, {"deduplicateSimilarURLs": False}, "deduplicateSimilarURLs"),
+    (MapRequest, {"regexOnFullURL": True}, "regexOnFullURL"),
+    (MapRequest, {"delay": 1}, "delay"),
     (CrawlRequest, {"prompt": "docs only"}, "prompt"),
     (CrawlRequest, {"robotsUserAgent": "acme"}, "robotsUserAgent"),
     (MapRequest, {"location": {"languages": ["fr"]}}, "location"),
@@ -332,6 +361,6 @@ def test_every_refused_field_is_a_400_naming_it_through_translate() -> None:
         covered |= hits
         with pytest.raises(HttpError) as err:
             TRANSLATE[model](request)
-        assert err.value.status == 400 and err.value.details[0]["field"] == path, extra
+        assert err.value.status == 400 and named(err.value.details[0]) == path, extra
     missing = sorted(f"{m.__name__}.{n}" for m, n in refused - covered)
     assert not missing, f"refused fields no REFUSALS body sets: {missing}"

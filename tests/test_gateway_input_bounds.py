@@ -27,6 +27,7 @@ import pytest
 from aiohttp import web
 
 from pagesift.gateway.clients import Clients
+from tests.firecrawlerrors import names
 from tests.helpers import ALICE, gateway_with_accounts
 
 DEEP = 100_000
@@ -53,7 +54,7 @@ def firecrawl_error(status: int, body: Any, expected: int) -> dict[str, Any]:
 def named(body: dict[str, Any], name: str) -> None:
     """The error names ``name``: in its message and in a detail's path or field."""
     assert name in body["error"], body
-    places = [d.get("path", d.get("field")) for d in body.get("details") or ()]
+    places = names(body)
     assert name in places, body
 
 

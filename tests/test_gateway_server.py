@@ -344,7 +344,7 @@ async def test_each_tabled_model_is_the_one_its_route_validates_with() -> None:
             keys = {f.alias or name for name, f in model.model_fields.items()}
             status, body = await post(f"http://{bound}{path}", {key: [{}] for key in keys})
             assert status == 400, (path, body)
-            top = [d["message"] for d in body["details"] if "." not in d["path"]]
+            top = [d["message"] for d in body["details"] if not d["path"]]  # top level
             assert not [m for m in top if m.startswith("Unrecognized key")], (path, top)
             status, body = await post(f"http://{bound}{path}", {"pagesiftNoSuchKey": 1})
             assert status == 400 and "pagesiftNoSuchKey" in body["error"] + str(body["details"])

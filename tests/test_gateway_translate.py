@@ -28,9 +28,11 @@ from pagesift.gateway.httperrors import (
     HttpError,
     from_aio_error,
     from_rpc,
+    issue,
 )
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
 from pagesift.v1 import jobs_pb2
+from tests.firecrawlerrors import named as field_of
 
 C = grpc.StatusCode
 URL = "https://example.com/"
@@ -114,14 +116,14 @@ def test_every_scrape_option_not_mapped_is_refused_by_name(attr: str, name: str)
     value: Any = [{"type": "scrape"}] if attr in ("actions", "parsers") else "x"
     if attr in ("min_age",):
         value = 1000
-    if attr in ("check_prompt_injection", "fast_mode", "only_clean_content", "lockdown"):
+    if attr in ("check_prompt_injection", "fast_mode", "only_clean_content", "lockdown", "safe_mode"):
         value = True
     assert refused(lambda: scrape(**{name: value})).error.startswith(f"{name}:")
     # inside a crawl the path names scrapeOptions; a batch takes them at the top level
     body = {"url": URL, "scrapeOptions": {name: value}}
     nested = refused(lambda: translate.crawl_request(CrawlRequest.model_validate(body)))
     assert nested.error.startswith(f"scrapeOptions.{name}:")
-    assert nested.details[0]["field"] == f"scrapeOptions.{name}"
+    assert field_of(nested.details[0]) == f"scrapeOptions.{name}"
     batch = BatchScrapeRequest.model_validate({"urls": [URL], name: value})
     assert refused(lambda: translate.batch_request(batch)).error.startswith(f"{name}:")
 
@@ -464,7 +466,7 @@ def test_a_malformed_job_id_is_an_unknown_job() -> None:
     err = from_rpc(C.INVALID_ARGUMENT, "INVALID_FIELD", {}, "bad id", violations=[("id", "no")])
     assert err.status == 404
     other = from_rpc(C.INVALID_ARGUMENT, "INVALID_FIELD", {}, "x", violations=[("limit", "<0")])
-    assert other.status == 400 and other.details == [{"field": "limit", "message": "<0"}]
+    assert other.status == 400 and other.details == [issue("custom", ["limit"], "<0")]
 
 
 def test_a_url_the_address_guard_refuses_is_403_by_its_violation_reason_not_its_words() -> None:
@@ -536,7 +538,7 @@ def test_an_rpc_errors_rich_details_are_read_into_the_answer() -> None:
     )  # fmt: skip
     trailing = grpc.aio.Metadata(*rpc_status.to_status(bad).trailing_metadata)
     answer = from_aio_error(rpc_error(C.INVALID_ARGUMENT, trailing, "x"))
-    assert answer.status == 400 and answer.details == [{"field": "urls[1]", "message": "not a URL"}]
+    assert answer.status == 400 and answer.details == [issue("custom", ["urls", 1], "not a URL")]
     plain = from_aio_error(rpc_error(C.UNAVAILABLE, grpc.aio.Metadata(), ""))
     assert plain.status == 503 and plain.error == UNREACHABLE
 
@@ -604,10 +606,10 @@ def test_an_action_pagesift_has_no_step_for_is_refused_by_index(
     action: dict[str, Any], named: str
 ) -> None:
     err = refused(lambda: scrape(actions=[{"type": "press", "key": "Tab"}, action]))
-    assert err.error.startswith(f"{named}:") and err.details[0]["field"] == named
+    assert err.error.startswith(f"{named}:") and field_of(err.details[0]) == named
     body = {"url": URL, "scrapeOptions": {"actions": [{"type": "press", "key": "a"}, action]}}
     nested = refused(lambda: translate.crawl_request(CrawlRequest.model_validate(body)))
-    assert nested.details[0]["field"] == f"scrapeOptions.{named}"
+    assert field_of(nested.details[0]) == f"scrapeOptions.{named}"
 
 
 def test_an_unknown_action_type_is_a_validation_error_listing_the_known_ones() -> None:
@@ -628,9 +630,9 @@ def test_location_languages_are_accept_language_and_the_locale_only_when_renderi
 
 def test_location_country_and_a_second_accept_language_are_refused() -> None:
     err = refused(lambda: scrape(location={"country": "DE", "languages": ["de"]}))
-    assert err.details[0]["field"] == "location.country" and "country" in err.error
+    assert field_of(err.details[0]) == "location.country" and "country" in err.error
     clash = {"headers": {"accept-language": "en"}, "location": {"languages": ["de"]}}
-    assert refused(lambda: scrape(**clash)).details[0]["field"] == "location.languages"
+    assert field_of(refused(lambda: scrape(**clash)).details[0]) == "location.languages"
     with pytest.raises(pydantic.ValidationError):
         scrape(location={"languages": ["not a tag"]})
 
@@ -661,7 +663,7 @@ def test_the_pdf_parser_maps_its_page_limit(parsers: list[Any], max_pages: int) 
     ],
 )
 def test_a_parser_setting_pagesift_cannot_honour_is_refused(parsers: list[Any], named: str) -> None:
-    assert refused(lambda: scrape(parsers=parsers)).details[0]["field"] == named
+    assert field_of(refused(lambda: scrape(parsers=parsers)).details[0]) == named
 
 
 def test_the_change_tracking_format_and_its_git_diff_mode_map_onto_change_tracking() -> None:
@@ -691,7 +693,7 @@ def test_the_change_tracking_format_and_its_git_diff_mode_map_onto_change_tracki
 def test_change_tracking_settings_pagesift_cannot_honour_are_refused(
     body: dict[str, Any], named: str
 ) -> None:
-    assert refused(lambda: scrape(**body)).details[0]["field"] == named
+    assert field_of(refused(lambda: scrape(**body)).details[0]) == named
 
 
 @pytest.mark.parametrize(

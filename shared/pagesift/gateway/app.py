@@ -4,15 +4,19 @@ What it owns
 ------------
 ``make_app(clients)``: the application (body size bound, the app keys of
 ``pagesift.gateway.handling``, the clients and the health probe closed with it), the
-routes of each API module (``v2.add_v2_routes``), ``GET /healthz``, ``GET /metrics``
-(``pagesift.gateway.metrics``, whose middleware times every request) and ``GET
-/v2/openapi.json`` (``pagesift.gateway.openapi``).
+routes of each API module (``v2.add_v2_routes``), ``GET /healthz``, self-hosted
+Firecrawl's probes ``GET /v0|v1/health/liveness`` and ``.../readiness``, ``GET
+/metrics`` (``pagesift.gateway.metrics``, whose middleware times every request) and
+``GET /v2/openapi.json`` (``pagesift.gateway.openapi``).
 
 Invariants
 ----------
 - Stateless: nothing of a job lives here; any number of gateways can serve one pair.
 - ``/healthz`` needs no key and answers 200 only while a node of the pair says it takes
   writes (``health.PrimaryProbe``), else 503.
+- The Firecrawl probes need no key: liveness is 200 ``{status: "ok"}`` whenever the
+  gateway's process answers at all; readiness is ``/healthz``'s verdict (200 ``{status:
+  "ok"}``, else 503 ``{status: "unavailable", error}``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,23 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"ok": primary is not None, "primary": primary}, status=status)
 
 
+#: self-hosted Firecrawl's probe routes (its Kubernetes manifests ask /v0/...)
+PROBE_VERSIONS = ("v0", "v1")
+
+
+async def liveness(request: web.Request) -> web.StreamResponse:
+    """200 while the gateway's process serves requests (it asks nothing of the pair)."""
+    return web.json_response({"status": "ok"})
+
+
+async def readiness(request: web.Request) -> web.StreamResponse:
+    """``/healthz``'s verdict in Firecrawl's probe shape: ready while a node takes writes."""
+    if await request.app[PROBE].check() is not None:
+        return web.json_response({"status": "ok"})
+    out = {"status": "unavailable", "error": "no node of the pair takes writes"}
+    return web.json_response(out, status=503)
+
+
 def make_app(
     clients: Clients,
     *,
@@ -79,6 +100,9 @@ def make_app(
     add_v2_routes(app)
     add_v1_routes(app)  # Firecrawl v1, for older SDKs (pagesift.gateway.v1)
     app.router.add_get("/healthz", healthz)
+    for version in PROBE_VERSIONS:
+        app.router.add_get(f"/{version}/health/liveness", liveness)
+        app.router.add_get(f"/{version}/health/readiness", readiness)
     app.router.add_get("/metrics", metrics)
     add_openapi_route(app)  # last: it documents every route above
     return app

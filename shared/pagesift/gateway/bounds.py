@@ -48,7 +48,7 @@ from typing import Any
 import annotated_types as at
 from google.protobuf import descriptor
 
-from pagesift.gateway.httperrors import HttpError, bad_request
+from pagesift.gateway.httperrors import HttpError, bad_request, issue
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -101,7 +101,7 @@ def _constant(text: str) -> Any:
 
 
 def _limit(message: str) -> HttpError:
-    return bad_request(f"Bad Request: {message}", [{"path": "", "message": message}])
+    return bad_request(f"Bad Request: {message}", [issue("custom", [], message)])
 
 
 def _check_shape(raw: bytes) -> None:
@@ -158,7 +158,9 @@ def parse_json(raw: bytes) -> Any:
         raise bad_request("Bad Request: the body is not JSON") from None
     if _SURROGATE_ESCAPE.search(raw) and (path := _lone_surrogate(value)) is not None:
         message = "a string holds a lone surrogate escape (not Unicode text)"
-        raise bad_request(f"Bad Request: {message} ({path})", [{"path": path, "message": message}])
+        raise bad_request(
+            f"Bad Request: {message} ({path})", [issue("invalid_format", path, message)]
+        )
     return value
 
 

@@ -19,7 +19,8 @@ Invariants
 - Request bodies are bounded (``MAX_BODY_BYTES``; depth, count, numbers and text by
   ``bounds.parse_json``, every integer by its proto field) and past ``OFF_LOOP_BYTES``
   parsed in a thread; every document answer is built and serialized in one. Bad input
-  is a 400 naming the field (``details: [{path, message}]``) before anything runs.
+  is a 400 naming the field before anything runs (``details``: zod-like issues
+  ``[{code, path, message}]``, ``httperrors.issue``: Firecrawl's shape).
 - Every failure is ``{success: false, error, code?, details?}`` (``errors.HttpError``);
   an unexpected exception is a defect: a 500 that names no internals, its traceback
   logged once per route and exception type per minute with the count held back
@@ -47,8 +48,16 @@ from pagesift.gateway.bounds import int_range, parse_json
 from pagesift.gateway.clients import Clients
 from pagesift.gateway.forwarded import origin
 from pagesift.gateway.health import PrimaryProbe
-from pagesift.gateway.httperrors import HttpError, bad_request, from_aio_error
+from pagesift.gateway.httperrors import (
+    HttpError,
+    bad_request,
+    dotted,
+    from_aio_error,
+    issue,
+    unauthorized,
+)
 from pagesift.gateway.metrics import note_grpc_error
+from pagesift.gateway.unserved import refusal_for
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -109,7 +118,7 @@ def idempotency_key(request: web.Request) -> str:
     key = request.headers.get("x-idempotency-key", "").strip()
     if not _IDEMPOTENCY_KEY.fullmatch(key):
         why = f"must be at most {MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters"
-        detail = [{"path": "x-idempotency-key", "message": why}]
+        detail = [issue("invalid_format", ["x-idempotency-key"], why)]
         raise bad_request(f"Bad Request: x-idempotency-key {why}", detail)
     return key
 
@@ -128,21 +137,48 @@ def _model_names() -> set[str]:
     return names
 
 
+#: pydantic error type (its prefix) -> zod's issue code (Firecrawl's details)
+_ZOD_CODES = (
+    ("missing", "invalid_type"),
+    ("less_than", "too_big"),
+    ("too_long", "too_big"),
+    ("greater_than", "too_small"),
+    ("too_short", "too_small"),
+    ("literal_error", "invalid_value"),
+    ("enum", "invalid_value"),
+    ("string_pattern", "invalid_format"),
+    ("url", "invalid_format"),
+    ("union_tag", "invalid_union"),
+    ("invalid_", "invalid_union"),  # a discriminated union's own (unknown action type)
+)
+
+
+def _zod_code(kind: str) -> str:
+    if kind.endswith(("_type", "_parsing")):
+        return "invalid_type"
+    return next((code for prefix, code in _ZOD_CODES if kind.startswith(prefix)), "custom")
+
+
 def _validation(err: pydantic.ValidationError) -> HttpError:
-    """400 naming each bad field by its body path: a union member's tag that pydantic
-    puts in ``loc`` (``formats.0.FormatObject.bogus``) is left out, and unknown keys
-    come first (``formats.0.bogus`` leads, not the ``str`` branch's type error)."""
+    """400 naming each bad field by its body path, as zod issues (Firecrawl's
+    ``details``): a union member's tag that pydantic puts in ``loc``
+    (``formats.0.FormatObject.bogus``) is left out, and unknown keys come first
+    (``unrecognized_keys`` at the object's path, the key in ``keys``: ``formats.0.bogus``
+    leads, not the ``str`` branch's type error)."""
     tags = _model_names() | {"str"}
     details, unknown = [], []
     for e in err.errors():
         loc = [p for i, p in enumerate(e["loc"]) if not (i and p in tags)]
-        path = ".".join(str(p) for p in loc)
         if e["type"] == "extra_forbidden":
-            unknown.append({"path": path, "message": f"Unrecognized key in body: '{path}'"})
+            named = dotted(loc)
+            why = f"Unrecognized key in body: '{named}'"
+            unknown.append(issue("unrecognized_keys", loc[:-1], why, keys=[str(loc[-1])]))
         else:
-            details.append({"path": path, "message": e["msg"]})
+            details.append(issue(_zod_code(e["type"]), loc, e["msg"]))
     details = unknown + details
-    return bad_request(f"Bad Request: {details[0]['message']} ({details[0]['path']})", details)
+    first = details[0]
+    named = dotted([*first["path"], *first.get("keys", ())])
+    return bad_request(f"Bad Request: {first['message']} ({named})", details)
 
 
 def _parse(raw: bytes, model: type[pydantic.BaseModel]) -> Any:
@@ -190,15 +226,17 @@ def answer(handler: Handler) -> Handler:
     Firecrawl's error body."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
+        key = ""
         try:
-            async with request.app[CLIENTS].use(api_key(request)) as client:
+            key = api_key(request)
+            async with request.app[CLIENTS].use(key) as client:
                 request[_REQUEST_CLIENT] = client
                 return await handler(request)
         except HttpError as err:
             return web.json_response(err.body(), status=err.status, headers=err.headers)
         except grpc.aio.AioRpcError as err:
             note_grpc_error(request, err.code())
-            e = from_aio_error(err)
+            e = unauthorized(from_aio_error(err), bool(key))
             return web.json_response(e.body(), status=e.status, headers=e.headers)
         except web.HTTPRequestEntityTooLarge:
             e = HttpError(
@@ -218,10 +256,14 @@ def answer(handler: Handler) -> Handler:
 @web.middleware
 async def unrouted(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A path no route has (404) or a method a route does not take (405), in Firecrawl's
-    error shape rather than aiohttp's text."""
+    error shape rather than aiohttp's text; a Firecrawl route pagesift does not serve
+    is its 501 refusal saying why (``unserved``)."""
     try:
         return await handler(request)
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        refused = refusal_for(request.method, request.path)
+        if refused is not None:
+            return web.json_response(refused.body(), status=refused.status)
         if exc.status == 404:
             e = HttpError(404, f"Not found: {request.method} {request.path}", "NOT_FOUND")
         else:
@@ -254,7 +296,10 @@ def int_query(request: web.Request, name: str, default: int, field: str) -> int:
         why = f"must be at most {high}"
     else:
         return int(digits)
-    raise bad_request(f"Bad Request: {name} {why}", [{"path": name, "message": why}])
+    kind = "invalid_type" if why == "must be an integer" else "too_small"
+    if why.startswith("must be at most"):
+        kind = "too_big"
+    raise bad_request(f"Bad Request: {name} {why}", [issue(kind, [name], why)])
 
 
 async def job_of(request: web.Request, kind: int, **kw: Any) -> jobs_pb2.GetJobResponse:

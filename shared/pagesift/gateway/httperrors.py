@@ -10,6 +10,17 @@ unknown batch),
 the fallback by gRPC status (``BY_STATUS``), and ``HttpError``: the status, the body
 ``{success: false, error, code?, details?}`` and the headers (``Retry-After`` on 429/503).
 
+``details`` has one shape, Firecrawl's (the zod issues its validation errors carry): a
+list of ``{code, path, message}`` (``issue``), ``path`` the list of keys and indices
+that leads to the value at fault (``["scrapeOptions", "actions", 2, "all"]``), ``code``
+zod's issue code (``unrecognized_keys``, whose ``keys`` name the unknown keys under
+``path``; ``invalid_type``, ``invalid_value``, ``too_big``, ``too_small``,
+``invalid_format``, ``invalid_union``, ``custom``: a value the gateway or the node
+refuses); a failed page is one issue on ``["url"]`` whose ``code`` is the page error's
+(``tls``, ``dns``...) with the page's ``url`` (and ``statusCode``, an HTTP status).
+A 401 says what HTTP sends (``Authorization: Bearer KEY``), never gRPC's metadata
+(``unauthorized``).
+
 Invariants
 ----------
 - Pure: ``from_rpc`` takes the status, reason, metadata, message, field violations and
@@ -25,6 +36,7 @@ Invariants
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,8 +52,12 @@ __all__ = [
     "VIOLATION_REASONS",
     "HttpError",
     "bad_request",
+    "dotted",
     "from_aio_error",
     "from_rpc",
+    "issue",
+    "path_of",
+    "unauthorized",
 ]
 
 C = grpc.StatusCode
@@ -64,6 +80,37 @@ class HttpError(Exception):
         if self.details is not None:
             out["details"] = self.details
         return out
+
+
+PathPart = str | int
+_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def path_of(field: str) -> list[PathPart]:
+    """A field path as the gateway and the node write it (``scrapeOptions.actions[2].all``,
+    ``formats.0.bogus``, ``urls[1]``) -> zod's path (``["scrapeOptions", "actions", 2,
+    "all"]``): indices are integers."""
+    out: list[PathPart] = []
+    for index, name in _PART.findall(field):
+        if index:
+            out.append(int(index))
+        else:
+            out.append(int(name) if name.isascii() and name.isdigit() else name)
+    return out
+
+
+def dotted(path: Sequence[PathPart]) -> str:
+    """``["scrapeOptions", "actions", 2, "all"]`` -> ``scrapeOptions.actions[2].all``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def issue(code: str, path: Sequence[PathPart] | str, message: str, **extra: Any) -> dict[str, Any]:
+    """One entry of ``details`` (the module docstring): a zod-like issue."""
+    parts = path_of(path) if isinstance(path, str) else list(path)
+    return {"code": code, "path": parts, "message": message, **extra}
 
 
 #: reason -> (HTTP status, Firecrawl code)
@@ -92,6 +139,8 @@ TABLE: dict[str, tuple[int, str]] = {
     "FENCED": (503, "UNAVAILABLE"),
     "STORAGE_UNAVAILABLE": (503, "UNAVAILABLE"),
     "CLUSTER_UNAVAILABLE": (503, "UNAVAILABLE"),
+    # the model endpoint gave no usable answer (a crawl's prompt, params-preview): again later
+    "MODEL_UNANSWERED": (503, "UNAVAILABLE"),
 }
 
 #: QUOTA_EXCEEDED by its ``limit``: the account's allowance is used up (402), not a rate
@@ -129,6 +178,7 @@ BY_STATUS: dict[grpc.StatusCode, tuple[int, str]] = {
     C.NOT_FOUND: (404, "NOT_FOUND"),
     C.DEADLINE_EXCEEDED: (408, "SCRAPE_TIMEOUT"),
     C.RESOURCE_EXHAUSTED: (429, "RATE_LIMIT_EXCEEDED"),
+    C.UNIMPLEMENTED: (501, "NOT_IMPLEMENTED"),  # a node without the RPC the route needs
     C.UNAVAILABLE: (503, "UNAVAILABLE"),
 }
 
@@ -157,9 +207,12 @@ def from_rpc(
         http, code = 404, "NOT_FOUND"  # a crawl is unknown on the batch routes (job_of)
     if reason == "PAGE_FETCH_FAILED":
         http, code = PAGE_CODES.get(metadata.get("code", ""), (http, code))
-        details = {k: metadata[k] for k in ("code", "http_status", "url") if k in metadata}
+        page: dict[str, Any] = {"url": metadata.get("url", "")}
+        if metadata.get("http_status", "").isdigit():
+            page["statusCode"] = int(metadata["http_status"])
+        details = [issue(metadata.get("code", "failed"), ["url"], message, **page)]
     if violations:
-        details = [{"field": f, "message": d} for f, d in violations]
+        details = [issue("custom", f, d) for f, d in violations]
         if reason == "INVALID_FIELD" and {f for f, _ in violations} == {"id"}:
             http, code = 404, "NOT_FOUND"  # a job id that cannot exist: unknown, as Firecrawl
         for why in violation_reasons:
@@ -193,3 +246,15 @@ def from_aio_error(err: grpc.aio.AioRpcError) -> HttpError:
 def bad_request(message: str, details: Any = None) -> HttpError:
     """A 400 the gateway itself answers (an unknown key, an option it cannot honour)."""
     return HttpError(400, message, "BAD_REQUEST", details)
+
+
+NO_KEY = "Unauthorized: no API key; send the header 'Authorization: Bearer <key>'"
+BAD_KEY = "Unauthorized: the API key sent as 'Authorization: Bearer <key>' is not valid"
+
+
+def unauthorized(err: HttpError, had_key: bool) -> HttpError:
+    """``err`` with a 401's text in HTTP's words (the node's speaks of gRPC metadata):
+    no key sent, or the key sent is not valid; any other error as it is."""
+    if err.status != 401:
+        return err
+    return HttpError(401, BAD_KEY if had_key else NO_KEY, err.code, err.details, err.headers)

@@ -7,8 +7,10 @@ handlers of ``GET|DELETE {prefix}/{id}`` and ``GET {prefix}/{id}/errors`` for a 
 ``kind`` (crawl or batch scrape). v1 and v2 answer these in the same shape, so ``v1``
 and ``v2`` register these same handlers under their own paths. For the handlers each
 version keeps (its bodies differ): ``within`` (Firecrawl's ``timeout`` over a whole
-scrape or map, 408 past it), ``crawl_started`` and ``batch_started`` (a start, keyed by
-``x-idempotency-key``, answered with the job's id and its absolute URL).
+scrape or map, 408 past it), ``scraped`` (a Scrape answered with its document, also
+for a page that answered an HTTP error status), ``crawl_started`` and
+``batch_started`` (a start, keyed by ``x-idempotency-key``, answered with the job's id
+and its absolute URL).
 
 Invariants
 ----------
@@ -17,6 +19,10 @@ Invariants
   number (at most ``MAX_LIMIT``), its JSON is bounded by the app's page bytes, and
   ``next`` is an absolute URL under ``prefix`` pointing at the first document left out.
 - A cancel of a job that already finished is 409, naming its state.
+- A scrape whose page answered an HTTP error status (a 404, a 500 with a body) is a
+  document with that ``metadata.statusCode``, as Firecrawl answers it, never an error:
+  the node's structured page error (reason ``PAGE_FETCH_FAILED``, ``code`` http_status,
+  ``http_status``) says so, never its message's words.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+import grpc.aio
 from aiohttp import web
 
+from pagesift.client.errors import error_info_of
 from pagesift.gateway import translate
 from pagesift.gateway.handling import (
     MAX_LIMIT,
@@ -44,7 +52,7 @@ from pagesift.v1 import jobs_pb2
 
 __all__ = [
     "STATUS_QUERY", "batch_started", "cancel_route", "crawl_started", "errors_route",
-    "status_route", "within",
+    "scraped", "status_route", "within",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -59,6 +67,37 @@ async def within(call: Awaitable[T], timeout_ms: int | None, what: str, code: st
         return await asyncio.wait_for(call, timeout_ms / 1000 if timeout_ms else None)
     except TimeoutError:
         raise HttpError(408, f"{what} timed out after {timeout_ms} ms", code) from None
+
+
+def _error_status(
+    err: grpc.aio.AioRpcError, url: str, options: jobs_pb2.ScrapeOptions
+) -> dict[str, Any] | None:
+    """The document of a Scrape that failed because the page answered an HTTP error
+    status (the node's ErrorInfo: PAGE_FETCH_FAILED, code http_status), else None."""
+    info = error_info_of(err)
+    if info is None or info.reason != "PAGE_FETCH_FAILED":
+        return None
+    status = info.metadata.get("http_status", "")
+    if info.metadata.get("code") != "http_status" or not status.isdigit():
+        return None
+    final = info.metadata.get("url") or url
+    return translate.error_status_document(url, final, int(status), err.details() or "", options)
+
+
+async def scraped(
+    request: web.Request, url: str, options: jobs_pb2.ScrapeOptions, timeout_ms: int | None
+) -> web.StreamResponse:
+    """A Scrape of ``url`` answered ``{success, data: document}``: the page's, or, for a
+    page that answered an HTTP error status, ``translate.error_status_document``'s."""
+    call = client_of(request).scrape(url, options)
+    try:
+        doc = await within(call, timeout_ms, "Scrape", "SCRAPE_TIMEOUT")
+    except grpc.aio.AioRpcError as err:
+        page = _error_status(err, url, options)
+        if page is None:
+            raise
+        return web.json_response({"success": True, "data": page})
+    return await json_answer(lambda: {"success": True, "data": translate.document(doc)})
 
 
 async def crawl_started(

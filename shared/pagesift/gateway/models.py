@@ -3,7 +3,8 @@
 What it owns
 ------------
 One model per request body (``ScrapeRequest``, ``CrawlRequest``, ``BatchScrapeRequest``,
-``MapRequest``) and the scrape options they share (``ScrapeOptions``), with Firecrawl's
+``MapRequest``, ``CrawlParamsPreviewRequest``) and the scrape options they share
+(``ScrapeOptions``), with Firecrawl's
 camelCase field names (as its ``apps/api/src/controllers/v2/types.ts`` spells them) as
 aliases of snake_case attributes.
 
@@ -15,7 +16,9 @@ Invariants
   a neutral default, so that ``pagesift.gateway.translate`` refuses it by name with a
   400 saying so instead of it being dropped: declared, never silently ignored.
 - Defaults are Firecrawl's where they change behaviour (``onlyMainContent`` and
-  ``removeBase64Images`` true, ``deduplicateSimilarURLs`` true).
+  ``removeBase64Images`` true, ``deduplicateSimilarURLs`` true, a batch's
+  ``ignoreInvalidURLs`` true, map's ``filterByPath`` true; ``skipTlsVerification``
+  absent is Firecrawl's rule, ``translate.skips_tls``).
 - Every integer is ``Annotated[int, Bound]`` (``pagesift.gateway.bounds``): at most what
   the proto field it lands in holds (int32 counts; times in ms of a Duration), so a
   value the model accepts never makes building the request raise; the few no proto
@@ -40,7 +43,9 @@ from pagesift.gateway.optionmodels import (
 )
 
 __all__ = [
+    "MAP_MAX_LIMIT",
     "BatchScrapeRequest",
+    "CrawlParamsPreviewRequest",
     "CrawlRequest",
     "FormatObject",
     "MapRequest",
@@ -69,7 +74,8 @@ BatchConcurrency = Annotated[
 CrawlConcurrency = Annotated[int, proto_int("StartCrawlRequest.max_concurrency", low=1)]
 CrawlLimit = Annotated[int, proto_int("StartCrawlRequest.limit", low=1)]
 DiscoveryDepth = Annotated[int, proto_int("StartCrawlRequest.max_depth")]
-MapLimit = Annotated[int, proto_int("MapRequest.limit", low=1)]
+MAP_MAX_LIMIT = 30_000  # Firecrawl's map schema: limit at most 30,000 (a 400 past it)
+MapLimit = Annotated[int, proto_int("MapRequest.limit", low=1, high=MAP_MAX_LIMIT)]
 MapTimeout = Annotated[
     int, gateway_int(1, DURATION_MAX_MS, "bounds the Map call in the gateway (within)")
 ]
@@ -107,7 +113,8 @@ class ScrapeOptions(Strict):
     timeout: Timeout | None = None
     wait_for: WaitFor = Field(0, alias="waitFor")
     mobile: bool = False
-    skip_tls_verification: bool = Field(False, alias="skipTlsVerification")
+    # absent: Firecrawl's default (true, false with headers or actions: translate.skips_tls)
+    skip_tls_verification: bool | None = Field(None, alias="skipTlsVerification")
     remove_base64_images: bool = Field(True, alias="removeBase64Images")
     max_age: MaxAge | None = Field(None, alias="maxAge")
     store_in_cache: bool = Field(True, alias="storeInCache")
@@ -131,6 +138,13 @@ class ScrapeOptions(Strict):
     only_clean_content: bool = Field(False, alias="onlyCleanContent")
     lockdown: bool = False
     profile: Any = None
+    safe_mode: bool | None = Field(None, alias="safeMode")
+    search_preview_token: str | None = Field(None, alias="__searchPreviewToken")
+    experimental_omce_domain: str | None = Field(None, alias="__experimental_omceDomain")
+    # Firecrawl-internal experiments of its own engines: accepted at any value, no effect
+    experimental_omce: bool | None = Field(None, alias="__experimental_omce")
+    experimental_engpicker: bool | None = Field(None, alias="__experimental_engpicker")
+    force_fire_pdf: bool | None = Field(None, alias="__forceFirePDF")
 
 
 class WebhookOptions(Strict):
@@ -170,16 +184,18 @@ class ScrapeRequest(ScrapeOptions, _Job):
     """``POST /v2/scrape``."""
 
     url: str = Field(min_length=1)
+    agent_interop: Any = Field(None, alias="__agentInterop")  # refused (Firecrawl-internal)
 
 
 class BatchScrapeRequest(ScrapeOptions, _Job):
     """``POST /v2/batch/scrape``: the scrape options at the top level, as in Firecrawl."""
 
     urls: list[str] = Field(min_length=1)
-    ignore_invalid_urls: bool = Field(False, alias="ignoreInvalidURLs")
+    ignore_invalid_urls: bool = Field(True, alias="ignoreInvalidURLs")
     max_concurrency: BatchConcurrency | None = Field(None, alias="maxConcurrency")
     webhook: Webhook = None
     append_to_id: str | None = Field(None, alias="appendToId")
+    agent_interop: Any = Field(None, alias="__agentInterop")  # refused (Firecrawl-internal)
 
 
 class CrawlRequest(_Job):
@@ -219,8 +235,34 @@ class MapRequest(_Job):
     limit: MapLimit | None = None
     sitemap: Sitemap = "include"
     timeout: MapTimeout | None = None  # ms: the whole call's bound (408 past it)
+    filter_by_path: bool = Field(True, alias="filterByPath")  # Firecrawl's path filter
+    # accepted, no effect (docs/gateway.md): pagesift's Map walks the whole origin to its
+    # own depth, reads the live site, and has no mock responses
+    max_discovery_depth: DiscoveryDepth | None = Field(None, alias="maxDiscoveryDepth")
+    crawl_entire_domain: bool | None = Field(None, alias="crawlEntireDomain")
+    ignore_cache: bool = Field(False, alias="ignoreCache")
+    use_mock: str | None = Field(None, alias="useMock")
     # declared so that they are refused by name (translate.UNSUPPORTED_MAP)
     location: Any = None
+    headers: dict[str, str] | None = None
     use_index: bool | None = Field(None, alias="useIndex")
     threat_protection: Any = Field(None, alias="threatProtection")
     audit_metadata: Any = Field(None, alias="auditMetadata")
+    allow_external_links: bool = Field(False, alias="allowExternalLinks")
+    allow_subdomains: bool = Field(False, alias="allowSubdomains")
+    ignore_robots_txt: bool = Field(False, alias="ignoreRobotsTxt")
+    robots_user_agent: str | None = Field(None, alias="robotsUserAgent")
+    # Firecrawl's default true; false is refused (translate.MAP_ACCEPTS)
+    deduplicate_similar_urls: bool | None = Field(None, alias="deduplicateSimilarURLs")
+    regex_on_full_url: bool = Field(False, alias="regexOnFullURL")
+    delay: float | None = Field(None, ge=0)
+
+
+class CrawlParamsPreviewRequest(Strict):
+    """``POST /v2/crawl/params-preview``: the crawl options ``prompt`` describes for a
+    crawl of ``url`` (``origin`` and ``integration``: the caller's tags, as on every body)."""
+
+    url: str = Field(min_length=1)
+    prompt: str = Field(min_length=1, max_length=10_000)
+    origin: str | None = None
+    integration: str | None = None

@@ -35,7 +35,13 @@ from pydantic.json_schema import models_json_schema
 
 from pagesift.gateway.bounds import int_range
 from pagesift.gateway.jobroutes import STATUS_QUERY
-from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
+from pagesift.gateway.models import (
+    BatchScrapeRequest,
+    CrawlParamsPreviewRequest,
+    CrawlRequest,
+    MapRequest,
+    ScrapeRequest,
+)
 from pagesift.gateway.v1models import (
     BatchScrapeRequestV1,
     CrawlRequestV1,
@@ -51,6 +57,7 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 REQUEST_MODELS: dict[tuple[str, str], type[pydantic.BaseModel]] = {
     ("POST", "/v2/scrape"): ScrapeRequest,
     ("POST", "/v2/crawl"): CrawlRequest,
+    ("POST", "/v2/crawl/params-preview"): CrawlParamsPreviewRequest,
     ("POST", "/v2/batch/scrape"): BatchScrapeRequest,
     ("POST", "/v2/map"): MapRequest,
     ("POST", "/v1/scrape"): ScrapeRequestV1,
@@ -69,7 +76,10 @@ IDEMPOTENT = frozenset(
     ("POST", f"/{v}/{kind}") for v in ("v1", "v2") for kind in ("crawl", "batch/scrape")
 )
 #: routes that need no ``Authorization`` (probes and this document)
-OPEN_PATHS = frozenset({"/healthz", "/metrics", OPENAPI_PATH})
+OPEN_PATHS = frozenset(
+    {"/healthz", "/metrics", OPENAPI_PATH}
+    | {f"/{v}/health/{probe}" for v in ("v0", "v1") for probe in ("liveness", "readiness")}
+)
 _PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
 _ERROR = {
     "type": "object",

@@ -30,7 +30,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 from pydantic import BaseModel
 
-from pagesift.gateway.httperrors import HttpError, bad_request
+from pagesift.gateway.httperrors import HttpError, bad_request, issue
 from pagesift.gateway.models import FormatObject, ScrapeOptions
 from pagesift.gateway.optionmodels import (
     ACTION_MODELS,
@@ -112,8 +112,9 @@ UNSUPPORTED_ACTIONS: dict[str, str] = {
 
 
 def refuse(field: str, why: str) -> HttpError:
-    """The 400 for a Firecrawl field (path ``field``) pagesift cannot honour."""
-    return bad_request(f"{field}: {why}", [{"field": field, "message": why}])
+    """The 400 for a Firecrawl field (path ``field``) pagesift cannot honour: one zod-like
+    ``custom`` issue at the field's path (``httperrors.issue``)."""
+    return bad_request(f"{field}: {why}", [issue("custom", field, why)])
 
 
 def refuse_set(model: Any, table: Mapping[str, tuple[str, str]], prefix: str) -> None:

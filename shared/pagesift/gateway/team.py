@@ -165,7 +165,7 @@ async def refused_route(request: web.Request) -> web.StreamResponse:
 def refusal(path: str) -> HttpError:
     """The 400 of a route in ``REFUSED``."""
     why = REFUSED[path]
-    return bad_request(f"{path}: {why}", [{"route": path, "message": why}])
+    return bad_request(f"{path}: {why}")
 
 
 def add_team_routes(app: web.Application) -> None:

@@ -3,7 +3,9 @@
 What it owns
 ------------
 Requests: a validated Firecrawl body (``pagesift.gateway.models``) -> the proto request
-(``scrape_options``, ``crawl_request``, ``batch_request``, ``map_arguments``).
+(``scrape_options``, ``crawl_request``, ``batch_request``, ``map_arguments``), and back:
+a ``StartCrawlRequest`` -> Firecrawl's crawl options (``crawl_options``, the answer of
+``/v2/crawl/params-preview``).
 Answers (documents in ``pagesift.core.jobs.firecrawlshape``'s shape, re-exported here): a
 ``GetJobResponse`` page -> Firecrawl's status body with ``next`` (``status_page``), a
 ``GetJobErrorsResponse`` -> Firecrawl's errors body (``errors_body``).
@@ -23,12 +25,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from google.protobuf import duration_pb2
 
 from pagesift.core.jobs.firecrawlshape import STATES, document, metadata
 from pagesift.gateway import options
-from pagesift.gateway.httperrors import HttpError, bad_request
+from pagesift.gateway.httperrors import HttpError
 from pagesift.gateway.models import (
     BatchScrapeRequest,
     CrawlRequest,
@@ -46,13 +49,17 @@ __all__ = [
     "STATES",
     "append_arguments",
     "batch_request",
+    "crawl_options",
     "crawl_request",
     "document",
+    "error_status_document",
     "errors_body",
     "map_arguments",
     "metadata",
+    "path_prefix_regex",
     "scrape_options",
     "scrape_request",
+    "skips_tls",
     "status_page",
     "webhook",
 ]
@@ -115,7 +122,16 @@ UNSUPPORTED_SCRAPE: dict[str, tuple[str, str]] = {
         "profile",
         "pagesift keeps no browser profile across jobs: each job gets a fresh context",
     ),
+    "safe_mode": (
+        "safeMode",
+        "pagesift has no safe mode to choose: its address guard and robots.txt rules apply "
+        "to every request",
+    ),
+    "search_preview_token": ("__searchPreviewToken", "a Firecrawl-internal flag"),
+    "experimental_omce_domain": ("__experimental_omceDomain", "a Firecrawl-internal flag"),
 }
+_INTERNAL = ("__agentInterop", "Firecrawl-internal: its agents' own calls")
+UNSUPPORTED_SCRAPE_REQUEST: dict[str, tuple[str, str]] = {"agent_interop": _INTERNAL}
 UNSUPPORTED_CRAWL: dict[str, tuple[str, str]] = {
     "prompt": ("prompt", "needs an LLM; pagesift runs none"),
     "robots_user_agent": (
@@ -124,13 +140,24 @@ UNSUPPORTED_CRAWL: dict[str, tuple[str, str]] = {
         "not a separate agent",
     ),
 }
-UNSUPPORTED_BATCH: dict[str, tuple[str, str]] = {}
+UNSUPPORTED_BATCH: dict[str, tuple[str, str]] = {"agent_interop": _INTERNAL}
+_MAP_WHY = "Firecrawl's map does not apply it; pagesift's Map has no such option"
 UNSUPPORTED_MAP: dict[str, tuple[str, str]] = {
     "location": ("location", "pagesift's map sends no request options (headers, locale)"),
+    "headers": ("headers", "pagesift's map sends no request options (headers, locale)"),
     "use_index": ("useIndex", "pagesift keeps no index of other accounts' pages"),
     "threat_protection": ("threatProtection", "pagesift's address guard is not configurable"),
     "audit_metadata": ("auditMetadata", "pagesift keeps no audit log per request"),
+    "allow_external_links": ("allowExternalLinks", "pagesift's Map lists one site"),
+    "allow_subdomains": ("allowSubdomains", "map's own option is includeSubdomains"),
+    "ignore_robots_txt": ("ignoreRobotsTxt", "pagesift's Map always honours robots.txt"),
+    "robots_user_agent": ("robotsUserAgent", "pagesift's Map reads robots.txt for its own agent"),
+    "deduplicate_similar_urls": ("deduplicateSimilarURLs", _MAP_WHY),
+    "regex_on_full_url": ("regexOnFullURL", "pagesift's Map matches paths only"),
+    "delay": ("delay", _MAP_WHY),
 }
+#: a refused field's accepted values where they are not (None, False): its default
+MAP_ACCEPTS: dict[str, tuple[Any, ...]] = {"deduplicate_similar_urls": (None, True)}
 UNSUPPORTED_JOB: dict[str, tuple[str, str]] = {
     "zero_data_retention": ("zeroDataRetention", "pagesift keeps every job's documents"),
 }
@@ -138,6 +165,7 @@ UNSUPPORTED_JOB: dict[str, tuple[str, str]] = {
 #: what docs/gateway.md's field table says "refused" for (tests/test_gateway_fields.py)
 REFUSED: dict[type[Any], Mapping[str, tuple[str, str]]] = {
     ScrapeOptions: UNSUPPORTED_SCRAPE,
+    ScrapeRequest: UNSUPPORTED_SCRAPE_REQUEST,
     CrawlRequest: UNSUPPORTED_CRAWL,
     BatchScrapeRequest: UNSUPPORTED_BATCH,
     MapRequest: UNSUPPORTED_MAP,
@@ -149,13 +177,28 @@ _PROXIES = {"basic", "auto"}  # the server's own proxy setting; stealth/enhanced
 
 
 def _refuse(field: str, why: str) -> HttpError:
-    return bad_request(f"{field}: {why}", [{"field": field, "message": why}])
+    return options.refuse(field, why)
 
 
-def _refuse_set(model: Any, table: Mapping[str, tuple[str, str]], prefix: str) -> None:
+def _refuse_set(
+    model: Any,
+    table: Mapping[str, tuple[str, str]],
+    prefix: str,
+    accepts: Mapping[str, tuple[Any, ...]] | None = None,
+) -> None:
+    """Refuse the first field of ``table`` that ``model`` sets to a value other than
+    those accepted (None and False, or ``accepts[attr]``)."""
     for attr, (name, why) in table.items():
-        if getattr(model, attr) not in (None, False):
+        if getattr(model, attr) not in (accepts or {}).get(attr, (None, False)):
             raise _refuse(prefix + name, why)
+
+
+def skips_tls(o: ScrapeOptions) -> bool:
+    """Whether the request accepts any certificate: ``skipTlsVerification`` when given,
+    else Firecrawl's default (true, but false for a request with headers or actions)."""
+    if o.skip_tls_verification is not None:
+        return o.skip_tls_verification
+    return not (o.headers or o.actions)
 
 
 def _millis(ms: int) -> duration_pb2.Duration:
@@ -203,7 +246,7 @@ def scrape_options(o: ScrapeOptions, prefix: str = "") -> jobs_pb2.ScrapeOptions
         headers=o.headers or {},
         include_tags=o.include_tags or (),
         exclude_tags=o.exclude_tags or (),
-        skip_tls_verification=o.skip_tls_verification,
+        skip_tls_verification=skips_tls(o),
         remove_base64_images=o.remove_base64_images,
         mobile=o.mobile,
     )
@@ -253,6 +296,7 @@ def _job_checks(r: Any, prefix: str = "") -> None:
 def scrape_request(r: ScrapeRequest) -> jobs_pb2.ScrapeOptions:
     """``POST /v2/scrape``'s body -> the ``ScrapeOptions`` of a Scrape of ``r.url``."""
     _job_checks(r)
+    _refuse_set(r, UNSUPPORTED_SCRAPE_REQUEST, "")
     return scrape_options(r)
 
 
@@ -332,20 +376,88 @@ def append_arguments(r: BatchScrapeRequest, idempotency_key: str) -> dict[str, A
     }
 
 
+def path_prefix_regex(path: str) -> str:
+    """RE2 regex of the paths that start with ``path`` (Firecrawl's ``startsWith``); a
+    directory (``/docs/``) also admits its slashless spelling (``/docs``), which is
+    the same page to pagesift (its page keys drop the trailing slash)."""
+    escaped = "".join(c if c.isalnum() or c in "/%_" else "\\" + c for c in path)
+    if path.endswith("/"):
+        return "^" + escaped.rstrip("/") + "(?:/|\\?|$)"
+    return "^" + escaped
+
+
+def start_path(url: str) -> str:
+    """The path of ``url`` (one without scheme read as ``http://``, as Firecrawl does);
+    a URL that cannot be split (``http://[x/``: an unclosed IPv6 bracket) is a 400 naming url."""
+    try:
+        return urlsplit(url if "://" in url else "http://" + url).path
+    except ValueError as exc:
+        raise _refuse("url", f"not a URL: {exc}") from None
+
+
 def map_arguments(r: MapRequest) -> dict[str, Any]:
     """``POST /v2/map``'s body -> ``JobClient.map``'s keyword arguments (Firecrawl's
-    default limit 5000; the server caps it at its ``max_map_urls``)."""
+    default limit 5000; the server caps it at its ``max_map_urls``). ``filterByPath``
+    (Firecrawl's default) keeps the URLs whose path starts with the start URL's when
+    that is not the root (an include regex; with ``includePaths`` too, a 400: the
+    node's include list is any-of, so the two cannot both hold)."""
     _job_checks(r)
-    _refuse_set(r, UNSUPPORTED_MAP, "")
+    _refuse_set(r, UNSUPPORTED_MAP, "", MAP_ACCEPTS)
+    include: Any = r.include_paths or ()
+    start = start_path(r.url)
+    if r.filter_by_path and start not in ("", "/"):
+        if include:
+            why = (
+                "cannot be combined with filterByPath (the default) below the site root; "
+                "send filterByPath: false to list by includePaths alone"
+            )
+            raise _refuse("includePaths", why)
+        include = [path_prefix_regex(start)]
     return {
         "limit": r.limit or 5000,
         "search": r.search or "",
         "sitemap": _SITEMAP[r.sitemap],
-        "include_paths": r.include_paths or (),
+        "include_paths": include,
         "exclude_paths": r.exclude_paths or (),
         "allow_subdomains": r.include_subdomains,
         "ignore_query_parameters": r.ignore_query_parameters,
     }
+
+
+_SITEMAP_NAMES = {v: k for k, v in _SITEMAP.items()}
+
+
+def crawl_options(r: jobs_pb2.StartCrawlRequest) -> dict[str, Any]:
+    """A ``StartCrawlRequest`` -> Firecrawl's crawl options (``/v2/crawl/params-preview``'s
+    ``data``): the reverse of ``crawl_request`` for the crawl's own fields, each named
+    as Firecrawl's crawl body names it; a field the request leaves unset is left out
+    (``limit`` 0, ``max_depth`` 0: no bound, Firecrawl's absent)."""
+    out: dict[str, Any] = {"url": r.url}
+    if r.include_paths:
+        out["includePaths"] = list(r.include_paths)
+    if r.exclude_paths:
+        out["excludePaths"] = list(r.exclude_paths)
+    if r.max_depth:
+        out["maxDiscoveryDepth"] = r.max_depth
+    if r.limit:
+        out["limit"] = r.limit
+    if r.sitemap in _SITEMAP_NAMES:
+        out["sitemap"] = _SITEMAP_NAMES[r.sitemap]
+    out.update(
+        crawlEntireDomain=r.crawl_entire_domain,
+        allowExternalLinks=r.allow_external_links,
+        allowSubdomains=r.allow_subdomains,
+        ignoreQueryParameters=r.ignore_query_parameters,
+        deduplicateSimilarURLs=r.dedupe_similar_urls,
+        regexOnFullURL=r.regex_on_full_url,
+    )
+    if r.options.ignore_robots_txt:
+        out["ignoreRobotsTxt"] = True
+    if r.delay:
+        out["delay"] = int(r.delay) if float(r.delay).is_integer() else r.delay
+    if r.max_concurrency:
+        out["maxConcurrency"] = r.max_concurrency
+    return out
 
 
 # ---------------------------------------------------------------- answers
@@ -388,6 +500,32 @@ def status_page(
     elif resp.HasField("next_skip"):
         out["next"] = f"{next_url}?skip={resp.next_skip}{more}"
     out["data"] = data
+    return out
+
+
+_TEXT_FORMATS = {
+    jobs_pb2.FORMAT_MARKDOWN: "markdown",
+    jobs_pb2.FORMAT_HTML: "html",
+    jobs_pb2.FORMAT_RAW_HTML: "rawHtml",
+}
+_LIST_FORMATS = {jobs_pb2.FORMAT_LINKS: "links", jobs_pb2.FORMAT_IMAGES: "images"}
+
+
+def error_status_document(
+    url: str, final_url: str, status: int, why: str, options: jobs_pb2.ScrapeOptions
+) -> dict[str, Any]:
+    """The document of a page that answered an HTTP error ``status`` (Firecrawl answers
+    a 404 with its document, ``metadata.statusCode`` 404): what pagesift knows of it.
+    The node reads no body of an error status, so each text format asked is empty and
+    ``metadata.error`` says why (``why``: the node's page error)."""
+    doc = document(jobs_pb2.Document(url=url, final_url=final_url, status_code=status))
+    asked = list(options.formats) or [jobs_pb2.FORMAT_MARKDOWN]
+    out: dict[str, Any] = {name: "" for f, name in _TEXT_FORMATS.items() if f in asked}
+    out.update({name: [] for f, name in _LIST_FORMATS.items() if f in asked})
+    out["metadata"] = {
+        **doc["metadata"],
+        "error": f"{why} (pagesift keeps no body of an HTTP error page)",
+    }
     return out
 
 

@@ -25,19 +25,19 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pagesift.gateway import translate, v1translate
+from pagesift.gateway import v1translate
 from pagesift.gateway.handling import (
     answer,
     body,
     client_of,
     idempotency_key,
-    json_answer,
 )
 from pagesift.gateway.jobroutes import (
     batch_started,
     cancel_route,
     crawl_started,
     errors_route,
+    scraped,
     status_route,
     within,
 )
@@ -56,9 +56,7 @@ __all__ = ["add_v1_routes"]
 async def scrape(request: web.Request) -> web.StreamResponse:
     req: ScrapeRequestV1 = await body(request, ScrapeRequestV1)
     v2, options = v1translate.scrape_request(req)
-    call = client_of(request).scrape(req.url, options)
-    doc = await within(call, v2.timeout, "Scrape", "SCRAPE_TIMEOUT")
-    return await json_answer(lambda: {"success": True, "data": translate.document(doc)})
+    return await scraped(request, req.url, options, v2.timeout)
 
 
 async def start_crawl(request: web.Request) -> web.StreamResponse:

@@ -34,9 +34,10 @@ from urllib.parse import urlsplit
 
 import pydantic
 
-from pagesift.gateway import translate
-from pagesift.gateway.httperrors import HttpError, bad_request
+from pagesift.gateway import options, translate
+from pagesift.gateway.httperrors import HttpError
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
+from pagesift.gateway.translate import path_prefix_regex
 from pagesift.gateway.v1models import (
     BatchScrapeRequestV1,
     CrawlRequestV1,
@@ -106,7 +107,7 @@ _SEG = "/?#"
 
 
 def _refuse(field: str, why: str) -> HttpError:
-    return bad_request(f"{field}: {why}", [{"field": field, "message": why}])
+    return options.refuse(field, why)
 
 
 def _refuse_changed(
@@ -302,16 +303,6 @@ def crawl_request(r: CrawlRequestV1) -> jobs_pb2.StartCrawlRequest:
     return translate.crawl_request(_v2(CrawlRequest, data))
 
 
-def path_prefix_regex(path: str) -> str:
-    """RE2 regex of the paths that start with ``path`` (Firecrawl's ``startsWith``); a
-    directory (``/docs/``) also admits its slashless spelling (``/docs``), which is
-    the same page to pagesift (its page keys drop the trailing slash)."""
-    escaped = "".join(c if c.isalnum() or c in "/%_" else "\\" + c for c in path)
-    if path.endswith("/"):
-        return "^" + escaped.rstrip("/") + "(?:/|\\?|$)"
-    return "^" + escaped
-
-
 def map_arguments(r: MapRequestV1) -> tuple[MapRequest, dict[str, Any]]:
     """``POST /v1/map``'s body -> v2's body (its ``timeout`` bounds the call) and
     ``JobClient.map``'s keyword arguments. ``filterByPath`` (v1's default) keeps the
@@ -324,6 +315,7 @@ def map_arguments(r: MapRequestV1) -> tuple[MapRequest, dict[str, Any]]:
         "includeSubdomains": r.include_subdomains,
         "ignoreQueryParameters": r.ignore_query_parameters,
         "sitemap": sitemap,
+        "filterByPath": False,  # v1's own path filter, below (v2's is the same rule)
     }
     optional = {"search": r.search, "limit": r.limit, "timeout": r.timeout, "useIndex": r.use_index}
     data.update({k: v for k, v in optional.items() if v is not None})

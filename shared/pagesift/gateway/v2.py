@@ -5,10 +5,13 @@ What it owns
 ``add_v2_routes(app)``: ``POST /v2/scrape``; ``POST /v2/crawl``, ``GET|DELETE
 /v2/crawl/{id}`` (a WebSocket upgrade of the GET: ``watch``), ``GET
 /v2/crawl/{id}/errors``; ``POST /v2/batch/scrape``, ``GET|DELETE /v2/batch/scrape/{id}``,
-``GET /v2/batch/scrape/{id}/errors``; ``POST /v2/map``. Each start handler parses its
-body with ``handling.body``, maps it with ``translate`` and calls the request's
-``JobClient``; status, cancel and errors are ``jobroutes``' (v1 shares them);
-``handling.answer`` turns every failure into Firecrawl's error.
+``GET /v2/batch/scrape/{id}/errors``; ``POST /v2/map``; ``POST
+/v2/crawl/params-preview`` (``JobService.PreviewCrawlParams``, its request answered in
+Firecrawl's crawl option names, ``translate.crawl_options``; a node without the RPC is
+a 501 saying so). Each start handler parses its body with ``handling.body``, maps it
+with ``translate`` and calls the request's ``JobClient``; status, cancel and errors are
+``jobroutes``' (v1 shares them); ``handling.answer`` turns every failure into
+Firecrawl's error.
 
 Invariants
 ----------
@@ -23,25 +26,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
+import grpc.aio
 from aiohttp import web
 
 from pagesift.gateway import translate
-from pagesift.gateway.handling import (
-    answer,
-    body,
-    client_of,
-    idempotency_key,
-    json_answer,
-)
+from pagesift.gateway.handling import answer, body, client_of, idempotency_key
+from pagesift.gateway.httperrors import HttpError
 from pagesift.gateway.jobroutes import (
     batch_started,
     cancel_route,
     crawl_started,
     errors_route,
+    scraped,
     status_route,
     within,
 )
-from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
+from pagesift.gateway.models import (
+    BatchScrapeRequest,
+    CrawlParamsPreviewRequest,
+    CrawlRequest,
+    MapRequest,
+    ScrapeRequest,
+)
 from pagesift.gateway.watch import upgrading
 from pagesift.v1 import jobs_pb2
 
@@ -50,9 +57,7 @@ __all__ = ["add_v2_routes"]
 
 async def scrape(request: web.Request) -> web.StreamResponse:
     req: ScrapeRequest = await body(request, ScrapeRequest)
-    call = client_of(request).scrape(req.url, translate.scrape_request(req))
-    doc = await within(call, req.timeout, "Scrape", "SCRAPE_TIMEOUT")
-    return await json_answer(lambda: {"success": True, "data": translate.document(doc)})
+    return await scraped(request, req.url, translate.scrape_request(req), req.timeout)
 
 
 async def start_crawl(request: web.Request) -> web.StreamResponse:
@@ -82,12 +87,41 @@ async def map_site(request: web.Request) -> web.StreamResponse:
     return web.json_response({"success": True, "links": [{"url": u} for u in urls]})
 
 
+_NO_PREVIEW = (
+    "crawl params preview: the node does not offer PreviewCrawlParams (a pagesift "
+    "without it, or a cluster client, which routes no such call)"
+)
+
+
+async def preview_crawl(request: web.Request) -> web.StreamResponse:
+    """Firecrawl's crawl options for ``prompt`` (``JobService.PreviewCrawlParams``):
+    ``{success, data: {url, includePaths, ...}}``; nothing starts."""
+    req: CrawlParamsPreviewRequest = await body(request, CrawlParamsPreviewRequest)
+    client = client_of(request)
+    ask = jobs_pb2.PreviewCrawlParamsRequest(url=req.url, prompt=req.prompt)
+
+    def invoke(stub: Any) -> Any:
+        rpc = getattr(stub, "PreviewCrawlParams", None)
+        if rpc is None:  # the cluster router: no such call to route
+            raise HttpError(501, _NO_PREVIEW, "NOT_IMPLEMENTED")
+        return rpc(ask, timeout=client.scrape_timeout)
+
+    try:  # nothing is stored: a retry through a failover only asks again
+        resp = await client.call(invoke, retryable=True)
+    except grpc.aio.AioRpcError as err:
+        if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+            raise HttpError(501, _NO_PREVIEW, "NOT_IMPLEMENTED") from None
+        raise
+    return web.json_response({"success": True, "data": translate.crawl_options(resp.request)})
+
+
 def add_v2_routes(app: web.Application) -> None:
     """Register the v2 job routes on ``app`` (made by ``app.make_app``)."""
     crawl, batch = jobs_pb2.JOB_KIND_CRAWL, jobs_pb2.JOB_KIND_BATCH_SCRAPE
     r = app.router
     r.add_post("/v2/scrape", answer(scrape))
     r.add_post("/v2/crawl", answer(start_crawl))
+    r.add_post("/v2/crawl/params-preview", answer(preview_crawl))
     r.add_get(
         "/v2/crawl/{id}", upgrading(crawl, answer(status_route(crawl, "/v2/crawl")))
     )  # + the watch
