@@ -2,17 +2,17 @@
 
 What it owns: ``check(opts, field)``, the rules of a selector schema (FORMAT_SELECTORS,
 ``docs/selectors.md``) and of how it goes with the formats, and the bounds it enforces
-(``MAX_FIELDS``, ``MAX_TOTAL_FIELDS``, ``MAX_DEPTH``, ``MAX_NAME``, ``MAX_SELECTOR``,
-``MAX_ATTRIBUTE``). The schema is walked depth first in field order, so the first
-problem found is always the same one for the same request, named by its path
-(``options.selectors.fields[2].fields[0].selector``).
+(``MAX_FIELDS``, ``MAX_TOTAL_FIELDS``, ``MAX_DEPTH``, ``MAX_NAME``,
+``MAX_SELECTOR_CHARS``, ``MAX_ATTRIBUTE``). The schema is walked depth first in field
+order, so the first problem found is always the same one for the same request, named by
+its path (``options.selectors.fields[2].fields[0].selector``).
 
 The rules:
 
 - FORMAT_SELECTORS needs ``selectors``; ``selectors`` without FORMAT_SELECTORS is refused
   (a schema nobody reads would still be stored and evaluated for nothing);
-- ``base_selector`` and every field's ``selector``: at most ``MAX_SELECTOR`` characters,
-  and one selectolax's lexbor engine (the extractor's) can parse; empty is allowed (the
+- ``base_selector`` and every field's ``selector``: at most ``MAX_SELECTOR_CHARS``
+  characters, and one selectolax's lexbor engine (the extractor's) can parse; empty is allowed (the
   whole page, or the item itself);
 - each object: 1..``MAX_FIELDS`` fields, names 1..``MAX_NAME`` characters and unique;
   ``MAX_TOTAL_FIELDS`` fields in the whole schema, at most ``MAX_DEPTH`` levels (the
@@ -43,7 +43,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_FIELDS",
     "MAX_NAME",
-    "MAX_SELECTOR",
+    "MAX_SELECTOR_CHARS",
     "MAX_TOTAL_FIELDS",
     "SchemaError",
     "check",
@@ -53,7 +53,7 @@ MAX_FIELDS = 100  # fields of one object
 MAX_TOTAL_FIELDS = 1_000  # fields of the whole schema, every level counted
 MAX_DEPTH = 5  # levels of objects: the schema's fields are level 1
 MAX_NAME = 100  # characters of a field's name
-MAX_SELECTOR = 1024  # characters of a selector
+MAX_SELECTOR_CHARS = 1024  # characters of a selector
 MAX_ATTRIBUTE = 256  # characters of an attribute's name
 
 _PROBE = LexborHTMLParser("<p></p>")
@@ -89,8 +89,8 @@ def check(opts: jobs_pb2.ScrapeOptions, field: str = "options") -> None:
 
 
 def _selector(selector: str, where: str) -> None:
-    if len(selector) > MAX_SELECTOR:
-        raise SchemaError(where, f"{len(selector)} characters, at most {MAX_SELECTOR}")
+    if len(selector) > MAX_SELECTOR_CHARS:
+        raise SchemaError(where, f"{len(selector)} characters, at most {MAX_SELECTOR_CHARS}")
     if not selector:
         return
     try:
