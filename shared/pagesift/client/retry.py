@@ -4,8 +4,8 @@ What it owns
 ------------
 - The JobService methods by how they may be repeated: reads (``READ_METHODS``) and
   idempotent writes (``IDEMPOTENT_WRITES``, ``CONTROL_WRITES``) always; StartCrawl,
-  StartBatchScrape and AppendBatchScrape (``KEYED_WRITES``) only with an idempotency
-  key (``is_retryable``).
+  StartBatchScrape, AppendBatchScrape and StartExtract (``KEYED_WRITES``) only with an
+  idempotency key (``is_retryable``).
 - ``with_idempotency_key``: the client gives every such request without a key a fresh
   uuid4 one, so one method call never registers two jobs (the server stores the key
   with the job and replicates it, so a promoted standby that has the registration
@@ -43,9 +43,11 @@ __all__ = [
     "with_idempotency_key",
 ]
 
-READ_METHODS = frozenset({"GetJob", "WatchJob", "GetJobErrors", "ListJobs", "GetAccountUsage"})
+READ_METHODS = frozenset(
+    {"GetJob", "WatchJob", "GetJobErrors", "ListJobs", "GetAccountUsage", "GetExtract"}
+)
 IDEMPOTENT_WRITES = frozenset({"Scrape", "CancelJob"})
-KEYED_WRITES = frozenset({"StartCrawl", "StartBatchScrape", "AppendBatchScrape"})
+KEYED_WRITES = frozenset({"StartCrawl", "StartBatchScrape", "AppendBatchScrape", "StartExtract"})
 #: idempotent, and the owner must be able to stop a job while the pair fails over:
 #: tried through a failover (``pagesift.client.failover.keeps_trying``)
 CONTROL_WRITES = frozenset({"CancelJob", "ResumeJob"})
@@ -55,6 +57,7 @@ KeyedRequest = TypeVar(
     jobs_pb2.StartCrawlRequest,
     jobs_pb2.StartBatchScrapeRequest,
     jobs_pb2.AppendBatchScrapeRequest,
+    jobs_pb2.StartExtractRequest,
 )
 
 
