@@ -1433,10 +1433,10 @@ class FormatError(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     format: Global___Format.ValueType
     code: _builtins.str
-    """invalid_answer (no answer valid under the schema within the retries),
-    model_unavailable (the endpoint failed or timed out), tokens_exhausted (the
-    account's model_tokens_per_day ran out), too_long (the page's markdown could not be
-    cut to the input budget).
+    """The model formats: invalid_answer (no answer valid under the schema within the
+    retries), model_unavailable (the endpoint failed or timed out), tokens_exhausted
+    (the account's model_tokens_per_day ran out). FORMAT_SELECTORS: not_html (a PDF,
+    office document or text page), too_large (the JSON passed its 8 MiB cap).
     """
     message: _builtins.str
     def __init__(
