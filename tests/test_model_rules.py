@@ -34,6 +34,10 @@ def test_an_answer_valid_under_the_schema_is_its_value() -> None:
     assert judge('{"title": "Widget", "price": 12.5}', SCHEMA) == {"title": "Widget", "price": 12.5}
 
 
+def test_a_raw_newline_inside_a_string_is_read_as_the_grammar_let_it_through() -> None:
+    assert judge('{"title": "A\nB", "price": 1}', SCHEMA) == {"title": "A\nB", "price": 1}
+
+
 def test_a_fenced_json_answer_is_read_inside_its_fence() -> None:
     assert judge('```json\n{"title": "A", "price": 1}\n```', SCHEMA) == {"title": "A", "price": 1}
 

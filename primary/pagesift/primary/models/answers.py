@@ -3,7 +3,8 @@
 What it owns
 ------------
 ``judge(text, schema)``: the answer's object when it is one JSON object (or, for a
-schema whose top level is not an object, a JSON value) valid under the request's
+schema whose top level is not an object, a JSON value; raw control characters inside
+strings are accepted, as llama.cpp's grammars let them through) valid under the request's
 schema by the reference validator (``jsonschema``, draft 2020-12, format assertions
 off), else ``Invalid`` with a one-line reason the retry quotes back (``prompts``).
 Answers over ``MAX_ANSWER_CHARS`` are refused unparsed.
@@ -51,7 +52,9 @@ def judge(text: str, schema: Mapping[str, Any]) -> Any | Invalid:
     if len(text) > MAX_ANSWER_CHARS:
         return Invalid(f"the answer is {len(text)} characters, over {MAX_ANSWER_CHARS}")
     try:
-        value = json.loads(_strip_fence(text))
+        # strict=False: a grammar-constrained answer may hold raw control characters
+        # (a newline) inside a string; the value is re-serialized before it is stored
+        value = json.loads(_strip_fence(text), strict=False)
     except json.JSONDecodeError as e:
         return Invalid(f"not JSON ({e.msg} at character {e.pos})")
     except ValueError as e:  # e.g. a number too long to convert
