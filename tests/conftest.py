@@ -9,8 +9,9 @@ children; ``etcd`` runs a real etcd for the witness tests.
 
 Tiers: a test that kills, freezes or restarts real node processes, runs etcd, a drill,
 a fresh venv, a tmpfs mount or promtool is marked ``system`` (``make test-fast`` runs
-``-m "not system and not browser"``; ``browser`` marks the tests that drive a real
-headless browser). Collection refuses a test that uses ``nodes`` or ``etcd`` from
+``-m "not system and not browser and not model"``; ``browser`` marks the tests that
+drive a real headless browser, ``model`` those against a real model server,
+``tests/modelserver.py``). Collection refuses a test that uses ``nodes`` or ``etcd`` from
 here without that mark, so the fast tier cannot grow one by accident.
 """
 
