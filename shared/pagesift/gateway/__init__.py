@@ -16,6 +16,7 @@ pair with the client's own rules). One module per concern:
 - ``handling``: what every route shares (auth, body parsing, JSON answers, errors);
 - ``v2``, ``v1``: each version's routes; ``jobroutes``: status, cancel and errors, which
   both share; ``watch``: the WebSocket watch of a crawl; ``team``: the account routes;
+  ``unserved``: Firecrawl's routes pagesift lacks, each a 501 saying why;
 - ``app``: the application with every route module on it; ``server``: running it, TLS
   included (``pagesift gateway``, ``serve --http-listen``).
 

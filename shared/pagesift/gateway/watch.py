@@ -40,7 +40,7 @@ from aiohttp import WSMsgType, web
 from pagesift.client import JobClient
 from pagesift.core.jobs.firecrawlshape import STATES, document
 from pagesift.gateway.handling import CLIENTS, OFF_LOOP_BYTES, PAGING, Handler, checked_key
-from pagesift.gateway.httperrors import HttpError, from_aio_error
+from pagesift.gateway.httperrors import HttpError, from_aio_error, unauthorized
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -255,7 +255,9 @@ async def _serve(
     ending: tuple[int, bytes] = (1001, b"")  # the app stopped
     async with request.app[CLIENTS].use(key) as client:
         pump = asyncio.ensure_future(
-            _pump(ws, client, job_id, kind, convert, limits, request.app[PAGING], refused)
+            _pump(
+                ws, client, job_id, kind, convert, limits, request.app[PAGING], refused, bool(key)
+            )
         )
         reader = asyncio.ensure_future(_read_until_closed(ws))
         stopped = asyncio.ensure_future(stop.wait())
@@ -312,6 +314,7 @@ async def _pump(
     limits: WatchLimits,
     paging: tuple[int, int],
     refused: HttpError | None,
+    had_key: bool = False,
 ) -> tuple[int, bytes]:
     """catchup, documents, done; an error as Firecrawl's ``error``. Returns the close
     code and reason."""
@@ -346,7 +349,7 @@ async def _pump(
     except ConnectionError:  # the client went away mid-send
         return 1001, b""
     except (HttpError, grpc.aio.AioRpcError) as exc:
-        err = exc if isinstance(exc, HttpError) else from_aio_error(exc)
+        err = exc if isinstance(exc, HttpError) else unauthorized(from_aio_error(exc), had_key)
         error = {"type": "error", "error": err.error}
         with contextlib.suppress(Exception):
             await _send(ws, json.dumps(error, ensure_ascii=False), limits)
