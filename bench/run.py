@@ -42,6 +42,7 @@ SECTIONS = (
     "failsafe",
     "handover",
     "model",
+    "modeljobs",
     "selectors",
 )
 
