@@ -35,6 +35,9 @@ from firecrawl import Firecrawl
 from firecrawl.v2.utils.error_handler import BadRequestError, FirecrawlError, TLSError
 
 from pagesift.demo.site import Site
+from pagesift.gateway import translate, v1translate
+from pagesift.gateway.models import ScrapeRequest
+from pagesift.gateway.v1models import ScrapeRequestV1
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     gateway_before,
@@ -106,6 +109,16 @@ async def test_skip_tls_verification_is_firecrawls_default_and_false_verifies(
     assert refused.value.status_code == 500 and refused.value.code == "SCRAPE_SSL_ERROR"
     assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
     assert forced.markdown and "secret garden" in forced.markdown
+
+
+def test_v1_keeps_its_own_tls_default_and_v2_follows_firecrawls_rule() -> None:
+    v1 = v1translate.scrape_request(ScrapeRequestV1.model_validate({"url": "https://a.b/"}))[1]
+    plain = translate.scrape_request(ScrapeRequest.model_validate({"url": "https://a.b/"}))
+    headed = translate.scrape_request(
+        ScrapeRequest.model_validate({"url": "https://a.b/", "headers": {"X-A": "b"}})
+    )
+    assert not v1.skip_tls_verification  # Firecrawl v1: false
+    assert plain.skip_tls_verification and not headed.skip_tls_verification
 
 
 # ---------------------------------------------------------------- an HTTP error status

@@ -116,7 +116,14 @@ def test_every_scrape_option_not_mapped_is_refused_by_name(attr: str, name: str)
     value: Any = [{"type": "scrape"}] if attr in ("actions", "parsers") else "x"
     if attr in ("min_age",):
         value = 1000
-    if attr in ("check_prompt_injection", "fast_mode", "only_clean_content", "lockdown", "safe_mode"):
+    if attr in (
+        "check_prompt_injection",
+        "fast_mode",
+        "only_clean_content",
+        "lockdown",
+        "safe_mode",
+        "domain_tools",
+    ):
         value = True
     assert refused(lambda: scrape(**{name: value})).error.startswith(f"{name}:")
     # inside a crawl the path names scrapeOptions; a batch takes them at the top level

@@ -139,6 +139,11 @@ class ScrapeOptions(Strict):
     lockdown: bool = False
     profile: Any = None
     safe_mode: bool | None = Field(None, alias="safeMode")
+    # the caller's tags: the SDKs' scrape options carry them too (no effect)
+    integration: str | None = None
+    origin: str | None = None
+    domain_tools: bool | None = Field(None, alias="domainTools")  # the SDKs' (Alexandria)
+    tool_detail: str | None = Field(None, alias="toolDetail")
     search_preview_token: str | None = Field(None, alias="__searchPreviewToken")
     experimental_omce_domain: str | None = Field(None, alias="__experimental_omceDomain")
     # Firecrawl-internal experiments of its own engines: accepted at any value, no effect

@@ -127,6 +127,8 @@ UNSUPPORTED_SCRAPE: dict[str, tuple[str, str]] = {
         "pagesift has no safe mode to choose: its address guard and robots.txt rules apply "
         "to every request",
     ),
+    "domain_tools": ("domainTools", "pagesift has no domain tools (Firecrawl's Alexandria)"),
+    "tool_detail": ("toolDetail", "pagesift has no domain tools (Firecrawl's Alexandria)"),
     "search_preview_token": ("__searchPreviewToken", "a Firecrawl-internal flag"),
     "experimental_omce_domain": ("__experimental_omceDomain", "a Firecrawl-internal flag"),
 }

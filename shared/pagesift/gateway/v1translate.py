@@ -152,9 +152,11 @@ _SCRAPE_KEYS = frozenset(ScrapeOptionsV1.model_fields) - _V1_ONLY
 
 def _options(o: ScrapeOptionsV1, prefix: str = "") -> dict[str, Any]:
     """v1 scrape options -> v2's (camelCase keys; only those the caller sent, so v2's
-    defaults, which are v1's, apply)."""
+    defaults, which are v1's, apply; but for ``skipTlsVerification``, whose v1 default
+    is false where v2's is true)."""
     _refuse_changed(o, UNSUPPORTED_SCRAPE_V1, prefix)
     data = o.model_dump(by_alias=True, exclude_unset=True, include=set(_SCRAPE_KEYS))
+    data.setdefault("skipTlsVerification", o.skip_tls_verification)  # v1's default: false
     if o.location is None and o.geolocation is not None:
         data["location"] = o.geolocation  # v1's deprecated spelling, as Firecrawl reads it
     if o.experimental_cache and o.max_age is None:
