@@ -238,10 +238,7 @@ async def test_every_route_answers_its_firecrawl_success_shape(
         assert_error(await ask(http, "DELETE", f"{base}/v2/batch/scrape/{batch_id}"), 409)
 
         a = await ask(http, "POST", base + "/v2/batch/scrape", {"urls": urls[:2]})
-        assert a.body["invalidURLs"] == []  # Firecrawl's default: invalid URLs are skipped
-        plain = {"urls": urls[:2], "ignoreInvalidURLs": False}
-        a = await ask(http, "POST", base + "/v2/batch/scrape", plain)
-        assert set(a.body) == {"success", "id", "url"}  # no invalidURLs unless skipping
+        assert set(a.body) == {"success", "id", "url"}  # no invalidURLs unless asked for
 
 
 # ---------------------------------------------------------------- 404
@@ -356,7 +353,11 @@ async def test_unknown_keys_are_400_naming_the_key_at_every_level(
     shot = {"type": "screenshot", "viewport": {"width": 10, "height": 10, "depth": 3}}
     cases: list[tuple[str, dict[str, Any], str]] = [
         ("/v2/scrape", {"url": root, "bogusKey": 1}, "bogusKey"),
-        ("/v2/scrape", {"url": root, "formats": [{"type": "html", "bogus": 1}]}, "formats[0].bogus"),
+        (
+            "/v2/scrape",
+            {"url": root, "formats": [{"type": "html", "bogus": 1}]},
+            "formats[0].bogus",
+        ),
         ("/v2/scrape", {"url": root, "formats": [shot]}, "formats[0].viewport.depth"),
         ("/v2/crawl", {"url": root, "maxDepth": 2}, "maxDepth"),
         ("/v2/crawl", {"url": root, "scrapeOptions": {"nope": True}}, "scrapeOptions.nope"),
@@ -545,14 +546,11 @@ async def test_a_url_the_address_guard_refuses_is_403_url_blocked(
         for path, body in [
             ("/v2/scrape", {"url": root}),
             ("/v2/crawl", {"url": root}),
-            ("/v2/batch/scrape", {"urls": [root], "ignoreInvalidURLs": False}),
+            ("/v2/batch/scrape", {"urls": [root]}),
             ("/v2/map", {"url": root}),
         ]:
             a = await ask(http, "POST", base + path, body)
             assert_error(a, 403, "URL_BLOCKED")
-        # Firecrawl's default skips invalid URLs: the guarded one is skipped, none is left
-        a = await ask(http, "POST", base + "/v2/batch/scrape", {"urls": [root]})
-        assert_error(a, 400, "BAD_REQUEST")
 
 
 # ---------------------------------------------------------------- 408, 503

@@ -16,9 +16,10 @@ Invariants
   a neutral default, so that ``pagesift.gateway.translate`` refuses it by name with a
   400 saying so instead of it being dropped: declared, never silently ignored.
 - Defaults are Firecrawl's where they change behaviour (``onlyMainContent`` and
-  ``removeBase64Images`` true, ``deduplicateSimilarURLs`` true, a batch's
-  ``ignoreInvalidURLs`` true, map's ``filterByPath`` true; ``skipTlsVerification``
-  absent is Firecrawl's rule, ``translate.skips_tls``).
+  ``removeBase64Images`` true, ``deduplicateSimilarURLs`` true, map's ``filterByPath``
+  true; ``skipTlsVerification`` absent is Firecrawl's rule, ``translate.skips_tls``).
+  Not a batch's ``ignoreInvalidURLs`` (Firecrawl's true): false, so a URL the address
+  guard refuses is a 403, never skipped unasked (docs/gateway.md).
 - Every integer is ``Annotated[int, Bound]`` (``pagesift.gateway.bounds``): at most what
   the proto field it lands in holds (int32 counts; times in ms of a Duration), so a
   value the model accepts never makes building the request raise; the few no proto
@@ -196,7 +197,7 @@ class BatchScrapeRequest(ScrapeOptions, _Job):
     """``POST /v2/batch/scrape``: the scrape options at the top level, as in Firecrawl."""
 
     urls: list[str] = Field(min_length=1)
-    ignore_invalid_urls: bool = Field(True, alias="ignoreInvalidURLs")
+    ignore_invalid_urls: bool = Field(False, alias="ignoreInvalidURLs")
     max_concurrency: BatchConcurrency | None = Field(None, alias="maxConcurrency")
     webhook: Webhook = None
     append_to_id: str | None = Field(None, alias="appendToId")
