@@ -27,7 +27,7 @@ from pagesift.core.api.ports import JobRuntime
 from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs import extractmerge, modelrequests, records, specs, validate, views
 from pagesift.core.jobs.accounts import Account
-from pagesift.core.jobs.validate import InvalidArgument
+from pagesift.core.jobs.validate import InvalidArgument, PermissionDenied
 from pagesift.core.store.db import Store
 from pagesift.v1 import jobs_pb2
 
@@ -49,6 +49,12 @@ async def batch_request(
     request: jobs_pb2.StartExtractRequest,
     config: ServerConfig,
 ) -> jobs_pb2.StartBatchScrapeRequest:
+    if not config.model_url:  # before Map fetches anything for a request that cannot run
+        raise InvalidArgument("json", "an extract needs the server's model endpoint (model_url)")
+    if not caller.allow_model:
+        raise PermissionDenied(
+            "json", f"account {caller.name!r} may not use the model (allow_model)"
+        )
     if not 1 <= len(request.urls) <= MAX_URLS:
         raise InvalidArgument("urls", f"{len(request.urls)} URLs, 1..{MAX_URLS}")
     if not 0 <= request.limit <= MAX_LIMIT:

@@ -4,9 +4,11 @@ What it owns
 ------------
 ``document(doc)``: a proto ``Document`` as Firecrawl's document dict (the formats it
 carries, ``screenshot`` as a data URL, ``actions`` when actions returned something,
-``changeTracking`` when it was asked for, and ``metadata``); ``metadata(doc)``: Firecrawl's
-``metadata`` (the page's own meta tags, ``og:title`` also as ``ogTitle``, then the fields
-Firecrawl names, which win); ``STATES``: JobState -> Firecrawl status.
+``changeTracking`` when it was asked for, the model formats' ``json`` and ``summary``,
+Firecrawl's ``warning`` naming each format that gave nothing, and ``metadata``);
+``metadata(doc)``: Firecrawl's ``metadata`` (the page's own meta tags, ``og:title`` also
+as ``ogTitle``, then the fields Firecrawl names, which win); ``STATES``: JobState ->
+Firecrawl status.
 
 Who uses it: the HTTP gateway (``pagesift.gateway``) for its answers, and the node's
 webhook delivery for Firecrawl-shaped webhooks, so both speak the same shape.
@@ -103,8 +105,22 @@ def document(doc: jobs_pb2.Document) -> dict[str, Any]:
         out["actions"] = actions(doc)
     if doc.change_status:
         out["changeTracking"] = change_tracking(doc)
+    if doc.json:
+        out["json"] = json.loads(doc.json)  # stored valid: the node judged it
+    if doc.summary:
+        out["summary"] = doc.summary
+    if doc.format_errors:
+        out["warning"] = warning(doc)
     out["metadata"] = metadata(doc)
     return out
+
+
+def warning(doc: jobs_pb2.Document) -> str:
+    """Firecrawl's ``warning``: why formats the request asked for are missing."""
+    return "; ".join(
+        f"{jobs_pb2.Format.Name(e.format).removeprefix('FORMAT_').lower()}: {e.code}: {e.message}"
+        for e in doc.format_errors
+    )
 
 
 def _data_url(shot: jobs_pb2.Screenshot) -> str:
