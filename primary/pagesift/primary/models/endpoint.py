@@ -43,7 +43,7 @@ import aiohttp
 
 from pagesift.core.api.metrics import Metrics
 from pagesift.core.util import tracing
-from pagesift.primary.engine.netguard import AddressGuard, guarded_connector
+from pagesift.primary.engine.netguard import AddressGuard, BlockedAddressError, guarded_connector
 from pagesift.primary.models.fairslots import FairSlots
 from pagesift.primary.models.settings import ModelSettings
 
@@ -169,6 +169,13 @@ class ModelEndpoint:
                 if resp.status // 100 != 2:
                     text = raw[:200].decode("utf-8", "replace").replace("\n", " ")
                     raise ModelUnavailable(f"the model endpoint answered {resp.status}: {text}")
+        except aiohttp.ClientConnectorError as e:
+            if isinstance(e.os_error, BlockedAddressError):  # nothing was sent
+                raise ModelUnavailable(
+                    f"the model endpoint is {e.os_error} (model_bypass_address_guard exempts "
+                    "an operator's endpoint)"
+                ) from None
+            raise ModelUnavailable(f"the model endpoint failed: {e}") from None
         except aiohttp.ClientError as e:
             raise ModelUnavailable(f"the model endpoint failed: {e}") from None
         except OSError as e:  # the address guard's refusal included
