@@ -80,7 +80,7 @@ def test_the_gateway_answers_each_render_failure_with_its_own_code_never_500() -
         status = rpcerrors.page_status(code)
         err = httperrors.from_rpc(status, "PAGE_FETCH_FAILED", {"code": code}, "why")
         assert err.status != 500 and err.code != "SCRAPE_FAILED", (code, err)
-        assert err.body()["details"]["code"] == code
+        assert err.body()["details"][0]["code"] == code
 
 
 # ---------------------------------------------------------------- through a real node
@@ -183,7 +183,7 @@ async def test_each_render_failure_has_its_status_through_grpc_and_the_gateway(
             async with http.post(base + "/v2/scrape", json={"url": url, **body}) as r:
                 answer = await r.json()
                 assert (r.status, answer.get("code")) == (http_status, fc_code), (what, answer)
-                assert answer["success"] is False and answer["details"]["code"]
+                assert answer["success"] is False and answer["details"][0]["code"]
 
         # a renderer that crashes mid-page (killed from outside: not the memory cap)
         hold = browser(actions=[pb.Action(wait=pb.WaitAction(duration=Duration(seconds=3)))])

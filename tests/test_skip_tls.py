@@ -147,7 +147,7 @@ async def test_a_render_accepts_the_certificate_only_when_the_request_skips_veri
 ) -> None:
     async with (
         tls_site(tmp_path, routes("")) as site,
-        in_process_node(tmp_path / "node", respect_robots=False) as node,
+        in_process_node(tmp_path / "node") as node,  # robots.txt read over the same TLS
     ):
         browser = jobs_pb2.FETCH_ENGINE_BROWSER
         opts = jobs_pb2.ScrapeOptions(engine=browser, skip_tls_verification=True)

@@ -476,7 +476,7 @@ async def test_webhook_refusals_are_400s_naming_the_field(
             s.post(f"{base}/v2/crawl", json=body, headers=headers) as r,
         ):
             answer = await r.json()
-        assert r.status == 400 and answer["details"][0]["path"] == "webhook.events.0"
+        assert r.status == 400 and answer["details"][0]["path"] == ["webhook", "events", 0]
 
 
 async def test_a_grpc_firecrawl_webhook_may_not_ask_for_page_failed(

@@ -265,7 +265,11 @@ class RenderingEngine:
         # through the guard proxy
         started = time.monotonic()
         async with self.http.admission.admit(
-            current, robots=robots, agent=agent, job_delay=policy.delay
+            current,
+            robots=robots,
+            agent=agent,
+            job_delay=policy.delay,
+            verify_tls=profile.verify_tls,
         ) as ticket:
             pool, proxy = await self._pool()
             creds = proxy.register(proxy=profile.proxy, proxy_url=profile.proxy_url)
@@ -295,7 +299,7 @@ class RenderingEngine:
         _absorb_cookies(profile, rendered.cookies)
         final = rendered.final_url or current
         if robots and final != current:
-            await self.http.admission.robots_check(final, agent)
+            await self.http.admission.robots_check(final, agent, profile.verify_tls)
         if rendered.status >= 400:
             raise _status_error(rendered.status, rendered.headers)
         resp = _response(final, rendered.status, rendered.headers, rendered.html)
