@@ -259,6 +259,8 @@ def test_a_page_error_writes_its_error_done_mark_and_event_once(store: Store) ->
     assert got.failed == str(ErrorCode.HTTP_STATUS) and got.seq is None
     assert got.cookies is not None and jr.read_cookies(store, JOB)[1] == 1
     assert errors(store) == [(ROOT + "x", str(ErrorCode.HTTP_STATUS), "HTTP 500")]
+    stored = jobs_pb2.PageError.FromString(store.list_range(jr.JobKeys(JOB).errors)[0])
+    assert stored.http_status == 500  # the gateway answers such a page as Firecrawl does
     assert done(store, "3") and pages(store) == []
     failed = {"url": ROOT + "x", "code": str(ErrorCode.HTTP_STATUS), "message": "HTTP 500"}
     assert events(store) == [("page_failed", failed, outbox.rfc3339_ms(NOW))]

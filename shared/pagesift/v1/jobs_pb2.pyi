@@ -2348,11 +2348,14 @@ class PageError(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
     CODE_ENUM_FIELD_NUMBER: _builtins.int
+    HTTP_STATUS_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     code: _builtins.str
     message: _builtins.str
     code_enum: Global___PageErrorCode.ValueType
     """code as the enum (set by the server on every PageError it returns)."""
+    http_status: _builtins.int
+    """With code http_status: the status the page answered (404, 500, ...)."""
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -2363,10 +2366,11 @@ class PageError(_message.Message):
         message: _builtins.str = ...,
         time: _timestamp_pb2.Timestamp | None = ...,
         code_enum: Global___PageErrorCode.ValueType = ...,
+        http_status: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "code_enum", b"code_enum", "message", b"message", "time", b"time", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "code_enum", b"code_enum", "http_status", b"http_status", "message", b"message", "time", b"time", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

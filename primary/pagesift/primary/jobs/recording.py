@@ -168,7 +168,11 @@ def write_cookies(
 def _page_failed(g: WriteGroup, job_id: str, url: str, err: PageError, now: float) -> None:
     """The one error path: the page error and its webhook event (no done mark)."""
     item = jobs_pb2.PageError(
-        url=url, code=str(err.code), message=err.message, time=records.timestamp(int(now * 1000))
+        url=url,
+        code=str(err.code),
+        message=err.message,
+        time=records.timestamp(int(now * 1000)),
+        http_status=err.status or 0 if err.code == ErrorCode.HTTP_STATUS else 0,
     )
     g.push(records.JobKeys(job_id).errors, item.SerializeToString())
     event: dict[str, object] = {"url": url, "code": str(err.code), "message": err.message}
