@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from pagesift.core.jobs.accounts import hash_key
+from pagesift.core.util.children import free_port
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.helpers import (
     NodeFactory,
@@ -25,6 +26,8 @@ from tests.helpers import (
     documents,
     eventually,
     in_process_node,
+    metric,
+    scrape_metrics,
     serve_handler,
     wait_done,
 )
@@ -253,9 +256,12 @@ async def test_a_crawl_prompt_is_previewed_and_stored_as_options(
 async def test_an_answer_never_valid_is_asked_again_then_the_page_keeps_its_markdown(
     tmp_path: Path, model_proxy: CountingProxy
 ) -> None:
+    metrics_at = f"127.0.0.1:{free_port()}"
     async with (
         serve_handler(_shop) as port,
-        _node_cm(tmp_path, model_proxy.base_url, model_retries=2) as node,
+        _node_cm(
+            tmp_path, model_proxy.base_url, model_retries=2, metrics_listen=metrics_at
+        ) as node,
     ):
         model_proxy.violate(3)  # every call of the page: the first and both retries
         resp = await node.stub.Scrape(
@@ -270,6 +276,11 @@ async def test_an_answer_never_valid_is_asked_again_then_the_page_keeps_its_mark
         assert doc.model_usage.calls == 3 == len(model_proxy.bodies())
         retried = model_proxy.bodies()[1]["messages"]
         assert "That answer is invalid" in retried[-1]["content"]
+        samples = await scrape_metrics(metrics_at)
+        assert metric(samples, "pagesift_model_calls_total", outcome="ok") == 3
+        assert metric(samples, "pagesift_model_calls_total", outcome="invalid_answer") == 3
+        assert metric(samples, "pagesift_model_tokens_total", direction="input") > 0
+        assert metric(samples, "pagesift_model_seconds_count") == 3
 
 
 async def test_a_failing_endpoint_is_a_format_error_of_the_page_alone(
