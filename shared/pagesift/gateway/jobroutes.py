@@ -35,7 +35,7 @@ import grpc.aio
 from aiohttp import web
 
 from pagesift.client.errors import error_info_of
-from pagesift.gateway import translate
+from pagesift.gateway import structured, translate
 from pagesift.gateway.handling import (
     MAX_LIMIT,
     PAGING,
@@ -85,10 +85,16 @@ def _error_status(
 
 
 async def scraped(
-    request: web.Request, url: str, options: jobs_pb2.ScrapeOptions, timeout_ms: int | None
+    request: web.Request,
+    url: str,
+    options: jobs_pb2.ScrapeOptions,
+    timeout_ms: int | None,
+    json_key: str = "json",
 ) -> web.StreamResponse:
-    """A Scrape of ``url`` answered ``{success, data: document}``: the page's, or, for a
-    page that answered an HTTP error status, ``translate.error_status_document``'s."""
+    """A Scrape of ``url`` answered ``{success, data: document}``: the page's
+    (``structured.document``: markdown only when asked, the json format under
+    ``json_key``), or, for a page that answered an HTTP error status,
+    ``translate.error_status_document``'s."""
     call = client_of(request).scrape(url, options)
     try:
         doc = await within(call, timeout_ms, "Scrape", "SCRAPE_TIMEOUT")
@@ -97,7 +103,8 @@ async def scraped(
         if page is None:
             raise
         return web.json_response({"success": True, "data": page})
-    return await json_answer(lambda: {"success": True, "data": translate.document(doc)})
+    page = structured.document(doc, options, json_key)
+    return await json_answer(lambda: {"success": True, "data": page})
 
 
 async def crawl_started(

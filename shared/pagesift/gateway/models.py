@@ -95,11 +95,14 @@ class FormatObject(Strict):
     full_page: bool = Field(False, alias="fullPage")
     quality: Quality | None = None
     viewport: Viewport | None = None
-    # changeTracking's (prompt and schema are also json's, refused with it)
+    # changeTracking's (prompt and schema are also json's: gateway.structured)
     modes: list[Literal["git-diff", "json"]] | None = None
     prompt: str | None = None
     schema_: Any = Field(None, alias="schema")
     tag: str | None = None
+    # the json format's systemPrompt (pagesift's), the attributes format's selectors
+    system_prompt: str | None = Field(None, alias="systemPrompt", max_length=10_000)
+    selectors: list[dict[str, Any]] | None = Field(None, max_length=100)
 
 
 class ScrapeOptions(Strict):
@@ -224,8 +227,8 @@ class CrawlRequest(_Job):
     regex_on_full_url: bool = Field(False, alias="regexOnFullURL")
     scrape_options: ScrapeOptions | None = Field(None, alias="scrapeOptions")
     webhook: Webhook = None
-    # declared so that they are refused by name (translate.UNSUPPORTED_CRAWL)
-    prompt: str | None = None
+    prompt: str | None = Field(None, max_length=10_000)  # StartCrawlRequest.prompt
+    # declared so that it is refused by name (translate.UNSUPPORTED_CRAWL)
     robots_user_agent: str | None = Field(None, alias="robotsUserAgent")
 
 

@@ -61,7 +61,7 @@ __all__ = [
     "renders",
 ]
 
-_LLM = "needs an LLM; pagesift runs none"
+_LLM = "an LLM comparison pagesift does not offer: it tracks changes as a git-diff of markdown"
 
 #: nested model -> {attribute: (Firecrawl name, why it is refused when set)}
 REFUSED: dict[type[BaseModel], dict[str, tuple[str, str]]] = {

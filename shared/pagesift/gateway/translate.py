@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 
 from google.protobuf import duration_pb2
 
-from pagesift.core.jobs.firecrawlshape import STATES, document, metadata
-from pagesift.gateway import options
+from pagesift.core.jobs.firecrawlshape import STATES, metadata
+from pagesift.gateway import options, structured
 from pagesift.gateway.httperrors import HttpError
 from pagesift.gateway.models import (
     BatchScrapeRequest,
@@ -42,6 +42,7 @@ from pagesift.gateway.models import (
     WebhookOptions,
     _Job,
 )
+from pagesift.gateway.structured import document
 from pagesift.v1 import jobs_pb2
 
 __all__ = [
@@ -74,11 +75,9 @@ FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
     "screenshot": jobs_pb2.FORMAT_SCREENSHOT,
     "changeTracking": jobs_pb2.FORMAT_CHANGE_TRACKING,
 }
-_LLM = "needs an LLM; pagesift runs none"
+_LLM = "an LLM format pagesift does not offer (its model formats are json and summary)"
 #: Firecrawl's other format names -> why pagesift refuses them (an unknown name too)
 UNSUPPORTED_FORMATS: dict[str, str] = {
-    "summary": _LLM,
-    "json": _LLM,
     "question": _LLM,
     "highlights": _LLM,
     "query": _LLM,
@@ -87,7 +86,6 @@ UNSUPPORTED_FORMATS: dict[str, str] = {
     "menu": _LLM,
     "deterministicJson": "runs generated extractors in Firecrawl's code sandbox; pagesift has none",
     "rawBase64": "pagesift keeps a page as text (rawHtml), not its raw bytes",
-    "attributes": "pagesift extracts no element attributes",
     "audio": "pagesift downloads no media",
     "video": "pagesift downloads no media",
 }
@@ -107,7 +105,7 @@ UNSUPPORTED_SCRAPE: dict[str, tuple[str, str]] = {
     ),
     "use_mock": ("useMock", "pagesift has no mock responses"),
     "redact_pii": ("redactPII", "pagesift does not redact documents"),
-    "check_prompt_injection": ("checkPromptInjection", "needs an LLM; pagesift runs none"),
+    "check_prompt_injection": ("checkPromptInjection", "the model formats check no injection"),
     "threat_protection": ("threatProtection", "pagesift's address guard is not configurable"),
     "audit_metadata": ("auditMetadata", "pagesift keeps no audit log per request"),
     "only_clean_content": (
@@ -135,7 +133,6 @@ UNSUPPORTED_SCRAPE: dict[str, tuple[str, str]] = {
 _INTERNAL = ("__agentInterop", "Firecrawl-internal: its agents' own calls")
 UNSUPPORTED_SCRAPE_REQUEST: dict[str, tuple[str, str]] = {"agent_interop": _INTERNAL}
 UNSUPPORTED_CRAWL: dict[str, tuple[str, str]] = {
-    "prompt": ("prompt", "needs an LLM; pagesift runs none"),
     "robots_user_agent": (
         "robotsUserAgent",
         "pagesift matches robots.txt with the job's own User-Agent (a User-Agent header), "
@@ -210,6 +207,8 @@ def _millis(ms: int) -> duration_pb2.Duration:
 
 
 def _format(opts: jobs_pb2.ScrapeOptions, fmt: str | FormatObject, field: str) -> None:
+    if structured.format_object(opts, fmt, field):  # json, summary, attributes, selectors
+        return
     name = fmt if isinstance(fmt, str) else fmt.type
     value = FORMATS.get(name)
     if value is None:
@@ -330,6 +329,7 @@ def crawl_request(r: CrawlRequest) -> jobs_pb2.StartCrawlRequest:
         dedupe_similar_urls=r.deduplicate_similar_urls,
         crawl_entire_domain=r.crawl_entire_domain,
         regex_on_full_url=r.regex_on_full_url,
+        prompt=r.prompt or "",
     )
     if r.webhook is not None:
         out.webhook.CopyFrom(webhook(r.webhook))

@@ -56,7 +56,8 @@ __all__ = ["add_v1_routes"]
 async def scrape(request: web.Request) -> web.StreamResponse:
     req: ScrapeRequestV1 = await body(request, ScrapeRequestV1)
     v2, options = v1translate.scrape_request(req)
-    return await scraped(request, req.url, options, v2.timeout)
+    key = "extract" if "extract" in (req.formats or ()) else "json"  # v1's name of it
+    return await scraped(request, req.url, options, v2.timeout, key)
 
 
 async def start_crawl(request: web.Request) -> web.StreamResponse:

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import pydantic
 
-from pagesift.gateway import options, translate
+from pagesift.gateway import options, structured, translate
 from pagesift.gateway.httperrors import HttpError
 from pagesift.gateway.models import BatchScrapeRequest, CrawlRequest, MapRequest, ScrapeRequest
 from pagesift.gateway.translate import path_prefix_regex
@@ -72,8 +72,6 @@ FORMATS_V1 = frozenset(
 #: from its default)
 UNSUPPORTED_SCRAPE_V1: dict[str, tuple[str, str]] = {
     "parse_pdf": ("parsePDF", "pagesift always extracts a PDF's text"),
-    "extract": ("extract", "needs an LLM; pagesift runs none"),
-    "json_options": ("jsonOptions", "needs an LLM; pagesift runs none"),
     "search_preview_token": ("__searchPreviewToken", "a Firecrawl-internal flag"),
     "experimental_omce": ("__experimental_omce", "a Firecrawl-internal flag"),
     "experimental_omce_domain": ("__experimental_omceDomain", "a Firecrawl-internal flag"),
@@ -145,7 +143,9 @@ def _formats(formats: list[str], prefix: str) -> list[Any]:
     return out
 
 
-_V1_ONLY = frozenset({*UNSUPPORTED_SCRAPE_V1, "geolocation", "experimental_cache"})
+_V1_ONLY = frozenset(
+    {*UNSUPPORTED_SCRAPE_V1, "geolocation", "experimental_cache", "extract", "json_options"}
+)
 EXPERIMENTAL_CACHE_MS = 4 * 60 * 60 * 1000  # v1's __experimental_cache: maxAge 4 hours
 _SCRAPE_KEYS = frozenset(ScrapeOptionsV1.model_fields) - _V1_ONLY
 
@@ -161,8 +161,10 @@ def _options(o: ScrapeOptionsV1, prefix: str = "") -> dict[str, Any]:
         data["location"] = o.geolocation  # v1's deprecated spelling, as Firecrawl reads it
     if o.experimental_cache and o.max_age is None:
         data["maxAge"] = EXPERIMENTAL_CACHE_MS  # as Firecrawl's v1 -> v2 conversion
+    formats = _formats(o.formats or [], prefix)  # json/extract: their options (structured)
+    formats = structured.v1_formats(formats, o.extract, o.json_options, prefix)
     if o.formats is not None:
-        data["formats"] = _formats(o.formats, prefix)
+        data["formats"] = formats
     return data
 
 
