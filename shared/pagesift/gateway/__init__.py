@@ -17,6 +17,8 @@ pair with the client's own rules). One module per concern:
 - ``v2``, ``v1``: each version's routes; ``jobroutes``: status, cancel and errors, which
   both share; ``watch``: the WebSocket watch of a crawl; ``team``: the account routes;
   ``unserved``: Firecrawl's routes pagesift lacks, each a 501 saying why;
+  ``structured``: the json, summary, attributes and selectors formats and their
+  answers; ``extractroutes``: extract and token usage;
 - ``app``: the application with every route module on it; ``server``: running it, TLS
   included (``pagesift gateway``, ``serve --http-listen``).
 

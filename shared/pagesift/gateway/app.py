@@ -4,7 +4,8 @@ What it owns
 ------------
 ``make_app(clients)``: the application (body size bound, the app keys of
 ``pagesift.gateway.handling``, the clients and the health probe closed with it), the
-routes of each API module (``v2.add_v2_routes``), ``GET /healthz``, self-hosted
+routes of each API module (``v2.add_v2_routes``, ``extractroutes.add_extract_routes``),
+``GET /healthz``, self-hosted
 Firecrawl's probes ``GET /v0|v1/health/liveness`` and ``.../readiness``, ``GET
 /metrics`` (``pagesift.gateway.metrics``, whose middleware times every request) and
 ``GET /v2/openapi.json`` (``pagesift.gateway.openapi``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from pagesift.gateway.clients import Clients
+from pagesift.gateway.extractroutes import add_extract_routes
 from pagesift.gateway.handling import (
     CLIENTS,
     MAX_BODY_BYTES,
@@ -99,6 +101,7 @@ def make_app(
     add_team_routes(app)  # before v2: /v2/crawl/active is not a crawl id (gateway.team)
     add_v2_routes(app)
     add_v1_routes(app)  # Firecrawl v1, for older SDKs (pagesift.gateway.v1)
+    add_extract_routes(app)  # extract and token usage, v2 and v1 (gateway.extractroutes)
     app.router.add_get("/healthz", healthz)
     for version in PROBE_VERSIONS:
         app.router.add_get(f"/{version}/health/liveness", liveness)

@@ -34,6 +34,7 @@ from aiohttp import web
 from pydantic.json_schema import models_json_schema
 
 from pagesift.gateway.bounds import int_range
+from pagesift.gateway.extractroutes import ExtractRequest
 from pagesift.gateway.jobroutes import STATUS_QUERY
 from pagesift.gateway.models import (
     BatchScrapeRequest,
@@ -64,6 +65,8 @@ REQUEST_MODELS: dict[tuple[str, str], type[pydantic.BaseModel]] = {
     ("POST", "/v1/crawl"): CrawlRequestV1,
     ("POST", "/v1/batch/scrape"): BatchScrapeRequestV1,
     ("POST", "/v1/map"): MapRequestV1,
+    ("POST", "/v2/extract"): ExtractRequest,
+    ("POST", "/v1/extract"): ExtractRequest,  # v1's extract body is v2's (Firecrawl's too)
 }
 #: (method, route template) -> its query integers (name -> the proto field it lands in)
 QUERY: dict[tuple[str, str], dict[str, str]] = {
@@ -72,9 +75,8 @@ QUERY: dict[tuple[str, str], dict[str, str]] = {
     for kind in ("crawl", "batch/scrape")
 }
 #: the job starts that read ``x-idempotency-key`` (AIP-155)
-IDEMPOTENT = frozenset(
-    ("POST", f"/{v}/{kind}") for v in ("v1", "v2") for kind in ("crawl", "batch/scrape")
-)
+_STARTS = ("crawl", "batch/scrape", "extract")
+IDEMPOTENT = frozenset(("POST", f"/{v}/{kind}") for v in ("v1", "v2") for kind in _STARTS)
 #: routes that need no ``Authorization`` (probes and this document)
 OPEN_PATHS = frozenset(
     {"/healthz", "/metrics", OPENAPI_PATH}

@@ -41,6 +41,7 @@ from pagesift.v1 import jobs_pb2
 
 __all__ = [
     "ATTRIBUTES",
+    "FORMATS",
     "MAX_NAME",
     "STRUCTURED",
     "attributes_of",
@@ -52,8 +53,14 @@ __all__ = [
 #: the prefix of an attributes format's field names (the module docstring, "Layout")
 ATTRIBUTES = "@attributes"
 MAX_NAME = 100  # the node's bound on a selector field's name (core.jobs.selectorschemas)
-#: the format names this module maps
-STRUCTURED = frozenset({"json", "summary", "attributes", "selectors"})
+#: the format names this module maps -> the pagesift Format of each
+FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
+    "json": jobs_pb2.FORMAT_JSON,
+    "summary": jobs_pb2.FORMAT_SUMMARY,
+    "attributes": jobs_pb2.FORMAT_SELECTORS,
+    "selectors": jobs_pb2.FORMAT_SELECTORS,  # pagesift's own: a SelectorSchema
+}
+STRUCTURED = frozenset(FORMATS)
 _OTHER_KEYS = ("full_page", "quality", "viewport", "modes", "tag")
 
 
@@ -140,12 +147,7 @@ def format_object(opts: jobs_pb2.ScrapeOptions, fmt: str | FormatObject, field: 
         if wrong:
             key = wrong[0].rstrip("_")
             raise refuse(f"{field}.{key}", f"not a key of the {name} format")
-    value = {
-        "json": jobs_pb2.FORMAT_JSON,
-        "summary": jobs_pb2.FORMAT_SUMMARY,
-        "attributes": jobs_pb2.FORMAT_SELECTORS,
-        "selectors": jobs_pb2.FORMAT_SELECTORS,
-    }[name]
+    value = FORMATS[name]
     if name == "json":
         _json(opts, fmt, field)
     elif name in ("attributes", "selectors"):

@@ -6,9 +6,9 @@ What it owns
 ``/v2/concurrency-check`` (one ``GetAccountUsage`` each), ``GET /v2/crawl/active`` and
 its alias ``/v2/crawl/ongoing`` (the caller's running crawls, from ``ListJobs``), the
 same under ``/v1/`` (v1's credit names are snake_case), and the routes the SDKs call
-that pagesift cannot answer, refused by name with a 400 saying why (``REFUSED``):
-``team/token-usage`` (pagesift runs no LLM, so it has no tokens) and the two
-``.../historical`` ones (it keeps only the rolling day's usage). The bodies are the
+that pagesift cannot answer, refused by name with a 400 saying why (``REFUSED``): the
+two ``.../historical`` ones (it keeps only the rolling day's usage); ``team/token-usage``
+is ``pagesift.gateway.extractroutes``'. The bodies are the
 pure ``credit_usage``, ``queue_status``, ``concurrency`` and ``active_crawls``.
 
 Mapping (docs/gateway.md, "Account routes")
@@ -46,14 +46,13 @@ __all__ = [
 #: Firecrawl's self-hosted stand-in for "no limit" (its ACUC without authentication)
 UNLIMITED = 99999999
 
-_NO_TOKENS = "pagesift runs no LLM, so it has no tokens to count"
+_NO_TOKENS = "pagesift keeps only the rolling day's model tokens: GET /{v}/team/token-usage"
 #: route -> why pagesift cannot answer it (a 400 naming the route and the reason)
 REFUSED: dict[str, str] = {
     f"/{v}/team/{route}": why
     for v in ("v2", "v1")
     for route, why in (
-        ("token-usage", f"{_NO_TOKENS}; pages are credits: GET /{v}/team/credit-usage"),
-        ("token-usage/historical", _NO_TOKENS),
+        ("token-usage/historical", _NO_TOKENS.format(v=v)),
         (
             "credit-usage/historical",
             f"pagesift keeps only the rolling day's usage: GET /{v}/team/credit-usage",

@@ -74,6 +74,7 @@ FORMATS: dict[str, jobs_pb2.Format.ValueType] = {
     "images": jobs_pb2.FORMAT_IMAGES,
     "screenshot": jobs_pb2.FORMAT_SCREENSHOT,
     "changeTracking": jobs_pb2.FORMAT_CHANGE_TRACKING,
+    **structured.FORMATS,  # json, summary, attributes, selectors: structured.format_object
 }
 _LLM = "an LLM format pagesift does not offer (its model formats are json and summary)"
 #: Firecrawl's other format names -> why pagesift refuses them (an unknown name too)
