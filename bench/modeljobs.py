@@ -76,6 +76,7 @@ def _site(root: Path, pages: int) -> Iterator[list[str]]:
     for i in range(pages):
         name = f"Widget {i}"
         (root / f"p{i}.html").write_text(PAGE.format(name=name, price=f"{i + 1}.50", days=i % 5))
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a: Any) -> None:
             super().__init__(*a, directory=str(root))

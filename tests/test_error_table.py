@@ -45,9 +45,9 @@ from pagesift.core.config.schema import ServerConfig
 from pagesift.core.jobs import quota
 from pagesift.core.jobs.accounts import Account, Unauthenticated
 from pagesift.core.jobs.clusterlimits import ClusterUnavailable
+from pagesift.core.jobs.modelrequests import ModelUnanswered
 from pagesift.core.jobs.pageerrors import ErrorCode, PageError
 from pagesift.core.jobs.records import IdempotencyKeyReused, JobNotAppendable
-from pagesift.core.jobs.modelrequests import ModelUnanswered
 from pagesift.core.jobs.renderoptions import RenderingUnavailable
 from pagesift.core.jobs.specs import Permissions, WebhookSecretMissing, crawl, scrape
 from pagesift.core.jobs.validate import InvalidArgument, PermissionDenied
