@@ -224,7 +224,6 @@ async def _unimplemented(call: Awaitable[T]) -> T:
 
 
 async def start_extract(request: web.Request) -> web.StreamResponse:
-    await client_of(request).account_usage()  # the key first, as Firecrawl's auth (401)
     req: ExtractRequest = await body(request, ExtractRequest)
     start = extract_request(req, idempotency_key(request))
     client = client_of(request)
