@@ -97,7 +97,8 @@ REFUSED: dict[type[BaseModel], dict[str, tuple[str, str]]] = {
         "tag": ("tag", "pagesift keeps one change history per URL and account, untagged"),
     },
 }
-REFUSED[FormatObject] = REFUSED[ChangeTrackingOptions]
+# a format object: prompt and schema are json's (gateway.structured), refused on changeTracking
+REFUSED[FormatObject] = {"tag": REFUSED[ChangeTrackingOptions]["tag"]}
 
 #: nested models refused whole, whatever their fields say -> why
 REFUSED_WHOLE: dict[type[BaseModel], str] = {
@@ -165,7 +166,7 @@ def change_tracking(
 ) -> None:
     """Change tracking's keys: ``modes`` git-diff is ``change_tracking_diff``; json
     (an LLM's comparison), prompt, schema and tag are refused."""
-    refuse_set(o, REFUSED[type(o)], where + ".")
+    refuse_set(o, REFUSED[ChangeTrackingOptions], where + ".")  # FormatObject's too
     for i, mode in enumerate(o.modes or ()):
         if mode == "json":
             raise refuse(f"{where}.modes[{i}]", f"mode 'json' {_LLM}")
