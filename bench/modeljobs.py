@@ -49,13 +49,8 @@ from bench.common import (
 )
 from pagesift.core.util.children import Child
 from pagesift.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.modelserver import MODEL, ModelServer, ProxyProcess
+from tests.modelserver import MODEL, PRODUCT_SCHEMA, ModelServer, ProxyProcess
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"product": {"type": "string"}, "price": {"type": "number"}},
-    "required": ["product", "price"],
-}
 PAGE = (
     "<html><head><title>{name}</title></head><body><main><h1>{name}</h1>"
     "<p>The {name} costs {price} dollars and ships in {days} days.</p></main></body></html>"
@@ -122,7 +117,7 @@ def _serve(tmp: Path, config: Path, target: str) -> tuple[Child, Any]:
 
 def _request(urls: list[str]) -> jobs_pb2.StartBatchScrapeRequest:
     opts = jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_JSON])
-    opts.json.schema = json.dumps(SCHEMA)
+    opts.json.schema = json.dumps(PRODUCT_SCHEMA)
     opts.json.prompt = "The product's name and its price."
     return jobs_pb2.StartBatchScrapeRequest(
         urls=urls, options=opts, max_concurrency=CONCURRENCY, idempotency_key="bench"

@@ -103,6 +103,12 @@ LLM_PYTHON = LLM_VENV / "bin" / "python"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "smollm2-135m"
 LOOPBACK = "127.0.0.1"
+#: the product schema the model tests and benches ask pages under (a name and a price)
+PRODUCT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"product": {"type": "string"}, "price": {"type": "number"}},
+    "required": ["product", "price"],
+}
 
 
 class ModelServerMissing(RuntimeError):

@@ -33,14 +33,9 @@ from pagesift.gateway.team import UNLIMITED
 from pagesift.gateway.v1models import ScrapeRequestV1
 from pagesift.v1 import jobs_pb2
 from tests.helpers import gateway_before, in_process_node, serve_handler
-from tests.modelserver import MODEL, ModelServer
+from tests.modelserver import MODEL, PRODUCT_SCHEMA, ModelServer
 
 T = TypeVar("T")
-SCHEMA = {
-    "type": "object",
-    "properties": {"product": {"type": "string"}, "price": {"type": "number"}},
-    "required": ["product", "price"],
-}
 SHOP = (
     "<html><head><title>{name}</title></head><body><main><h1 id='top'>{name}</h1>"
     "<p>The {name} costs 12.50 dollars.</p>"
@@ -80,10 +75,15 @@ def _refused(call: Callable[[], Any]) -> str:
 
 def test_json_summary_and_selector_formats_map_onto_the_model_and_selector_formats() -> None:
     opts = _scrape(
-        {"formats": [{"type": "json", "schema": SCHEMA, "prompt": "the product"}, "summary"]}
+        {
+            "formats": [
+                {"type": "json", "schema": PRODUCT_SCHEMA, "prompt": "the product"},
+                "summary",
+            ]
+        }
     )
     assert list(opts.formats) == [jobs_pb2.FORMAT_JSON, jobs_pb2.FORMAT_SUMMARY]
-    assert json.loads(opts.json.schema) == SCHEMA and opts.json.prompt == "the product"
+    assert json.loads(opts.json.schema) == PRODUCT_SCHEMA and opts.json.prompt == "the product"
     opts = _scrape({"formats": ["markdown", ATTRIBUTES]})
     assert list(opts.formats) == [jobs_pb2.FORMAT_MARKDOWN, jobs_pb2.FORMAT_SELECTORS]
     fields = opts.selectors.fields
@@ -124,7 +124,7 @@ def test_v1_json_and_extract_formats_take_their_options_and_a_crawl_its_prompt()
         request = ScrapeRequestV1.model_validate({"url": "http://x.test", **body})
         return v1translate.scrape_request(request)[1]
 
-    opts = v1({"formats": ["json"], "jsonOptions": {"schema": SCHEMA, "systemPrompt": "s"}})
+    opts = v1({"formats": ["json"], "jsonOptions": {"schema": PRODUCT_SCHEMA, "systemPrompt": "s"}})
     assert list(opts.formats) == [jobs_pb2.FORMAT_JSON] and opts.json.system_prompt == "s"
     opts = v1({"formats": ["markdown", "extract"], "extract": {"prompt": "the price"}})
     assert opts.json.prompt == "the price" and jobs_pb2.FORMAT_MARKDOWN in opts.formats
@@ -158,10 +158,10 @@ def test_extract_bodies_map_onto_start_extract_and_refuse_what_pagesift_cannot()
     def start(body: dict[str, Any]) -> jobs_pb2.StartExtractRequest:
         return extractroutes.extract_request(ExtractRequest.model_validate(body), "k1")
 
-    req = start({"urls": ["http://x.test/*"], "schema": SCHEMA, "prompt": "p", "limit": 5,
+    req = start({"urls": ["http://x.test/*"], "schema": PRODUCT_SCHEMA, "prompt": "p", "limit": 5,
                  "showSources": True, "scrapeOptions": {"onlyMainContent": False}})  # fmt: skip
     assert list(req.urls) == ["http://x.test/*"] and req.limit == 5 and req.idempotency_key == "k1"
-    assert json.loads(req.json.schema) == SCHEMA and not req.options.only_main_content
+    assert json.loads(req.json.schema) == PRODUCT_SCHEMA and not req.options.only_main_content
     for body, field in [
         ({"enableWebSearch": True, "prompt": "p"}, "enableWebSearch"),
         ({"agent": {"model": "FIRE-1"}, "prompt": "p"}, "agent"),
@@ -341,11 +341,13 @@ async def test_a_scrape_gets_json_valid_under_its_schema_and_a_summary_then_toke
         doc = await sdk(
             fc.scrape,
             f"http://127.0.0.1:{port}/a",
-            formats=[{"type": "json", "schema": SCHEMA, "prompt": "The product and its price."},
-                     "summary"],
-        )  # fmt: skip
+            formats=[
+                {"type": "json", "schema": PRODUCT_SCHEMA, "prompt": "The product and its price."},
+                "summary",
+            ],
+        )
         assert doc.warning is None, doc.warning
-        jsonschema.validate(doc.json, SCHEMA)
+        jsonschema.validate(doc.json, PRODUCT_SCHEMA)
         assert doc.summary and doc.summary.strip()
         assert doc.markdown is None  # the node keeps it; not asked for here
         after = await sdk(fc.get_token_usage)
@@ -362,11 +364,11 @@ async def test_firecrawl_py_extract_runs_end_to_end_with_sources(
         fc = Firecrawl(api_key="anonymous", api_url=base)
         url = f"http://127.0.0.1:{port}/b"
         out = await sdk(
-            fc.extract, urls=[url], schema=SCHEMA, prompt="The product and its price.",
+            fc.extract, urls=[url], schema=PRODUCT_SCHEMA, prompt="The product and its price.",
             show_sources=True, poll_interval=1, timeout=200,
         )  # fmt: skip
         assert out.status == "completed", out
-        jsonschema.validate(out.data, SCHEMA)
+        jsonschema.validate(out.data, PRODUCT_SCHEMA)
         assert out.sources and all(urls == [url] for urls in out.sources.values())
         assert out.tokens_used and out.tokens_used > 0
 

@@ -31,15 +31,10 @@ from tests.helpers import (
     serve_handler,
     wait_done,
 )
-from tests.modelserver import MODEL, CountingProxy, ModelServer
+from tests.modelserver import MODEL, PRODUCT_SCHEMA, CountingProxy, ModelServer
 
 pytestmark = pytest.mark.model
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"product": {"type": "string"}, "price": {"type": "number"}},
-    "required": ["product", "price"],
-}
 PAGE = (
     "<html><head><title>{name}</title></head><body><main><h1>{name}</h1>"
     "<p>The {name} costs {price} dollars. Free shipping.</p></main></body></html>"
@@ -70,7 +65,7 @@ async def _shop(request: web.Request) -> web.Response:
 
 def _json_options() -> jobs_pb2.ScrapeOptions:
     opts = jobs_pb2.ScrapeOptions(formats=[jobs_pb2.FORMAT_MARKDOWN, jobs_pb2.FORMAT_JSON])
-    opts.json.schema = json.dumps(SCHEMA)
+    opts.json.schema = json.dumps(PRODUCT_SCHEMA)
     opts.json.prompt = "The product's name and its price."
     return opts
 
@@ -113,7 +108,7 @@ async def test_a_scraped_page_gets_a_json_object_valid_under_its_schema_and_a_su
         )
         doc = resp.document
         assert not doc.format_errors, doc.format_errors
-        jsonschema.validate(json.loads(doc.json), SCHEMA)
+        jsonschema.validate(json.loads(doc.json), PRODUCT_SCHEMA)
         assert doc.summary.strip()
         assert "Blue Widget" in doc.markdown
         assert doc.model_usage.calls >= 2
@@ -155,7 +150,7 @@ async def test_a_batch_records_each_pages_answer_and_counts_tokens_per_job_and_a
         )
         assert job.state == jobs_pb2.JOB_STATE_COMPLETED and len(got.documents) == 3
         for doc in got.documents:
-            jsonschema.validate(json.loads(doc.json), SCHEMA)
+            jsonschema.validate(json.loads(doc.json), PRODUCT_SCHEMA)
         per_page = sum(
             d.model_usage.input_tokens + d.model_usage.output_tokens for d in got.documents
         )
@@ -217,7 +212,7 @@ async def test_extract_merges_its_pages_under_the_schema_with_their_sources(
         req = jobs_pb2.StartExtractRequest(
             urls=[f"http://127.0.0.1:{port}/a", f"http://127.0.0.1:{port}/b"]
         )
-        req.json.schema = json.dumps(SCHEMA)
+        req.json.schema = json.dumps(PRODUCT_SCHEMA)
         req.json.prompt = "The product's name and its price."
         started = await node.stub.StartExtract(req, metadata=_md("allowed"))
         assert list(started.urls) == list(req.urls)
@@ -226,7 +221,7 @@ async def test_extract_merges_its_pages_under_the_schema_with_their_sources(
             jobs_pb2.GetExtractRequest(id=started.id), metadata=_md("allowed")
         )
         assert got.state == jobs_pb2.JOB_STATE_COMPLETED and got.completed == 2
-        jsonschema.validate(json.loads(got.data), SCHEMA)
+        jsonschema.validate(json.loads(got.data), PRODUCT_SCHEMA)
         assert {s.key for s in got.sources} == {"product", "price"}
         assert got.model_usage.calls >= 2
 
