@@ -36,6 +36,7 @@ from tests.test_gateway import client, gateway, sdk
 
 METER = Acct("meter", {"pages_per_day": 50, "max_concurrent_jobs": 3})
 OTHER = Acct("other", {"pages_per_day": 9})
+TOKENS = Acct("tokens")
 ACCOUNTS = (METER, OTHER)
 MAX_CONCURRENCY = 64  # ServerConfig.max_concurrency's default
 
@@ -115,16 +116,59 @@ async def test_anonymous_mode_shows_the_servers_own_limits(tmp_path: Path) -> No
     assert conc.max_concurrency == 2 and queue.max_concurrency == 2 * MAX_CONCURRENCY
 
 
-async def test_token_usage_and_history_are_400_saying_why_and_keys_are_checked_first(
+def _model_accounts(path: Path) -> Path:
+    """``ACCOUNTS`` with the model allowed to ``METER`` (1000 tokens a day) and to
+    ``TOKENS`` (no daily token limit); ``OTHER`` may not use it."""
+    write_accounts(path, (*ACCOUNTS, TOKENS))
+    lines = path.read_text().splitlines()
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if line == f'name = "{METER.name}"':
+            out += ["allow_model = true", "model_tokens_per_day = 1000"]
+        if line == f'name = "{TOKENS.name}"':
+            out.append("allow_model = true")
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+#: a model endpoint nothing listens on: token usage reads the account, never the model
+NO_MODEL_SERVER: dict[str, Any] = {
+    "model_url": "http://127.0.0.1:9/v1",
+    "model_name": "none",
+    "model_bypass_address_guard": True,
+}
+
+
+async def test_token_usage_is_the_rolling_days_model_tokens_and_history_is_400_saying_why(
     tmp_path: Path,
 ) -> None:
-    accounts = write_accounts(tmp_path / "accounts.toml", ACCOUNTS)
-    async with gateway(tmp_path / "d", accounts_file=str(accounts)) as base:
+    accounts = _model_accounts(tmp_path / "accounts.toml")
+    kw: dict[str, Any] = {"accounts_file": str(accounts), **NO_MODEL_SERVER}
+    async with gateway(tmp_path / "d", **kw) as base:
         fc = client(base, METER.key)
-        with pytest.raises(BadRequestError, match="no LLM"):
-            await sdk(fc.get_token_usage)
+        tokens = await sdk(fc.get_token_usage)
+        assert (tokens.remaining_tokens, tokens.plan_tokens) == (1000, 1000)
+        start = datetime.fromisoformat(tokens.billing_period_start or "")
+        end = datetime.fromisoformat(tokens.billing_period_end or "")
+        assert (end - start).total_seconds() == 24 * 3600
+        unlimited = await sdk(client(base, TOKENS.key).get_token_usage)
+        assert (unlimited.remaining_tokens, unlimited.plan_tokens) == (UNLIMITED, None)
+        refused = await sdk(client(base, OTHER.key).get_token_usage)  # no allow_model
+        assert (refused.remaining_tokens, refused.plan_tokens) == (0, 0)
+        headers = {"Authorization": f"Bearer {METER.key}"}
+        async with (
+            aiohttp.ClientSession(headers=headers) as http,
+            http.get(base + "/v2/team/token-usage") as resp,
+        ):
+            assert resp.status == 200
+            body = await resp.json()
+        assert body["success"] is True and set(body["data"]) == {
+            "remainingTokens", "planTokens", "billingPeriodStart", "billingPeriodEnd"
+        }  # fmt: skip
+        assert (body["data"]["remainingTokens"], body["data"]["planTokens"]) == (1000, 1000)
         v2 = FirecrawlClient(api_key=METER.key, api_url=base)  # where the history lives
-        with pytest.raises(BadRequestError, match="no LLM"):
+        with pytest.raises(BadRequestError, match="rolling day's model tokens"):
             await sdk(v2.get_token_usage_historical)
         with pytest.raises(BadRequestError, match="rolling day"):
             await sdk(v2.get_credit_usage_historical)
@@ -132,7 +176,6 @@ async def test_token_usage_and_history_are_400_saying_why_and_keys_are_checked_f
         for call in (wrong.get_credit_usage, wrong.get_concurrency, wrong.get_token_usage):
             with pytest.raises(UnauthorizedError):
                 await sdk(call)
-        headers = {"Authorization": f"Bearer {METER.key}"}
         async with aiohttp.ClientSession(headers=headers) as http:
             for path in ("/v2/crawl/ongoing", "/v2/crawl/active"):
                 async with http.get(base + path) as resp:
@@ -140,16 +183,25 @@ async def test_token_usage_and_history_are_400_saying_why_and_keys_are_checked_f
                     assert await resp.json() == {"success": True, "crawls": []}
 
 
-async def test_the_v1_sdk_reads_the_same_credits_and_is_refused_tokens(tmp_path: Path) -> None:
-    accounts = write_accounts(tmp_path / "accounts.toml", ACCOUNTS)
-    kw: dict[str, Any] = {"accounts_file": str(accounts), "read_timeout": 30}
+async def test_without_a_model_endpoint_every_account_has_0_of_0_tokens(tmp_path: Path) -> None:
+    accounts = _model_accounts(tmp_path / "accounts.toml")
+    async with gateway(tmp_path / "d", accounts_file=str(accounts)) as base:
+        for acct in (METER, TOKENS, OTHER):
+            tokens = await sdk(client(base, acct.key).get_token_usage)
+            assert (tokens.remaining_tokens, tokens.plan_tokens) == (0, 0), acct.name
+
+
+async def test_the_v1_sdk_reads_the_same_credits_and_tokens(tmp_path: Path) -> None:
+    accounts = _model_accounts(tmp_path / "accounts.toml")
+    kw: dict[str, Any] = {"accounts_file": str(accounts), "read_timeout": 30, **NO_MODEL_SERVER}
     async with gated_site(5) as site, gateway(tmp_path / "d", **kw) as base:
         v1 = V1FirecrawlApp(api_key=METER.key, api_url=base)
         credit = (await sdk(v1.get_credit_usage)).data
         assert (credit.remaining_credits, credit.plan_credits) == (50, 50)
         assert credit.billing_period_start and credit.billing_period_end
-        with pytest.raises(Exception, match="no LLM"):
-            await sdk(v1.get_token_usage)
+        tokens = (await sdk(v1.get_token_usage)).data
+        assert (tokens.remaining_tokens, tokens.plan_tokens) == (1000, 1000)
+        assert tokens.billing_period_start == credit.billing_period_start
         job = await sdk(client(base, METER.key).start_crawl, site.root, limit=10, sitemap="skip")
         await site.held(1)
         headers = {"Authorization": f"Bearer {METER.key}"}

@@ -100,9 +100,7 @@ def test_a_screenshot_format_object_maps_its_options() -> None:
     assert png.screenshot.format == jobs_pb2.IMAGE_FORMAT_UNSPECIFIED
 
 
-@pytest.mark.parametrize(
-    "name", ["summary", "json", "question", "branding", "attributes", "rawBase64", "bogus"]
-)
+@pytest.mark.parametrize("name", ["question", "branding", "rawBase64", "bogus"])
 def test_a_format_pagesift_does_not_produce_is_refused_by_position(name: str) -> None:
     for second in (name, {"type": name}):
         err = refused(lambda second=second: scrape(formats=["markdown", second]))
@@ -162,7 +160,6 @@ def test_options_pagesift_honours_as_firecrawl_sends_them_are_accepted() -> None
 @pytest.mark.parametrize(
     ("model", "body", "named"),
     [
-        (CrawlRequest, {"prompt": "docs only"}, "prompt"),
         (CrawlRequest, {"robotsUserAgent": "x"}, "robotsUserAgent"),
         (BatchScrapeRequest, {"appendToId": "abc"}, "appendToId"),
         (MapRequest, {"location": {"country": "US"}}, "location"),
@@ -199,10 +196,12 @@ def test_crawl_options_map_onto_start_crawl() -> None:
         "maxConcurrency": 4,
         "deduplicateSimilarURLs": False,
         "regexOnFullURL": True,
+        "prompt": "docs only",
         "scrapeOptions": {"formats": ["html"], "onlyMainContent": False},
     }
     req = translate.crawl_request(CrawlRequest.model_validate(body))
     assert req.url == URL and req.limit == 40 and req.max_depth == 3
+    assert req.prompt == "docs only"  # the node turns it into crawl options with the model
     assert list(req.include_paths) == ["^/docs/"] and list(req.exclude_paths) == ["^/docs/old"]
     assert req.sitemap == jobs_pb2.SITEMAP_MODE_SKIP
     assert req.ignore_query_parameters and req.crawl_entire_domain and req.regex_on_full_url
@@ -214,6 +213,7 @@ def test_crawl_options_map_onto_start_crawl() -> None:
     plain = translate.crawl_request(CrawlRequest.model_validate({"url": URL}))
     assert plain.dedupe_similar_urls and plain.options.only_main_content  # Firecrawl's
     assert plain.sitemap == jobs_pb2.SITEMAP_MODE_INCLUDE and plain.limit == 0
+    assert plain.prompt == ""
 
 
 @pytest.mark.parametrize(
