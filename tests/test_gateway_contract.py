@@ -295,6 +295,8 @@ def valid_body(path: str, root: str) -> dict[str, Any] | None:
     """A minimal body each POST route accepts (None for the other methods)."""
     if path.endswith("/batch/scrape"):
         return {"urls": [root]}
+    if path.endswith("/extract"):
+        return {"urls": [root], "prompt": "x"}
     if path.endswith("/params-preview"):
         return {"url": root, "prompt": "the docs pages only"}
     return {"url": root}

@@ -29,6 +29,7 @@ from pagesift.gateway.models import (
     BatchScrapeRequest,
     CrawlParamsPreviewRequest,
     CrawlRequest,
+    FormatObject,
     MapRequest,
     ScrapeRequest,
 )
@@ -214,6 +215,8 @@ SCRAPE = {
         {"type": "screenshot", "fullPage": True, "quality": 80,
          "viewport": {"width": 800, "height": 600}},
         {"type": "changeTracking", "modes": ["git-diff"]},
+        {"type": "json", "schema": {"type": "object"}, "prompt": "x", "systemPrompt": "s"},
+        "summary", {"type": "attributes", "selectors": [{"selector": "a", "attribute": "href"}]},
     ],
     "headers": {"X-A": "b"}, "includeTags": ["main"], "excludeTags": ["nav"],
     "onlyMainContent": False, "timeout": 30000, "waitFor": 1000, "mobile": True,
@@ -225,12 +228,19 @@ SCRAPE = {
     "__experimental_omce": True, "__experimental_engpicker": True, "__forceFirePDF": True,
 }  # fmt: skip
 
+#: pagesift's own selectors format: a SelectorSchema in protobuf's JSON mapping
+SELECTORS = {"baseSelector": "li", "fields": [
+    {"name": "title", "selector": "a"},
+    {"name": "link", "selector": "a", "source": "SELECTOR_SOURCE_ATTRIBUTE", "attribute": "href"},
+]}  # fmt: skip
+
 #: bodies that set every mapped field, each translated without a refusal
 SINKS: list[tuple[type[BaseModel], dict[str, Any]]] = [
     (ScrapeRequest, {"url": URL, **SCRAPE}),
     (BatchScrapeRequest, {"urls": [URL], "ignoreInvalidURLs": True, "maxConcurrency": 2,
                           "webhook": WEBHOOK, **SCRAPE}),
     (BatchScrapeRequest, {"urls": [URL], "appendToId": "3f0f5f43-7a6b-4d1e-9c1e-1b2a3c4d5e6f"}),
+    (ScrapeRequest, {"url": URL, "formats": [{"type": "selectors", "schema": SELECTORS}]}),
     (CrawlRequest, {
         "url": URL, "includePaths": ["^/docs"], "excludePaths": ["^/old"],
         "maxDiscoveryDepth": 2, "sitemap": "skip", "ignoreQueryParameters": True, "limit": 10,
@@ -238,7 +248,7 @@ SINKS: list[tuple[type[BaseModel], dict[str, Any]]] = [
         "ignoreRobotsTxt": True, "delay": 0.5, "maxConcurrency": 2,
         "deduplicateSimilarURLs": False, "regexOnFullURL": True,
         "scrapeOptions": {"formats": ["markdown"], "integration": "tag", "origin": "py"},
-        "webhook": WEBHOOK, "integration": "tag", "origin": "api",
+        "webhook": WEBHOOK, "integration": "tag", "origin": "api", "prompt": "docs only",
     }),
     (MapRequest, {"url": URL, "search": "docs", "includePaths": ["^/a"], "excludePaths": ["^/b"],
                   "includeSubdomains": False, "ignoreQueryParameters": False, "limit": 10,
@@ -278,7 +288,6 @@ REFUSALS: list[tuple[type[BaseModel], dict[str, Any], str]] = [
     (MapRequest, {"deduplicateSimilarURLs": False}, "deduplicateSimilarURLs"),
     (MapRequest, {"regexOnFullURL": True}, "regexOnFullURL"),
     (MapRequest, {"delay": 1}, "delay"),
-    (CrawlRequest, {"prompt": "docs only"}, "prompt"),
     (CrawlRequest, {"robotsUserAgent": "acme"}, "robotsUserAgent"),
     (MapRequest, {"location": {"languages": ["fr"]}}, "location"),
     (MapRequest, {"useIndex": True}, "useIndex"),
@@ -305,12 +314,28 @@ REFUSALS: list[tuple[type[BaseModel], dict[str, Any], str]] = [
      "changeTrackingOptions.schema"),
     (ScrapeRequest, {"formats": TRACKED, "changeTrackingOptions": {"tag": "daily"}},
      "changeTrackingOptions.tag"),
-    (ScrapeRequest, {"formats": ["markdown", {"type": "changeTracking", "prompt": "x"}]},
-     "formats[1].prompt"),
-    (ScrapeRequest, {"formats": ["markdown", {"type": "changeTracking", "schema": {}}]},
-     "formats[1].schema"),
     (ScrapeRequest, {"formats": ["markdown", {"type": "changeTracking", "tag": "x"}]},
      "formats[1].tag"),
+]  # fmt: skip
+
+#: a format object's mapped keys on a format that takes none of them: (body, path of its 400).
+#: prompt and schema are the json format's (gateway.structured), refused on changeTracking
+#: as its LLM comparison (options.change_tracking); not in REFUSED: mapped elsewhere
+MISPLACED: list[tuple[dict[str, Any], str]] = [
+    ({"formats": ["markdown", {"type": "changeTracking", "prompt": "x"}]}, "formats[1].prompt"),
+    ({"formats": ["markdown", {"type": "changeTracking", "schema": {}}]}, "formats[1].schema"),
+    ({"formats": ["markdown", {"type": "changeTracking", "systemPrompt": "s"}]}, "formats[1]"),
+    ({"formats": [{"type": "markdown", "selectors": [{"selector": "a", "attribute": "href"}]}]},
+     "formats[0]"),
+    ({"formats": [{"type": "json", "prompt": "x", "selectors": []}]}, "formats[0].selectors"),
+    ({"formats": [{"type": "summary", "prompt": "x"}]}, "formats[0].prompt"),
+    ({"formats": [{"type": "attributes", "schema": {"type": "object"},
+                   "selectors": [{"selector": "a", "attribute": "href"}]}]}, "formats[0].schema"),
+    ({"formats": [{"type": "attributes", "systemPrompt": "s",
+                   "selectors": [{"selector": "a", "attribute": "href"}]}]},
+     "formats[0].systemPrompt"),
+    ({"formats": [{"type": "selectors", "prompt": "x", "schema": SELECTORS}]},
+     "formats[0].prompt"),
 ]  # fmt: skip
 
 
@@ -367,3 +392,16 @@ def test_every_refused_field_is_a_400_naming_it_through_translate() -> None:
         assert err.value.status == 400 and named(err.value.details[0]) == path, extra
     missing = sorted(f"{m.__name__}.{n}" for m, n in refused - covered)
     assert not missing, f"refused fields no REFUSALS body sets: {missing}"
+
+
+def test_a_format_key_on_a_format_that_takes_none_is_a_400_naming_it() -> None:
+    models = tabled(V2)
+    refused = refused_pairs(V2, models)
+    for extra, path in MISPLACED:
+        request = ScrapeRequest.model_validate({"url": URL, **extra})
+        given = fields_set(request, models)
+        assert any(m is FormatObject for m, _ in given), extra
+        assert not given & refused, f"{extra} sets a field REFUSED refuses anywhere"
+        with pytest.raises(HttpError) as err:
+            translate.scrape_request(request)
+        assert err.value.status == 400 and named(err.value.details[0]) == path, extra

@@ -156,7 +156,7 @@ async def test_a_page_that_answers_an_error_status_is_a_document_with_its_status
 UNSERVED = [
     ("POST", "/v2/search"), ("POST", "/v2/search/developer"), ("POST", "/v2/search/gov"),
     ("GET", "/v2/search/research?query=x"), ("POST", "/v1/search"),
-    ("POST", "/v2/extract"), ("GET", "/v2/extract/abc"), ("POST", "/v1/extract"),
+    ("POST", "/v0/extract"), ("GET", "/v0/extract/abc"),
     ("POST", "/v2/agent"), ("GET", "/v2/agent/abc"), ("DELETE", "/v2/agent/abc"),
     ("POST", "/v1/deep-research"), ("POST", "/v1/llmstxt"), ("GET", "/v1/llmstxt/abc"),
     ("POST", "/v2/browser"), ("POST", "/v2/browser/abc/execute"), ("GET", "/v2/browser"),

@@ -3,8 +3,9 @@
 What it owns
 ------------
 ``UNSERVED``: the Firecrawl API's routes (v0, v1, v2) that pagesift has nothing behind
-(search, extract, agents, interactive browsers, monitors, uploads, Firecrawl's cloud
-features), each a path pattern with the feature's name and why pagesift lacks it, and
+(search, agents, interactive browsers, monitors, uploads, Firecrawl's cloud features,
+and v0's extract: the gateway serves extract on v1 and v2 only), each a path pattern
+with the feature's name and why pagesift lacks it, and
 ``refusal_for(method, path)``: the refusal of such a route, 501 ``NOT_IMPLEMENTED`` in
 Firecrawl's error shape, or None for any other path. ``handling.unrouted`` asks it for
 every request no route takes, so a client of Firecrawl's API (an SDK's ``search``,
@@ -34,7 +35,7 @@ _V = r"/v[0-2]"
 
 #: (path pattern, the feature's name, why pagesift does not serve it)
 UNSERVED: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
-    (re.compile(f"{_V}{pattern}"), feature, why)
+    (re.compile(pattern if pattern.startswith("/v0/") else f"{_V}{pattern}"), feature, why)
     for pattern, feature, why in (
         (
             r"/search(/.*)?",
@@ -43,9 +44,10 @@ UNSERVED: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
             "(its search ranks matching URLs first) or scrape URLs you know",
         ),
         (
-            r"/extract(/.*)?",
-            "extract",
-            "this gateway does not serve extract: scrape or batch scrape the pages",
+            r"/v0/extract(/.*)?",  # v1 and v2 extract are routes (gateway.extractroutes)
+            "v0 extract",
+            "pagesift serves extract on Firecrawl's v1 and v2 API: POST /v2/extract "
+            "(or /v1/extract), then GET /v2/extract/{id}",
         ),
         (r"/agent(/.*)?", "agent", _LLM),
         (r"/deep-research(/.*)?", "deep research", _LLM),
