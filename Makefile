@@ -102,7 +102,7 @@ model-deps: $(LLM_VENV)/bin/.installed
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 pytest: $(BIN)/.installed system-deps model-deps
 	$(PYTEST) -n auto -m "not system and not browser and not model"
-	PAGESIFT_MODEL_REQUIRED=1 $(PYTEST) -m "system or browser or model"
+	MODEL_SERVER_REQUIRED=1 $(PYTEST) -m "system or browser or model"
 
 ## make test: lint, types, protos, then the whole test suite.
 test: check-proto lint typecheck buf-lint pytest

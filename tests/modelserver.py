@@ -68,7 +68,8 @@ Bounds and cleanup
 raises at once, with the log's tail, if the server exits meanwhile; ``stop`` is SIGTERM to
 the group, 10 s, then SIGKILL (``Child.stop``), so no server outlives its fixture. Missing
 ``.venv-llm`` is ``ModelServerMissing`` (a skip in the fixture, a failure when
-``PAGESIFT_MODEL_REQUIRED`` is set, as ``make test`` sets it) naming ``make model-deps``.
+``MODEL_SERVER_REQUIRED`` is set, as ``make test`` sets it; not a ``PAGESIFT_*`` name, which
+``pagesift serve`` children would read as a config key) naming ``make model-deps``.
 Everything listens on 127.0.0.1.
 """
 
@@ -514,7 +515,7 @@ def model_server_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[M
     try:
         server = ModelServer(tmp_path_factory.mktemp("modelserver"))
     except ModelServerMissing as e:
-        if os.environ.get("PAGESIFT_MODEL_REQUIRED"):
+        if os.environ.get("MODEL_SERVER_REQUIRED"):
             pytest.fail(str(e))
         pytest.skip(str(e))
     with server:
